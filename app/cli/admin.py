@@ -1,0 +1,122 @@
+"""Administrative sub-commands: ``migrate`` and ``token create|list|revoke``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from app.domain.tokens import SCOPES, new_api_token
+from app.domain.validation import validate_name
+from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.migrate import upgrade_to_head
+from app.storage.tokens_repo import TokenRepository
+
+
+def register(sub: Any) -> None:
+    """Add ``migrate`` and ``token`` to the parser."""
+    migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
+    migrate.set_defaults(handler=cmd_migrate)
+
+    token = sub.add_parser("token", help="manage API tokens")
+    tsub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    create = tsub.add_parser("create", help="create a token and print it once")
+    create.add_argument(
+        "--scope",
+        dest="scopes",
+        action="extend",
+        nargs="+",
+        required=True,
+        choices=sorted(SCOPES),
+        metavar="SCOPE",
+        help=f"one or more of: {', '.join(sorted(SCOPES))}",
+    )
+    create.add_argument("--name", help="a unique name (default: token-<time>)")
+    create.set_defaults(handler=cmd_token_create)
+    tsub.add_parser(
+        "bootstrap", help="create the first admin token if no token exists yet"
+    ).set_defaults(handler=cmd_token_bootstrap)
+    tsub.add_parser("list", help="list tokens (never their values)").set_defaults(
+        handler=cmd_token_list
+    )
+    revoke = tsub.add_parser("revoke", help="revoke a token by name")
+    revoke.add_argument("name")
+    revoke.set_defaults(handler=cmd_token_revoke)
+
+
+def settings_for(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, with ``--data-dir`` applied."""
+    return Settings.from_env(data_dir=getattr(args, "data_dir", None))
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Upgrade the database to the newest migration."""
+    settings = settings_for(args)
+    settings.ensure_data_dir()
+    engine = make_engine(settings.database_url)
+    try:
+        upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+    print("database migrated to head")
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    """Create a token; the plaintext is printed alone on the last line, once."""
+    name = args.name or f"token-{time.strftime('%Y%m%d-%H%M%S')}"
+    validate_name(name, what="token name")
+    engine = make_engine(settings_for(args).database_url)
+    try:
+        token = new_api_token()
+        record = TokenRepository(engine).create(
+            name=name, scopes=frozenset(args.scopes), token=token
+        )
+    finally:
+        engine.dispose()
+    print(f"created token {record.name} with scopes {' '.join(sorted(record.scopes))}")
+    print("store it now: it is shown only once")
+    print(token)
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    """List token names, scopes and state."""
+    engine = make_engine(settings_for(args).database_url)
+    try:
+        records = TokenRepository(engine).list()
+    finally:
+        engine.dispose()
+    for record in records:
+        state = "revoked" if record.revoked_at_ms is not None else "active"
+        print(f"{record.name}\t{state}\t{' '.join(sorted(record.scopes))}")
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    """Revoke a token by name."""
+    engine = make_engine(settings_for(args).database_url)
+    try:
+        TokenRepository(engine).revoke(args.name)
+    finally:
+        engine.dispose()
+    print(f"revoked token {args.name}")
+    return 0
+
+
+def cmd_token_bootstrap(args: argparse.Namespace) -> int:
+    """Print a new admin token once: only while the database has no token at all."""
+    engine = make_engine(settings_for(args).database_url)
+    try:
+        repo = TokenRepository(engine)
+        if repo.list():
+            print("an API token already exists; create more with `qinglong token create`")
+            return 0
+        token = new_api_token()
+        repo.create(name="admin", scopes=frozenset({"admin"}), token=token)
+    finally:
+        engine.dispose()
+    print("created the admin token; store it now, it is shown only once:")
+    print(token)
+    return 0

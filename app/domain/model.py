@@ -1,0 +1,180 @@
+"""Value objects the layers pass between them (plain frozen dataclasses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRevision:
+    """One immutable, numbered definition of what a task executes."""
+
+    task: str
+    revision: int
+    executor: str
+    argv: tuple[str, ...]
+    cwd: str | None
+    recipe: str | None
+    timeout_seconds: int | None
+    priority: int
+    digest: str
+    created_at_ms: int
+
+    def body(self) -> dict[str, Any]:
+        """The canonical body whose digest identifies this revision."""
+        return revision_body(
+            executor=self.executor,
+            argv=list(self.argv),
+            cwd=self.cwd,
+            recipe=self.recipe,
+            timeout_seconds=self.timeout_seconds,
+            priority=self.priority,
+        )
+
+
+def revision_body(
+    *,
+    executor: str,
+    argv: list[str],
+    cwd: str | None,
+    recipe: str | None,
+    timeout_seconds: int | None,
+    priority: int,
+) -> dict[str, Any]:
+    """The dict that is canonicalized and digested for a revision."""
+    return {
+        "executor": executor,
+        "argv": argv,
+        "cwd": cwd,
+        "recipe": recipe,
+        "timeout_seconds": timeout_seconds,
+        "priority": priority,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """A content-addressed environment: plain values and secret references."""
+
+    id: str
+    env: dict[str, str]
+    secrets: dict[str, str]
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelIntent:
+    """A committed request to stop a run, by a user or by its deadline."""
+
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogInfo:
+    """What is known of an attempt's log artifact."""
+
+    bytes: int
+    truncated: bool
+    dropped_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try at executing a run."""
+
+    id: str
+    run_id: str
+    number: int
+    status: str
+    executor: str
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    exit_code: int | None
+    signal: int | None
+    error_code: str | None
+    deadline_at_ms: int | None
+    log_artifact_id: str | None
+    callback_sequence: int
+    log: LogInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A request to execute one task revision, and what became of it."""
+
+    id: str
+    task: str
+    revision: int
+    status: str
+    priority: int
+    version: int
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    cancel: CancelIntent | None
+    latest_attempt: Attempt | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One append-only fact in a run's history."""
+
+    run_id: str
+    seq: int
+    type: str
+    at_ms: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One keyset page: items plus the opaque cursor of the next page, if any."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessHandle:
+    """Durable identity of a launched job (and of the shim that parents it)."""
+
+    boot_id: str
+    pid: int
+    pgid: int
+    start_ticks: int
+    shim_pid: int
+    shim_start_ticks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for storage and the worker protocol."""
+        return {
+            "boot_id": self.boot_id,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "start_ticks": self.start_ticks,
+            "shim_pid": self.shim_pid,
+            "shim_start_ticks": self.shim_start_ticks,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessHandle:
+        """Rebuild a handle; raise ValueError if a field is missing or not of its type."""
+        try:
+            values = {
+                "boot_id": str(data["boot_id"]),
+                **{
+                    k: data[k]
+                    for k in ("pid", "pgid", "start_ticks", "shim_pid", "shim_start_ticks")
+                },
+            }
+        except (KeyError, TypeError) as exc:
+            raise ValueError("incomplete process handle") from exc
+        for key, value in values.items():
+            if key != "boot_id" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"handle field {key} must be an integer")
+        return cls(**values)

@@ -1,0 +1,69 @@
+"""The two deployment profiles of DESIGN.md as typed, frozen values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+MIB = 1024 * 1024
+
+
+class ProfileName(StrEnum):
+    """Names accepted by ``QL_PROFILE``."""
+
+    EDGE = "edge"
+    STANDALONE = "standalone"
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Resource budgets of one deployment profile."""
+
+    name: ProfileName
+    dispatch_page_size: int
+    log_quota_bytes: int
+    free_space_reserve_bytes: int
+    reconcile_interval_s: float
+    reconcile_pages: int
+    reconcile_page_size: int
+    receipt_publish_grace_s: float
+    stop_grace_s: float
+    consumed_receipt_retention_s: float
+    quarantine_retention_s: float
+
+
+EDGE = Profile(
+    name=ProfileName.EDGE,
+    dispatch_page_size=4,
+    log_quota_bytes=4 * MIB,
+    free_space_reserve_bytes=32 * MIB,
+    reconcile_interval_s=30.0,
+    reconcile_pages=2,
+    reconcile_page_size=8,
+    receipt_publish_grace_s=0.050,
+    stop_grace_s=5.0,
+    consumed_receipt_retention_s=120.0,
+    quarantine_retention_s=300.0,
+)
+STANDALONE = Profile(
+    name=ProfileName.STANDALONE,
+    dispatch_page_size=16,
+    log_quota_bytes=64 * MIB,
+    free_space_reserve_bytes=256 * MIB,
+    reconcile_interval_s=5.0,
+    reconcile_pages=4,
+    reconcile_page_size=32,
+    receipt_publish_grace_s=0.100,
+    stop_grace_s=10.0,
+    consumed_receipt_retention_s=60.0,
+    quarantine_retention_s=3600.0,
+)
+PROFILES = {EDGE.name: EDGE, STANDALONE.name: STANDALONE}
+
+
+def profile_named(name: str) -> Profile:
+    """Look a profile up by name; raise ValueError with the accepted names otherwise."""
+    try:
+        return PROFILES[ProfileName(name)]
+    except ValueError:
+        raise ValueError(f"unknown profile {name!r}; use edge or standalone") from None

@@ -1,0 +1,177 @@
+"""The validation rules of API.md as pure functions (each raises ValidationFailed)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from app.domain.errors import ErrorCode, ValidationFailed
+
+MAX_ARGV_ITEMS = 64
+MAX_ARG_BYTES = 4096
+MAX_ENV_KEYS = 256
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_CWD_BYTES = 4096
+TIMEOUT_MIN_S = 1
+TIMEOUT_MAX_S = 604_800
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
+RESERVED_ENV_PREFIX = "QL3_"
+SHELL_ALLOWLIST = frozenset({"/bin/sh", "/bin/bash"})
+EXECUTORS = frozenset({"local_process"})
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+_ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def validate_name(name: str, *, what: str = "name") -> str:
+    """Task and secret names: ``[a-z0-9][a-z0-9._-]{0,127}``."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValidationFailed(
+            ErrorCode.INVALID_NAME, f"{what} must match [a-z0-9][a-z0-9._-]{{0,127}}"
+        )
+    return name
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _no_nul(text: str) -> bool:
+    return "\x00" not in text
+
+
+def validate_argv(argv: Sequence[str]) -> list[str]:
+    """argv: 1..64 items, each <= 4096 bytes without NUL; argv[0] absolute or an allowed shell."""
+    if not isinstance(argv, Sequence) or isinstance(argv, str) or not argv:
+        raise ValidationFailed(ErrorCode.INVALID_ARGV, "argv must be a non-empty list of strings")
+    if len(argv) > MAX_ARGV_ITEMS:
+        raise ValidationFailed(
+            ErrorCode.LIMIT_EXCEEDED, f"argv has more than {MAX_ARGV_ITEMS} items"
+        )
+    for index, item in enumerate(argv):
+        if not isinstance(item, str):
+            raise ValidationFailed(ErrorCode.INVALID_ARGV, f"argv[{index}] must be a string")
+        if not _no_nul(item):
+            raise ValidationFailed(ErrorCode.INVALID_ARGV, f"argv[{index}] contains NUL")
+        if _utf8_len(item) > MAX_ARG_BYTES:
+            raise ValidationFailed(
+                ErrorCode.LIMIT_EXCEEDED, f"argv[{index}] is longer than {MAX_ARG_BYTES} bytes"
+            )
+    program = argv[0]
+    if program in SHELL_ALLOWLIST:
+        if len(argv) != 3 or argv[1] != "-c":
+            raise ValidationFailed(
+                ErrorCode.INVALID_ARGV, "a shell program must be called as [shell, '-c', script]"
+            )
+    elif not program.startswith("/") or "/../" in program + "/" or program.endswith("/"):
+        raise ValidationFailed(
+            ErrorCode.INVALID_ARGV, "argv[0] must be an absolute path to a program"
+        )
+    return list(argv)
+
+
+def validate_cwd(cwd: str | None) -> str | None:
+    """cwd: optional absolute path without NUL."""
+    if cwd is None:
+        return None
+    if not isinstance(cwd, str) or not cwd.startswith("/") or not _no_nul(cwd):
+        raise ValidationFailed(ErrorCode.INVALID_CWD, "cwd must be an absolute path")
+    if _utf8_len(cwd) > MAX_CWD_BYTES:
+        raise ValidationFailed(ErrorCode.LIMIT_EXCEEDED, "cwd is too long")
+    return cwd
+
+
+def validate_env_key(key: str) -> str:
+    """Environment keys match ``[A-Z_][A-Z0-9_]*``; the ``QL3_`` prefix is reserved."""
+    if not isinstance(key, str) or not _ENV_KEY.fullmatch(key):
+        raise ValidationFailed(
+            ErrorCode.INVALID_ENV_KEY, "environment keys must match [A-Z_][A-Z0-9_]*"
+        )
+    if len(key) > 256:
+        raise ValidationFailed(ErrorCode.LIMIT_EXCEEDED, "environment key is too long")
+    if key.startswith(RESERVED_ENV_PREFIX):
+        raise ValidationFailed(
+            ErrorCode.RESERVED_ENV_KEY, f"keys starting with {RESERVED_ENV_PREFIX} are reserved"
+        )
+    return key
+
+
+def validate_env_value(value: str) -> str:
+    """Environment values: at most 32 KiB, no NUL."""
+    if not isinstance(value, str) or not _no_nul(value):
+        raise ValidationFailed(
+            ErrorCode.INVALID_ENV_VALUE, "environment values must be strings without NUL"
+        )
+    if _utf8_len(value) > MAX_ENV_VALUE_BYTES:
+        raise ValidationFailed(
+            ErrorCode.LIMIT_EXCEEDED, f"an environment value is longer than {MAX_ENV_VALUE_BYTES} bytes"
+        )
+    return value
+
+
+def validate_recipe(
+    env: Mapping[str, str], secrets: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """A recipe: valid keys, no key in both maps, <= 256 keys in all, secret refs are names."""
+    if len(env) + len(secrets) > MAX_ENV_KEYS:
+        raise ValidationFailed(
+            ErrorCode.LIMIT_EXCEEDED, f"a recipe holds at most {MAX_ENV_KEYS} keys"
+        )
+    for key, value in env.items():
+        validate_env_key(key)
+        validate_env_value(value)
+    for key, ref in secrets.items():
+        validate_env_key(key)
+        validate_name(ref, what="secret reference")
+    both = sorted(set(env) & set(secrets))
+    if both:
+        raise ValidationFailed(
+            ErrorCode.DUPLICATE_ENV_KEY, f"key {both[0]} is both a value and a secret"
+        )
+    return dict(env), dict(secrets)
+
+
+def validate_timeout(seconds: int | None) -> int | None:
+    """timeout_seconds: optional, 1..604800."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "timeout_seconds must be an integer")
+    if not TIMEOUT_MIN_S <= seconds <= TIMEOUT_MAX_S:
+        raise ValidationFailed(
+            ErrorCode.LIMIT_EXCEEDED, f"timeout_seconds must be {TIMEOUT_MIN_S}..{TIMEOUT_MAX_S}"
+        )
+    return seconds
+
+
+def validate_priority(priority: int) -> int:
+    """priority: -100..100."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "priority must be an integer")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise ValidationFailed(
+            ErrorCode.LIMIT_EXCEEDED, f"priority must be {PRIORITY_MIN}..{PRIORITY_MAX}"
+        )
+    return priority
+
+
+def validate_executor(executor: str) -> str:
+    """Only ``local_process`` is executable here."""
+    if executor not in EXECUTORS:
+        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "executor must be local_process")
+    return executor
+
+
+def merge_environment(
+    env: Mapping[str, str], secret_values: Mapping[str, str], reserved: Mapping[str, str]
+) -> dict[str, str]:
+    """Freeze a job's environment: recipe values, resolved secrets, then our ``QL3_*`` ids."""
+    merged: dict[str, str] = {}
+    merged.update(env)
+    merged.update(secret_values)
+    for key in reserved:
+        if not key.startswith(RESERVED_ENV_PREFIX):
+            raise ValueError("reserved keys must start with QL3_")
+    merged.update(reserved)
+    return merged

@@ -1,0 +1,74 @@
+"""Settings from the environment (``QL_`` prefix) or flags, with the profile as typed values."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from app.domain.profiles import Profile, profile_named
+
+DEFAULT_DATA_DIR = "./.qinglong"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a process of the service needs to know about where it lives."""
+
+    data_dir: Path
+    database_url: str
+    profile: Profile
+    cors_origins: tuple[str, ...] = ()
+    secret_key: str | None = field(default=None, repr=False)
+    worker_socket: Path | None = None
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, *, data_dir: str | None = None
+    ) -> Settings:
+        """Read ``QL_*`` variables; ``data_dir`` (a flag) wins over ``QL_DATA_DIR``."""
+        env = os.environ if env is None else env
+        root = Path(data_dir or env.get("QL_DATA_DIR") or DEFAULT_DATA_DIR).absolute()
+        url = env.get("QL_DATABASE_URL") or f"sqlite:///{root / 'qinglong.db'}"
+        origins = tuple(o.strip() for o in env.get("QL_CORS_ORIGINS", "").split(",") if o.strip())
+        socket = env.get("QL_WORKER_SOCKET")
+        return cls(
+            data_dir=root,
+            database_url=url,
+            profile=profile_named(env.get("QL_PROFILE") or "standalone"),
+            cors_origins=origins,
+            secret_key=env.get("QL_SECRET_KEY") or None,
+            worker_socket=Path(socket).absolute() if socket else None,
+        )
+
+    def with_data_dir(self, data_dir: Path) -> Settings:
+        """A copy rooted elsewhere (the database URL follows only if it was the default)."""
+        url = self.database_url
+        if url == f"sqlite:///{self.data_dir / 'qinglong.db'}":
+            url = f"sqlite:///{data_dir / 'qinglong.db'}"
+        return replace(self, data_dir=data_dir, database_url=url)
+
+    @property
+    def logs_dir(self) -> Path:
+        """Root of the log artifacts (0700)."""
+        return self.data_dir / "logs"
+
+    @property
+    def receipts_dir(self) -> Path:
+        """Root of the completion receipts (0700, sharded by attempt-id prefix)."""
+        return self.data_dir / "receipts"
+
+    @property
+    def socket_path(self) -> Path:
+        """The worker's control socket."""
+        return self.worker_socket or self.data_dir / "worker.sock"
+
+    @property
+    def key_file(self) -> Path:
+        """The secret-encryption key file used when ``QL_SECRET_KEY`` is unset."""
+        return self.data_dir / "secret.key"
+
+    def ensure_data_dir(self) -> None:
+        """Create the data dir as 0700 if it does not exist."""
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -1,0 +1,1 @@
+"""Storage: SQLAlchemy Core tables, engines, the unit of work and repositories."""

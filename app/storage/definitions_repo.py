@@ -1,0 +1,220 @@
+"""Append-only task revisions and content-addressed recipes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Engine, Row, func, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from app.domain.canonical import canonical_json, content_digest, recipe_id
+from app.domain.errors import Conflict, ErrorCode, NotFound
+from app.domain.ids import now_ms
+from app.domain.model import Page, Recipe, TaskRevision, revision_body
+from app.storage.cursor import decode_cursor, encode_cursor
+from app.storage.tables import context_recipes, task_revisions
+from app.storage.uow import UnitOfWork
+
+
+class DefinitionRepository:
+    """Same content again is idempotent; different content for an existing key is a conflict."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def put_recipe(self, *, env: dict[str, str], secrets: dict[str, str]) -> tuple[Recipe, bool]:
+        """Store a recipe by its content address; return ``(recipe, created)``."""
+        rid = recipe_id(env, secrets)
+        body = canonical_json({"env": env, "secrets": secrets}).decode("utf-8")
+        try:
+            with UnitOfWork(self._engine) as uow:
+                existing = uow.conn.execute(
+                    select(context_recipes).where(context_recipes.c.id == rid)
+                ).first()
+                if existing is not None:
+                    return _check_same_recipe(existing, body), False
+                at = now_ms()
+                uow.conn.execute(
+                    insert(context_recipes).values(id=rid, body=body, created_at_ms=at)
+                )
+                uow.commit()
+                return Recipe(id=rid, env=dict(env), secrets=dict(secrets), created_at_ms=at), True
+        except IntegrityError:
+            return self.get_recipe(rid), False
+
+    def get_recipe(self, rid: str) -> Recipe:
+        """One recipe by id; NotFound otherwise."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            row = uow.conn.execute(
+                select(context_recipes).where(context_recipes.c.id == rid)
+            ).first()
+        if row is None:
+            raise NotFound(ErrorCode.RECIPE_NOT_FOUND, "no such recipe")
+        return _recipe(row)
+
+    def put_revision(
+        self,
+        *,
+        task: str,
+        revision: int,
+        executor: str,
+        argv: list[str],
+        cwd: str | None,
+        recipe: str | None,
+        timeout_seconds: int | None,
+        priority: int,
+    ) -> tuple[TaskRevision, bool]:
+        """Append a revision; ``(revision, created)``; Conflict when the content differs."""
+        body = revision_body(
+            executor=executor,
+            argv=argv,
+            cwd=cwd,
+            recipe=recipe,
+            timeout_seconds=timeout_seconds,
+            priority=priority,
+        )
+        digest = content_digest(body)
+        try:
+            with UnitOfWork(self._engine) as uow:
+                existing = uow.conn.execute(
+                    select(task_revisions).where(
+                        task_revisions.c.task == task, task_revisions.c.revision == revision
+                    )
+                ).first()
+                if existing is not None:
+                    return _check_same_revision(existing, digest), False
+                if recipe is not None:
+                    found = uow.conn.execute(
+                        select(context_recipes.c.id).where(context_recipes.c.id == recipe)
+                    ).first()
+                    if found is None:
+                        raise NotFound(ErrorCode.RECIPE_NOT_FOUND, "the recipe does not exist")
+                at = now_ms()
+                uow.conn.execute(
+                    insert(task_revisions).values(
+                        task=task,
+                        revision=revision,
+                        digest=digest,
+                        executor=executor,
+                        body=canonical_json(body).decode("utf-8"),
+                        recipe_id=recipe,
+                        timeout_seconds=timeout_seconds,
+                        priority=priority,
+                        created_at_ms=at,
+                    )
+                )
+                uow.commit()
+        except IntegrityError:
+            # Lost a race with an identical or conflicting insert: decide from what won.
+            return _check_same_revision(self._revision_row(task, revision), digest), False
+        return self.get_revision(task, revision), True
+
+    def _revision_row(self, task: str, revision: int) -> Row[Any]:
+        with UnitOfWork(self._engine, write=False) as uow:
+            row = uow.conn.execute(
+                select(task_revisions).where(
+                    task_revisions.c.task == task, task_revisions.c.revision == revision
+                )
+            ).first()
+        if row is None:
+            raise NotFound(ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}")
+        return row
+
+    def get_revision(self, task: str, revision: int) -> TaskRevision:
+        """One revision; NotFound with TASK_NOT_FOUND or REVISION_NOT_FOUND."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            row = uow.conn.execute(
+                select(task_revisions).where(
+                    task_revisions.c.task == task, task_revisions.c.revision == revision
+                )
+            ).first()
+            if row is None:
+                any_rev = uow.conn.execute(
+                    select(task_revisions.c.revision).where(task_revisions.c.task == task).limit(1)
+                ).first()
+                if any_rev is None:
+                    raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
+                raise NotFound(ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}")
+        return _revision(row)
+
+    def latest_revision(self, task: str) -> TaskRevision:
+        """The highest revision of a task."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            row = uow.conn.execute(
+                select(task_revisions)
+                .where(task_revisions.c.task == task)
+                .order_by(task_revisions.c.revision.desc())
+                .limit(1)
+            ).first()
+        if row is None:
+            raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
+        return _revision(row)
+
+    def list_revisions(
+        self, task: str, *, limit: int, cursor: str | None
+    ) -> Page[TaskRevision]:
+        """Revisions of a task, newest first."""
+        query = select(task_revisions).where(task_revisions.c.task == task)
+        if cursor is not None:
+            (last,) = decode_cursor("revisions", cursor, (int,))
+            query = query.where(task_revisions.c.revision < last)
+        query = query.order_by(task_revisions.c.revision.desc()).limit(limit + 1)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query).all()
+            if not rows and cursor is None:
+                raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
+        items = [_revision(r) for r in rows[:limit]]
+        nxt = encode_cursor("revisions", [items[-1].revision]) if len(rows) > limit else None
+        return Page(items=items, next_cursor=nxt)
+
+    def list_tasks(self, *, limit: int, cursor: str | None) -> Page[tuple[str, int]]:
+        """Task names with their latest revision number, by name."""
+        query = select(
+            task_revisions.c.task, func.max(task_revisions.c.revision).label("latest")
+        ).group_by(task_revisions.c.task)
+        if cursor is not None:
+            (last,) = decode_cursor("tasks", cursor, (str,))
+            query = query.where(task_revisions.c.task > last)
+        query = query.order_by(task_revisions.c.task).limit(limit + 1)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query).all()
+        items = [(r.task, int(r.latest)) for r in rows[:limit]]
+        nxt = encode_cursor("tasks", [items[-1][0]]) if len(rows) > limit else None
+        return Page(items=items, next_cursor=nxt)
+
+
+def _check_same_recipe(row: Row[Any], body: str) -> Recipe:
+    if row.body != body:  # a digest collision, or a tampered row: never overwrite
+        raise Conflict(ErrorCode.RECIPE_CONFLICT, "a different recipe has this id")
+    return _recipe(row)
+
+
+def _check_same_revision(row: Row[Any], digest: str) -> TaskRevision:
+    if row.digest != digest:
+        raise Conflict(
+            ErrorCode.REVISION_CONFLICT,
+            f"revision {row.revision} of task {row.task} exists with different content",
+        )
+    return _revision(row)
+
+
+def _recipe(row: Row[Any]) -> Recipe:
+    body = json.loads(row.body)
+    return Recipe(id=row.id, env=body["env"], secrets=body["secrets"], created_at_ms=row.created_at_ms)
+
+
+def _revision(row: Row[Any]) -> TaskRevision:
+    body = json.loads(row.body)
+    return TaskRevision(
+        task=row.task,
+        revision=row.revision,
+        executor=body["executor"],
+        argv=tuple(body["argv"]),
+        cwd=body["cwd"],
+        recipe=body["recipe"],
+        timeout_seconds=body["timeout_seconds"],
+        priority=body["priority"],
+        digest=row.digest,
+        created_at_ms=row.created_at_ms,
+    )

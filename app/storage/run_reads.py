@@ -1,0 +1,333 @@
+"""Read side of runs: single reads and keyset pages (``limit + 1``, never OFFSET)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, Row, and_, or_, select
+
+from app.domain.errors import ErrorCode, NotFound
+from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle, Run, RunEvent
+from app.domain.states import AttemptStatus, RunStatus
+from app.storage.cursor import decode_cursor, encode_cursor
+from app.storage.tables import attempts, run_events, runs, task_revisions
+from app.storage.uow import UnitOfWork
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchCandidate:
+    """A queued run whose latest attempt is claimed, in dispatch order."""
+
+    run_id: str
+    attempt_id: str
+    attempt_number: int
+    version: int
+    task: str
+    revision: int
+    priority: int
+    created_at_ms: int
+    attempt_created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveAttempt:
+    """An attempt in starting or running, as the reconciler and worker need it."""
+
+    run_id: str
+    attempt_id: str
+    number: int
+    status: str
+    run_status: str
+    handle: ProcessHandle | None
+    handle_invalid: bool
+    deadline_at_ms: int | None
+    cancel_reason: str | None
+    log_artifact_id: str | None
+    created_at_ms: int
+
+
+def attempt_from_row(row: Row[Any]) -> Attempt:
+    """Map an ``attempts`` row to the domain value (no handle, no digest)."""
+    log = None
+    if row.log_bytes is not None:
+        log = LogInfo(
+            bytes=row.log_bytes,
+            truncated=bool(row.log_truncated),
+            dropped_bytes=row.log_dropped_bytes or 0,
+        )
+    return Attempt(
+        id=row.id,
+        run_id=row.run_id,
+        number=row.number,
+        status=row.status,
+        executor=row.executor,
+        created_at_ms=row.created_at_ms,
+        started_at_ms=row.started_at_ms,
+        finished_at_ms=row.finished_at_ms,
+        exit_code=row.exit_code,
+        signal=row.signal,
+        error_code=row.error_code,
+        deadline_at_ms=row.deadline_at_ms,
+        log_artifact_id=row.log_artifact_id,
+        callback_sequence=row.callback_sequence,
+        log=log,
+    )
+
+
+def run_from_rows(run_row: Row[Any], attempt_row: Row[Any] | None) -> Run:
+    """Map a ``runs`` row (and its latest attempt row) to the domain value."""
+    cancel = None
+    if run_row.cancel_reason is not None:
+        cancel = CancelIntent(reason=run_row.cancel_reason, at_ms=run_row.cancel_requested_at_ms)
+    return Run(
+        id=run_row.id,
+        task=run_row.task,
+        revision=run_row.revision,
+        status=run_row.status,
+        priority=run_row.priority,
+        version=run_row.version,
+        created_at_ms=run_row.created_at_ms,
+        started_at_ms=run_row.started_at_ms,
+        finished_at_ms=run_row.finished_at_ms,
+        cancel=cancel,
+        latest_attempt=attempt_from_row(attempt_row) if attempt_row is not None else None,
+    )
+
+
+_RUN_WITH_LATEST = runs.join(
+    attempts, and_(attempts.c.run_id == runs.c.id, attempts.c.number == runs.c.latest_attempt)
+)
+_ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c]
+
+
+def _split(row: Row[Any]) -> tuple[Any, Any]:
+    mapping = row._mapping
+    run_part = _Obj({c.name: mapping[c] for c in runs.c})
+    attempt_part = _Obj({c.name: mapping[f"a_{c.name}"] for c in attempts.c})
+    return run_part, attempt_part
+
+
+class _Obj:
+    """Attribute access over a dict, so joined rows map like plain rows."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+class RunReader:
+    """Read-only queries over runs, attempts and events."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def get_run(self, run_id: str) -> Run:
+        """One run with its latest attempt; NotFound otherwise."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            row = uow.conn.execute(
+                select(runs, *_ATTEMPT_COLUMNS).select_from(_RUN_WITH_LATEST).where(runs.c.id == run_id)
+            ).first()
+        if row is None:
+            raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+        return run_from_rows(*_split(row))
+
+    def list_runs(
+        self, *, task: str | None, status: str | None, limit: int, cursor: str | None
+    ) -> Page[Run]:
+        """Newest first (UUIDv7 order), filtered by task and status, one keyset page."""
+        query = select(runs, *_ATTEMPT_COLUMNS).select_from(_RUN_WITH_LATEST)
+        if task is not None:
+            query = query.where(runs.c.task == task)
+        if status is not None:
+            query = query.where(runs.c.status == status)
+        if cursor is not None:
+            (last_id,) = decode_cursor("runs", cursor, (str,))
+            query = query.where(runs.c.id < last_id)
+        query = query.order_by(runs.c.id.desc()).limit(limit + 1)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query).all()
+        items = [run_from_rows(*_split(r)) for r in rows[:limit]]
+        next_cursor = encode_cursor("runs", [items[-1].id]) if len(rows) > limit else None
+        return Page(items=items, next_cursor=next_cursor)
+
+    def list_attempts(self, run_id: str) -> list[Attempt]:
+        """All attempts of a run, by number; NotFound for an unknown run."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(
+                select(attempts).where(attempts.c.run_id == run_id).order_by(attempts.c.number)
+            ).all()
+        if not rows:
+            raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+        return [attempt_from_row(r) for r in rows]
+
+    def get_attempt(self, run_id: str, number: int) -> Attempt:
+        """One attempt by run and number."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            row = uow.conn.execute(
+                select(attempts).where(attempts.c.run_id == run_id, attempts.c.number == number)
+            ).first()
+        if row is None:
+            raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "no such attempt")
+        return attempt_from_row(row)
+
+    def list_events(self, run_id: str, *, after_seq: int = 0, limit: int = 200) -> Page[RunEvent]:
+        """Events in ``seq`` order after ``after_seq``."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            exists = uow.conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first()
+            if exists is None:
+                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+            rows = uow.conn.execute(
+                select(run_events)
+                .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
+                .order_by(run_events.c.seq)
+                .limit(limit + 1)
+            ).all()
+        items = [
+            RunEvent(run_id=r.run_id, seq=r.seq, type=r.type, at_ms=r.at_ms, data=json.loads(r.data))
+            for r in rows[:limit]
+        ]
+        next_cursor = encode_cursor("events", [items[-1].seq]) if len(rows) > limit else None
+        return Page(items=items, next_cursor=next_cursor)
+
+    def dispatch_candidates(
+        self, *, limit: int, cursor: str | None = None
+    ) -> Page[DispatchCandidate]:
+        """Queued runs without cancel intent whose latest attempt is claimed, in dispatch order."""
+        query = (
+            select(
+                runs.c.id,
+                runs.c.version,
+                runs.c.task,
+                runs.c.revision,
+                runs.c.priority,
+                runs.c.created_at_ms,
+                attempts.c.id.label("attempt_id"),
+                attempts.c.number,
+                attempts.c.created_at_ms.label("attempt_created_at_ms"),
+            )
+            .select_from(_RUN_WITH_LATEST)
+            .join(
+                task_revisions,
+                and_(
+                    task_revisions.c.task == runs.c.task,
+                    task_revisions.c.revision == runs.c.revision,
+                ),
+            )
+            .where(
+                runs.c.status == RunStatus.QUEUED.value,
+                runs.c.cancel_reason.is_(None),
+                attempts.c.status == AttemptStatus.CLAIMED.value,
+                attempts.c.executor == "local_process",
+            )
+        )
+        if cursor is not None:
+            prio, created, att_created, att_id = decode_cursor(
+                "dispatch", cursor, (int, int, int, str)
+            )
+            query = query.where(
+                or_(
+                    runs.c.priority < prio,
+                    and_(runs.c.priority == prio, runs.c.created_at_ms > created),
+                    and_(
+                        runs.c.priority == prio,
+                        runs.c.created_at_ms == created,
+                        or_(
+                            attempts.c.created_at_ms > att_created,
+                            and_(
+                                attempts.c.created_at_ms == att_created,
+                                attempts.c.id > att_id,
+                            ),
+                        ),
+                    ),
+                )
+            )
+        query = query.order_by(
+            runs.c.priority.desc(),
+            runs.c.created_at_ms,
+            attempts.c.created_at_ms,
+            attempts.c.id,
+        ).limit(limit + 1)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query).all()
+        items = [
+            DispatchCandidate(
+                run_id=r.id,
+                attempt_id=r.attempt_id,
+                attempt_number=r.number,
+                version=r.version,
+                task=r.task,
+                revision=r.revision,
+                priority=r.priority,
+                created_at_ms=r.created_at_ms,
+                attempt_created_at_ms=r.attempt_created_at_ms,
+            )
+            for r in rows[:limit]
+        ]
+        next_cursor = None
+        if len(rows) > limit:
+            last = items[-1]
+            next_cursor = encode_cursor(
+                "dispatch",
+                [last.priority, last.created_at_ms, last.attempt_created_at_ms, last.attempt_id],
+            )
+        return Page(items=items, next_cursor=next_cursor)
+
+    def active_attempts(self, *, limit: int, after_id: str | None = None) -> list[ActiveAttempt]:
+        """Attempts in starting or running, by id, after ``after_id`` (a resume cursor)."""
+        query = (
+            select(
+                attempts,
+                runs.c.status.label("run_status"),
+                runs.c.cancel_reason,
+            )
+            .join(runs, runs.c.id == attempts.c.run_id)
+            .where(
+                attempts.c.status.in_(
+                    [AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]
+                )
+            )
+            .order_by(attempts.c.id)
+            .limit(limit)
+        )
+        if after_id is not None:
+            query = query.where(attempts.c.id > after_id)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query).all()
+        return [_active_from_row(r) for r in rows]
+
+    def active_attempt(self, attempt_id: str) -> ActiveAttempt | None:
+        """One attempt if it is still starting or running."""
+        query = (
+            select(attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
+            .join(runs, runs.c.id == attempts.c.run_id)
+            .where(attempts.c.id == attempt_id)
+        )
+        with UnitOfWork(self._engine, write=False) as uow:
+            row = uow.conn.execute(query).first()
+        if row is None or row.status not in (AttemptStatus.STARTING, AttemptStatus.RUNNING):
+            return None
+        return _active_from_row(row)
+
+
+def _active_from_row(row: Row[Any]) -> ActiveAttempt:
+    handle: ProcessHandle | None = None
+    invalid = False
+    if row.handle is not None:
+        try:
+            handle = ProcessHandle.from_dict(json.loads(row.handle))
+        except (ValueError, TypeError):
+            invalid = True
+    return ActiveAttempt(
+        run_id=row.run_id,
+        attempt_id=row.id,
+        number=row.number,
+        status=row.status,
+        run_status=row.run_status,
+        handle=handle,
+        handle_invalid=invalid,
+        deadline_at_ms=row.deadline_at_ms,
+        cancel_reason=row.cancel_reason,
+        log_artifact_id=row.log_artifact_id,
+        created_at_ms=row.created_at_ms,
+    )

@@ -1,0 +1,463 @@
+"""Run and attempt transitions: each method is one transaction of CAS updates plus events."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Engine, Row, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.domain.canonical import canonical_json, sha256_digest
+from app.domain.errors import Conflict, ErrorCode, NotFound, VersionConflict
+from app.domain.events import RUN_CANCEL_REQUESTED, attempt_event, run_event
+from app.domain.ids import now_ms, uuid7
+from app.domain.model import LogInfo, ProcessHandle, Run
+from app.domain.states import (
+    TERMINAL_ATTEMPT,
+    TERMINAL_RUN,
+    AttemptStatus,
+    RunStatus,
+    ending_for,
+    transition_attempt,
+    transition_run,
+)
+from app.storage.run_reads import run_from_rows
+from app.storage.tables import attempts, idempotency_keys, run_events, runs, task_revisions
+from app.storage.uow import UnitOfWork
+
+LOCAL_PROCESS = "local_process"
+
+CompletionStatus = Literal["applied", "already_terminal", "rejected"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOutcome:
+    """Result of feeding one process ending to the completion transaction."""
+
+    status: CompletionStatus
+    run_status: str | None = None
+    reason: str | None = None  # stable reason when rejected (never receipt content)
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    type: str
+    data: dict[str, Any]
+
+
+class RunRepository:
+    """Writes runs, attempts and events. Every public method commits one transaction or none."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    def enqueue_run(
+        self,
+        *,
+        task: str,
+        revision: int | None,
+        priority: int | None,
+        token_id: str | None = None,
+        idempotency_key: str | None = None,
+        request_digest: str | None = None,
+    ) -> tuple[Run, bool]:
+        """Create a queued run with a claimed attempt 1; return ``(run, created)``."""
+        for _ in range(3):
+            try:
+                return self._enqueue_once(
+                    task=task,
+                    revision=revision,
+                    priority=priority,
+                    token_id=token_id,
+                    idempotency_key=idempotency_key,
+                    request_digest=request_digest,
+                )
+            except IntegrityError:
+                # A concurrent request inserted the same idempotency key first; read it.
+                if idempotency_key is None:
+                    raise
+        raise VersionConflict("enqueue")
+
+    def _enqueue_once(
+        self,
+        *,
+        task: str,
+        revision: int | None,
+        priority: int | None,
+        token_id: str | None,
+        idempotency_key: str | None,
+        request_digest: str | None,
+    ) -> tuple[Run, bool]:
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            if idempotency_key is not None:
+                previous = conn.execute(
+                    select(idempotency_keys.c.request_digest, idempotency_keys.c.run_id).where(
+                        idempotency_keys.c.token_id == (token_id or ""),
+                        idempotency_keys.c.key == idempotency_key,
+                    )
+                ).first()
+                if previous is not None:
+                    if previous.request_digest != request_digest:
+                        raise Conflict(
+                            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                            "this Idempotency-Key was used with another request body",
+                        )
+                    return _load_run(conn, previous.run_id), False
+            rev = _resolve_revision(conn, task, revision)
+            at = now_ms()
+            run_id = uuid7(at)
+            conn.execute(
+                insert(runs).values(
+                    id=run_id,
+                    task=task,
+                    revision=rev.revision,
+                    status=RunStatus.QUEUED.value,
+                    priority=rev.priority if priority is None else priority,
+                    version=1,
+                    latest_attempt=1,
+                    created_at_ms=at,
+                )
+            )
+            conn.execute(
+                insert(attempts).values(
+                    id=uuid7(at),
+                    run_id=run_id,
+                    number=1,
+                    status=AttemptStatus.CLAIMED.value,
+                    executor=rev.executor,
+                    created_at_ms=at,
+                    callback_sequence=0,
+                )
+            )
+            _append_events(
+                conn, run_id, 1, at, [_Event(run_event(RunStatus.QUEUED), {"attempt": 1})]
+            )
+            if idempotency_key is not None:
+                conn.execute(
+                    insert(idempotency_keys).values(
+                        token_id=token_id or "",
+                        key=idempotency_key,
+                        request_digest=request_digest or "",
+                        run_id=run_id,
+                        created_at_ms=at,
+                    )
+                )
+            run = _load_run(conn, run_id)
+            uow.commit()
+            return run, True
+
+    # -- coordinator transitions (ADR-0070) ------------------------------------------------
+
+    def begin_dispatch(
+        self,
+        *,
+        run_id: str,
+        attempt_id: str,
+        expected_version: int | None,
+        token_digest: str,
+        deadline_at_ms: int | None,
+        log_artifact_id: str,
+    ) -> Run:
+        """T1: run queued→dispatching and attempt claimed→starting with the callback digest."""
+        with UnitOfWork(self._engine) as uow:
+            run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
+            if expected_version is not None and run_row.version != expected_version:
+                raise VersionConflict(run_id)
+            if run_row.cancel_reason is not None:
+                raise Conflict(ErrorCode.INVALID_TRANSITION, "the run has a cancel intent")
+            if (
+                attempt_row.executor != LOCAL_PROCESS
+                or attempt_row.callback_sequence != 0
+                or attempt_row.callback_token_digest is not None
+            ):
+                raise Conflict(ErrorCode.INVALID_TRANSITION, "the attempt was already armed")
+            at = now_ms()
+            _step(
+                uow.conn,
+                run_row,
+                attempt_row,
+                at,
+                run_to=RunStatus.DISPATCHING,
+                attempt_to=AttemptStatus.STARTING,
+                attempt_values={
+                    "callback_token_digest": token_digest,
+                    "deadline_at_ms": deadline_at_ms,
+                    "log_artifact_id": log_artifact_id,
+                },
+                order="run_first",
+            )
+            run = _load_run(uow.conn, run_id)
+            uow.commit()
+            return run
+
+    def record_running(
+        self, *, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
+    ) -> Run:
+        """T2: attempt starting→running with its durable handle, run dispatching→running."""
+        with UnitOfWork(self._engine) as uow:
+            run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
+            at = now_ms()
+            _step(
+                uow.conn,
+                run_row,
+                attempt_row,
+                at,
+                run_to=RunStatus.RUNNING,
+                attempt_to=AttemptStatus.RUNNING,
+                attempt_values={
+                    "handle": json.dumps(handle.to_dict(), sort_keys=True),
+                    "started_at_ms": started_at_ms,
+                },
+                run_values={"started_at_ms": started_at_ms},
+                order="attempt_first",
+            )
+            run = _load_run(uow.conn, run_id)
+            uow.commit()
+            return run
+
+    def fail_attempt(
+        self, *, run_id: str, attempt_id: str, error_code: ErrorCode, lost: bool = False
+    ) -> Run:
+        """End a not-yet-finished attempt and its run as ``failed`` (or ``lost``) with a code."""
+        with UnitOfWork(self._engine) as uow:
+            run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
+            at = now_ms()
+            run_to = RunStatus.LOST if lost else RunStatus.FAILED
+            attempt_to = AttemptStatus.LOST if lost else AttemptStatus.FAILED
+            _step(
+                uow.conn,
+                run_row,
+                attempt_row,
+                at,
+                run_to=run_to,
+                attempt_to=attempt_to,
+                attempt_values={"error_code": error_code.value, "finished_at_ms": at},
+                run_values={"finished_at_ms": at},
+                attempt_data={"error_code": error_code.value},
+                order="attempt_first",
+            )
+            run = _load_run(uow.conn, run_id)
+            uow.commit()
+            return run
+
+    # -- completion (DESIGN.md, Completion service) ----------------------------------------
+
+    def complete_attempt(
+        self,
+        *,
+        run_id: str,
+        attempt_id: str,
+        token: str,
+        callback_sequence: int,
+        exit_code: int,
+        signal: int | None,
+        finished_at_ms: int,
+        log: LogInfo | None = None,
+    ) -> CompletionOutcome:
+        """The one transaction that turns a process ending into a terminal state, once."""
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            attempt_row = conn.execute(
+                select(attempts).where(attempts.c.id == attempt_id)
+            ).first()
+            if attempt_row is None or attempt_row.run_id != run_id:
+                return CompletionOutcome("rejected", reason="WRONG_ATTEMPT")
+            if attempt_row.executor != LOCAL_PROCESS:
+                return CompletionOutcome("rejected", reason="WRONG_EXECUTOR")
+            stored = attempt_row.callback_token_digest
+            if stored is None or not hmac.compare_digest(
+                stored.encode(), sha256_digest(token.encode("utf-8")).encode()
+            ):
+                return CompletionOutcome("rejected", reason="WRONG_TOKEN")
+            run_row = conn.execute(select(runs).where(runs.c.id == run_id)).one()
+            if attempt_row.status in TERMINAL_ATTEMPT or run_row.status in TERMINAL_RUN:
+                return CompletionOutcome("already_terminal", run_status=run_row.status)
+            if callback_sequence <= attempt_row.callback_sequence:
+                return CompletionOutcome("rejected", reason="WRONG_SEQUENCE")
+            if run_row.latest_attempt != attempt_row.number:
+                return CompletionOutcome("rejected", reason="NOT_LATEST_ATTEMPT")
+            ending = ending_for(
+                exit_code=exit_code, signal=signal, cancel_reason=run_row.cancel_reason
+            )
+            # Times never run backwards relative to what is already committed.
+            floor = attempt_row.started_at_ms or attempt_row.created_at_ms
+            finished = max(finished_at_ms, floor)
+            values: dict[str, Any] = {
+                "exit_code": None if signal is not None else exit_code,
+                "signal": signal,
+                "callback_sequence": callback_sequence,
+                "finished_at_ms": finished,
+            }
+            if log is not None:
+                values |= {
+                    "log_bytes": log.bytes,
+                    "log_truncated": log.truncated,
+                    "log_dropped_bytes": log.dropped_bytes,
+                }
+            data = {"exit_code": values["exit_code"], "signal": signal}
+            _step(
+                conn,
+                run_row,
+                attempt_row,
+                now_ms(),
+                run_to=RunStatus(ending.value),
+                attempt_to=ending,
+                attempt_values=values,
+                run_values={"finished_at_ms": finished},
+                attempt_data=data,
+                order="attempt_first",
+            )
+            uow.commit()
+            return CompletionOutcome("applied", run_status=ending.value)
+
+    # -- intents -----------------------------------------------------------------------------
+
+    def request_cancel(self, *, run_id: str, reason: Literal["user", "timeout"]) -> Run:
+        """Record a cancel intent once; a queued run is cancelled at once."""
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            run_row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+            if run_row is None:
+                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+            if run_row.status in TERMINAL_RUN:
+                raise Conflict(ErrorCode.RUN_TERMINAL, f"the run already ended ({run_row.status})")
+            if run_row.cancel_reason is not None:
+                return _load_run(conn, run_id)
+            at = now_ms()
+            intent = {"cancel_reason": reason, "cancel_requested_at_ms": at}
+            events = [_Event(RUN_CANCEL_REQUESTED, {"reason": reason})]
+            if run_row.status == RunStatus.QUEUED:
+                attempt_row = _latest_attempt(conn, run_row)
+                target = AttemptStatus.TIMED_OUT if reason == "timeout" else AttemptStatus.CANCELLED
+                transition_attempt(AttemptStatus(attempt_row.status), target)
+                transition_run(RunStatus.QUEUED, RunStatus(target.value))
+                _update_attempt(
+                    conn, attempt_row, target, {"finished_at_ms": at}
+                )
+                events += [
+                    _Event(attempt_event(target), {"attempt": attempt_row.number}),
+                    _Event(run_event(RunStatus(target.value)), {}),
+                ]
+                intent |= {"status": target.value, "finished_at_ms": at}
+            _cas_run(conn, run_row, len(events), intent)
+            _append_events(conn, run_id, run_row.version + 1, at, events)
+            run = _load_run(conn, run_id)
+            uow.commit()
+            return run
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _resolve_revision(conn: Connection, task: str, revision: int | None) -> Row[Any]:
+    query = select(task_revisions).where(task_revisions.c.task == task)
+    if revision is None:
+        query = query.order_by(task_revisions.c.revision.desc()).limit(1)
+    else:
+        query = query.where(task_revisions.c.revision == revision)
+    row = conn.execute(query).first()
+    if row is not None:
+        return row
+    if revision is not None:
+        exists = conn.execute(
+            select(func.count()).select_from(task_revisions).where(task_revisions.c.task == task)
+        ).scalar_one()
+        if exists:
+            raise NotFound(ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}")
+    raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
+
+
+def _load_run(conn: Connection, run_id: str) -> Run:
+    run_row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    if run_row is None:
+        raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+    return run_from_rows(run_row, _latest_attempt(conn, run_row))
+
+
+def _latest_attempt(conn: Connection, run_row: Row[Any]) -> Row[Any]:
+    return conn.execute(
+        select(attempts).where(
+            attempts.c.run_id == run_row.id, attempts.c.number == run_row.latest_attempt
+        )
+    ).one()
+
+
+def _load_pair(conn: Connection, run_id: str, attempt_id: str) -> tuple[Row[Any], Row[Any]]:
+    run_row = conn.execute(select(runs).where(runs.c.id == run_id)).first()
+    if run_row is None:
+        raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+    attempt_row = _latest_attempt(conn, run_row)
+    if attempt_row.id != attempt_id:
+        raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "the attempt is not the run's latest")
+    return run_row, attempt_row
+
+
+def _cas_run(conn: Connection, run_row: Row[Any], steps: int, values: dict[str, Any]) -> None:
+    result = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_row.id, runs.c.version == run_row.version)
+        .values(version=run_row.version + steps, **values)
+    )
+    if result.rowcount != 1:
+        raise VersionConflict(run_row.id)
+
+
+def _update_attempt(
+    conn: Connection, attempt_row: Row[Any], target: AttemptStatus, values: dict[str, Any]
+) -> None:
+    result = conn.execute(
+        update(attempts)
+        .where(attempts.c.id == attempt_row.id, attempts.c.status == attempt_row.status)
+        .values(status=target.value, **values)
+    )
+    if result.rowcount != 1:
+        raise VersionConflict(attempt_row.run_id)
+
+
+def _append_events(
+    conn: Connection, run_id: str, first_seq: int, at: int, events: Iterable[_Event]
+) -> None:
+    rows = [
+        {
+            "run_id": run_id,
+            "seq": first_seq + offset,
+            "type": event.type,
+            "at_ms": at,
+            "data": canonical_json(event.data).decode("utf-8"),
+        }
+        for offset, event in enumerate(events)
+    ]
+    conn.execute(insert(run_events), rows)
+
+
+def _step(
+    conn: Connection,
+    run_row: Row[Any],
+    attempt_row: Row[Any],
+    at: int,
+    *,
+    run_to: RunStatus,
+    attempt_to: AttemptStatus,
+    attempt_values: dict[str, Any] | None = None,
+    run_values: dict[str, Any] | None = None,
+    attempt_data: dict[str, Any] | None = None,
+    order: Literal["run_first", "attempt_first"],
+) -> None:
+    """Move run and attempt together: two CAS updates and two events, one version each."""
+    transition_run(RunStatus(run_row.status), run_to)
+    transition_attempt(AttemptStatus(attempt_row.status), attempt_to)
+    _cas_run(conn, run_row, 2, {"status": run_to.value, **(run_values or {})})
+    _update_attempt(conn, attempt_row, attempt_to, attempt_values or {})
+    run_ev = _Event(run_event(run_to), {})
+    att_ev = _Event(
+        attempt_event(attempt_to), {"attempt": attempt_row.number, **(attempt_data or {})}
+    )
+    events = [run_ev, att_ev] if order == "run_first" else [att_ev, run_ev]
+    _append_events(conn, run_row.id, run_row.version + 1, at, events)

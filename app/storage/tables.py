@@ -1,0 +1,159 @@
+"""The one MetaData of the service. Times are integer milliseconds since the epoch."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+ID = String(36)  # UUIDv7 text
+MS = BigInteger
+
+task_revisions = Table(
+    "task_revisions",
+    metadata,
+    Column("task", String(128), primary_key=True),
+    Column("revision", Integer, primary_key=True),
+    Column("digest", String(71), nullable=False),
+    Column("executor", String(32), nullable=False),
+    Column("body", Text, nullable=False),  # canonical JSON of the definition
+    Column("recipe_id", String(82), ForeignKey("context_recipes.id"), nullable=True),
+    Column("timeout_seconds", Integer, nullable=True),
+    Column("priority", Integer, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+)
+
+context_recipes = Table(
+    "context_recipes",
+    metadata,
+    Column("id", String(82), primary_key=True),  # localctx:sha256:<64 hex>
+    Column("body", Text, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+)
+
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("key_id", String(64), nullable=False),
+    Column("nonce", LargeBinary, nullable=False),
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("task", String(128), nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("priority", Integer, nullable=False),
+    # Compare-and-set fence; equals the seq of the run's newest event.
+    Column("version", Integer, nullable=False),
+    Column("latest_attempt", Integer, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("started_at_ms", MS, nullable=True),
+    Column("finished_at_ms", MS, nullable=True),
+    Column("cancel_reason", String(16), nullable=True),
+    Column("cancel_requested_at_ms", MS, nullable=True),
+    Index("ix_runs_dispatch_order", "status", "priority", "created_at_ms"),
+    Index("ix_runs_task_id", "task", "id"),
+    Index("ix_runs_status_id", "status", "id"),
+    Index("ix_runs_task_status_id", "task", "status", "id"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("run_id", ID, ForeignKey("runs.id"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("executor", String(32), nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("started_at_ms", MS, nullable=True),
+    Column("finished_at_ms", MS, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("signal", Integer, nullable=True),
+    Column("error_code", String(64), nullable=True),
+    Column("callback_token_digest", String(71), nullable=True),
+    Column("callback_sequence", Integer, nullable=False),
+    Column("deadline_at_ms", MS, nullable=True),
+    Column("log_artifact_id", String(64), nullable=True),
+    Column("log_bytes", BigInteger, nullable=True),
+    Column("log_truncated", Boolean, nullable=True),
+    Column("log_dropped_bytes", BigInteger, nullable=True),
+    Column("handle", Text, nullable=True),  # JSON durable identity; never exposed by the API
+    UniqueConstraint("run_id", "number"),
+    Index("ix_attempts_status_id", "status", "id"),
+    Index("ix_attempts_status_deadline_at_ms", "status", "deadline_at_ms"),
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("run_id", ID, ForeignKey("runs.id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("type", String(48), nullable=False),
+    Column("at_ms", MS, nullable=False),
+    Column("data", Text, nullable=False),  # low-sensitivity canonical JSON only
+)
+
+receipt_journal = Table(
+    "receipt_journal",
+    metadata,
+    Column("attempt_id", ID, primary_key=True),
+    Column("run_id", ID, nullable=False),
+    # reserved -> spawned -> consumed | quarantined | spawn_failed
+    Column("state", String(16), nullable=False),
+    Column("receipt_ref", String(128), nullable=False),  # relative to the receipts root
+    Column("handle", Text, nullable=True),
+    Column("quarantine_reason", String(32), nullable=True),
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    Index("ix_receipt_journal_state_updated_at_ms", "state", "updated_at_ms"),
+)
+
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("digest", String(71), nullable=False, unique=True),
+    Column("scopes", Text, nullable=False),  # space separated
+    Column("created_at_ms", MS, nullable=False),
+    Column("revoked_at_ms", MS, nullable=True),
+)
+
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("token_id", ID, primary_key=True),
+    Column("key", String(255), primary_key=True),
+    Column("request_digest", String(71), nullable=False),
+    Column("run_id", ID, ForeignKey("runs.id"), nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+)

@@ -1,0 +1,97 @@
+"""API tokens: stored only as SHA-256 digests with a name and scopes."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.domain.canonical import sha256_digest
+from app.domain.errors import Conflict, ErrorCode, NotFound
+from app.domain.ids import now_ms, uuid7
+from app.storage.tables import api_tokens
+from app.storage.uow import UnitOfWork
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A token's public facts (never its plaintext)."""
+
+    id: str
+    name: str
+    scopes: frozenset[str]
+    created_at_ms: int
+    revoked_at_ms: int | None
+
+
+class TokenRepository:
+    """Create, list, revoke and look up tokens by digest."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def create(self, *, name: str, scopes: frozenset[str], token: str) -> TokenRecord:
+        """Store the digest of ``token``; Conflict if the name is taken."""
+        record = TokenRecord(
+            id=uuid7(), name=name, scopes=scopes, created_at_ms=now_ms(), revoked_at_ms=None
+        )
+        try:
+            with UnitOfWork(self._engine) as uow:
+                uow.conn.execute(
+                    insert(api_tokens).values(
+                        id=record.id,
+                        name=name,
+                        digest=sha256_digest(token.encode("utf-8")),
+                        scopes=" ".join(sorted(scopes)),
+                        created_at_ms=record.created_at_ms,
+                    )
+                )
+                uow.commit()
+        except IntegrityError:
+            raise Conflict(ErrorCode.VALIDATION_FAILED, f"a token named {name} exists") from None
+        return record
+
+    def list(self) -> list[TokenRecord]:
+        """Every token, oldest first."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(select(api_tokens).order_by(api_tokens.c.id)).all()
+        return [_record(r) for r in rows]
+
+    def revoke(self, name: str) -> TokenRecord:
+        """Mark a token revoked (idempotent); NotFound for an unknown name."""
+        with UnitOfWork(self._engine) as uow:
+            uow.conn.execute(
+                update(api_tokens)
+                .where(api_tokens.c.name == name, api_tokens.c.revoked_at_ms.is_(None))
+                .values(revoked_at_ms=now_ms())
+            )
+            row = uow.conn.execute(select(api_tokens).where(api_tokens.c.name == name)).first()
+            if row is None:
+                raise NotFound(ErrorCode.VALIDATION_FAILED, f"no token named {name}")
+            uow.commit()
+        return _record(row)
+
+    def authenticate(self, token: str) -> TokenRecord | None:
+        """The live token whose digest matches ``token``, compared in constant time."""
+        digest = sha256_digest(token.encode("utf-8", "surrogatepass"))
+        with UnitOfWork(self._engine, write=False) as uow:
+            row = uow.conn.execute(select(api_tokens).where(api_tokens.c.digest == digest)).first()
+        # The lookup is by digest (an index probe that leaks nothing about the plaintext);
+        # compare again in constant time so equality is never decided by a short-circuit.
+        if row is None or not hmac.compare_digest(row.digest, digest):
+            return None
+        if row.revoked_at_ms is not None:
+            return None
+        return _record(row)
+
+
+def _record(row: object) -> TokenRecord:
+    return TokenRecord(
+        id=row.id,  # type: ignore[attr-defined]
+        name=row.name,  # type: ignore[attr-defined]
+        scopes=frozenset(row.scopes.split()),  # type: ignore[attr-defined]
+        created_at_ms=row.created_at_ms,  # type: ignore[attr-defined]
+        revoked_at_ms=row.revoked_at_ms,  # type: ignore[attr-defined]
+    )

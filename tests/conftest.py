@@ -1,0 +1,98 @@
+"""Shared fixtures: a migrated database on SQLite (a real file) and on PostgreSQL.
+
+PostgreSQL tests run when QL_TEST_POSTGRES_URL is set (CI sets it) and are skipped with a
+reason otherwise; when it is set, an unreachable server fails the run. Each pytest process
+migrates its own fresh schema once, truncates it before every test and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from app.storage.engine import make_engine
+from app.storage.migrate import upgrade_to_head
+from app.storage.tables import metadata
+
+PG_ENV = "QL_TEST_POSTGRES_URL"
+
+
+def _with_search_path(url: str, schema: str) -> str:
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One migrated SQLite file per test process, copied for each test."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    engine = make_engine(f"sqlite:///{path}")
+    upgrade_to_head(engine)
+    engine.dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A migrated, private schema on the shared PostgreSQL server."""
+    base = os.environ.get(PG_ENV)
+    if not base:
+        pytest.skip(f"PostgreSQL tests need {PG_ENV} (CI sets it; .ci/run shows how)")
+    schema = f"ql_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except Exception as exc:  # pragma: no cover - the point is a clear failure
+        admin.dispose()
+        pytest.fail(f"{PG_ENV} is set but PostgreSQL is not usable: {type(exc).__name__}: {exc}")
+    url = _with_search_path(base, schema)
+    engine = make_engine(url)
+    upgrade_to_head(engine)
+    engine.dispose()
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def _truncate_all(engine: Engine) -> None:
+    names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {names} CASCADE"))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database URL: a fresh SQLite file, or the process's PG schema."""
+    if request.param == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "qinglong.db"
+        shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+    url: str = request.getfixturevalue("postgres_url")
+    engine = make_engine(url)
+    try:
+        _truncate_all(engine)
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """An engine on ``db_url``, disposed after the test."""
+    eng = make_engine(db_url)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
