@@ -1,0 +1,128 @@
+"""Ports of the execution layer: what it needs from storage, secrets and the worker.
+
+The execution layer imports these protocols only; adapters live in ``app.storage`` and
+``app.worker`` and are wired together by the composition root in ``app.context``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from app.domain.errors import ErrorCode
+from app.domain.model import (
+    LogInfo,
+    ProcessHandle,
+    Recipe,
+    Run,
+    TaskRevision,
+)
+
+StopResult = Literal["stopped", "already_exited", "unknown"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything the worker needs to start one attempt. Holds secrets: never log or store it."""
+
+    run_id: str
+    attempt_id: str
+    callback_sequence: int
+    token: str = field(repr=False)
+    argv: tuple[str, ...] = field(repr=False)
+    cwd: str | None = field(repr=False)
+    env: dict[str, str] = field(repr=False)
+    log_path: str
+    log_quota_bytes: int
+    deadline_at_ms: int | None
+
+
+class LaunchFailed(Exception):
+    """The launch ended before a durable handle existed; nothing is left running."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason  # a stable, content-free reason such as "EXEC_FAILED"
+
+
+class LaunchRejected(LaunchFailed):
+    """The worker refused a second launch of an attempt it already journaled."""
+
+
+class Launcher(Protocol):
+    """Starts attempts through the worker (journal first, then spawn)."""
+
+    def launch(self, request: LaunchRequest) -> ProcessHandle:
+        """Start the attempt and return its durable handle, or raise LaunchFailed."""
+        ...
+
+
+class ProcessController(Protocol):
+    """Stops a process group by exact durable identity."""
+
+    def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+        """TERM, bounded grace, identity re-check, KILL; never signal a mismatched identity."""
+        ...
+
+
+class DefinitionSource(Protocol):
+    """Immutable definitions, read-only."""
+
+    def get_revision(self, task: str, revision: int) -> TaskRevision:
+        """Raise NotFound when missing."""
+        ...
+
+    def get_recipe(self, rid: str) -> Recipe:
+        """Raise NotFound when missing."""
+        ...
+
+
+class SecretSource(Protocol):
+    """Decrypts secret values, only inside the materializer's call."""
+
+    def resolve(self, names: frozenset[str]) -> dict[str, str]:
+        """Values by name; raise NotFound(SECRET_NOT_FOUND) if any name is missing."""
+        ...
+
+
+class RunTransitions(Protocol):
+    """The run repository operations the coordinator and completion service use."""
+
+    def begin_dispatch(
+        self,
+        *,
+        run_id: str,
+        attempt_id: str,
+        expected_version: int | None,
+        token_digest: str,
+        deadline_at_ms: int | None,
+        log_artifact_id: str,
+    ) -> Run:
+        """T1."""
+        ...
+
+    def record_running(
+        self, *, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
+    ) -> Run:
+        """T2."""
+        ...
+
+    def fail_attempt(
+        self, *, run_id: str, attempt_id: str, error_code: ErrorCode, lost: bool = False
+    ) -> Run:
+        """End an attempt as failed (or lost) with a stable code."""
+        ...
+
+
+__all__ = [
+    "DefinitionSource",
+    "LaunchFailed",
+    "LaunchRejected",
+    "LaunchRequest",
+    "Launcher",
+    "LogInfo",
+    "ProcessController",
+    "RunTransitions",
+    "SecretSource",
+    "StopResult",
+]
