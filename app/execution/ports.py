@@ -6,10 +6,16 @@ The execution layer imports these protocols only; adapters live in ``app.storage
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from app.domain.errors import ErrorCode
+from app.domain.execution import (
+    CompletionOutcome,
+    LaunchFailed,
+    LaunchRejected,
+    LaunchRequest,
+    StopResult,
+)
 from app.domain.model import (
     LogInfo,
     ProcessHandle,
@@ -17,36 +23,6 @@ from app.domain.model import (
     Run,
     TaskRevision,
 )
-
-StopResult = Literal["stopped", "already_exited", "unknown"]
-
-
-@dataclass(frozen=True)
-class LaunchRequest:
-    """Everything the worker needs to start one attempt. Holds secrets: never log or store it."""
-
-    run_id: str
-    attempt_id: str
-    callback_sequence: int
-    token: str = field(repr=False)
-    argv: tuple[str, ...] = field(repr=False)
-    cwd: str | None = field(repr=False)
-    env: dict[str, str] = field(repr=False)
-    log_path: str
-    log_quota_bytes: int
-    deadline_at_ms: int | None
-
-
-class LaunchFailed(Exception):
-    """The launch ended before a durable handle existed; nothing is left running."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason  # a stable, content-free reason such as "EXEC_FAILED"
-
-
-class LaunchRejected(LaunchFailed):
-    """The worker refused a second launch of an attempt it already journaled."""
 
 
 class Launcher(Protocol):
@@ -115,6 +91,7 @@ class RunTransitions(Protocol):
 
 
 __all__ = [
+    "CompletionOutcome",
     "DefinitionSource",
     "LaunchFailed",
     "LaunchRejected",

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from app.domain.canonical import canonical_json, sha256_digest
 from app.domain.errors import Conflict, ErrorCode, NotFound, VersionConflict
 from app.domain.events import RUN_CANCEL_REQUESTED, attempt_event, run_event
+from app.domain.execution import CompletionOutcome
 from app.domain.ids import now_ms, uuid7
 from app.domain.model import LogInfo, ProcessHandle, Run
 from app.domain.states import (
@@ -30,18 +31,6 @@ from app.storage.tables import attempts, idempotency_keys, run_events, runs, tas
 from app.storage.uow import UnitOfWork
 
 LOCAL_PROCESS = "local_process"
-
-CompletionStatus = Literal["applied", "already_terminal", "rejected"]
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionOutcome:
-    """Result of feeding one process ending to the completion transaction."""
-
-    status: CompletionStatus
-    run_status: str | None = None
-    reason: str | None = None  # stable reason when rejected (never receipt content)
-
 
 @dataclass(frozen=True, slots=True)
 class _Event:

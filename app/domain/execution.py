@@ -1,0 +1,51 @@
+"""Values that cross the execution boundary between the api side and the worker.
+
+They live in the domain so that both ``app.execution`` (ports, services) and ``app.worker``
+(launcher, control socket, client) can use them without importing each other's layer;
+``app.execution.ports`` re-exports them under their historical names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+StopResult = Literal["stopped", "already_exited", "unknown"]
+CompletionStatus = Literal["applied", "already_terminal", "rejected"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything the worker needs to start one attempt. Holds secrets: never log or store it."""
+
+    run_id: str
+    attempt_id: str
+    callback_sequence: int
+    token: str = field(repr=False)
+    argv: tuple[str, ...] = field(repr=False)
+    cwd: str | None = field(repr=False)
+    env: dict[str, str] = field(repr=False)
+    log_path: str
+    log_quota_bytes: int
+    deadline_at_ms: int | None
+
+
+class LaunchFailed(Exception):
+    """The launch ended before a durable handle existed; nothing is left running."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason  # a stable, content-free reason such as "EXEC_FAILED"
+
+
+class LaunchRejected(LaunchFailed):
+    """The worker refused a second launch of an attempt it already journaled."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOutcome:
+    """Result of feeding one process ending to the completion transaction."""
+
+    status: CompletionStatus
+    run_status: str | None = None
+    reason: str | None = None  # stable reason when rejected (never receipt content)
