@@ -1,0 +1,1 @@
+"""Worker process: control socket, launcher, journal and the per-job shim."""

@@ -1,0 +1,232 @@
+"""Durable Linux process identity and exact stop.
+
+An identity is (boot id, pid, process group, start time in clock ticks). A pid alone is
+never enough: pids are reused. Stopping opens a pidfd first and verifies the identity
+*after* opening it, so every signal goes to the process that was verified (a pidfd cannot
+be redirected to a process that later reuses the number).
+
+Zombies count as exited: :func:`read_identity` returns ``None`` for them and
+:func:`matches` is false.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+PIDFD_SIGNAL_PROCESS_GROUP = 4  # Linux 6.9: signal the process group the pidfd leads
+_GROUP_POLL_SECONDS = 0.02
+
+StopResult = Literal["stopped", "already_exited", "unknown"]
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """What the worker stores about a job so it can find, verify and stop it later."""
+
+    boot_id: str
+    pid: int
+    pgid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class _Stat:
+    state: str
+    pgid: int
+    start_ticks: int
+
+
+def current_boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``)."""
+    with open(BOOT_ID_PATH, encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+def _read_stat(pid: int) -> _Stat | None:
+    """State, pgid (field 5) and start ticks (field 22); the comm field may hold ')'."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return _Stat(fields[0].decode("ascii"), int(fields[2]), int(fields[19]))
+
+
+def _alive(stat: _Stat | None) -> bool:
+    return stat is not None and stat.state not in ("Z", "X", "x")
+
+
+def read_identity(pid: int) -> ProcessIdentity | None:
+    """The identity of the live process ``pid`` now; ``None`` if none exists or it exited."""
+    stat = _read_stat(pid)
+    if not _alive(stat):
+        return None
+    assert stat is not None
+    return ProcessIdentity(current_boot_id(), pid, stat.pgid, stat.start_ticks)
+
+
+def _stat_matches(identity: ProcessIdentity, stat: _Stat | None) -> bool:
+    return (
+        _alive(stat)
+        and stat is not None
+        and stat.pgid == identity.pgid
+        and stat.start_ticks == identity.start_ticks
+    )
+
+
+def matches(identity: ProcessIdentity) -> bool:
+    """True when the exact process (same boot, pid, pgid, start ticks) is alive now."""
+    if identity.boot_id != current_boot_id():
+        return False
+    return _stat_matches(identity, _read_stat(identity.pid))
+
+
+def wait_pidfd(pidfd: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for the pidfd's process to exit; True when it has."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    deadline = time.monotonic() + max(timeout, 0.0)
+    while True:
+        remaining = deadline - time.monotonic()
+        if poller.poll(max(int(remaining * 1000), 0)):
+            return True
+        if remaining <= 0:
+            return False
+
+
+def wait_exit(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``pid`` to exit (a zombie counts); True when gone."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return wait_pidfd(pidfd, timeout)
+    finally:
+        os.close(pidfd)
+
+
+def _group_members_alive(pgid: int) -> bool:
+    """Any non-zombie process whose process group is ``pgid`` (bounded scan of /proc)."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = _read_stat(int(name))
+        except (OSError, ValueError):
+            continue
+        if stat is not None and stat.pgid == pgid and _alive(stat):
+            return True
+    return False
+
+
+@cache
+def _group_flag_supported() -> bool:
+    """Probe PIDFD_SIGNAL_PROCESS_GROUP once: signal 0 through our own pidfd.
+
+    EINVAL means the kernel does not know the flag; success or ESRCH (we do not lead a
+    group, so the group named by our pid is empty) means it does.
+    """
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except OSError:
+        return False
+    try:
+        signal.pidfd_send_signal(pidfd, 0, None, PIDFD_SIGNAL_PROCESS_GROUP)
+    except OSError as exc:
+        return exc.errno != errno.EINVAL
+    finally:
+        os.close(pidfd)
+    return True
+
+
+def _verified(pidfd: int, identity: ProcessIdentity) -> bool:
+    """The pidfd's process is alive and still is exactly ``identity``.
+
+    /proc is read after the pidfd was opened; the pidfd being not yet readable afterwards
+    proves the /proc entry described the pinned process, not a successor with the same pid.
+    """
+    if identity.boot_id != current_boot_id():
+        return False
+    if not _stat_matches(identity, _read_stat(identity.pid)):
+        return False
+    return not wait_pidfd(pidfd, 0)
+
+
+def _signal_group(pidfd: int, identity: ProcessIdentity, sig: int, group_flag: bool) -> None:
+    if group_flag:
+        signal.pidfd_send_signal(pidfd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
+        return
+    signal.pidfd_send_signal(pidfd, sig)
+    os.killpg(identity.pgid, sig)
+
+
+def _wait_gone(pidfd: int, pgid: int, timeout: float) -> bool:
+    """Leader exited and no live member of its group remains, within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    if not wait_pidfd(pidfd, timeout):
+        return False
+    while _group_members_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_GROUP_POLL_SECONDS)
+    return True
+
+
+def stop_identity(
+    identity: ProcessIdentity, *, grace_seconds: float, kill_wait_seconds: float = 2.0
+) -> StopResult:
+    """Stop exactly ``identity`` and its process group: TERM, bounded grace, re-verify, KILL.
+
+    ``already_exited``: the process was gone or was not this identity; no signal was sent.
+    ``stopped``: signals were sent and the leader and every group member are gone.
+    ``unknown``: it could not be established (no permission, identity changed while alive,
+    still alive after the kill wait): fail closed.
+    """
+    if identity.pgid != identity.pid:
+        return "unknown"  # jobs lead their own group; anything else is not ours to signal
+    try:
+        pidfd = os.pidfd_open(identity.pid)
+    except ProcessLookupError:
+        return "already_exited"
+    except OSError:
+        return "unknown"
+    try:
+        if not _verified(pidfd, identity):
+            return "already_exited"
+        group_flag = _group_flag_supported()
+        try:
+            _signal_group(pidfd, identity, signal.SIGTERM, group_flag)
+        except ProcessLookupError:
+            pass  # it exited between the check and the signal: still gone by our hand or not
+        except PermissionError:
+            return "unknown"
+        if _wait_gone(pidfd, identity.pgid, grace_seconds):
+            return "stopped"
+        leader_alive = not wait_pidfd(pidfd, 0)
+        if leader_alive and not _verified(pidfd, identity):
+            return "unknown"  # alive but changed (e.g. left its group): never KILL a guess
+        if not leader_alive and not group_flag:
+            # Without the group flag only a bare killpg remains, and the leader that pinned
+            # the group number is gone: fail closed rather than signal a possible reuse.
+            return "unknown"
+        try:
+            _signal_group(pidfd, identity, signal.SIGKILL, group_flag)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return "unknown"
+        return "stopped" if _wait_gone(pidfd, identity.pgid, kill_wait_seconds) else "unknown"
+    finally:
+        os.close(pidfd)

@@ -1,0 +1,419 @@
+"""Per-job shim: start one user process, keep its output under quota, publish its receipt.
+
+Run as a script, never imported by the service:
+
+    [sys.executable, "-I", "-S", "/abs/path/app/worker/shim.py"]
+
+Standard library only; imports nothing from ``app``. The protocol (spec on stdin, one
+status line on stdout, log, truncation fact, completion receipt) is specified in
+``api-schemas/launch-protocol.md``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any, NoReturn
+
+PROTOCOL = 1
+SPEC_MAX_BYTES = 1 << 20
+READ_CHUNK = 64 * 1024
+# After the job itself has exited, descendants may still hold the pipe open: keep
+# draining for at most this long, then close the read end and publish the receipt.
+POST_EXIT_DRAIN_SECONDS = 1.0
+PR_SET_CHILD_SUBREAPER = 36
+TEST_HOOKS = ("exit_before_receipt", "exit_after_temp_write")
+HOOK_EXIT_CODE = 70
+_SPEC_KEYS = frozenset(
+    {
+        "protocol", "run_id", "attempt_id", "callback_sequence", "token", "argv", "cwd",
+        "env", "log_path", "log_quota_bytes", "receipt_dir", "receipt_name",
+    }
+)
+
+
+class ShimError(Exception):
+    """A launch failure reported on the status line (stable code, errno, nothing else)."""
+
+    def __init__(self, code: str, errno: int | None = None) -> None:
+        super().__init__(code)
+        self.code = code
+        self.errno = errno
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _canonical(value: dict[str, Any]) -> bytes:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _status(payload: dict[str, Any]) -> None:
+    """Write the one status line to fd 1, then detach fds 0, 1 and 2 from the worker."""
+    try:  # noqa: SIM105 (contextlib would be one more import in the shim)
+        _write_all(1, json.dumps(payload, separators=(",", ":")).encode("ascii") + b"\n")
+    except OSError:
+        pass  # the worker is gone: the job still runs and the receipt is still published
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+
+
+def _fail(code: str, errno: int | None = None) -> NoReturn:
+    _status({"ok": False, "error": code, "errno": errno})
+    os._exit(1)
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int
+
+
+def _clean_str(value: object) -> bool:
+    return isinstance(value, str) and "\x00" not in value
+
+
+def _validate(spec: object) -> dict[str, Any]:
+    if not isinstance(spec, dict):
+        raise ShimError("SPEC_INVALID")
+    keys = set(spec)
+    hook = spec.get("test_hook")
+    if keys - {"test_hook"} != _SPEC_KEYS or (hook is not None and hook not in TEST_HOOKS):
+        raise ShimError("SPEC_INVALID")
+    argv, env, cwd = spec["argv"], spec["env"], spec["cwd"]
+    ok = (
+        spec["protocol"] == PROTOCOL
+        and _is_int(spec["protocol"])
+        and all(_clean_str(spec[k]) and spec[k] for k in ("run_id", "attempt_id", "token"))
+        and _is_int(spec["callback_sequence"])
+        and spec["callback_sequence"] >= 1
+        and isinstance(argv, list)
+        and len(argv) >= 1
+        and all(_clean_str(a) for a in argv)
+        and argv[0] != ""
+        and (cwd is None or (_clean_str(cwd) and os.path.isabs(cwd)))
+        and isinstance(env, dict)
+        and all(
+            _clean_str(k) and k and "=" not in k and _clean_str(v) for k, v in env.items()
+        )
+        and _clean_str(spec["log_path"])
+        and os.path.isabs(spec["log_path"])
+        and _is_int(spec["log_quota_bytes"])
+        and spec["log_quota_bytes"] >= 0
+        and _clean_str(spec["receipt_dir"])
+        and os.path.isabs(spec["receipt_dir"])
+        and spec["receipt_name"] == f"{spec['attempt_id']}.json"
+        and "/" not in spec["receipt_name"]
+    )
+    if not ok:
+        raise ShimError("SPEC_INVALID")
+    return spec
+
+
+def _read_spec() -> dict[str, Any]:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = os.read(0, READ_CHUNK)
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > SPEC_MAX_BYTES:
+            raise ShimError("SPEC_INVALID")
+        chunks.append(chunk)
+    try:
+        spec = json.loads(b"".join(chunks).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ShimError("SPEC_INVALID") from None
+    return _validate(spec)
+
+
+def _proc_stat(pid: int) -> tuple[int, int]:
+    """(pgid, start_ticks) from /proc/<pid>/stat: fields 5 and 22, parsed after the last ')'."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        data = fh.read()
+    fields = data[data.rindex(b")") + 2 :].split()
+    return int(fields[2]), int(fields[19])
+
+
+def _boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+def _set_subreaper() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError, ImportError):
+        pass  # best effort: orphaned grandchildren then go to init instead
+
+
+def _resolve(argv0: str, env: dict[str, str]) -> str:
+    """The executable to spawn: a path as given, else the first PATH (of the job env) hit."""
+    if "/" in argv0:
+        return argv0
+    for directory in os.get_exec_path(env):
+        candidate = os.path.join(directory, argv0)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise ShimError("EXEC_FAILED", 2)  # ENOENT
+
+
+def _spawn(spec: dict[str, Any], write_fd: int) -> int:
+    cwd = spec["cwd"] or "/"
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        raise ShimError("CWD_INVALID", exc.errno) from None
+    try:
+        path = _resolve(spec["argv"][0], spec["env"])
+        sigdef = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+        return os.posix_spawn(
+            path,
+            spec["argv"],
+            spec["env"],
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, write_fd, 1),
+                (os.POSIX_SPAWN_DUP2, write_fd, 2),
+            ],
+            setpgroup=0,
+            setsigmask=(),
+            setsigdef=sigdef,
+        )
+    except OSError as exc:
+        raise ShimError("EXEC_FAILED", exc.errno) from None
+    except ValueError:
+        raise ShimError("SPEC_INVALID") from None
+    finally:
+        os.chdir("/")
+
+
+class _Drain:
+    """Copy the job's output into the log up to the quota; count and discard the rest."""
+
+    def __init__(self, log_fd: int, quota: int) -> None:
+        self.log_fd = log_fd
+        self.quota = quota
+        self.used = os.fstat(log_fd).st_size
+        self.dropped = 0
+        self.buf = bytearray(READ_CHUNK)
+        self.view = memoryview(self.buf)
+
+    def read_once(self, fd: int) -> bool:
+        """Read one chunk; False on EOF."""
+        n = os.readv(fd, [self.buf])
+        if n == 0:
+            return False
+        room = max(self.quota - self.used, 0)
+        keep = min(n, room)
+        if keep:
+            try:
+                _write_all(self.log_fd, self.view[:keep])
+                self.used += keep
+            except OSError:
+                self.quota = self.used  # disk trouble: stop writing, keep draining
+                keep = 0
+        self.dropped += n - keep
+        return True
+
+
+def _reap(job_pid: int, status: list[int]) -> None:
+    """Reap every exited child (the job and adopted descendants); record the job's status."""
+    while True:
+        try:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == job_pid:
+            status.append(st)
+
+
+def _supervise(job_pid: int, read_fd: int, drain: _Drain) -> int:
+    """Drain output until the job exited and the pipe is at EOF (or the post-exit window ends)."""
+    pidfd = os.pidfd_open(job_pid)
+    poller = select.poll()
+    poller.register(read_fd, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    status: list[int] = []
+    eof = False
+    drain_deadline: float | None = None
+    while not eof:
+        if status and drain_deadline is None:
+            drain_deadline = time.monotonic() + POST_EXIT_DRAIN_SECONDS
+            poller.unregister(pidfd)
+        if drain_deadline is None:
+            timeout_ms = None
+        else:
+            remaining = drain_deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            timeout_ms = max(int(remaining * 1000), 1)
+        for fd, _events in poller.poll(timeout_ms):
+            if fd == read_fd:
+                eof = not drain.read_once(read_fd)
+        _reap(job_pid, status)
+    while not status:  # EOF came first: the job closed its output but has not exited yet
+        select.select([pidfd], [], [])
+        _reap(job_pid, status)
+    os.close(pidfd)
+    os.close(read_fd)  # a descendant still writing now gets EPIPE/SIGPIPE, never blocks
+    _reap(job_pid, status)
+    return status[0]
+
+
+def _publish_truncation(log_path: str, dropped: int, quota: int) -> None:
+    fact = _canonical({"droppedBytes": dropped, "quotaBytes": quota, "schemaVersion": 1})
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(log_path + ".truncated", flags, 0o600)
+    except FileExistsError:
+        return  # one-time fact: never overwritten
+    try:
+        _write_all(fd, fact)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish_receipt(dir_fd: int, name: str, body: bytes, hook: str | None) -> None:
+    tmp = f".{name}.{os.getpid()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+    try:
+        _write_all(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if hook == "exit_after_temp_write":
+        os._exit(HOOK_EXIT_CODE)
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        pass  # never overwrite a published receipt
+    finally:
+        os.unlink(tmp, dir_fd=dir_fd)
+    os.fsync(dir_fd)
+
+
+def _run_shim(spec: dict[str, Any], log_fd: int, dir_fd: int) -> NoReturn:
+    """The long-lived shim (grandchild of the worker)."""
+    _set_subreaper()
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would auto-reap the job
+    try:
+        read_fd, write_fd = os.pipe()  # both close-on-exec; the job gets dup2 copies
+        started_at_ms = _now_ms()
+        job_pid = _spawn(spec, write_fd)
+        os.close(write_fd)
+        pgid, start_ticks = _proc_stat(job_pid)
+        shim_pid = os.getpid()
+        status_line = {
+            "ok": True,
+            "boot_id": _boot_id(),
+            "shim_pid": shim_pid,
+            "shim_start_ticks": _proc_stat(shim_pid)[1],
+            "pid": job_pid,
+            "pgid": pgid,
+            "start_ticks": start_ticks,
+            "started_at_ms": started_at_ms,
+        }
+    except ShimError as exc:
+        _fail(exc.code, exc.errno)
+    _status(status_line)
+
+    drain = _Drain(log_fd, spec["log_quota_bytes"])
+    wait_status = _supervise(job_pid, read_fd, drain)
+    finished_at_ms = max(_now_ms(), started_at_ms)
+    try:  # noqa: SIM105
+        os.fsync(log_fd)
+    except OSError:
+        pass  # the log is evidence only; the receipt is still published
+    os.close(log_fd)
+    hook = spec.get("test_hook")
+    try:
+        if drain.dropped:
+            _publish_truncation(spec["log_path"], drain.dropped, spec["log_quota_bytes"])
+    except OSError:
+        pass  # the receipt matters more than the truncation fact
+    receipt: dict[str, Any] = {
+        "schemaVersion": 1,
+        "runId": spec["run_id"],
+        "attemptId": spec["attempt_id"],
+        "callbackSequence": spec["callback_sequence"],
+        "token": spec["token"],
+        "startedAtMs": started_at_ms,
+        "finishedAtMs": finished_at_ms,
+    }
+    if os.WIFSIGNALED(wait_status):
+        receipt["signal"] = os.WTERMSIG(wait_status)
+        receipt["exitCode"] = 128 + receipt["signal"]
+    else:
+        receipt["exitCode"] = os.WEXITSTATUS(wait_status)
+    if hook == "exit_before_receipt":
+        os._exit(HOOK_EXIT_CODE)
+    try:
+        _publish_receipt(dir_fd, spec["receipt_name"], _canonical(receipt), hook)
+    except OSError:
+        os._exit(3)  # no receipt: the reconciler classifies the attempt as lost
+    os._exit(0)
+
+
+def _mark_cloexec() -> None:
+    """Whatever leaked into us beyond 0, 1, 2 must never reach the job."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:  # noqa: SIM105
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass
+
+
+def main() -> NoReturn:
+    _mark_cloexec()
+    try:
+        spec = _read_spec()
+    except ShimError as exc:
+        _fail(exc.code, exc.errno)
+    except OSError:
+        _fail("SPEC_INVALID")
+    log_flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        log_fd = os.open(spec["log_path"], log_flags)
+    except OSError as exc:
+        _fail("LOG_OPEN_FAILED", exc.errno)
+    try:
+        dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        dir_fd = os.open(spec["receipt_dir"], dir_flags)
+    except OSError as exc:
+        _fail("SPEC_INVALID", exc.errno)
+    if os.getsid(0) != os.getpid():
+        os.setsid()
+    if os.fork() != 0:
+        os._exit(0)  # the worker reaps this first process; the shim is re-parented
+    _run_shim(spec, log_fd, dir_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
