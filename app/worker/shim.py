@@ -11,13 +11,18 @@ status line on stdout, log, truncation fact, completion receipt) is specified in
 
 from __future__ import annotations
 
-import json
+# The private C halves of ``json`` and ``signal``: the public modules pull in ``re`` and
+# ``enum`` and would roughly double the shim's start-up time.
+import _json
+import _signal as signal  # type: ignore[import-not-found]
 import os
 import select
-import signal
 import sys
 import time
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False  # ``typing`` itself costs start-up time (it imports ``re``)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 PROTOCOL = 1
 SPEC_MAX_BYTES = 1 << 20
@@ -49,10 +54,54 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class _ScanContext:
+    """What ``_json.make_scanner`` reads: strict JSON, plain dicts, no NaN/Infinity."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(_name: str) -> Any:
+        raise ValueError("non-finite number")
+
+
+def _loads(text: str) -> Any:
+    """Parse exactly one JSON document (surrounding JSON whitespace allowed)."""
+    text = text.strip(" \t\n\r")
+    try:
+        value, end = _json.make_scanner(_ScanContext())(text, 0)  # type: ignore[arg-type]
+    except Exception:  # StopIteration, or whatever the C scanner raises for bad input
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError("trailing data")
+    return value
+
+
+def _dumps(value: object) -> str:
+    """Canonical JSON (sorted keys, "," and ":") of dicts, lists, str, int, bool, None."""
+    if isinstance(value, str):
+        return str(_json.encode_basestring(value))
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if type(value) is int:
+        return str(value)
+    if isinstance(value, dict):
+        items = sorted(value.items())
+        return "{" + ",".join(_dumps(k) + ":" + _dumps(v) for k, v in items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dumps(v) for v in value) + "]"
+    raise TypeError("unsupported value")
+
+
 def _canonical(value: dict[str, Any]) -> bytes:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _dumps(value).encode("utf-8")
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -64,7 +113,7 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 def _status(payload: dict[str, Any]) -> None:
     """Write the one status line to fd 1, then detach fds 0, 1 and 2 from the worker."""
     try:  # noqa: SIM105 (contextlib would be one more import in the shim)
-        _write_all(1, json.dumps(payload, separators=(",", ":")).encode("ascii") + b"\n")
+        _write_all(1, _canonical(payload) + b"\n")
     except OSError:
         pass  # the worker is gone: the job still runs and the receipt is still published
     null = os.open(os.devnull, os.O_RDWR)
@@ -136,7 +185,7 @@ def _read_spec() -> dict[str, Any]:
             raise ShimError("SPEC_INVALID")
         chunks.append(chunk)
     try:
-        spec = json.loads(b"".join(chunks).decode("utf-8"))
+        spec = _loads(b"".join(chunks).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise ShimError("SPEC_INVALID") from None
     return _validate(spec)

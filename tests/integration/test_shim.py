@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from app.domain.ids import uuid7
-from app.domain.receipt import decode_receipt
+from app.domain.receipt import decode_receipt, encode_receipt
 from app.worker.identity import (
     ProcessIdentity,
     current_boot_id,
@@ -209,6 +209,7 @@ def test_end_to_end(tmp_path: Path, launched: Launched) -> None:
     assert status["started_at_ms"] >= before
     assert (tmp_path / "job.log").read_bytes() == f"out\nerr\n{tmp_path}\n".encode()
     assert receipt.exit_code == 3 and receipt.signal is None
+    assert receipt_path(spec).read_bytes() == encode_receipt(receipt)  # canonical bytes
     assert receipt.run_id == spec["run_id"] and receipt.attempt_id == spec["attempt_id"]
     assert receipt.token == spec["token"] and receipt.callback_sequence == 1
     assert receipt.started_at_ms == status["started_at_ms"] <= receipt.finished_at_ms

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,3 +272,24 @@ def test_property_key_mutation_rejected(r: Receipt, data: st.DataObject) -> None
         raw = json.dumps(obj).encode()[:-1] + b"," + json.dumps({key: obj[key]}).encode()[1:]
     with pytest.raises(ReceiptInvalid):
         decode_receipt(raw)
+
+
+# ---- the published JSON Schema agrees with the codec ------------------------------------
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "api-schemas" / "completion-receipt.schema.json"
+
+
+def test_schema_examples_decode() -> None:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert set(schema["properties"]) == set(json.loads(encode_receipt(_receipt(exit_code=137, signal=9))))
+    for example in schema["examples"]:
+        decode_receipt(canonical_json(example))
+
+
+@settings(max_examples=100, deadline=None)
+@given(receipts())
+def test_property_encoded_receipts_satisfy_the_schema(r: Receipt) -> None:
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    validator = jsonschema_rs.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    assert validator.is_valid(json.loads(encode_receipt(r)))
