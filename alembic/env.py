@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from alembic import context
-
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.tables import metadata

@@ -19,9 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qinglong", description="Run local tasks safely and record how they ended."
     )
-    parser.add_argument(
-        "--data-dir", help="data directory (default $QL_DATA_DIR or ./.qinglong)"
-    )
+    parser.add_argument("--data-dir", help="data directory (default $QL_DATA_DIR or ./.qinglong)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     admin.register(sub)
     serve.register(sub)

@@ -1,1 +1,1 @@
-"""Domain: states, transitions, canonical forms and validation rules. Standard library only, no I/O."""
+"""Domain: states, transitions, canonical forms and validation rules; stdlib only, no I/O."""

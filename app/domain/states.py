@@ -34,7 +34,13 @@ class AttemptStatus(StrEnum):
 
 
 TERMINAL_RUN = frozenset(
-    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT, RunStatus.LOST}
+    {
+        RunStatus.SUCCEEDED,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+        RunStatus.TIMED_OUT,
+        RunStatus.LOST,
+    }
 )
 TERMINAL_ATTEMPT = frozenset(
     {

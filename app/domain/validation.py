@@ -105,7 +105,8 @@ def validate_env_value(value: str) -> str:
         )
     if _utf8_len(value) > MAX_ENV_VALUE_BYTES:
         raise ValidationFailed(
-            ErrorCode.LIMIT_EXCEEDED, f"an environment value is longer than {MAX_ENV_VALUE_BYTES} bytes"
+            ErrorCode.LIMIT_EXCEEDED,
+            f"an environment value is longer than {MAX_ENV_VALUE_BYTES} bytes",
         )
     return value
 

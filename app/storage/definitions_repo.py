@@ -135,7 +135,9 @@ class DefinitionRepository:
                 ).first()
                 if any_rev is None:
                     raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
-                raise NotFound(ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}")
+                raise NotFound(
+                    ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}"
+                )
         return _revision(row)
 
     def latest_revision(self, task: str) -> TaskRevision:
@@ -151,9 +153,7 @@ class DefinitionRepository:
             raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
         return _revision(row)
 
-    def list_revisions(
-        self, task: str, *, limit: int, cursor: str | None
-    ) -> Page[TaskRevision]:
+    def list_revisions(self, task: str, *, limit: int, cursor: str | None) -> Page[TaskRevision]:
         """Revisions of a task, newest first."""
         query = select(task_revisions).where(task_revisions.c.task == task)
         if cursor is not None:
@@ -201,7 +201,9 @@ def _check_same_revision(row: Row[Any], digest: str) -> TaskRevision:
 
 def _recipe(row: Row[Any]) -> Recipe:
     body = json.loads(row.body)
-    return Recipe(id=row.id, env=body["env"], secrets=body["secrets"], created_at_ms=row.created_at_ms)
+    return Recipe(
+        id=row.id, env=body["env"], secrets=body["secrets"], created_at_ms=row.created_at_ms
+    )
 
 
 def _revision(row: Row[Any]) -> TaskRevision:

@@ -126,7 +126,9 @@ class RunReader:
         """One run with its latest attempt; NotFound otherwise."""
         with UnitOfWork(self._engine, write=False) as uow:
             row = uow.conn.execute(
-                select(runs, *_ATTEMPT_COLUMNS).select_from(_RUN_WITH_LATEST).where(runs.c.id == run_id)
+                select(runs, *_ATTEMPT_COLUMNS)
+                .select_from(_RUN_WITH_LATEST)
+                .where(runs.c.id == run_id)
             ).first()
         if row is None:
             raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
@@ -184,7 +186,9 @@ class RunReader:
                 .limit(limit + 1)
             ).all()
         items = [
-            RunEvent(run_id=r.run_id, seq=r.seq, type=r.type, at_ms=r.at_ms, data=json.loads(r.data))
+            RunEvent(
+                run_id=r.run_id, seq=r.seq, type=r.type, at_ms=r.at_ms, data=json.loads(r.data)
+            )
             for r in rows[:limit]
         ]
         next_cursor = encode_cursor("events", [items[-1].seq]) if len(rows) > limit else None
@@ -283,9 +287,7 @@ class RunReader:
             )
             .join(runs, runs.c.id == attempts.c.run_id)
             .where(
-                attempts.c.status.in_(
-                    [AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]
-                )
+                attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value])
             )
             .order_by(attempts.c.id)
             .limit(limit)

@@ -32,6 +32,7 @@ from app.storage.uow import UnitOfWork
 
 LOCAL_PROCESS = "local_process"
 
+
 @dataclass(frozen=True, slots=True)
 class _Event:
     type: str
@@ -212,11 +213,23 @@ class RunRepository:
             return run
 
     def fail_attempt(
-        self, *, run_id: str, attempt_id: str, error_code: ErrorCode, lost: bool = False
+        self,
+        *,
+        run_id: str,
+        attempt_id: str,
+        error_code: ErrorCode,
+        lost: bool = False,
+        expected_version: int | None = None,
     ) -> Run:
-        """End a not-yet-finished attempt and its run as ``failed`` (or ``lost``) with a code."""
+        """End a not-yet-finished attempt and its run as ``failed`` (or ``lost``) with a code.
+
+        ``expected_version`` pins the run version the caller saw (the materializer fails only
+        the exact queued candidate it read, never a run another process has since dispatched).
+        """
         with UnitOfWork(self._engine) as uow:
             run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
+            if expected_version is not None and run_row.version != expected_version:
+                raise VersionConflict(run_id)
             at = now_ms()
             run_to = RunStatus.LOST if lost else RunStatus.FAILED
             attempt_to = AttemptStatus.LOST if lost else AttemptStatus.FAILED
@@ -253,9 +266,7 @@ class RunRepository:
         """The one transaction that turns a process ending into a terminal state, once."""
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
-            attempt_row = conn.execute(
-                select(attempts).where(attempts.c.id == attempt_id)
-            ).first()
+            attempt_row = conn.execute(select(attempts).where(attempts.c.id == attempt_id)).first()
             if attempt_row is None or attempt_row.run_id != run_id:
                 return CompletionOutcome("rejected", reason="WRONG_ATTEMPT")
             if attempt_row.executor != LOCAL_PROCESS:
@@ -320,16 +331,14 @@ class RunRepository:
             if run_row.cancel_reason is not None:
                 return _load_run(conn, run_id)
             at = now_ms()
-            intent = {"cancel_reason": reason, "cancel_requested_at_ms": at}
+            intent: dict[str, Any] = {"cancel_reason": reason, "cancel_requested_at_ms": at}
             events = [_Event(RUN_CANCEL_REQUESTED, {"reason": reason})]
             if run_row.status == RunStatus.QUEUED:
                 attempt_row = _latest_attempt(conn, run_row)
                 target = AttemptStatus.TIMED_OUT if reason == "timeout" else AttemptStatus.CANCELLED
                 transition_attempt(AttemptStatus(attempt_row.status), target)
                 transition_run(RunStatus.QUEUED, RunStatus(target.value))
-                _update_attempt(
-                    conn, attempt_row, target, {"finished_at_ms": at}
-                )
+                _update_attempt(conn, attempt_row, target, {"finished_at_ms": at})
                 events += [
                     _Event(attempt_event(target), {"attempt": attempt_row.number}),
                     _Event(run_event(RunStatus(target.value)), {}),

@@ -1,0 +1,95 @@
+"""The qinglong CLI as a user runs it: a real process, real database files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.domain.canonical import sha256_digest
+from app.domain.tokens import looks_like_token
+
+
+def ql(
+    *args: str, data_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m app`` with a private data dir."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    full_env |= {"QL_DATA_DIR": str(data_dir)} | (env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+    )
+
+
+def _all_bytes(root: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file())
+
+
+def test_token_lifecycle_shows_the_token_once_and_stores_only_its_digest(tmp_path: Path) -> None:
+    assert ql("migrate", data_dir=tmp_path).returncode == 0
+    created = ql(
+        "token", "create", "--scope", "runs:read", "logs:read", "--name", "ci", data_dir=tmp_path
+    )
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip().splitlines()[-1]
+    assert looks_like_token(token)
+    stored = _all_bytes(tmp_path)
+    assert token.encode() not in stored
+    assert sha256_digest(token.encode()).encode() in stored
+    listed = ql("token", "list", data_dir=tmp_path)
+    assert "ci\tactive\tlogs:read runs:read" in listed.stdout
+    assert token not in listed.stdout
+    assert ql("token", "revoke", "ci", data_dir=tmp_path).returncode == 0
+    assert "ci\trevoked" in ql("token", "list", data_dir=tmp_path).stdout
+
+
+def test_bootstrap_prints_an_admin_token_only_the_first_time(tmp_path: Path) -> None:
+    ql("migrate", data_dir=tmp_path)
+    first = ql("token", "bootstrap", data_dir=tmp_path)
+    assert looks_like_token(first.stdout.strip().splitlines()[-1])
+    second = ql("token", "bootstrap", data_dir=tmp_path)
+    assert second.returncode == 0
+    assert not any(looks_like_token(line) for line in second.stdout.splitlines())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("token", "create", "--scope", "everything"),
+        ("token", "create"),
+        ("token", "create", "--scope", "admin", "--name", "Bad Name"),
+        ("frobnicate",),
+    ],
+)
+def test_bad_flags_get_a_clear_message_and_no_traceback(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    ql("migrate", data_dir=tmp_path)
+    result = ql(*args, data_dir=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip()
+
+
+def test_unreachable_database_is_a_clear_error(tmp_path: Path) -> None:
+    result = ql(
+        "token", "list",
+        data_dir=tmp_path,
+        env={"QL_DATABASE_URL": "postgresql+psycopg://nobody:pw-not-shown@127.0.0.1:9/none"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "database" in result.stderr and "pw-not-shown" not in result.stderr
+
+
+def test_an_unmigrated_database_is_a_clear_error(tmp_path: Path) -> None:
+    result = ql("token", "list", data_dir=tmp_path / "missing")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "migrate" in result.stderr

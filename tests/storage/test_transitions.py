@@ -1,0 +1,218 @@
+"""Repository transitions on SQLite and PostgreSQL: CAS, one event per step, refusals."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.storage.tables import run_events
+from tests.storage.helpers import TOKEN, define_task, dispatch, enqueue, event_types, start
+
+
+def test_enqueue_creates_a_queued_run_with_a_claimed_attempt_and_one_event(engine: Engine) -> None:
+    define_task(engine)
+    run = enqueue(engine)
+    assert (run.status, run.version) == ("queued", 1)
+    assert run.latest_attempt is not None
+    assert (run.latest_attempt.number, run.latest_attempt.status) == (1, "claimed")
+    assert event_types(engine, run.id) == ["run.queued"]
+
+
+def test_enqueue_of_unknown_task_or_revision_is_refused(engine: Engine) -> None:
+    repo = RunRepository(engine)
+    with pytest.raises(NotFound) as info:
+        repo.enqueue_run(task="nope", revision=None, priority=None)
+    assert info.value.code == ErrorCode.TASK_NOT_FOUND
+    define_task(engine)
+    with pytest.raises(NotFound) as info:
+        repo.enqueue_run(task="job", revision=9, priority=None)
+    assert info.value.code == ErrorCode.REVISION_NOT_FOUND
+
+
+def test_idempotency_key_returns_the_first_run_and_refuses_another_body(engine: Engine) -> None:
+    define_task(engine)
+    repo = RunRepository(engine)
+    kwargs = {"task": "job", "revision": None, "priority": None, "token_id": "t1"}
+    first, created = repo.enqueue_run(**kwargs, idempotency_key="k", request_digest="d1")
+    again, created_again = repo.enqueue_run(**kwargs, idempotency_key="k", request_digest="d1")
+    assert created and not created_again and again.id == first.id
+    with pytest.raises(Conflict) as info:
+        repo.enqueue_run(**kwargs, idempotency_key="k", request_digest="d2")
+    assert info.value.code == ErrorCode.IDEMPOTENCY_KEY_REUSED
+    other, created_other = repo.enqueue_run(
+        **{**kwargs, "token_id": "t2"}, idempotency_key="k", request_digest="d1"
+    )
+    assert created_other and other.id != first.id
+
+
+def test_full_success_path_appends_one_event_per_step(engine: Engine) -> None:
+    define_task(engine)
+    run = start(engine, enqueue(engine))
+    assert (run.status, run.version) == ("running", 5)
+    assert run.latest_attempt is not None
+    outcome = RunRepository(engine).complete_attempt(
+        run_id=run.id, attempt_id=run.latest_attempt.id, token=TOKEN, callback_sequence=1,
+        exit_code=0, signal=None, finished_at_ms=run.created_at_ms + 5,
+    )  # fmt: skip
+    assert (outcome.status, outcome.run_status) == ("applied", "succeeded")
+    assert event_types(engine, run.id) == [
+        "run.queued", "run.dispatching", "attempt.starting", "attempt.running",
+        "run.running", "attempt.succeeded", "run.succeeded",
+    ]  # fmt: skip
+    assert RunReader(engine).get_run(run.id).version == 7
+
+
+def test_completion_is_applied_once_and_checks_token_and_sequence(engine: Engine) -> None:
+    define_task(engine)
+    run = start(engine, enqueue(engine))
+    assert run.latest_attempt is not None
+    repo = RunRepository(engine)
+    common = {"run_id": run.id, "attempt_id": run.latest_attempt.id, "finished_at_ms": 1}
+    wrong = repo.complete_attempt(
+        **common, token="forged", callback_sequence=1, exit_code=0, signal=None
+    )
+    assert (wrong.status, wrong.reason) == ("rejected", "WRONG_TOKEN")
+    zero = repo.complete_attempt(
+        **common, token=TOKEN, callback_sequence=0, exit_code=0, signal=None
+    )
+    assert (zero.status, zero.reason) == ("rejected", "WRONG_SEQUENCE")
+    killed = repo.complete_attempt(
+        **common, token=TOKEN, callback_sequence=1, exit_code=137, signal=9
+    )
+    assert (killed.status, killed.run_status) == ("applied", "failed")
+    replay = repo.complete_attempt(
+        **common, token=TOKEN, callback_sequence=1, exit_code=0, signal=None
+    )
+    assert replay.status == "already_terminal"
+    attempt = RunReader(engine).get_run(run.id).latest_attempt
+    assert attempt is not None
+    assert (attempt.exit_code, attempt.signal, attempt.status) == (None, 9, "failed")
+    # Finishing times never precede the committed start.
+    assert attempt.finished_at_ms is not None and attempt.started_at_ms is not None
+    assert attempt.finished_at_ms >= attempt.started_at_ms
+    assert event_types(engine, run.id)[-2:] == ["attempt.failed", "run.failed"]
+
+
+def test_cancel_of_a_queued_run_ends_it_at_once_and_is_idempotent(engine: Engine) -> None:
+    define_task(engine)
+    run = enqueue(engine)
+    repo = RunRepository(engine)
+    cancelled = repo.request_cancel(run_id=run.id, reason="user")
+    assert cancelled.status == "cancelled" and cancelled.cancel is not None
+    assert event_types(engine, run.id) == [
+        "run.queued",
+        "run.cancel_requested",
+        "attempt.cancelled",
+        "run.cancelled",
+    ]
+    with pytest.raises(Conflict) as info:
+        repo.request_cancel(run_id=run.id, reason="user")
+    assert info.value.code == ErrorCode.RUN_TERMINAL
+
+
+def test_cancel_intent_on_a_running_run_decides_its_ending(engine: Engine) -> None:
+    define_task(engine)
+    run = start(engine, enqueue(engine))
+    repo = RunRepository(engine)
+    first = repo.request_cancel(run_id=run.id, reason="timeout")
+    second = repo.request_cancel(run_id=run.id, reason="user")
+    assert first.status == "running" and first.version == run.version + 1
+    assert second.version == first.version  # recorded once
+    assert second.cancel is not None and second.cancel.reason == "timeout"
+    assert run.latest_attempt is not None
+    outcome = repo.complete_attempt(
+        run_id=run.id, attempt_id=run.latest_attempt.id, token=TOKEN, callback_sequence=1,
+        exit_code=0, signal=None, finished_at_ms=0,
+    )  # fmt: skip
+    # A success arriving after an accepted timeout intent cannot win.
+    assert outcome.run_status == "timed_out"
+
+
+def test_refused_transitions_change_nothing(engine: Engine) -> None:
+    define_task(engine)
+    run = enqueue(engine)
+    assert run.latest_attempt is not None
+    repo = RunRepository(engine)
+    with pytest.raises(InvalidTransition):
+        repo.record_running(
+            run_id=run.id, attempt_id=run.latest_attempt.id,
+            handle=__import__("tests.storage.helpers").storage.helpers.HANDLE, started_at_ms=1,
+        )  # fmt: skip
+    with pytest.raises(InvalidTransition):
+        repo.fail_attempt(
+            run_id=run.id, attempt_id=run.latest_attempt.id,
+            error_code=ErrorCode.RECOVERY_START_NOT_SPAWNED, lost=True,
+        )  # fmt: skip
+    after = RunReader(engine).get_run(run.id)
+    assert (after.status, after.version) == ("queued", 1)
+    assert event_types(engine, run.id) == ["run.queued"]
+
+
+def test_second_begin_dispatch_of_the_same_attempt_is_refused(engine: Engine) -> None:
+    define_task(engine)
+    run = enqueue(engine)
+    dispatch(engine, run)
+    with pytest.raises((VersionConflict, InvalidTransition, Conflict)):
+        dispatch(engine, run)
+    with pytest.raises((InvalidTransition, Conflict)):
+        dispatch(engine, RunReader(engine).get_run(run.id))
+
+
+def test_crash_inside_a_transaction_leaves_nothing_half_written(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    define_task(engine)
+    run = enqueue(engine)
+    import app.storage.runs_repo as runs_repo
+
+    def crash(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("injected crash after the CAS updates, before the events")
+
+    # The run and attempt rows were already updated in this transaction when this raises.
+    monkeypatch.setattr(runs_repo, "_append_events", crash)
+    with pytest.raises(RuntimeError, match="injected"):
+        dispatch(engine, run)
+    monkeypatch.undo()
+    after = RunReader(engine).get_run(run.id)
+    assert (after.status, after.version) == ("queued", 1)
+    assert after.latest_attempt is not None and after.latest_attempt.status == "claimed"
+    assert event_types(engine, run.id) == ["run.queued"]
+    # And the same transition then succeeds normally.
+    assert dispatch(engine, after).status == "dispatching"
+
+
+@pytest.mark.parametrize("threads", [2, 8])
+def test_compare_and_set_race_has_exactly_one_winner(engine: Engine, threads: int) -> None:
+    define_task(engine)
+    run = enqueue(engine)
+    barrier = threading.Barrier(threads)
+    results: list[str] = []
+    lock = threading.Lock()
+
+    def contender() -> None:
+        barrier.wait()
+        try:
+            dispatch(engine, run)
+            outcome = "won"
+        except (VersionConflict, InvalidTransition, Conflict):
+            outcome = "lost"
+        with lock:
+            results.append(outcome)
+
+    workers = [threading.Thread(target=contender) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert sorted(results) == ["lost"] * (threads - 1) + ["won"]
+    with engine.connect() as conn:
+        count = conn.execute(
+            select(func.count()).select_from(run_events).where(run_events.c.run_id == run.id)
+        ).scalar_one()
+    assert count == 3
+    assert RunReader(engine).get_run(run.id).version == 3

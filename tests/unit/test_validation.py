@@ -1,0 +1,110 @@
+"""The validation rules of API.md as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.domain.errors import ValidationFailed
+from app.domain.validation import (
+    merge_environment,
+    validate_argv,
+    validate_cwd,
+    validate_env_key,
+    validate_env_value,
+    validate_name,
+    validate_priority,
+    validate_recipe,
+    validate_timeout,
+)
+
+
+@pytest.mark.parametrize("name", ["a", "job-1", "x.y_z", "0" * 128])
+def test_valid_names_pass(name: str) -> None:
+    assert validate_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "A", "-a", ".a", "a b", "a/b", "a" * 129, "é"])
+def test_invalid_names_are_refused(name: str) -> None:
+    with pytest.raises(ValidationFailed) as info:
+        validate_name(name)
+    assert info.value.code == "INVALID_NAME"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["/usr/bin/python3", "job.py"], ["/bin/true"], ["/bin/sh", "-c", "echo hi"],
+     ["/bin/bash", "-c", "exit 3"], ["/x"] + ["a"] * 63],
+)  # fmt: skip
+def test_valid_argv_passes(argv: list[str]) -> None:
+    assert validate_argv(argv) == argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        ([], "INVALID_ARGV"),
+        (["python3"], "INVALID_ARGV"),
+        (["./job"], "INVALID_ARGV"),
+        (["/bin/sh", "script.sh"], "INVALID_ARGV"),
+        (["/bin/sh", "-c"], "INVALID_ARGV"),
+        (["/bin/true", "a\x00b"], "INVALID_ARGV"),
+        (["/x"] + ["a"] * 64, "LIMIT_EXCEEDED"),
+        (["/x", "a" * 4097], "LIMIT_EXCEEDED"),
+        (["/x", "é" * 2049], "LIMIT_EXCEEDED"),
+        (["/x/../bin/sh", "-c", "x"], "INVALID_ARGV"),
+    ],
+)
+def test_invalid_argv_is_refused_with_its_code(argv: list[str], code: str) -> None:
+    with pytest.raises(ValidationFailed) as info:
+        validate_argv(argv)
+    assert info.value.code == code
+
+
+@pytest.mark.parametrize(("key", "code"), [("lower", "INVALID_ENV_KEY"), ("1A", "INVALID_ENV_KEY"),
+                                           ("QL3_RUN_ID", "RESERVED_ENV_KEY"), ("A-B", "INVALID_ENV_KEY")])  # fmt: skip
+def test_invalid_env_keys_are_refused(key: str, code: str) -> None:
+    with pytest.raises(ValidationFailed) as info:
+        validate_env_key(key)
+    assert info.value.code == code
+
+
+def test_env_values_are_bounded_and_nul_free() -> None:
+    assert validate_env_value("x" * 32 * 1024)
+    with pytest.raises(ValidationFailed):
+        validate_env_value("x" * (32 * 1024 + 1))
+    with pytest.raises(ValidationFailed):
+        validate_env_value("a\x00")
+
+
+def test_recipe_refuses_a_key_in_both_maps_and_too_many_keys() -> None:
+    with pytest.raises(ValidationFailed) as info:
+        validate_recipe({"A": "1"}, {"A": "secret-a"})
+    assert info.value.code == "DUPLICATE_ENV_KEY"
+    with pytest.raises(ValidationFailed) as info:
+        validate_recipe({f"K{i}": "v" for i in range(257)}, {})
+    assert info.value.code == "LIMIT_EXCEEDED"
+    with pytest.raises(ValidationFailed) as info:
+        validate_recipe({}, {"A": "Not A Name"})
+    assert info.value.code == "INVALID_NAME"
+
+
+def test_timeout_priority_and_cwd_bounds() -> None:
+    assert validate_timeout(None) is None
+    assert validate_timeout(604_800) == 604_800
+    for bad in (0, 604_801, True):
+        with pytest.raises(ValidationFailed):
+            validate_timeout(bad)
+    assert validate_priority(-100) == -100
+    for bad_priority in (101, -101, False):
+        with pytest.raises(ValidationFailed):
+            validate_priority(bad_priority)
+    assert validate_cwd("/srv/jobs") == "/srv/jobs"
+    with pytest.raises(ValidationFailed):
+        validate_cwd("relative")
+
+
+def test_merge_environment_puts_reserved_ids_last_and_only_reserved_keys() -> None:
+    env = merge_environment({"A": "1"}, {"TOKEN": "s"}, {"QL3_RUN_ID": "r"})
+    assert env == {"A": "1", "TOKEN": "s", "QL3_RUN_ID": "r"}
+    with pytest.raises(ValueError):
+        merge_environment({}, {}, {"PATH": "/bin"})
