@@ -71,7 +71,9 @@ def upgrade() -> None:
         sa.Column("cancel_requested_at_ms", MS, nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_runs"),
     )
-    op.create_index("ix_runs_dispatch_order", "runs", ["status", "priority", "created_at_ms"])
+    op.create_index(
+        "ix_runs_dispatch_order", "runs", ["status", sa.text("priority DESC"), "created_at_ms"]
+    )
     op.create_index("ix_runs_task_id", "runs", ["task", "id"])
     op.create_index("ix_runs_status_id", "runs", ["status", "id"])
     op.create_index("ix_runs_task_status_id", "runs", ["task", "status", "id"])

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 NAMING_CONVENTION = {
@@ -79,7 +80,9 @@ runs = Table(
     Column("finished_at_ms", MS, nullable=True),
     Column("cancel_reason", String(16), nullable=True),
     Column("cancel_requested_at_ms", MS, nullable=True),
-    Index("ix_runs_dispatch_order", "status", "priority", "created_at_ms"),
+    # Dispatch order is priority DESC, created ASC: the index carries the same directions so
+    # the planner walks it and sorts only ties (ADR-0071 §3: no full scan of the queue).
+    Index("ix_runs_dispatch_order", "status", text("priority DESC"), "created_at_ms"),
     Index("ix_runs_task_id", "task", "id"),
     Index("ix_runs_status_id", "status", "id"),
     Index("ix_runs_task_status_id", "task", "status", "id"),

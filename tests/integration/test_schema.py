@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,7 @@ def _describe(engine: Engine) -> dict[str, Any]:
             for f in insp.get_foreign_keys(table)
         )
         schema[table] = {
+            "index_sql": _index_sql(engine, table),
             "columns": columns,
             "indexes": indexes,
             "uniques": uniques,
@@ -43,6 +45,18 @@ def _describe(engine: Engine) -> dict[str, Any]:
             "fks": fks,
         }
     return schema
+
+
+def _index_sql(engine: Engine, table: str) -> list[str]:
+    """Index definitions as the database itself states them (reflection drops DESC)."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            query = "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name=:t AND sql IS NOT NULL"
+        else:
+            query = "SELECT indexdef FROM pg_indexes WHERE tablename=:t AND schemaname=current_schema()"
+        rows = conn.execute(text(query), {"t": table}).scalars().all()
+    schema_prefix = re.compile(r"\bON \w+\.")  # PostgreSQL names the (per-test) schema
+    return sorted(schema_prefix.sub("ON ", " ".join(str(r).replace('"', "").split())) for r in rows)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -84,6 +98,8 @@ def test_migrations_create_exactly_the_metadata(two_empty_databases: tuple[str, 
         # The dispatch order and newest-first list indexes exist.
         index_names = {i[0] for i in from_migrations["runs"]["indexes"]}
         assert {"ix_runs_dispatch_order", "ix_runs_task_status_id"} <= index_names
+        dispatch_index = [d for d in from_migrations["runs"]["index_sql"] if "dispatch" in d]
+        assert "priority DESC" in dispatch_index[0]
     finally:
         migrated.dispose()
         created.dispose()
