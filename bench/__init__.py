@@ -1,0 +1,1 @@
+"""Benchmarks: every figure beside its same-run baseline, as a ratio, also written as JSON."""
