@@ -1,0 +1,62 @@
+"""What the completion transaction records about an attempt's log: size and truncation.
+
+The size is the log file's length; truncation comes from the shim's one-time, content-free
+fact file beside the log (``{"droppedBytes", "quotaBytes", "schemaVersion"}``). Both are
+evidence only and never decide the ending (ADR-0007 §2.3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from app.domain.artifacts import log_relpath, truncation_fact_relpath
+from app.domain.model import LogInfo
+
+_FACT_MAX_BYTES = 1024
+
+
+class LogFacts:
+    """Reads log facts under the logs root."""
+
+    def __init__(self, logs_root: Path) -> None:
+        self.root = Path(logs_root)
+
+    def log_info(self, attempt_id: str) -> LogInfo | None:
+        """Size and truncation of the attempt's log; None when there is no log file."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(self.root / log_relpath(attempt_id), flags)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        dropped = self._dropped(attempt_id)
+        return LogInfo(bytes=st.st_size, truncated=dropped is not None, dropped_bytes=dropped or 0)
+
+    def _dropped(self, attempt_id: str) -> int | None:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(self.root / truncation_fact_relpath(attempt_id), flags)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            raw = os.read(fd, _FACT_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            fact = json.loads(raw) if len(raw) <= _FACT_MAX_BYTES else None
+        except ValueError:
+            fact = None
+        value = fact.get("droppedBytes") if isinstance(fact, dict) else None
+        if type(value) is int and value >= 0:
+            return value
+        return 0  # a fact exists but is unreadable: truncated, amount unknown

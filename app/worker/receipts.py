@@ -1,0 +1,143 @@
+"""The completion-receipt file store (ADR-0007 §2.4, §2.5, §2.8).
+
+Root and shards are 0700. Reads are bounded (at most one byte past the 4 KiB limit, so an
+oversize file is recognised without reading it all), refuse symlinks (O_NOFOLLOW) and
+anything but a regular file. Quarantine moves a file by hard-link + unlink into
+``.quarantine/<shard>/`` (never overwriting), and every directory change is fsynced.
+Files are found by attempt id only: this store never lists a directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from app.domain.artifacts import quarantine_relpath, receipt_relpath
+from app.domain.receipt import RECEIPT_MAX_BYTES, ReceiptInvalid
+
+DIR_MODE = 0o700
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _private_dir(path: Path) -> bool:
+    """Create ``path`` as 0700 if missing (True when created); refuse a symlink or non-dir."""
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a private directory", str(path)) from None
+        if stat.S_IMODE(st.st_mode) != DIR_MODE:
+            os.chmod(path, DIR_MODE)
+        return False
+    os.chmod(path, DIR_MODE)  # mkdir honours the umask; the mode must be exact
+    return True
+
+
+class ReceiptStore:
+    """Receipt files under ``root``, addressed by attempt id."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def ensure_root(self) -> None:
+        """Create the root (0700) and its quarantine root."""
+        self.root.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        if _private_dir(self.root):
+            _fsync_dir(self.root.parent)
+        if _private_dir(self.root / ".quarantine"):
+            _fsync_dir(self.root)
+
+    def path_of(self, attempt_id: str) -> Path:
+        """Absolute path of the attempt's receipt."""
+        return self.root / receipt_relpath(attempt_id)
+
+    def ensure_shard(self, attempt_id: str) -> Path:
+        """Create the attempt's shard directory (0700) and return it."""
+        self.ensure_root()
+        shard = self.path_of(attempt_id).parent
+        if _private_dir(shard):
+            _fsync_dir(self.root)
+        return shard
+
+    def read(self, attempt_id: str) -> bytes | None:
+        """The receipt bytes (at most limit + 1), or None when absent.
+
+        Raises ReceiptInvalid("NOT_REGULAR") for a symlink or a non-regular file: those are
+        quarantined like any other bad receipt.
+        """
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+        try:
+            fd = os.open(self.path_of(attempt_id), flags)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ReceiptInvalid("NOT_REGULAR") from None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ReceiptInvalid("NOT_REGULAR")
+            chunks: list[bytes] = []
+            remaining = RECEIPT_MAX_BYTES + 1
+            while remaining > 0:
+                chunk = os.read(fd, remaining)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def quarantine(self, attempt_id: str) -> bool:
+        """Move the receipt into the private quarantine shard; True when it is there now.
+
+        Replays safely: a link left by an interrupted move is recognised (same inode) and the
+        original is then unlinked; a different file already in quarantine is never replaced.
+        """
+        src = self.path_of(attempt_id)
+        dst = self.root / quarantine_relpath(attempt_id)
+        self.ensure_root()
+        if _private_dir(dst.parent):
+            _fsync_dir(dst.parent.parent)
+        try:
+            src_st = os.lstat(src)
+        except FileNotFoundError:
+            return dst.exists()
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except FileExistsError:
+            if not os.path.samestat(src_st, os.lstat(dst)):
+                return False
+        _fsync_dir(dst.parent)
+        os.unlink(src)
+        _fsync_dir(src.parent)
+        return True
+
+    def remove(self, attempt_id: str) -> None:
+        """Delete a consumed receipt (missing is fine) and fsync its shard."""
+        path = self.path_of(attempt_id)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        _fsync_dir(path.parent)
+
+    def remove_quarantined(self, attempt_id: str) -> None:
+        """Delete a quarantined receipt after its retention (missing is fine)."""
+        path = self.root / quarantine_relpath(attempt_id)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        _fsync_dir(path.parent)

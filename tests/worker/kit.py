@@ -1,0 +1,141 @@
+"""Builders and process hygiene for the worker tests (real databases, processes, files)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from app.domain.artifacts import log_artifact_id, log_relpath
+from app.domain.canonical import sha256_digest
+from app.domain.execution import LaunchRequest
+from app.domain.model import ProcessHandle, RunEvent
+from app.domain.tokens import new_callback_token
+from app.storage.definitions_repo import DefinitionRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.identity import ProcessIdentity, read_identity, stop_identity
+
+TERMINAL_EVENTS = frozenset(
+    f"{kind}.{state}"
+    for kind in ("run", "attempt")
+    for state in ("succeeded", "failed", "cancelled", "timed_out", "lost")
+)
+
+
+@dataclass(frozen=True)
+class Armed:
+    """A run armed by T1 (dispatching/starting) with its plaintext callback token."""
+
+    run_id: str
+    attempt_id: str
+    token: str
+
+
+def armed_run(engine: Engine, *, task: str = "job") -> Armed:
+    """Enqueue a run of a local_process task and arm it with begin_dispatch (T1)."""
+    defs = DefinitionRepository(engine)
+    defs.put_revision(
+        task=task, revision=1, executor="local_process", argv=["true"], cwd=None,
+        recipe=None, timeout_seconds=None, priority=0,
+    )
+    runs = RunRepository(engine)
+    run, _ = runs.enqueue_run(task=task, revision=1, priority=None)
+    assert run.latest_attempt is not None
+    attempt_id = run.latest_attempt.id
+    token = new_callback_token()
+    runs.begin_dispatch(
+        run_id=run.id,
+        attempt_id=attempt_id,
+        expected_version=None,
+        token_digest=sha256_digest(token.encode("utf-8")),
+        deadline_at_ms=None,
+        log_artifact_id=log_artifact_id(attempt_id),
+    )
+    return Armed(run.id, attempt_id, token)
+
+
+def make_log(logs_dir: Path, attempt_id: str) -> Path:
+    """Create the attempt's log file as the materializer does (0700 dirs, 0600 file)."""
+    path = logs_dir / log_relpath(attempt_id)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    return path
+
+
+def launch_request(
+    armed: Armed, *, argv: list[str], log_path: Path, cwd: str | None = None, quota: int = 1 << 20
+) -> LaunchRequest:
+    """A LaunchRequest for an armed run."""
+    return LaunchRequest(
+        run_id=armed.run_id,
+        attempt_id=armed.attempt_id,
+        callback_sequence=1,
+        token=armed.token,
+        argv=tuple(argv),
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin"},
+        log_path=str(log_path),
+        log_quota_bytes=quota,
+        deadline_at_ms=None,
+    )
+
+
+def events(engine: Engine, run_id: str) -> list[RunEvent]:
+    """Every event of a run in order."""
+    return RunReader(engine).list_events(run_id, limit=1000).items
+
+
+def terminal_events(engine: Engine, run_id: str) -> list[str]:
+    """Types of the terminal events of a run (a correct history has exactly two)."""
+    return [e.type for e in events(engine, run_id) if e.type in TERMINAL_EVENTS]
+
+
+class Processes:
+    """Handles of launched jobs; everything still alive is killed by identity at teardown."""
+
+    def __init__(self) -> None:
+        self.handles: list[ProcessHandle] = []
+        self.pids: list[tuple[int, int]] = []  # (pid, start_ticks) of other processes
+
+    def track(self, handle: ProcessHandle) -> ProcessHandle:
+        self.handles.append(handle)
+        return handle
+
+    def track_pid(self, pid: int) -> None:
+        ident = read_identity(pid)
+        if ident is not None:
+            self.pids.append((pid, ident.start_ticks))
+
+    def cleanup(self) -> None:
+        for h in self.handles:
+            stop_identity(
+                ProcessIdentity(h.boot_id, h.pid, h.pgid, h.start_ticks),
+                grace_seconds=0.0,
+                kill_wait_seconds=5.0,
+            )
+            kill_exact(h.shim_pid, h.shim_start_ticks)
+        for pid, ticks in self.pids:
+            kill_exact(pid, ticks)
+
+
+def kill_exact(pid: int, start_ticks: int) -> None:
+    """SIGKILL ``pid`` only if it is still the process with ``start_ticks``; wait for it."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        ident = read_identity(pid)
+        if ident is not None and ident.start_ticks == start_ticks:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            select.select([pidfd], [], [], 5.0)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(pidfd)
