@@ -6,6 +6,8 @@ The execution layer imports these protocols only; adapters live in ``app.storage
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 from app.domain.errors import ErrorCode
@@ -84,15 +86,77 @@ class RunTransitions(Protocol):
         ...
 
     def fail_attempt(
-        self, *, run_id: str, attempt_id: str, error_code: ErrorCode, lost: bool = False
+        self,
+        *,
+        run_id: str,
+        attempt_id: str,
+        error_code: ErrorCode,
+        lost: bool = False,
+        expected_version: int | None = None,
     ) -> Run:
-        """End an attempt as failed (or lost) with a stable code."""
+        """End an attempt as failed (or lost) with a stable code; CAS on ``expected_version``."""
+        ...
+
+
+class DispatchCandidateLike(Protocol):
+    """One queued run with a claimed latest attempt, as the candidate source lists it."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def attempt_id(self) -> str: ...
+
+    @property
+    def attempt_number(self) -> int: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def revision(self) -> int: ...
+
+
+class CandidatePage(Protocol):
+    """One keyset page of candidates (``limit + 1`` detects truncation)."""
+
+    @property
+    def items(self) -> Sequence[DispatchCandidateLike]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+class CandidateSource(Protocol):
+    """Bounded candidate discovery and the exact re-read of one run (ADR-0071 §3, §4.1)."""
+
+    def dispatch_candidates(self, *, limit: int, cursor: str | None = None) -> CandidatePage:
+        """One page of candidates in dispatch order."""
+        ...
+
+    def get_run(self, run_id: str) -> Run:
+        """The run with its latest attempt; raise NotFound when missing."""
+        ...
+
+
+class DiskProbe(Protocol):
+    """Free space of the filesystem holding a path (statvfs in production)."""
+
+    def free_bytes(self, path: Path) -> int:
+        """Bytes available to an unprivileged writer on ``path``'s filesystem."""
         ...
 
 
 __all__ = [
+    "CandidatePage",
+    "CandidateSource",
     "CompletionOutcome",
     "DefinitionSource",
+    "DiskProbe",
+    "DispatchCandidateLike",
     "LaunchFailed",
     "LaunchRejected",
     "LaunchRequest",

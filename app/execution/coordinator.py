@@ -1,0 +1,150 @@
+"""One-shot start coordinator: T1, launch, T2, and the two compensations of ADR-0070 §4.
+
+The plaintext callback token exists only on this call stack and in the launch request handed
+to the worker; the database holds its SHA-256 digest. No result or exception carries it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from app.domain.canonical import sha256_digest
+from app.domain.errors import ErrorCode
+from app.domain.ids import now_ms
+from app.domain.model import ProcessHandle, Run
+from app.domain.tokens import new_callback_token
+from app.execution.materializer import StartCommand
+from app.execution.ports import (
+    Launcher,
+    LaunchFailed,
+    LaunchRejected,
+    ProcessController,
+    RunTransitions,
+)
+
+StartStatus = Literal["running", "start_failed", "lost", "unresolved"]
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    """How one start ended. ``unresolved`` leaves dispatching/starting for the reconciler."""
+
+    status: StartStatus
+    run_id: str
+    attempt_id: str
+    error_code: ErrorCode | None = None
+    reason: str | None = None  # stable and content-free (a launcher reason or stop result)
+    run: Run | None = None  # the committed aggregate, when this call knows it
+
+
+class StartCoordinator:
+    """Starts exactly one command; a second use of the same object is refused (ADR-0070 §5)."""
+
+    def __init__(
+        self,
+        *,
+        transitions: RunTransitions,
+        launcher: Launcher,
+        controller: ProcessController,
+        stop_grace_s: float,
+    ) -> None:
+        self._transitions = transitions
+        self._launcher = launcher
+        self._controller = controller
+        self._stop_grace_s = stop_grace_s
+        self._used = False
+
+    def start(self, command: StartCommand) -> StartResult:
+        """T1 then launch then T2; T1 errors propagate and the launcher is never called."""
+        if self._used:
+            raise RuntimeError("a start coordinator is one-shot")
+        self._used = True
+        token = new_callback_token()
+        # ADR-0070 §2: authority (digest, deadline, log) is committed before any spawn.
+        self._transitions.begin_dispatch(
+            run_id=command.run_id,
+            attempt_id=command.attempt_id,
+            expected_version=command.expected_version,
+            token_digest=sha256_digest(token.encode("utf-8")),
+            deadline_at_ms=command.deadline_at_ms,
+            log_artifact_id=command.log_artifact_id,
+        )
+        try:
+            handle = self._launcher.launch(command.launch_request(token))
+        except LaunchRejected:
+            # The worker already journaled this attempt: a process may exist, so no ending
+            # is faked here; recovery decides from the journal.
+            return StartResult("unresolved", command.run_id, command.attempt_id,
+                               reason="LAUNCH_REJECTED")
+        except LaunchFailed as exc:
+            return self._start_failed(command, exc.reason)
+        except Exception:
+            # Unknown whether the worker spawned (it journals first): never guess an ending;
+            # the reconciler decides from the journal (ADR-0070 §4, fail closed).
+            return StartResult("unresolved", command.run_id, command.attempt_id,
+                               reason="LAUNCH_OUTCOME_UNKNOWN")
+        finally:
+            del token
+        if not _plausible(handle):
+            # A handle we cannot trust can never be stopped by identity: leave it to recovery.
+            return StartResult("unresolved", command.run_id, command.attempt_id,
+                               reason="INVALID_HANDLE")
+        try:
+            run = self._transitions.record_running(
+                run_id=command.run_id,
+                attempt_id=command.attempt_id,
+                handle=handle,
+                started_at_ms=now_ms(),
+            )
+        except Exception:
+            return self._compensate_after_spawn(command, handle)
+        return StartResult("running", command.run_id, command.attempt_id, run=run)
+
+    def _start_failed(self, command: StartCommand, reason: str) -> StartResult:
+        # ADR-0070 §4: no handle, so the launcher already stopped anything it spawned.
+        try:
+            run = self._transitions.fail_attempt(
+                run_id=command.run_id,
+                attempt_id=command.attempt_id,
+                error_code=ErrorCode.EXECUTOR_START_FAILED,
+            )
+        except Exception:
+            return StartResult("unresolved", command.run_id, command.attempt_id,
+                               error_code=ErrorCode.EXECUTOR_START_FAILED, reason=reason)
+        return StartResult("start_failed", command.run_id, command.attempt_id,
+                           error_code=ErrorCode.EXECUTOR_START_FAILED, reason=reason, run=run)
+
+    def _compensate_after_spawn(self, command: StartCommand, handle: ProcessHandle) -> StartResult:
+        # ADR-0070 §4: stop the exact identity first; never mark lost on a guess.
+        try:
+            stopped = self._controller.stop(handle, grace_seconds=self._stop_grace_s)
+        except Exception:
+            stopped = "unknown"
+        if stopped not in ("stopped", "already_exited"):
+            return StartResult("unresolved", command.run_id, command.attempt_id,
+                               error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED, reason=stopped)
+        try:
+            run = self._transitions.fail_attempt(
+                run_id=command.run_id,
+                attempt_id=command.attempt_id,
+                error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED,
+                lost=True,
+            )
+        except Exception:
+            # The durable starting fact stays; recovery finishes the job (ADR-0070 §4).
+            return StartResult("unresolved", command.run_id, command.attempt_id,
+                               error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED, reason=stopped)
+        return StartResult("lost", command.run_id, command.attempt_id,
+                           error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED, reason=stopped, run=run)
+
+
+def _plausible(handle: object) -> bool:
+    """A handle the controller could ever act on: positive ids and a boot id."""
+    if not isinstance(handle, ProcessHandle):
+        return False
+    h = handle
+    numbers = (h.pid, h.pgid, h.start_ticks, h.shim_pid, h.shim_start_ticks)
+    return bool(handle.boot_id) and all(
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in numbers
+    )

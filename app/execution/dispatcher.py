@@ -1,0 +1,204 @@
+"""Bounded dispatcher pass (ADR-0071 §3): one page, in order, stop after the first launch.
+
+Uniqueness comes from compare-and-set in the database alone (ADR-0070 §3): several processes
+may run passes at once. The dispatcher owns no timer, thread or queue; its only state is the
+keyset cursor it resumes from when a page was truncated without an activation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
+from app.execution.coordinator import StartCoordinator, StartResult
+from app.execution.materializer import (
+    ArtifactRefused,
+    CandidateGone,
+    Materializer,
+    RunFailedBeforeStart,
+    SettingsLike,
+    StartCommand,
+)
+from app.execution.ports import (
+    CandidateSource,
+    DefinitionSource,
+    DiskProbe,
+    DispatchCandidateLike,
+    Launcher,
+    ProcessController,
+    RunTransitions,
+    SecretSource,
+)
+
+OutcomeKind = Literal[
+    "started",  # T2 committed: the run is running
+    "start_failed",  # launch failed before a handle: run failed, EXECUTOR_START_FAILED
+    "lost",  # T2 failed, exact stop succeeded: run lost
+    "unresolved",  # left dispatching/starting for the reconciler
+    "failed_before_start",  # missing revision/recipe/secret, bad env, low disk
+    "skipped_race",  # somebody else moved the candidate first
+    "artifact_refused",  # the log artifact could not be created safely; run stays queued
+    "error",  # an unexpected failure; the pass stopped
+]
+_LAUNCHED = frozenset({"started", "start_failed", "lost", "unresolved"})
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateOutcome:
+    """What one pass did with one candidate (ids and stable codes only)."""
+
+    run_id: str
+    attempt_id: str
+    kind: OutcomeKind
+    error_code: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """One pass: the candidates it examined, in order, and whether the page was truncated."""
+
+    outcomes: tuple[CandidateOutcome, ...]
+    truncated: bool
+
+    @property
+    def activated(self) -> CandidateOutcome | None:
+        """The one candidate the launcher was called for, if any."""
+        return next((o for o in self.outcomes if o.kind in _LAUNCHED), None)
+
+    @property
+    def launch_failure(self) -> CandidateOutcome | None:
+        """The launch that did not end running, reported to the caller (never retried here)."""
+        found = self.activated
+        return found if found is not None and found.kind != "started" else None
+
+
+CoordinatorFactory = Callable[[], StartCoordinator]
+_RACES = (VersionConflict, InvalidTransition, CandidateGone)
+
+
+class Dispatcher:
+    """Runs bounded passes; call ``run_pass`` after an enqueue and from a slow loop."""
+
+    def __init__(
+        self,
+        *,
+        candidates: CandidateSource,
+        materializer: Materializer,
+        coordinators: CoordinatorFactory,
+        page_size: int,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError("page_size must be positive")
+        self._candidates = candidates
+        self._materializer = materializer
+        self._coordinators = coordinators
+        self._page_size = page_size
+        self._cursor: str | None = None
+        self._cursor_lock = threading.Lock()  # passes may overlap; only the cursor is shared
+
+    def run_pass(self) -> PassResult:
+        """One page of candidates; stops after the first candidate the launcher was called for."""
+        with self._cursor_lock:
+            cursor = self._cursor
+        page = self._candidates.dispatch_candidates(limit=self._page_size, cursor=cursor)
+        outcomes: list[CandidateOutcome] = []
+        stop = False
+        for candidate in page.items:
+            outcome = self._one(candidate)
+            outcomes.append(outcome)
+            if outcome.kind in _LAUNCHED or outcome.kind == "error":
+                stop = True
+                break
+            if outcome.kind == "artifact_refused" and outcome.reason != "LOG_EXISTS":
+                stop = True  # the root or a shard is unsafe: every candidate would hit it
+                break
+        truncated = page.next_cursor is not None
+        with self._cursor_lock:
+            # Resume past a page that yielded nothing; start from the top after any launch,
+            # after a stop, or when the end of the queue was reached.
+            self._cursor = page.next_cursor if truncated and not stop else None
+        return PassResult(outcomes=tuple(outcomes), truncated=truncated)
+
+    def _one(self, candidate: DispatchCandidateLike) -> CandidateOutcome:
+        ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
+        try:
+            command = self._materializer.materialize(candidate)
+        except _RACES:
+            return CandidateOutcome(**ids, kind="skipped_race")
+        except RunFailedBeforeStart as exc:
+            return CandidateOutcome(**ids, kind="failed_before_start", error_code=exc.code.value)
+        except ArtifactRefused as exc:
+            return CandidateOutcome(**ids, kind="artifact_refused", reason=exc.reason)
+        except Exception as exc:
+            return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__)
+        return self._start(candidate, command)
+
+    def _start(self, candidate: DispatchCandidateLike, command: StartCommand) -> CandidateOutcome:
+        ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
+        try:
+            result = self._coordinators().start(command)
+        except Exception as exc:
+            # T1 did not take (a race, or the database refused): no shim exists for this
+            # attempt, so the empty log we created is removed.
+            self._materializer.discard_artifact(command)
+            if isinstance(exc, (*_RACES, NotFound)) or (
+                isinstance(exc, Conflict) and exc.code == ErrorCode.INVALID_TRANSITION
+            ):
+                return CandidateOutcome(**ids, kind="skipped_race")
+            return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__)
+        finally:
+            del command  # the frozen environment (with secrets) ends with this call
+        return _outcome(result)
+
+
+def _outcome(result: StartResult) -> CandidateOutcome:
+    kind: OutcomeKind = "started" if result.status == "running" else result.status
+    return CandidateOutcome(
+        run_id=result.run_id,
+        attempt_id=result.attempt_id,
+        kind=kind,
+        error_code=result.error_code.value if result.error_code is not None else None,
+        reason=result.reason,
+    )
+
+
+def build_dispatcher(
+    *,
+    candidates: CandidateSource,
+    definitions: DefinitionSource,
+    secrets: SecretSource,
+    transitions: RunTransitions,
+    launcher: Launcher,
+    controller: ProcessController,
+    settings_like: SettingsLike,
+    disk: DiskProbe | None = None,
+) -> Dispatcher:
+    """Wire materializer, a coordinator per start, and the dispatcher (for the composition root)."""
+    materializer = Materializer(
+        candidates=candidates,
+        definitions=definitions,
+        secrets=secrets,
+        transitions=transitions,
+        settings=settings_like,
+        disk=disk,
+    )
+    profile = settings_like.profile
+
+    def coordinators() -> StartCoordinator:
+        return StartCoordinator(
+            transitions=transitions,
+            launcher=launcher,
+            controller=controller,
+            stop_grace_s=profile.stop_grace_s,
+        )
+
+    return Dispatcher(
+        candidates=candidates,
+        materializer=materializer,
+        coordinators=coordinators,
+        page_size=profile.dispatch_page_size,
+    )

@@ -1,0 +1,345 @@
+"""Turn one dispatch candidate into a start command, strictly in ADR-0071 §4 order.
+
+Nothing is created on disk before step 7, and a missing revision, recipe or secret, or low
+disk, fails the exact queued candidate (CAS on the version we read) before any file exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from app.domain.artifacts import log_artifact_id, log_relpath
+from app.domain.errors import (
+    Conflict,
+    ErrorCode,
+    InvalidTransition,
+    NotFound,
+    ValidationFailed,
+    VersionConflict,
+)
+from app.domain.ids import now_ms
+from app.domain.model import Recipe, Run, TaskRevision
+from app.domain.profiles import Profile
+from app.domain.states import AttemptStatus, RunStatus
+from app.domain.validation import merge_environment, validate_env_value, validate_recipe
+from app.execution.ports import (
+    CandidateSource,
+    DefinitionSource,
+    DiskProbe,
+    DispatchCandidateLike,
+    LaunchRequest,
+    RunTransitions,
+    SecretSource,
+)
+
+# The first (and only) completion of a fresh attempt carries sequence 1 (stored is 0).
+FIRST_CALLBACK_SEQUENCE = 1
+_FILE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class SettingsLike(Protocol):
+    """What the execution layer reads from the service settings."""
+
+    @property
+    def logs_dir(self) -> Path: ...
+
+    @property
+    def profile(self) -> Profile: ...
+
+
+class CandidateGone(Exception):
+    """The candidate changed (dispatched, cancelled, failed) since it was listed: skip it."""
+
+
+class RunFailedBeforeStart(Exception):
+    """Materialization refused the candidate; its run is now ``failed`` with ``code``."""
+
+    def __init__(self, code: ErrorCode) -> None:
+        super().__init__(code.value)
+        self.code = code
+
+
+class ArtifactRefused(Exception):
+    """The log artifact could not be created safely; the run stays queued (content-free)."""
+
+    def __init__(self, reason: str, *, per_candidate: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        # True when only this candidate is affected (its file already exists); False when the
+        # root or a shard is unsafe, which no other candidate can get past either.
+        self.per_candidate = per_candidate
+
+
+@dataclass(frozen=True)
+class StartCommand:
+    """Step 8: everything the coordinator needs except the callback token. Holds secrets."""
+
+    run_id: str
+    attempt_id: str
+    attempt_number: int
+    expected_version: int
+    argv: tuple[str, ...] = field(repr=False)
+    cwd: str | None = field(repr=False)
+    env: dict[str, str] = field(repr=False)
+    log_path: str
+    log_artifact_id: str
+    log_quota_bytes: int
+    deadline_at_ms: int | None
+
+    def launch_request(self, token: str) -> LaunchRequest:
+        """The worker's request for this command with the fresh callback token."""
+        return LaunchRequest(
+            run_id=self.run_id,
+            attempt_id=self.attempt_id,
+            callback_sequence=FIRST_CALLBACK_SEQUENCE,
+            token=token,
+            argv=self.argv,
+            cwd=self.cwd,
+            env=dict(self.env),
+            log_path=self.log_path,
+            log_quota_bytes=self.log_quota_bytes,
+            deadline_at_ms=self.deadline_at_ms,
+        )
+
+
+class StatvfsProbe:
+    """Free bytes by ``os.statvfs`` on the nearest existing ancestor of a path."""
+
+    def free_bytes(self, path: Path) -> int:
+        """``f_bavail * f_frsize``: what an unprivileged writer may still use."""
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        st = os.statvfs(probe)
+        return st.f_bavail * st.f_frsize
+
+
+_RACES = (VersionConflict, InvalidTransition)
+
+
+class Materializer:
+    """Steps 1-8 of a dispatch candidate (ADR-0071 §4); stateless between calls."""
+
+    def __init__(
+        self,
+        *,
+        candidates: CandidateSource,
+        definitions: DefinitionSource,
+        secrets: SecretSource,
+        transitions: RunTransitions,
+        settings: SettingsLike,
+        disk: DiskProbe | None = None,
+    ) -> None:
+        self._candidates = candidates
+        self._definitions = definitions
+        self._secrets = secrets
+        self._transitions = transitions
+        self._settings = settings
+        self._disk = disk or StatvfsProbe()
+
+    def materialize(self, candidate: DispatchCandidateLike) -> StartCommand:
+        """The start command; else CandidateGone, RunFailedBeforeStart or ArtifactRefused."""
+        run = self._reread(candidate)  # 1
+        revision = self._revision(candidate)  # 2
+        recipe = self._recipe(candidate, revision)  # 3
+        resolved = self._secret_values(candidate, recipe)  # 4
+        env = self._environment(candidate, run, recipe, resolved)  # 5
+        del resolved
+        profile = self._settings.profile
+        self._admit_disk(candidate, profile)  # 6
+        log_path = self._create_log_artifact(candidate.attempt_id)  # 7
+        deadline = None
+        if revision.timeout_seconds is not None:
+            deadline = now_ms() + revision.timeout_seconds * 1000
+        return StartCommand(  # 8
+            run_id=candidate.run_id,
+            attempt_id=candidate.attempt_id,
+            attempt_number=candidate.attempt_number,
+            expected_version=candidate.version,
+            argv=revision.argv,
+            cwd=revision.cwd,
+            env=env,
+            log_path=str(log_path),
+            log_artifact_id=log_artifact_id(candidate.attempt_id),
+            log_quota_bytes=profile.log_quota_bytes,
+            deadline_at_ms=deadline,
+        )
+
+    def discard_artifact(self, command: StartCommand) -> None:
+        """Remove the still-empty log of a command whose T1 never took (no shim has it)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(command.log_path)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _reread(self, candidate: DispatchCandidateLike) -> Run:
+        try:
+            run = self._candidates.get_run(candidate.run_id)
+        except NotFound:
+            raise CandidateGone(candidate.run_id) from None
+        attempt = run.latest_attempt
+        if (
+            run.status != RunStatus.QUEUED
+            or run.cancel is not None
+            or run.version != candidate.version
+            or attempt is None
+            or attempt.id != candidate.attempt_id
+            or attempt.status != AttemptStatus.CLAIMED
+            or run.task != candidate.task
+            or run.revision != candidate.revision
+        ):
+            raise CandidateGone(candidate.run_id)
+        return run
+
+    def _revision(self, candidate: DispatchCandidateLike) -> TaskRevision:
+        try:
+            return self._definitions.get_revision(candidate.task, candidate.revision)
+        except NotFound:
+            raise self._fail(candidate, ErrorCode.REVISION_NOT_FOUND) from None
+
+    def _recipe(self, candidate: DispatchCandidateLike, revision: TaskRevision) -> Recipe | None:
+        if revision.recipe is None:
+            return None  # a revision without a recipe runs with an empty environment
+        try:
+            return self._definitions.get_recipe(revision.recipe)
+        except NotFound:
+            raise self._fail(candidate, ErrorCode.RECIPE_NOT_FOUND) from None
+
+    def _secret_values(
+        self, candidate: DispatchCandidateLike, recipe: Recipe | None
+    ) -> dict[str, str]:
+        if recipe is None or not recipe.secrets:
+            return {}
+        names = frozenset(recipe.secrets.values())  # deduplicated: one lookup per name
+        try:
+            by_name = self._secrets.resolve(names)
+        except NotFound:
+            raise self._fail(candidate, ErrorCode.SECRET_NOT_FOUND) from None
+        if not names <= by_name.keys():
+            raise self._fail(candidate, ErrorCode.SECRET_NOT_FOUND)
+        return {key: by_name[name] for key, name in recipe.secrets.items()}
+
+    def _environment(
+        self,
+        candidate: DispatchCandidateLike,
+        run: Run,
+        recipe: Recipe | None,
+        resolved: dict[str, str],
+    ) -> dict[str, str]:
+        env = recipe.env if recipe is not None else {}
+        refs = recipe.secrets if recipe is not None else {}
+        try:
+            validate_recipe(env, refs)  # defensive: a stored row is re-checked, never trusted
+            for value in resolved.values():
+                validate_env_value(value)
+        except ValidationFailed as exc:
+            raise self._fail(candidate, exc.code) from None
+        reserved = {
+            "QL3_RUN_ID": run.id,
+            "QL3_ATTEMPT_ID": candidate.attempt_id,
+            "QL3_ATTEMPT_NUMBER": str(candidate.attempt_number),
+            "QL3_TASK": run.task,
+            "QL3_REVISION": str(run.revision),
+        }
+        return merge_environment(env, resolved, reserved)
+
+    def _admit_disk(self, candidate: DispatchCandidateLike, profile: Profile) -> None:
+        free = self._disk.free_bytes(self._settings.logs_dir)
+        if free - profile.free_space_reserve_bytes < profile.log_quota_bytes:
+            raise self._fail(candidate, ErrorCode.DISK_ADMISSION_REFUSED)
+
+    def _create_log_artifact(self, attempt_id: str) -> Path:
+        root = self._settings.logs_dir
+        shard, name = log_relpath(attempt_id).split("/")
+        try:
+            os.makedirs(root.parent, mode=0o700, exist_ok=True)
+        except OSError:
+            raise ArtifactRefused("LOG_DIR_CREATE_FAILED", per_candidate=False) from None
+        root_fd = _private_dir(None, str(root))
+        try:
+            shard_fd = _private_dir(root_fd, shard)
+            try:
+                try:
+                    fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=shard_fd)
+                except FileExistsError:
+                    raise ArtifactRefused("LOG_EXISTS", per_candidate=True) from None
+                except OSError:
+                    raise ArtifactRefused("LOG_CREATE_FAILED", per_candidate=False) from None
+                try:
+                    os.fchmod(fd, 0o600)  # exact mode whatever the umask
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                        raise ArtifactRefused("LOG_UNSAFE", per_candidate=True)
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(shard_fd)
+        finally:
+            os.close(root_fd)
+        return root / shard / name
+
+    def _fail(self, candidate: DispatchCandidateLike, code: ErrorCode) -> Exception:
+        """Fail the exact candidate we read; a lost CAS means somebody else moved it first."""
+        try:
+            self._transitions.fail_attempt(
+                run_id=candidate.run_id,
+                attempt_id=candidate.attempt_id,
+                error_code=code,
+                expected_version=candidate.version,
+            )
+        except (*_RACES, NotFound):
+            return CandidateGone(candidate.run_id)
+        except Conflict as exc:
+            if exc.code in (ErrorCode.INVALID_TRANSITION, ErrorCode.RUN_TERMINAL):
+                return CandidateGone(candidate.run_id)
+            raise
+        return RunFailedBeforeStart(code)
+
+
+def _private_dir(parent_fd: int | None, name: str) -> int:
+    """Create (0700) or open a directory we own; refuse symlinks, other owners, other modes."""
+    created = False
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+        created = True
+    except FileExistsError:
+        pass
+    except OSError:
+        raise ArtifactRefused("LOG_DIR_CREATE_FAILED", per_candidate=False) from None
+    try:
+        st = os.lstat(name, dir_fd=parent_fd)
+    except OSError:
+        raise ArtifactRefused("LOG_DIR_UNSAFE", per_candidate=False) from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise ArtifactRefused("LOG_DIR_UNSAFE", per_candidate=False)
+    if created and stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(name, 0o700, dir_fd=parent_fd)  # our own fresh dir: the umask narrowed it
+    elif stat.S_IMODE(st.st_mode) != 0o700:
+        raise ArtifactRefused("LOG_DIR_UNSAFE", per_candidate=False)
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError:
+        raise ArtifactRefused("LOG_DIR_UNSAFE", per_candidate=False) from None
+    # The directory we opened is the one we checked (no swap between lstat and open).
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise ArtifactRefused("LOG_DIR_UNSAFE", per_candidate=False)
+    return fd
+
+
+__all__ = [
+    "ArtifactRefused",
+    "CandidateGone",
+    "Materializer",
+    "RunFailedBeforeStart",
+    "SettingsLike",
+    "StartCommand",
+    "StatvfsProbe",
+]

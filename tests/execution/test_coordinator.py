@@ -1,0 +1,206 @@
+"""ADR-0070 验证 1-5 and 7: the two-transaction start protocol on real databases."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from app.domain.artifacts import log_artifact_id
+from app.domain.canonical import sha256_digest
+from app.domain.errors import DomainError
+from app.domain.model import ProcessHandle
+from app.storage.run_reads import RunReader
+from tests.execution.kit import (
+    FakeController,
+    FakeLauncher,
+    FlakyTransitions,
+    all_database_text,
+    define,
+    enqueue,
+    fake_handle,
+    make_kit,
+)
+
+
+def test_launcher_observes_dispatching_and_starting_already_committed(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """验证 1: digest, deadline, log artifact and the first two events are committed first."""
+    define(engine, timeout_seconds=30)
+    run = enqueue(engine)
+    kit = make_kit(engine, tmp_path / "logs")
+    kit.dispatcher.run_pass()
+
+    assert kit.launcher.calls == 1
+    seen = kit.launcher.observed[0]
+    attempt = seen.run.latest_attempt
+    assert attempt is not None
+    assert (seen.run.status, attempt.status) == ("dispatching", "starting")
+    assert seen.digest == sha256_digest(seen.request.token.encode("utf-8"))
+    assert attempt.deadline_at_ms is not None
+    assert attempt.deadline_at_ms == seen.request.deadline_at_ms
+    assert attempt.log_artifact_id == log_artifact_id(attempt.id)
+    assert [(e.seq, e.type) for e in seen.events] == [
+        (1, "run.queued"),
+        (2, "run.dispatching"),
+        (3, "attempt.starting"),
+    ]
+    assert seen.log_exists
+    assert seen.request.run_id == run.id
+    assert seen.request.callback_sequence == 1
+
+
+def test_successful_start_is_running_with_four_contiguous_steps_and_no_token_in_results(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """验证 2: running/running, version and event seq advance by exactly four, no plaintext."""
+    caplog.set_level(logging.DEBUG)
+    define(engine)
+    run = enqueue(engine)
+    kit = make_kit(engine, tmp_path / "logs")
+    result = kit.dispatcher.run_pass()
+
+    after = kit.run(run.id)
+    assert after.latest_attempt is not None
+    assert (after.status, after.latest_attempt.status) == ("running", "running")
+    assert after.version == run.version + 4
+    events = kit.events(run.id)
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+    assert [e.type for e in events[1:]] == [
+        "run.dispatching",
+        "attempt.starting",
+        "attempt.running",
+        "run.running",
+    ]
+    assert result.activated is not None and result.activated.kind == "started"
+    token = kit.launcher.observed[0].request.token
+    assert len(token) >= 43  # 256 bits, base64url
+    for text in (repr(result), repr(kit.launcher.observed[0].request), caplog.text):
+        assert token not in text
+    assert token not in all_database_text(engine)
+    assert token not in repr(events)
+
+
+def test_launch_failure_fails_both_without_calling_the_controller(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """验证 3: LaunchFailed before a handle → both failed, EXECUTOR_START_FAILED, no stop."""
+    define(engine)
+    run = enqueue(engine)
+    kit = make_kit(engine, tmp_path / "logs", launcher=FakeLauncher(engine, fail="EXEC_FAILED"))
+    result = kit.dispatcher.run_pass()
+
+    after = kit.run(run.id)
+    assert after.latest_attempt is not None
+    assert (after.status, after.latest_attempt.status) == ("failed", "failed")
+    assert after.latest_attempt.error_code == "EXECUTOR_START_FAILED"
+    assert kit.controller.calls == []
+    failure = result.launch_failure
+    assert failure is not None
+    assert (failure.kind, failure.error_code, failure.reason) == (
+        "start_failed",
+        "EXECUTOR_START_FAILED",
+        "EXEC_FAILED",
+    )
+
+
+@pytest.mark.parametrize("stop_result", ["stopped", "already_exited"])
+def test_post_spawn_persist_failure_stops_exact_identity_before_marking_lost(
+    engine: Engine, tmp_path: Path, stop_result: str
+) -> None:
+    """验证 4: T2 fails → the exact handle is stopped first, then both are lost."""
+    define(engine)
+    run = enqueue(engine)
+    handle = fake_handle(5151)
+    at_stop: list[tuple[str, str]] = []
+
+    def look(_: ProcessHandle) -> None:
+        now = RunReader(engine).get_run(run.id)
+        assert now.latest_attempt is not None
+        at_stop.append((now.status, now.latest_attempt.status))
+
+    kit = make_kit(
+        engine,
+        tmp_path / "logs",
+        launcher=FakeLauncher(engine, handle=handle),
+        controller=FakeController(stop_result, on_stop=look),  # type: ignore[arg-type]
+        transitions=FlakyTransitions(engine, fail_t2=True),
+    )
+    result = kit.dispatcher.run_pass()
+
+    assert kit.controller.calls == [handle]
+    assert at_stop == [("dispatching", "starting")]
+    after = kit.run(run.id)
+    assert after.latest_attempt is not None
+    assert (after.status, after.latest_attempt.status) == ("lost", "lost")
+    assert after.latest_attempt.error_code == "POST_SPAWN_PERSIST_FAILED"
+    assert result.launch_failure is not None and result.launch_failure.kind == "lost"
+
+
+@pytest.mark.parametrize("stop_result", ["unknown", "raises", "compensation_write_fails"])
+def test_unknown_stop_leaves_dispatching_starting_for_recovery(
+    engine: Engine, tmp_path: Path, stop_result: str
+) -> None:
+    """验证 5: without a proven stop the aggregate stays dispatching/starting and findable."""
+    define(engine)
+    run = enqueue(engine)
+    controller = FakeController(
+        OSError("controller unavailable") if stop_result == "raises"
+        else "unknown" if stop_result == "unknown" else "stopped"
+    )
+    transitions = FlakyTransitions(engine, fail_t2=True)
+    transitions.fail_fail = stop_result == "compensation_write_fails"
+    kit = make_kit(engine, tmp_path / "logs", controller=controller, transitions=transitions)
+    result = kit.dispatcher.run_pass()
+
+    assert len(controller.calls) == 1
+    after = kit.run(run.id)
+    assert after.latest_attempt is not None
+    assert (after.status, after.latest_attempt.status) == ("dispatching", "starting")
+    assert result.launch_failure is not None and result.launch_failure.kind == "unresolved"
+    active = RunReader(engine).active_attempts(limit=10)
+    assert [a.attempt_id for a in active] == [after.latest_attempt.id]
+    # A later pass does not touch it: it is no longer a dispatch candidate.
+    assert kit.dispatcher.run_pass().outcomes == ()
+    assert kit.launcher.calls == 1
+
+
+def test_implausible_handle_is_never_given_to_the_controller(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """验证 6 (coordinator side): a handle that names no process gets no stop, no ending."""
+    define(engine)
+    run = enqueue(engine)
+    bad = ProcessHandle(boot_id="", pid=0, pgid=0, start_ticks=0, shim_pid=0, shim_start_ticks=0)
+    kit = make_kit(engine, tmp_path / "logs", launcher=FakeLauncher(engine, handle=bad))
+    result = kit.dispatcher.run_pass()
+
+    assert kit.controller.calls == []
+    after = kit.run(run.id)
+    assert after.latest_attempt is not None
+    assert (after.status, after.latest_attempt.status) == ("dispatching", "starting")
+    assert result.activated is not None and result.activated.reason == "INVALID_HANDLE"
+
+
+def test_second_start_of_same_attempt_is_rejected(engine: Engine, tmp_path: Path) -> None:
+    """验证 7: the durable aggregate, not memory, refuses a replayed start."""
+    define(engine)
+    run = enqueue(engine)
+    kit = make_kit(engine, tmp_path / "logs")
+    materializer = kit.materializer()
+    command = materializer.materialize(kit.candidate(run.id))
+    coordinator = kit.coordinator()
+    assert coordinator.start(command).status == "running"
+
+    with pytest.raises(RuntimeError):
+        coordinator.start(command)  # one-shot object
+    with pytest.raises(DomainError):
+        kit.coordinator().start(command)  # a fresh coordinator: T1 CAS refuses
+    assert kit.launcher.calls == 1
+    assert kit.dispatcher.run_pass().outcomes == ()
+    assert kit.launcher.calls == 1
+    after = kit.run(run.id)
+    assert after.version == run.version + 4
