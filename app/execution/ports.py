@@ -150,7 +150,64 @@ class DiskProbe(Protocol):
         ...
 
 
+
+class ReceiptFiles(Protocol):
+    """The receipt file store, addressed by attempt id (never by listing a directory)."""
+
+    def read(self, attempt_id: str) -> bytes | None:
+        """Bounded bytes of the receipt, None when absent; ReceiptInvalid when unsafe."""
+        ...
+
+    def quarantine(self, attempt_id: str) -> bool:
+        """Move the receipt into the private quarantine; True when it is there."""
+        ...
+
+    def remove(self, attempt_id: str) -> None:
+        """Delete a consumed receipt (missing is fine)."""
+        ...
+
+
+class ReceiptJournal(Protocol):
+    """The worker's receipt journal: consumption state per attempt."""
+
+    def mark_consumed(self, *, attempt_id: str) -> bool:
+        """Record that the terminal transaction committed for this attempt."""
+        ...
+
+    def mark_quarantined(self, *, attempt_id: str, reason: str) -> bool:
+        """Record (committed) that the attempt's receipt is bad, with a stable reason."""
+        ...
+
+
+class LogFactSource(Protocol):
+    """Size and truncation of an attempt's log artifact."""
+
+    def log_info(self, attempt_id: str) -> LogInfo | None:
+        """None when the attempt has no log file."""
+        ...
+
+
+class AttemptCompletions(Protocol):
+    """The repository's one completion transaction (DESIGN.md, Completion service)."""
+
+    def complete_attempt(
+        self,
+        *,
+        run_id: str,
+        attempt_id: str,
+        token: str,
+        callback_sequence: int,
+        exit_code: int,
+        signal: int | None,
+        finished_at_ms: int,
+        log: LogInfo | None = None,
+    ) -> CompletionOutcome:
+        """Apply the ending once; already_terminal or rejected otherwise."""
+        ...
+
+
 __all__ = [
+    "AttemptCompletions",
     "CandidatePage",
     "CandidateSource",
     "CompletionOutcome",
@@ -161,8 +218,11 @@ __all__ = [
     "LaunchRejected",
     "LaunchRequest",
     "Launcher",
+    "LogFactSource",
     "LogInfo",
     "ProcessController",
+    "ReceiptFiles",
+    "ReceiptJournal",
     "RunTransitions",
     "SecretSource",
     "StopResult",

@@ -1,0 +1,102 @@
+"""The completion service: the one path from a process ending to a terminal state.
+
+DESIGN.md "Completion service", ADR-0007 §2.5. Used by the worker's live path (a shim
+exited) and by recovery alike. Order matters and is what makes crashes replay safely:
+
+* a receipt that is absent changes nothing (the reconciler decides about it later);
+* a bad receipt (codec, ids, token, sequence) is first journaled ``quarantined`` (committed),
+  then moved into quarantine; the run is untouched;
+* a good receipt goes through the repository's single transaction; only after it committed
+  (``applied``) or proved the ending already recorded (``already_terminal``) is the journal
+  marked ``consumed`` and the file removed. A crash anywhere before that replays: the
+  transaction answers ``already_terminal`` and never appends a second terminal event.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+from app.domain.errors import VersionConflict
+from app.domain.execution import CompletionOutcome
+from app.domain.receipt import Receipt, ReceiptInvalid, decode_receipt
+from app.execution.ports import AttemptCompletions, LogFactSource, ReceiptFiles, ReceiptJournal
+
+log = logging.getLogger(__name__)
+
+ConsumeStatus = Literal["absent", "applied", "already_terminal", "quarantined"]
+_CAS_RETRIES = 3  # a concurrent cancel intent may bump the run version between read and CAS
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeResult:
+    """What one consumption did. ``reason`` is a stable code, never receipt content."""
+
+    status: ConsumeStatus
+    run_status: str | None = None
+    reason: str | None = None
+
+
+class CompletionService:
+    """Consumes an attempt's receipt exactly once into its terminal state."""
+
+    def __init__(
+        self,
+        *,
+        receipts: ReceiptFiles,
+        journal: ReceiptJournal,
+        completions: AttemptCompletions,
+        log_facts: LogFactSource,
+    ) -> None:
+        self._receipts = receipts
+        self._journal = journal
+        self._completions = completions
+        self._log_facts = log_facts
+
+    def consume(self, *, run_id: str, attempt_id: str) -> ConsumeResult:
+        """Feed the attempt's receipt, if any, to the completion transaction."""
+        try:
+            raw = self._receipts.read(attempt_id)
+            if raw is None:
+                return ConsumeResult("absent")
+            receipt = decode_receipt(raw)
+        except ReceiptInvalid as exc:
+            return self._quarantine(attempt_id, exc.reason)
+        if receipt.attempt_id != attempt_id or receipt.run_id != run_id:
+            return self._quarantine(attempt_id, "WRONG_IDS")
+        outcome = self._complete(receipt)
+        if outcome.status == "rejected":
+            return self._quarantine(attempt_id, outcome.reason or "REJECTED")
+        # Committed (or already recorded): only now may the receipt go (ADR-0007 §2.5).
+        self._journal.mark_consumed(attempt_id=attempt_id)
+        self._receipts.remove(attempt_id)
+        return ConsumeResult(outcome.status, run_status=outcome.run_status)
+
+    def _complete(self, receipt: Receipt) -> CompletionOutcome:
+        log_info = self._log_facts.log_info(receipt.attempt_id)
+        for attempt in range(_CAS_RETRIES):
+            try:
+                return self._completions.complete_attempt(
+                    run_id=receipt.run_id,
+                    attempt_id=receipt.attempt_id,
+                    token=receipt.token,
+                    callback_sequence=receipt.callback_sequence,
+                    exit_code=receipt.exit_code,
+                    signal=receipt.signal,
+                    finished_at_ms=receipt.finished_at_ms,
+                    log=log_info,
+                )
+            except VersionConflict:
+                if attempt == _CAS_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _quarantine(self, attempt_id: str, reason: str) -> ConsumeResult:
+        # Journal first (committed), then the file: a crash in between replays to the same
+        # decision, and the file is never lost without a durable record of why.
+        self._journal.mark_quarantined(attempt_id=attempt_id, reason=reason)
+        moved = self._receipts.quarantine(attempt_id)
+        if not moved:
+            log.warning("receipt quarantine could not move the file (reason %s)", reason)
+        return ConsumeResult("quarantined", reason=reason)

@@ -1,0 +1,212 @@
+"""The completion service against a real repository, journal and receipt files.
+
+Crash windows are injected at named points: inside the terminal transaction (an event
+insert raises, so the transaction rolls back) and between commit and cleanup (cleanup is
+skipped). Either way, consuming again yields exactly one terminal event.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+import app.storage.runs_repo as runs_repo_module
+from app.domain.artifacts import quarantine_relpath, receipt_relpath
+from app.domain.ids import now_ms
+from app.domain.model import ProcessHandle
+from app.domain.receipt import Receipt, encode_receipt
+from app.execution.completion import CompletionService
+from app.storage.journal_repo import CONSUMED, QUARANTINED, JournalRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.log_facts import LogFacts
+from app.worker.receipts import ReceiptStore
+from tests.worker.kit import Armed, armed_run, make_log, terminal_events
+
+HANDLE = ProcessHandle(boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4)
+
+
+class Env:
+    def __init__(self, engine: Engine, root: Path) -> None:
+        self.engine = engine
+        self.store = ReceiptStore(root / "receipts")
+        self.journal = JournalRepository(engine)
+        self.runs = RunRepository(engine)
+        self.logs = root / "logs"
+        self.service = CompletionService(
+            receipts=self.store, journal=self.journal, completions=self.runs,
+            log_facts=LogFacts(self.logs),
+        )
+
+    def running(self) -> Armed:
+        armed = armed_run(self.engine)
+        self.journal.reserve(
+            attempt_id=armed.attempt_id, run_id=armed.run_id,
+            receipt_ref=receipt_relpath(armed.attempt_id),
+        )
+        self.journal.record_spawned(attempt_id=armed.attempt_id, handle=HANDLE)
+        self.runs.record_running(
+            run_id=armed.run_id, attempt_id=armed.attempt_id, handle=HANDLE,
+            started_at_ms=now_ms(),
+        )
+        return armed
+
+    def publish(self, armed: Armed, body: bytes | None = None, **over: Any) -> Path:
+        self.store.ensure_shard(armed.attempt_id)
+        at = now_ms()
+        fields: dict[str, Any] = {
+            "run_id": armed.run_id, "attempt_id": armed.attempt_id, "callback_sequence": 1,
+            "token": armed.token, "started_at_ms": at, "finished_at_ms": at, "exit_code": 0,
+        } | over
+        path = self.store.path_of(armed.attempt_id)
+        path.write_bytes(body if body is not None else encode_receipt(Receipt(**fields)))
+        return path
+
+    def run(self, armed: Armed) -> Any:
+        return RunReader(self.engine).get_run(armed.run_id)
+
+
+@pytest.fixture
+def env(engine: Engine, tmp_path: Path) -> Env:
+    return Env(engine, tmp_path)
+
+
+def test_absent_receipt_changes_nothing(env: Env) -> None:
+    armed = env.running()
+    assert env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id).status == "absent"
+    assert env.run(armed).status == "running"
+
+
+@pytest.mark.parametrize(
+    ("over", "status", "exit_code", "signal"),
+    [({"exit_code": 0}, "succeeded", 0, None), ({"exit_code": 3}, "failed", 3, None),
+     ({"exit_code": 137, "signal": 9}, "failed", None, 9)],
+)
+def test_receipt_applies_once_and_is_cleaned(
+    env: Env, over: dict[str, Any], status: str, exit_code: int | None, signal: int | None
+) -> None:
+    armed = env.running()
+    log = make_log(env.logs, armed.attempt_id)
+    log.write_bytes(b"hello\n")
+    (log.parent / (log.name + ".truncated")).write_text(
+        json.dumps({"droppedBytes": 42, "quotaBytes": 6, "schemaVersion": 1})
+    )
+    path = env.publish(armed, **over)
+    result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert (result.status, result.run_status) == ("applied", status)
+    run = env.run(armed)
+    attempt = run.latest_attempt
+    assert run.status == status and attempt.exit_code == exit_code and attempt.signal == signal
+    assert attempt.log is not None
+    assert (attempt.log.bytes, attempt.log.truncated, attempt.log.dropped_bytes) == (6, True, 42)
+    assert not path.exists()
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == CONSUMED
+    assert env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id).status == "absent"
+    assert len(terminal_events(env.engine, armed.run_id)) == 2
+
+
+def test_crash_inside_the_transaction_replays_to_one_ending(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    armed = env.running()
+    path = env.publish(armed, exit_code=3)
+    real = runs_repo_module._append_events
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected crash inside the terminal transaction")
+
+    monkeypatch.setattr(runs_repo_module, "_append_events", crash)
+    with pytest.raises(RuntimeError):
+        env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert env.run(armed).status == "running"  # rolled back: nothing committed
+    assert path.exists()  # never deleted before the commit
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == "spawned"
+    monkeypatch.setattr(runs_repo_module, "_append_events", real)
+    result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert (result.status, result.run_status) == ("applied", "failed")
+    assert terminal_events(env.engine, armed.run_id) == ["attempt.failed", "run.failed"]
+    assert not path.exists()
+
+
+class _CrashAfterCommit:
+    """A journal whose consumption mark 'crashes': the process died right after commit."""
+
+    def __init__(self, real: JournalRepository) -> None:
+        self.real = real
+
+    def mark_consumed(self, *, attempt_id: str) -> bool:
+        raise RuntimeError("injected crash between commit and cleanup")
+
+    def mark_quarantined(self, *, attempt_id: str, reason: str) -> bool:
+        return self.real.mark_quarantined(attempt_id=attempt_id, reason=reason)
+
+
+def test_crash_between_commit_and_cleanup_replays_as_already_terminal(env: Env) -> None:
+    armed = env.running()
+    path = env.publish(armed, exit_code=0)
+    crashing = CompletionService(
+        receipts=env.store, journal=_CrashAfterCommit(env.journal), completions=env.runs,
+        log_facts=LogFacts(env.logs),
+    )
+    with pytest.raises(RuntimeError):
+        crashing.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert env.run(armed).status == "succeeded" and path.exists()
+    result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert (result.status, result.run_status) == ("already_terminal", "succeeded")
+    assert not path.exists()
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == CONSUMED
+    assert terminal_events(env.engine, armed.run_id) == ["attempt.succeeded", "run.succeeded"]
+
+
+def _bad_bodies(armed: Armed) -> dict[str, bytes]:
+    good = json.loads(
+        encode_receipt(
+            Receipt(armed.run_id, armed.attempt_id, 1, armed.token, 1, 2, 0)
+        )
+    )
+    raw = json.dumps(good)
+    return {
+        "UNKNOWN_KEY": json.dumps(good | {"extra": 1}).encode(),
+        "DUPLICATE_KEY": (raw[:-1] + ', "exitCode": 0}').encode(),
+        "NOT_INTEGER": json.dumps(good | {"exitCode": 1.0}).encode(),
+        "OUT_OF_RANGE": json.dumps(good | {"exitCode": 256}).encode(),
+        "OVERSIZE": b" " * 5000 + raw.encode(),
+        "NOT_JSON": b'{"schemaVersion": 1, "runId": ',  # a half-written file
+        "WRONG_TOKEN": json.dumps(good | {"token": "A" * 43}).encode(),
+        "WRONG_SEQUENCE": json.dumps(good | {"callbackSequence": 0}).encode(),
+    }
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["UNKNOWN_KEY", "DUPLICATE_KEY", "NOT_INTEGER", "OUT_OF_RANGE", "OVERSIZE", "NOT_JSON",
+     "WRONG_TOKEN", "WRONG_SEQUENCE", "WRONG_IDS"],
+)
+def test_bad_receipts_are_quarantined_and_the_run_is_untouched(env: Env, kind: str) -> None:
+    armed = env.running()
+    other = env.running()
+    if kind == "WRONG_IDS":
+        # A valid receipt of another attempt sitting under this attempt's name.
+        body = encode_receipt(Receipt(other.run_id, other.attempt_id, 1, other.token, 1, 2, 0))
+    else:
+        body = _bad_bodies(armed)[kind]
+    path = env.publish(armed, body=body)
+    before = env.run(armed)
+    result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert result.status == "quarantined" and result.reason
+    if kind == "WRONG_SEQUENCE":
+        assert result.reason in ("OUT_OF_RANGE", "WRONG_SEQUENCE")  # codec catches 0 first
+    after = env.run(armed)
+    assert (after.status, after.version) == (before.status, before.version)
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == QUARANTINED
+    assert not path.exists()
+    assert (env.store.root / quarantine_relpath(armed.attempt_id)).read_bytes() == body
+    assert terminal_events(env.engine, armed.run_id) == []
