@@ -2,15 +2,79 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from app.api import (
+    problems,
+    routes_definitions,
+    routes_logs,
+    routes_ops,
+    routes_runs,
+    routes_secrets,
+)
+from app.api.asgi import GuardMiddleware
+from app.api.openapi import install_openapi
+from app.context.bootstrap import AppContext, build_context
+from app.settings import Settings
+
+VERSION = "0.1.0"
 
 
-def create_app() -> FastAPI:
-    """Build the FastAPI application."""
-    app = FastAPI(title="qinglong-control", version="0.1.0")
+def create_app(
+    settings: Settings | None = None,
+    *,
+    context: AppContext | None = None,
+    **context_overrides: Any,
+) -> FastAPI:
+    """Build the app. The lifespan builds (or adopts) the context and closes it on shutdown.
 
-    @app.get("/healthz", operation_id="healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    ``settings`` defaults to the environment; ``context`` lets a test hand in a ready
+    context (the app then owns and closes it); other keywords go to ``build_context``.
+    """
+    settings = settings or (context.settings if context else Settings.from_env())
 
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = context or build_context(settings, **context_overrides)
+        app.state.context = ctx
+        app.state.facade = ctx.facade
+        ctx.start_background()
+        try:
+            yield
+        finally:
+            ctx.close()
+
+    app = FastAPI(
+        title="qinglong-control",
+        version=VERSION,
+        description="Run local tasks safely and record how they ended.",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    problems.install(app)
+    for module in (routes_ops, routes_definitions, routes_secrets, routes_runs, routes_logs):
+        app.include_router(module.router)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "Idempotency-Key",
+                "If-None-Match",
+                "Last-Event-ID",
+                "Range",
+            ],
+            expose_headers=["ETag", "Link", "Content-Range", "X-Log-Truncated"],
+        )
+    app.add_middleware(GuardMiddleware)
+    install_openapi(app)
     return app

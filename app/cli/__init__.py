@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.cli import admin, serve
+from app.cli import admin, secrets, serve, worker
 from app.domain.errors import DomainError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     admin.register(sub)
     serve.register(sub)
+    secrets.register(sub)
+    worker.register(sub)
     return parser
 
 

@@ -1,0 +1,153 @@
+"""Pure ASGI guard: body limit (413), UTF-8 bodies, and a 500 that reveals nothing.
+
+Bodies are refused from ``Content-Length`` before any byte is read, or while streaming as
+soon as the count passes the limit: the app never sees more than ``max_body`` bytes.
+Requests without a body (GET, SSE follows) pass straight through with the original
+``receive``, so disconnects still reach streaming responses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from app.api.problems import (
+    INTERNAL_ERROR,
+    MALFORMED_JSON,
+    PAYLOAD_TOO_LARGE,
+    PROBLEM_MEDIA_TYPE,
+    TYPE_PREFIX,
+    title_of,
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MAX_BODY_BYTES = 1024 * 1024
+log = logging.getLogger("qinglong.api")
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class GuardMiddleware:
+    """Wraps the whole app; see the module docstring."""
+
+    def __init__(self, app: ASGIApp, max_body: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            receive_for_app = await self._checked_body(scope, receive, send)
+            if receive_for_app is None:
+                return
+            await self.app(scope, receive_for_app, tracking_send)
+        except _Disconnected:
+            return
+        except Exception as exc:
+            # Type and route only: messages may quote SQL parameters or other internals.
+            route = getattr(scope.get("route"), "path", "?")
+            log.error("unhandled %s on %s %s", type(exc).__name__, scope.get("method"), route)
+            if not started:
+                await _problem(send, 500, INTERNAL_ERROR, "an internal error occurred")
+
+    async def _checked_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        length = headers.get(b"content-length")
+        chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        if length is None and not chunked:
+            return receive
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                declared = -1
+            if declared < 0:
+                await _problem(send, 400, "BAD_REQUEST", "Content-Length is not valid")
+                return None
+            if declared > self.max_body:
+                await _problem(send, 413, PAYLOAD_TOO_LARGE, _too_large(self.max_body))
+                return None
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            body += message.get("body", b"")
+            more = bool(message.get("more_body", False))
+            if len(body) > self.max_body:
+                await _problem(send, 413, PAYLOAD_TOO_LARGE, _too_large(self.max_body))
+                return None
+        if body and _is_json(headers.get(b"content-type", b"")):
+            try:
+                bytes(body).decode("utf-8", errors="strict")
+            except UnicodeDecodeError:
+                await _problem(send, 400, MALFORMED_JSON, "the body is not valid UTF-8")
+                return None
+        return _replay(bytes(body), receive)
+
+
+def _too_large(limit: int) -> str:
+    return f"the request body is larger than {limit} bytes"
+
+
+def _is_json(content_type: bytes) -> bool:
+    # No content type: FastAPI parses the body as JSON anyway, so check it the same way.
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return not media or media == b"application/json" or media.endswith(b"+json")
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _problem(send: Send, status: int, code: str, detail: str) -> None:
+    raw = json.dumps(
+        {
+            "type": TYPE_PREFIX + code,
+            "title": title_of(code),
+            "status": status,
+            "detail": detail,
+            "code": code,
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", PROBLEM_MEDIA_TYPE.encode()),
+                (b"content-length", str(len(raw)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": raw})

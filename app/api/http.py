@@ -1,0 +1,79 @@
+"""Small HTTP helpers shared by the routes: list parameters, Link headers, ETags, docs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from fastapi import Path, Query, Request, Response
+
+from app.api.schemas import Problem
+
+Limit = Annotated[int, Query(ge=1, le=200, description="page size (1..200)")]
+Cursor = Annotated[
+    str | None, Query(min_length=1, max_length=512, description="opaque cursor of the next page")
+]
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+TaskName = Annotated[str, Path(pattern=NAME_PATTERN, description="task name")]
+SecretName = Annotated[str, Path(pattern=NAME_PATTERN, description="secret name")]
+RevisionNo = Annotated[int, Path(ge=1, le=2**31 - 1, description="revision number")]
+DEFAULT_LIMIT = 50
+
+
+def problems(
+    *statuses: int, extra: Mapping[Any, Any] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` entries documenting problem+json answers (media type fixed in openapi)."""
+    out: dict[int | str, dict[str, Any]] = dict(extra or {})
+    for status in statuses:
+        out[status] = {"model": Problem, "description": _DESCRIPTIONS.get(status, "problem")}
+    return out
+
+
+_DESCRIPTIONS = {
+    400: "malformed request (MALFORMED_JSON)",
+    401: "missing or unknown token (UNAUTHENTICATED)",
+    403: "the token lacks the scope (FORBIDDEN)",
+    404: "no such resource",
+    409: "conflicts with what is stored",
+    413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
+    416: "range not satisfiable",
+    422: "validation failed (VALIDATION_FAILED or a specific code)",
+    503: "not ready",
+}
+
+READ_ERRORS = (401, 403, 404, 422)
+WRITE_ERRORS = (400, 401, 403, 404, 413, 422)
+
+
+def set_next_link(request: Request, response: Response, next_cursor: str | None) -> None:
+    """``Link: <url>; rel="next"`` when there is a next page (API.md, Lists)."""
+    if next_cursor is not None:
+        url = request.url.include_query_params(cursor=next_cursor)
+        response.headers["Link"] = f'<{url}>; rel="next"'
+
+
+def strong_etag(digest: str) -> str:
+    """A strong entity tag: the content digest, quoted."""
+    return f'"{digest}"'
+
+
+def matches_if_none_match(request: Request, etag: str) -> bool:
+    """True when ``If-None-Match`` names ``etag`` (weak comparison, RFC 9110 §13.1.2) or ``*``."""
+    header = request.headers.get("if-none-match")
+    if not header:
+        return False
+    for candidate in header.split(","):
+        tag = candidate.strip()
+        if tag == "*":
+            return True
+        if tag.startswith("W/"):
+            tag = tag[2:]
+        if tag == etag:
+            return True
+    return False
+
+
+def not_modified(etag: str) -> Response:
+    """A 304 carrying the entity tag and no body."""
+    return Response(status_code=304, headers={"ETag": etag})

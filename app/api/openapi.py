@@ -1,0 +1,73 @@
+"""The OpenAPI document: generated from the app, committed as api-schemas/openapi.json.
+
+``python -m app.api.openapi`` prints it (``make openapi``); a test compares it with the
+committed file, so a contract change is always a reviewed diff.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from app.api.problems import PROBLEM_MEDIA_TYPE
+
+_PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+
+
+def build_document(app: FastAPI) -> dict[str, Any]:
+    """The app's document with every 4xx/5xx as application/problem+json."""
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+    )
+    for path_item in doc.get("paths", {}).values():
+        for operation in path_item.values():
+            for status, response in operation.get("responses", {}).items():
+                if status[0] in "45":
+                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": _PROBLEM_REF}}
+            if operation.get("security"):
+                operation["responses"].setdefault(
+                    "401",
+                    {
+                        "description": "missing or unknown token (UNAUTHENTICATED)",
+                        "content": {PROBLEM_MEDIA_TYPE: {"schema": _PROBLEM_REF}},
+                    },
+                )
+    schemas = doc.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return doc
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve ``build_document`` at /openapi.json (computed once)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_document(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def render(doc: dict[str, Any]) -> str:
+    """Stable text form of the document (what is committed)."""
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def main() -> int:
+    """Print the document of a freshly built app (no database is touched)."""
+    from app.api.main import create_app
+
+    sys.stdout.write(render(create_app().openapi()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""RFC 9457 problem details for every 4xx/5xx, and the mapping of domain errors at the edge."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from app.domain.errors import (
+    Conflict,
+    DomainError,
+    InvalidTransition,
+    NotFound,
+    ValidationFailed,
+    VersionConflict,
+)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:qinglong:problem:"
+
+# Codes the HTTP layer adds to the domain's ErrorCode values.
+UNAUTHENTICATED = "UNAUTHENTICATED"
+FORBIDDEN = "FORBIDDEN"
+NOT_FOUND = "NOT_FOUND"
+METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+MALFORMED_JSON = "MALFORMED_JSON"
+PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+RANGE_NOT_SATISFIABLE = "RANGE_NOT_SATISFIABLE"
+NOT_READY = "NOT_READY"
+INTERNAL_ERROR = "INTERNAL_ERROR"
+VALIDATION_FAILED = "VALIDATION_FAILED"
+
+_STATUS_CODES: Mapping[int, str] = {
+    400: "BAD_REQUEST",
+    401: UNAUTHENTICATED,
+    403: FORBIDDEN,
+    404: NOT_FOUND,
+    405: METHOD_NOT_ALLOWED,
+    406: "NOT_ACCEPTABLE",
+    413: PAYLOAD_TOO_LARGE,
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    416: RANGE_NOT_SATISFIABLE,
+    422: VALIDATION_FAILED,
+    503: NOT_READY,
+}
+
+
+class ApiProblem(Exception):
+    """Raise from a route or dependency to answer with a problem document."""
+
+    def __init__(
+        self, status: int, code: str, detail: str, *, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.headers = dict(headers or {})
+
+
+def title_of(code: str) -> str:
+    """A stable human title per code: ``REVISION_CONFLICT`` → ``Revision conflict``."""
+    return code.replace("_", " ").capitalize()
+
+
+def problem_response(
+    status: int, code: str, detail: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    """The problem+json response for ``status`` and ``code``."""
+    body: dict[str, Any] = {
+        "type": TYPE_PREFIX + code,
+        "title": title_of(code),
+        "status": status,
+        "detail": detail,
+        "code": code,
+    }
+    return JSONResponse(
+        body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_MEDIA_TYPE
+    )
+
+
+def status_for(exc: DomainError) -> int:
+    """HTTP status of a domain refusal (API.md): 422 invalid, 404 missing, 409 conflicting."""
+    if isinstance(exc, ValidationFailed):
+        return 422
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Conflict | InvalidTransition | VersionConflict):
+        return 409
+    return 400
+
+
+def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
+    errors = exc.errors()
+    for err in errors:
+        if err.get("type") == "json_invalid":
+            return 400, MALFORMED_JSON, "the body is not valid JSON"
+    if not errors:
+        return 422, VALIDATION_FAILED, "the request is not valid"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
+    # The message names the field and the rule; the offending input is never echoed.
+    return 422, VALIDATION_FAILED, f"{where}: {first.get('msg', 'invalid')}"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into problem+json."""
+
+    async def on_problem(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiProblem)
+        return problem_response(exc.status, exc.code, exc.detail, exc.headers)
+
+    async def on_domain(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, DomainError)
+        return problem_response(status_for(exc), str(exc.code), exc.detail)
+
+    async def on_validation(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return problem_response(*_validation_detail(exc))
+
+    async def on_http(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        code = _STATUS_CODES.get(exc.status_code, "HTTP_ERROR")
+        if exc.status_code == 400:
+            # FastAPI raises a bare 400 when it cannot decode the body at all.
+            code = MALFORMED_JSON
+        detail = {
+            404: "no such resource",
+            405: "method not allowed on this resource",
+            400: "the body could not be parsed",
+        }.get(exc.status_code, str(exc.detail))
+        return problem_response(exc.status_code, code, detail, exc.headers)
+
+    app.add_exception_handler(ApiProblem, on_problem)
+    app.add_exception_handler(DomainError, on_domain)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    # Anything else is caught by app.api.asgi.GuardMiddleware (500 without internals).

@@ -1,0 +1,189 @@
+"""Append-only definitions: recipes and task revisions (API.md, Definitions)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from app.api.auth import Ctx, DefinitionsReader, DefinitionsWriter
+from app.api.http import (
+    DEFAULT_LIMIT,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    Cursor,
+    Limit,
+    RevisionNo,
+    TaskName,
+    matches_if_none_match,
+    not_modified,
+    problems,
+    set_next_link,
+    strong_etag,
+)
+from app.api.schemas import (
+    RecipeIn,
+    RecipeOut,
+    RevisionIn,
+    RevisionOut,
+    RevisionPage,
+    TaskOut,
+    TaskPage,
+    TaskSummary,
+)
+
+router = APIRouter(prefix="/api/v1", tags=["definitions"])
+_NOT_MODIFIED = {304: {"description": "the client's copy (If-None-Match) is current"}}
+
+
+def _recipe_etag(recipe_id: str) -> str:
+    return strong_etag(recipe_id.removeprefix("localctx:"))
+
+
+@router.post(
+    "/recipes",
+    operation_id="recipes-create",
+    status_code=201,
+    response_model=RecipeOut,
+    responses=problems(
+        *WRITE_ERRORS, extra={200: {"model": RecipeOut, "description": "the same recipe exists"}}
+    ),
+)
+def create_recipe(
+    body: RecipeIn, facade: Ctx, _: DefinitionsWriter, response: Response
+) -> RecipeOut:
+    """Store a context recipe by content address (201 new, 200 same)."""
+    recipe, created = facade.put_recipe(env=body.env, secrets=body.secrets)
+    response.status_code = 201 if created else 200
+    response.headers["ETag"] = _recipe_etag(recipe.id)
+    return RecipeOut.of(recipe)
+
+
+@router.get(
+    "/recipes/{recipe_id}",
+    operation_id="recipes-get",
+    response_model=RecipeOut,
+    responses=problems(*READ_ERRORS, extra=_NOT_MODIFIED),
+)
+def get_recipe(
+    recipe_id: str, request: Request, facade: Ctx, _: DefinitionsReader, response: Response
+) -> RecipeOut | Response:
+    """One recipe; strong ETag, 304 on If-None-Match."""
+    recipe = facade.get_recipe(recipe_id=recipe_id)
+    etag = _recipe_etag(recipe.id)
+    if matches_if_none_match(request, etag):
+        return not_modified(etag)
+    response.headers["ETag"] = etag
+    return RecipeOut.of(recipe)
+
+
+@router.put(
+    "/tasks/{task}/revisions/{revision}",
+    operation_id="tasks-put-revision",
+    status_code=201,
+    response_model=RevisionOut,
+    responses=problems(
+        *WRITE_ERRORS,
+        409,
+        extra={200: {"model": RevisionOut, "description": "the same revision exists"}},
+    ),
+)
+def put_revision(
+    task: TaskName,
+    revision: RevisionNo,
+    body: RevisionIn,
+    facade: Ctx,
+    _: DefinitionsWriter,
+    response: Response,
+) -> RevisionOut:
+    """Append a task revision (201 new, 200 same, 409 REVISION_CONFLICT)."""
+    rev, created = facade.put_revision(
+        task=task,
+        revision=revision,
+        executor=body.executor,
+        argv=body.argv,
+        cwd=body.cwd,
+        recipe=body.recipe,
+        timeout_seconds=body.timeout_seconds,
+        priority=body.priority,
+    )
+    response.status_code = 201 if created else 200
+    response.headers["ETag"] = strong_etag(rev.digest)
+    return RevisionOut.of(rev)
+
+
+@router.get(
+    "/tasks",
+    operation_id="tasks-list",
+    response_model=TaskPage,
+    responses=problems(*READ_ERRORS),
+)
+def list_tasks(
+    request: Request,
+    facade: Ctx,
+    _: DefinitionsReader,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
+) -> TaskPage:
+    """Tasks by name with their latest revision number."""
+    page = facade.list_tasks(limit=limit, cursor=cursor)
+    set_next_link(request, response, page.next_cursor)
+    return TaskPage(
+        items=[TaskSummary(task=t, latest_revision=n) for t, n in page.items],
+        next_cursor=page.next_cursor,
+    )
+
+
+@router.get(
+    "/tasks/{task}",
+    operation_id="tasks-get",
+    response_model=TaskOut,
+    responses=problems(*READ_ERRORS),
+)
+def get_task(task: TaskName, facade: Ctx, _: DefinitionsReader) -> TaskOut:
+    """A task: its latest revision number and body."""
+    latest = facade.get_task(task=task)
+    return TaskOut(task=task, latest_revision=latest.revision, latest=RevisionOut.of(latest))
+
+
+@router.get(
+    "/tasks/{task}/revisions",
+    operation_id="tasks-list-revisions",
+    response_model=RevisionPage,
+    responses=problems(*READ_ERRORS),
+)
+def list_revisions(
+    task: TaskName,
+    request: Request,
+    facade: Ctx,
+    _: DefinitionsReader,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
+) -> RevisionPage:
+    """Revisions of a task, newest first."""
+    page = facade.list_revisions(task=task, limit=limit, cursor=cursor)
+    set_next_link(request, response, page.next_cursor)
+    return RevisionPage(items=[RevisionOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+
+
+@router.get(
+    "/tasks/{task}/revisions/{revision}",
+    operation_id="tasks-get-revision",
+    response_model=RevisionOut,
+    responses=problems(*READ_ERRORS, extra=_NOT_MODIFIED),
+)
+def get_revision(
+    task: TaskName,
+    revision: RevisionNo,
+    request: Request,
+    facade: Ctx,
+    _: DefinitionsReader,
+    response: Response,
+) -> RevisionOut | Response:
+    """One immutable revision; strong ETag (its digest), 304 on If-None-Match."""
+    rev = facade.get_revision(task=task, revision=revision)
+    etag = strong_etag(rev.digest)
+    if matches_if_none_match(request, etag):
+        return not_modified(etag)
+    response.headers["ETag"] = etag
+    return RevisionOut.of(rev)

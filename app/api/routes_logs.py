@@ -1,0 +1,224 @@
+"""An attempt's log: bytes with Range/tail, or a resumable SSE follow (API.md, Runs).
+
+SSE wire form: ``event: chunk`` with ``id:`` the byte offset *after* the chunk (send it back
+as ``Last-Event-ID`` to resume exactly there) and ``data: {"offset": <start>, "text": ...}``
+(JSON, so CR/LF survive; chunks end on UTF-8 boundaries, undecodable bytes become U+FFFD —
+read the raw bytes with ``Range``). ``: heartbeat`` comments keep proxies open. Once the
+attempt is terminal and every byte was sent: ``event: end`` with ``{"status", "bytes"}``.
+The file is polled only while somebody follows; a disconnect cancels the generator.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from app.api.auth import Ctx, LogsReader
+from app.api.http import READ_ERRORS, problems
+from app.api.problems import RANGE_NOT_SATISFIABLE, ApiProblem
+from app.context.facade import AppFacade
+from app.context.logs import LogFile
+from app.domain.states import TERMINAL_ATTEMPT
+
+router = APIRouter(prefix="/api/v1", tags=["logs"])
+
+CHUNK_BYTES = 64 * 1024
+POLL_S = 0.5
+HEARTBEAT_S = 10.0
+_LOG_MEDIA = "text/plain; charset=utf-8"
+
+_CONTENT = {
+    "text/plain": {"schema": {"type": "string"}},
+    "text/event-stream": {"schema": {"type": "string"}},
+}
+
+
+@router.get(
+    "/runs/{run_id}/attempts/{number}/log",
+    operation_id="runs-get-log",
+    response_class=Response,
+    responses=problems(
+        *READ_ERRORS,
+        416,
+        extra={
+            200: {
+                "description": "the log bytes, or an SSE stream with follow=true",
+                "content": _CONTENT,
+            },
+            206: {
+                "description": "the requested byte range",
+                "content": {"text/plain": _CONTENT["text/plain"]},
+            },
+        },
+    ),
+)
+async def get_log(
+    run_id: str,
+    number: Annotated[int, Path(ge=1, le=2**31 - 1)],
+    request: Request,
+    facade: Ctx,
+    _: LogsReader,
+    tail_bytes: Annotated[int | None, Query(ge=0, le=2**53)] = None,
+    follow: bool = False,
+    range_header: Annotated[str | None, Header(alias="Range", max_length=256)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+) -> Response:
+    """Read an attempt's log (Range → 206, tail_bytes, follow=true → text/event-stream)."""
+    log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
+    if follow:
+        start = 0
+        if last_event_id is not None and last_event_id.strip().isdigit():
+            start = int(last_event_id.strip())
+        elif tail_bytes is not None:
+            start = max(0, log.size - tail_bytes)
+        log.close()
+        state = request.app.state
+        stream = _follow(
+            facade,
+            run_id=run_id,
+            number=number,
+            offset=start,
+            poll_s=getattr(state, "log_poll_s", POLL_S),
+            heartbeat_s=getattr(state, "log_heartbeat_s", HEARTBEAT_S),
+        )
+        return StreamingResponse(
+            stream,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        headers = {"Accept-Ranges": "bytes", "Cache-Control": "no-cache"}
+        if log.truncated:
+            headers["X-Log-Truncated"] = "true"
+        status = 200
+        start, end = 0, log.size
+        if tail_bytes is not None:
+            start = max(0, log.size - tail_bytes)
+        elif range_header is not None:
+            picked = _parse_range(range_header, log.size)
+            if picked is not None:
+                start, end = picked
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{log.size}"
+    except BaseException:
+        log.close()
+        raise
+    headers["Content-Length"] = str(end - start)
+    return StreamingResponse(
+        _read(log, start, end), status_code=status, media_type=_LOG_MEDIA, headers=headers
+    )
+
+
+def _read(log: LogFile, start: int, end: int) -> Iterator[bytes]:
+    """Yield ``[start, end)`` in chunks (run in a thread by Starlette), then close the file."""
+    try:
+        offset = start
+        while offset < end:
+            data = log.read(offset, min(CHUNK_BYTES, end - offset))
+            if not data:
+                return
+            offset += len(data)
+            yield data
+    finally:
+        log.close()
+
+
+async def _follow(
+    facade: AppFacade,
+    *,
+    run_id: str,
+    number: int,
+    offset: int,
+    poll_s: float,
+    heartbeat_s: float,
+) -> AsyncIterator[str]:
+    """The SSE body: chunks as the file grows, heartbeats, then ``end`` once terminal."""
+    last_beat = time.monotonic()
+    while True:
+        log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
+        try:
+            # The status was read before the size: terminal here means the file is complete.
+            terminal = log.attempt.status in TERMINAL_ATTEMPT
+            while offset < log.size:
+                data = await run_in_threadpool(log.read, offset, CHUNK_BYTES)
+                cut = len(data) if terminal and offset + len(data) >= log.size else _utf8_cut(data)
+                if cut == 0:
+                    break  # only part of a character so far: wait for the rest
+                text = data[:cut].decode("utf-8", errors="replace")
+                payload = json.dumps({"offset": offset, "text": text}, ensure_ascii=False)
+                offset += cut
+                last_beat = time.monotonic()
+                yield f"event: chunk\nid: {offset}\ndata: {payload}\n\n"
+            size = log.size
+            status = log.attempt.status
+        finally:
+            log.close()
+        if terminal and offset >= size:
+            payload = json.dumps({"status": status, "bytes": size})
+            yield f"event: end\ndata: {payload}\n\n"
+            return
+        if time.monotonic() - last_beat >= heartbeat_s:
+            last_beat = time.monotonic()
+            yield ": heartbeat\n\n"
+        await anyio.sleep(poll_s)
+
+
+def _utf8_cut(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that does not end inside a UTF-8 sequence."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:
+            continue  # continuation byte: keep looking for the lead byte
+        if byte >> 5 == 0b110:
+            need = 2
+        elif byte >> 4 == 0b1110:
+            need = 3
+        elif byte >> 3 == 0b11110:
+            need = 4
+        else:
+            need = 1
+        return len(data) - back if need > back else len(data)
+    return len(data)
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """``(start, end_exclusive)`` for one satisfiable ``bytes=`` range; None to ignore it.
+
+    Raises ApiProblem 416 when the range is well-formed but unsatisfiable.
+    """
+    unit, _, spec = header.partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None  # other units and multi-ranges: serve the whole log (RFC 9110 allows it)
+    first, dash, last = spec.strip().partition("-")
+    if not dash or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
+        return None
+    if first == "":
+        if last == "":
+            return None
+        suffix = int(last)
+        if suffix == 0 or size == 0:
+            raise _unsatisfiable(size)
+        return max(0, size - suffix), size
+    start = int(first)
+    end = int(last) + 1 if last else size
+    if last and end <= start:
+        return None
+    if start >= size:
+        raise _unsatisfiable(size)
+    return start, min(end, size)
+
+
+def _unsatisfiable(size: int) -> ApiProblem:
+    return ApiProblem(
+        416,
+        RANGE_NOT_SATISFIABLE,
+        f"the log has {size} bytes",
+        headers={"Content-Range": f"bytes */{size}"},
+    )

@@ -1,0 +1,29 @@
+"""Operations endpoints without auth: liveness and readiness (API.md, Operations)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
+
+from app.api.auth import Ctx
+from app.api.http import problems
+from app.api.problems import NOT_READY, ApiProblem
+from app.api.schemas import Health, Ready
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", operation_id="healthz", response_model=Health)
+def healthz() -> Health:
+    """The process is alive (touches nothing else)."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", operation_id="readyz", response_model=Ready, responses=problems(503))
+async def readyz(facade: Ctx) -> Ready:
+    """Database reachable and at the migration head, plus the pluggable checks; else 503."""
+    readiness = await run_in_threadpool(facade.readiness)
+    if not readiness.ready:
+        failing = ", ".join(f"{k}: {v}" for k, v in sorted(readiness.checks.items()) if v != "ok")
+        raise ApiProblem(503, NOT_READY, failing)
+    return Ready(status="ready", checks=readiness.checks)

@@ -1,0 +1,150 @@
+"""Runs: enqueue and cancel intents in, state out (API.md, Runs)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+
+from app.api.auth import Ctx, Reader, RunsWriter
+from app.api.http import (
+    DEFAULT_LIMIT,
+    NAME_PATTERN,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    Cursor,
+    Limit,
+    problems,
+    set_next_link,
+)
+from app.api.schemas import (
+    AttemptOut,
+    AttemptPage,
+    EventOut,
+    EventPage,
+    RunIn,
+    RunOut,
+    RunPage,
+    RunStatusName,
+)
+from app.domain.canonical import content_digest
+
+router = APIRouter(prefix="/api/v1", tags=["runs"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        pattern=r"^[\x21-\x7e]+$",
+        description="same key + same body → the first response's run",
+    ),
+]
+
+
+@router.post(
+    "/runs",
+    operation_id="runs-create",
+    status_code=201,
+    response_model=RunOut,
+    responses=problems(
+        *WRITE_ERRORS, extra={200: {"model": RunOut, "description": "replay of an Idempotency-Key"}}
+    ),
+)
+def create_run(
+    body: RunIn,
+    facade: Ctx,
+    principal: RunsWriter,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> RunOut:
+    """Enqueue a run of a task revision (the latest when none is given)."""
+    run, created = facade.enqueue_run(
+        task=body.task,
+        revision=body.revision,
+        priority=body.priority,
+        token_id=principal.token_id,
+        idempotency_key=idempotency_key,
+        request_digest=content_digest(body.model_dump()),
+    )
+    response.status_code = 201 if created else 200
+    return RunOut.of(run)
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    operation_id="runs-cancel",
+    status_code=202,
+    response_model=RunOut,
+    responses=problems(*READ_ERRORS, 409),
+)
+def cancel_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
+    """Record the cancel intent (idempotent); 409 RUN_TERMINAL once the run ended."""
+    return RunOut.of(facade.request_cancel(run_id=run_id))
+
+
+@router.get(
+    "/runs",
+    operation_id="runs-list",
+    response_model=RunPage,
+    responses=problems(*READ_ERRORS),
+)
+def list_runs(
+    request: Request,
+    facade: Ctx,
+    _: Reader,
+    response: Response,
+    task: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    status: RunStatusName | None = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
+) -> RunPage:
+    """Runs, newest first, filtered by task and status."""
+    page = facade.list_runs(task=task, status=status, limit=limit, cursor=cursor)
+    set_next_link(request, response, page.next_cursor)
+    return RunPage(items=[RunOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+
+
+@router.get(
+    "/runs/{run_id}",
+    operation_id="runs-get",
+    response_model=RunOut,
+    responses=problems(*READ_ERRORS),
+)
+def get_run(run_id: str, facade: Ctx, _: Reader) -> RunOut:
+    """One run with its latest attempt."""
+    return RunOut.of(facade.get_run(run_id=run_id))
+
+
+@router.get(
+    "/runs/{run_id}/attempts",
+    operation_id="runs-list-attempts",
+    response_model=AttemptPage,
+    responses=problems(*READ_ERRORS),
+)
+def list_attempts(run_id: str, facade: Ctx, _: Reader) -> AttemptPage:
+    """Every attempt of a run, by number (one page)."""
+    items = [AttemptOut.of(a) for a in facade.list_attempts(run_id=run_id)]
+    return AttemptPage(items=items, next_cursor=None)
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    operation_id="runs-list-events",
+    response_model=EventPage,
+    responses=problems(*READ_ERRORS),
+)
+def list_events(
+    run_id: str,
+    request: Request,
+    facade: Ctx,
+    _: Reader,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
+) -> EventPage:
+    """A run's events in ``seq`` order."""
+    page = facade.list_events(run_id=run_id, limit=limit, cursor=cursor)
+    set_next_link(request, response, page.next_cursor)
+    return EventPage(items=[EventOut.of(e) for e in page.items], next_cursor=page.next_cursor)

@@ -1,0 +1,69 @@
+"""Write-only secrets (API.md, Secrets): no route ever returns a value."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from app.api.auth import Ctx, SecretsWriter
+from app.api.http import (
+    DEFAULT_LIMIT,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    Cursor,
+    Limit,
+    SecretName,
+    problems,
+    set_next_link,
+)
+from app.api.schemas import SecretIn, SecretOut, SecretPage
+
+router = APIRouter(prefix="/api/v1", tags=["secrets"])
+
+
+@router.put(
+    "/secrets/{name}",
+    operation_id="secrets-put",
+    status_code=204,
+    response_class=Response,
+    responses=problems(*WRITE_ERRORS),
+)
+def put_secret(name: SecretName, body: SecretIn, facade: Ctx, _: SecretsWriter) -> Response:
+    """Encrypt and store a secret value (create or replace)."""
+    facade.put_secret(name=name, value=body.value)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/secrets",
+    operation_id="secrets-list",
+    response_model=SecretPage,
+    responses=problems(*READ_ERRORS),
+)
+def list_secrets(
+    request: Request,
+    facade: Ctx,
+    _: SecretsWriter,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
+) -> SecretPage:
+    """Secret names with their last change time, by name."""
+    page = facade.list_secrets(limit=limit, cursor=cursor)
+    set_next_link(request, response, page.next_cursor)
+    return SecretPage(
+        items=[SecretOut(name=s.name, updated_at_ms=s.updated_at_ms) for s in page.items],
+        next_cursor=page.next_cursor,
+    )
+
+
+@router.delete(
+    "/secrets/{name}",
+    operation_id="secrets-delete",
+    status_code=204,
+    response_class=Response,
+    responses=problems(*READ_ERRORS),
+)
+def delete_secret(name: SecretName, facade: Ctx, _: SecretsWriter) -> Response:
+    """Remove a secret (404 SECRET_NOT_FOUND when there is none)."""
+    facade.delete_secret(name=name)
+    return Response(status_code=204)

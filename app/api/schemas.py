@@ -1,0 +1,281 @@
+"""Request and response shapes (pydantic shapes I/O only; the rules live in app.domain)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from app.domain.model import Attempt, Recipe, Run, RunEvent, TaskRevision
+
+
+def _utf8_encodable(value: str) -> str:
+    # JSON may carry lone surrogates ("\ud800"); they cannot be stored or passed to a process.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8_encodable)]
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+RunStatusName = Literal[
+    "queued", "dispatching", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"
+]
+AttemptStatusName = Literal[
+    "claimed", "starting", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"
+]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details with a stable ``code``."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+
+
+# -- definitions ------------------------------------------------------------------------------
+
+
+class RecipeIn(_In):
+    env: dict[Text, Text] = Field(default_factory=dict)
+    secrets: dict[Text, Text] = Field(default_factory=dict)
+
+
+class RecipeOut(BaseModel):
+    id: str
+    env: dict[str, str]
+    secrets: dict[str, str]
+    created_at_ms: int
+
+    @classmethod
+    def of(cls, r: Recipe) -> RecipeOut:
+        return cls(id=r.id, env=r.env, secrets=r.secrets, created_at_ms=r.created_at_ms)
+
+
+class RevisionIn(_In):
+    executor: Literal["local_process"] = "local_process"
+    argv: list[Text] = Field(min_length=1)
+    cwd: Text | None = None
+    recipe: Text | None = None
+    timeout_seconds: Int32 | None = None
+    priority: Int32 = 0
+
+
+class RevisionOut(BaseModel):
+    task: str
+    revision: int
+    executor: str
+    argv: list[str]
+    cwd: str | None
+    recipe: str | None
+    timeout_seconds: int | None
+    priority: int
+    digest: str
+    created_at_ms: int
+
+    @classmethod
+    def of(cls, r: TaskRevision) -> RevisionOut:
+        return cls(
+            task=r.task,
+            revision=r.revision,
+            executor=r.executor,
+            argv=list(r.argv),
+            cwd=r.cwd,
+            recipe=r.recipe,
+            timeout_seconds=r.timeout_seconds,
+            priority=r.priority,
+            digest=r.digest,
+            created_at_ms=r.created_at_ms,
+        )
+
+
+class RevisionPage(BaseModel):
+    items: list[RevisionOut]
+    next_cursor: str | None
+
+
+class TaskSummary(BaseModel):
+    task: str
+    latest_revision: int
+
+
+class TaskPage(BaseModel):
+    items: list[TaskSummary]
+    next_cursor: str | None
+
+
+class TaskOut(BaseModel):
+    task: str
+    latest_revision: int
+    latest: RevisionOut
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+
+class SecretIn(_In):
+    value: Text
+
+
+class SecretOut(BaseModel):
+    name: str
+    updated_at_ms: int
+
+
+class SecretPage(BaseModel):
+    items: list[SecretOut]
+    next_cursor: str | None
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+class RunIn(_In):
+    task: Text
+    revision: Int32 | None = None
+    priority: Int32 | None = None
+
+
+class LogOut(BaseModel):
+    bytes: int
+    truncated: bool
+    dropped_bytes: int
+
+
+class CancelOut(BaseModel):
+    reason: Literal["user", "timeout"]
+    at_ms: int
+
+
+class LatestAttemptOut(BaseModel):
+    number: int
+    status: AttemptStatusName
+    exit_code: int | None
+    signal: int | None
+    error_code: str | None
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    log: LogOut
+
+    @classmethod
+    def fields_of(cls, a: Attempt) -> dict[str, object]:
+        log = a.log
+        return {
+            "number": a.number,
+            "status": a.status,
+            "exit_code": a.exit_code,
+            "signal": a.signal,
+            "error_code": a.error_code,
+            "started_at_ms": a.started_at_ms,
+            "finished_at_ms": a.finished_at_ms,
+            "log": LogOut(
+                bytes=log.bytes if log else 0,
+                truncated=log.truncated if log else False,
+                dropped_bytes=log.dropped_bytes if log else 0,
+            ),
+        }
+
+    @classmethod
+    def of(cls, a: Attempt) -> LatestAttemptOut:
+        return cls.model_validate(cls.fields_of(a))
+
+
+class AttemptOut(LatestAttemptOut):
+    id: str
+    created_at_ms: int
+    deadline_at_ms: int | None
+
+    @classmethod
+    def of(cls, a: Attempt) -> AttemptOut:
+        return cls.model_validate(
+            {
+                **cls.fields_of(a),
+                "id": a.id,
+                "created_at_ms": a.created_at_ms,
+                "deadline_at_ms": a.deadline_at_ms,
+            }
+        )
+
+
+class AttemptPage(BaseModel):
+    items: list[AttemptOut]
+    next_cursor: str | None
+
+
+class RunOut(BaseModel):
+    id: str
+    task: str
+    revision: int
+    status: RunStatusName
+    priority: int
+    version: int
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    cancel_requested: CancelOut | None
+    latest_attempt: LatestAttemptOut | None
+
+    @classmethod
+    def of(cls, r: Run) -> RunOut:
+        cancel = None
+        if r.cancel is not None:
+            cancel = CancelOut.model_validate({"reason": r.cancel.reason, "at_ms": r.cancel.at_ms})
+        return cls.model_validate(
+            {
+                "id": r.id,
+                "task": r.task,
+                "revision": r.revision,
+                "status": r.status,
+                "priority": r.priority,
+                "version": r.version,
+                "created_at_ms": r.created_at_ms,
+                "started_at_ms": r.started_at_ms,
+                "finished_at_ms": r.finished_at_ms,
+                "cancel_requested": cancel,
+                "latest_attempt": (
+                    LatestAttemptOut.of(r.latest_attempt) if r.latest_attempt else None
+                ),
+            }
+        )
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    next_cursor: str | None
+
+
+class EventOut(BaseModel):
+    seq: int
+    type: str
+    at_ms: int
+    data: dict[str, object]
+
+    @classmethod
+    def of(cls, e: RunEvent) -> EventOut:
+        return cls(seq=e.seq, type=e.type, at_ms=e.at_ms, data=e.data)
+
+
+class EventPage(BaseModel):
+    items: list[EventOut]
+    next_cursor: str | None
+
+
+# -- operations ---------------------------------------------------------------------------------
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready"]
+    checks: dict[str, str]

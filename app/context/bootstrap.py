@@ -1,0 +1,183 @@
+"""The one composition root (STYLE.md §2): settings in, a private AppContext out.
+
+Every part is overridable by keyword. The api lifespan calls ``build_context`` then
+``start_background()``, and ``close()`` on shutdown; tests call it with a temporary data dir.
+
+Hooks for the execution layer (DESIGN.md, AppContext): ``after_enqueue`` runs after each
+committed enqueue or cancel intent, and ``periodic`` every ``periodic_interval_s`` (the
+dispatcher's slow loop). Both run on one daemon thread started by ``start_background()``:
+kicks coalesce, a route never waits for them, and an exception in them is logged (type
+only) and never reaches a route. ``ready_checks`` add named readiness checks (the worker
+socket ping) returning ``None`` when fine or a short reason when not.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+
+from app.context.facade import AppFacade, Readiness
+from app.context.logs import LogStore
+from app.settings import Settings
+from app.storage.definitions_repo import DefinitionRepository
+from app.storage.engine import make_engine
+from app.storage.migrate import current_revision, head_revision
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.storage.secret_crypto import KeyRing
+from app.storage.secrets_repo import SecretRepository
+from app.storage.tokens_repo import TokenRepository
+
+log = logging.getLogger("qinglong.context")
+
+Hook = Callable[[], None]
+ReadyCheck = Callable[[], str | None]
+
+
+class Background:
+    """One daemon thread: runs ``after_enqueue`` when kicked and ``periodic`` on a timer."""
+
+    def __init__(
+        self, *, after_enqueue: Hook | None, periodic: Hook | None, interval_s: float
+    ) -> None:
+        self._after_enqueue = after_enqueue
+        self._periodic = periodic
+        self._interval_s = interval_s
+        self._kicked = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def kick(self) -> None:
+        """Ask for an ``after_enqueue`` pass soon; never blocks, never raises."""
+        self._kicked.set()
+
+    def start(self) -> None:
+        """Start the thread if there is anything to run (idempotent)."""
+        if self._thread is not None or (self._after_enqueue is None and self._periodic is None):
+            return
+        self._thread = threading.Thread(target=self._loop, name="ql-background", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the thread to finish its current pass and wait for it (bounded)."""
+        self._stopping.set()
+        self._kicked.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            kicked = self._kicked.wait(self._interval_s if self._periodic else None)
+            if self._stopping.is_set():
+                return
+            self._kicked.clear()
+            hook = self._after_enqueue if kicked else self._periodic
+            if hook is None:
+                continue
+            try:
+                hook()
+            except Exception as exc:  # a failed pass is retried by the next kick or tick
+                log.error("background pass failed: %s", type(exc).__name__)
+
+
+@dataclass
+class AppContext:
+    """What one api process holds privately; routes see only ``facade``."""
+
+    settings: Settings
+    engine: Engine
+    facade: AppFacade
+    background: Background
+    owns_engine: bool = True
+    closers: list[Hook] = field(default_factory=list)
+
+    def start_background(self) -> None:
+        """Start the dispatcher hooks (called by the lifespan once the app is up)."""
+        self.background.start()
+
+    def close(self) -> None:
+        """Stop background work, run registered closers, dispose of the engine if ours."""
+        self.background.stop()
+        for closer in reversed(self.closers):
+            try:
+                closer()
+            except Exception as exc:
+                log.error("closing failed: %s", type(exc).__name__)
+        if self.owns_engine:
+            self.engine.dispose()
+
+
+def database_check(engine: Engine) -> str | None:
+    """None when the database answers and is at the newest migration, else a reason."""
+    try:
+        current = current_revision(engine)
+    except Exception as exc:  # any driver error means "not reachable" to a probe
+        return f"database unreachable ({type(exc).__name__})"
+    if current != head_revision():
+        return "database is not migrated to head (run `qinglong migrate`)"
+    return None
+
+
+def build_context(
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    definitions: DefinitionRepository | None = None,
+    runs: RunRepository | None = None,
+    reader: RunReader | None = None,
+    tokens: TokenRepository | None = None,
+    secrets: SecretRepository | None = None,
+    key_ring: KeyRing | None = None,
+    logs: LogStore | None = None,
+    after_enqueue: Hook | None = None,
+    periodic: Hook | None = None,
+    periodic_interval_s: float = 5.0,
+    ready_checks: Mapping[str, ReadyCheck] | None = None,
+) -> AppContext:
+    """Build everything from ``settings``; any part may be passed in instead."""
+    owns_engine = engine is None
+    engine = engine or make_engine(settings.database_url)
+    settings.ensure_data_dir()
+    if secrets is None:
+        ring = key_ring or KeyRing.from_settings(
+            secret_key=settings.secret_key, key_file=settings.key_file
+        )
+        secrets = SecretRepository(engine, ring)
+    checks: dict[str, ReadyCheck] = {"database": lambda: database_check(engine)}
+    checks.update(ready_checks or {})
+
+    def probe() -> Readiness:
+        results = {}
+        for name, check in checks.items():
+            try:
+                results[name] = check() or "ok"
+            except Exception as exc:
+                results[name] = f"check failed ({type(exc).__name__})"
+        return Readiness(ready=all(v == "ok" for v in results.values()), checks=results)
+
+    background = Background(
+        after_enqueue=after_enqueue, periodic=periodic, interval_s=periodic_interval_s
+    )
+    facade = AppFacade(
+        _definitions=definitions or DefinitionRepository(engine),
+        _runs=runs or RunRepository(engine),
+        _reader=reader or RunReader(engine),
+        _tokens=tokens or TokenRepository(engine),
+        _secrets=secrets,
+        _logs=logs
+        or LogStore(root=settings.logs_dir, quota_bytes=settings.profile.log_quota_bytes),
+        _readiness_probe=probe,
+        _notify_enqueued=background.kick,
+    )
+    return AppContext(
+        settings=settings,
+        engine=engine,
+        facade=facade,
+        background=background,
+        owns_engine=owns_engine,
+    )

@@ -1,0 +1,281 @@
+"""The frozen facade the routes call: definition writes/reads, secrets, intents and reads.
+
+It enforces the domain's validation rules (so every caller gets them, not only HTTP), maps a
+few storage refusals to what API.md promises, and never returns pids, handles, digests of
+tokens, argv of runs or environments (the domain values it returns carry none of those).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from app.context.logs import LogFile, LogStore
+from app.domain.errors import Conflict, ErrorCode, NotFound, ValidationFailed
+from app.domain.ids import is_uuid7
+from app.domain.model import Attempt, Page, Recipe, Run, RunEvent, TaskRevision
+from app.domain.states import RunStatus
+from app.domain.tokens import grants, looks_like_token
+from app.domain.validation import (
+    validate_argv,
+    validate_cwd,
+    validate_env_value,
+    validate_executor,
+    validate_name,
+    validate_priority,
+    validate_recipe,
+    validate_timeout,
+)
+from app.storage.cursor import decode_cursor
+from app.storage.definitions_repo import DefinitionRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.storage.secrets_repo import SecretRepository
+from app.storage.tokens_repo import TokenRepository
+
+RECIPE_ID = re.compile(r"localctx:sha256:[0-9a-f]{64}")
+MAX_REVISION = 2**31 - 1
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who called: a live token's id, name and scopes (never its value or digest)."""
+
+    token_id: str
+    name: str
+    scopes: frozenset[str]
+
+    def can(self, scope: str) -> bool:
+        """True when this principal holds ``scope`` (``admin`` implies every scope)."""
+        return grants(self.scopes, scope)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretInfo:
+    """A secret as the API may show it: name and last change, never the value."""
+
+    name: str
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Whether this process can serve: every check's outcome (``ok`` or a short reason)."""
+
+    ready: bool
+    checks: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class AppFacade:
+    """The only thing routes may call. Built by ``app.context.bootstrap.build_context``."""
+
+    _definitions: DefinitionRepository
+    _runs: RunRepository
+    _reader: RunReader
+    _tokens: TokenRepository
+    _secrets: SecretRepository
+    _logs: LogStore
+    _readiness_probe: Callable[[], Readiness]
+    _notify_enqueued: Callable[[], None]
+
+    # -- definitions ------------------------------------------------------------------------
+
+    def put_recipe(self, *, env: dict[str, str], secrets: dict[str, str]) -> tuple[Recipe, bool]:
+        """Store a recipe by content address; ``(recipe, created)``."""
+        env, secrets = validate_recipe(env, secrets)
+        return self._definitions.put_recipe(env=env, secrets=secrets)
+
+    def get_recipe(self, *, recipe_id: str) -> Recipe:
+        """One recipe by id."""
+        if not RECIPE_ID.fullmatch(recipe_id):
+            raise NotFound(ErrorCode.RECIPE_NOT_FOUND, "no such recipe")
+        return self._definitions.get_recipe(recipe_id)
+
+    def put_revision(
+        self,
+        *,
+        task: str,
+        revision: int,
+        executor: str,
+        argv: list[str],
+        cwd: str | None,
+        recipe: str | None,
+        timeout_seconds: int | None,
+        priority: int,
+    ) -> tuple[TaskRevision, bool]:
+        """Append a task revision; ``(revision, created)``; Conflict when it differs."""
+        validate_name(task, what="task name")
+        _check_revision(revision)
+        if recipe is not None and not RECIPE_ID.fullmatch(recipe):
+            raise ValidationFailed(ErrorCode.RECIPE_NOT_FOUND, "the recipe does not exist")
+        try:
+            return self._definitions.put_revision(
+                task=task,
+                revision=revision,
+                executor=validate_executor(executor),
+                argv=validate_argv(argv),
+                cwd=validate_cwd(cwd),
+                recipe=recipe,
+                timeout_seconds=validate_timeout(timeout_seconds),
+                priority=validate_priority(priority),
+            )
+        except NotFound as exc:
+            # A dangling reference in the body is bad input (422), not a missing resource.
+            raise ValidationFailed(exc.code, exc.detail) from None
+
+    def get_revision(self, *, task: str, revision: int) -> TaskRevision:
+        """One revision of a task."""
+        validate_name(task, what="task name")
+        _check_revision(revision)
+        return self._definitions.get_revision(task, revision)
+
+    def get_task(self, *, task: str) -> TaskRevision:
+        """The latest revision of a task."""
+        validate_name(task, what="task name")
+        return self._definitions.latest_revision(task)
+
+    def list_tasks(self, *, limit: int, cursor: str | None) -> Page[tuple[str, int]]:
+        """Task names with their latest revision, by name."""
+        return self._definitions.list_tasks(limit=limit, cursor=cursor)
+
+    def list_revisions(self, *, task: str, limit: int, cursor: str | None) -> Page[TaskRevision]:
+        """Revisions of a task, newest first."""
+        validate_name(task, what="task name")
+        return self._definitions.list_revisions(task, limit=limit, cursor=cursor)
+
+    # -- secrets ----------------------------------------------------------------------------
+
+    def put_secret(self, *, name: str, value: str) -> bool:
+        """Encrypt and store a value (it becomes an environment value, so the same limits)."""
+        validate_name(name, what="secret name")
+        validate_env_value(value)
+        return self._secrets.put(name=name, value=value)
+
+    def list_secrets(self, *, limit: int, cursor: str | None) -> Page[SecretInfo]:
+        """Secret names with ``updated_at_ms``."""
+        page = self._secrets.list_names(limit=limit, cursor=cursor)
+        items = [SecretInfo(name=s.name, updated_at_ms=s.updated_at_ms) for s in page.items]
+        return Page(items=items, next_cursor=page.next_cursor)
+
+    def delete_secret(self, *, name: str) -> None:
+        """Remove a secret."""
+        validate_name(name, what="secret name")
+        self._secrets.delete(name)
+
+    # -- auth -------------------------------------------------------------------------------
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal of a live token, or None (malformed tokens never reach the database)."""
+        if not looks_like_token(token):
+            return None
+        record = self._tokens.authenticate(token)
+        if record is None:
+            return None
+        return Principal(token_id=record.id, name=record.name, scopes=record.scopes)
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def enqueue_run(
+        self,
+        *,
+        task: str,
+        revision: int | None,
+        priority: int | None,
+        token_id: str,
+        idempotency_key: str | None,
+        request_digest: str,
+    ) -> tuple[Run, bool]:
+        """Create a queued run (or return the one this idempotency key made); kick dispatch."""
+        validate_name(task, what="task name")
+        if revision is not None:
+            _check_revision(revision)
+        if priority is not None:
+            validate_priority(priority)
+        if idempotency_key is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+            raise ValidationFailed(
+                ErrorCode.VALIDATION_FAILED,
+                "Idempotency-Key must be 1..255 visible ASCII characters",
+            )
+        try:
+            run, created = self._runs.enqueue_run(
+                task=task,
+                revision=revision,
+                priority=priority,
+                token_id=token_id,
+                idempotency_key=idempotency_key,
+                request_digest=request_digest,
+            )
+        except Conflict as exc:
+            if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:  # API.md: a client error, 422
+                raise ValidationFailed(exc.code, exc.detail) from None
+            raise
+        if created:
+            self._notify_enqueued()
+        return self._with_logs(run), created
+
+    def request_cancel(self, *, run_id: str) -> Run:
+        """Record the user's cancel intent once; a queued run is cancelled at once."""
+        _check_run_id(run_id)
+        run = self._runs.request_cancel(run_id=run_id, reason="user")
+        self._notify_enqueued()  # a running job's stop is the dispatcher/worker's business
+        return self._with_logs(run)
+
+    def get_run(self, *, run_id: str) -> Run:
+        """One run with its latest attempt."""
+        _check_run_id(run_id)
+        return self._with_logs(self._reader.get_run(run_id))
+
+    def list_runs(
+        self, *, task: str | None, status: str | None, limit: int, cursor: str | None
+    ) -> Page[Run]:
+        """Runs newest first, filtered by task and status."""
+        if task is not None:
+            validate_name(task, what="task name")
+        if status is not None and status not in set(RunStatus):
+            raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "unknown run status")
+        page = self._reader.list_runs(task=task, status=status, limit=limit, cursor=cursor)
+        return Page(items=[self._with_logs(r) for r in page.items], next_cursor=page.next_cursor)
+
+    def list_attempts(self, *, run_id: str) -> list[Attempt]:
+        """Every attempt of a run, by number."""
+        _check_run_id(run_id)
+        return [self._logs.with_log_info(a) for a in self._reader.list_attempts(run_id)]
+
+    def list_events(self, *, run_id: str, limit: int, cursor: str | None) -> Page[RunEvent]:
+        """A run's events in ``seq`` order."""
+        _check_run_id(run_id)
+        after = 0
+        if cursor is not None:
+            (after,) = decode_cursor("events", cursor, (int,))
+        return self._reader.list_events(run_id, after_seq=after, limit=limit)
+
+    def open_log(self, *, run_id: str, number: int) -> LogFile:
+        """Open an attempt's log read-only (O_NOFOLLOW); the caller closes it."""
+        _check_run_id(run_id)
+        if not 1 <= number <= MAX_REVISION:
+            raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "no such attempt")
+        return self._logs.open(self._reader.get_attempt(run_id, number))
+
+    def readiness(self) -> Readiness:
+        """Database reachable and migrated, plus any pluggable checks."""
+        return self._readiness_probe()
+
+    def _with_logs(self, run: Run) -> Run:
+        if run.latest_attempt is None:
+            return run
+        return replace(run, latest_attempt=self._logs.with_log_info(run.latest_attempt))
+
+
+def _check_revision(revision: int) -> None:
+    if not 1 <= revision <= MAX_REVISION:
+        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "revision must be 1..2147483647")
+
+
+def _check_run_id(run_id: str) -> None:
+    # Anything that is not a UUIDv7 cannot name a run; answering here keeps odd bytes
+    # (NUL, surrogates) away from the database driver.
+    if not is_uuid7(run_id):
+        raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")

@@ -1,0 +1,108 @@
+"""Read-only access to an attempt's log artifact at its derived path (ADR-0071 §5)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from app.domain.artifacts import log_relpath, shard_of, truncation_fact_relpath
+from app.domain.model import Attempt, LogInfo
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class LogFile:
+    """An open, read-only log (or an empty stand-in before the file exists); close it."""
+
+    def __init__(self, *, attempt: Attempt, fd: int | None, size: int, truncated: bool) -> None:
+        self.attempt = attempt
+        self.size = size  # a snapshot: reads never go past it, so a growing log stays consistent
+        self.truncated = truncated
+        self._fd = fd
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (never beyond the size snapshot)."""
+        end = min(offset + length, self.size)
+        if self._fd is None or offset >= end:
+            return b""
+        return os.pread(self._fd, end - offset, offset)
+
+    def close(self) -> None:
+        """Release the descriptor (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> LogFile:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class LogStore:
+    """Opens logs under ``root`` component by component, never following a symlink."""
+
+    root: Path
+    quota_bytes: int
+
+    def open(self, attempt: Attempt) -> LogFile:
+        """Open the attempt's log read-only; a missing file is an empty log."""
+        fds: list[int] = []
+        try:
+            try:
+                fds.append(os.open(self.root, _DIR_FLAGS))
+                fds.append(os.open(shard_of(attempt.id), _DIR_FLAGS, dir_fd=fds[-1]))
+                fd = os.open(f"{attempt.id}.log", _FILE_FLAGS, dir_fd=fds[-1])
+            except FileNotFoundError:
+                attempt = self.with_log_info(attempt)
+                return LogFile(attempt=attempt, fd=None, size=0, truncated=False)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                raise OSError("the log artifact is not a regular file")
+            fact = self._fact_exists(fds[-1], attempt.id)
+        finally:
+            for dfd in fds:
+                os.close(dfd)
+        truncated = fact or st.st_size >= self.quota_bytes
+        if attempt.log is not None:
+            truncated = truncated or attempt.log.truncated
+        return LogFile(
+            attempt=self._attach(attempt, st.st_size, truncated),
+            fd=fd,
+            size=st.st_size,
+            truncated=truncated,
+        )
+
+    def with_log_info(self, attempt: Attempt) -> Attempt:
+        """The attempt with ``log`` filled in: the recorded facts, or the file's size meanwhile."""
+        if attempt.log is not None:
+            return attempt
+        path = self.root / log_relpath(attempt.id)
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return self._attach(attempt, 0, False)
+        if not stat.S_ISREG(st.st_mode):
+            return self._attach(attempt, 0, False)
+        fact = (self.root / truncation_fact_relpath(attempt.id)).exists()
+        return self._attach(attempt, st.st_size, fact or st.st_size >= self.quota_bytes)
+
+    @staticmethod
+    def _attach(attempt: Attempt, size: int, truncated: bool) -> Attempt:
+        if attempt.log is not None:
+            return attempt
+        return replace(attempt, log=LogInfo(bytes=size, truncated=truncated, dropped_bytes=0))
+
+    @staticmethod
+    def _fact_exists(shard_fd: int, attempt_id: str) -> bool:
+        try:
+            os.stat(f"{attempt_id}.log.truncated", dir_fd=shard_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True

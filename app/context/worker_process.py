@@ -1,0 +1,166 @@
+"""Composition root of the worker process (DESIGN.md, Processes).
+
+settings → engine → repositories, receipt store, journal → completion service → watcher →
+launcher → control server. Shutdown closes the socket, stops watching and disposes the
+engine; it never signals a job: jobs are parented by their shims, in their own sessions,
+and are picked up again at the next start (watcher re-arm here, reconciler in issue 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from app.domain.errors import DomainError, ErrorCode
+from app.domain.model import ProcessHandle
+from app.execution.completion import CompletionService, ConsumeResult
+from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.journal_repo import SPAWNED, JournalRepository
+from app.storage.migrate import current_revision, head_revision
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.launcher import IdentityController, ShimLauncher
+from app.worker.log_facts import LogFacts
+from app.worker.receipts import ReceiptStore
+from app.worker.server import ControlServer
+from app.worker.watcher import ShimWatcher, shim_alive
+
+log = logging.getLogger(__name__)
+
+_RESUME_PAGE = 64
+
+
+class NotMigrated(DomainError):
+    """The database is not at the newest migration: the worker never migrates."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ErrorCode.VALIDATION_FAILED,
+            "the database is not migrated to the newest schema; run `qinglong migrate` first",
+        )
+
+
+@dataclass
+class WorkerParts:
+    """Everything the worker process built (exposed for tests and the CLI)."""
+
+    engine: Engine
+    journal: JournalRepository
+    runs: RunRepository
+    reader: RunReader
+    receipts: ReceiptStore
+    completion: CompletionService
+    watcher: ShimWatcher
+    launcher: ShimLauncher
+    server: ControlServer
+
+
+class WorkerProcess:
+    """The running worker: start, serve until told to stop, stop without touching jobs."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.parts: WorkerParts | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> WorkerParts:
+        """Check the schema, build every part, re-arm live completion, open the socket."""
+        s = self.settings
+        engine = make_engine(s.database_url)
+        try:
+            if current_revision(engine) != head_revision():
+                raise NotMigrated()
+            s.ensure_data_dir()
+            receipts = ReceiptStore(s.receipts_dir)
+            receipts.ensure_root()
+            journal = JournalRepository(engine)
+            runs = RunRepository(engine)
+            completion = CompletionService(
+                receipts=receipts, journal=journal, completions=runs, log_facts=LogFacts(s.logs_dir)
+            )
+            watcher = ShimWatcher(lambda run_id, attempt_id: self._consume(run_id, attempt_id))
+            launcher = ShimLauncher(journal=journal, receipts=receipts, on_spawned=watcher.add)
+            server = ControlServer(
+                path=s.socket_path, launcher=launcher, controller=IdentityController()
+            )
+            self.parts = WorkerParts(
+                engine,
+                journal,
+                runs,
+                RunReader(engine),
+                receipts,
+                completion,
+                watcher,
+                launcher,
+                server,
+            )
+            watcher.start()
+            self._resume()
+            server.start()
+        except BaseException:
+            if self.parts is not None:
+                self.parts.watcher.stop()
+            engine.dispose()
+            raise
+        log.info("worker listening")
+        return self.parts
+
+    def _consume(self, run_id: str, attempt_id: str) -> ConsumeResult:
+        assert self.parts is not None
+        result = self.parts.completion.consume(run_id=run_id, attempt_id=attempt_id)
+        log.info("attempt completion: %s", result.status)
+        return result
+
+    def _resume(self) -> None:
+        """Re-watch spawned attempts still active; replay cleanup for ended ones."""
+        assert self.parts is not None
+        parts = self.parts
+        after: tuple[int, str] | None = None
+        while True:
+            page = parts.journal.page_by_state(state=SPAWNED, limit=_RESUME_PAGE, after=after)
+            for entry in page:
+                if entry.handle is not None and parts.reader.active_attempt(entry.attempt_id):
+                    parts.watcher.add(entry.run_id, entry.attempt_id, entry.handle)
+                else:
+                    # Ended while we were away (or crashed before cleanup): a receipt left
+                    # behind replays to already_terminal and is cleaned (ADR-0007 §2.5).
+                    self._settle(entry.run_id, entry.attempt_id, entry.handle)
+            if len(page) < _RESUME_PAGE:
+                return
+            after = (page[-1].updated_at_ms, page[-1].attempt_id)
+
+    def _settle(self, run_id: str, attempt_id: str, handle: ProcessHandle | None) -> None:
+        assert self.parts is not None
+        try:
+            result = self._consume(run_id, attempt_id)
+        except Exception as exc:
+            log.warning("resume completion failed: %s", type(exc).__name__)
+            return
+        if result.status == "absent" and (handle is None or not shim_alive(handle)):
+            # The attempt ended without this receipt and no shim can publish one any more:
+            # nothing is left to consume, so the entry leaves the resume set for good.
+            self.parts.journal.mark_consumed(attempt_id=attempt_id)
+
+    def request_stop(self) -> None:
+        """Ask ``serve_forever`` to return (safe from a signal handler)."""
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        """Block until ``request_stop``; then shut down."""
+        try:
+            self._stop.wait()
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Close the socket and stop watching; jobs and shims keep running."""
+        parts, self.parts = self.parts, None
+        if parts is None:
+            return
+        parts.server.close()
+        parts.watcher.stop()
+        parts.engine.dispose()
