@@ -1,0 +1,282 @@
+"""The worker's launcher: journal first, then spawn the per-job shim (ADR-0007 §2.2).
+
+Order of one launch, each step only after the previous one succeeded:
+
+1. ``journal.reserve`` commits a ``reserved`` row (the primary key refuses a second one, so
+   two launches of one attempt, even concurrent or from two workers, never both spawn);
+2. the receipt shard directory exists (0700);
+3. the shim is spawned in its own session and given the spec on stdin
+   (``api-schemas/launch-protocol.md``);
+4. one status line is read, bounded by a deadline;
+5. ``journal.record_spawned`` stores the handle, and only then is the handle returned.
+
+Any failure before the handle is durable leaves nothing running: the shim's session is
+killed (the session id is pinned because the first shim process is our unreaped child),
+and an already spawned job is stopped by exact identity.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.domain.artifacts import receipt_relpath
+from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
+from app.domain.ids import is_uuid7
+from app.domain.model import ProcessHandle
+from app.storage.journal_repo import RESERVED, SPAWNED, AlreadyReserved, JournalRepository
+from app.worker.identity import ProcessIdentity, current_boot_id, stop_identity
+from app.worker.receipts import ReceiptStore
+
+log = logging.getLogger(__name__)
+
+SHIM_PATH = str(Path(__file__).resolve().with_name("shim.py"))
+PROTOCOL = 1
+STATUS_MAX_BYTES = 4096
+DEFAULT_STATUS_TIMEOUT_S = 10.0
+_STATUS_INT_KEYS = ("shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks", "started_at_ms")
+
+SpawnedCallback = Callable[[str, str, ProcessHandle], None]
+
+
+class ShimLauncher:
+    """Implements the Launcher port inside the worker process."""
+
+    def __init__(
+        self,
+        *,
+        journal: JournalRepository,
+        receipts: ReceiptStore,
+        on_spawned: SpawnedCallback | None = None,
+        status_timeout_s: float = DEFAULT_STATUS_TIMEOUT_S,
+        python: str = sys.executable,
+        shim_path: str = SHIM_PATH,
+        before_spawn: Callable[[LaunchRequest], None] | None = None,
+        spec_extra: dict[str, Any] | None = None,
+    ) -> None:
+        self._journal = journal
+        self._receipts = receipts
+        self._on_spawned = on_spawned
+        self._status_timeout_s = status_timeout_s
+        self._argv = [python, "-I", "-S", shim_path]
+        self._before_spawn = before_spawn  # test hook: observe state right before the spawn
+        self._spec_extra = dict(spec_extra or {})  # test hook: e.g. the shim's test_hook
+        self.last_started_at_ms: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def launch(self, request: LaunchRequest) -> ProcessHandle:
+        """Start the attempt once and return its durable handle, or raise LaunchFailed."""
+        if not (is_uuid7(request.run_id) and is_uuid7(request.attempt_id)):
+            raise LaunchFailed("BAD_REQUEST")
+        try:
+            self._journal.reserve(
+                attempt_id=request.attempt_id,
+                run_id=request.run_id,
+                receipt_ref=receipt_relpath(request.attempt_id),
+            )
+        except AlreadyReserved as exc:
+            entry = exc.entry
+            same_run = entry.run_id == request.run_id
+            if entry.state == SPAWNED and entry.handle is not None and same_run:
+                return entry.handle
+            in_flight = entry.state == RESERVED and same_run
+            raise LaunchRejected("LAUNCH_IN_FLIGHT" if in_flight else "ALREADY_LAUNCHED") from None
+        try:
+            shard = self._receipts.ensure_shard(request.attempt_id)
+        except OSError:
+            self._journal.record_spawn_failed(attempt_id=request.attempt_id)
+            raise LaunchFailed("RECEIPT_DIR_FAILED") from None
+        if self._before_spawn is not None:
+            self._before_spawn(request)
+        handle, started_at_ms = self._spawn(request, shard)
+        try:
+            recorded = self._journal.record_spawned(attempt_id=request.attempt_id, handle=handle)
+        except Exception:
+            recorded = False
+        if not recorded:
+            # Not durable: never return a handle the journal does not know (ADR-0070 §4).
+            _stop_handle(handle, grace_seconds=1.0)
+            raise LaunchFailed("JOURNAL_FAILED")
+        with self._lock:
+            self.last_started_at_ms[request.attempt_id] = started_at_ms
+        if self._on_spawned is not None:
+            try:
+                self._on_spawned(request.run_id, request.attempt_id, handle)
+            except Exception:
+                log.exception("on_spawned callback failed")
+        return handle
+
+    def pop_started_at_ms(self, attempt_id: str) -> int | None:
+        """The job's start time reported by the shim for a launch of this process."""
+        with self._lock:
+            return self.last_started_at_ms.pop(attempt_id, None)
+
+    def _spec(self, request: LaunchRequest, shard: Path) -> bytes:
+        spec = {
+            "protocol": PROTOCOL,
+            "run_id": request.run_id,
+            "attempt_id": request.attempt_id,
+            "callback_sequence": request.callback_sequence,
+            "token": request.token,
+            "argv": list(request.argv),
+            "cwd": request.cwd,
+            "env": dict(request.env),
+            "log_path": request.log_path,
+            "log_quota_bytes": request.log_quota_bytes,
+            "receipt_dir": str(shard),
+            "receipt_name": f"{request.attempt_id}.json",
+            **self._spec_extra,
+        }
+        return json.dumps(spec, separators=(",", ":")).encode("utf-8")
+
+    def _spawn(self, request: LaunchRequest, shard: Path) -> tuple[ProcessHandle, int]:
+        try:
+            proc = subprocess.Popen(
+                self._argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                env={},  # the shim needs nothing from the service environment
+                close_fds=True,
+                start_new_session=True,
+            )
+        except OSError:
+            self._journal.record_spawn_failed(attempt_id=request.attempt_id)
+            raise LaunchFailed("SHIM_SPAWN_FAILED") from None
+        status: dict[str, Any] | None = None
+        try:
+            status = self._exchange(proc, self._spec(request, shard))
+            handle = _handle_from_status(status) if status.get("ok") is True else None
+        except (OSError, ValueError):
+            handle = None
+        if handle is None:
+            # Everything the shim may have started shares its session: kill it while our
+            # unreaped first shim process still pins the session id, then reap.
+            _kill_session(proc.pid)
+            _reap(proc)
+            self._journal.record_spawn_failed(attempt_id=request.attempt_id)
+            reason = "SHIM_NO_STATUS"
+            if status is not None and status.get("ok") is False:
+                error = status.get("error")
+                reason = error if isinstance(error, str) and error.isupper() else "SHIM_FAILED"
+            raise LaunchFailed(reason)
+        _reap(proc)
+        return handle, int(status["started_at_ms"]) if status else 0
+
+    def _exchange(self, proc: subprocess.Popen[bytes], spec: bytes) -> dict[str, Any]:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(spec)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the shim died early; its status (if any) still tells why
+        deadline = time.monotonic() + self._status_timeout_s
+        fd = proc.stdout.fileno()
+        buf = b""
+        try:
+            while b"\n" not in buf:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ValueError("no status line in time")
+                ready, _, _ = select.select([fd], [], [], remaining)
+                if not ready:
+                    continue
+                chunk = os.read(fd, STATUS_MAX_BYTES)
+                if not chunk:
+                    raise ValueError("status channel closed")
+                buf += chunk
+                if len(buf) > STATUS_MAX_BYTES:
+                    raise ValueError("status line too long")
+        finally:
+            proc.stdout.close()
+        status = json.loads(buf.split(b"\n", 1)[0])
+        if not isinstance(status, dict):
+            raise ValueError("status is not an object")
+        return status
+
+
+def _handle_from_status(status: dict[str, Any]) -> ProcessHandle | None:
+    for key in _STATUS_INT_KEYS:
+        value = status.get(key)
+        if type(value) is not int or value <= 0:
+            return None
+    boot_id = status.get("boot_id")
+    if not isinstance(boot_id, str) or boot_id != current_boot_id():
+        return None
+    if status["pgid"] != status["pid"]:
+        return None  # the job must lead its own process group (stop signals the group)
+    return ProcessHandle(
+        boot_id=boot_id,
+        pid=status["pid"],
+        pgid=status["pgid"],
+        start_ticks=status["start_ticks"],
+        shim_pid=status["shim_pid"],
+        shim_start_ticks=status["shim_start_ticks"],
+    )
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2 :].split()[3])  # field 6: session id
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (the shim, and a job it may have started).
+
+    Each member is pinned by a pidfd and re-checked after opening it, so a pid reused by an
+    unrelated process between the /proc scan and the signal is never hit.
+    """
+    for _ in range(3):  # a forking process may add members while we look
+        members = [
+            int(n) for n in os.listdir("/proc") if n.isdigit() and _session_of(int(n)) == sid
+        ]
+        if not members:
+            return
+        for pid in members:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                if _session_of(pid) == sid:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            finally:
+                os.close(pidfd)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=DEFAULT_STATUS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # pragma: no cover - the first shim process never lingers
+        proc.kill()
+        proc.wait()
+
+
+def _stop_handle(handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+    identity = ProcessIdentity(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks)
+    return stop_identity(identity, grace_seconds=grace_seconds)
+
+
+class IdentityController:
+    """Implements the ProcessController port: stop the job's exact identity (ADR-0070 §4)."""
+
+    def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+        """TERM, bounded grace, identity re-check, KILL; never signal a mismatched identity."""
+        return _stop_handle(handle, grace_seconds=grace_seconds)

@@ -1,0 +1,192 @@
+"""The launcher with the real shim, real processes and a real journal (SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest
+from app.domain.model import ProcessHandle
+from app.storage.engine import make_engine
+from app.storage.journal_repo import RESERVED, SPAWN_FAILED, SPAWNED, JournalRepository
+from app.worker.identity import read_identity, wait_exit
+from app.worker.launcher import IdentityController, ShimLauncher
+from app.worker.receipts import ReceiptStore
+from tests.worker.kit import Armed, Processes, armed_run, launch_request, make_log
+
+DEADLINE = 20.0
+GATED = "echo started >> {spawns}; while [ ! -e {gate} ]; do sleep 0.01; done; exit 0"
+
+
+def _wait_for(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Bed:
+    def __init__(self, engine: Engine, root: Path, **launcher_kw: Any) -> None:
+        self.engine = engine
+        self.root = root
+        self.journal = JournalRepository(engine)
+        self.store = ReceiptStore(root / "receipts")
+        self.launcher = ShimLauncher(journal=self.journal, receipts=self.store, **launcher_kw)
+        self.spawns = root / "spawns"
+        self.gate = root / "gate"
+
+    def gated_request(self, armed: Armed | None = None) -> tuple[Armed, LaunchRequest]:
+        armed = armed or armed_run(self.engine)
+        log = make_log(self.root / "logs", armed.attempt_id)
+        script = GATED.format(spawns=self.spawns, gate=self.gate)
+        return armed, launch_request(armed, argv=["/bin/sh", "-c", script], log_path=log)
+
+    def spawn_count(self) -> int:
+        return len(self.spawns.read_text().splitlines()) if self.spawns.exists() else 0
+
+    def finish(self, handle: ProcessHandle) -> None:
+        self.gate.touch()
+        assert wait_exit(handle.shim_pid, DEADLINE), "the shim did not finish"
+
+
+def test_journal_is_committed_before_the_shim_is_spawned(
+    engine: Engine, db_url: str, tmp_path: Path, procs: Processes
+) -> None:
+    seen: list[str | None] = []
+    other = make_engine(db_url)  # a separate connection only sees committed rows
+
+    def observe(request: LaunchRequest) -> None:
+        entry = JournalRepository(other).get(request.attempt_id)
+        seen.append(None if entry is None else entry.state)
+        assert ReceiptStore(tmp_path / "receipts").path_of(request.attempt_id).parent.is_dir()
+
+    try:
+        bed = Bed(engine, tmp_path, before_spawn=observe)
+        armed, request = bed.gated_request()
+        handle = procs.track(bed.launcher.launch(request))
+        assert seen == [RESERVED]
+        entry = JournalRepository(other).get(armed.attempt_id)
+        assert entry is not None and entry.state == SPAWNED and entry.handle == handle
+        assert handle.pgid == handle.pid and read_identity(handle.pid) is not None
+        _wait_for(lambda: bed.spawn_count() == 1, "the job to start")
+        bed.finish(handle)
+        assert bed.store.path_of(armed.attempt_id).exists()  # the shim published
+    finally:
+        other.dispose()
+
+
+def test_repeated_launch_returns_the_first_handle_and_never_spawns_twice(
+    engine: Engine, tmp_path: Path, procs: Processes
+) -> None:
+    bed = Bed(engine, tmp_path)
+    _armed, request = bed.gated_request()
+    first = procs.track(bed.launcher.launch(request))
+    again = bed.launcher.launch(request)
+    assert again == first
+    _wait_for(lambda: bed.spawn_count() == 1, "the job to start")
+    bed.finish(first)
+    assert bed.spawn_count() == 1
+
+
+def test_launch_of_an_attempt_reserved_elsewhere_is_rejected(
+    engine: Engine, tmp_path: Path
+) -> None:
+    bed = Bed(engine, tmp_path)
+    armed, request = bed.gated_request()
+    bed.journal.reserve(attempt_id=armed.attempt_id, run_id=armed.run_id, receipt_ref="r")
+    with pytest.raises(LaunchRejected) as info:
+        bed.launcher.launch(request)
+    assert info.value.reason == "LAUNCH_IN_FLIGHT"
+    assert bed.spawn_count() == 0
+
+
+def test_two_concurrent_launches_spawn_one_process(
+    engine: Engine, tmp_path: Path, procs: Processes
+) -> None:
+    bed = Bed(engine, tmp_path)
+    _armed, request = bed.gated_request()
+    barrier = threading.Barrier(2)
+    results: list[ProcessHandle | Exception] = []
+
+    def go() -> None:
+        barrier.wait()
+        try:
+            results.append(bed.launcher.launch(request))
+        except LaunchFailed as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE)
+    handles = [r for r in results if isinstance(r, ProcessHandle)]
+    for h in handles:
+        procs.track(h)
+    assert len(results) == 2 and handles and len(set(handles)) == 1
+    assert all(isinstance(r, ProcessHandle | LaunchRejected) for r in results)
+    _wait_for(lambda: bed.spawn_count() == 1, "the job to start")
+    bed.finish(handles[0])
+    assert bed.spawn_count() == 1
+
+
+def test_exec_failure_is_journaled_and_never_retried(engine: Engine, tmp_path: Path) -> None:
+    bed = Bed(engine, tmp_path)
+    armed = armed_run(engine)
+    log = make_log(tmp_path / "logs", armed.attempt_id)
+    request = launch_request(armed, argv=["/nonexistent/program"], log_path=log)
+    with pytest.raises(LaunchFailed) as info:
+        bed.launcher.launch(request)
+    assert info.value.reason == "EXEC_FAILED" and not isinstance(info.value, LaunchRejected)
+    entry = bed.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == SPAWN_FAILED
+    with pytest.raises(LaunchRejected) as again:
+        bed.launcher.launch(request)
+    assert again.value.reason == "ALREADY_LAUNCHED"
+
+
+def test_a_shim_that_never_reports_leaves_nothing_running(
+    engine: Engine, tmp_path: Path, procs: Processes
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    fake = tmp_path / "silent_shim.py"
+    # Starts a long-lived process in its session (as a real shim starts a job), then hangs
+    # without ever writing a status line.
+    fake.write_text(
+        "import os, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(120)\n"
+        "    os._exit(0)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(pid))\n"
+        "time.sleep(120)\n"
+    )
+    bed = Bed(engine, tmp_path, shim_path=str(fake), status_timeout_s=1.0)
+    armed = armed_run(engine)
+    log = make_log(tmp_path / "logs", armed.attempt_id)
+    request = launch_request(armed, argv=["/bin/true"], log_path=log)
+    with pytest.raises(LaunchFailed) as info:
+        bed.launcher.launch(request)
+    assert info.value.reason == "SHIM_NO_STATUS"
+    child = int(pid_file.read_text())
+    procs.track_pid(child)
+    assert wait_exit(child, DEADLINE), "the shim's session was not killed"
+    entry = bed.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == SPAWN_FAILED
+
+
+def test_stop_by_identity_stops_once(engine: Engine, tmp_path: Path, procs: Processes) -> None:
+    bed = Bed(engine, tmp_path)
+    _armed, request = bed.gated_request()
+    handle = procs.track(bed.launcher.launch(request))
+    controller = IdentityController()
+    assert controller.stop(handle, grace_seconds=5.0) == "stopped"
+    assert controller.stop(handle, grace_seconds=5.0) == "already_exited"
+    assert wait_exit(handle.shim_pid, DEADLINE)
