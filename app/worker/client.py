@@ -1,0 +1,195 @@
+"""Client of the worker's control socket: the api's Launcher and ProcessController.
+
+Thread-safe: each call borrows one connection from a small pool (a connection carries one
+request at a time) and returns it after a complete answer. A connection that broke is
+dropped and the request is sent again on a fresh one: ping and stop are safe to repeat, and
+launch is too, because the worker's journal turns a repeated launch into "the first handle"
+(ADR-0007 §2.2); while the first launch is still in flight the repeat is retried briefly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
+from app.domain.model import ProcessHandle
+
+MAX_RESPONSE_BYTES = 1 << 20
+_POOL_MAX = 4
+_STOP_EXTRA_S = 15.0  # the worker's stop may take grace + its own bounded kill wait
+
+
+class WorkerUnavailable(LaunchFailed):
+    """The worker could not be reached (nothing was sent) or did not answer."""
+
+
+class _Broken(Exception):
+    """The connection failed; ``sent`` tells whether the request may have arrived."""
+
+    def __init__(self, sent: bool) -> None:
+        super().__init__("broken")
+        self.sent = sent
+
+
+class WorkerClient:
+    """Launcher + ProcessController over the worker socket, plus ``ping``."""
+
+    def __init__(
+        self,
+        socket_path: Path | str,
+        *,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 30.0,
+        retries: int = 2,
+    ) -> None:
+        self.path = str(socket_path)
+        self._connect_timeout = connect_timeout_s
+        self._read_timeout = read_timeout_s
+        self._retries = retries
+        self._lock = threading.Lock()
+        self._idle: list[tuple[socket.socket, bytearray]] = []
+        self._closed = False
+
+    # -- ports ---------------------------------------------------------------------------
+
+    def ping(self) -> dict[str, Any]:
+        """``{"ok": true, "pid", "boot_id"}`` from the worker; WorkerUnavailable otherwise."""
+        resp = self._call_retrying({"op": "ping"}, self._read_timeout)
+        if resp.get("ok") is not True:
+            raise WorkerUnavailable(str(resp.get("error") or "INTERNAL"))
+        return resp
+
+    def launch(self, request: LaunchRequest) -> ProcessHandle:
+        """Launch through the worker; LaunchRejected / LaunchFailed(reason) on refusal."""
+        req = {
+            "op": "launch",
+            "run_id": request.run_id,
+            "attempt_id": request.attempt_id,
+            "callback_sequence": request.callback_sequence,
+            "token": request.token,
+            "argv": list(request.argv),
+            "cwd": request.cwd,
+            "env": dict(request.env),
+            "log_path": request.log_path,
+            "log_quota_bytes": request.log_quota_bytes,
+            "deadline_at_ms": request.deadline_at_ms,
+        }
+        repeated = False
+        deadline = time.monotonic() + self._read_timeout
+        while True:
+            try:
+                resp = self._call(req, self._read_timeout)
+            except _Broken:
+                # The launch may have reached the worker: ask again, the journal answers.
+                repeated = True
+                if time.monotonic() >= deadline:
+                    raise WorkerUnavailable("WORKER_NO_ANSWER") from None
+                continue
+            if resp.get("ok") is True:
+                try:
+                    return ProcessHandle.from_dict(resp["handle"])
+                except (KeyError, TypeError, ValueError):
+                    raise LaunchFailed("BAD_RESPONSE") from None
+            error = str(resp.get("error") or "INTERNAL")
+            if error == "ALREADY_LAUNCHED":
+                in_flight = resp.get("reason") == "LAUNCH_IN_FLIGHT"
+                if repeated and in_flight and time.monotonic() < deadline:
+                    time.sleep(0.05)  # our first try may still be in flight in the worker
+                    continue
+                raise LaunchRejected(error)
+            raise LaunchFailed(error)
+
+    def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+        """Stop the exact identity through the worker; ``unknown`` if it cannot tell."""
+        req = {"op": "stop", "handle": handle.to_dict(), "grace_seconds": grace_seconds}
+        try:
+            resp = self._call_retrying(req, self._read_timeout + grace_seconds + _STOP_EXTRA_S)
+        except (WorkerUnavailable, _Broken):
+            return "unknown"
+        result = resp.get("result")
+        if resp.get("ok") is True and result in ("stopped", "already_exited", "unknown"):
+            return result  # type: ignore[no-any-return]
+        return "unknown"
+
+    def close(self) -> None:
+        """Close pooled connections."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock, _ in idle:
+            sock.close()
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _call_retrying(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        for attempt in range(self._retries + 1):
+            try:
+                return self._call(req, timeout)
+            except _Broken:
+                if attempt == self._retries:
+                    raise WorkerUnavailable("WORKER_NO_ANSWER") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _call(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request/response; _Broken on a failed connection, WorkerUnavailable if none."""
+        data = json.dumps(req, separators=(",", ":")).encode("utf-8") + b"\n"
+        sock, buf = self._borrow()
+        ok = False
+        try:
+            try:
+                sock.settimeout(timeout)
+                sock.sendall(data)
+            except OSError:
+                raise _Broken(sent=False) from None
+            try:
+                while b"\n" not in buf:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        raise _Broken(sent=True)
+                    buf += chunk
+                    if len(buf) > MAX_RESPONSE_BYTES:
+                        raise _Broken(sent=True)
+            except OSError:
+                raise _Broken(sent=True) from None
+            line, _, rest = bytes(buf).partition(b"\n")
+            buf[:] = rest
+            try:
+                resp = json.loads(line)
+            except ValueError:
+                raise _Broken(sent=True) from None
+            if not isinstance(resp, dict):
+                raise _Broken(sent=True)
+            ok = True
+            return resp
+        finally:
+            if ok:
+                self._give_back(sock, buf)
+            else:
+                sock.close()
+
+    def _borrow(self) -> tuple[socket.socket, bytearray]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(self._connect_timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise WorkerUnavailable("WORKER_UNAVAILABLE") from None
+        return sock, bytearray()
+
+    def _give_back(self, sock: socket.socket, buf: bytearray) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < _POOL_MAX and not buf:
+                self._idle.append((sock, buf))
+                return
+        with contextlib.suppress(OSError):
+            sock.close()

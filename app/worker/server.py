@@ -1,0 +1,285 @@
+"""The worker's control socket: newline-delimited JSON over a 0600 Unix socket.
+
+One request per line, one response line per request, many requests per connection. The
+peer's uid (SO_PEERCRED) must equal ours, otherwise the connection gets one FORBIDDEN line
+and is closed. Requests carry secrets (token, env, argv): they are never logged; errors
+carry stable codes only. Ops (``api-schemas/worker-socket.md``):
+
+* ``{"op":"ping"}`` → ``{"ok":true,"pid":..,"boot_id":..}``
+* ``{"op":"launch", <LaunchRequest fields>}`` → ``{"ok":true,"handle":{..},"started_at_ms":..}``
+  or ``{"ok":false,"error":"ALREADY_LAUNCHED"|"EXEC_FAILED"|"BAD_REQUEST"|..}``
+* ``{"op":"stop","handle":{..},"grace_seconds":x}`` → ``{"ok":true,"result":..}``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
+from app.domain.model import ProcessHandle
+from app.worker.identity import current_boot_id
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 1 << 20
+MAX_GRACE_SECONDS = 300.0
+_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+_LAUNCH_STR = ("run_id", "attempt_id", "token", "log_path")
+
+
+class WorkerLauncher(Protocol):
+    """What the server needs from the launcher."""
+
+    def launch(self, request: LaunchRequest) -> ProcessHandle:
+        """Start once or raise LaunchFailed."""
+        ...
+
+    def pop_started_at_ms(self, attempt_id: str) -> int | None:
+        """The shim-reported start time of a launch by this process."""
+        ...
+
+
+class WorkerController(Protocol):
+    """What the server needs to stop a process by identity."""
+
+    def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+        """Exact-identity stop."""
+        ...
+
+
+class BadRequest(Exception):
+    """The request line is not a valid request (a stable code, no content)."""
+
+
+class SocketInUse(RuntimeError):
+    """Another process answers on the socket path."""
+
+
+def _bind(path: Path) -> socket.socket:
+    """Bind and listen at ``path`` created 0600; replace a stale socket only if dead."""
+    if path.exists() or path.is_symlink():
+        st = os.lstat(path)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SocketInUse(f"{path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)  # stale: nobody listens
+        except OSError as exc:
+            code = errno.errorcode.get(exc.errno or 0, "error")
+            raise SocketInUse(f"cannot probe {path}: {code}") from None
+        else:
+            raise SocketInUse(f"another worker answers on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket file is born 0600: no window with wider access
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end (SO_PEERCRED)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return int(_UCRED.unpack(raw)[1])
+
+
+def _str(req: dict[str, Any], key: str) -> str:
+    value = req.get(key)
+    if not isinstance(value, str) or "\x00" in value:
+        raise BadRequest(key)
+    return value
+
+
+def _int(req: dict[str, Any], key: str, *, optional: bool = False) -> int | None:
+    value = req.get(key)
+    if value is None and optional:
+        return None
+    if type(value) is not int or value < 0:
+        raise BadRequest(key)
+    return value
+
+
+def parse_launch(req: dict[str, Any]) -> LaunchRequest:
+    """A LaunchRequest from a request object; BadRequest on any wrong type."""
+    strs = {k: _str(req, k) for k in _LAUNCH_STR}
+    argv = req.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise BadRequest("argv")
+    env = req.get("env")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise BadRequest("env")
+    cwd = req.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise BadRequest("cwd")
+    sequence = _int(req, "callback_sequence")
+    quota = _int(req, "log_quota_bytes")
+    assert sequence is not None and quota is not None
+    return LaunchRequest(
+        run_id=strs["run_id"],
+        attempt_id=strs["attempt_id"],
+        callback_sequence=sequence,
+        token=strs["token"],
+        argv=tuple(argv),
+        cwd=cwd,
+        env=dict(env),
+        log_path=strs["log_path"],
+        log_quota_bytes=quota,
+        deadline_at_ms=_int(req, "deadline_at_ms", optional=True),
+    )
+
+
+class ControlServer:
+    """Serves the control socket; a thread per connection."""
+
+    def __init__(
+        self, *, path: Path, launcher: WorkerLauncher, controller: WorkerController
+    ) -> None:
+        self.path = Path(path)
+        self._launcher = launcher
+        self._controller = controller
+        self._sock: socket.socket | None = None
+        self._inode: int | None = None
+        self._conns: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._accept_thread: threading.Thread | None = None
+        self._boot_id = current_boot_id()
+
+    def start(self) -> None:
+        """Bind the socket and start accepting."""
+        self._sock = _bind(self.path)
+        self._inode = os.lstat(self.path).st_ino
+        self._accept_thread = threading.Thread(target=self._accept, name="ctl-accept", daemon=True)
+        self._accept_thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop accepting, end every connection, join threads, remove our socket file."""
+        self._closing.set()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+        with self._lock:
+            for conn in self._conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            threads = list(self._threads)
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout)
+        for thread in threads:
+            thread.join(timeout)
+        with contextlib.suppress(OSError):
+            if self._inode is not None and os.lstat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
+
+    def _accept(self) -> None:
+        assert self._sock is not None
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                if self._closing.is_set():
+                    return
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            with self._lock:
+                if self._closing.is_set():
+                    conn.close()
+                    return
+                self._conns.add(conn)
+                self._threads.add(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            if peer_uid(conn) != os.getuid():
+                conn.sendall(b'{"ok":false,"error":"FORBIDDEN"}\n')
+                return
+            buf = b""
+            while not self._closing.is_set():
+                while b"\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                    if len(buf) > MAX_REQUEST_BYTES and b"\n" not in buf:
+                        conn.sendall(b'{"ok":false,"error":"TOO_LARGE"}\n')
+                        return
+                line, buf = buf.split(b"\n", 1)
+                if len(line) > MAX_REQUEST_BYTES:
+                    conn.sendall(b'{"ok":false,"error":"TOO_LARGE"}\n')
+                    return
+                response = self.handle_line(line)
+                conn.sendall(json.dumps(response, separators=(",", ":")).encode() + b"\n")
+        except OSError:
+            return  # the peer went away or we are closing
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+                self._threads.discard(threading.current_thread())
+            conn.close()
+
+    def handle_line(self, line: bytes) -> dict[str, Any]:
+        """Answer one request line (never raises, never echoes the request)."""
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise BadRequest("not an object")
+            op = req.get("op")
+            if op == "ping":
+                return {"ok": True, "pid": os.getpid(), "boot_id": self._boot_id}
+            if op == "launch":
+                return self._launch(parse_launch(req))
+            if op == "stop":
+                return self._stop(req)
+            raise BadRequest("op")
+        except (BadRequest, ValueError, RecursionError):
+            return {"ok": False, "error": "BAD_REQUEST"}
+        except Exception as exc:
+            log.error("control request failed: %s", type(exc).__name__)
+            return {"ok": False, "error": "INTERNAL"}
+
+    def _launch(self, request: LaunchRequest) -> dict[str, Any]:
+        try:
+            handle = self._launcher.launch(request)
+        except LaunchRejected as exc:
+            return {"ok": False, "error": "ALREADY_LAUNCHED", "reason": exc.reason}
+        except LaunchFailed as exc:
+            return {"ok": False, "error": exc.reason}
+        started = self._launcher.pop_started_at_ms(request.attempt_id)
+        return {"ok": True, "handle": handle.to_dict(), "started_at_ms": started}
+
+    def _stop(self, req: dict[str, Any]) -> dict[str, Any]:
+        raw = req.get("handle")
+        grace = req.get("grace_seconds")
+        if not isinstance(raw, dict) or type(grace) not in (int, float) or isinstance(grace, bool):
+            raise BadRequest("stop")
+        assert isinstance(grace, int | float)
+        if not 0 <= grace <= MAX_GRACE_SECONDS:
+            raise BadRequest("grace_seconds")
+        handle = ProcessHandle.from_dict(raw)
+        return {"ok": True, "result": self._controller.stop(handle, grace_seconds=float(grace))}

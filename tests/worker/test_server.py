@@ -1,0 +1,220 @@
+"""The control socket and its client: permissions, peer uid, framing, ops, reconnects."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
+from app.domain.ids import uuid7
+from app.domain.model import ProcessHandle
+from app.worker.client import WorkerClient, WorkerUnavailable
+from app.worker.identity import current_boot_id
+from app.worker.server import MAX_REQUEST_BYTES, ControlServer, SocketInUse
+
+HANDLE = ProcessHandle(
+    boot_id=current_boot_id(), pid=4242, pgid=4242, start_ticks=7, shim_pid=4241,
+    shim_start_ticks=6,
+)
+
+
+class FakeLauncher:
+    """Records requests (never their secrets in output) and answers per attempt id."""
+
+    def __init__(self) -> None:
+        self.calls: list[LaunchRequest] = []
+        self.outcome: dict[str, Exception] = {}
+
+    def launch(self, request: LaunchRequest) -> ProcessHandle:
+        self.calls.append(request)
+        if request.attempt_id in self.outcome:
+            raise self.outcome[request.attempt_id]
+        return HANDLE
+
+    def pop_started_at_ms(self, attempt_id: str) -> int | None:
+        return 123
+
+
+class FakeController:
+    def __init__(self) -> None:
+        self.calls: list[tuple[ProcessHandle, float]] = []
+
+    def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+        self.calls.append((handle, grace_seconds))
+        return "already_exited"
+
+
+@pytest.fixture
+def server(short_dir: Path) -> Iterator[ControlServer]:
+    srv = ControlServer(
+        path=short_dir / "w.sock", launcher=FakeLauncher(), controller=FakeController()
+    )
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def _raw(path: Path, payload: bytes) -> list[dict[str, object]]:
+    """Send raw bytes on a fresh connection; read response lines until the server closes."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def _request(**over: object) -> LaunchRequest:
+    fields: dict[str, object] = {
+        "run_id": uuid7(), "attempt_id": uuid7(), "callback_sequence": 1, "token": "t" * 43,
+        "argv": ("/bin/true",), "cwd": None, "env": {"A": "1"}, "log_path": "/x/y.log",
+        "log_quota_bytes": 10, "deadline_at_ms": None,
+    } | over
+    return LaunchRequest(**fields)  # type: ignore[arg-type]
+
+
+def test_socket_is_0600_and_a_live_socket_is_never_replaced(server: ControlServer) -> None:
+    assert stat.S_IMODE(os.lstat(server.path).st_mode) == 0o600
+    second = ControlServer(path=server.path, launcher=FakeLauncher(), controller=FakeController())
+    with pytest.raises(SocketInUse):
+        second.start()
+    client = WorkerClient(server.path)
+    try:
+        assert client.ping()["ok"] is True
+    finally:
+        client.close()
+
+
+def test_a_stale_socket_is_replaced_but_a_regular_file_is_not(short_dir: Path) -> None:
+    path = short_dir / "w.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens
+    srv = ControlServer(path=path, launcher=FakeLauncher(), controller=FakeController())
+    srv.start()
+    client = WorkerClient(path)
+    try:
+        assert client.ping()["pid"] == os.getpid()
+    finally:
+        client.close()
+        srv.close()
+    assert not path.exists()  # clean shutdown removes our socket
+    path.write_text("not a socket")
+    srv = ControlServer(path=path, launcher=FakeLauncher(), controller=FakeController())
+    with pytest.raises(SocketInUse):
+        srv.start()
+    assert path.read_text() == "not a socket"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to connect as another uid")
+def test_a_peer_with_another_uid_is_refused(server: ControlServer, short_dir: Path) -> None:
+    # Open the file-system path so that only SO_PEERCRED stands in the way.
+    os.chmod(short_dir, 0o711)
+    os.chmod(server.path, 0o666)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: become nobody, ask for a ping, report what came back
+        code = 1
+        try:
+            os.close(read_fd)
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(str(server.path))
+                sock.sendall(b'{"op":"ping"}\n')
+                os.write(write_fd, sock.recv(4096))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as fh:
+        out = fh.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert json.loads(out) == {"ok": False, "error": "FORBIDDEN"}
+
+
+def test_framing_many_requests_per_connection_and_bad_input(server: ControlServer) -> None:
+    lines = _raw(
+        server.path,
+        b'{"op":"ping"}\n' b"not json\n" b'{"op":"nope"}\n' b"[1]\n"
+        b'{"op":"launch","argv":"x"}\n' b'{"op":"stop","handle":{},"grace_seconds":1}\n'
+        b'{"op":"stop","handle":{"boot_id":"b","pid":1,"pgid":1,"start_ticks":1,'
+        b'"shim_pid":1,"shim_start_ticks":1},"grace_seconds":-1}\n'
+        b'{"op":"ping"}\n',
+    )
+    assert [line["ok"] for line in lines] == [True, False, False, False, False, False, False, True]
+    assert {line.get("error") for line in lines[1:-1]} == {"BAD_REQUEST"}
+    assert lines[0]["boot_id"] == current_boot_id()
+
+
+def test_an_oversize_request_is_refused_and_the_connection_closed(server: ControlServer) -> None:
+    lines = _raw(server.path, b"x" * (MAX_REQUEST_BYTES + 10) + b'\n{"op":"ping"}\n')
+    assert lines == [{"ok": False, "error": "TOO_LARGE"}]
+
+
+def test_client_maps_launch_outcomes(server: ControlServer) -> None:
+    launcher: FakeLauncher = server._launcher  # type: ignore[assignment]
+    client = WorkerClient(server.path)
+    ok = _request()
+    assert client.launch(ok) == HANDLE
+    seen = launcher.calls[-1]
+    assert (seen.token, seen.argv, seen.env, seen.cwd) == (ok.token, ok.argv, ok.env, None)
+    rejected, failed = _request(), _request()
+    launcher.outcome[rejected.attempt_id] = LaunchRejected("ALREADY_LAUNCHED")
+    launcher.outcome[failed.attempt_id] = LaunchFailed("EXEC_FAILED")
+    with pytest.raises(LaunchRejected):
+        client.launch(rejected)
+    with pytest.raises(LaunchFailed) as info:
+        client.launch(failed)
+    assert info.value.reason == "EXEC_FAILED" and not isinstance(info.value, LaunchRejected)
+    assert client.stop(HANDLE, grace_seconds=0.5) == "already_exited"
+    controller: FakeController = server._controller  # type: ignore[assignment]
+    assert controller.calls == [(HANDLE, 0.5)]
+    client.close()
+
+
+def test_client_is_thread_safe_and_reconnects(short_dir: Path) -> None:
+    path = short_dir / "w.sock"
+    srv = ControlServer(path=path, launcher=FakeLauncher(), controller=FakeController())
+    srv.start()
+    client = WorkerClient(path)
+    errors: list[BaseException] = []
+
+    def hammer() -> None:
+        try:
+            for _ in range(50):
+                assert client.ping()["ok"] is True
+        except BaseException as exc:  # collected for the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    srv.close()  # every pooled connection is now broken
+    with pytest.raises(WorkerUnavailable):
+        client.ping()
+    assert client.stop(HANDLE, grace_seconds=0) == "unknown"  # fail closed
+    srv = ControlServer(path=path, launcher=FakeLauncher(), controller=FakeController())
+    srv.start()
+    try:
+        assert client.ping()["ok"] is True
+    finally:
+        client.close()
+        srv.close()
