@@ -108,13 +108,9 @@ class Dispatcher:
         outcomes: list[CandidateOutcome] = []
         stop = False
         for candidate in page.items:
-            outcome = self._one(candidate)
+            outcome, stop = self._one(candidate)
             outcomes.append(outcome)
-            if outcome.kind in _LAUNCHED or outcome.kind == "error":
-                stop = True
-                break
-            if outcome.kind == "artifact_refused" and outcome.reason != "LOG_EXISTS":
-                stop = True  # the root or a shard is unsafe: every candidate would hit it
+            if stop:
                 break
         truncated = page.next_cursor is not None
         with self._cursor_lock:
@@ -123,19 +119,24 @@ class Dispatcher:
             self._cursor = page.next_cursor if truncated and not stop else None
         return PassResult(outcomes=tuple(outcomes), truncated=truncated)
 
-    def _one(self, candidate: DispatchCandidateLike) -> CandidateOutcome:
+    def _one(self, candidate: DispatchCandidateLike) -> tuple[CandidateOutcome, bool]:
+        """The outcome, and whether the pass must stop after it."""
         ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
         try:
             command = self._materializer.materialize(candidate)
         except _RACES:
-            return CandidateOutcome(**ids, kind="skipped_race")
+            return CandidateOutcome(**ids, kind="skipped_race"), False
         except RunFailedBeforeStart as exc:
-            return CandidateOutcome(**ids, kind="failed_before_start", error_code=exc.code.value)
+            kind: OutcomeKind = "failed_before_start"
+            return CandidateOutcome(**ids, kind=kind, error_code=exc.code.value), False
         except ArtifactRefused as exc:
-            return CandidateOutcome(**ids, kind="artifact_refused", reason=exc.reason)
+            # An unsafe root or shard stops the pass: every other candidate would hit it too.
+            outcome = CandidateOutcome(**ids, kind="artifact_refused", reason=exc.reason)
+            return outcome, not exc.per_candidate
         except Exception as exc:
-            return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__)
-        return self._start(candidate, command)
+            return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__), True
+        # At most one launch per pass (ADR-0071 §3), whatever its outcome.
+        return self._start(candidate, command), True
 
     def _start(self, candidate: DispatchCandidateLike, command: StartCommand) -> CandidateOutcome:
         ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -37,6 +38,8 @@ from app.execution.ports import (
     SecretSource,
 )
 
+# An empty log this old whose attempt is still claimed was left by a crash before T1.
+ORPHAN_LOG_AGE_S = 60.0
 # The first (and only) completion of a fresh attempt carries sequence 1 (stored is 0).
 FIRST_CALLBACK_SEQUENCE = 1
 _FILE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -153,7 +156,7 @@ class Materializer:
         del resolved
         profile = self._settings.profile
         self._admit_disk(candidate, profile)  # 6
-        log_path = self._create_log_artifact(candidate.attempt_id)  # 7
+        log_path = self._create_log_artifact(candidate)  # 7
         deadline = None
         if revision.timeout_seconds is not None:
             deadline = now_ms() + revision.timeout_seconds * 1000
@@ -254,9 +257,9 @@ class Materializer:
         if free - profile.free_space_reserve_bytes < profile.log_quota_bytes:
             raise self._fail(candidate, ErrorCode.DISK_ADMISSION_REFUSED)
 
-    def _create_log_artifact(self, attempt_id: str) -> Path:
+    def _create_log_artifact(self, candidate: DispatchCandidateLike) -> Path:
         root = self._settings.logs_dir
-        shard, name = log_relpath(attempt_id).split("/")
+        shard, name = log_relpath(candidate.attempt_id).split("/")
         try:
             os.makedirs(root.parent, mode=0o700, exist_ok=True)
         except OSError:
@@ -268,7 +271,7 @@ class Materializer:
                 try:
                     fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=shard_fd)
                 except FileExistsError:
-                    raise ArtifactRefused("LOG_EXISTS", per_candidate=True) from None
+                    raise self._existing_log(candidate, shard_fd, name) from None
                 except OSError:
                     raise ArtifactRefused("LOG_CREATE_FAILED", per_candidate=False) from None
                 try:
@@ -283,6 +286,32 @@ class Materializer:
         finally:
             os.close(root_fd)
         return root / shard / name
+
+    def _existing_log(
+        self, candidate: DispatchCandidateLike, shard_fd: int, name: str
+    ) -> Exception:
+        """O_EXCL lost: a racer's fresh file (skip), or an orphan of a crash before T1."""
+        self._reread(candidate)  # raises CandidateGone when another process moved it on
+        try:
+            st = os.lstat(name, dir_fd=shard_fd)
+        except OSError:
+            return ArtifactRefused("LOG_EXISTS", per_candidate=True)
+        orphan = (
+            stat.S_ISREG(st.st_mode)
+            and stat.S_IMODE(st.st_mode) == 0o600
+            and st.st_uid == os.geteuid()
+            and st.st_size == 0
+            and st.st_nlink == 1
+            and time.time() - st.st_mtime > ORPHAN_LOG_AGE_S
+        )
+        if orphan:
+            # A process died between step 7 and T1 (the attempt is still claimed, so no shim
+            # was ever given this path). Without this the run would stay queued for ever; the
+            # next pass creates the file afresh. Never done for symlinks or foreign files.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=shard_fd)
+            return ArtifactRefused("LOG_ORPHAN_REMOVED", per_candidate=True)
+        return ArtifactRefused("LOG_EXISTS", per_candidate=True)
 
     def _fail(self, candidate: DispatchCandidateLike, code: ErrorCode) -> Exception:
         """Fail the exact candidate we read; a lost CAS means somebody else moved it first."""
