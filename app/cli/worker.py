@@ -1,0 +1,44 @@
+"""``qinglong worker``: the worker process (control socket, launcher, live completion)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+from app.cli.admin import settings_for
+from app.context.worker_process import NotMigrated, WorkerProcess
+from app.worker.server import SocketInUse
+
+
+def register(sub: Any) -> None:
+    """Add ``worker`` to the parser."""
+    worker = sub.add_parser(
+        "worker", help="run the worker (expects a migrated database; never migrates)"
+    )
+    worker.set_defaults(handler=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Serve the worker socket until SIGTERM or SIGINT; running jobs are left running."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    process = WorkerProcess(settings_for(args))
+
+    def _on_signal(_signum: int, _frame: FrameType | None) -> None:
+        process.request_stop()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        process.start()
+    except NotMigrated as exc:
+        print(f"qinglong: {exc.detail}", file=sys.stderr)
+        return 1
+    except SocketInUse as exc:
+        print(f"qinglong: {exc}", file=sys.stderr)
+        return 1
+    process.serve_forever()
+    return 0
