@@ -1,0 +1,143 @@
+"""Launch latency: through the worker socket (journal + shim) vs a bare posix_spawn.
+
+``python -m bench.launch [--count N]`` starts a real ``qinglong worker`` on a fresh SQLite
+data dir, arms N runs (untimed), then times ``WorkerClient.launch`` of ``/bin/true`` end to
+end (socket round trip, journal reserve + record commits, shim start-up, status line), and
+the same launch in-process (no socket), beside ``os.posix_spawn('/bin/true')`` + wait.
+Printed and recorded under bench/results/; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from app.domain.execution import LaunchRequest
+from app.domain.ids import uuid7
+from app.domain.model import ProcessHandle
+from app.storage.engine import make_engine
+from app.storage.journal_repo import JournalRepository
+from app.storage.migrate import upgrade_to_head
+from app.worker.client import WorkerClient, WorkerUnavailable
+from app.worker.identity import wait_exit
+from app.worker.launcher import ShimLauncher
+from app.worker.receipts import ReceiptStore
+from bench.report import Figure, Report, median, percentile
+from tests.worker.kit import armed_run, launch_request, make_log
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ProcessHandle(boot_id="b", pid=1, pgid=1, start_ticks=1, shim_pid=1, shim_start_ticks=1)
+
+
+def _bare_spawn_ms(count: int) -> list[float]:
+    samples = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+        os.waitpid(pid, 0)
+        samples.append((time.perf_counter() - t0) * 1000)
+    return samples
+
+
+def _start_worker(data: Path, url: str, sock: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")} | {
+        "QL_DATA_DIR": str(data), "QL_DATABASE_URL": url, "QL_WORKER_SOCKET": str(sock),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "worker"], cwd=ROOT, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    client = WorkerClient(sock)
+    try:
+        for _ in range(1000):
+            try:
+                client.ping()
+                return proc
+            except WorkerUnavailable:
+                time.sleep(0.02)
+    finally:
+        client.close()
+    proc.kill()
+    raise RuntimeError("worker did not start")
+
+
+def run_launch(report: Report, *, count: int) -> None:
+    """Measure and add the three figures."""
+    tmp = Path(tempfile.mkdtemp(prefix="qlb"))
+    data = tmp / "data"
+    data.mkdir(mode=0o700)
+    url = f"sqlite:///{data / 'qinglong.db'}"
+    engine = make_engine(url)
+    upgrade_to_head(engine)
+    proc = _start_worker(data, url, tmp / "w.sock")
+    client = WorkerClient(tmp / "w.sock")
+    shims: list[int] = []
+    try:
+        def one(launch: Callable[[LaunchRequest], ProcessHandle]) -> float:
+            armed = armed_run(engine)
+            log = make_log(data / "logs", armed.attempt_id)
+            request = launch_request(armed, argv=["/bin/true"], log_path=log)
+            t0 = time.perf_counter()
+            handle = launch(request)
+            elapsed = (time.perf_counter() - t0) * 1000
+            shims.append(handle.shim_pid)
+            return elapsed
+
+        socket_ms = [one(client.launch) for _ in range(count)]
+        local = ShimLauncher(
+            journal=JournalRepository(engine), receipts=ReceiptStore(data / "receipts")
+        )
+        local_ms = [one(local.launch) for _ in range(count)]
+        bare_ms = _bare_spawn_ms(count)
+        journal = JournalRepository(engine)
+        journal_ms = []
+        for _ in range(count):
+            attempt = uuid7()
+            t0 = time.perf_counter()
+            journal.reserve(attempt_id=attempt, run_id=uuid7(), receipt_ref="bench")
+            journal.record_spawned(attempt_id=attempt, handle=FAKE)
+            journal_ms.append((time.perf_counter() - t0) * 1000)
+        python_ms = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
+            python_ms.append((time.perf_counter() - t0) * 1000)
+        base = median(bare_ms)
+        report.add(Figure("launch via worker socket, median", median(socket_ms), "ms",
+                          "posix_spawn /bin/true + wait, median", base, False,
+                          extra={"p95": percentile(socket_ms, 95), "n": count}))
+        report.add(Figure("launch in-process (no socket), median", median(local_ms), "ms",
+                          "posix_spawn /bin/true + wait, median", base, False,
+                          extra={"p95": percentile(local_ms, 95), "n": count}))
+        report.add(Figure("  of which: journal reserve+spawned commits", median(journal_ms), "ms",
+                          "posix_spawn /bin/true + wait, median", base, False))
+        report.add(Figure("  of which: bare `python -I -S` start+exit", median(python_ms), "ms",
+                          "posix_spawn /bin/true + wait, median", base, False))
+    finally:
+        for pid in shims:
+            wait_exit(pid, 10.0)
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+        engine.dispose()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--count", type=int, default=30)
+    args = parser.parse_args()
+    report = Report()
+    run_launch(report, count=args.count)
+    report.write("launch")
+
+
+if __name__ == "__main__":
+    main()
