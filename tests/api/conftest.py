@@ -14,10 +14,14 @@ import pytest
 from fastapi import FastAPI
 
 from app.api.main import create_app
+from app.domain.errors import ErrorCode
+from app.domain.model import ProcessHandle
 from app.domain.profiles import EDGE
 from app.domain.tokens import new_api_token
 from app.settings import Settings
 from app.storage.engine import make_engine
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
 from app.storage.tokens_repo import TokenRepository
 
 MakeToken = Callable[..., str]
@@ -103,3 +107,58 @@ def make_token(settings: Settings) -> Iterator[MakeToken]:
 def admin(make_token: MakeToken) -> dict[str, str]:
     """Authorization header of an admin token."""
     return {"Authorization": f"Bearer {make_token('admin')}"}
+
+
+@pytest.fixture
+def task(client: Client, admin: dict[str, str]) -> str:
+    """A defined task ``hello`` with revision 1."""
+    r = client.put(
+        "/api/v1/tasks/hello/revisions/1", json={"argv": ["/bin/echo", "hi"]}, headers=admin
+    )
+    assert r.status_code == 201, r.text
+    return "hello"
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The response is RFC 9457 problem+json with ``status`` and ``code``."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status
+    assert body["code"] == code
+    assert {"type", "title", "status", "detail", "code"} <= set(body)
+    return body
+
+
+def make_running(settings: Settings, run_id: str) -> str:
+    """Drive a run to ``running`` through the repository (as the coordinator would)."""
+    engine = make_engine(settings.database_url)
+    try:
+        attempt = RunReader(engine).get_attempt(run_id, 1)
+        repo = RunRepository(engine)
+        repo.begin_dispatch(
+            run_id=run_id,
+            attempt_id=attempt.id,
+            expected_version=None,
+            token_digest="sha256:" + "0" * 64,
+            deadline_at_ms=None,
+            log_artifact_id="log:" + attempt.id,
+        )
+        handle = ProcessHandle(
+            boot_id="b", pid=4242, pgid=4242, start_ticks=1, shim_pid=4241, shim_start_ticks=1
+        )
+        repo.record_running(run_id=run_id, attempt_id=attempt.id, handle=handle, started_at_ms=1)
+        return attempt.id
+    finally:
+        engine.dispose()
+
+
+def fail_run(settings: Settings, run_id: str, attempt_id: str) -> None:
+    """End a running attempt as failed (a terminal state) through the repository."""
+    engine = make_engine(settings.database_url)
+    try:
+        RunRepository(engine).fail_attempt(
+            run_id=run_id, attempt_id=attempt_id, error_code=ErrorCode.EXECUTOR_START_FAILED
+        )
+    finally:
+        engine.dispose()

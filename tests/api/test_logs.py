@@ -1,0 +1,193 @@
+"""Log reads against a real file at the derived path: Range, tail, truncation, SSE follow."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+from app.domain.artifacts import log_relpath, truncation_fact_relpath
+from app.settings import Settings
+from tests.api.conftest import Client, assert_problem, fail_run, make_running
+
+CONTENT = b"line one\nline two\r\nunicode \xe2\x9c\x93 end\n"
+
+
+def _run_with_log(
+    client: Client, admin: dict[str, str], settings: Settings, content: bytes
+) -> tuple[str, str, Path]:
+    run_id = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin).json()["id"]
+    attempt_id = make_running(settings, run_id)
+    path = settings.logs_dir / log_relpath(attempt_id)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, content)
+    os.close(fd)
+    return run_id, attempt_id, path
+
+
+def _url(run_id: str) -> str:
+    return f"/api/v1/runs/{run_id}/attempts/1/log"
+
+
+def _events(text: str) -> list[dict[str, str]]:
+    out = []
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            if line.startswith(":"):
+                fields["comment"] = line
+            elif ": " in line:
+                key, value = line.split(": ", 1)
+                fields[key] = value
+        if fields:
+            out.append(fields)
+    return out
+
+
+def test_whole_log_range_and_tail(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    run_id, _, _ = _run_with_log(client, admin, settings, CONTENT)
+    whole = client.get(_url(run_id), headers=admin)
+    assert whole.status_code == 200 and whole.content == CONTENT
+    assert whole.headers["content-type"].startswith("text/plain")
+    assert "x-log-truncated" not in whole.headers
+    part = client.get(_url(run_id), headers=admin | {"Range": "bytes=5-7"})
+    assert part.status_code == 206 and part.content == CONTENT[5:8]
+    assert part.headers["content-range"] == f"bytes 5-7/{len(CONTENT)}"
+    suffix = client.get(_url(run_id), headers=admin | {"Range": "bytes=-4"})
+    assert suffix.status_code == 206 and suffix.content == CONTENT[-4:]
+    open_end = client.get(_url(run_id), headers=admin | {"Range": "bytes=10-"})
+    assert open_end.content == CONTENT[10:]
+    tail = client.get(_url(run_id), params={"tail_bytes": 4}, headers=admin)
+    assert tail.status_code == 200 and tail.content == CONTENT[-4:]
+    ignored = client.get(_url(run_id), headers=admin | {"Range": "lines=1-2"})
+    assert ignored.status_code == 200 and ignored.content == CONTENT
+
+
+def test_unsatisfiable_range_is_416(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    run_id, _, _ = _run_with_log(client, admin, settings, CONTENT)
+    response = client.get(_url(run_id), headers=admin | {"Range": f"bytes={len(CONTENT)}-"})
+    assert_problem(response, 416, "RANGE_NOT_SATISFIABLE")
+    assert response.headers["content-range"] == f"bytes */{len(CONTENT)}"
+
+
+def test_truncation_shows_in_the_header_and_the_run(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    run_id, attempt_id, _ = _run_with_log(client, admin, settings, CONTENT)
+    (settings.logs_dir / truncation_fact_relpath(attempt_id)).write_bytes(b"")
+    response = client.get(_url(run_id), headers=admin)
+    assert response.headers["x-log-truncated"] == "true"
+    run = client.get(f"/api/v1/runs/{run_id}", headers=admin).json()
+    assert run["latest_attempt"]["log"] == {
+        "bytes": len(CONTENT),
+        "truncated": True,
+        "dropped_bytes": 0,
+    }
+
+
+def test_a_symlinked_log_is_never_followed(
+    client: Client, admin: dict[str, str], settings: Settings, task: str, tmp_path: Path
+) -> None:
+    run_id = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin).json()["id"]
+    attempt_id = make_running(settings, run_id)
+    path = settings.logs_dir / log_relpath(attempt_id)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = tmp_path / "elsewhere.txt"
+    target.write_bytes(b"not yours")
+    path.symlink_to(target)
+    response = client.get(_url(run_id), headers=admin)
+    assert response.status_code == 500
+    assert b"not yours" not in response.content
+
+
+def test_follow_of_a_finished_attempt_sends_everything_then_end(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    run_id, attempt_id, _ = _run_with_log(client, admin, settings, CONTENT)
+    fail_run(settings, run_id, attempt_id)
+    response = client.get(_url(run_id), params={"follow": "true"}, headers=admin)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = _events(response.text)
+    chunks = [e for e in events if e.get("event") == "chunk"]
+    text = "".join(json.loads(e["data"])["text"] for e in chunks)
+    assert text.encode() == CONTENT
+    assert int(chunks[-1]["id"]) == len(CONTENT)
+    assert events[-1]["event"] == "end"
+    assert json.loads(events[-1]["data"]) == {"status": "failed", "bytes": len(CONTENT)}
+
+
+def test_follow_resumes_from_last_event_id(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    run_id, attempt_id, _ = _run_with_log(client, admin, settings, CONTENT)
+    fail_run(settings, run_id, attempt_id)
+    response = client.get(
+        _url(run_id), params={"follow": "true"}, headers=admin | {"Last-Event-ID": "10"}
+    )
+    chunks = [e for e in _events(response.text) if e.get("event") == "chunk"]
+    assert json.loads(chunks[0]["data"])["offset"] == 10
+    text = "".join(json.loads(e["data"])["text"] for e in chunks)
+    assert text.encode() == CONTENT[10:]
+
+
+class _CountingFacade:
+    """Delegates to the real facade and counts log opens (each follow poll opens once)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.opens = 0
+        self.changed = threading.Condition()
+
+    def open_log(self, **kwargs: object) -> object:
+        result = self._inner.open_log(**kwargs)  # type: ignore[attr-defined]
+        with self.changed:
+            self.opens += 1
+            self.changed.notify_all()
+        return result
+
+    def wait_for_polls(self, count: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.opens >= count, timeout=10)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_follow_streams_a_growing_log_until_the_attempt_ends(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    state = client.app.state
+    state.log_poll_s = 0.02
+    state.log_heartbeat_s = 0.0  # a heartbeat on every poll that ends idle
+    counting = _CountingFacade(state.facade)
+    state.facade = counting
+    run_id, attempt_id, path = _run_with_log(client, admin, settings, b"first\n")
+    pieces = [b"second \xe2", b"\x9c\x93 split char\n", b"third\n"]
+
+    def writer() -> None:
+        # Each piece lands only after the follower polled again (a real condition, no sleeps).
+        for piece in pieces:
+            counting.wait_for_polls(counting.opens + 2)
+            with path.open("ab") as fh:
+                fh.write(piece)
+        counting.wait_for_polls(counting.opens + 2)
+        fail_run(settings, run_id, attempt_id)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    response = client.get(_url(run_id), params={"follow": "true"}, headers=admin)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    events = _events(response.text)
+    chunks = [e for e in events if e.get("event") == "chunk"]
+    text = "".join(json.loads(e["data"])["text"] for e in chunks)
+    assert text == "first\nsecond \u2713 split char\n" + "third\n"  # never a broken character
+    assert len(chunks) >= 3
+    assert any("comment" in e for e in events)  # heartbeats while idle
+    assert events[-1]["event"] == "end"

@@ -1,0 +1,170 @@
+"""Run intents over HTTP: enqueue with idempotency, cancel, and the read side."""
+
+from __future__ import annotations
+
+from app.domain.ids import uuid7
+from app.settings import Settings
+from tests.api.conftest import Client, assert_problem, make_running
+
+RUN_FIELDS = {
+    "id", "task", "revision", "status", "priority", "version", "created_at_ms",
+    "started_at_ms", "finished_at_ms", "cancel_requested", "latest_attempt",
+}  # fmt: skip
+ATTEMPT_FIELDS = {
+    "number", "status", "exit_code", "signal", "error_code", "started_at_ms",
+    "finished_at_ms", "log",
+}  # fmt: skip
+FORBIDDEN_WORDS = ("pid", "handle", "digest", "argv", "env", "token", "boot_id")
+
+
+def test_enqueue_creates_a_queued_run_with_a_claimed_attempt(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    response = client.post("/api/v1/runs", json={"task": task}, headers=admin)
+    assert response.status_code == 201
+    run = response.json()
+    assert set(run) == RUN_FIELDS
+    assert set(run["latest_attempt"]) == ATTEMPT_FIELDS
+    assert run["status"] == "queued" and run["revision"] == 1
+    assert run["latest_attempt"]["status"] == "claimed"
+    assert run["latest_attempt"]["log"] == {"bytes": 0, "truncated": False, "dropped_bytes": 0}
+    assert run["cancel_requested"] is None
+
+
+def test_idempotency_key_replays_the_first_run_and_refuses_another_body(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    headers = admin | {"Idempotency-Key": "order-42"}
+    first = client.post("/api/v1/runs", json={"task": task}, headers=headers)
+    again = client.post("/api/v1/runs", json={"task": task, "revision": None}, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    other = client.post("/api/v1/runs", json={"task": task, "priority": 7}, headers=headers)
+    assert_problem(other, 422, "IDEMPOTENCY_KEY_REUSED")
+    assert len(client.get("/api/v1/runs", headers=admin).json()["items"]) == 1
+
+
+def test_idempotency_keys_belong_to_one_token(
+    client: Client, admin: dict[str, str], make_token: object, task: str
+) -> None:
+    other = {"Authorization": f"Bearer {make_token('runs:write')}"}  # type: ignore[operator]
+    a = client.post("/api/v1/runs", json={"task": task}, headers=admin | {"Idempotency-Key": "k"})
+    b = client.post("/api/v1/runs", json={"task": task}, headers=other | {"Idempotency-Key": "k"})
+    assert (a.status_code, b.status_code) == (201, 201)
+    assert a.json()["id"] != b.json()["id"]
+
+
+def test_enqueue_refusals(client: Client, admin: dict[str, str], task: str) -> None:
+    post = lambda body, **h: client.post("/api/v1/runs", json=body, headers=admin | h)  # noqa: E731
+    assert_problem(post({"task": "nope"}), 404, "TASK_NOT_FOUND")
+    assert_problem(post({"task": task, "revision": 9}), 404, "REVISION_NOT_FOUND")
+    assert_problem(post({"task": task, "priority": 500}), 422, "LIMIT_EXCEEDED")
+    assert_problem(post({"task": "Bad Name"}), 422, "INVALID_NAME")
+    assert_problem(post({}), 422, "VALIDATION_FAILED")
+    assert_problem(
+        post({"task": task}, **{"Idempotency-Key": "has space"}), 422, "VALIDATION_FAILED"
+    )
+
+
+def test_cancelling_a_queued_run_cancels_it_at_once_and_a_terminal_run_is_409(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    run_id = client.post("/api/v1/runs", json={"task": task}, headers=admin).json()["id"]
+    cancelled = client.post(f"/api/v1/runs/{run_id}/cancel", headers=admin)
+    assert cancelled.status_code == 202
+    body = cancelled.json()
+    assert body["status"] == "cancelled"
+    assert body["cancel_requested"]["reason"] == "user"
+    assert body["latest_attempt"]["status"] == "cancelled"
+    assert_problem(client.post(f"/api/v1/runs/{run_id}/cancel", headers=admin), 409, "RUN_TERMINAL")
+    assert_problem(
+        client.post(f"/api/v1/runs/{uuid7()}/cancel", headers=admin), 404, "RUN_NOT_FOUND"
+    )
+    assert_problem(
+        client.post("/api/v1/runs/not-an-id/cancel", headers=admin), 404, "RUN_NOT_FOUND"
+    )
+    events = client.get(f"/api/v1/runs/{run_id}/events", headers=admin).json()["items"]
+    assert [e["type"] for e in events] == [
+        "run.queued", "run.cancel_requested", "attempt.cancelled", "run.cancelled",
+    ]  # fmt: skip
+    assert [e["seq"] for e in events] == [1, 2, 3, 4]
+
+
+def test_cancel_of_a_running_run_records_the_intent_once(
+    client: Client, admin: dict[str, str], task: str, settings: Settings
+) -> None:
+    run = client.post("/api/v1/runs", json={"task": task}, headers=admin).json()
+    make_running(settings, run["id"])
+    first = client.post(f"/api/v1/runs/{run['id']}/cancel", headers=admin).json()
+    second = client.post(f"/api/v1/runs/{run['id']}/cancel", headers=admin).json()
+    assert first["status"] == "running" and first["cancel_requested"]["reason"] == "user"
+    assert second["cancel_requested"] == first["cancel_requested"]
+    assert second["version"] == first["version"]
+
+
+def test_runs_list_filters_and_pages_newest_first(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    ids = [
+        client.post("/api/v1/runs", json={"task": task}, headers=admin).json()["id"]
+        for _ in range(5)
+    ]
+    client.post(f"/api/v1/runs/{ids[0]}/cancel", headers=admin)
+    seen: list[str] = []
+    url: str | None = "/api/v1/runs?limit=2"
+    pages = 0
+    while url is not None:
+        response = client.get(url, headers=admin)
+        seen += [r["id"] for r in response.json()["items"]]
+        link = response.headers.get("link")
+        url = link[1 : link.index(">")] if link else None
+        pages += 1
+    assert seen == list(reversed(ids)) and pages == 3
+    queued = client.get("/api/v1/runs", params={"status": "queued"}, headers=admin).json()
+    assert [r["id"] for r in queued["items"]] == list(reversed(ids[1:]))
+    by_task = client.get("/api/v1/runs", params={"task": "other"}, headers=admin).json()
+    assert by_task["items"] == []
+    assert_problem(
+        client.get("/api/v1/runs", params={"status": "nope"}, headers=admin),
+        422,
+        "VALIDATION_FAILED",
+    )
+
+
+def test_run_reads_never_expose_process_or_secret_details(
+    client: Client, admin: dict[str, str], task: str, settings: Settings
+) -> None:
+    run_id = client.post("/api/v1/runs", json={"task": task}, headers=admin).json()["id"]
+    make_running(settings, run_id)
+    bodies = [
+        client.get(f"/api/v1/runs/{run_id}", headers=admin),
+        client.get("/api/v1/runs", headers=admin),
+        client.get(f"/api/v1/runs/{run_id}/attempts", headers=admin),
+        client.get(f"/api/v1/runs/{run_id}/events", headers=admin),
+    ]
+    for response in bodies:
+        assert response.status_code == 200
+        keys = _all_keys(response.json())
+        assert not [k for k in keys if any(w in k for w in FORBIDDEN_WORDS)], keys
+        assert "4242" not in response.text  # the pid we stored
+    run = bodies[0].json()
+    assert run["status"] == "running" and run["latest_attempt"]["status"] == "running"
+    attempts = bodies[2].json()["items"]
+    assert [a["number"] for a in attempts] == [1]
+
+
+def test_run_reads_of_unknown_runs_are_404(client: Client, admin: dict[str, str]) -> None:
+    for suffix in ("", "/attempts", "/events", "/attempts/1/log"):
+        assert_problem(
+            client.get(f"/api/v1/runs/{uuid7()}{suffix}", headers=admin),
+            404,
+            "RUN_NOT_FOUND" if suffix != "/attempts/1/log" else "ATTEMPT_NOT_FOUND",
+        )
+
+
+def _all_keys(value: object) -> list[str]:
+    if isinstance(value, dict):
+        return [k for k in value] + [k2 for v in value.values() for k2 in _all_keys(v)]
+    if isinstance(value, list):
+        return [k for v in value for k in _all_keys(v)]
+    return []
