@@ -29,6 +29,14 @@ class WorkerUnavailable(LaunchFailed):
     """The worker could not be reached (nothing was sent) or did not answer."""
 
 
+class LaunchOutcomeUnknown(Exception):
+    """The launch request may have reached the worker but no answer came back.
+
+    Deliberately not a LaunchFailed: a process may exist, so the caller must not record an
+    ending; recovery decides from the worker's journal (ADR-0070 §4, fail closed).
+    """
+
+
 class _Broken(Exception):
     """The connection failed; ``sent`` tells whether the request may have arrived."""
 
@@ -85,17 +93,21 @@ class WorkerClient:
         while True:
             try:
                 resp = self._call(req, self._read_timeout)
-            except _Broken:
+            except WorkerUnavailable:
+                if repeated:
+                    raise LaunchOutcomeUnknown("WORKER_NO_ANSWER") from None
+                raise  # nothing was ever sent: a clean launch failure
+            except _Broken as exc:
                 # The launch may have reached the worker: ask again, the journal answers.
-                repeated = True
+                repeated = repeated or exc.sent
                 if time.monotonic() >= deadline:
-                    raise WorkerUnavailable("WORKER_NO_ANSWER") from None
+                    raise LaunchOutcomeUnknown("WORKER_NO_ANSWER") from None
                 continue
             if resp.get("ok") is True:
                 try:
                     return ProcessHandle.from_dict(resp["handle"])
                 except (KeyError, TypeError, ValueError):
-                    raise LaunchFailed("BAD_RESPONSE") from None
+                    raise LaunchOutcomeUnknown("BAD_RESPONSE") from None
             error = str(resp.get("error") or "INTERNAL")
             if error == "ALREADY_LAUNCHED":
                 in_flight = resp.get("reason") == "LAUNCH_IN_FLIGHT"
@@ -103,6 +115,8 @@ class WorkerClient:
                     time.sleep(0.05)  # our first try may still be in flight in the worker
                     continue
                 raise LaunchRejected(error)
+            if error == "INTERNAL":
+                raise LaunchOutcomeUnknown(error)  # fail closed: the journal decides later
             raise LaunchFailed(error)
 
     def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:

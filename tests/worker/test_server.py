@@ -15,7 +15,7 @@ import pytest
 from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
 from app.domain.ids import uuid7
 from app.domain.model import ProcessHandle
-from app.worker.client import WorkerClient, WorkerUnavailable
+from app.worker.client import LaunchOutcomeUnknown, WorkerClient, WorkerUnavailable
 from app.worker.identity import current_boot_id
 from app.worker.server import MAX_REQUEST_BYTES, ControlServer, SocketInUse
 
@@ -218,3 +218,47 @@ def test_client_is_thread_safe_and_reconnects(short_dir: Path) -> None:
     finally:
         client.close()
         srv.close()
+
+
+def test_a_launch_without_an_answer_is_never_reported_as_a_clean_failure(
+    short_dir: Path,
+) -> None:
+    """A request that may have arrived must not become LaunchFailed (the coordinator would
+    record an ending while a job might run): it is LaunchOutcomeUnknown instead."""
+    path = short_dir / "mute.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    stop = threading.Event()
+    answers = iter([None, None, b'{"ok":false,"error":"INTERNAL"}\n'] * 1000)
+
+    def serve() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                while b"\n" not in data and (chunk := conn.recv(65536)):
+                    data += chunk
+                answer = next(answers)
+                if answer is not None:
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    client = WorkerClient(path, read_timeout_s=0.5)
+    try:
+        with pytest.raises(LaunchOutcomeUnknown):
+            client.launch(_request())  # closed twice without answer, then INTERNAL
+        assert not issubclass(LaunchOutcomeUnknown, LaunchFailed)
+        with pytest.raises(LaunchOutcomeUnknown):
+            client.launch(_request())  # the same on a fresh request
+    finally:
+        stop.set()
+        thread.join(10)
+        client.close()
+        listener.close()
