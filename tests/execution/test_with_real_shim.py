@@ -98,4 +98,3 @@ def test_real_job_sees_exactly_the_recipe_values_secrets_and_ql3_ids(
         "QL3_TASK": "envdump",
         "QL3_REVISION": "1",
     }
-
