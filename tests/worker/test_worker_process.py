@@ -203,10 +203,14 @@ def test_sigterm_stops_the_worker_but_not_the_jobs(setup: Setup, procs: Processe
     assert setup.worker.signal(signal.SIGTERM) == 0
     assert not setup.worker.socket_path.exists()
     assert read_identity(handle.pid) is not None and read_identity(handle.shim_pid) is not None
-    (setup.data_dir / "gate").touch()
-    assert wait_exit(handle.shim_pid, DEADLINE)
-    assert setup.store.path_of(armed.attempt_id).exists()  # waits for the next worker
+    # The next worker re-arms the watch on the still-running shim from the journal.
+    setup.worker.start()
     assert setup.run(armed).status == "running"
+    (setup.data_dir / "gate").touch()
+    run = setup.wait_terminal(armed)
+    assert run.latest_attempt is not None
+    assert (run.status, run.latest_attempt.exit_code) == ("failed", 4)
+    assert terminal_events(setup.engine, armed.run_id) == ["attempt.failed", "run.failed"]
 
 
 def test_worker_killed_mid_job_then_restarted_records_the_ending_once(
