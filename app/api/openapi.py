@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 
 from app.api.problems import PROBLEM_MEDIA_TYPE
 
@@ -26,8 +27,15 @@ def build_document(app: FastAPI) -> dict[str, Any]:
         description=app.description,
         routes=app.routes,
     )
+    scopes = {r.operation_id: _scope_of(r.dependant) for r in _api_routes(app.routes)}
     for path_item in doc.get("paths", {}).values():
         for operation in path_item.values():
+            scope = scopes.get(operation.get("operationId"))
+            if scope:
+                operation["x-required-scope"] = scope
+                operation["description"] = (
+                    operation.get("description", "") + f"\n\nScope: `{scope}` (or `admin`)."
+                ).strip()
             for status, response in operation.get("responses", {}).items():
                 if status[0] in "45":
                     response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": _PROBLEM_REF}}
@@ -43,6 +51,25 @@ def build_document(app: FastAPI) -> dict[str, Any]:
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     return doc
+
+
+def _api_routes(routes: list[Any]) -> list[APIRoute]:
+    # Included routers stay branches in FastAPI's route list; descend into them.
+    found: list[APIRoute] = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            found.append(route)
+        elif getattr(route, "original_router", None) is not None:
+            found += _api_routes(route.original_router.routes)
+    return found
+
+
+def _scope_of(dependant: Any) -> str | None:
+    for dep in dependant.dependencies:
+        scope = getattr(dep.call, "required_scope", None) or _scope_of(dep)
+        if scope:
+            return str(scope)
+    return None
 
 
 def install_openapi(app: FastAPI) -> None:
