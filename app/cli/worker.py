@@ -25,6 +25,7 @@ def register(sub: Any) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Serve the worker socket until SIGTERM or SIGINT; running jobs are left running."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
     process = WorkerProcess(settings_for(args))
 
     def _on_signal(_signum: int, _frame: FrameType | None) -> None:
