@@ -32,6 +32,10 @@ def decode_cursor(kind: str, cursor: str, types: tuple[type, ...]) -> list[Any]:
         for value, expected in zip(values, types, strict=True):
             if isinstance(value, bool) or not isinstance(value, expected):
                 raise ValueError("wrong type")
+            if isinstance(value, str) and ("\x00" in value or not value.isprintable()):
+                raise ValueError("not storable text")  # NUL/surrogates would reach the driver
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                raise ValueError("out of range")  # SQLite cannot bind it
         return values
     except (ValueError, KeyError, binascii.Error, UnicodeError, TypeError):
         raise ValidationFailed(ErrorCode.INVALID_CURSOR, "the cursor is not valid") from None
