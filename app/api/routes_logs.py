@@ -74,7 +74,7 @@ async def get_log(
     log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
     if follow:
         start = 0
-        if last_event_id is not None and last_event_id.strip().isdigit():
+        if last_event_id is not None and _digits(last_event_id.strip()):
             start = int(last_event_id.strip())
         elif tail_bytes is not None:
             start = max(0, log.size - tail_bytes)
@@ -197,7 +197,7 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     if unit.strip().lower() != "bytes" or "," in spec:
         return None  # other units and multi-ranges: serve the whole log (RFC 9110 allows it)
     first, dash, last = spec.strip().partition("-")
-    if not dash or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
+    if not dash or not (_digits(first) or first == "") or not (_digits(last) or last == ""):
         return None
     if first == "":
         if last == "":
@@ -213,6 +213,11 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     if start >= size:
         raise _unsatisfiable(size)
     return start, min(end, size)
+
+
+def _digits(text: str) -> bool:
+    # str.isdigit() accepts "²" and other Unicode digits that int() refuses.
+    return text.isascii() and text.isdigit()
 
 
 def _unsatisfiable(size: int) -> ApiProblem:

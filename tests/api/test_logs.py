@@ -191,3 +191,19 @@ def test_follow_streams_a_growing_log_until_the_attempt_ends(
     assert len(chunks) >= 3
     assert any("comment" in e for e in events)  # heartbeats while idle
     assert events[-1]["event"] == "end"
+
+
+def test_odd_range_and_last_event_id_headers_never_fail(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    run_id, attempt_id, _ = _run_with_log(client, admin, settings, CONTENT)
+    for header in (b"bytes=\xb2-", "bytes=5-2", "bytes=0-1,3-4", "bytes=-", "bytes=abc"):
+        response = client.get(_url(run_id), headers=admin | {"Range": header})
+        assert response.status_code == 200 and response.content == CONTENT, header
+    big = client.get(_url(run_id), headers=admin | {"Range": "bytes=3-99999999999999999999"})
+    assert big.status_code == 206 and big.content == CONTENT[3:]
+    fail_run(settings, run_id, attempt_id)
+    response = client.get(
+        _url(run_id), params={"follow": "true"}, headers=admin | {"Last-Event-ID": b"\xb2"}
+    )
+    assert response.status_code == 200 and response.text.rstrip().endswith("}")
