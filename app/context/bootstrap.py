@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
+from app.context.execution_wiring import build_execution
 from app.context.facade import AppFacade, Readiness
 from app.context.logs import LogStore
 from app.settings import Settings
@@ -136,10 +137,15 @@ def build_context(
     logs: LogStore | None = None,
     after_enqueue: Hook | None = None,
     periodic: Hook | None = None,
-    periodic_interval_s: float = 5.0,
+    periodic_interval_s: float = 2.0,
     ready_checks: Mapping[str, ReadyCheck] | None = None,
+    execution: bool = True,
 ) -> AppContext:
-    """Build everything from ``settings``; any part may be passed in instead."""
+    """Build everything from ``settings``; any part may be passed in instead.
+
+    With ``execution`` (the default) the dispatcher drains after each enqueue or cancel and
+    on the slow loop, through the worker socket; hooks passed in explicitly take precedence.
+    """
     owns_engine = engine is None
     engine = engine or make_engine(settings.database_url)
     settings.ensure_data_dir()
@@ -148,7 +154,28 @@ def build_context(
             secret_key=settings.secret_key, key_file=settings.key_file
         )
         secrets = SecretRepository(engine, ring)
+    definitions = definitions or DefinitionRepository(engine)
+    runs = runs or RunRepository(engine)
+    reader = reader or RunReader(engine)
     checks: dict[str, ReadyCheck] = {"database": lambda: database_check(engine)}
+    closers: list[Hook] = []
+    if execution:
+        hooks = build_execution(
+            settings,
+            candidates=reader,
+            definitions=definitions,
+            secrets=secrets,
+            transitions=runs,
+        )
+        checks["worker"] = hooks.worker_ready
+        closers.append(hooks.close)
+        if after_enqueue is None:
+
+            def after_enqueue() -> None:
+                hooks.nudge_worker()
+                hooks.drain()
+
+        periodic = periodic or hooks.drain
     checks.update(ready_checks or {})
 
     def probe() -> Readiness:
@@ -164,9 +191,9 @@ def build_context(
         after_enqueue=after_enqueue, periodic=periodic, interval_s=periodic_interval_s
     )
     facade = AppFacade(
-        _definitions=definitions or DefinitionRepository(engine),
-        _runs=runs or RunRepository(engine),
-        _reader=reader or RunReader(engine),
+        _definitions=definitions,
+        _runs=runs,
+        _reader=reader,
         _tokens=tokens or TokenRepository(engine),
         _secrets=secrets,
         _logs=logs
@@ -180,4 +207,5 @@ def build_context(
         facade=facade,
         background=background,
         owns_engine=owns_engine,
+        closers=closers,
     )

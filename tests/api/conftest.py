@@ -77,7 +77,8 @@ class Client:
 @pytest.fixture
 def client(settings: Settings) -> Iterator[Client]:
     """A client whose app lifespan built (and will close) the real context."""
-    test_client = Client(create_app(settings))
+    # The definitions and run-intent API alone: no worker, so no dispatcher (tests/e2e run both).
+    test_client = Client(create_app(settings, execution=False))
     try:
         yield test_client
     finally:

@@ -26,7 +26,7 @@ def test_after_enqueue_runs_in_the_background_after_the_commit(
             seen.append(conn.execute(text("SELECT count(*) FROM runs")).scalar_one())
         called.set()
 
-    client = Client(create_app(settings, after_enqueue=after_enqueue))
+    client = Client(create_app(settings, after_enqueue=after_enqueue, execution=False))
     try:
         client.put("/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
         assert client.post("/api/v1/runs", json={"task": "t"}, headers=admin).status_code == 201
@@ -44,7 +44,7 @@ def test_a_failing_hook_never_reaches_the_route(settings: Settings, admin: dict[
         calls.release()
         raise RuntimeError("dispatcher exploded")
 
-    client = Client(create_app(settings, after_enqueue=broken))
+    client = Client(create_app(settings, after_enqueue=broken, execution=False))
     try:
         client.put("/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
         for _ in range(2):
@@ -86,3 +86,12 @@ def test_readiness_fails_on_an_unmigrated_database(tmp_path: object) -> None:
     finally:
         client.close()
     assert "migrat" in body["detail"]
+
+
+def test_readiness_needs_the_worker_socket_when_execution_is_on(settings: Settings) -> None:
+    client = Client(create_app(settings))
+    try:
+        body = assert_problem(client.get("/readyz"), 503, "NOT_READY")
+    finally:
+        client.close()
+    assert "worker: worker socket not answering" in body["detail"]

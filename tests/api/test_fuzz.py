@@ -53,7 +53,7 @@ def errors_are_problem_json(ctx: Any, response: Any, case: Any) -> bool | None:
 # (``schemathesis.pytest.from_fixture`` does not work with pytest 9.2's nodes.)
 _ROOT = Path(tempfile.gettempdir()) / f"ql-fuzz-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 _SETTINGS = Settings(data_dir=_ROOT, database_url=f"sqlite:///{_ROOT / 'q.db'}", profile=EDGE)
-_APP = create_app(_SETTINGS)
+_APP = create_app(_SETTINGS, execution=False)
 schema = schemathesis.openapi.from_dict(_APP.openapi())
 schema.app = _APP
 # Both modes: inputs that fit the document and inputs that break it (bad input ≠ 500).

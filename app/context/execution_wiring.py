@@ -1,0 +1,103 @@
+"""Wires the api's private execution kernel: worker client, dispatcher, the drain hook.
+
+The dispatcher is reachable only through the hooks built here (DESIGN.md, AppContext): the
+facade never sees it, the launcher or the coordinator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.execution.dispatcher import Dispatcher, build_dispatcher
+from app.execution.ports import (
+    CandidateSource,
+    DefinitionSource,
+    RunTransitions,
+    SecretSource,
+)
+from app.settings import Settings
+from app.worker.client import WorkerClient, WorkerUnavailable
+
+log = logging.getLogger("qinglong.dispatch")
+
+# One drain runs passes until a pass activates nothing; each pass is bounded by the profile's
+# page size and stops after one activation (ADR-0071 §3), so a drain is bounded too.
+MAX_PASSES_PER_DRAIN = 256
+
+
+@dataclass(frozen=True)
+class ExecutionHooks:
+    """What the composition root plugs into the background thread and readiness."""
+
+    drain: Callable[[], None]
+    worker_ready: Callable[[], str | None]
+    nudge_worker: Callable[[], None]
+    close: Callable[[], None]
+
+
+def build_execution(
+    settings: Settings,
+    *,
+    candidates: CandidateSource,
+    definitions: DefinitionSource,
+    secrets: SecretSource,
+    transitions: RunTransitions,
+    client: WorkerClient | None = None,
+) -> ExecutionHooks:
+    """Build the worker client and the dispatcher; return the hooks that drive them."""
+    worker = client or WorkerClient(settings.socket_path, connect_timeout_s=1.0)
+    dispatcher = build_dispatcher(
+        candidates=candidates,
+        definitions=definitions,
+        secrets=secrets,
+        transitions=transitions,
+        launcher=worker,
+        controller=worker,
+        settings_like=settings,
+    )
+
+    def drain() -> None:
+        # No worker, no dispatch: runs stay queued (never failed) until it answers again.
+        try:
+            worker.ping()
+        except WorkerUnavailable:
+            return
+        _drain(dispatcher)
+
+    def worker_ready() -> str | None:
+        try:
+            worker.ping()
+        except WorkerUnavailable:
+            return "worker socket not answering"
+        return None
+
+    def nudge_worker() -> None:
+        wake = getattr(worker, "wake", None)
+        if wake is None:
+            return
+        with contextlib.suppress(WorkerUnavailable):
+            wake()
+
+    return ExecutionHooks(
+        drain=drain, worker_ready=worker_ready, nudge_worker=nudge_worker, close=worker.close
+    )
+
+
+def _drain(dispatcher: Dispatcher) -> None:
+    for _ in range(MAX_PASSES_PER_DRAIN):
+        result = dispatcher.run_pass()
+        failure = result.launch_failure
+        if failure is not None:
+            # Ids and stable codes only: never argv, environment or output.
+            log.warning(
+                "run %s attempt %s did not start: %s %s",
+                failure.run_id,
+                failure.attempt_id,
+                failure.kind,
+                failure.error_code or failure.reason or "",
+            )
+        if result.activated is None and not result.truncated:
+            return
