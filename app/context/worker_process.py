@@ -3,7 +3,7 @@
 settings → engine → repositories, receipt store, journal → completion service → watcher →
 launcher → control server. Shutdown closes the socket, stops watching and disposes the
 engine; it never signals a job: jobs are parented by their shims, in their own sessions,
-and are picked up again at the next start (watcher re-arm here, reconciler in issue 5).
+and are picked up again at the next start (watcher re-arm and the recovery loop).
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from sqlalchemy import Engine
 
 from app.domain.errors import DomainError, ErrorCode
 from app.domain.model import ProcessHandle
+from app.execution.cancellation import CancellationSweep
 from app.execution.completion import CompletionService, ConsumeResult
+from app.execution.reconciler import Reconciler
+from app.execution.recovery_loop import RecoveryLoop
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.journal_repo import SPAWNED, JournalRepository
@@ -25,6 +28,7 @@ from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.launcher import IdentityController, ShimLauncher
 from app.worker.log_facts import LogFacts
+from app.worker.probe import HandleProbe
 from app.worker.receipts import ReceiptStore
 from app.worker.server import ControlServer
 from app.worker.watcher import ShimWatcher, shim_alive
@@ -57,6 +61,7 @@ class WorkerParts:
     watcher: ShimWatcher
     launcher: ShimLauncher
     server: ControlServer
+    recovery: RecoveryLoop | None = None
 
 
 class WorkerProcess:
@@ -85,7 +90,10 @@ class WorkerProcess:
             watcher = ShimWatcher(lambda run_id, attempt_id: self._consume(run_id, attempt_id))
             launcher = ShimLauncher(journal=journal, receipts=receipts, on_spawned=watcher.add)
             server = ControlServer(
-                path=s.socket_path, launcher=launcher, controller=IdentityController()
+                path=s.socket_path,
+                launcher=launcher,
+                controller=IdentityController(),
+                on_wake=self._wake,
             )
             self.parts = WorkerParts(
                 engine,
@@ -100,19 +108,48 @@ class WorkerProcess:
             )
             watcher.start()
             self._resume()
+            self.parts.recovery = self._recovery()
+            self.parts.recovery.start()  # its first iteration is the start-up pass
             server.start()
         except BaseException:
             if self.parts is not None:
+                if self.parts.recovery is not None:
+                    self.parts.recovery.stop()
                 self.parts.watcher.stop()
             engine.dispose()
             raise
         log.info("worker listening")
         return self.parts
 
+    def _recovery(self) -> RecoveryLoop:
+        """Reconciler + cancellation sweep on one thread (DESIGN.md, Reconciler)."""
+        assert self.parts is not None
+        p, profile, controller = self.parts, self.settings.profile, IdentityController()
+        reconciler = Reconciler(
+            attempts=p.reader, journal=p.journal, completion=p.completion, transitions=p.runs,
+            probe=HandleProbe(), controller=controller, quarantine_files=p.receipts,
+            profile=profile, watch=p.watcher.add,
+        )
+        sweep = CancellationSweep(
+            attempts=p.reader, intents=p.runs, controller=controller, profile=profile
+        )
+        return RecoveryLoop(
+            reconciler=reconciler, cancellation=sweep, interval_s=profile.reconcile_interval_s
+        )
+
+    def _wake(self, reconcile: bool) -> None:
+        parts = self.parts
+        if parts is not None and parts.recovery is not None:
+            parts.recovery.wake(reconcile=reconcile)
+
     def _consume(self, run_id: str, attempt_id: str) -> ConsumeResult:
         assert self.parts is not None
         result = self.parts.completion.consume(run_id=run_id, attempt_id=attempt_id)
         log.info("attempt completion: %s", result.status)
+        if result.status in ("absent", "quarantined"):
+            # The shim exited without a usable receipt: let the reconciler decide now
+            # (grace, then lost) instead of at the next cadence.
+            self._wake(True)
         return result
 
     def _resume(self) -> None:
@@ -162,5 +199,7 @@ class WorkerProcess:
         if parts is None:
             return
         parts.server.close()
+        if parts.recovery is not None:
+            parts.recovery.stop()
         parts.watcher.stop()
         parts.engine.dispose()

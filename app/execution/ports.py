@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from app.domain.errors import ErrorCode
 from app.domain.execution import (
@@ -206,14 +206,147 @@ class AttemptCompletions(Protocol):
         ...
 
 
+# -- recovery (DESIGN.md, Reconciler; ADR-0007 §2.6, §2.7) ---------------------------------
+
+
+class ActiveAttemptView(Protocol):
+    """An attempt in starting or running, as the reconciler reads it from the database."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def attempt_id(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def handle(self) -> ProcessHandle | None: ...
+
+    @property
+    def handle_invalid(self) -> bool: ...
+
+    @property
+    def deadline_at_ms(self) -> int | None: ...
+
+    @property
+    def cancel_reason(self) -> str | None: ...
+
+    @property
+    def created_at_ms(self) -> int: ...
+
+
+class ActiveAttemptSource(Protocol):
+    """Bounded, keyset-paged reads of active attempts (never a directory listing)."""
+
+    def active_attempts(
+        self, *, limit: int, after_id: str | None = None
+    ) -> Sequence[ActiveAttemptView]:
+        """Starting or running attempts by id after ``after_id``."""
+        ...
+
+    def stop_candidates(
+        self, *, now_ms: int, limit: int, after_id: str | None = None
+    ) -> Sequence[ActiveAttemptView]:
+        """Active attempts whose deadline passed or whose run has a cancel intent."""
+        ...
+
+    def active_attempt(self, attempt_id: str) -> ActiveAttemptView | None:
+        """One attempt if it is still starting or running."""
+        ...
+
+
+class JournalEntryView(Protocol):
+    """One receipt journal row as recovery needs it."""
+
+    @property
+    def attempt_id(self) -> str: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def handle(self) -> ProcessHandle | None: ...
+
+    @property
+    def updated_at_ms(self) -> int: ...
+
+
+class JournalIndex(Protocol):
+    """Reads and retention of the worker's receipt journal."""
+
+    def get(self, attempt_id: str) -> JournalEntryView | None:
+        """The attempt's entry, if any."""
+        ...
+
+    def page_by_state(
+        self, *, state: str, limit: int, after: tuple[int, str] | None = None
+    ) -> Sequence[JournalEntryView]:
+        """Entries in ``state`` by (updated_at_ms, attempt_id) after a keyset cursor."""
+        ...
+
+    def mark_consumed(self, *, attempt_id: str) -> bool:
+        """Leave the scan set: nothing is left to consume for this attempt."""
+        ...
+
+    def delete_settled(self, *, attempt_id: str, state: str) -> bool:
+        """Remove an entry still in ``state`` (retention); False if it changed meanwhile."""
+        ...
+
+
+class ProcessProbe(Protocol):
+    """Liveness of a handle's exact identities (boot id, pid, start ticks; ADR-0070 §4)."""
+
+    def job_alive(self, handle: ProcessHandle) -> bool:
+        """The job (group leader) with exactly this identity is alive now."""
+        ...
+
+    def shim_alive(self, handle: ProcessHandle) -> bool:
+        """The shim with exactly this identity is alive now."""
+        ...
+
+
+class QuarantineFiles(Protocol):
+    """Deletion of quarantined receipts after their retention."""
+
+    def remove_quarantined(self, attempt_id: str) -> None:
+        """Delete the attempt's quarantined receipt (missing is fine)."""
+        ...
+
+
+class CancelIntents(Protocol):
+    """Committing a cancel intent (the worker commits ``timeout``; the api ``user``)."""
+
+    def request_cancel(self, *, run_id: str, reason: Literal["user", "timeout"]) -> Run:
+        """Record the intent once; Conflict(RUN_TERMINAL) when the run already ended."""
+        ...
+
+
+class RunLookup(Protocol):
+    """Reading one run back (with its latest attempt)."""
+
+    def get_run(self, run_id: str) -> Run:
+        """The run; NotFound when missing."""
+        ...
+
+
 __all__ = [
+    "ActiveAttemptSource",
+    "ActiveAttemptView",
     "AttemptCompletions",
+    "CancelIntents",
     "CandidatePage",
     "CandidateSource",
     "CompletionOutcome",
     "DefinitionSource",
     "DiskProbe",
     "DispatchCandidateLike",
+    "JournalEntryView",
+    "JournalIndex",
     "LaunchFailed",
     "LaunchRejected",
     "LaunchRequest",
@@ -221,8 +354,11 @@ __all__ = [
     "LogFactSource",
     "LogInfo",
     "ProcessController",
+    "ProcessProbe",
+    "QuarantineFiles",
     "ReceiptFiles",
     "ReceiptJournal",
+    "RunLookup",
     "RunTransitions",
     "SecretSource",
     "StopResult",

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Row, insert, select, update
+from sqlalchemy import Engine, Row, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.ids import now_ms
@@ -148,6 +148,18 @@ class JournalRepository:
         with UnitOfWork(self._engine, write=False) as uow:
             rows = uow.conn.execute(query).all()
         return [_entry(r) for r in rows]
+
+    def delete_settled(self, *, attempt_id: str, state: str) -> bool:
+        """Delete the entry if it is still in ``state`` (retention); False otherwise."""
+        if state not in (CONSUMED, QUARANTINED, SPAWN_FAILED):
+            raise ValueError(f"journal entries in {state!r} are never purged")
+        t = receipt_journal.c
+        with UnitOfWork(self._engine) as uow:
+            result = uow.conn.execute(
+                delete(receipt_journal).where(t.attempt_id == attempt_id, t.state == state)
+            )
+            uow.commit()
+        return bool(result.rowcount == 1)
 
     def _move(self, attempt_id: str, target: str, values: dict[str, Any]) -> bool:
         t = receipt_journal.c

@@ -298,6 +298,26 @@ class RunReader:
             rows = uow.conn.execute(query).all()
         return [_active_from_row(r) for r in rows]
 
+    def stop_candidates(
+        self, *, now_ms: int, limit: int, after_id: str | None = None
+    ) -> list[ActiveAttempt]:
+        """Active attempts whose deadline passed or whose run has a cancel intent, by id."""
+        query = (
+            select(attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
+            .join(runs, runs.c.id == attempts.c.run_id)
+            .where(
+                attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]),
+                (attempts.c.deadline_at_ms <= now_ms) | runs.c.cancel_reason.is_not(None),
+            )
+            .order_by(attempts.c.id)
+            .limit(limit)
+        )
+        if after_id is not None:
+            query = query.where(attempts.c.id > after_id)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query).all()
+        return [_active_from_row(r) for r in rows]
+
     def active_attempt(self, attempt_id: str) -> ActiveAttempt | None:
         """One attempt if it is still starting or running."""
         query = (

@@ -131,6 +131,21 @@ class WorkerClient:
             return result  # type: ignore[no-any-return]
         return "unknown"
 
+    def wake(self, *, reconcile: bool = False) -> bool:
+        """Ask the worker to sweep cancel intents now (and reconcile too); False if it can't.
+
+        Only a nudge: the intent is already committed, and the worker's own periodic sweep
+        acts on it anyway, so an unreachable worker is not an error for the caller.
+        """
+        req: dict[str, Any] = {"op": "wake"}
+        if reconcile:
+            req["reconcile"] = True
+        try:
+            resp = self._call_retrying(req, self._read_timeout)
+        except (WorkerUnavailable, _Broken):
+            return False
+        return resp.get("ok") is True
+
     def close(self) -> None:
         """Close pooled connections."""
         with self._lock:

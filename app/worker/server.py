@@ -9,6 +9,8 @@ carry stable codes only. Ops (``api-schemas/worker-socket.md``):
 * ``{"op":"launch", <LaunchRequest fields>}`` → ``{"ok":true,"handle":{..},"started_at_ms":..}``
   or ``{"ok":false,"error":"ALREADY_LAUNCHED"|"EXEC_FAILED"|"BAD_REQUEST"|..}``
 * ``{"op":"stop","handle":{..},"grace_seconds":x}`` → ``{"ok":true,"result":..}``
+* ``{"op":"wake"}`` (optional ``"reconcile":true``) → ``{"ok":true}``: run the cancellation
+  sweep now (after the api committed a cancel intent), or a full reconcile pass too
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import socket
 import stat
 import struct
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -155,9 +158,15 @@ class ControlServer:
     """Serves the control socket; a thread per connection."""
 
     def __init__(
-        self, *, path: Path, launcher: WorkerLauncher, controller: WorkerController
+        self,
+        *,
+        path: Path,
+        launcher: WorkerLauncher,
+        controller: WorkerController,
+        on_wake: Callable[[bool], None] | None = None,
     ) -> None:
         self.path = Path(path)
+        self._on_wake = on_wake
         self._launcher = launcher
         self._controller = controller
         self._sock: socket.socket | None = None
@@ -256,6 +265,8 @@ class ControlServer:
                 return self._launch(parse_launch(req))
             if op == "stop":
                 return self._stop(req)
+            if op == "wake":
+                return self._wake(req)
             raise BadRequest("op")
         except (BadRequest, ValueError, RecursionError):
             return {"ok": False, "error": "BAD_REQUEST"}
@@ -272,6 +283,15 @@ class ControlServer:
             return {"ok": False, "error": exc.reason}
         started = self._launcher.pop_started_at_ms(request.attempt_id)
         return {"ok": True, "handle": handle.to_dict(), "started_at_ms": started}
+
+    def _wake(self, req: dict[str, Any]) -> dict[str, Any]:
+        reconcile = req.get("reconcile", False)
+        if not isinstance(reconcile, bool):
+            raise BadRequest("reconcile")
+        if self._on_wake is None:
+            return {"ok": False, "error": "UNSUPPORTED"}
+        self._on_wake(reconcile)
+        return {"ok": True}
 
     def _stop(self, req: dict[str, Any]) -> dict[str, Any]:
         raw = req.get("handle")

@@ -1,0 +1,285 @@
+"""The reconciler: bring every active attempt to the truth after crashes (DESIGN.md, Reconciler).
+
+ADR-0007 §2.6 fixes the order for each active attempt, found through the database only
+(keyset pages with a resume cursor across passes, never a listing of the receipt directory):
+
+1. a receipt is present → the completion service (the one path to a terminal state);
+2. ``running`` and the shim (or the job) alive → keep, the live watcher owns it;
+3. shim exited: if the job's group still lives (the shim was SIGKILLed), stop the exact job
+   identity first; then one short publish grace, a last look for a receipt, and ``lost`` with
+   RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT — never a guessed success;
+4. ``starting`` without a journaled spawn → ``failed`` RECOVERY_START_NOT_SPAWNED after a
+   grace; ``starting`` with a journaled spawn (the api died between T1 and T2, ADR-0070 §4)
+   → stop the exact identity, then ``lost`` RECOVERY_START_INTERRUPTED, only if the stop said
+   ``stopped``/``already_exited`` (``unknown`` leaves it: fail closed);
+5. a handle we cannot verify → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED, nobody is signalled.
+
+Each pass also sweeps journal entries still ``spawned`` whose attempt already ended (a worker
+killed mid-launch after the coordinator gave up) and stops a process still alive there, and
+purges settled journal rows and quarantined files after the profile's retention. Every part
+is bounded per pass. Passes never overlap: only the recovery loop's one thread calls them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.domain.errors import DomainError, ErrorCode
+from app.domain.ids import now_ms
+from app.domain.model import ProcessHandle
+from app.domain.profiles import Profile
+from app.execution.completion import CompletionService, ConsumeResult
+from app.execution.ports import (
+    ActiveAttemptSource,
+    ActiveAttemptView,
+    JournalIndex,
+    ProcessController,
+    ProcessProbe,
+    QuarantineFiles,
+    RunTransitions,
+)
+
+log = logging.getLogger(__name__)
+
+# Journal states (the storage adapter's vocabulary; strings so execution stays storage-free).
+RESERVED, SPAWNED, SPAWN_FAILED = "reserved", "spawned", "spawn_failed"
+CONSUMED, QUARANTINED = "consumed", "quarantined"
+# A launch journals ``reserved`` a socket round trip after T1; a starting attempt younger
+# than this may still be on its way to the worker or to T2, so it is left alone.
+DEFAULT_START_GRACE_S = 2.0
+# ``reserved`` lasts only while the shim reports its status (launcher timeout 10 s).
+RESERVED_EXTRA_GRACE_S = 10.0
+
+WatchCallback = Callable[[str, str, ProcessHandle], None]
+
+
+@dataclass
+class PassReport:
+    """Counts of one pass (no ids, no content)."""
+
+    examined: int = 0
+    completed: int = 0
+    kept: int = 0
+    lost: int = 0
+    failed: int = 0
+    stopped: int = 0
+    undecided: int = 0
+    purged: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+def plausible_handle(handle: ProcessHandle | None) -> bool:
+    """A handle exact-identity stop can act on: positive ids, a boot id, a job leading its group."""
+    if handle is None or not handle.boot_id:
+        return False
+    numbers = (handle.pid, handle.pgid, handle.start_ticks, handle.shim_pid,
+               handle.shim_start_ticks)
+    return all(n > 0 for n in numbers) and handle.pid == handle.pgid
+
+
+class Reconciler:
+    """One bounded pass at a time over active attempts, the journal and retention."""
+
+    def __init__(
+        self,
+        *,
+        attempts: ActiveAttemptSource,
+        journal: JournalIndex,
+        completion: CompletionService,
+        transitions: RunTransitions,
+        probe: ProcessProbe,
+        controller: ProcessController,
+        quarantine_files: QuarantineFiles,
+        profile: Profile,
+        watch: WatchCallback | None = None,
+        start_grace_s: float = DEFAULT_START_GRACE_S,
+        clock: Callable[[], int] = now_ms,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._attempts = attempts
+        self._journal = journal
+        self._completion = completion
+        self._transitions = transitions
+        self._probe = probe
+        self._controller = controller
+        self._quarantine_files = quarantine_files
+        self._profile = profile
+        self._watch = watch
+        self._start_grace_ms = int(start_grace_s * 1000)
+        self._clock = clock
+        self._sleep = sleep
+        self._cursor: str | None = None  # resume cursor over active attempts, across passes
+        self._journal_cursor: tuple[int, str] | None = None
+
+    # -- the pass ---------------------------------------------------------------------------
+
+    def run_pass(self) -> PassReport:
+        """Reconcile at most pages x page size attempts, sweep the journal, purge retention."""
+        report = PassReport()
+        size = self._profile.reconcile_page_size
+        for _ in range(self._profile.reconcile_pages):
+            page = self._attempts.active_attempts(limit=size, after_id=self._cursor)
+            for attempt in page:
+                report.examined += 1
+                try:
+                    self._one(attempt, report)
+                except Exception as exc:  # one attempt never stops the pass; retried next pass
+                    report.undecided += 1
+                    log.warning("reconcile of an attempt failed: %s", type(exc).__name__)
+            if len(page) < size:
+                self._cursor = None  # wrapped around: the next pass starts from the beginning
+                break
+            self._cursor = page[-1].attempt_id
+        self._sweep_journal(report)
+        report.purged = self.purge_retention()
+        return report
+
+    def _one(self, attempt: ActiveAttemptView, report: PassReport) -> None:
+        if self._consumed(attempt, report):
+            return
+        if attempt.status == "starting":
+            self._starting(attempt, report)
+            return
+        handle = attempt.handle
+        if attempt.handle_invalid or not plausible_handle(handle):
+            self._end(attempt, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED, lost=True, report=report)
+            return
+        assert handle is not None
+        if self._probe.shim_alive(handle):
+            report.kept += 1
+            if self._watch is not None:
+                self._watch(attempt.run_id, attempt.attempt_id, handle)  # idempotent re-arm
+            return
+        if self._probe.job_alive(handle):
+            # The shim died (SIGKILL) but the job lives on: nobody can publish its receipt.
+            result = self._controller.stop(handle, grace_seconds=self._profile.stop_grace_s)
+            if result == "unknown":
+                report.undecided += 1  # fail closed: never mark lost while it may still run
+                return
+            report.stopped += 1
+        self._after_grace(attempt, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT, report)
+
+    def _starting(self, attempt: ActiveAttemptView, report: PassReport) -> None:
+        age_ms = self._clock() - attempt.created_at_ms
+        entry = self._journal.get(attempt.attempt_id)
+        if entry is None or entry.state in (RESERVED, SPAWN_FAILED):
+            grace = self._start_grace_ms
+            if entry is not None and entry.state == RESERVED:
+                grace += int(RESERVED_EXTRA_GRACE_S * 1000)
+            if age_ms < grace:
+                report.kept += 1
+                return
+            self._end(attempt, ErrorCode.RECOVERY_START_NOT_SPAWNED, lost=False, report=report)
+            return
+        if not plausible_handle(entry.handle):
+            self._end(attempt, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED, lost=True, report=report)
+            return
+        if age_ms < self._start_grace_ms:
+            report.kept += 1  # the api may be committing T2 right now
+            return
+        assert entry.handle is not None
+        result = self._controller.stop(entry.handle, grace_seconds=self._profile.stop_grace_s)
+        if result == "unknown":
+            report.undecided += 1
+            return
+        if result == "stopped":
+            # We ended it: whatever receipt the shim now writes is not the job's own ending.
+            report.stopped += 1
+            self._end(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, lost=True, report=report)
+            return
+        self._after_grace(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, report)
+
+    def _after_grace(self, attempt: ActiveAttemptView, code: ErrorCode, report: PassReport) -> None:
+        # ADR-0007 §2.6.5: the process exited; a receipt may still be on its way (one grace).
+        self._sleep(self._profile.receipt_publish_grace_s)
+        if self._consumed(attempt, report):
+            return
+        self._end(attempt, code, lost=True, report=report)
+
+    def _consumed(self, attempt: ActiveAttemptView, report: PassReport) -> bool:
+        result: ConsumeResult = self._completion.consume(
+            run_id=attempt.run_id, attempt_id=attempt.attempt_id
+        )
+        report.outcomes[result.status] = report.outcomes.get(result.status, 0) + 1
+        if result.status in ("applied", "already_terminal"):
+            report.completed += 1
+            return True
+        return False  # absent, or quarantined (the run is untouched: decide from identity)
+
+    def _end(
+        self, attempt: ActiveAttemptView, code: ErrorCode, *, lost: bool, report: PassReport
+    ) -> None:
+        try:
+            self._transitions.fail_attempt(
+                run_id=attempt.run_id, attempt_id=attempt.attempt_id, error_code=code, lost=lost
+            )
+        except DomainError:
+            return  # it ended (or moved on) meanwhile: that ending stands
+        if lost:
+            report.lost += 1
+        else:
+            report.failed += 1
+        # Nothing is left to consume: the entry leaves the journal's scan set.
+        self._journal.mark_consumed(attempt_id=attempt.attempt_id)
+
+    # -- journal sweep: ended attempts whose process may still live -------------------------
+
+    def _sweep_journal(self, report: PassReport) -> None:
+        limit = self._profile.reconcile_page_size
+        page = self._journal.page_by_state(state=SPAWNED, limit=limit, after=self._journal_cursor)
+        self._journal_cursor = (
+            (page[-1].updated_at_ms, page[-1].attempt_id) if len(page) == limit else None
+        )
+        for entry in page:
+            if self._attempts.active_attempt(entry.attempt_id) is not None:
+                continue  # the attempt pass owns it
+            try:
+                handle = entry.handle
+                if plausible_handle(handle):
+                    assert handle is not None
+                    if self._probe.job_alive(handle):
+                        # Ended in the database yet alive (e.g. a worker killed mid-launch
+                        # after the coordinator gave up): stop the exact identity.
+                        grace = self._profile.stop_grace_s
+                        if self._controller.stop(handle, grace_seconds=grace) == "unknown":
+                            report.undecided += 1
+                            continue
+                        report.stopped += 1
+                    if self._probe.shim_alive(handle):
+                        continue  # its receipt is still to come; the watcher cleans it up
+                result = self._completion.consume(run_id=entry.run_id, attempt_id=entry.attempt_id)
+                if result.status == "absent":
+                    self._journal.mark_consumed(attempt_id=entry.attempt_id)
+            except Exception as exc:
+                log.warning("journal sweep of an entry failed: %s", type(exc).__name__)
+
+    # -- retention (ADR-0007 §2.5: rows and quarantined files by profile) --------------------
+
+    def purge_retention(self) -> int:
+        """Delete settled journal rows and quarantined files past retention; bounded."""
+        budget = self._profile.reconcile_pages * self._profile.reconcile_page_size
+        now = self._clock()
+        purged = 0
+        consumed_before = now - int(self._profile.consumed_receipt_retention_s * 1000)
+        quarantined_before = now - int(self._profile.quarantine_retention_s * 1000)
+        for state, before in (
+            (CONSUMED, consumed_before),
+            (SPAWN_FAILED, consumed_before),
+            (QUARANTINED, quarantined_before),
+        ):
+            page = self._journal.page_by_state(state=state, limit=budget)
+            for entry in page:
+                if entry.updated_at_ms > before:
+                    break  # oldest first: everything after is younger still
+                if state != CONSUMED and self._attempts.active_attempt(entry.attempt_id):
+                    continue  # the attempt pass still needs this entry's evidence
+                if state == QUARANTINED:
+                    # File first: a crash in between leaves a row whose file is gone (fine),
+                    # never a file nobody indexes any more.
+                    self._quarantine_files.remove_quarantined(entry.attempt_id)
+                if self._journal.delete_settled(attempt_id=entry.attempt_id, state=state):
+                    purged += 1
+        return purged

@@ -1,0 +1,103 @@
+"""The crash-survival rig: a real ``qinglong worker`` subprocess, real jobs, bounded polls."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from app.domain.artifacts import log_artifact_id
+from app.domain.canonical import sha256_digest
+from app.domain.ids import now_ms
+from app.domain.model import ProcessHandle, Run
+from app.domain.tokens import new_callback_token
+from app.storage.definitions_repo import DefinitionRepository
+from app.storage.journal_repo import JournalRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.receipts import ReceiptStore
+from tests.worker.kit import Armed, Processes, launch_request, make_log, terminal_events
+from tests.worker.test_worker_process import DEADLINE, TERMINAL, Worker, wait_for
+
+__all__ = ["DEADLINE", "TERMINAL", "Armed", "Rig", "terminal_events", "wait_for"]
+
+
+class Rig:
+    """One worker (start, kill -9, restart) plus the repositories a test inspects."""
+
+    def __init__(
+        self, engine: Engine, db_url: str, data_dir: Path, sock: Path, procs: Processes
+    ) -> None:
+        self.engine = engine
+        self.data_dir = data_dir
+        self.procs = procs
+        self.worker = Worker(data_dir, db_url, sock)
+        self.runs = RunRepository(engine)
+        self.reader = RunReader(engine)
+        self.journal = JournalRepository(engine)
+        self.store = ReceiptStore(data_dir / "receipts")
+        DefinitionRepository(engine).put_revision(
+            task="job", revision=1, executor="local_process", argv=["true"], cwd=None,
+            recipe=None, timeout_seconds=None, priority=0,
+        )
+
+    def arm(self, *, deadline_at_ms: int | None = None) -> Armed:
+        """Enqueue a run and commit T1 (dispatching/starting) with a deadline."""
+        run, _ = self.runs.enqueue_run(task="job", revision=1, priority=None)
+        assert run.latest_attempt is not None
+        token = new_callback_token()
+        self.runs.begin_dispatch(
+            run_id=run.id, attempt_id=run.latest_attempt.id, expected_version=None,
+            token_digest=sha256_digest(token.encode("utf-8")), deadline_at_ms=deadline_at_ms,
+            log_artifact_id=log_artifact_id(run.latest_attempt.id),
+        )
+        return Armed(run.id, run.latest_attempt.id, token)
+
+    def spawn(self, armed: Armed, script: str) -> ProcessHandle:
+        """Launch through the worker socket (journal, shim) without T2."""
+        log = make_log(self.data_dir / "logs", armed.attempt_id)
+        request = launch_request(
+            armed, argv=["/bin/sh", "-c", script], log_path=log, cwd=str(self.data_dir)
+        )
+        return self.procs.track(self.worker.client.launch(request))
+
+    def launch(self, armed: Armed, script: str) -> ProcessHandle:
+        """Launch and commit T2, as the coordinator does."""
+        handle = self.spawn(armed, script)
+        self.runs.record_running(
+            run_id=armed.run_id, attempt_id=armed.attempt_id, handle=handle,
+            started_at_ms=now_ms(),
+        )
+        return handle
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker (its pid) and reap it: the named crash point 'worker gone'."""
+        assert self.worker.signal(signal.SIGKILL) == -signal.SIGKILL
+
+    def run(self, armed: Armed) -> Run:
+        return self.reader.get_run(armed.run_id)
+
+    def wait_status(self, armed: Armed, *statuses: str) -> Run:
+        """Poll (bounded) until the run is in one of ``statuses``."""
+        wanted = set(statuses) or TERMINAL
+        wait_for(lambda: self.run(armed).status in wanted, f"the run to be {sorted(wanted)}")
+        return self.run(armed)
+
+    def log_bytes(self, armed: Armed) -> bytes:
+        return next((self.data_dir / "logs").rglob(f"{armed.attempt_id}.log")).read_bytes()
+
+    def gate(self, name: str) -> Path:
+        return self.data_dir / name
+
+    def event_types(self, armed: Armed) -> list[str]:
+        return [e.type for e in self.reader.list_events(armed.run_id, limit=1000).items]
+
+
+def gated(*gates: str, then: str, tag: str = "") -> str:
+    """A job that prints, waits for each gate file in turn printing after each, then ``then``."""
+    parts = [f"echo start{tag}"]
+    for g in gates:
+        parts.append(f"while [ ! -e {g} ]; do sleep 0.01; done; echo past-{g}{tag}")
+    parts.append(then)
+    return "; ".join(parts)

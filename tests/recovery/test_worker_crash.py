@@ -1,0 +1,117 @@
+"""kill -9 of the worker around real jobs: every ending is recorded once, from the receipt.
+
+Crash points are named and injected, never waited for: the worker is SIGKILLed by pid at a
+known moment (jobs gated on files the test creates), or the completion runs with a journal
+that raises right after the terminal commit. Every wait is a bounded poll of a real state.
+"""
+
+from __future__ import annotations
+
+import json
+
+from app.domain.receipt import decode_receipt
+from app.execution.completion import CompletionService
+from app.storage.journal_repo import CONSUMED, QUARANTINED, JournalRepository
+from app.worker.identity import wait_exit
+from app.worker.log_facts import LogFacts
+from tests.recovery.kit import DEADLINE, Rig, gated, terminal_events, wait_for
+
+
+def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig) -> None:
+    rig.worker.start()
+    codes = [0, 3, 4, 5, 6]
+    # Jobs 0-2 outlive the worker's downtime; jobs 3-4 finish while it is down, so their
+    # receipts are published and wait for a worker that is not there (crash before the
+    # terminal transaction).
+    armed, handles = [], []
+    for i, code in enumerate(codes):
+        a = rig.arm()
+        gates = ("g1", "g2") if i < 3 else ("g1",)
+        handles.append(rig.launch(a, gated(*gates, then=f"exit {code}", tag=f"-{i}")))
+        armed.append(a)
+    wait_for(lambda: all(b"start" in rig.log_bytes(a) for a in armed), "every job to print")
+    rig.kill_worker()
+    rig.gate("g1").touch()  # output after the kill
+    for h in handles[3:]:
+        assert wait_exit(h.shim_pid, DEADLINE)
+    for a in armed[3:]:
+        assert rig.store.path_of(a.attempt_id).exists()  # receipt waits for a worker
+        assert rig.run(a).status == "running"
+    for i, a in enumerate(armed):
+        wait_for(lambda a=a, i=i: f"past-g1-{i}".encode() in rig.log_bytes(a), "post-kill output")
+    rig.worker.start()
+    rig.gate("g2").touch()
+    for i, (a, code) in enumerate(zip(armed, codes, strict=True)):
+        run = rig.wait_status(a)
+        status = "succeeded" if code == 0 else "failed"
+        assert run.latest_attempt is not None
+        assert (run.status, run.latest_attempt.exit_code) == (status, code)
+        assert terminal_events(rig.engine, a.run_id) == [f"attempt.{status}", f"run.{status}"]
+        assert f"past-g1-{i}".encode() in rig.log_bytes(a)
+        wait_for(lambda a=a: _state(rig.journal, a.attempt_id) == CONSUMED, "consumed")
+        assert not rig.store.path_of(a.attempt_id).exists()
+
+
+class _CrashAfterCommit:
+    """The named crash point 'terminal transaction committed, cleanup not done'."""
+
+    def __init__(self, real: JournalRepository) -> None:
+        self.real = real
+
+    def mark_consumed(self, *, attempt_id: str) -> bool:
+        raise RuntimeError("crash after the terminal transaction, before cleanup")
+
+    def mark_quarantined(self, *, attempt_id: str, reason: str) -> bool:
+        return self.real.mark_quarantined(attempt_id=attempt_id, reason=reason)
+
+
+def test_crash_after_the_transaction_before_cleanup_replays_as_already_terminal(
+    rig: Rig,
+) -> None:
+    rig.worker.start()
+    a = rig.arm()
+    h = rig.launch(a, gated("g", then="exit 7"))
+    rig.kill_worker()
+    rig.gate("g").touch()
+    assert wait_exit(h.shim_pid, DEADLINE)
+    dying = CompletionService(
+        receipts=rig.store, journal=_CrashAfterCommit(rig.journal), completions=rig.runs,
+        log_facts=LogFacts(rig.data_dir / "logs"),
+    )
+    try:
+        dying.consume(run_id=a.run_id, attempt_id=a.attempt_id)
+        raise AssertionError("the injected crash did not happen")
+    except RuntimeError:
+        pass
+    assert rig.run(a).status == "failed" and rig.store.path_of(a.attempt_id).exists()
+    rig.worker.start()  # replay: already_terminal, then cleanup
+    wait_for(lambda: _state(rig.journal, a.attempt_id) == CONSUMED, "the replayed cleanup")
+    assert not rig.store.path_of(a.attempt_id).exists()
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.failed", "run.failed"]
+
+
+def test_bad_receipt_found_after_restart_is_quarantined_and_the_run_is_lost(rig: Rig) -> None:
+    rig.worker.start()
+    a = rig.arm()
+    h = rig.launch(a, gated("g", then="exit 0"))
+    rig.kill_worker()
+    rig.gate("g").touch()
+    assert wait_exit(h.shim_pid, DEADLINE)
+    path = rig.store.path_of(a.attempt_id)
+    good = json.loads(path.read_bytes())
+    assert decode_receipt(path.read_bytes()).exit_code == 0
+    path.write_text(json.dumps(good | {"token": "A" * 43}))  # a forged success
+    rig.worker.start()
+    run = rig.wait_status(a)
+    assert run.latest_attempt is not None
+    assert (run.status, run.latest_attempt.error_code) == (
+        "lost", "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
+    )
+    assert _state(rig.journal, a.attempt_id) == QUARANTINED
+    assert not path.exists()
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
+
+
+def _state(journal: JournalRepository, attempt_id: str) -> str | None:
+    entry = journal.get(attempt_id)
+    return None if entry is None else entry.state
