@@ -1,0 +1,128 @@
+"""The reconciler's cases against a real worker, real jobs and real shims.
+
+A full pass is triggered deterministically with the ``wake`` socket op (``reconcile``)
+instead of waiting for the profile cadence; every wait is a bounded poll of the database or
+of /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from app.domain.errors import ErrorCode
+from app.domain.ids import now_ms
+from app.domain.model import ProcessHandle
+from app.execution.reconciler import DEFAULT_START_GRACE_S
+from app.worker.identity import current_boot_id, read_identity, wait_exit
+from tests.recovery.kit import DEADLINE, Armed, Rig, gated, terminal_events, wait_for
+
+
+def _lost(rig: Rig, a: Armed, code: ErrorCode, status: str = "lost") -> None:
+    run = rig.wait_status(a)
+    assert run.latest_attempt is not None
+    assert (run.status, run.latest_attempt.error_code) == (status, code.value)
+    assert terminal_events(rig.engine, a.run_id) == [f"attempt.{status}", f"run.{status}"]
+
+
+def _after_start_grace(a: Armed, rig: Rig) -> None:
+    created = rig.reader.list_attempts(a.run_id)[-1].created_at_ms
+    wait_for(lambda: now_ms() - created > DEFAULT_START_GRACE_S * 1000, "the start grace")
+
+
+def test_shim_killed_the_job_is_stopped_and_the_run_lost_never_succeeded(rig: Rig) -> None:
+    rig.worker.start()
+    a = rig.arm()
+    h = rig.launch(a, gated("never", then="exit 0"))
+    os.kill(h.shim_pid, signal.SIGKILL)  # the worker is the shim's parent: it reaps it
+    _lost(rig, a, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+    assert wait_exit(h.pid, DEADLINE)  # the orphaned job was stopped by exact identity
+
+
+def test_identity_mismatch_is_never_signalled(rig: Rig) -> None:
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        rig.procs.track_pid(bystander.pid)
+        real = read_identity(bystander.pid)
+        assert real is not None and real.pgid == bystander.pid
+        # A durable handle whose pid was reused by an unrelated process (start ticks differ).
+        forged = ProcessHandle(
+            boot_id=current_boot_id(), pid=real.pid, pgid=real.pgid,
+            start_ticks=real.start_ticks + 1, shim_pid=real.pid,
+            shim_start_ticks=real.start_ticks + 1,
+        )
+        a = rig.arm()
+        rig.runs.record_running(
+            run_id=a.run_id, attempt_id=a.attempt_id, handle=forged, started_at_ms=now_ms()
+        )
+        rig.runs.request_cancel(run_id=a.run_id, reason="user")  # asks for a stop, too
+        rig.worker.start()
+        assert rig.worker.client.wake(reconcile=True)
+        _lost(rig, a, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+        assert bystander.poll() is None and read_identity(bystander.pid) == real
+    finally:
+        bystander.kill()
+        bystander.wait(DEADLINE)
+
+
+def test_an_unverifiable_handle_is_lost_without_any_signal(rig: Rig) -> None:
+    bystander = subprocess.Popen(["sleep", "60"])  # not a group leader: never ours to signal
+    try:
+        real = read_identity(bystander.pid)
+        assert real is not None
+        odd = ProcessHandle(
+            boot_id=current_boot_id(), pid=real.pid, pgid=real.pgid,
+            start_ticks=real.start_ticks, shim_pid=real.pid, shim_start_ticks=real.start_ticks,
+        )
+        a = rig.arm()
+        rig.runs.record_running(
+            run_id=a.run_id, attempt_id=a.attempt_id, handle=odd, started_at_ms=now_ms()
+        )
+        rig.worker.start()
+        _lost(rig, a, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED)
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait(DEADLINE)
+
+
+def test_starting_without_a_journaled_spawn_fails_after_the_grace(rig: Rig) -> None:
+    a = rig.arm()  # T1 committed; the api died before it reached the worker
+    rig.worker.start()
+    assert rig.run(a).status == "dispatching"  # young: the launch may still be on its way
+    _after_start_grace(a, rig)
+    assert rig.worker.client.wake(reconcile=True)
+    _lost(rig, a, ErrorCode.RECOVERY_START_NOT_SPAWNED, status="failed")
+
+
+def test_starting_with_a_journaled_spawn_is_stopped_then_lost(rig: Rig) -> None:
+    rig.worker.start()
+    a = rig.arm()
+    h = rig.spawn(a, gated("never", then="exit 0"))  # T2 never comes: the api was killed
+    wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
+    _after_start_grace(a, rig)
+    assert rig.worker.client.wake(reconcile=True)
+    _lost(rig, a, ErrorCode.RECOVERY_START_INTERRUPTED)
+    assert wait_exit(h.pid, DEADLINE) and wait_exit(h.shim_pid, DEADLINE)
+
+
+def test_an_ended_attempt_whose_process_still_runs_is_stopped(rig: Rig) -> None:
+    rig.worker.start()
+    a = rig.arm()
+    h = rig.spawn(a, gated("never", then="exit 0"))
+    # The coordinator gave up (e.g. the launch answer was lost) and recorded an ending.
+    rig.runs.fail_attempt(
+        run_id=a.run_id, attempt_id=a.attempt_id, error_code=ErrorCode.EXECUTOR_START_FAILED
+    )
+    assert rig.worker.client.wake(reconcile=True)
+    assert wait_exit(h.pid, DEADLINE)
+    wait_for(lambda: _journal_state(rig, a) == "consumed", "the journal entry to settle")
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.failed", "run.failed"]
+
+
+def _journal_state(rig: Rig, a: Armed) -> str | None:
+    entry = rig.journal.get(a.attempt_id)
+    return None if entry is None else entry.state
+
+
