@@ -13,6 +13,7 @@ from app.domain.canonical import sha256_digest
 from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle, Run
+from app.domain.states import is_terminal_run
 from app.domain.tokens import new_callback_token
 from app.execution.materializer import StartCommand
 from app.execution.ports import (
@@ -20,15 +21,20 @@ from app.execution.ports import (
     LaunchFailed,
     LaunchRejected,
     ProcessController,
+    RunLookup,
     RunTransitions,
 )
 
-StartStatus = Literal["running", "start_failed", "lost", "unresolved"]
+StartStatus = Literal["running", "start_failed", "lost", "ended", "unresolved"]
 
 
 @dataclass(frozen=True, slots=True)
 class StartResult:
-    """How one start ended. ``unresolved`` leaves dispatching/starting for the reconciler."""
+    """How one start ended. ``unresolved`` leaves dispatching/starting for the reconciler.
+
+    ``ended``: T2 lost the race to the job's own ending (a very fast job whose receipt was
+    applied from ``starting``); ``run`` holds that committed terminal state.
+    """
 
     status: StartStatus
     run_id: str
@@ -48,8 +54,10 @@ class StartCoordinator:
         launcher: Launcher,
         controller: ProcessController,
         stop_grace_s: float,
+        runs: RunLookup | None = None,
     ) -> None:
         self._transitions = transitions
+        self._runs = runs
         self._launcher = launcher
         self._controller = controller
         self._stop_grace_s = stop_grace_s
@@ -132,11 +140,26 @@ class StartCoordinator:
                 lost=True,
             )
         except Exception:
+            ended = self._terminal_run(command.run_id)
+            if ended is not None:
+                # Not a persist failure after all: the job already finished and its ending
+                # was committed from ``starting`` (the stop above found it exited).
+                return StartResult("ended", command.run_id, command.attempt_id,
+                                   reason=stopped, run=ended)
             # The durable starting fact stays; recovery finishes the job (ADR-0070 §4).
             return StartResult("unresolved", command.run_id, command.attempt_id,
                                error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED, reason=stopped)
         return StartResult("lost", command.run_id, command.attempt_id,
                            error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED, reason=stopped, run=run)
+
+    def _terminal_run(self, run_id: str) -> Run | None:
+        if self._runs is None:
+            return None
+        try:
+            run = self._runs.get_run(run_id)
+        except Exception:
+            return None
+        return run if is_terminal_run(run.status) else None
 
 
 def _plausible(handle: object) -> bool:

@@ -37,13 +37,14 @@ OutcomeKind = Literal[
     "started",  # T2 committed: the run is running
     "start_failed",  # launch failed before a handle: run failed, EXECUTOR_START_FAILED
     "lost",  # T2 failed, exact stop succeeded: run lost
+    "ended",  # T2 lost to the job's own ending (a very fast job): the run is terminal
     "unresolved",  # left dispatching/starting for the reconciler
     "failed_before_start",  # missing revision/recipe/secret, bad env, low disk
     "skipped_race",  # somebody else moved the candidate first
     "artifact_refused",  # the log artifact could not be created safely; run stays queued
     "error",  # an unexpected failure; the pass stopped
 ]
-_LAUNCHED = frozenset({"started", "start_failed", "lost", "unresolved"})
+_LAUNCHED = frozenset({"started", "start_failed", "lost", "ended", "unresolved"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +196,7 @@ def build_dispatcher(
             launcher=launcher,
             controller=controller,
             stop_grace_s=profile.stop_grace_s,
+            runs=candidates,
         )
 
     return Dispatcher(

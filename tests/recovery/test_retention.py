@@ -1,0 +1,95 @@
+"""Retention of the receipt journal and of quarantined files by profile (ADR-0007 §2.5).
+
+In-process against the real repositories and receipt store; time is an injected clock, so
+"older than retention" needs no waiting. Purges are bounded per pass (pages x page size).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from app.domain.artifacts import quarantine_relpath, receipt_relpath
+from app.domain.errors import ErrorCode
+from app.domain.ids import now_ms
+from app.domain.model import ProcessHandle
+from app.domain.profiles import EDGE
+from app.execution.completion import CompletionService
+from app.execution.reconciler import Reconciler
+from app.storage.journal_repo import JournalRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.launcher import IdentityController
+from app.worker.log_facts import LogFacts
+from app.worker.probe import HandleProbe
+from app.worker.receipts import ReceiptStore
+from tests.worker.kit import armed_run
+
+HANDLE = ProcessHandle(boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4)
+
+
+def _reconciler(engine: Engine, store: ReceiptStore, clock: list[int]) -> Reconciler:
+    journal, runs = JournalRepository(engine), RunRepository(engine)
+    completion = CompletionService(
+        receipts=store, journal=journal, completions=runs, log_facts=LogFacts(store.root)
+    )
+    return Reconciler(
+        attempts=RunReader(engine), journal=journal, completion=completion, transitions=runs,
+        probe=HandleProbe(), controller=IdentityController(), quarantine_files=store,
+        profile=EDGE, clock=lambda: clock[0],
+    )
+
+
+def _journaled(engine: Engine, *, end: bool) -> str:
+    armed = armed_run(engine)
+    journal = JournalRepository(engine)
+    journal.reserve(
+        attempt_id=armed.attempt_id, run_id=armed.run_id,
+        receipt_ref=receipt_relpath(armed.attempt_id),
+    )
+    journal.record_spawned(attempt_id=armed.attempt_id, handle=HANDLE)
+    if end:
+        RunRepository(engine).fail_attempt(
+            run_id=armed.run_id, attempt_id=armed.attempt_id, error_code=ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED,
+            lost=True,
+        )
+    return armed.attempt_id
+
+
+def _quarantine_file(store: ReceiptStore, attempt_id: str) -> Path:
+    store.ensure_shard(attempt_id)
+    store.path_of(attempt_id).write_bytes(b"{}")
+    assert store.quarantine(attempt_id)
+    return store.root / quarantine_relpath(attempt_id)
+
+
+def test_settled_rows_and_quarantined_files_go_after_retention_bounded_per_pass(
+    engine: Engine, tmp_path: Path
+) -> None:
+    store = ReceiptStore(tmp_path / "receipts")
+    store.ensure_root()
+    journal = JournalRepository(engine)
+    consumed = [_journaled(engine, end=True) for _ in range(20)]
+    for attempt_id in consumed:
+        assert journal.mark_consumed(attempt_id=attempt_id)
+    bad_ended = _journaled(engine, end=True)
+    bad_active = _journaled(engine, end=False)  # its evidence is still needed
+    files = {}
+    for attempt_id in (bad_ended, bad_active):
+        files[attempt_id] = _quarantine_file(store, attempt_id)
+        assert journal.mark_quarantined(attempt_id=attempt_id, reason="WRONG_TOKEN")
+    clock = [now_ms()]
+    rec = _reconciler(engine, store, clock)
+    assert rec.purge_retention() == 0  # nothing is old enough yet
+    clock[0] += int(EDGE.consumed_receipt_retention_s * 1000) + 1
+    budget = EDGE.reconcile_pages * EDGE.reconcile_page_size
+    assert rec.purge_retention() == budget  # bounded: 16 of 20 consumed rows
+    assert rec.purge_retention() == 4
+    assert all(journal.get(a) is None for a in consumed)
+    assert files[bad_ended].exists()  # quarantine keeps longer (5 min on edge)
+    clock[0] += int(EDGE.quarantine_retention_s * 1000)
+    assert rec.purge_retention() == 1
+    assert journal.get(bad_ended) is None and not files[bad_ended].exists()
+    entry = journal.get(bad_active)
+    assert entry is not None and entry.state == "quarantined" and files[bad_active].exists()
