@@ -1,37 +1,143 @@
-"""``qinglong serve``: migrate, then serve the API (the supervisor joins in a later change)."""
+"""``qinglong serve`` (migrate, then supervise the api and the worker) and ``qinglong api``."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import socket
+import sys
 from typing import Any
 
 from app.cli.admin import cmd_migrate, settings_for
+from app.context.stop_jobs import stop_active_jobs
+from app.context.supervisor import ServiceSpec, Supervisor
+from app.settings import Settings
+
+APP_FACTORY = "app.api.main:create_app"
+# Bounds uvicorn's graceful shutdown (open streams such as log follows) so a stop or a
+# rolling restart never waits on a client; the supervisor's own stop bound is larger.
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return number
+
+
+def _port(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError("must be a port number (1..65535)")
+    return number
+
+
+def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
+    parser.add_argument(
+        "--workers", type=_positive, default=1, help="uvicorn worker processes (default 1)"
+    )
+    # SUPPRESS: an absent sub-command flag must not hide `qinglong --data-dir DIR serve`.
+    parser.add_argument(
+        "--data-dir", default=argparse.SUPPRESS, help="data directory (default $QL_DATA_DIR)"
+    )
 
 
 def register(sub: Any) -> None:
-    """Add ``serve`` to the parser."""
-    serve = sub.add_parser("serve", help="migrate, then serve the API")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1)
+    """Add ``serve`` and ``api`` to the parser."""
+    serve = sub.add_parser(
+        "serve",
+        help="migrate, then run and supervise the api and the worker",
+        description=(
+            "Migrate the database, then run the api (uvicorn) and the worker, restarting either "
+            "one if it dies. SIGTERM/SIGINT stop both; running jobs keep running and are "
+            "reconciled at the next start unless --stop-jobs-on-exit is given. SIGHUP restarts "
+            "the api's uvicorn workers one by one (with --workers 1: the api process) without "
+            "touching the worker or any job."
+        ),
+    )
+    _add_listen_flags(serve)
+    serve.add_argument(
+        "--stop-jobs-on-exit",
+        action="store_true",
+        help="on shutdown, also cancel and stop every running job (default: leave them running)",
+    )
     serve.set_defaults(handler=cmd_serve)
+
+    api = sub.add_parser("api", help="run only the api under uvicorn (for systemd; never migrates)")
+    _add_listen_flags(api)
+    api.set_defaults(handler=cmd_api)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Fail early with a clear message when the address cannot be bound."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot resolve --host {host!r}: {exc.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(addr)
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """The services' environment: ours, with the resolved data dir (and socket) made explicit."""
+    env = dict(os.environ)
+    env["QL_DATA_DIR"] = str(settings.data_dir)
+    if settings.worker_socket is not None:
+        env["QL_WORKER_SOCKET"] = str(settings.worker_socket)
+    return env
+
+
+def _log_to_stderr(logger: logging.Logger) -> None:
+    """One line per supervisor event on stderr (never job data: names, pids, statuses)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s supervisor %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve the API with uvicorn."""
-    import os
+    """Migrate, then supervise the api and the worker until SIGTERM/SIGINT."""
+    _log_to_stderr(logging.getLogger("qinglong.supervisor"))
+    settings = settings_for(args)
+    _check_listen(args.host, args.port)
+    cmd_migrate(args)
+    api_argv = [sys.executable, "-m", "app", "api", "--host", args.host]
+    api_argv += ["--port", str(args.port), "--workers", str(args.workers)]
+    services = [
+        ServiceSpec("api", api_argv, reloads=True, forwards_hup=args.workers > 1),
+        ServiceSpec("worker", [sys.executable, "-m", "app", "worker"]),
+    ]
+    code = Supervisor(services=services, env=child_env(settings)).run()
+    if args.stop_jobs_on_exit:
+        counts = stop_active_jobs(settings)
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none active"
+        logging.getLogger("qinglong.supervisor").info("stop-jobs-on-exit: %s", summary)
+    return code
 
+
+def cmd_api(args: argparse.Namespace) -> int:
+    """Serve the api with uvicorn alone (the database must already be migrated)."""
     import uvicorn
 
-    cmd_migrate(args)
     settings = settings_for(args)
-    os.environ["QL_DATA_DIR"] = str(settings.data_dir)
+    os.environ["QL_DATA_DIR"] = str(settings.data_dir)  # uvicorn workers inherit it
     uvicorn.run(
-        "app.api.main:create_app",
+        APP_FACTORY,
         factory=True,
         host=args.host,
         port=args.port,
         workers=args.workers,
         log_level="warning",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
     return 0

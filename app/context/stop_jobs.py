@@ -1,0 +1,64 @@
+"""``qinglong serve --stop-jobs-on-exit``: stop the running jobs after the services stopped.
+
+By default a shutdown leaves jobs running (their shims are detached) and the worker
+reconciles them at its next start. With the flag, once the api and the worker are down, each
+active attempt gets a cancel intent (reason ``user``, so its ending maps to ``cancelled``
+when the worker consumes the shim's receipt at the next start) and its job is stopped by exact
+identity (ADR-0070 §4: TERM, grace, identity re-check, KILL; a mismatched identity is never
+signalled). The shim then publishes its receipt and exits; we wait for it, bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+from app.domain.errors import DomainError
+from app.domain.model import ProcessHandle
+from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.run_reads import ActiveAttempt, RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.identity import ProcessIdentity, read_identity, stop_identity, wait_exit
+
+_PAGE = 100
+_PARALLEL = 16
+_SHIM_WAIT_S = 5.0
+
+
+def stop_active_jobs(settings: Settings) -> Counter[str]:
+    """Cancel and stop every starting/running attempt; returns counts by outcome."""
+    engine = make_engine(settings.database_url)
+    counts: Counter[str] = Counter()
+    try:
+        reader, runs = RunReader(engine), RunRepository(engine)
+        active: list[ActiveAttempt] = []
+        after: str | None = None
+        while True:
+            page = reader.active_attempts(limit=_PAGE, after_id=after)
+            active.extend(page)
+            if len(page) < _PAGE:
+                break
+            after = page[-1].attempt_id
+        for attempt in active:
+            with contextlib.suppress(DomainError):  # ended meanwhile: nothing to cancel
+                runs.request_cancel(run_id=attempt.run_id, reason="user")
+        grace = settings.profile.stop_grace_s
+        with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
+            results = pool.map(lambda a: _stop_one(a.handle, grace), active)
+            counts.update(results)
+    finally:
+        engine.dispose()
+    return counts
+
+
+def _stop_one(handle: ProcessHandle | None, grace_s: float) -> str:
+    if handle is None:
+        return "no_handle"  # never reached running: the reconciler settles it
+    job = ProcessIdentity(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks)
+    result = stop_identity(job, grace_seconds=grace_s)
+    shim = read_identity(handle.shim_pid)
+    if shim is not None and shim.start_ticks == handle.shim_start_ticks:
+        wait_exit(handle.shim_pid, _SHIM_WAIT_S)  # let it publish the receipt
+    return result

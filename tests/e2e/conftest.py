@@ -1,0 +1,357 @@
+"""End-to-end fixtures: a real ``qinglong serve`` on a free 127.0.0.1 port.
+
+Use ``served`` for one default server, or ``serve_factory`` to start several or to pass
+options::
+
+    @pytest.mark.e2e
+    def test_something(served: Served) -> None:
+        r = httpx.get(f"{served.base_url}/api/v1/runs", headers=served.auth)
+
+    def test_more(serve_factory: ServeFactory) -> None:
+        served = serve_factory(workers=2, stop_jobs_on_exit=True, database_url=pg_url)
+
+Each server has a private data dir (under ``tmp_path``), a short worker socket path (a
+``mkdtemp(prefix="ql")`` dir, removed at teardown), an admin token created before the start,
+and its stderr in ``<data_dir>/serve.log`` (shown when the start fails). Teardown (or an
+explicit ``served.stop()``) sends SIGTERM to the supervisor by pid, expects exit status 0
+within a bound, then checks that no process that descended from it is left (api, uvicorn
+workers, worker, job shims and jobs alike): leftovers are killed by pid after their start
+time is re-checked, and the test errors. A test that leaves jobs running must wait for them
+or start the server with ``stop_jobs_on_exit=True``. Nothing is ever killed by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+import pytest
+
+from app.domain.tokens import new_api_token
+from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.migrate import upgrade_to_head
+from app.storage.tokens_repo import TokenRepository
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- /proc helpers (pids are always paired with their start time) ---------------------------
+
+
+def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgid, start ticks) of ``pid``, or None if there is no such process."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def alive(pid: int, start_ticks: int | None = None) -> bool:
+    """``pid`` exists, is not a zombie and (if given) started at ``start_ticks``."""
+    stat = proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X", "x"):
+        return False
+    return start_ticks is None or stat[3] == start_ticks
+
+
+def _all_stats() -> dict[int, tuple[str, int, int, int]]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := proc_stat(int(name))) is not None:
+            out[int(name)] = stat
+    return out
+
+
+def descendants(root: int) -> dict[int, int]:
+    """Live descendants of ``root`` as {pid: start ticks} (one /proc snapshot)."""
+    stats = _all_stats()
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid, _, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    found: dict[int, int] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if stats[pid][0] not in ("Z", "X", "x"):
+            found[pid] = stats[pid][3]
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def kill_exact(pid: int, start_ticks: int) -> None:
+    """SIGKILL ``pid`` only if it is still the process that started at ``start_ticks``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if alive(pid, start_ticks):  # checked after the pidfd pinned the process
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
+    """Poll ``check`` until true or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (the start retries if it was taken meanwhile)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_ping(socket_path: Path, timeout: float = 5.0) -> dict[str, object]:
+    """One ``{"op":"ping"}`` line over the worker's control socket; the decoded answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(socket_path))
+        s.sendall(b'{"op":"ping"}\n')
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+    answer: dict[str, object] = json.loads(buf)
+    return answer
+
+
+# -- the served instance ---------------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    """A running ``qinglong serve``; ``pid`` is the supervisor's."""
+
+    base_url: str
+    token: str
+    data_dir: Path
+    socket_path: Path
+    pid: int
+    port: int
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    _socket_dir: Path
+    _start_ticks: int = 0
+    exit_code: int | None = field(default=None, init=False)
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The admin token as request headers."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def log(self) -> str:
+        """The supervisor's (and its children's) stdout+stderr so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def service_pids(self) -> dict[str, int]:
+        """Current leaders of the supervised roles: {"api": pid, "worker": pid} (those alive)."""
+        found: dict[str, int] = {}
+        for pid, (state, ppid, pgid, _) in _all_stats().items():
+            if ppid != self.pid or pgid != pid or state in ("Z", "X", "x"):
+                continue
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[1:3] == [b"-m", b"app"] and argv[3:4] in ([b"api"], [b"worker"]):
+                found[argv[3].decode()] = pid
+        return found
+
+    def wait_services(self, timeout: float = START_TIMEOUT_S) -> dict[str, int]:
+        """Wait until both roles run and answer (/healthz and a worker ping); their pids."""
+        wait_until("the api and the worker", lambda: self._answering(), timeout)
+        return self.service_pids()
+
+    def healthz_ok(self) -> bool:
+        """/healthz answers 200 right now."""
+        try:
+            return httpx.get(f"{self.base_url}/healthz", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def ping_pid(self) -> int | None:
+        """The worker's pid as its control socket reports it, or None if it does not answer."""
+        try:
+            pid = worker_ping(self.socket_path).get("pid")
+        except (OSError, ValueError):
+            return None
+        return pid if isinstance(pid, int) else None
+
+    def _answering(self) -> bool:
+        if self.proc.poll() is not None:
+            pytest.fail(f"qinglong serve exited ({self.proc.returncode}):\n{self.log()}")
+        return self._up()
+
+    def _up(self) -> bool:
+        return set(self.service_pids()) == {"api", "worker"} and (
+            self.healthz_ok() and self.ping_pid() is not None
+        )
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM by pid, wait for the exit, check nothing it started is left; the status."""
+        if self.exit_code is not None:
+            return self.exit_code
+        left_before = descendants(self.pid) if self.proc.poll() is None else {}
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+        try:
+            self.exit_code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_exact(self.pid, self._start_ticks)
+            self.exit_code = self.proc.wait(timeout=10)
+            left_before = {**left_before, **descendants(self.pid)}
+            self._cleanup(left_before)
+            pytest.fail(f"qinglong serve did not exit within {timeout:.0f} s:\n{self.log()}")
+        self._cleanup(left_before)
+        return self.exit_code
+
+    def _cleanup(self, known: dict[int, int]) -> None:
+        left = {p: t for p, t in known.items() if alive(p, t)}
+        for pid, ticks in left.items():
+            kill_exact(pid, ticks)
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+        if left:
+            pytest.fail(f"processes left after qinglong serve exited: {sorted(left)}")
+
+
+class ServeFactory(Protocol):
+    """Starts a served instance; all of them are stopped at teardown."""
+
+    def __call__(
+        self,
+        *,
+        workers: int = 1,
+        stop_jobs_on_exit: bool = False,
+        database_url: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> Served: ...
+
+
+def _create_admin_token(settings: Settings) -> str:
+    settings.ensure_data_dir()
+    engine = make_engine(settings.database_url)
+    try:
+        upgrade_to_head(engine)
+        token = new_api_token()
+        TokenRepository(engine).create(name="e2e-admin", scopes=frozenset({"admin"}), token=token)
+    finally:
+        engine.dispose()
+    return token
+
+
+def _launch(
+    data_dir: Path, env: dict[str, str], workers: int, stop_jobs: bool, token: str
+) -> Served:
+    socket_dir = Path(tempfile.mkdtemp(prefix="ql"))
+    env = {**env, "QL_WORKER_SOCKET": str(socket_dir / "w.sock")}
+    for _ in range(3):  # a free port may be taken between probing and binding
+        port = free_port()
+        argv = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--workers", str(workers), "--data-dir", str(data_dir)]
+        if stop_jobs:
+            argv.append("--stop-jobs-on-exit")
+        log_path = data_dir / "serve.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        stat = proc_stat(proc.pid)
+        served = Served(
+            base_url=f"http://127.0.0.1:{port}",
+            token=token,
+            data_dir=data_dir,
+            socket_path=socket_dir / "w.sock",
+            pid=proc.pid,
+            port=port,
+            env=env,
+            proc=proc,
+            log_path=log_path,
+            _socket_dir=socket_dir,
+            _start_ticks=stat[3] if stat else 0,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            if served._up():
+                return served
+            time.sleep(0.05)
+        if proc.poll() is None:
+            served.stop()
+            pytest.fail(f"qinglong serve did not become healthy:\n{served.log()}")
+        if "cannot listen" not in served.log():
+            served._cleanup({})
+            pytest.fail(f"qinglong serve exited ({proc.returncode}):\n{served.log()}")
+    shutil.rmtree(socket_dir, ignore_errors=True)
+    pytest.fail("qinglong serve could not bind a free port three times")
+
+
+@pytest.fixture
+def serve_factory(tmp_path: Path) -> Iterator[ServeFactory]:
+    """Start real ``qinglong serve`` instances; each is stopped and checked at teardown."""
+    started: list[Served] = []
+
+    def start(
+        *,
+        workers: int = 1,
+        stop_jobs_on_exit: bool = False,
+        database_url: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> Served:
+        data_dir = tmp_path / f"serve{len(started)}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+        env["QL_DATA_DIR"] = str(data_dir)
+        if database_url:
+            env["QL_DATABASE_URL"] = database_url
+        env.update(extra_env or {})
+        token = _create_admin_token(Settings.from_env(env))
+        served = _launch(data_dir, env, workers, stop_jobs_on_exit, token)
+        started.append(served)
+        return served
+
+    yield start
+    errors = []
+    for served in started:
+        try:
+            code = served.stop()
+        except pytest.fail.Exception as exc:
+            errors.append(str(exc))
+            continue
+        if code != 0:
+            errors.append(f"qinglong serve exited with {code}:\n{served.log()}")
+    if errors:
+        pytest.fail("\n".join(errors))
+
+
+@pytest.fixture
+def served(serve_factory: ServeFactory) -> Served:
+    """One ``qinglong serve`` with defaults (SQLite, one uvicorn worker)."""
+    return serve_factory()
