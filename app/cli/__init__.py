@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.cli import admin, secrets, serve, worker
+from app.cli import admin, receipts, secrets, serve, worker
 from app.domain.errors import DomainError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.register(sub)
     serve.register(sub)
     secrets.register(sub)
+    receipts.register(sub)
     worker.register(sub)
     return parser
 
