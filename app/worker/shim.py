@@ -205,12 +205,21 @@ def _boot_id() -> str:
 
 
 def _set_subreaper() -> None:
+    # The C half of ctypes only: the ``ctypes`` package costs ~4 ms of start-up (a third of
+    # the shim's own share, measured by bench/profile_dispatch.py) for this one call.
     try:
-        import ctypes
+        import _ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError, ImportError):
+        class _CInt(_ctypes._SimpleCData):  # type: ignore[type-arg]
+            _type_ = "i"
+
+        class _Prctl(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL
+            _restype_ = _CInt
+
+        prctl = _Prctl(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))  # type: ignore[arg-type]
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError, ImportError, TypeError):
         pass  # best effort: orphaned grandchildren then go to init instead
 
 

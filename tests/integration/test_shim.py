@@ -503,3 +503,20 @@ def test_crash_after_temp_write_leaves_only_temp(tmp_path: Path, launched: Launc
     # The temp holds a complete, valid payload; it is just never the final name.
     temp = Path(spec["receipt_dir"]) / names[0]
     assert decode_receipt(temp.read_bytes()).exit_code == 0
+
+
+def test_shim_is_the_subreaper_of_orphaned_descendants(tmp_path: Path, launched: Launched) -> None:
+    # The subshell exits at once, orphaning its `sleep`: it must be re-parented to the shim.
+    script = "(sleep 30 </dev/null >/dev/null 2>&1 & echo $!); sleep 30"
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", script])
+    status = launch(spec, launched)
+    log = Path(spec["log_path"])
+    poll_until(lambda: log.read_text().strip().isdigit())
+    orphan = int(log.read_text().strip())
+    launched.pids.append(orphan)
+
+    def parent() -> int:
+        stat = Path(f"/proc/{orphan}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+    poll_until(lambda: parent() == status["shim_pid"])
