@@ -1,0 +1,66 @@
+"""The api's drain runs several passes side by side over one shared dispatcher."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from app.context.execution_wiring import _drain_concurrently, drain_concurrency
+from app.execution.dispatcher import PassResult
+from app.storage.run_reads import RunReader
+from tests.execution.kit import FakeLauncher, define, enqueue, make_kit
+
+RUNS = 24
+
+
+def test_concurrency_follows_the_profile_page_size() -> None:
+    assert drain_concurrency(4) == 1  # edge: one pass at a time
+    assert drain_concurrency(16) == 4  # standalone
+    assert drain_concurrency(1) == 1
+
+
+def test_concurrent_drain_launches_each_attempt_exactly_once(
+    engine: Engine, tmp_path: Path
+) -> None:
+    define(engine)
+    run_ids = [enqueue(engine).id for _ in range(RUNS)]
+    launcher = FakeLauncher(engine)
+    kit = make_kit(engine, tmp_path / "logs", launcher=launcher)
+    _drain_concurrently(kit.dispatcher, 4)
+    assert not [t for t in threading.enumerate() if t.name == "ql-drain"]
+    reader = RunReader(engine)
+    attempts = []
+    for run_id in run_ids:
+        run = reader.get_run(run_id)
+        assert run.status == "running"
+        assert run.latest_attempt is not None
+        attempts.append(run.latest_attempt.id)
+    counts = Counter(o.request.attempt_id for o in launcher.observed)
+    assert sorted(counts) == sorted(attempts)
+    assert set(counts.values()) == {1}
+
+
+class _Exploding:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def run_pass(self) -> PassResult:
+        with self.lock:
+            self.calls += 1
+        if threading.current_thread().name == "ql-drain":
+            raise RuntimeError("boom")
+        return PassResult(outcomes=(), truncated=False)
+
+
+def test_a_failing_helper_is_logged_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    fake = _Exploding()
+    with caplog.at_level(logging.ERROR, logger="qinglong.dispatch"):
+        _drain_concurrently(fake, 3)  # type: ignore[arg-type]
+    assert fake.calls == 3
+    assert caplog.text.count("background pass failed: RuntimeError") == 2
