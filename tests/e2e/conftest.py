@@ -12,7 +12,8 @@ options::
 
 Each server has a private data dir (under ``tmp_path``), a short worker socket path (a
 ``mkdtemp(prefix="ql")`` dir, removed at teardown), an admin token created before the start,
-and its stderr in ``<data_dir>/serve.log`` (shown when the start fails). Teardown (or an
+and its stderr in ``<data_dir>/serve-<ns>.log`` (shown when the start fails). Pass
+``data_dir=served.data_dir`` to start the same service again after ``served.stop()``. Teardown (or an
 explicit ``served.stop()``) sends SIGTERM to the supervisor by pid, expects exit status 0
 within a bound, then checks that no process that descended from it is left (api, uvicorn
 workers, worker, job shims and jobs alike): leftovers are killed by pid after their start
@@ -161,6 +162,7 @@ class Served:
     _socket_dir: Path
     _start_ticks: int = 0
     exit_code: int | None = field(default=None, init=False)
+    left_jobs: dict[int, int] = field(default_factory=dict, init=False)
 
     @property
     def auth(self) -> dict[str, str]:
@@ -215,11 +217,23 @@ class Served:
             self.healthz_ok() and self.ping_pid() is not None
         )
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM by pid, wait for the exit, check nothing it started is left; the status."""
+    def stop(self, timeout: float = STOP_TIMEOUT_S, *, leave_jobs: bool = False) -> int:
+        """SIGTERM by pid, wait for the exit, check nothing it started is left; the status.
+
+        ``leave_jobs``: processes outside the api's and the worker's process groups (job
+        shims and jobs) may outlive the supervisor, as they should; they are recorded in
+        ``left_jobs`` and the caller must end them (``kill_exact``) or let them finish.
+        """
         if self.exit_code is not None:
             return self.exit_code
         left_before = descendants(self.pid) if self.proc.poll() is None else {}
+        if leave_jobs:
+            groups = set(self.service_pids().values())
+            for pid, ticks in list(left_before.items()):
+                stat = proc_stat(pid)
+                if stat is not None and stat[2] not in groups:
+                    self.left_jobs[pid] = ticks
+                    del left_before[pid]
         if self.proc.poll() is None:
             os.kill(self.pid, signal.SIGTERM)
         try:
@@ -252,6 +266,7 @@ class ServeFactory(Protocol):
         stop_jobs_on_exit: bool = False,
         database_url: str | None = None,
         extra_env: dict[str, str] | None = None,
+        data_dir: Path | None = None,
     ) -> Served: ...
 
 
@@ -261,7 +276,8 @@ def _create_admin_token(settings: Settings) -> str:
     try:
         upgrade_to_head(engine)
         token = new_api_token()
-        TokenRepository(engine).create(name="e2e-admin", scopes=frozenset({"admin"}), token=token)
+        name = f"e2e-admin-{time.time_ns()}"
+        TokenRepository(engine).create(name=name, scopes=frozenset({"admin"}), token=token)
     finally:
         engine.dispose()
     return token
@@ -278,7 +294,7 @@ def _launch(
         argv += ["--workers", str(workers), "--data-dir", str(data_dir)]
         if stop_jobs:
             argv.append("--stop-jobs-on-exit")
-        log_path = data_dir / "serve.log"
+        log_path = data_dir / f"serve-{time.time_ns()}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
@@ -325,8 +341,10 @@ def serve_factory(tmp_path: Path) -> Iterator[ServeFactory]:
         stop_jobs_on_exit: bool = False,
         database_url: str | None = None,
         extra_env: dict[str, str] | None = None,
+        data_dir: Path | None = None,
     ) -> Served:
-        data_dir = tmp_path / f"serve{len(started)}"
+        # Pass an earlier instance's data_dir (and database_url) to start it again.
+        data_dir = data_dir or tmp_path / f"serve{len(started)}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
         env["QL_DATA_DIR"] = str(data_dir)
         if database_url:

@@ -1,0 +1,83 @@
+"""Jobs across a ``qinglong serve`` shutdown: left running by default, stopped with the flag.
+
+On SQLite and PostgreSQL (``db_url``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import ServeFactory, alive, kill_exact, wait_until
+from tests.e2e.kit import TERMINAL
+from tests.e2e.kit import enqueue as _enqueue
+from tests.e2e.kit import get_run as _run
+from tests.e2e.kit import put_task as _put_task
+from tests.e2e.kit import terminal_events as _terminal_events
+from tests.e2e.kit import wait_status as _wait_status
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_job_outlives_the_supervisor_and_its_ending_is_recorded_after_restart(
+    serve_factory: ServeFactory, db_url: str, tmp_path: Path
+) -> None:
+    served = serve_factory(database_url=db_url)
+    _put_task(
+        served,
+        "waits-for-go",
+        "echo before; while [ ! -e GO ]; do sleep 0.05; done; echo after; exit 7",
+        tmp_path,
+    )
+    run_id = _enqueue(served, "waits-for-go")
+    _wait_status(served, run_id, {"running"})
+
+    try:
+        assert served.stop(leave_jobs=True) == 0
+        assert served.left_jobs, "the job's shim and process keep running"
+        assert any(alive(p, t) for p, t in served.left_jobs.items())
+
+        again = serve_factory(data_dir=served.data_dir, database_url=db_url)
+        assert _run(again, run_id)["status"] == "running"
+        (tmp_path / "GO").touch()
+        run = _wait_status(again, run_id, TERMINAL)
+    finally:
+        (tmp_path / "GO").touch()  # the job ends on its own; anything still alive is killed
+        try:
+            wait_until(
+                "the job processes to end",
+                lambda: not any(alive(p, t) for p, t in served.left_jobs.items()),
+                30,
+            )
+        finally:
+            for pid, ticks in served.left_jobs.items():
+                kill_exact(pid, ticks)
+
+    assert run["status"] == "failed"
+    assert run["latest_attempt"]["exit_code"] == 7
+    assert _terminal_events(again, run_id) == ["run.failed"]
+    log = httpx.get(
+        f"{again.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=again.auth
+    ).text
+    assert log.splitlines() == ["before", "after"]
+
+
+def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
+    serve_factory: ServeFactory, db_url: str, tmp_path: Path
+) -> None:
+    served = serve_factory(stop_jobs_on_exit=True, database_url=db_url)
+    _put_task(served, "forever", "echo up; while :; do sleep 0.05; done", tmp_path)
+    run_id = _enqueue(served, "forever")
+    _wait_status(served, run_id, {"running"})
+
+    # The fixture's check covers it: no shim or job process is left after the exit.
+    assert served.stop() == 0
+    assert "stop-jobs-on-exit: 1 stopped" in served.log()
+
+    again = serve_factory(data_dir=served.data_dir, database_url=db_url)
+    run = _wait_status(again, run_id, TERMINAL)
+    assert run["status"] == "cancelled"
+    assert run["cancel_requested"]["reason"] == "user"
+    assert _terminal_events(again, run_id) == ["run.cancelled"]
