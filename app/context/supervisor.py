@@ -194,7 +194,13 @@ class Supervisor:
                 self._start(child)
 
     def _start(self, child: _Service) -> None:
-        child.pid = spawn_in_own_group(child.spec.argv, self.env)
+        try:
+            child.pid = spawn_in_own_group(child.spec.argv, self.env)
+        except OSError as exc:  # e.g. EAGAIN from fork: retry later, keep the other one up
+            child.failures, delay = next_restart(child.failures, 0.0, self.policy)
+            child.restart_at = time.monotonic() + delay
+            log.error("%s could not be started (%s); retry in %.1f s", child.spec.name, exc, delay)
+            return
         child.last_pgid = child.pid
         child.started_at = time.monotonic()
         child.restart_at = None
