@@ -71,6 +71,7 @@ class WorkerProcess:
         self.settings = settings
         self.parts: WorkerParts | None = None
         self._stop = threading.Event()
+        self._reconciler: Reconciler | None = None
 
     def start(self) -> WorkerParts:
         """Check the schema, build every part, re-arm live completion, open the socket."""
@@ -130,6 +131,7 @@ class WorkerProcess:
             probe=HandleProbe(), controller=controller, quarantine_files=p.receipts,
             profile=profile, watch=p.watcher.add,
         )
+        self._reconciler = reconciler
         sweep = CancellationSweep(
             attempts=p.reader, intents=p.runs, controller=controller, profile=profile
         )
@@ -144,6 +146,9 @@ class WorkerProcess:
 
     def _consume(self, run_id: str, attempt_id: str) -> ConsumeResult:
         assert self.parts is not None
+        if self._reconciler is not None and self._reconciler.claimed(attempt_id):
+            # Recovery is stopping this attempt to record ``lost``; it consumes afterwards.
+            return ConsumeResult("absent")
         result = self.parts.completion.consume(run_id=run_id, attempt_id=attempt_id)
         log.info("attempt completion: %s", result.status)
         if result.status in ("absent", "quarantined"):

@@ -23,6 +23,7 @@ is bounded per pass. Passes never overlap: only the recovery loop's one thread c
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,8 +112,20 @@ class Reconciler:
         self._start_grace_ms = int(start_grace_s * 1000)
         self._clock = clock
         self._sleep = sleep
+        self._claims: set[str] = set()  # attempts this pass is stopping to end them itself
+        self._claims_lock = threading.Lock()
         self._cursor: str | None = None  # resume cursor over active attempts, across passes
         self._journal_cursor: tuple[int, str] | None = None
+
+    def claimed(self, attempt_id: str) -> bool:
+        """True while a pass is stopping this attempt to record its own ending.
+
+        The live completion path skips such an attempt: the receipt its shim writes after
+        our TERM is not the job's own ending and must not win over ``lost`` (the pass
+        consumes it afterwards, as already_terminal, and cleans it up).
+        """
+        with self._claims_lock:
+            return attempt_id in self._claims
 
     # -- the pass ---------------------------------------------------------------------------
 
@@ -181,16 +194,26 @@ class Reconciler:
             report.kept += 1  # the api may be committing T2 right now
             return
         assert entry.handle is not None
-        result = self._controller.stop(entry.handle, grace_seconds=self._profile.stop_grace_s)
+        with self._claims_lock:
+            self._claims.add(attempt.attempt_id)  # before any signal (see ``claimed``)
+        try:
+            result = self._controller.stop(
+                entry.handle, grace_seconds=self._profile.stop_grace_s
+            )
+            if result == "stopped":
+                # We ended it: whatever receipt the shim now writes is not the job's ending.
+                report.stopped += 1
+                self._end(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, lost=True,
+                          report=report)
+        finally:
+            with self._claims_lock:
+                self._claims.discard(attempt.attempt_id)
         if result == "unknown":
             report.undecided += 1
-            return
-        if result == "stopped":
-            # We ended it: whatever receipt the shim now writes is not the job's own ending.
-            report.stopped += 1
-            self._end(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, lost=True, report=report)
-            return
-        self._after_grace(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, report)
+        elif result == "stopped":
+            self._consumed(attempt, report)  # already_terminal: cleans a receipt left behind
+        else:
+            self._after_grace(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, report)
 
     def _after_grace(self, attempt: ActiveAttemptView, code: ErrorCode, report: PassReport) -> None:
         # ADR-0007 §2.6.5: the process exited; a receipt may still be on its way (one grace).

@@ -11,16 +11,24 @@ from app.domain.artifacts import log_artifact_id
 from app.domain.canonical import sha256_digest
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle, Run
+from app.domain.profiles import EDGE
 from app.domain.tokens import new_callback_token
+from app.execution.completion import CompletionService
+from app.execution.reconciler import Reconciler
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.worker.launcher import IdentityController
+from app.worker.log_facts import LogFacts
+from app.worker.probe import HandleProbe
 from app.worker.receipts import ReceiptStore
 from tests.worker.kit import Armed, Processes, launch_request, make_log, terminal_events
 from tests.worker.test_worker_process import DEADLINE, TERMINAL, Worker, wait_for
 
-__all__ = ["DEADLINE", "TERMINAL", "Armed", "Rig", "terminal_events", "wait_for"]
+__all__ = [
+    "DEADLINE", "TERMINAL", "Armed", "Rig", "in_process_reconciler", "terminal_events", "wait_for"
+]
 
 
 class Rig:
@@ -101,3 +109,16 @@ def gated(*gates: str, then: str, tag: str = "") -> str:
         parts.append(f"while [ ! -e {g} ]; do sleep 0.01; done; echo past-{g}{tag}")
     parts.append(then)
     return "; ".join(parts)
+
+
+def in_process_reconciler(engine: Engine, store: ReceiptStore, clock: list[int]) -> Reconciler:
+    """The worker's reconciler wiring on the edge profile, with an injected clock."""
+    journal, runs = JournalRepository(engine), RunRepository(engine)
+    completion = CompletionService(
+        receipts=store, journal=journal, completions=runs, log_facts=LogFacts(store.root)
+    )
+    return Reconciler(
+        attempts=RunReader(engine), journal=journal, completion=completion, transitions=runs,
+        probe=HandleProbe(), controller=IdentityController(), quarantine_files=store,
+        profile=EDGE, clock=lambda: clock[0],
+    )

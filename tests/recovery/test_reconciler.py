@@ -103,8 +103,10 @@ def test_starting_with_a_journaled_spawn_is_stopped_then_lost(rig: Rig) -> None:
     wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
     _after_start_grace(a, rig)
     assert rig.worker.client.wake(reconcile=True)
-    _lost(rig, a, ErrorCode.RECOVERY_START_INTERRUPTED)
+    _lost(rig, a, ErrorCode.RECOVERY_START_INTERRUPTED)  # not the TERM receipt's "failed"
     assert wait_exit(h.pid, DEADLINE) and wait_exit(h.shim_pid, DEADLINE)
+    wait_for(lambda: not rig.store.path_of(a.attempt_id).exists(), "the receipt cleanup")
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
 
 
 def test_an_ended_attempt_whose_process_still_runs_is_stopped(rig: Rig) -> None:

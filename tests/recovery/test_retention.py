@@ -15,30 +15,13 @@ from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle
 from app.domain.profiles import EDGE
-from app.execution.completion import CompletionService
-from app.execution.reconciler import Reconciler
 from app.storage.journal_repo import JournalRepository
-from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.launcher import IdentityController
-from app.worker.log_facts import LogFacts
-from app.worker.probe import HandleProbe
 from app.worker.receipts import ReceiptStore
+from tests.recovery.kit import in_process_reconciler
 from tests.worker.kit import armed_run
 
 HANDLE = ProcessHandle(boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4)
-
-
-def _reconciler(engine: Engine, store: ReceiptStore, clock: list[int]) -> Reconciler:
-    journal, runs = JournalRepository(engine), RunRepository(engine)
-    completion = CompletionService(
-        receipts=store, journal=journal, completions=runs, log_facts=LogFacts(store.root)
-    )
-    return Reconciler(
-        attempts=RunReader(engine), journal=journal, completion=completion, transitions=runs,
-        probe=HandleProbe(), controller=IdentityController(), quarantine_files=store,
-        profile=EDGE, clock=lambda: clock[0],
-    )
 
 
 def _journaled(engine: Engine, *, end: bool) -> str:
@@ -80,7 +63,7 @@ def test_settled_rows_and_quarantined_files_go_after_retention_bounded_per_pass(
         files[attempt_id] = _quarantine_file(store, attempt_id)
         assert journal.mark_quarantined(attempt_id=attempt_id, reason="WRONG_TOKEN")
     clock = [now_ms()]
-    rec = _reconciler(engine, store, clock)
+    rec = in_process_reconciler(engine, store, clock)
     assert rec.purge_retention() == 0  # nothing is old enough yet
     clock[0] += int(EDGE.consumed_receipt_retention_s * 1000) + 1
     budget = EDGE.reconcile_pages * EDGE.reconcile_page_size

@@ -1,0 +1,90 @@
+"""The reconciler's bounds and the loop's lifecycle: resume cursor, no overlap, clean stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from app.domain.ids import now_ms
+from app.domain.profiles import EDGE
+from app.execution.recovery_loop import RecoveryLoop
+from app.worker.receipts import ReceiptStore
+from tests.recovery.kit import in_process_reconciler
+from tests.worker.kit import armed_run
+
+
+def test_a_pass_is_bounded_and_the_next_resumes_where_it_stopped(
+    engine: Engine, tmp_path: Path
+) -> None:
+    for _ in range(20):
+        armed_run(engine)  # starting, never launched, young: each is examined and kept
+    store = ReceiptStore(tmp_path / "receipts")
+    rec = in_process_reconciler(engine, store, [now_ms()])
+    budget = EDGE.reconcile_pages * EDGE.reconcile_page_size
+    assert [rec.run_pass().examined for _ in range(3)] == [budget, 20 - budget, budget]
+
+
+class _Probe:
+    """Stands in for the reconciler and the sweep: records overlap; passes take a while."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.max_running = 0
+        self.passes = 0
+        self.sweeps = 0
+        self.closed = False
+
+    def _enter(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+
+    def _leave(self) -> None:
+        with self.lock:
+            self.running -= 1
+
+    def run_pass(self) -> object:
+        self._enter()
+        time.sleep(0.02)  # a pass that takes time, so wakes arrive while it runs
+        self.passes += 1
+        self._leave()
+        return type("R", (), {"lost": 0, "failed": 0, "stopped": 0, "undecided": 0,
+                              "purged": 0, "examined": 0, "completed": 0})()
+
+    def run_once(self) -> int:
+        self._enter()
+        self.sweeps += 1
+        self._leave()
+        return 0
+
+    def close(self, timeout: float) -> None:
+        self.closed = True
+
+
+def test_wakes_never_overlap_passes_and_stop_is_clean() -> None:
+    probe = _Probe()
+    loop = RecoveryLoop(
+        reconciler=probe,  # type: ignore[arg-type]
+        cancellation=probe,  # type: ignore[arg-type]
+        interval_s=3600.0,
+        sweep_interval_s=3600.0,
+    )
+    loop.start()
+    deadline = time.monotonic() + 10
+    while probe.passes < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert probe.passes == 1  # the start-up pass
+    for _ in range(50):
+        loop.wake(reconcile=True)
+    while probe.passes < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    loop.stop(timeout=10)
+    assert probe.max_running == 1 and probe.closed
+    assert 2 <= probe.passes <= 51 and probe.sweeps >= 2
+    passes = probe.passes
+    loop.wake(reconcile=True)  # after stop (the thread was joined): nothing runs any more
+    assert probe.passes == passes
