@@ -1,0 +1,115 @@
+"""``python -m bench [--quick|--full] [--only NAME ...] [--postgres URL]``.
+
+Runs the benchmark groups below, prints every figure beside its same-run baseline and the
+ratio, and writes them all to ``bench/results/<label>-<time>.json``. PostgreSQL groups run
+when ``--postgres`` (default ``$QL_TEST_POSTGRES_URL``) is given, each in a private schema
+dropped afterwards. Nothing is asserted: targets are printed beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench.report import Report
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each group does in one mode."""
+
+    trivial_runs: int
+    read_seconds: float
+    scale: list[int]
+    scale_repeats: int
+    shim_count: int
+    drain_bytes: int
+    receipts: int
+    launch_count: int
+
+
+QUICK = Sizes(trivial_runs=100, read_seconds=1.5, scale=[1_000, 5_000], scale_repeats=5,
+              shim_count=10, drain_bytes=50_000_000, receipts=300, launch_count=10)  # fmt: skip
+FULL = Sizes(trivial_runs=1_000, read_seconds=5.0, scale=[1_000, 10_000, 100_000],
+             scale_repeats=20, shim_count=30, drain_bytes=200_000_000, receipts=1_000,
+             launch_count=30)  # fmt: skip
+
+
+def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
+    from bench.api_reads import run_api_reads
+    from bench.launch import run_launch
+    from bench.recovery import run_recovery
+    from bench.shim import run_shim
+    from bench.trivial import run_trivial
+
+    dbs: list[str | None] = [None] + ([pg] if pg else [])
+
+    def each(fn: Callable[..., None], **kw: object) -> Callable[[Report], None]:
+        def run(report: Report) -> None:
+            for db in dbs:
+                fn(report, pg=db, **kw)
+
+        return run
+
+    return {
+        "trivial": each(run_trivial, count=size.trivial_runs),
+        "reads": each(run_api_reads, seconds=size.read_seconds),
+        "scale": lambda report: _scale(report, size, pg),
+        "shim": lambda report: run_shim(
+            report, count=size.shim_count, drain_bytes=size.drain_bytes
+        ),
+        "recovery": each(run_recovery, count=size.receipts),
+        "launch": lambda report: run_launch(report, count=size.launch_count),
+    }
+
+
+def _scale(report: Report, size: Sizes, pg: str | None) -> None:
+    from pathlib import Path
+
+    from bench.scale import run_scale
+    from bench.stack import database
+
+    run_scale(report, url=None, sizes=size.scale, repeats=size.scale_repeats)
+    if pg:
+        with database(pg, Path("/")) as url:  # a private schema, dropped afterwards
+            run_scale(report, url=url, sizes=size.scale, repeats=size.scale_repeats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small sizes (under a minute)")
+    mode.add_argument("--full", action="store_true", help="full sizes (the README table)")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="run only these groups (repeatable)")
+    parser.add_argument("--postgres", default=os.environ.get("QL_TEST_POSTGRES_URL"),
+                        help="PostgreSQL URL (default $QL_TEST_POSTGRES_URL)")
+    args = parser.parse_args(argv)
+    size = FULL if args.full else QUICK
+    label = "full" if args.full else "quick"
+    groups = _groups(size, args.postgres or None)
+    unknown = [name for name in args.only if name not in groups]
+    if unknown:
+        parser.error(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(groups)}")
+    chosen = args.only or [name for name in groups if name != "launch" or args.full]
+    report = Report()
+    print(f"bench --{label}: {', '.join(chosen)}"
+          f" (postgres: {'yes' if args.postgres else 'no'}; {os.cpu_count()} cpus)")
+    t0 = time.perf_counter()
+    try:
+        for name in chosen:
+            print(f"-- {name}", flush=True)
+            groups[name](report)
+    finally:
+        if report.figures:
+            report.write(label)
+    print(f"done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

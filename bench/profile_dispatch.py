@@ -1,0 +1,119 @@
+"""Profile the slowest path of the trivial-run benchmark: the api's dispatcher drain.
+
+``python -m bench.profile_dispatch [--count N] [--pg URL]`` starts a real worker, enqueues N
+``/bin/true`` runs through the repository (untimed), then drains them in this process under
+pyinstrument with the api's own wiring (``build_execution``): candidates page, materialize,
+T1, launch over the worker socket (journal + shim start-up), T2. The text profile goes to
+stdout (and ``--html PATH`` if asked); the per-run time is printed beside the shim's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+
+from app.context.execution_wiring import build_execution
+from app.settings import Settings
+from app.storage.definitions_repo import DefinitionRepository
+from app.storage.engine import make_engine
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.storage.secret_crypto import KeyRing
+from app.storage.secrets_repo import SecretRepository
+from bench.stack import database, start_worker, stop
+from bench.trivial import wait_terminal
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def _proc_cpu(pid: int) -> tuple[int, int]:
+    """(utime+stime, cutime+cstime) of ``pid`` in clock ticks."""
+    data = Path(f"/proc/{pid}/stat").read_text()
+    f = data[data.rindex(")") + 2 :].split()
+    return int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
+
+
+def profile_drain(*, count: int, pg: str | None, html: str | None) -> dict[str, float]:
+    """Drain ``count`` queued runs once under pyinstrument; print the profile."""
+    from pyinstrument import Profiler
+
+    tmp = Path(tempfile.mkdtemp(prefix="qlb"))
+    data = tmp / "d"
+    data.mkdir(mode=0o700)
+    try:
+        with database(pg, data) as url:
+            worker = start_worker(data, url)
+            engine = make_engine(url)
+            try:
+                settings = Settings.from_env({"QL_DATA_DIR": str(data), "QL_DATABASE_URL": url})
+                DefinitionRepository(engine).put_revision(
+                    task="true", revision=1, executor="local_process", argv=["/bin/true"],
+                    cwd=None, recipe=None, timeout_seconds=None, priority=0,
+                )  # fmt: skip
+                runs = RunRepository(engine)
+                for _ in range(count):
+                    runs.enqueue_run(task="true", revision=None, priority=None)
+                ring = KeyRing.from_settings(secret_key=None, key_file=settings.key_file)
+                hooks = build_execution(
+                    settings, candidates=RunReader(engine),
+                    definitions=DefinitionRepository(engine),
+                    secrets=SecretRepository(engine, ring), transitions=runs,
+                )  # fmt: skip
+                profiler = Profiler(interval=0.0005)
+                w0 = _proc_cpu(worker.pid)
+                cpu0 = _cpu_jiffies()
+                self0 = os.times()
+                t0 = time.perf_counter()
+                profiler.start()
+                hooks.drain()
+                profiler.stop()
+                drained = time.perf_counter() - t0
+                self1 = os.times()
+                busy, total = (b - a for a, b in zip(cpu0, _cpu_jiffies(), strict=True))
+                own = self1.user + self1.system - self0.user - self0.system
+                print(f"machine busy {100 * busy / total:.0f}% of {os.cpu_count()} cpus;"
+                      f" this process {1000 * own / count:.1f} ms cpu/run")
+                wait_terminal(engine, count, timeout_s=60)
+                with engine.connect() as conn:
+                    query = text("SELECT status, count(*) FROM runs GROUP BY status")
+                    statuses: dict[str, int] = {r[0]: r[1] for r in conn.execute(query)}
+                w1 = _proc_cpu(worker.pid)
+                tick = os.sysconf("SC_CLK_TCK")
+                print(f"worker cpu/run: self {1000 * (w1[0] - w0[0]) / tick / count:.1f} ms,"
+                      f" reaped children {1000 * (w1[1] - w0[1]) / tick / count:.1f} ms")
+                print(f"run statuses after the drain: {statuses}")
+                hooks.close()
+                print(profiler.output_text(unicode=True, color=False, show_all=False))
+                if html:
+                    Path(html).write_text(profiler.output_html())
+                return {"drain_ms_per_run": drained * 1000 / count}
+            finally:
+                engine.dispose()
+                stop(worker)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--pg", default=None)
+    parser.add_argument("--html", default=None)
+    args = parser.parse_args()
+    got = profile_drain(count=args.count, pg=args.pg, html=args.html)
+    print(f"drain: {got['drain_ms_per_run']:.2f} ms per run")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Shim: start-up time and RSS vs /bin/sh and a bare posix_spawn; log drain MB/s vs a shell.
+
+The shim is started exactly as the worker starts it (``python -I -S shim.py``, spec on stdin,
+status line on stdout), without the worker or a database, so only the shim is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from app.domain.ids import uuid7
+from app.worker.identity import wait_exit
+from app.worker.launcher import SHIM_PATH
+from bench.report import Figure, Report, median
+
+
+class _Shims:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.receipts = root / "r"
+        self.receipts.mkdir(mode=0o700)
+        self.n = 0
+
+    def spec(self, argv: list[str], quota: int) -> dict[str, Any]:
+        self.n += 1
+        log = self.root / f"job{self.n}.log"
+        os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        attempt = uuid7()
+        return {
+            "protocol": 1, "run_id": uuid7(), "attempt_id": attempt, "callback_sequence": 1,
+            "token": secrets.token_urlsafe(32), "argv": argv, "cwd": None,
+            "env": {"PATH": "/usr/bin:/bin"}, "log_path": str(log), "log_quota_bytes": quota,
+            "receipt_dir": str(self.receipts), "receipt_name": f"{attempt}.json",
+        }  # fmt: skip
+
+    def launch(self, argv: list[str], quota: int = 1 << 20) -> tuple[float, dict[str, Any]]:
+        """(ms until the status line, status) of one shim launch."""
+        payload = json.dumps(self.spec(argv, quota)).encode()
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", SHIM_PATH], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/", env={},
+            close_fds=True, start_new_session=True,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(payload)
+        proc.stdin.close()
+        line = proc.stdout.readline()
+        elapsed = (time.perf_counter() - t0) * 1000
+        proc.stdout.close()
+        proc.wait(10)
+        status: dict[str, Any] = json.loads(line)
+        if not status.get("ok"):
+            raise RuntimeError(f"shim failed: {status}")
+        return elapsed, status
+
+
+def _timed_run(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return (time.perf_counter() - t0) * 1000
+
+
+def _spawn_wait_ms() -> float:
+    t0 = time.perf_counter()
+    pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+    os.waitpid(pid, 0)
+    return (time.perf_counter() - t0) * 1000
+
+
+def _hwm_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return -1
+
+
+def _rss_of_running(argv: list[str]) -> int:
+    """VmHWM (kB) of a process started with posix_spawn, read while it sleeps."""
+    pid = os.posix_spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"})
+    try:
+        time.sleep(0.2)
+        return _hwm_kb(pid)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
+def run_shim(report: Report, *, count: int, drain_bytes: int) -> None:
+    """Add the start-up, RSS and drain figures."""
+    root = Path(tempfile.mkdtemp(prefix="qlb"))
+    shims = _Shims(root)
+    try:
+        startup = []
+        for _ in range(count):
+            ms, status = shims.launch(["/bin/true"])
+            startup.append(ms)
+            wait_exit(status["shim_pid"], 10)
+        sh = median([_timed_run(["/bin/sh", "-c", "true"]) for _ in range(count)])
+        bare = median([_spawn_wait_ms() for _ in range(count)])
+        report.add(Figure("shim start-up (spawn -> status line)", median(startup), "ms",
+                          "/bin/sh -c true start+exit", sh, False, extra={"n": count}))
+        report.add(Figure("shim start-up (spawn -> status line)", median(startup), "ms",
+                          "posix_spawn /bin/true + wait", bare, False, extra={"n": count}))
+
+        _, status = shims.launch(["/bin/sleep", "5"])
+        try:
+            time.sleep(0.2)
+            shim_kb = _hwm_kb(status["shim_pid"])
+        finally:
+            os.kill(status["pid"], 9)  # the job leads its own group; the shim then finishes
+            wait_exit(status["shim_pid"], 10)
+        sh_kb = _rss_of_running(["/bin/sh", "-c", "sleep 5; true"])
+        bare_kb = _rss_of_running(["/bin/sleep", "5"])
+        report.add(Figure("long-lived shim VmHWM", shim_kb / 1024, "MiB",
+                          "/bin/sh -c 'sleep; true' VmHWM", sh_kb / 1024, False,
+                          target="next to /bin/sh", extra={"shim_kB": shim_kb, "sh_kB": sh_kb}))
+        report.add(Figure("long-lived shim VmHWM", shim_kb / 1024, "MiB",
+                          "bare posix_spawn /bin/sleep VmHWM", bare_kb / 1024, False))
+
+        mb = drain_bytes / 1e6
+        t0 = time.perf_counter()
+        _, status = shims.launch(["/usr/bin/head", "-c", str(drain_bytes), "/dev/zero"],
+                                 quota=drain_bytes + (1 << 20))
+        wait_exit(status["shim_pid"], 120)
+        shim_s = time.perf_counter() - t0
+        out = root / "shell.out"
+        shell_s = _timed_run(
+            ["/bin/sh", "-c", f"cat /dev/zero | head -c {drain_bytes} > {out}; sync -f {out}"]
+        ) / 1000
+        report.add(Figure("shim log drain (under quota, fsync)", mb / shim_s, "MB/s",
+                          "cat /dev/zero | head -c > file; sync", mb / shell_s, True,
+                          extra={"bytes": drain_bytes}))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

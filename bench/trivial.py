@@ -1,0 +1,134 @@
+"""Trivial runs: N `/bin/true` runs enqueued over HTTP until all are terminal.
+
+Beside it, in the same run: raw ``os.posix_spawn`` + ``waitpid`` of ``/bin/true`` N times, and
+the database's own commit rate (N one-row INSERT+COMMIT transactions through ``make_engine``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import httpx
+from sqlalchemy import Engine, bindparam, text
+
+from app.storage.engine import WRITE, make_engine
+from bench.report import Figure, Report, percentile
+from bench.stack import Stack, running_stack
+
+TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
+
+
+def spawn_rate(count: int) -> float:
+    """Runs/s of bare ``posix_spawn('/bin/true')`` + ``waitpid``, one after the other."""
+    t0 = time.perf_counter()
+    for _ in range(count):
+        pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+        os.waitpid(pid, 0)
+    return count / (time.perf_counter() - t0)
+
+
+def commit_rate(url: str, count: int) -> float:
+    """Transactions/s of one small INSERT + COMMIT each, with the service's engine settings."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE bench_commit (id INTEGER PRIMARY KEY, v TEXT)"))
+        insert = text("INSERT INTO bench_commit (id, v) VALUES (:id, :v)").bindparams(
+            bindparam("id"), bindparam("v")
+        )
+        t0 = time.perf_counter()
+        for i in range(count):
+            with engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+                conn.execute(insert, {"id": i, "v": "x" * 64})
+        rate = count / (time.perf_counter() - t0)
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE bench_commit"))
+        return rate
+    finally:
+        engine.dispose()
+
+
+def define_task(stack: Stack, task: str = "true") -> None:
+    """PUT revision 1 of a `/bin/true` task."""
+    r = httpx.put(
+        f"{stack.base_url}/api/v1/tasks/{task}/revisions/1",
+        json={"executor": "local_process", "argv": ["/bin/true"]},
+        headers=stack.auth,
+    )
+    r.raise_for_status()
+
+
+async def _enqueue(stack: Stack, count: int, clients: int, task: str) -> list[str]:
+    ids: list[str] = []
+
+    async def client(n: int) -> None:
+        async with httpx.AsyncClient(base_url=stack.base_url, headers=stack.auth) as c:
+            for _ in range(n):
+                r = await c.post("/api/v1/runs", json={"task": task})
+                r.raise_for_status()
+                ids.append(r.json()["id"])
+
+    share = [count // clients + (1 if i < count % clients else 0) for i in range(clients)]
+    await asyncio.gather(*(client(n) for n in share))
+    return ids
+
+
+def wait_terminal(engine: Engine, count: int, timeout_s: float) -> bool:
+    """Poll the database until ``count`` runs are terminal (bounded)."""
+    query = text(f"SELECT count(*) FROM runs WHERE status IN {TERMINAL!r}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            if conn.execute(query).scalar_one() >= count:
+                return True
+        time.sleep(0.01)
+    return False
+
+
+def enqueue_and_finish(stack: Stack, count: int, clients: int) -> dict[str, float]:
+    """Enqueue ``count`` runs over HTTP and wait for all of them; return the figures."""
+    define_task(stack)
+    engine = make_engine(stack.url)
+    try:
+        t0 = time.perf_counter()
+        asyncio.run(_enqueue(stack, count, clients, "true"))
+        enqueued = time.perf_counter() - t0
+        done = wait_terminal(engine, count, timeout_s=max(60.0, count / 5))
+        elapsed = time.perf_counter() - t0
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT status, created_at_ms, started_at_ms FROM runs")
+            ).all()
+    finally:
+        engine.dispose()
+    lag = [float(r.started_at_ms - r.created_at_ms) for r in rows if r.started_at_ms]
+    ok = sum(1 for r in rows if r.status == "succeeded")
+    return {
+        "runs_per_s": count / elapsed, "enqueue_per_s": count / enqueued,
+        "p50": percentile(lag, 50), "p99": percentile(lag, 99),
+        "succeeded": ok, "all_terminal": float(done), "elapsed_s": elapsed,
+    }  # fmt: skip
+
+
+def run_trivial(report: Report, *, pg: str | None, count: int, clients: int = 4) -> None:
+    """Add the trivial-run figures for one database."""
+    label = "postgresql" if pg else "sqlite"
+    with running_stack(pg) as stack:
+        got = enqueue_and_finish(stack, count, clients)
+        commits = commit_rate(stack.url, count)
+    spawns = spawn_rate(count)
+    extra = {"n": count, "clients": clients} | got
+    report.add(Figure(f"{label} trivial runs to completion", got["runs_per_s"], "runs/s",
+                      "posix_spawn+waitpid /bin/true", spawns, True,
+                      target=">= 100 runs/s (sqlite)" if pg is None else "", extra=extra))
+    report.add(Figure(f"{label} trivial runs to completion", got["runs_per_s"], "runs/s",
+                      "db commits (1 INSERT+COMMIT)", commits, True, extra=extra))
+    report.add(Figure(f"{label} enqueue over HTTP ({clients} clients)", got["enqueue_per_s"],
+                      "runs/s", "db commits (1 INSERT+COMMIT)", commits, True))
+    report.add(Figure(f"{label} created->started p50", got["p50"], "ms",
+                      "1 / db commit rate", 1000 / commits, False,
+                      target="<= 15 ms" if pg is None else ""))
+    report.add(Figure(f"{label} created->started p99", got["p99"], "ms",
+                      "1 / db commit rate", 1000 / commits, False))
