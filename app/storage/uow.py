@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from types import TracebackType
 
 from sqlalchemy import Connection, Engine
 
 from app.storage.engine import WRITE
+
+# SQLite has one writer at a time, and a writer that finds the lock taken sleeps in SQLite's
+# busy handler (1, 2, 5, 10... ms) instead of waking when it is free. Threads of one process
+# therefore queue for it here, on a lock that hands over at once; other processes still
+# meet the busy timeout. Profiled in bench/profile_dispatch.py (BEGIN IMMEDIATE waits).
+_SQLITE_WRITERS: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+_GATES_LOCK = threading.Lock()
+
+
+def _writer_gate(engine: Engine) -> threading.RLock | None:
+    """The in-process writer lock of a SQLite engine; None for PostgreSQL (row locks)."""
+    if engine.dialect.name != "sqlite":
+        return None
+    with _GATES_LOCK:
+        gate = _SQLITE_WRITERS.get(engine)
+        if gate is None:
+            gate = _SQLITE_WRITERS[engine] = threading.RLock()
+        return gate
 
 
 class UnitOfWork:
@@ -17,6 +37,7 @@ class UnitOfWork:
         self._write = write
         self._conn: Connection | None = None
         self._committed = False
+        self._gate = _writer_gate(engine) if write else None
 
     @property
     def conn(self) -> Connection:
@@ -26,10 +47,21 @@ class UnitOfWork:
         return self._conn
 
     def __enter__(self) -> UnitOfWork:
-        conn = self._engine.connect()
-        if self._write:
-            conn = conn.execution_options(**{WRITE: True})
-        conn.begin()
+        if self._gate is not None:
+            self._gate.acquire()
+        try:
+            conn = self._engine.connect()
+            if self._write:
+                conn = conn.execution_options(**{WRITE: True})
+            try:
+                conn.begin()
+            except BaseException:
+                conn.close()
+                raise
+        except BaseException:
+            if self._gate is not None:
+                self._gate.release()
+            raise
         self._conn = conn
         self._committed = False
         return self
@@ -52,4 +84,8 @@ class UnitOfWork:
             if not self._committed:
                 conn.rollback()
         finally:
-            conn.close()
+            try:
+                conn.close()
+            finally:
+                if self._gate is not None:
+                    self._gate.release()
