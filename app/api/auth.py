@@ -6,7 +6,7 @@ principal after checking one scope (API.md: ``admin`` implies every scope).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -20,8 +20,9 @@ _bearer = HTTPBearer(auto_error=False, description="An API token: `ql_` + 43 bas
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
-def get_facade(request: Request) -> AppFacade:
+async def get_facade(request: Request) -> AppFacade:
     """The facade the lifespan put on the app."""
+    # async on purpose: a plain def dependency costs a worker-thread round trip per request.
     facade: AppFacade = request.app.state.facade
     return facade
 
@@ -44,10 +45,11 @@ async def authenticate(
     return principal
 
 
-def require(scope: str) -> Callable[..., Principal]:
+def require(scope: str) -> Callable[..., Awaitable[Principal]]:
     """A dependency that authenticates and then demands ``scope`` (403 FORBIDDEN)."""
 
-    def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+        # async: no I/O here, so no worker-thread hop (bench/api_reads.py profile).
         if not principal.can(scope):
             raise ApiProblem(403, FORBIDDEN, f"this token lacks the {scope} scope")
         return principal
