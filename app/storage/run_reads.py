@@ -102,10 +102,17 @@ _RUN_WITH_LATEST = runs.join(
 _ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c]
 
 
+_RUN_NAMES = tuple(c.name for c in runs.c)
+_ATTEMPT_NAMES = tuple(c.name for c in attempts.c)
+
+
 def _split(row: Row[Any]) -> tuple[Any, Any]:
-    mapping = row._mapping
-    run_part = _Obj({c.name: mapping[c] for c in runs.c})
-    attempt_part = _Obj({c.name: mapping[f"a_{c.name}"] for c in attempts.c})
+    # Rows of ``select(runs, *_ATTEMPT_COLUMNS)``: the run's columns, then the attempt's, in
+    # table order. Positional slicing, not a keyed lookup per column (list-page profile).
+    values = tuple(row)
+    cut = len(_RUN_NAMES)
+    run_part = _Obj(dict(zip(_RUN_NAMES, values[:cut], strict=True)))
+    attempt_part = _Obj(dict(zip(_ATTEMPT_NAMES, values[cut:], strict=True)))
     return run_part, attempt_part
 
 
