@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,11 @@ from app.worker.identity import current_boot_id
 from app.worker.server import MAX_REQUEST_BYTES, ControlServer, SocketInUse
 
 HANDLE = ProcessHandle(
-    boot_id=current_boot_id(), pid=4242, pgid=4242, start_ticks=7, shim_pid=4241,
+    boot_id=current_boot_id(),
+    pid=4242,
+    pgid=4242,
+    start_ticks=7,
+    shim_pid=4241,
     shim_start_ticks=6,
 )
 
@@ -78,9 +84,16 @@ def _raw(path: Path, payload: bytes) -> list[dict[str, object]]:
 
 def _request(**over: object) -> LaunchRequest:
     fields: dict[str, object] = {
-        "run_id": uuid7(), "attempt_id": uuid7(), "callback_sequence": 1, "token": "t" * 43,
-        "argv": ("/bin/true",), "cwd": None, "env": {"A": "1"}, "log_path": "/x/y.log",
-        "log_quota_bytes": 10, "deadline_at_ms": None,
+        "run_id": uuid7(),
+        "attempt_id": uuid7(),
+        "callback_sequence": 1,
+        "token": "t" * 43,
+        "argv": ("/bin/true",),
+        "cwd": None,
+        "env": {"A": "1"},
+        "log_path": "/x/y.log",
+        "log_quota_bytes": 10,
+        "deadline_at_ms": None,
     } | over
     return LaunchRequest(**fields)  # type: ignore[arg-type]
 
@@ -123,35 +136,43 @@ def test_a_peer_with_another_uid_is_refused(server: ControlServer, short_dir: Pa
     # Open the file-system path so that only SO_PEERCRED stands in the way.
     os.chmod(short_dir, 0o711)
     os.chmod(server.path, 0o666)
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: become nobody, ask for a ping, report what came back
-        code = 1
-        try:
-            os.close(read_fd)
-            os.setgid(65534)
-            os.setuid(65534)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(10)
-                sock.connect(str(server.path))
-                sock.sendall(b'{"op":"ping"}\n')
-                os.write(write_fd, sock.recv(4096))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as fh:
-        out = fh.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    # A separate interpreter as "nobody" (never fork this multi-threaded test process).
+    client = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "s.settimeout(10)\n"
+        "s.connect(sys.argv[1])\n"
+        's.sendall(b\'{"op":"ping"}\\n\')\n'
+        "sys.stdout.buffer.write(s.recv(4096))\n"
+    )
+    # The test's own interpreter may live under a 0700 home; a system one serves "nobody".
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 that an unprivileged user can run")
+    result = subprocess.run(
+        [python, "-I", "-S", "-c", client, str(server.path)],
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        capture_output=True,
+        timeout=30,
+        env={},
+        cwd="/",
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
     assert json.loads(out) == {"ok": False, "error": "FORBIDDEN"}
 
 
 def test_framing_many_requests_per_connection_and_bad_input(server: ControlServer) -> None:
     lines = _raw(
         server.path,
-        b'{"op":"ping"}\n' b"not json\n" b'{"op":"nope"}\n' b"[1]\n"
-        b'{"op":"launch","argv":"x"}\n' b'{"op":"stop","handle":{},"grace_seconds":1}\n'
+        b'{"op":"ping"}\n'
+        b"not json\n"
+        b'{"op":"nope"}\n'
+        b"[1]\n"
+        b'{"op":"launch","argv":"x"}\n'
+        b'{"op":"stop","handle":{},"grace_seconds":1}\n'
         b'{"op":"stop","handle":{"boot_id":"b","pid":1,"pgid":1,"start_ticks":1,'
         b'"shim_pid":1,"shim_start_ticks":1},"grace_seconds":-1}\n'
         b'{"op":"ping"}\n',
