@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.execution.dispatcher import Dispatcher, build_dispatcher
+from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
 from app.execution.ports import (
     CandidateSource,
     DefinitionSource,
@@ -99,7 +99,15 @@ def build_execution(
 
 
 def _drain_concurrently(dispatcher: Dispatcher, drainers: int) -> None:
-    """Run ``drainers`` drains side by side (this thread is one of them) and wait for all."""
+    """Drain; only when the first pass activated a run, add ``drainers - 1`` helper threads.
+
+    The slow loop ticks every few seconds with usually nothing queued: one pass in this
+    thread answers that without starting any thread.
+    """
+    if not _log_pass(dispatcher.run_pass()) or drainers <= 1:
+        if drainers <= 1:
+            _drain(dispatcher)
+        return
     helpers = [
         threading.Thread(target=_drain_logged, args=(dispatcher,), name="ql-drain", daemon=True)
         for _ in range(drainers - 1)
@@ -122,16 +130,20 @@ def _drain_logged(dispatcher: Dispatcher) -> None:
 
 def _drain(dispatcher: Dispatcher) -> None:
     for _ in range(MAX_PASSES_PER_DRAIN):
-        result = dispatcher.run_pass()
-        failure = result.launch_failure
-        if failure is not None:
-            # Ids and stable codes only: never argv, environment or output.
-            log.warning(
-                "run %s attempt %s did not start: %s %s",
-                failure.run_id,
-                failure.attempt_id,
-                failure.kind,
-                failure.error_code or failure.reason or "",
-            )
-        if result.activated is None and not result.truncated:
+        if not _log_pass(dispatcher.run_pass()):
             return
+
+
+def _log_pass(result: PassResult) -> bool:
+    """Log a launch that did not end running; True when another pass may find work."""
+    failure = result.launch_failure
+    if failure is not None:
+        # Ids and stable codes only: never argv, environment or output.
+        log.warning(
+            "run %s attempt %s did not start: %s %s",
+            failure.run_id,
+            failure.attempt_id,
+            failure.kind,
+            failure.error_code or failure.reason or "",
+        )
+    return result.activated is not None or result.truncated

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import _drain_concurrently, drain_concurrency
-from app.execution.dispatcher import PassResult
+from app.execution.dispatcher import CandidateOutcome, PassResult
 from app.storage.run_reads import RunReader
 from tests.execution.kit import FakeLauncher, define, enqueue, make_kit
 
@@ -53,8 +53,12 @@ class _Exploding:
     def run_pass(self) -> PassResult:
         with self.lock:
             self.calls += 1
+            first = self.calls == 1
         if threading.current_thread().name == "ql-drain":
             raise RuntimeError("boom")
+        if first:  # an activation, so the drain fans out
+            started = CandidateOutcome(run_id="r", attempt_id="a", kind="started")
+            return PassResult(outcomes=(started,), truncated=False)
         return PassResult(outcomes=(), truncated=False)
 
 
@@ -62,5 +66,14 @@ def test_a_failing_helper_is_logged_and_never_raises(caplog: pytest.LogCaptureFi
     fake = _Exploding()
     with caplog.at_level(logging.ERROR, logger="qinglong.dispatch"):
         _drain_concurrently(fake, 3)  # type: ignore[arg-type]
-    assert fake.calls == 3
+    assert fake.calls == 4  # the first pass, two failing helpers, and this thread's last pass
     assert caplog.text.count("background pass failed: RuntimeError") == 2
+
+
+def test_an_idle_tick_runs_one_pass_and_starts_no_thread() -> None:
+    fake = _Exploding()
+    fake.calls = 1  # the next pass finds nothing to activate
+    before = threading.active_count()
+    _drain_concurrently(fake, 4)  # type: ignore[arg-type]
+    assert fake.calls == 2
+    assert threading.active_count() == before
