@@ -37,7 +37,10 @@ async def authenticate(
     """The caller's principal; 401 UNAUTHENTICATED with a Bearer challenge otherwise."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise ApiProblem(401, UNAUTHENTICATED, "a bearer token is required", headers=_CHALLENGE)
-    principal = await run_in_threadpool(facade.authenticate, credentials.credentials)
+    # A token seen within the last second needs no database round trip (nor a thread hop).
+    principal = facade.cached_principal(credentials.credentials)
+    if principal is None:
+        principal = await run_in_threadpool(facade.authenticate, credentials.credentials)
     if principal is None:
         raise ApiProblem(
             401, UNAUTHENTICATED, "the token is unknown or revoked", headers=_CHALLENGE

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from app.context.logs import LogFile, LogStore
+from app.context.token_cache import TokenCache
 from app.domain.errors import Conflict, ErrorCode, NotFound, ValidationFailed
 from app.domain.ids import is_uuid7
 from app.domain.model import Attempt, Page, Recipe, Run, RunEvent, TaskRevision
@@ -80,6 +81,7 @@ class AppFacade:
     _logs: LogStore
     _readiness_probe: Callable[[], Readiness]
     _notify_enqueued: Callable[[], None]
+    _token_cache: TokenCache[Principal] = field(default_factory=TokenCache)
 
     # -- definitions ------------------------------------------------------------------------
 
@@ -167,6 +169,10 @@ class AppFacade:
 
     # -- auth -------------------------------------------------------------------------------
 
+    def cached_principal(self, token: str) -> Principal | None:
+        """The principal of a token authenticated less than a second ago; no I/O."""
+        return self._token_cache.get(token)
+
     def authenticate(self, token: str) -> Principal | None:
         """The principal of a live token, or None (malformed tokens never reach the database)."""
         if not looks_like_token(token):
@@ -174,7 +180,9 @@ class AppFacade:
         record = self._tokens.authenticate(token)
         if record is None:
             return None
-        return Principal(token_id=record.id, name=record.name, scopes=record.scopes)
+        principal = Principal(token_id=record.id, name=record.name, scopes=record.scopes)
+        self._token_cache.put(token, principal)
+        return principal
 
     # -- runs -------------------------------------------------------------------------------
 
