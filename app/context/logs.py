@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.domain.artifacts import log_relpath, shard_of, truncation_fact_relpath
 from app.domain.model import Attempt, LogInfo
+from app.domain.states import AttemptStatus
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -83,6 +84,8 @@ class LogStore:
         """The attempt with ``log`` filled in: the recorded facts, or the file's size meanwhile."""
         if attempt.log is not None:
             return attempt
+        if attempt.status == AttemptStatus.CLAIMED:  # no artifact exists before dispatch
+            return self._attach(attempt, 0, False)
         path = self.root / log_relpath(attempt.id)
         try:
             st = os.stat(path, follow_symlinks=False)
