@@ -10,6 +10,15 @@ from pathlib import Path
 from app.domain.profiles import Profile, profile_named
 
 DEFAULT_DATA_DIR = "./.qinglong"
+SHIM_MODES = ("zygote", "exec")
+
+
+def shim_mode_from_env(env: Mapping[str, str]) -> str:
+    """``QL_SHIM_MODE``: ``zygote`` (default, fork server) or ``exec`` (fresh interpreter)."""
+    mode = env.get("QL_SHIM_MODE") or SHIM_MODES[0]
+    if mode not in SHIM_MODES:
+        raise ValueError(f"QL_SHIM_MODE must be one of {', '.join(SHIM_MODES)}, not {mode!r}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,7 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     secret_key: str | None = field(default=None, repr=False)
     worker_socket: Path | None = None
+    shim_mode: str = SHIM_MODES[0]
 
     @classmethod
     def from_env(
@@ -40,6 +50,7 @@ class Settings:
             cors_origins=origins,
             secret_key=env.get("QL_SECRET_KEY") or None,
             worker_socket=Path(socket).absolute() if socket else None,
+            shim_mode=shim_mode_from_env(env),
         )
 
     def with_data_dir(self, data_dir: Path) -> Settings:

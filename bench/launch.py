@@ -95,6 +95,7 @@ def run_launch(report: Report, *, count: int) -> None:
             journal=JournalRepository(engine), receipts=ReceiptStore(data / "receipts")
         )
         local_ms = [one(local.launch) for _ in range(count)]
+        local.close()  # its shim zygote exits; the shims it forked finish on their own
         bare_ms = _bare_spawn_ms(count)
         journal = JournalRepository(engine)
         journal_ms = []

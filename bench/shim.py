@@ -1,7 +1,9 @@
 """Shim: start-up time and RSS vs /bin/sh and a bare posix_spawn; log drain MB/s vs a shell.
 
-The shim is started exactly as the worker starts it (``python -I -S shim.py``, spec on stdin,
-status line on stdout), without the worker or a database, so only the shim is measured.
+The shim is started exactly as the worker starts it, without the worker or a database, so
+only the shim is measured: one-shot (``python -I -S shim.py``, spec on stdin, status line on
+stdout) and forked by the zygote (``shim.py --zygote``, the worker's default). The zygote's
+fd count and VmRSS are read before and after 500 launches (it must keep nothing per launch).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from app.domain.ids import uuid7
 from app.worker.identity import wait_exit
 from app.worker.launcher import SHIM_PATH
+from app.worker.zygote import Zygote
 from bench.report import Figure, Report, median
 
 
@@ -64,6 +67,66 @@ class _Shims:
         return elapsed, status
 
 
+    def zygote_launch(self, zygote: Zygote, argv: list[str]) -> tuple[float, dict[str, Any]]:
+        """(ms until the status line, status) of one launch forked by ``zygote``."""
+        payload = json.dumps(self.spec(argv, 1 << 20)).encode()
+        t0 = time.perf_counter()
+        read_fd, write_fd = os.pipe()
+        try:
+            first = zygote.spawn(payload, write_fd)
+        finally:
+            os.close(write_fd)
+        try:
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = os.read(read_fd, 4096)
+                if not chunk:
+                    break
+                line += chunk
+        finally:
+            os.close(read_fd)
+        elapsed = (time.perf_counter() - t0) * 1000
+        zygote.release(first)
+        status: dict[str, Any] = json.loads(line)
+        if not status.get("ok"):
+            raise RuntimeError(f"shim failed: {status}")
+        return elapsed, status
+
+
+def _proc_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return -1
+
+
+def _zygote_figures(report: Report, shims: _Shims, count: int, exec_ms: float) -> None:
+    zygote = Zygote(argv=[sys.executable, "-I", "-S", SHIM_PATH], reply_timeout_s=10.0)
+    try:
+        samples = []
+        for _ in range(count):
+            ms, status = shims.zygote_launch(zygote, ["/bin/true"])
+            samples.append(ms)
+            wait_exit(status["shim_pid"], 10)
+        pid = zygote.pid
+        assert pid is not None
+        fds0, rss0 = len(os.listdir(f"/proc/{pid}/fd")), _proc_kb(pid, "VmRSS")
+        for _ in range(500):
+            _, status = shims.zygote_launch(zygote, ["/bin/true"])
+            wait_exit(status["shim_pid"], 10)
+        fds1, rss1 = len(os.listdir(f"/proc/{pid}/fd")), _proc_kb(pid, "VmRSS")
+        report.add(Figure("shim start-up via zygote (request -> status line)", median(samples),
+                          "ms", "one-shot shim start-up (this run)", exec_ms, False,
+                          extra={"n": count}))
+        report.add(Figure("zygote VmRSS after 500 more launches", rss1 / 1024, "MiB",
+                          "zygote VmRSS before", rss0 / 1024, False,
+                          extra={"fds_before": fds0, "fds_after": fds1}))
+        report.add(Figure("zygote open fds after 500 more launches", fds1, "fds",
+                          "zygote open fds before", fds0, False))
+    finally:
+        zygote.close()
+
+
 def _timed_run(argv: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
@@ -78,10 +141,7 @@ def _spawn_wait_ms() -> float:
 
 
 def _hwm_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return -1
+    return _proc_kb(pid, "VmHWM")
 
 
 def _rss_of_running(argv: list[str]) -> int:
@@ -111,6 +171,7 @@ def run_shim(report: Report, *, count: int, drain_bytes: int) -> None:
                           "/bin/sh -c true start+exit", sh, False, extra={"n": count}))
         report.add(Figure("shim start-up (spawn -> status line)", median(startup), "ms",
                           "posix_spawn /bin/true + wait", bare, False, extra={"n": count}))
+        _zygote_figures(report, shims, count, median(startup))
 
         _, status = shims.launch(["/bin/sleep", "5"])
         try:

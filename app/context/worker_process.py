@@ -89,7 +89,9 @@ class WorkerProcess:
                 receipts=receipts, journal=journal, completions=runs, log_facts=LogFacts(s.logs_dir)
             )
             watcher = ShimWatcher(lambda run_id, attempt_id: self._consume(run_id, attempt_id))
-            launcher = ShimLauncher(journal=journal, receipts=receipts, on_spawned=watcher.add)
+            launcher = ShimLauncher(
+                journal=journal, receipts=receipts, on_spawned=watcher.add, mode=s.shim_mode
+            )
             server = ControlServer(
                 path=s.socket_path,
                 launcher=launcher,
@@ -117,6 +119,7 @@ class WorkerProcess:
                 if self.parts.recovery is not None:
                     self.parts.recovery.stop()
                 self.parts.watcher.stop()
+                self.parts.launcher.close()
             engine.dispose()
             raise
         log.info("worker listening")
@@ -204,6 +207,7 @@ class WorkerProcess:
         if parts is None:
             return
         parts.server.close()
+        parts.launcher.close()  # the shim zygote exits; shims and jobs keep running
         if parts.recovery is not None:
             parts.recovery.stop()
         parts.watcher.stop()

@@ -5,14 +5,16 @@ Order of one launch, each step only after the previous one succeeded:
 1. ``journal.reserve`` commits a ``reserved`` row (the primary key refuses a second one, so
    two launches of one attempt, even concurrent or from two workers, never both spawn);
 2. the receipt shard directory exists (0700);
-3. the shim is spawned in its own session and given the spec on stdin
-   (``api-schemas/launch-protocol.md``);
+3. the shim is started in its own session with the spec (``api-schemas/launch-protocol.md``):
+   forked by the zygote (``QL_SHIM_MODE=zygote``, the default; §8) or as a fresh
+   interpreter given the spec on stdin (``exec``, and the fallback when no zygote starts);
 4. one status line is read, bounded by a deadline;
 5. ``journal.record_spawned`` stores the handle, and only then is the handle returned.
 
 Any failure before the handle is durable leaves nothing running: the shim's session is
-killed (the session id is pinned because the first shim process is our unreaped child),
-and an already spawned job is stopped by exact identity.
+killed (the session id is pinned because the first shim process is still unreaped: our
+child, or the zygote's until we release it), and an already spawned job is stopped by
+exact identity.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +37,11 @@ from app.domain.artifacts import receipt_relpath
 from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
 from app.domain.ids import is_uuid7
 from app.domain.model import ProcessHandle
+from app.settings import shim_mode_from_env
 from app.storage.journal_repo import RESERVED, SPAWNED, AlreadyReserved, JournalRepository
 from app.worker.identity import ProcessIdentity, current_boot_id, stop_identity
 from app.worker.receipts import ReceiptStore
+from app.worker.zygote import ForkFailed, NotReceived, Uncertain, Zygote, ZygoteUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,16 @@ DEFAULT_STATUS_TIMEOUT_S = 10.0
 _STATUS_INT_KEYS = ("shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks", "started_at_ms")
 
 SpawnedCallback = Callable[[str, str, ProcessHandle], None]
+
+
+@dataclass
+class _Started:
+    """A first shim process whose status line is awaited on ``status_fd``."""
+
+    status_fd: int
+    session: int | None  # its pid = its session id, pinned until ``reap``; None if unknown
+    reap: Callable[[], None]
+    deadline: float
 
 
 class ShimLauncher:
@@ -63,12 +78,17 @@ class ShimLauncher:
         shim_path: str = SHIM_PATH,
         before_spawn: Callable[[LaunchRequest], None] | None = None,
         spec_extra: dict[str, Any] | None = None,
+        mode: str | None = None,
     ) -> None:
         self._journal = journal
         self._receipts = receipts
         self._on_spawned = on_spawned
         self._status_timeout_s = status_timeout_s
         self._argv = [python, "-I", "-S", shim_path]
+        mode = mode or shim_mode_from_env(os.environ)
+        self._zygote = (
+            Zygote(argv=self._argv, reply_timeout_s=status_timeout_s) if mode == "zygote" else None
+        )
         self._before_spawn = before_spawn  # test hook: observe state right before the spawn
         self._spec_extra = dict(spec_extra or {})  # test hook: e.g. the shim's test_hook
         self.last_started_at_ms: dict[str, int] = {}
@@ -116,6 +136,16 @@ class ShimLauncher:
                 log.exception("on_spawned callback failed")
         return handle
 
+    @property
+    def zygote_pid(self) -> int | None:
+        """The pid of the running shim zygote, if any (tests and the bench)."""
+        return self._zygote.pid if self._zygote is not None else None
+
+    def close(self) -> None:
+        """Stop the zygote (EOF; running shims and jobs are untouched)."""
+        if self._zygote is not None:
+            self._zygote.close()
+
     def pop_started_at_ms(self, attempt_id: str) -> int | None:
         """The job's start time reported by the shim for a launch of this process."""
         with self._lock:
@@ -140,6 +170,68 @@ class ShimLauncher:
         return json.dumps(spec, separators=(",", ":")).encode("utf-8")
 
     def _spawn(self, request: LaunchRequest, shard: Path) -> tuple[ProcessHandle, int]:
+        spec = self._spec(request, shard)
+        started = self._start_zygote(request, spec) if self._zygote is not None else None
+        if started is None:
+            started = self._start_exec(request, spec)
+        status: dict[str, Any] | None = None
+        try:
+            status = _read_status(started.status_fd, started.deadline)
+            handle = _handle_from_status(status) if status.get("ok") is True else None
+        except (OSError, ValueError):
+            handle = None
+        finally:
+            os.close(started.status_fd)
+        if handle is None:
+            # Everything the shim may have started shares its session: kill it while the
+            # unreaped first shim process still pins the session id, then reap.
+            if started.session is not None:
+                _kill_session(started.session)
+            else:
+                log.warning("shim session unknown (zygote lost mid-launch); nothing killed")
+            started.reap()
+            self._journal.record_spawn_failed(attempt_id=request.attempt_id)
+            reason = "SHIM_NO_STATUS"
+            if status is not None and status.get("ok") is False:
+                error = status.get("error")
+                reason = error if isinstance(error, str) and error.isupper() else "SHIM_FAILED"
+            raise LaunchFailed(reason)
+        started.reap()
+        return handle, int(status["started_at_ms"]) if status else 0
+
+    def _start_zygote(self, request: LaunchRequest, spec: bytes) -> _Started | None:
+        """Fork the shim from the zygote; None means: use the one-shot interpreter."""
+        assert self._zygote is not None
+        zygote = self._zygote
+        read_fd, write_fd = os.pipe()
+        session: int | None = None
+        try:
+            try:
+                session = zygote.spawn(spec, write_fd)
+            except NotReceived:
+                # Certainly not received, so nothing can start twice: restart once, retry.
+                session = zygote.spawn(spec, write_fd, restart=True)
+        except (ZygoteUnavailable, NotReceived):
+            os.close(read_fd)
+            return None
+        except ForkFailed:
+            os.close(read_fd)
+            self._journal.record_spawn_failed(attempt_id=request.attempt_id)
+            raise LaunchFailed("SHIM_SPAWN_FAILED") from None
+        except Uncertain:
+            pass  # it may have forked: the status pipe tells (EOF once every writer is gone)
+        finally:
+            os.close(write_fd)
+        pid = session
+
+        def reap() -> None:
+            if pid is not None:
+                zygote.release(pid)
+
+        return _Started(read_fd, session, reap, time.monotonic() + self._status_timeout_s)
+
+    def _start_exec(self, request: LaunchRequest, spec: bytes) -> _Started:
+        """A fresh ``python -I -S shim.py``, spec on stdin, status on stdout."""
         try:
             proc = subprocess.Popen(
                 self._argv,
@@ -154,56 +246,38 @@ class ShimLauncher:
         except OSError:
             self._journal.record_spawn_failed(attempt_id=request.attempt_id)
             raise LaunchFailed("SHIM_SPAWN_FAILED") from None
-        status: dict[str, Any] | None = None
-        try:
-            status = self._exchange(proc, self._spec(request, shard))
-            handle = _handle_from_status(status) if status.get("ok") is True else None
-        except (OSError, ValueError):
-            handle = None
-        if handle is None:
-            # Everything the shim may have started shares its session: kill it while our
-            # unreaped first shim process still pins the session id, then reap.
-            _kill_session(proc.pid)
-            _reap(proc)
-            self._journal.record_spawn_failed(attempt_id=request.attempt_id)
-            reason = "SHIM_NO_STATUS"
-            if status is not None and status.get("ok") is False:
-                error = status.get("error")
-                reason = error if isinstance(error, str) and error.isupper() else "SHIM_FAILED"
-            raise LaunchFailed(reason)
-        _reap(proc)
-        return handle, int(status["started_at_ms"]) if status else 0
-
-    def _exchange(self, proc: subprocess.Popen[bytes], spec: bytes) -> dict[str, Any]:
         assert proc.stdin is not None and proc.stdout is not None
         try:
             proc.stdin.write(spec)
             proc.stdin.close()
         except BrokenPipeError:
             pass  # the shim died early; its status (if any) still tells why
+        status_fd = os.dup(proc.stdout.fileno())
+        proc.stdout.close()
         deadline = time.monotonic() + self._status_timeout_s
-        fd = proc.stdout.fileno()
-        buf = b""
-        try:
-            while b"\n" not in buf:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ValueError("no status line in time")
-                ready, _, _ = select.select([fd], [], [], remaining)
-                if not ready:
-                    continue
-                chunk = os.read(fd, STATUS_MAX_BYTES)
-                if not chunk:
-                    raise ValueError("status channel closed")
-                buf += chunk
-                if len(buf) > STATUS_MAX_BYTES:
-                    raise ValueError("status line too long")
-        finally:
-            proc.stdout.close()
-        status = json.loads(buf.split(b"\n", 1)[0])
-        if not isinstance(status, dict):
-            raise ValueError("status is not an object")
-        return status
+        return _Started(status_fd, proc.pid, lambda: _reap(proc), deadline)
+
+
+def _read_status(fd: int, deadline: float) -> dict[str, Any]:
+    """The one status line from ``fd``, bounded by ``deadline``."""
+    buf = b""
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ValueError("no status line in time")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, STATUS_MAX_BYTES)
+        if not chunk:
+            raise ValueError("status channel closed")
+        buf += chunk
+        if len(buf) > STATUS_MAX_BYTES:
+            raise ValueError("status line too long")
+    status = json.loads(buf.split(b"\n", 1)[0])
+    if not isinstance(status, dict):
+        raise ValueError("status is not an object")
+    return status
 
 
 def _handle_from_status(status: dict[str, Any]) -> ProcessHandle | None:

@@ -110,10 +110,10 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _status(payload: dict[str, Any]) -> None:
-    """Write the one status line to fd 1, then detach fds 0, 1 and 2 from the worker."""
+def _status(status_fd: int, payload: dict[str, Any]) -> None:
+    """Write the one status line to ``status_fd``, then detach from the worker's fds."""
     try:  # noqa: SIM105 (contextlib would be one more import in the shim)
-        _write_all(1, _canonical(payload) + b"\n")
+        _write_all(status_fd, _canonical(payload) + b"\n")
     except OSError:
         pass  # the worker is gone: the job still runs and the receipt is still published
     null = os.open(os.devnull, os.O_RDWR)
@@ -121,10 +121,12 @@ def _status(payload: dict[str, Any]) -> None:
         os.dup2(null, fd)
     if null > 2:
         os.close(null)
+    if status_fd > 2:
+        os.close(status_fd)
 
 
-def _fail(code: str, errno: int | None = None) -> NoReturn:
-    _status({"ok": False, "error": code, "errno": errno})
+def _fail(status_fd: int, code: str, errno: int | None = None) -> NoReturn:
+    _status(status_fd, {"ok": False, "error": code, "errno": errno})
     os._exit(1)
 
 
@@ -173,7 +175,8 @@ def _validate(spec: object) -> dict[str, Any]:
     return spec
 
 
-def _read_spec() -> dict[str, Any]:
+def _read_stdin() -> bytes:
+    """The spec bytes from fd 0 up to EOF (at most one byte over the limit is kept)."""
     chunks: list[bytes] = []
     total = 0
     while True:
@@ -184,8 +187,14 @@ def _read_spec() -> dict[str, Any]:
         if total > SPEC_MAX_BYTES:
             raise ShimError("SPEC_INVALID")
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_spec(raw: bytes) -> dict[str, Any]:
+    if len(raw) > SPEC_MAX_BYTES:
+        raise ShimError("SPEC_INVALID")
     try:
-        spec = _loads(b"".join(chunks).decode("utf-8"))
+        spec = _loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise ShimError("SPEC_INVALID") from None
     return _validate(spec)
@@ -373,7 +382,7 @@ def _publish_receipt(dir_fd: int, name: str, body: bytes, hook: str | None) -> N
     os.fsync(dir_fd)
 
 
-def _run_shim(spec: dict[str, Any], log_fd: int, dir_fd: int) -> NoReturn:
+def _run_shim(spec: dict[str, Any], log_fd: int, dir_fd: int, status_fd: int) -> NoReturn:
     """The long-lived shim (grandchild of the worker)."""
     _set_subreaper()
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
@@ -397,8 +406,8 @@ def _run_shim(spec: dict[str, Any], log_fd: int, dir_fd: int) -> NoReturn:
             "started_at_ms": started_at_ms,
         }
     except ShimError as exc:
-        _fail(exc.code, exc.errno)
-    _status(status_line)
+        _fail(status_fd, exc.code, exc.errno)
+    _status(status_fd, status_line)
 
     drain = _Drain(log_fd, spec["log_quota_bytes"])
     wait_status = _supervise(job_pid, read_fd, drain)
@@ -448,30 +457,171 @@ def _mark_cloexec() -> None:
                 pass
 
 
-def main() -> NoReturn:
+def run(raw: bytes, status_fd: int) -> NoReturn:
+    """One launch from the spec bytes: both the one-shot ``main`` and a zygote child end here.
+
+    Everything after the spec is read is the same in both modes: validate, open the log and
+    the receipt directory, own session, fork, the long-lived shim reports on ``status_fd``.
+    """
     _mark_cloexec()
     try:
-        spec = _read_spec()
+        spec = _parse_spec(raw)
     except ShimError as exc:
-        _fail(exc.code, exc.errno)
-    except OSError:
-        _fail("SPEC_INVALID")
+        _fail(status_fd, exc.code, exc.errno)
     log_flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         log_fd = os.open(spec["log_path"], log_flags)
     except OSError as exc:
-        _fail("LOG_OPEN_FAILED", exc.errno)
+        _fail(status_fd, "LOG_OPEN_FAILED", exc.errno)
     try:
         dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
         dir_fd = os.open(spec["receipt_dir"], dir_flags)
     except OSError as exc:
-        _fail("SPEC_INVALID", exc.errno)
+        _fail(status_fd, "SPEC_INVALID", exc.errno)
     if os.getsid(0) != os.getpid():
         os.setsid()
     if os.fork() != 0:
-        os._exit(0)  # the worker reaps this first process; the shim is re-parented
-    _run_shim(spec, log_fd, dir_fd)
+        os._exit(0)  # our parent (worker or zygote) reaps this process; the shim is re-parented
+    _run_shim(spec, log_fd, dir_fd, status_fd)
+
+
+def main() -> NoReturn:
+    """One-shot mode: spec on stdin, status line on stdout."""
+    try:
+        raw = _read_stdin()
+    except ShimError as exc:
+        _fail(1, exc.code, exc.errno)
+    except OSError:
+        _fail(1, "SPEC_INVALID")
+    run(raw, 1)
+
+
+# ---- zygote (fork server) mode --------------------------------------------------------
+# ``shim.py --zygote``: started once by the worker with an AF_UNIX stream socket on fd 0 and
+# /dev/null on 1 and 2 (api-schemas/launch-protocol.md §8). Per launch the worker sends
+# ``b"L" + u32 length + spec`` with the write end of a fresh status pipe attached
+# (SCM_RIGHTS); the zygote forks, answers ``b"P" + u32 pid`` (``b"F" + u32 errno`` if the fork
+# failed), and the child runs ``run(spec, status_fd)`` exactly as the one-shot shim does.
+# The child stays unreaped (pinning its pid, which is its session id) until the worker
+# sends ``b"R" + u32 pid``. EOF on the socket ends the zygote; running shims are untouched.
+
+ZYGOTE_READY = b"Z1"
+
+
+def _recv_exact(sock: Any, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+def _recv_body(sock: Any, length: int) -> bytes:
+    """The body; beyond SPEC_MAX_BYTES only one extra byte is kept (the child says invalid)."""
+    chunks: list[bytes] = []
+    kept = 0
+    left = length
+    while left:
+        chunk = sock.recv(min(left, READ_CHUNK))
+        if not chunk:
+            raise EOFError
+        left -= len(chunk)
+        if kept <= SPEC_MAX_BYTES:
+            chunks.append(chunk[: SPEC_MAX_BYTES + 1 - kept])
+            kept += len(chunks[-1])
+    return b"".join(chunks)
+
+
+def _recv_request(sock: Any, rights: int, space: int, flags: int) -> tuple[bytes, int, list[int]]:
+    """(kind, u32, fds) of the next message; fds arrive close-on-exec."""
+    data, ancdata, _flags, _addr = sock.recvmsg(5, space, flags)
+    fds: list[int] = []
+    for _level, kind, payload in ancdata:
+        if kind == rights:
+            usable = len(payload) - len(payload) % 4
+            fds.extend(
+                int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, usable, 4)
+            )
+    if not data:
+        raise EOFError
+    if len(data) < 5:
+        data += _recv_exact(sock, 5 - len(data))
+    return data[:1], int.from_bytes(data[1:5], "big"), fds
+
+
+def _zygote_child(sock: Any, raw: bytes, status_fd: int) -> NoReturn:
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)  # replaces (closes) the zygote's socket; fds 1 and 2 are /dev/null
+        if null > 2:
+            os.close(null)
+        sock.detach()
+        # SIGINT/SIGHUP stay ignored until the long-lived shim ignores them itself; the
+        # job gets every disposition reset by posix_spawn (step 5).
+        run(raw, status_fd)
+    finally:
+        os._exit(1)  # never return into the zygote's loop
+
+
+def _fork_child(sock: Any, raw: bytes, status_fd: int) -> bytes:
+    """Fork the first shim process for one request; the reply to send to the worker."""
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        return b"F" + (exc.errno or 0).to_bytes(4, "big")
+    if pid == 0:
+        _zygote_child(sock, raw, status_fd)
+    return b"P" + pid.to_bytes(4, "big")
+
+
+def serve() -> int:
+    """The zygote loop: one request at a time, single-threaded, until EOF on fd 0."""
+    import _socket  # the C module: ``socket`` would pull in enum, selectors, ...
+
+    sock = _socket.socket(fileno=0)
+    rights = _socket.SCM_RIGHTS
+    space = _socket.CMSG_SPACE(4 * 4)
+    flags = _socket.MSG_CMSG_CLOEXEC
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's signals are for the worker
+        signal.signal(sig, signal.SIG_IGN)
+    _mark_cloexec()
+    released: set[int] = set()
+    poller = select.poll()
+    poller.register(0, select.POLLIN)
+    sock.sendall(ZYGOTE_READY)
+    while True:
+        # Poll with a short timeout only while a released child may still be exiting.
+        if poller.poll(50 if released else None):
+            try:
+                kind, value, fds = _recv_request(sock, rights, space, flags)
+            except (EOFError, OSError):
+                return 0
+            if kind == b"R" and not fds:
+                released.add(value)
+            elif kind == b"L" and len(fds) == 1:
+                try:
+                    raw = _recv_body(sock, value)
+                    reply = _fork_child(sock, raw, fds[0])
+                    sock.sendall(reply)
+                except (EOFError, OSError):
+                    return 0
+                finally:
+                    os.close(fds[0])
+            else:
+                for fd in fds:
+                    os.close(fd)
+                return 2  # protocol violation: the worker restarts us
+        for pid in list(released):
+            try:
+                done = os.waitpid(pid, os.WNOHANG)[0] != 0
+            except ChildProcessError:
+                done = True
+            if done:
+                released.discard(pid)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve() if sys.argv[1:] == ["--zygote"] else main())

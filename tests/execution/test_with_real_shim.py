@@ -46,6 +46,7 @@ def launcher(engine: Engine, tmp_path: Path) -> Iterator[TrackingLauncher]:
         )
     )
     yield tracking
+    tracking.inner.close()
     for h in tracking.handles:
         for pid in (h.pid, h.shim_pid):
             ident = read_identity(pid)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,18 @@ from app.worker.receipts import ReceiptStore
 from tests.worker.kit import Armed, Processes, armed_run, launch_request, make_log
 
 DEADLINE = 20.0
+_BEDS: list[Bed] = []
+
+
+@pytest.fixture(autouse=True, params=["zygote", "exec"])
+def shim_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every launcher test runs with the zygote and with one-shot shims (QL_SHIM_MODE)."""
+    monkeypatch.setenv("QL_SHIM_MODE", request.param)
+    try:
+        yield request.param
+    finally:
+        while _BEDS:
+            _BEDS.pop().launcher.close()
 GATED = "echo started >> {spawns}; while [ ! -e {gate} ]; do sleep 0.01; done; exit 0"
 
 
@@ -39,6 +51,7 @@ class Bed:
         self.journal = JournalRepository(engine)
         self.store = ReceiptStore(root / "receipts")
         self.launcher = ShimLauncher(journal=self.journal, receipts=self.store, **launcher_kw)
+        _BEDS.append(self)
         self.spawns = root / "spawns"
         self.gate = root / "gate"
 
@@ -160,7 +173,9 @@ def test_a_shim_that_never_reports_leaves_nothing_running(
     # Starts a long-lived process in its session (as a real shim starts a job), then hangs
     # without ever writing a status line.
     fake.write_text(
-        "import os, time\n"
+        "import os, sys, time\n"
+        "if '--zygote' in sys.argv:\n"  # as a zygote it cannot start: one-shot fallback
+        "    sys.exit(1)\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    time.sleep(120)\n"

@@ -1,0 +1,323 @@
+"""The shim started by its fork server (``shim.py --zygote``): the central cases of
+test_shim.py again, plus what only the zygote has (fd/RSS hygiene, EOF exit, worker death).
+
+The zygote is driven by the worker's own client (``app.worker.zygote.Zygote``); the status
+line is read from the pipe whose write end travelled to the zygote, as the launcher does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.domain.receipt import decode_receipt, encode_receipt
+from app.worker.identity import current_boot_id, read_identity, wait_exit
+from app.worker.zygote import Zygote
+from tests.integration.test_shim import (
+    DEADLINE,
+    SHIM,
+    STATUS_KEYS,
+    Launched,
+    make_spec,
+    receipt_path,
+    wait_shim_done,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def launched() -> Iterator[Launched]:
+    tracker = Launched()
+    try:
+        yield tracker
+    finally:
+        tracker.cleanup()
+
+
+@pytest.fixture
+def zygote() -> Iterator[Zygote]:
+    server = Zygote(argv=[sys.executable, "-I", "-S", SHIM], reply_timeout_s=DEADLINE)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _read_line(fd: int) -> bytes:
+    deadline = time.monotonic() + DEADLINE
+    out = b""
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, "status line not received in time"
+        if not select.select([fd], [], [], remaining)[0]:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return out
+        out += chunk
+
+
+def zlaunch(zygote: Zygote, spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
+    """One launch through the zygote; the parsed status line (read to EOF)."""
+    payload = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
+    read_fd, write_fd = os.pipe()
+    try:
+        first = zygote.spawn(payload, write_fd)
+    finally:
+        os.close(write_fd)
+    try:
+        raw = _read_line(read_fd)
+    finally:
+        os.close(read_fd)
+        zygote.release(first)
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 1, raw
+    status: dict[str, Any] = json.loads(raw)
+    launched.track_status(status)
+    return status
+
+
+def zrun(zygote: Zygote, tmp_path: Path, argv: list[str], launched: Launched, **over: Any) -> Any:
+    spec = make_spec(tmp_path, argv, **over)
+    status = zlaunch(zygote, spec, launched)
+    assert status["ok"] is True, status
+    wait_shim_done(status)
+    return spec, status, decode_receipt(receipt_path(spec).read_bytes())
+
+
+def _fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def test_end_to_end_and_receipt_published(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    spec, status, receipt = zrun(
+        zygote, tmp_path, ["/bin/sh", "-c", "echo out; echo err >&2; pwd; exit 3"], launched
+    )
+    assert set(status) == STATUS_KEYS and status["boot_id"] == current_boot_id()
+    assert status["pgid"] == status["pid"] != status["shim_pid"]
+    assert (tmp_path / "job.log").read_bytes() == f"out\nerr\n{tmp_path}\n".encode()
+    assert receipt.exit_code == 3 and receipt.token == spec["token"]
+    assert receipt_path(spec).read_bytes() == encode_receipt(receipt)
+    assert sorted(p.name for p in Path(spec["receipt_dir"]).iterdir()) == [spec["receipt_name"]]
+
+
+def test_own_session_and_not_a_child_of_the_zygote(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"])
+    status = zlaunch(zygote, spec, launched)
+    job, shim = status["pid"], status["shim_pid"]
+    assert os.getpgid(job) == job
+    assert os.getsid(job) == os.getsid(shim) != os.getsid(0)
+    assert os.getsid(shim) != os.getsid(zygote.pid or 0)
+    assert _ppid(shim) not in (os.getpid(), zygote.pid)
+    (tmp_path / "go").touch()
+    wait_shim_done(status)
+
+
+def test_status_line_carries_no_user_content(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    spec = make_spec(tmp_path, ["/bin/echo", "ARGV-MARKER"], env={"K": "ENV-MARKER"})
+    text = json.dumps(zlaunch(zygote, spec, launched))
+    for secret in ("ARGV-MARKER", "ENV-MARKER", spec["token"], str(tmp_path)):
+        assert secret not in text
+
+
+def test_environment_is_exactly_the_spec_env(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    env = {"ALPHA": "1", "BETA": "two words", "EMPTY": ""}
+    spec, _status, receipt = zrun(zygote, tmp_path, ["/usr/bin/env"], launched, env=env)
+    assert receipt.exit_code == 0
+    lines = Path(spec["log_path"]).read_text().splitlines()
+    assert sorted(lines) == sorted(f"{k}={v}" for k, v in env.items())
+
+
+def test_job_has_only_stdio_fds(tmp_path: Path, launched: Launched, zygote: Zygote) -> None:
+    spec, _status, receipt = zrun(zygote, tmp_path, ["/bin/ls", "-l", "/proc/self/fd/"], launched)
+    assert receipt.exit_code == 0
+    targets = {}
+    for line in Path(spec["log_path"]).read_text().splitlines():
+        if " -> " in line:
+            name, target = line.split(" -> ")
+            targets[int(name.split()[-1])] = target
+    assert set(targets) <= {0, 1, 2, 3}, targets  # 3: the directory ls opened itself
+    assert targets.get(3, "/proc/").startswith("/proc/")
+    assert targets[0] == "/dev/null"
+    assert targets[1] == targets[2] and targets[1].startswith("pipe:")
+
+
+def test_long_lived_shim_holds_no_zygote_or_worker_fd(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"])
+    status = zlaunch(zygote, spec, launched)
+    fds = {int(n): os.readlink(f"/proc/{status['shim_pid']}/fd/{n}")
+           for n in os.listdir(f"/proc/{status['shim_pid']}/fd")}  # fmt: skip
+    assert not [t for t in fds.values() if t.startswith("socket:")], fds
+    assert fds[0] == fds[1] == fds[2] == "/dev/null"
+    # Left: the log, the receipt directory, the job's pipe read end and (soon) its pidfd.
+    others = [t for fd, t in fds.items() if fd > 2]
+    assert spec["log_path"] in others and spec["receipt_dir"] in others, others
+    rest = [t for t in others if t not in (spec["log_path"], spec["receipt_dir"])]
+    assert [t for t in rest if t.startswith("pipe:")] and len(rest) <= 2, others
+    assert all(t.startswith("pipe:") or t == "anon_inode:[pidfd]" for t in rest), others
+    (tmp_path / "go").touch()
+    wait_shim_done(status)
+
+
+def test_quota_truncates_log_and_keeps_exit_code(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    quota = 1 << 20
+    spec, _status, receipt = zrun(
+        zygote, tmp_path, ["/bin/sh", "-c", "head -c 5000000 /dev/zero; exit 7"], launched,
+        log_quota_bytes=quota,
+    )  # fmt: skip
+    assert receipt.exit_code == 7
+    assert os.stat(spec["log_path"]).st_size == quota
+    assert Path(spec["log_path"] + ".truncated").read_bytes() == (
+        b'{"droppedBytes":%d,"quotaBytes":%d,"schemaVersion":1}' % (5_000_000 - quota, quota)
+    )
+
+
+def test_failures_report_like_the_one_shot_shim(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    spec = make_spec(tmp_path, ["/nonexistent/program"])
+    assert zlaunch(zygote, spec, launched) == {"ok": False, "error": "EXEC_FAILED", "errno": 2}
+    assert zlaunch(zygote, b"not json", launched) == {
+        "ok": False, "error": "SPEC_INVALID", "errno": None,
+    }  # fmt: skip
+    big = json.dumps({**spec, "token": "x" * (1 << 20)}).encode()
+    assert zlaunch(zygote, big, launched)["error"] == "SPEC_INVALID"
+    assert list(Path(spec["receipt_dir"]).iterdir()) == []
+    # The zygote itself is unharmed by bad requests.
+    (tmp_path / "ok").mkdir()
+    _spec, status, receipt = zrun(zygote, tmp_path / "ok", ["/bin/true"], launched)
+    assert status["ok"] and receipt.exit_code == 0
+
+
+def test_zygote_keeps_no_fds_or_memory_per_launch(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    def batch(n: int, tag: str) -> None:
+        statuses = []
+        for i in range(n):
+            sub = tmp_path / f"{tag}{i}"
+            sub.mkdir()
+            statuses.append(zlaunch(zygote, make_spec(sub, ["/bin/true"]), launched))
+        for status in statuses:
+            wait_shim_done(status)
+
+    batch(20, "warm")  # allocator arenas settle
+    pid = zygote.pid
+    assert pid is not None
+    fds, rss = _fd_count(pid), _rss_kb(pid)
+    batch(200, "n")
+    assert zygote.pid == pid  # the same zygote served every launch
+    assert _fd_count(pid) == fds
+    assert _rss_kb(pid) - rss < 2048, (rss, _rss_kb(pid))
+    # Every released first shim process was reaped: the zygote has no children left.
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert children == []
+
+
+def test_zygote_exits_on_eof_and_running_shims_go_on(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", "while [ ! -e go ]; do sleep 0.02; done"])
+    status = zlaunch(zygote, spec, launched)
+    pid = zygote.pid
+    assert pid is not None
+    zygote.close()
+    assert wait_exit(pid, DEADLINE)
+    assert read_identity(status["shim_pid"]) is not None
+    (tmp_path / "go").touch()
+    wait_shim_done(status)
+    assert decode_receipt(receipt_path(spec).read_bytes()).exit_code == 0
+
+
+_WORKER = r"""
+import json, os, sys, time
+from app.worker.zygote import Zygote
+z = Zygote(argv=[sys.executable, "-I", "-S", sys.argv[1]], reply_timeout_s=20.0)
+r, w = os.pipe()
+first = z.spawn(sys.stdin.buffer.read(), w)
+os.close(w)
+line = os.read(r, 4096)
+z.release(first)
+status = json.loads(line)
+status["zygote_pid"] = z.pid
+sys.stdout.write(json.dumps(status) + "\n"); sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+def test_worker_sigkill_ends_the_zygote_but_not_the_shim(
+    tmp_path: Path, launched: Launched
+) -> None:
+    spec = make_spec(
+        tmp_path,
+        ["/bin/sh", "-c", "echo started; while [ ! -e go ]; do sleep 0.02; done; exit 5"],
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, SHIM], cwd=ROOT, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert worker.stdin is not None and worker.stdout is not None
+    try:
+        worker.stdin.write(json.dumps(spec).encode())
+        worker.stdin.close()
+        status = json.loads(_read_line_until_newline(worker.stdout.fileno()))
+        launched.track_status(status)
+        assert status["ok"] is True
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=DEADLINE)
+        worker.stdout.close()
+    assert wait_exit(status["zygote_pid"], DEADLINE), "the zygote outlived its worker"
+    assert read_identity(status["shim_pid"]) is not None
+    assert read_identity(status["pid"]) is not None
+    (tmp_path / "go").touch()
+    wait_shim_done(status)
+    assert decode_receipt(receipt_path(spec).read_bytes()).exit_code == 5
+    assert Path(spec["log_path"]).read_bytes() == b"started\n"
+
+
+def _read_line_until_newline(fd: int) -> bytes:
+    deadline = time.monotonic() + DEADLINE
+    out = b""
+    while b"\n" not in out:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, "no line in time"
+        if select.select([fd], [], [], remaining)[0]:
+            chunk = os.read(fd, 4096)
+            assert chunk, "closed before a line"
+            out += chunk
+    return out
