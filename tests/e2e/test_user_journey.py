@@ -8,14 +8,20 @@ timeout, cancel). On SQLite and PostgreSQL.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import ServeFactory, alive, descendants, wait_until
+from tests.e2e.conftest import (
+    ServeFactory,
+    alive,
+    descendants,
+    kill_exact,
+    proc_stat,
+    wait_until,
+)
 from tests.e2e.kit import (
     TERMINAL,
     enqueue,
@@ -164,11 +170,16 @@ def test_kill9_every_api_worker_and_the_worker_while_five_jobs_run(
 
     # kill -9 the worker and every uvicorn process (manager and workers) of the api.
     pids = served.service_pids()
-    victims = {pids["worker"], pids["api"], *descendants(pids["api"])}
+    victims = descendants(pids["api"])  # the uvicorn workers, {pid: start ticks}
+    for pid in (pids["worker"], pids["api"]):
+        stat = proc_stat(pid)
+        assert stat is not None
+        victims[pid] = stat[3]
     assert len(victims) >= 4  # worker, uvicorn manager and its two workers
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    wait_until("the killed services are gone", lambda: not any(alive(p) for p in victims), 20)
+    # By exact identity: a uvicorn worker may already be gone once its manager died.
+    for pid, start_ticks in victims.items():
+        kill_exact(pid, start_ticks)
+    wait_until("the killed services are gone", lambda: not any(alive(p, t) for p, t in victims.items()), 20)
     gate.touch()  # the jobs write their second line only after every service process died
 
     wait_until("the api and worker are back", lambda: served.service_pids().keys() == {"api", "worker"}
