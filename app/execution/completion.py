@@ -86,6 +86,7 @@ class CompletionService:
                     signal=receipt.signal,
                     finished_at_ms=receipt.finished_at_ms,
                     log=log_info,
+                    started_at_ms=receipt.started_at_ms,
                 )
             except VersionConflict:
                 if attempt == _CAS_RETRIES - 1:

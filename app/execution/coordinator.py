@@ -83,21 +83,24 @@ class StartCoordinator:
         except LaunchRejected:
             # The worker already journaled this attempt: a process may exist, so no ending
             # is faked here; recovery decides from the journal.
-            return StartResult("unresolved", command.run_id, command.attempt_id,
-                               reason="LAUNCH_REJECTED")
+            return StartResult(
+                "unresolved", command.run_id, command.attempt_id, reason="LAUNCH_REJECTED"
+            )
         except LaunchFailed as exc:
             return self._start_failed(command, exc.reason)
         except Exception:
             # Unknown whether the worker spawned (it journals first): never guess an ending;
             # the reconciler decides from the journal (ADR-0070 §4, fail closed).
-            return StartResult("unresolved", command.run_id, command.attempt_id,
-                               reason="LAUNCH_OUTCOME_UNKNOWN")
+            return StartResult(
+                "unresolved", command.run_id, command.attempt_id, reason="LAUNCH_OUTCOME_UNKNOWN"
+            )
         finally:
             del token
         if not _plausible(handle):
             # A handle we cannot trust can never be stopped by identity: leave it to recovery.
-            return StartResult("unresolved", command.run_id, command.attempt_id,
-                               reason="INVALID_HANDLE")
+            return StartResult(
+                "unresolved", command.run_id, command.attempt_id, reason="INVALID_HANDLE"
+            )
         try:
             run = self._transitions.record_running(
                 run_id=command.run_id,
@@ -106,6 +109,11 @@ class StartCoordinator:
                 started_at_ms=now_ms(),
             )
         except Exception:
+            ended = self._terminal_run(command.run_id)
+            if ended is not None:
+                # The job ended before T2 and the completion service already recorded its
+                # whole history (running, then the ending): nothing is left to stop.
+                return StartResult("ended", command.run_id, command.attempt_id, run=ended)
             return self._compensate_after_spawn(command, handle)
         return StartResult("running", command.run_id, command.attempt_id, run=run)
 
@@ -118,10 +126,21 @@ class StartCoordinator:
                 error_code=ErrorCode.EXECUTOR_START_FAILED,
             )
         except Exception:
-            return StartResult("unresolved", command.run_id, command.attempt_id,
-                               error_code=ErrorCode.EXECUTOR_START_FAILED, reason=reason)
-        return StartResult("start_failed", command.run_id, command.attempt_id,
-                           error_code=ErrorCode.EXECUTOR_START_FAILED, reason=reason, run=run)
+            return StartResult(
+                "unresolved",
+                command.run_id,
+                command.attempt_id,
+                error_code=ErrorCode.EXECUTOR_START_FAILED,
+                reason=reason,
+            )
+        return StartResult(
+            "start_failed",
+            command.run_id,
+            command.attempt_id,
+            error_code=ErrorCode.EXECUTOR_START_FAILED,
+            reason=reason,
+            run=run,
+        )
 
     def _compensate_after_spawn(self, command: StartCommand, handle: ProcessHandle) -> StartResult:
         # ADR-0070 §4: stop the exact identity first; never mark lost on a guess.
@@ -130,8 +149,13 @@ class StartCoordinator:
         except Exception:
             stopped = "unknown"
         if stopped not in ("stopped", "already_exited"):
-            return StartResult("unresolved", command.run_id, command.attempt_id,
-                               error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED, reason=stopped)
+            return StartResult(
+                "unresolved",
+                command.run_id,
+                command.attempt_id,
+                error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED,
+                reason=stopped,
+            )
         try:
             run = self._transitions.fail_attempt(
                 run_id=command.run_id,
@@ -144,13 +168,25 @@ class StartCoordinator:
             if ended is not None:
                 # Not a persist failure after all: the job already finished and its ending
                 # was committed from ``starting`` (the stop above found it exited).
-                return StartResult("ended", command.run_id, command.attempt_id,
-                                   reason=stopped, run=ended)
+                return StartResult(
+                    "ended", command.run_id, command.attempt_id, reason=stopped, run=ended
+                )
             # The durable starting fact stays; recovery finishes the job (ADR-0070 §4).
-            return StartResult("unresolved", command.run_id, command.attempt_id,
-                               error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED, reason=stopped)
-        return StartResult("lost", command.run_id, command.attempt_id,
-                           error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED, reason=stopped, run=run)
+            return StartResult(
+                "unresolved",
+                command.run_id,
+                command.attempt_id,
+                error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED,
+                reason=stopped,
+            )
+        return StartResult(
+            "lost",
+            command.run_id,
+            command.attempt_id,
+            error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED,
+            reason=stopped,
+            run=run,
+        )
 
     def _terminal_run(self, run_id: str) -> Run | None:
         if self._runs is None:

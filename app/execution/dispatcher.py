@@ -72,9 +72,12 @@ class PassResult:
 
     @property
     def launch_failure(self) -> CandidateOutcome | None:
-        """The launch that did not end running, reported to the caller (never retried here)."""
+        """The launch that did not start, reported to the caller (never retried here).
+
+        ``ended`` is a start too: the job ran and finished before T2 could commit.
+        """
         found = self.activated
-        return found if found is not None and found.kind != "started" else None
+        return found if found is not None and found.kind not in ("started", "ended") else None
 
 
 CoordinatorFactory = Callable[[], StartCoordinator]

@@ -201,6 +201,7 @@ class AttemptCompletions(Protocol):
         signal: int | None,
         finished_at_ms: int,
         log: LogInfo | None = None,
+        started_at_ms: int | None = None,
     ) -> CompletionOutcome:
         """Apply the ending once; already_terminal or rejected otherwise."""
         ...

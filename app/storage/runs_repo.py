@@ -262,8 +262,14 @@ class RunRepository:
         signal: int | None,
         finished_at_ms: int,
         log: LogInfo | None = None,
+        started_at_ms: int | None = None,
     ) -> CompletionOutcome:
-        """The one transaction that turns a process ending into a terminal state, once."""
+        """The one transaction that turns a process ending into a terminal state, once.
+
+        An attempt still ``starting`` (the job ended before the api's T2 committed) first
+        moves to ``running`` with the shim's ``started_at_ms``, in the same transaction, so
+        the history reads dispatching → running → ending and the api's late T2 is refused.
+        """
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
             attempt_row = conn.execute(select(attempts).where(attempts.c.id == attempt_id)).first()
@@ -283,6 +289,23 @@ class RunRepository:
                 return CompletionOutcome("rejected", reason="WRONG_SEQUENCE")
             if run_row.latest_attempt != attempt_row.number:
                 return CompletionOutcome("rejected", reason="NOT_LATEST_ATTEMPT")
+            if attempt_row.status == AttemptStatus.STARTING:
+                began = max(started_at_ms or attempt_row.created_at_ms, attempt_row.created_at_ms)
+                _step(
+                    conn,
+                    run_row,
+                    attempt_row,
+                    now_ms(),
+                    run_to=RunStatus.RUNNING,
+                    attempt_to=AttemptStatus.RUNNING,
+                    attempt_values={"started_at_ms": began},
+                    run_values={"started_at_ms": began},
+                    order="attempt_first",
+                )
+                run_row = conn.execute(select(runs).where(runs.c.id == run_id)).one()
+                attempt_row = conn.execute(
+                    select(attempts).where(attempts.c.id == attempt_id)
+                ).one()
             ending = ending_for(
                 exit_code=exit_code, signal=signal, cancel_reason=run_row.cancel_reason
             )
