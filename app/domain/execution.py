@@ -8,7 +8,7 @@ They live in the domain so that both ``app.execution`` (ports, services) and ``a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 StopResult = Literal["stopped", "already_exited", "unknown"]
 CompletionStatus = Literal["applied", "already_terminal", "rejected"]
@@ -28,6 +28,20 @@ class LaunchRequest:
     log_path: str
     log_quota_bytes: int
     deadline_at_ms: int | None
+
+    def wire_fields(self) -> dict[str, Any]:
+        """Plain JSON-able fields shared by the worker socket request and the shim spec."""
+        return {
+            "run_id": self.run_id,
+            "attempt_id": self.attempt_id,
+            "callback_sequence": self.callback_sequence,
+            "token": self.token,
+            "argv": list(self.argv),
+            "cwd": self.cwd,
+            "env": dict(self.env),
+            "log_path": self.log_path,
+            "log_quota_bytes": self.log_quota_bytes,
+        }
 
 
 class LaunchFailed(Exception):

@@ -77,15 +77,7 @@ class WorkerClient:
         """Launch through the worker; LaunchRejected / LaunchFailed(reason) on refusal."""
         req = {
             "op": "launch",
-            "run_id": request.run_id,
-            "attempt_id": request.attempt_id,
-            "callback_sequence": request.callback_sequence,
-            "token": request.token,
-            "argv": list(request.argv),
-            "cwd": request.cwd,
-            "env": dict(request.env),
-            "log_path": request.log_path,
-            "log_quota_bytes": request.log_quota_bytes,
+            **request.wire_fields(),
             "deadline_at_ms": request.deadline_at_ms,
         }
         repeated = False

@@ -154,15 +154,7 @@ class ShimLauncher:
     def _spec(self, request: LaunchRequest, shard: Path) -> bytes:
         spec = {
             "protocol": PROTOCOL,
-            "run_id": request.run_id,
-            "attempt_id": request.attempt_id,
-            "callback_sequence": request.callback_sequence,
-            "token": request.token,
-            "argv": list(request.argv),
-            "cwd": request.cwd,
-            "env": dict(request.env),
-            "log_path": request.log_path,
-            "log_quota_bytes": request.log_quota_bytes,
+            **request.wire_fields(),
             "receipt_dir": str(shard),
             "receipt_name": f"{request.attempt_id}.json",
             **self._spec_extra,
