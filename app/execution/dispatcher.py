@@ -102,7 +102,10 @@ class Dispatcher:
         self._coordinators = coordinators
         self._page_size = page_size
         self._cursor: str | None = None
-        self._cursor_lock = threading.Lock()  # passes may overlap; only the cursor is shared
+        self._cursor_lock = threading.Lock()  # passes may overlap; cursor and hints are shared
+        # Attempts a pass of this process is handling now. Only a hint to spare overlapping
+        # passes the same materialization: uniqueness still comes from the database CAS.
+        self._in_hand: set[str] = set()
 
     def run_pass(self) -> PassResult:
         """One page of candidates; stops after the first candidate the launcher was called for."""
@@ -112,7 +115,13 @@ class Dispatcher:
         outcomes: list[CandidateOutcome] = []
         stop = False
         for candidate in page.items:
-            outcome, stop = self._one(candidate)
+            if not self._take(candidate.attempt_id):
+                continue
+            try:
+                outcome, stop = self._one(candidate)
+            finally:
+                with self._cursor_lock:
+                    self._in_hand.discard(candidate.attempt_id)
             outcomes.append(outcome)
             if stop:
                 break
@@ -122,6 +131,14 @@ class Dispatcher:
             # after a stop, or when the end of the queue was reached.
             self._cursor = page.next_cursor if truncated and not stop else None
         return PassResult(outcomes=tuple(outcomes), truncated=truncated)
+
+    def _take(self, attempt_id: str) -> bool:
+        """Claim the hint for ``attempt_id``; False when another pass here already has it."""
+        with self._cursor_lock:
+            if attempt_id in self._in_hand:
+                return False
+            self._in_hand.add(attempt_id)
+            return True
 
     def _one(self, candidate: DispatchCandidateLike) -> tuple[CandidateOutcome, bool]:
         """The outcome, and whether the pass must stop after it."""

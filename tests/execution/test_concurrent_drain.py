@@ -11,9 +11,11 @@ import pytest
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import _drain_concurrently, drain_concurrency
+from app.domain.execution import LaunchRequest
+from app.domain.model import ProcessHandle
 from app.execution.dispatcher import CandidateOutcome, PassResult
 from app.storage.run_reads import RunReader
-from tests.execution.kit import FakeLauncher, define, enqueue, make_kit
+from tests.execution.kit import FakeLauncher, define, enqueue, fake_handle, make_kit
 
 RUNS = 24
 
@@ -77,3 +79,32 @@ def test_an_idle_tick_runs_one_pass_and_starts_no_thread() -> None:
     _drain_concurrently(fake, 4)  # type: ignore[arg-type]
     assert fake.calls == 2
     assert threading.active_count() == before
+
+
+def test_an_overlapping_pass_skips_the_candidate_another_pass_has_in_hand(
+    engine: Engine, tmp_path: Path
+) -> None:
+    define(engine)
+    first, second = enqueue(engine), enqueue(engine)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_launch(request: LaunchRequest) -> ProcessHandle:
+        if request.run_id == first.id:
+            entered.set()
+            assert release.wait(10)
+        return fake_handle()
+
+    kit = make_kit(engine, tmp_path / "logs", launcher=FakeLauncher(engine, handle=slow_launch))
+    results: list[PassResult] = []
+    holder = threading.Thread(target=lambda: results.append(kit.dispatcher.run_pass()))
+    holder.start()
+    try:
+        assert entered.wait(10)
+        overlapping = kit.dispatcher.run_pass()
+    finally:
+        release.set()
+        holder.join(10)
+    # The first candidate was never touched by the overlapping pass: it went on to the next.
+    assert [o.run_id for o in overlapping.outcomes] == [second.id]
+    assert overlapping.activated is not None and overlapping.activated.kind == "started"
+    assert results[0].activated is not None and results[0].activated.run_id == first.id
