@@ -150,6 +150,15 @@ class ProcessHandle:
     shim_pid: int
     shim_start_ticks: int
 
+    def is_stoppable(self) -> bool:
+        """Exact-identity stop can act on it: a boot id, positive ids, a job leading its group."""
+        numbers = (self.pid, self.pgid, self.start_ticks, self.shim_pid, self.shim_start_ticks)
+        return (
+            bool(self.boot_id)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in numbers)
+            and self.pid == self.pgid
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for storage and the worker protocol."""
         return {

@@ -199,11 +199,5 @@ class StartCoordinator:
 
 
 def _plausible(handle: object) -> bool:
-    """A handle the controller could ever act on: positive ids and a boot id."""
-    if not isinstance(handle, ProcessHandle):
-        return False
-    h = handle
-    numbers = (h.pid, h.pgid, h.start_ticks, h.shim_pid, h.shim_start_ticks)
-    return bool(handle.boot_id) and all(
-        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in numbers
-    )
+    """A handle the controller could ever act on (``ProcessHandle.is_stoppable``)."""
+    return isinstance(handle, ProcessHandle) and handle.is_stoppable()

@@ -73,12 +73,8 @@ class PassReport:
 
 
 def plausible_handle(handle: ProcessHandle | None) -> bool:
-    """A handle exact-identity stop can act on: positive ids, a boot id, a job leading its group."""
-    if handle is None or not handle.boot_id:
-        return False
-    numbers = (handle.pid, handle.pgid, handle.start_ticks, handle.shim_pid,
-               handle.shim_start_ticks)
-    return all(n > 0 for n in numbers) and handle.pid == handle.pgid
+    """A handle exact-identity stop can act on (see ``ProcessHandle.is_stoppable``)."""
+    return handle is not None and handle.is_stoppable()
 
 
 class Reconciler:
