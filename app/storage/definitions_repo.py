@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Engine, Row, func, insert, select
+from sqlalchemy import Connection, Engine, Row, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json, content_digest, recipe_id
@@ -77,11 +77,7 @@ class DefinitionRepository:
         digest = content_digest(body)
         try:
             with UnitOfWork(self._engine) as uow:
-                existing = uow.conn.execute(
-                    select(task_revisions).where(
-                        task_revisions.c.task == task, task_revisions.c.revision == revision
-                    )
-                ).first()
+                existing = _select_revision(uow.conn, task, revision)
                 if existing is not None:
                     return _check_same_revision(existing, digest), False
                 if recipe is not None:
@@ -108,15 +104,23 @@ class DefinitionRepository:
         except IntegrityError:
             # Lost a race with an identical or conflicting insert: decide from what won.
             return _check_same_revision(self._revision_row(task, revision), digest), False
-        return self.get_revision(task, revision), True
+        stored = TaskRevision(
+            task=task,
+            revision=revision,
+            executor=executor,
+            argv=tuple(argv),
+            cwd=cwd,
+            recipe=recipe,
+            timeout_seconds=timeout_seconds,
+            priority=priority,
+            digest=digest,
+            created_at_ms=at,
+        )
+        return stored, True
 
     def _revision_row(self, task: str, revision: int) -> Row[Any]:
         with UnitOfWork(self._engine, write=False) as uow:
-            row = uow.conn.execute(
-                select(task_revisions).where(
-                    task_revisions.c.task == task, task_revisions.c.revision == revision
-                )
-            ).first()
+            row = _select_revision(uow.conn, task, revision)
         if row is None:
             raise NotFound(ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}")
         return row
@@ -124,11 +128,7 @@ class DefinitionRepository:
     def get_revision(self, task: str, revision: int) -> TaskRevision:
         """One revision; NotFound with TASK_NOT_FOUND or REVISION_NOT_FOUND."""
         with UnitOfWork(self._engine, write=False) as uow:
-            row = uow.conn.execute(
-                select(task_revisions).where(
-                    task_revisions.c.task == task, task_revisions.c.revision == revision
-                )
-            ).first()
+            row = _select_revision(uow.conn, task, revision)
             if row is None:
                 any_rev = uow.conn.execute(
                     select(task_revisions.c.revision).where(task_revisions.c.task == task).limit(1)
@@ -182,6 +182,14 @@ class DefinitionRepository:
         items = [(r.task, int(r.latest)) for r in rows[:limit]]
         nxt = encode_cursor("tasks", [items[-1][0]]) if len(rows) > limit else None
         return Page(items=items, next_cursor=nxt)
+
+
+def _select_revision(conn: Connection, task: str, revision: int) -> Row[Any] | None:
+    return conn.execute(
+        select(task_revisions).where(
+            task_revisions.c.task == task, task_revisions.c.revision == revision
+        )
+    ).first()
 
 
 def _check_same_recipe(row: Row[Any], body: str) -> Recipe:
