@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from sqlalchemy import Engine, create_engine, text
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.tables import metadata
+from tests.worker.kit import Processes
 
 PG_ENV = "QL_TEST_POSTGRES_URL"
 
@@ -96,3 +98,23 @@ def engine(db_url: str) -> Iterator[Engine]:
         yield eng
     finally:
         eng.dispose()
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    """Tracks launched processes and kills survivors (by verified identity) at teardown."""
+    tracker = Processes()
+    try:
+        yield tracker
+    finally:
+        tracker.cleanup()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short private directory (Unix socket paths must stay under ~100 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="ql"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
