@@ -6,17 +6,16 @@ principal after checking one scope (API.md: ``admin`` implies every scope).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
 
 from app.api.problems import FORBIDDEN, UNAUTHENTICATED, ApiProblem
 from app.context.facade import AppFacade, Principal
 
-_bearer = HTTPBearer(auto_error=False, description="An API token: `ql_` + 43 base64url chars")
+_BEARER_DESCRIPTION = "An API token: `ql_` + 43 base64url chars"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
@@ -30,35 +29,41 @@ async def get_facade(request: Request) -> AppFacade:
 Ctx = Annotated[AppFacade, Depends(get_facade)]
 
 
-async def authenticate(
-    facade: Ctx,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    """The caller's principal; 401 UNAUTHENTICATED with a Bearer challenge otherwise."""
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise ApiProblem(401, UNAUTHENTICATED, "a bearer token is required", headers=_CHALLENGE)
-    # A token seen within the last second needs no database round trip (nor a thread hop).
-    principal = facade.cached_principal(credentials.credentials)
-    if principal is None:
-        principal = await run_in_threadpool(facade.authenticate, credentials.credentials)
-    if principal is None:
-        raise ApiProblem(
-            401, UNAUTHENTICATED, "the token is unknown or revoked", headers=_CHALLENGE
+class _Require(HTTPBearer):
+    """One dependency that authenticates the bearer token and demands one scope.
+
+    A subclass of ``HTTPBearer`` so the OpenAPI document keeps the bearer scheme, but a single
+    node of the dependency graph: resolving the header, the token and the scope as separate
+    dependencies cost more than the database read of GET one run (bench/api_reads.py).
+    """
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(
+            auto_error=False, description=_BEARER_DESCRIPTION, scheme_name="HTTPBearer"
         )
-    return principal
+        self.required_scope = scope  # read by the scope tests and the OpenAPI extension
 
-
-def require(scope: str) -> Callable[..., Awaitable[Principal]]:
-    """A dependency that authenticates and then demands ``scope`` (403 FORBIDDEN)."""
-
-    async def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
-        # async: no I/O here, so no worker-thread hop (bench/api_reads.py profile).
-        if not principal.can(scope):
-            raise ApiProblem(403, FORBIDDEN, f"this token lacks the {scope} scope")
+    async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise ApiProblem(401, UNAUTHENTICATED, "a bearer token is required", headers=_CHALLENGE)
+        facade: AppFacade = request.app.state.facade
+        # A token seen within the last second needs no database round trip (nor a thread hop).
+        principal = facade.cached_principal(token)
+        if principal is None:
+            principal = await run_in_threadpool(facade.authenticate, token)
+        if principal is None:
+            raise ApiProblem(
+                401, UNAUTHENTICATED, "the token is unknown or revoked", headers=_CHALLENGE
+            )
+        if not principal.can(self.required_scope):
+            raise ApiProblem(403, FORBIDDEN, f"this token lacks the {self.required_scope} scope")
         return principal
 
-    check.required_scope = scope  # type: ignore[attr-defined]  # read by the scope tests
-    return check
+
+def require(scope: str) -> _Require:
+    """A dependency that authenticates and then demands ``scope`` (403 FORBIDDEN)."""
+    return _Require(scope)
 
 
 DefinitionsReader = Annotated[Principal, Depends(require("definitions:read"))]

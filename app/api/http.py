@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 
 from app.api.schemas import Problem
+from app.context.facade import AppFacade
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 Limit = Annotated[int, Query(ge=1, le=200, description="page size (1..200)")]
 Cursor = Annotated[
@@ -77,3 +82,14 @@ def matches_if_none_match(request: Request, etag: str) -> bool:
 def not_modified(etag: str) -> Response:
     """A 304 carrying the entity tag and no body."""
     return Response(status_code=304, headers={"ETag": etag})
+
+
+async def read(facade: AppFacade, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Call a facade read: on the event loop where the facade allows it, else in a thread.
+
+    A worker-thread round trip costs more than a SQLite run read (bench/api_reads.py), so
+    async read routes call through here instead of being plain ``def`` routes.
+    """
+    if facade.reads_inline:
+        return fn(*args, **kwargs)
+    return await run_in_threadpool(fn, *args, **kwargs)

@@ -58,7 +58,7 @@ def create_app(
         redoc_url=None,
     )
     problems.install(app)
-    for module in (routes_ops, routes_definitions, routes_secrets, routes_runs, routes_logs):
+    for module in (routes_ops, routes_runs, routes_logs, routes_definitions, routes_secrets):
         app.include_router(module.router)
     if settings.cors_origins:
         app.add_middleware(

@@ -14,7 +14,7 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz", operation_id="healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     """The process is alive (touches nothing else)."""
     return Health(status="ok")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 
 from app.api.auth import Ctx, Reader, RunsWriter
 from app.api.http import (
@@ -15,6 +16,7 @@ from app.api.http import (
     Cursor,
     Limit,
     problems,
+    read,
     set_next_link,
 )
 from app.api.schemas import (
@@ -43,6 +45,80 @@ IdempotencyKey = Annotated[
 ]
 
 
+# Reads first: routes are matched in order, and these are the ones clients poll. Every route
+# is async: a plain ``def`` route with a response model costs two worker-thread round trips
+# (the endpoint, then its response validation); reads go through ``read`` (on the event loop
+# on SQLite), writes to a worker thread (they may wait for the database's writer lock).
+
+
+@router.get(
+    "/runs/{run_id}",
+    operation_id="runs-get",
+    response_model=RunOut,
+    responses=problems(*READ_ERRORS),
+)
+async def get_run(run_id: str, facade: Ctx, _: Reader) -> RunOut:
+    """One run with its latest attempt."""
+    return RunOut.of(await read(facade, facade.get_run, run_id=run_id))
+
+
+@router.get(
+    "/runs",
+    operation_id="runs-list",
+    response_model=RunPage,
+    responses=problems(*READ_ERRORS),
+)
+async def list_runs(
+    request: Request,
+    facade: Ctx,
+    _: Reader,
+    response: Response,
+    task: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    status: RunStatusName | None = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
+) -> RunPage:
+    """Runs, newest first, filtered by task and status."""
+    page = await read(
+        facade, facade.list_runs, task=task, status=status, limit=limit, cursor=cursor
+    )
+    set_next_link(request, response, page.next_cursor)
+    return RunPage(items=[RunOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+
+
+@router.get(
+    "/runs/{run_id}/attempts",
+    operation_id="runs-list-attempts",
+    response_model=AttemptPage,
+    responses=problems(*READ_ERRORS),
+)
+async def list_attempts(run_id: str, facade: Ctx, _: Reader) -> AttemptPage:
+    """Every attempt of a run, by number (one page)."""
+    attempts = await read(facade, facade.list_attempts, run_id=run_id)
+    return AttemptPage(items=[AttemptOut.of(a) for a in attempts], next_cursor=None)
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    operation_id="runs-list-events",
+    response_model=EventPage,
+    responses=problems(*READ_ERRORS),
+)
+async def list_events(
+    run_id: str,
+    request: Request,
+    facade: Ctx,
+    _: Reader,
+    response: Response,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
+) -> EventPage:
+    """A run's events in ``seq`` order."""
+    page = await read(facade, facade.list_events, run_id=run_id, limit=limit, cursor=cursor)
+    set_next_link(request, response, page.next_cursor)
+    return EventPage(items=[EventOut.of(e) for e in page.items], next_cursor=page.next_cursor)
+
+
 @router.post(
     "/runs",
     operation_id="runs-create",
@@ -52,7 +128,7 @@ IdempotencyKey = Annotated[
         *WRITE_ERRORS, extra={200: {"model": RunOut, "description": "replay of an Idempotency-Key"}}
     ),
 )
-def create_run(
+async def create_run(
     body: RunIn,
     facade: Ctx,
     principal: RunsWriter,
@@ -60,7 +136,8 @@ def create_run(
     idempotency_key: IdempotencyKey = None,
 ) -> RunOut:
     """Enqueue a run of a task revision (the latest when none is given)."""
-    run, created = facade.enqueue_run(
+    run, created = await run_in_threadpool(
+        facade.enqueue_run,
         task=body.task,
         revision=body.revision,
         priority=body.priority,
@@ -79,72 +156,6 @@ def create_run(
     response_model=RunOut,
     responses=problems(*READ_ERRORS, 409),
 )
-def cancel_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
+async def cancel_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
     """Record the cancel intent (idempotent); 409 RUN_TERMINAL once the run ended."""
-    return RunOut.of(facade.request_cancel(run_id=run_id))
-
-
-@router.get(
-    "/runs",
-    operation_id="runs-list",
-    response_model=RunPage,
-    responses=problems(*READ_ERRORS),
-)
-def list_runs(
-    request: Request,
-    facade: Ctx,
-    _: Reader,
-    response: Response,
-    task: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
-    status: RunStatusName | None = None,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
-) -> RunPage:
-    """Runs, newest first, filtered by task and status."""
-    page = facade.list_runs(task=task, status=status, limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return RunPage(items=[RunOut.of(r) for r in page.items], next_cursor=page.next_cursor)
-
-
-@router.get(
-    "/runs/{run_id}",
-    operation_id="runs-get",
-    response_model=RunOut,
-    responses=problems(*READ_ERRORS),
-)
-def get_run(run_id: str, facade: Ctx, _: Reader) -> RunOut:
-    """One run with its latest attempt."""
-    return RunOut.of(facade.get_run(run_id=run_id))
-
-
-@router.get(
-    "/runs/{run_id}/attempts",
-    operation_id="runs-list-attempts",
-    response_model=AttemptPage,
-    responses=problems(*READ_ERRORS),
-)
-def list_attempts(run_id: str, facade: Ctx, _: Reader) -> AttemptPage:
-    """Every attempt of a run, by number (one page)."""
-    items = [AttemptOut.of(a) for a in facade.list_attempts(run_id=run_id)]
-    return AttemptPage(items=items, next_cursor=None)
-
-
-@router.get(
-    "/runs/{run_id}/events",
-    operation_id="runs-list-events",
-    response_model=EventPage,
-    responses=problems(*READ_ERRORS),
-)
-def list_events(
-    run_id: str,
-    request: Request,
-    facade: Ctx,
-    _: Reader,
-    response: Response,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
-) -> EventPage:
-    """A run's events in ``seq`` order."""
-    page = facade.list_events(run_id=run_id, limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return EventPage(items=[EventOut.of(e) for e in page.items], next_cursor=page.next_cursor)
+    return RunOut.of(await run_in_threadpool(facade.request_cancel, run_id=run_id))

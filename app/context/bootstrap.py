@@ -200,6 +200,7 @@ def build_context(
         or LogStore(root=settings.logs_dir, quota_bytes=settings.profile.log_quota_bytes),
         _readiness_probe=probe,
         _notify_enqueued=background.kick,
+        reads_inline=engine.dialect.name == "sqlite",
     )
     return AppContext(
         settings=settings,

@@ -82,6 +82,10 @@ class AppFacade:
     _readiness_probe: Callable[[], Readiness]
     _notify_enqueued: Callable[[], None]
     _token_cache: TokenCache[Principal] = field(default_factory=TokenCache)
+    # True on SQLite: a run read is ~25 µs of local work that never waits for a writer (WAL),
+    # less than a worker-thread round trip, so async routes may call it on the event loop.
+    # PostgreSQL reads are network round trips and always go to a worker thread.
+    reads_inline: bool = False
 
     # -- definitions ------------------------------------------------------------------------
 

@@ -6,12 +6,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, or_, select
+from sqlalchemy import Engine, Row, and_, bindparam, or_, select
 
 from app.domain.errors import ErrorCode, NotFound
 from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle, Run, RunEvent
 from app.domain.states import AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
+from app.storage.one_statement import OneStatementRead
 from app.storage.tables import attempts, run_events, runs, task_revisions
 from app.storage.uow import UnitOfWork
 
@@ -106,7 +107,7 @@ _RUN_NAMES = tuple(c.name for c in runs.c)
 _ATTEMPT_NAMES = tuple(c.name for c in attempts.c)
 
 
-def _split(row: Row[Any]) -> tuple[Any, Any]:
+def _split(row: Row[Any] | tuple[Any, ...]) -> tuple[Any, Any]:
     # Rows of ``select(runs, *_ATTEMPT_COLUMNS)``: the run's columns, then the attempt's, in
     # table order. Positional slicing, not a keyed lookup per column (list-page profile).
     values = tuple(row)
@@ -128,34 +129,46 @@ class RunReader:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._one_run = OneStatementRead(
+            engine,
+            select(runs, *_ATTEMPT_COLUMNS)
+            .select_from(_RUN_WITH_LATEST)
+            .where(runs.c.id == bindparam("run_id")),
+        )
+        self._run_pages: dict[tuple[bool, bool, bool], OneStatementRead] = {}
+
+    def _run_page(self, shape: tuple[bool, bool, bool]) -> OneStatementRead:
+        """The list-page statement for one combination of (task, status, cursor) filters."""
+        read = self._run_pages.get(shape)
+        if read is None:
+            by_task, by_status, after = shape
+            query = select(runs, *_ATTEMPT_COLUMNS).select_from(_RUN_WITH_LATEST)
+            if by_task:
+                query = query.where(runs.c.task == bindparam("task"))
+            if by_status:
+                query = query.where(runs.c.status == bindparam("status"))
+            if after:
+                query = query.where(runs.c.id < bindparam("last_id"))
+            query = query.order_by(runs.c.id.desc()).limit(bindparam("limit"))
+            read = self._run_pages.setdefault(shape, OneStatementRead(self._engine, query))
+        return read
 
     def get_run(self, run_id: str) -> Run:
         """One run with its latest attempt; NotFound otherwise."""
-        with UnitOfWork(self._engine, write=False) as uow:
-            row = uow.conn.execute(
-                select(runs, *_ATTEMPT_COLUMNS)
-                .select_from(_RUN_WITH_LATEST)
-                .where(runs.c.id == run_id)
-            ).first()
-        if row is None:
+        rows = self._one_run.rows({"run_id": run_id})
+        if not rows:
             raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
-        return run_from_rows(*_split(row))
+        return run_from_rows(*_split(rows[0]))
 
     def list_runs(
         self, *, task: str | None, status: str | None, limit: int, cursor: str | None
     ) -> Page[Run]:
         """Newest first (UUIDv7 order), filtered by task and status, one keyset page."""
-        query = select(runs, *_ATTEMPT_COLUMNS).select_from(_RUN_WITH_LATEST)
-        if task is not None:
-            query = query.where(runs.c.task == task)
-        if status is not None:
-            query = query.where(runs.c.status == status)
+        params: dict[str, Any] = {"task": task, "status": status, "limit": limit + 1}
         if cursor is not None:
-            (last_id,) = decode_cursor("runs", cursor, (str,))
-            query = query.where(runs.c.id < last_id)
-        query = query.order_by(runs.c.id.desc()).limit(limit + 1)
-        with UnitOfWork(self._engine, write=False) as uow:
-            rows = uow.conn.execute(query).all()
+            (params["last_id"],) = decode_cursor("runs", cursor, (str,))
+        shape = (task is not None, status is not None, cursor is not None)
+        rows = self._run_page(shape).rows(params)
         items = [run_from_rows(*_split(r)) for r in rows[:limit]]
         next_cursor = encode_cursor("runs", [items[-1].id]) if len(rows) > limit else None
         return Page(items=items, next_cursor=next_cursor)
