@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -55,8 +57,35 @@ def _sqlite_engine(url: str) -> Engine:
     def _on_begin(conn: Any) -> None:
         # Writers take the lock up front so two processes never deadlock on a lock upgrade.
         if conn.get_execution_options().get(WRITE):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            _begin_immediate(conn)
         else:
             conn.exec_driver_sql("BEGIN")
 
     return engine
+
+
+def _begin_immediate(conn: Any) -> None:
+    """``BEGIN IMMEDIATE``, polling for the write lock every 0.1-2 ms instead of sleeping.
+
+    SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25... ms between tries, so a
+    writer of another process (the api vs the worker) wakes long after the lock was freed:
+    the lock stayed idle between transactions and trivial runs/s stalled near 50
+    (bench/trivial.py). Threads of one process already queue on the unit of work's gate.
+    """
+    raw = conn.connection.dbapi_connection
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.0001
+    raw.execute("PRAGMA busy_timeout=0")
+    try:
+        while time.monotonic() < deadline:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if getattr(exc, "sqlite_errorcode", sqlite3.SQLITE_BUSY) != sqlite3.SQLITE_BUSY:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.002)
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # once more, raising SQLAlchemy's error
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Row, delete, insert, select, update
+from sqlalchemy import Engine, Row, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.ids import now_ms
@@ -32,6 +32,16 @@ _FROM: dict[str, frozenset[str]] = {
     SPAWN_FAILED: frozenset({RESERVED}),
     CONSUMED: frozenset({SPAWNED, RESERVED}),
     QUARANTINED: frozenset({SPAWNED, RESERVED}),
+}
+# Built once (see runs_repo): SET columns come from the parameters of each execution.
+_INSERT = insert(receipt_journal)
+_BY_ATTEMPT = select(receipt_journal).where(receipt_journal.c.attempt_id == bindparam("attempt_id"))
+_MOVES = {
+    target: update(receipt_journal).where(
+        receipt_journal.c.attempt_id == bindparam("where_attempt"),
+        receipt_journal.c.state.in_(sorted(sources)),
+    )
+    for target, sources in _FROM.items()
 }
 
 
@@ -88,14 +98,15 @@ class JournalRepository:
         try:
             with UnitOfWork(self._engine) as uow:
                 uow.conn.execute(
-                    insert(receipt_journal).values(
-                        attempt_id=attempt_id,
-                        run_id=run_id,
-                        state=RESERVED,
-                        receipt_ref=receipt_ref,
-                        created_at_ms=at,
-                        updated_at_ms=at,
-                    )
+                    _INSERT,
+                    {
+                        "attempt_id": attempt_id,
+                        "run_id": run_id,
+                        "state": RESERVED,
+                        "receipt_ref": receipt_ref,
+                        "created_at_ms": at,
+                        "updated_at_ms": at,
+                    },
                 )
                 uow.commit()
         except IntegrityError:
@@ -108,9 +119,7 @@ class JournalRepository:
     def get(self, attempt_id: str) -> JournalEntry | None:
         """The entry of ``attempt_id``, if any."""
         with UnitOfWork(self._engine, write=False) as uow:
-            row = uow.conn.execute(
-                select(receipt_journal).where(receipt_journal.c.attempt_id == attempt_id)
-            ).first()
+            row = uow.conn.execute(_BY_ATTEMPT, {"attempt_id": attempt_id}).first()
         return None if row is None else _entry(row)
 
     def record_spawned(self, *, attempt_id: str, handle: ProcessHandle) -> bool:
@@ -162,12 +171,8 @@ class JournalRepository:
         return bool(result.rowcount == 1)
 
     def _move(self, attempt_id: str, target: str, values: dict[str, Any]) -> bool:
-        t = receipt_journal.c
+        params = {"where_attempt": attempt_id, "state": target, "updated_at_ms": now_ms()}
         with UnitOfWork(self._engine) as uow:
-            result = uow.conn.execute(
-                update(receipt_journal)
-                .where(t.attempt_id == attempt_id, t.state.in_(sorted(_FROM[target])))
-                .values(state=target, updated_at_ms=now_ms(), **values)
-            )
+            result = uow.conn.execute(_MOVES[target], params | values)
             uow.commit()
         return bool(result.rowcount == 1)
