@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, func, insert, select
+from sqlalchemy import Connection, Engine, Row, bindparam, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json, content_digest, recipe_id
@@ -184,12 +184,14 @@ class DefinitionRepository:
         return Page(items=items, next_cursor=nxt)
 
 
+# Built once: the dispatcher reads a revision for every run it starts (runs_repo explains).
+_REVISION = select(task_revisions).where(
+    task_revisions.c.task == bindparam("task"), task_revisions.c.revision == bindparam("revision")
+)
+
+
 def _select_revision(conn: Connection, task: str, revision: int) -> Row[Any] | None:
-    return conn.execute(
-        select(task_revisions).where(
-            task_revisions.c.task == task, task_revisions.c.revision == revision
-        )
-    ).first()
+    return conn.execute(_REVISION, {"task": task, "revision": revision}).first()
 
 
 def _check_same_recipe(row: Row[Any], body: str) -> Recipe:

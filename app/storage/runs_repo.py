@@ -6,9 +6,10 @@ import hmac
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, Row, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Engine, Row, Table, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json, sha256_digest
@@ -134,31 +135,27 @@ class RunRepository:
             rev = _resolve_revision(conn, task, revision)
             at = now_ms()
             run_id = uuid7(at)
-            conn.execute(
-                _INSERT_RUN,
-                {
-                    "id": run_id,
-                    "task": task,
-                    "revision": rev.revision,
-                    "status": RunStatus.QUEUED.value,
-                    "priority": rev.priority if priority is None else priority,
-                    "version": 1,
-                    "latest_attempt": 1,
-                    "created_at_ms": at,
-                },
-            )
-            conn.execute(
-                _INSERT_ATTEMPT,
-                {
-                    "id": uuid7(at),
-                    "run_id": run_id,
-                    "number": 1,
-                    "status": AttemptStatus.CLAIMED.value,
-                    "executor": rev.executor,
-                    "created_at_ms": at,
-                    "callback_sequence": 0,
-                },
-            )
+            run_values = {
+                "id": run_id,
+                "task": task,
+                "revision": rev.revision,
+                "status": RunStatus.QUEUED.value,
+                "priority": rev.priority if priority is None else priority,
+                "version": 1,
+                "latest_attempt": 1,
+                "created_at_ms": at,
+            }
+            attempt_values = {
+                "id": uuid7(at),
+                "run_id": run_id,
+                "number": 1,
+                "status": AttemptStatus.CLAIMED.value,
+                "executor": rev.executor,
+                "created_at_ms": at,
+                "callback_sequence": 0,
+            }
+            conn.execute(_INSERT_RUN, run_values)
+            conn.execute(_INSERT_ATTEMPT, attempt_values)
             _append_events(
                 conn, run_id, 1, at, [_Event(run_event(RunStatus.QUEUED), {"attempt": 1})]
             )
@@ -173,9 +170,9 @@ class RunRepository:
                         "created_at_ms": at,
                     },
                 )
-            run = _load_run(conn, run_id)
             uow.commit()
-            return run, True
+            # What was just inserted, without reading it back inside the writer lock.
+            return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
 
     # -- coordinator transitions (ADR-0070) ------------------------------------------------
 
@@ -203,7 +200,7 @@ class RunRepository:
             ):
                 raise Conflict(ErrorCode.INVALID_TRANSITION, "the attempt was already armed")
             at = now_ms()
-            _step(
+            run = _step(
                 uow.conn,
                 run_row,
                 attempt_row,
@@ -217,7 +214,6 @@ class RunRepository:
                 },
                 order="run_first",
             )
-            run = _load_run(uow.conn, run_id)
             uow.commit()
             return run
 
@@ -228,7 +224,7 @@ class RunRepository:
         with UnitOfWork(self._engine) as uow:
             run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
             at = now_ms()
-            _step(
+            run = _step(
                 uow.conn,
                 run_row,
                 attempt_row,
@@ -242,7 +238,6 @@ class RunRepository:
                 run_values={"started_at_ms": started_at_ms},
                 order="attempt_first",
             )
-            run = _load_run(uow.conn, run_id)
             uow.commit()
             return run
 
@@ -506,8 +501,12 @@ def _step(
     run_values: dict[str, Any] | None = None,
     attempt_data: dict[str, Any] | None = None,
     order: Literal["run_first", "attempt_first"],
-) -> None:
-    """Move run and attempt together: two CAS updates and two events, one version each."""
+) -> Run:
+    """Move run and attempt together: two CAS updates and two events, one version each.
+
+    Returns the run as it now stands (the rows read at the start of the transaction plus
+    exactly what was written), so callers need not read it back inside the writer lock.
+    """
     transition_run(RunStatus(run_row.status), run_to)
     transition_attempt(AttemptStatus(attempt_row.status), attempt_to)
     _cas_run(conn, run_row, 2, {"status": run_to.value, **(run_values or {})})
@@ -518,3 +517,14 @@ def _step(
     )
     events = [run_ev, att_ev] if order == "run_first" else [att_ev, run_ev]
     _append_events(conn, run_row.id, run_row.version + 1, at, events)
+    run_now = {"status": run_to.value, "version": run_row.version + 2, **(run_values or {})}
+    attempt_now = {"status": attempt_to.value, **(attempt_values or {})}
+    return run_from_rows(
+        _row_of(runs, {**run_row._mapping, **run_now}),
+        _row_of(attempts, {**attempt_row._mapping, **attempt_now}),
+    )
+
+
+def _row_of(table: Table, values: dict[str, Any]) -> Any:
+    """A row-like value of ``table`` (columns not given are NULL), for ``run_from_rows``."""
+    return SimpleNamespace(**{c.name: values.get(c.name) for c in table.c})

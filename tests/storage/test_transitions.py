@@ -11,7 +11,15 @@ from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, 
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.tables import run_events
-from tests.storage.helpers import TOKEN, define_task, dispatch, enqueue, event_types, start
+from tests.storage.helpers import (
+    HANDLE,
+    TOKEN,
+    define_task,
+    dispatch,
+    enqueue,
+    event_types,
+    start,
+)
 
 
 def test_enqueue_creates_a_queued_run_with_a_claimed_attempt_and_one_event(engine: Engine) -> None:
@@ -216,3 +224,25 @@ def test_compare_and_set_race_has_exactly_one_winner(engine: Engine, threads: in
         ).scalar_one()
     assert count == 3
     assert RunReader(engine).get_run(run.id).version == 3
+
+
+def test_each_transition_returns_exactly_what_a_fresh_read_sees(engine: Engine) -> None:
+    # Enqueue, T1 and T2 build their returned run from what they wrote instead of reading it
+    # back inside the writer lock; it must be the stored run, field for field.
+    define_task(engine, priority=3)
+    reader = RunReader(engine)
+    queued = enqueue(engine)
+    assert queued == reader.get_run(queued.id)
+    dispatching = dispatch(engine, queued)
+    assert dispatching == reader.get_run(queued.id)
+    assert dispatching.latest_attempt is not None
+    assert dispatching.latest_attempt.log_artifact_id == "log:" + dispatching.latest_attempt.id
+    running = RunRepository(engine).record_running(
+        run_id=queued.id,
+        attempt_id=dispatching.latest_attempt.id,
+        handle=HANDLE,
+        started_at_ms=queued.created_at_ms + 1,
+    )
+    assert running == reader.get_run(queued.id)
+    assert (running.status, running.version, running.priority) == ("running", 5, 3)
+    assert running.started_at_ms is not None
