@@ -6,10 +6,11 @@ exited) and by recovery alike. Order matters and is what makes crashes replay sa
 * a receipt that is absent changes nothing (the reconciler decides about it later);
 * a bad receipt (codec, ids, token, sequence) is first journaled ``quarantined`` (committed),
   then moved into quarantine; the run is untouched;
-* a good receipt goes through the repository's single transaction; only after it committed
-  (``applied``) or proved the ending already recorded (``already_terminal``) is the journal
-  marked ``consumed`` and the file removed. A crash anywhere before that replays: the
-  transaction answers ``already_terminal`` and never appends a second terminal event.
+* a good receipt goes through the repository's single transaction, which also marks the
+  journal entry ``consumed`` when it records the ending (``applied``) or proves it already
+  recorded (``already_terminal``); only after that commit is the file removed. A crash
+  before the commit replays: the transaction answers ``already_terminal`` and never appends
+  a second terminal event. A crash after it leaves only the file, which retention removes.
 """
 
 from __future__ import annotations
@@ -68,8 +69,7 @@ class CompletionService:
         outcome = self._complete(receipt)
         if outcome.status == "rejected":
             return self._quarantine(attempt_id, outcome.reason or "REJECTED")
-        # Committed (or already recorded): only now may the receipt go (ADR-0007 §2.5).
-        self._journal.mark_consumed(attempt_id=attempt_id)
+        # Committed with the journal's consumed mark: only now may the receipt go (§2.5).
         self._receipts.remove(attempt_id)
         return ConsumeResult(outcome.status, run_status=outcome.run_status)
 
@@ -87,6 +87,7 @@ class CompletionService:
                     finished_at_ms=receipt.finished_at_ms,
                     log=log_info,
                     started_at_ms=receipt.started_at_ms,
+                    consume_receipt=True,
                 )
             except VersionConflict:
                 if attempt == _CAS_RETRIES - 1:

@@ -150,7 +150,6 @@ class DiskProbe(Protocol):
         ...
 
 
-
 class ReceiptFiles(Protocol):
     """The receipt file store, addressed by attempt id (never by listing a directory)."""
 
@@ -202,8 +201,13 @@ class AttemptCompletions(Protocol):
         finished_at_ms: int,
         log: LogInfo | None = None,
         started_at_ms: int | None = None,
+        consume_receipt: bool = False,
     ) -> CompletionOutcome:
-        """Apply the ending once; already_terminal or rejected otherwise."""
+        """Apply the ending once; already_terminal or rejected otherwise.
+
+        ``consume_receipt``: on applied or already_terminal, also mark the attempt's
+        receipt journal entry consumed, in the same transaction.
+        """
         ...
 
 
@@ -312,10 +316,14 @@ class ProcessProbe(Protocol):
 
 
 class QuarantineFiles(Protocol):
-    """Deletion of quarantined receipts after their retention."""
+    """Deletion of settled receipts after their retention."""
 
     def remove_quarantined(self, attempt_id: str) -> None:
         """Delete the attempt's quarantined receipt (missing is fine)."""
+        ...
+
+    def remove(self, attempt_id: str) -> None:
+        """Delete a consumed receipt a crash left behind (missing is fine)."""
         ...
 
 

@@ -295,10 +295,13 @@ class Reconciler:
                     break  # oldest first: everything after is younger still
                 if state != CONSUMED and self._attempts.active_attempt(entry.attempt_id):
                     continue  # the attempt pass still needs this entry's evidence
+                # File first: a crash in between leaves a row whose file is gone (fine),
+                # never a file nobody indexes any more.
                 if state == QUARANTINED:
-                    # File first: a crash in between leaves a row whose file is gone (fine),
-                    # never a file nobody indexes any more.
                     self._quarantine_files.remove_quarantined(entry.attempt_id)
+                elif state == CONSUMED:
+                    # Normally gone already; a crash after the completion commit left it.
+                    self._quarantine_files.remove(entry.attempt_id)
                 if self._journal.delete_settled(attempt_id=entry.attempt_id, state=state):
                     purged += 1
         return purged

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Row, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, Engine, Row, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.ids import now_ms
@@ -171,8 +171,18 @@ class JournalRepository:
         return bool(result.rowcount == 1)
 
     def _move(self, attempt_id: str, target: str, values: dict[str, Any]) -> bool:
-        params = {"where_attempt": attempt_id, "state": target, "updated_at_ms": now_ms()}
         with UnitOfWork(self._engine) as uow:
-            result = uow.conn.execute(_MOVES[target], params | values)
+            moved = _move_in(uow.conn, attempt_id, target, values)
             uow.commit()
-        return bool(result.rowcount == 1)
+        return moved
+
+
+def mark_consumed_in(conn: Connection, attempt_id: str) -> bool:
+    """→ consumed inside the caller's transaction (the completion transaction's own step)."""
+    return _move_in(conn, attempt_id, CONSUMED, {})
+
+
+def _move_in(conn: Connection, attempt_id: str, target: str, values: dict[str, Any]) -> bool:
+    params = {"where_attempt": attempt_id, "state": target, "updated_at_ms": now_ms()}
+    result = conn.execute(_MOVES[target], params | values)
+    return bool(result.rowcount == 1)

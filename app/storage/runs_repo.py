@@ -27,6 +27,7 @@ from app.domain.states import (
     transition_attempt,
     transition_run,
 )
+from app.storage.journal_repo import mark_consumed_in
 from app.storage.run_reads import run_from_rows
 from app.storage.tables import attempts, idempotency_keys, run_events, runs, task_revisions
 from app.storage.uow import UnitOfWork
@@ -292,8 +293,14 @@ class RunRepository:
         finished_at_ms: int,
         log: LogInfo | None = None,
         started_at_ms: int | None = None,
+        consume_receipt: bool = False,
     ) -> CompletionOutcome:
         """The one transaction that turns a process ending into a terminal state, once.
+
+        With ``consume_receipt``, an ``applied`` or ``already_terminal`` answer also moves
+        the attempt's receipt journal entry to ``consumed`` in the same transaction: there is
+        no moment where the ending is recorded and the journal still says pending (and one
+        commit less inside SQLite's writer lock per run).
 
         An attempt still ``starting`` (the job ended before the api's T2 committed) first
         moves to ``running`` with the shim's ``started_at_ms``, in the same transaction, so
@@ -313,6 +320,8 @@ class RunRepository:
                 return CompletionOutcome("rejected", reason="WRONG_TOKEN")
             run_row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).one()
             if attempt_row.status in TERMINAL_ATTEMPT or run_row.status in TERMINAL_RUN:
+                if consume_receipt and mark_consumed_in(conn, attempt_id):
+                    uow.commit()
                 return CompletionOutcome("already_terminal", run_status=run_row.status)
             if callback_sequence <= attempt_row.callback_sequence:
                 return CompletionOutcome("rejected", reason="WRONG_SEQUENCE")
@@ -364,6 +373,8 @@ class RunRepository:
                 attempt_data=data,
                 order="attempt_first",
             )
+            if consume_receipt:
+                mark_consumed_in(conn, attempt_id)
             uow.commit()
             return CompletionOutcome("applied", run_status=ending.value)
 

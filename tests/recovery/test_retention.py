@@ -56,6 +56,10 @@ def test_settled_rows_and_quarantined_files_go_after_retention_bounded_per_pass(
     consumed = [_journaled(engine, end=True) for _ in range(20)]
     for attempt_id in consumed:
         assert journal.mark_consumed(attempt_id=attempt_id)
+    # A crash after the completion commit, before the file's removal, leaves the receipt.
+    store.ensure_shard(consumed[0])
+    left_behind = store.path_of(consumed[0])
+    left_behind.write_bytes(b"{}")
     bad_ended = _journaled(engine, end=True)
     bad_active = _journaled(engine, end=False)  # its evidence is still needed
     files = {}
@@ -70,6 +74,7 @@ def test_settled_rows_and_quarantined_files_go_after_retention_bounded_per_pass(
     assert rec.purge_retention() == budget  # bounded: 16 of 20 consumed rows
     assert rec.purge_retention() == 4
     assert all(journal.get(a) is None for a in consumed)
+    assert not left_behind.exists()  # the file went first, then the row
     assert files[bad_ended].exists()  # quarantine keeps longer (5 min on edge)
     clock[0] += int(EDGE.quarantine_retention_s * 1000)
     assert rec.purge_retention() == 1

@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import json
 
+from app.domain.ids import now_ms
+from app.domain.profiles import EDGE
 from app.domain.receipt import decode_receipt
 from app.execution.completion import CompletionService
 from app.storage.journal_repo import CONSUMED, QUARANTINED, JournalRepository
 from app.worker.identity import wait_exit
 from app.worker.log_facts import LogFacts
-from tests.recovery.kit import DEADLINE, Rig, gated, terminal_events, wait_for
+from app.worker.receipts import ReceiptStore
+from tests.recovery.kit import (
+    DEADLINE,
+    Rig,
+    gated,
+    in_process_reconciler,
+    terminal_events,
+    wait_for,
+)
 
 
 def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig) -> None:
@@ -55,19 +65,20 @@ def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig
 class _CrashAfterCommit:
     """The named crash point 'terminal transaction committed, cleanup not done'."""
 
-    def __init__(self, real: JournalRepository) -> None:
+    def __init__(self, real: ReceiptStore) -> None:
         self.real = real
 
-    def mark_consumed(self, *, attempt_id: str) -> bool:
+    def read(self, attempt_id: str) -> bytes | None:
+        return self.real.read(attempt_id)
+
+    def quarantine(self, attempt_id: str) -> bool:
+        return self.real.quarantine(attempt_id)
+
+    def remove(self, attempt_id: str) -> None:
         raise RuntimeError("crash after the terminal transaction, before cleanup")
 
-    def mark_quarantined(self, *, attempt_id: str, reason: str) -> bool:
-        return self.real.mark_quarantined(attempt_id=attempt_id, reason=reason)
 
-
-def test_crash_after_the_transaction_before_cleanup_replays_as_already_terminal(
-    rig: Rig,
-) -> None:
+def test_crash_after_the_transaction_before_cleanup_records_nothing_twice(rig: Rig) -> None:
     rig.worker.start()
     a = rig.arm()
     h = rig.launch(a, gated("g", then="exit 7"))
@@ -75,7 +86,7 @@ def test_crash_after_the_transaction_before_cleanup_replays_as_already_terminal(
     rig.gate("g").touch()
     assert wait_exit(h.shim_pid, DEADLINE)
     dying = CompletionService(
-        receipts=rig.store, journal=_CrashAfterCommit(rig.journal), completions=rig.runs,
+        receipts=_CrashAfterCommit(rig.store), journal=rig.journal, completions=rig.runs,
         log_facts=LogFacts(rig.data_dir / "logs"),
     )
     try:
@@ -83,11 +94,18 @@ def test_crash_after_the_transaction_before_cleanup_replays_as_already_terminal(
         raise AssertionError("the injected crash did not happen")
     except RuntimeError:
         pass
+    # The ending and the journal's consumed mark are one commit: nothing is pending.
     assert rig.run(a).status == "failed" and rig.store.path_of(a.attempt_id).exists()
-    rig.worker.start()  # replay: already_terminal, then cleanup
-    wait_for(lambda: _state(rig.journal, a.attempt_id) == CONSUMED, "the replayed cleanup")
-    assert not rig.store.path_of(a.attempt_id).exists()
+    assert _state(rig.journal, a.attempt_id) == CONSUMED
+    rig.worker.start()  # a restart finds nothing to replay
+    assert rig.run(a).status == "failed"
+    assert _state(rig.journal, a.attempt_id) == CONSUMED
     assert terminal_events(rig.engine, a.run_id) == ["attempt.failed", "run.failed"]
+    # Retention removes the left-behind file with the row (test_retention.py, in-process).
+    clock = [now_ms() + int(EDGE.consumed_receipt_retention_s * 1000) + 1]
+    in_process_reconciler(rig.engine, rig.store, clock).purge_retention()
+    assert not rig.store.path_of(a.attempt_id).exists()
+    assert rig.journal.get(a.attempt_id) is None
 
 
 def test_bad_receipt_found_after_restart_is_quarantined_and_the_run_is_lost(rig: Rig) -> None:

@@ -1,8 +1,8 @@
 """The completion service against a real repository, journal and receipt files.
 
 Crash windows are injected at named points: inside the terminal transaction (an event
-insert raises, so the transaction rolls back) and between commit and cleanup (cleanup is
-skipped). Either way, consuming again yields exactly one terminal event.
+insert or the journal's consumed step raises, so the transaction rolls back) and between
+commit and cleanup (the file is left). Either way, exactly one terminal event.
 """
 
 from __future__ import annotations
@@ -135,34 +135,68 @@ def test_crash_inside_the_transaction_replays_to_one_ending(
 
 
 class _CrashAfterCommit:
-    """A journal whose consumption mark 'crashes': the process died right after commit."""
+    """A receipt store whose cleanup 'crashes': the process died right after the commit."""
 
-    def __init__(self, real: JournalRepository) -> None:
+    def __init__(self, real: ReceiptStore) -> None:
         self.real = real
 
-    def mark_consumed(self, *, attempt_id: str) -> bool:
+    def read(self, attempt_id: str) -> bytes | None:
+        return self.real.read(attempt_id)
+
+    def quarantine(self, attempt_id: str) -> bool:
+        return self.real.quarantine(attempt_id)
+
+    def remove(self, attempt_id: str) -> None:
         raise RuntimeError("injected crash between commit and cleanup")
 
-    def mark_quarantined(self, *, attempt_id: str, reason: str) -> bool:
-        return self.real.mark_quarantined(attempt_id=attempt_id, reason=reason)
 
-
-def test_crash_between_commit_and_cleanup_replays_as_already_terminal(env: Env) -> None:
+def test_crash_between_commit_and_cleanup_leaves_only_the_file(env: Env) -> None:
     armed = env.running()
     path = env.publish(armed, exit_code=0)
     crashing = CompletionService(
-        receipts=env.store, journal=_CrashAfterCommit(env.journal), completions=env.runs,
+        receipts=_CrashAfterCommit(env.store), journal=env.journal, completions=env.runs,
         log_facts=LogFacts(env.logs),
-    )
+    )  # fmt: skip
     with pytest.raises(RuntimeError):
         crashing.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    # The ending and the journal's consumed mark committed together; the file is left.
     assert env.run(armed).status == "succeeded" and path.exists()
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == CONSUMED
+    # Consuming again (a racing watcher, the reconciler) changes nothing but the file.
     result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
     assert (result.status, result.run_status) == ("already_terminal", "succeeded")
     assert not path.exists()
     entry = env.journal.get(armed.attempt_id)
     assert entry is not None and entry.state == CONSUMED
     assert terminal_events(env.engine, armed.run_id) == ["attempt.succeeded", "run.succeeded"]
+
+
+def test_the_journal_mark_is_part_of_the_terminal_transaction(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    armed = env.running()
+    path = env.publish(armed, exit_code=0)
+    real = runs_repo_module.mark_consumed_in
+
+    def mark_then_crash(conn: Any, attempt_id: str) -> bool:
+        real(conn, attempt_id)
+        raise RuntimeError("injected crash after the journal step, before the commit")
+
+    monkeypatch.setattr(runs_repo_module, "mark_consumed_in", mark_then_crash)
+    with pytest.raises(RuntimeError):
+        env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    # Both rolled back together: neither the ending nor the consumed mark exists.
+    assert env.run(armed).status == "running" and path.exists()
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == "spawned"
+    monkeypatch.setattr(runs_repo_module, "mark_consumed_in", real)
+    result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert (result.status, result.run_status) == ("applied", "succeeded")
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == CONSUMED
+    assert terminal_events(env.engine, armed.run_id) == ["attempt.succeeded", "run.succeeded"]
+    assert not path.exists()
 
 
 def _bad_bodies(armed: Armed) -> dict[str, bytes]:
