@@ -9,10 +9,13 @@ and are picked up again at the next start (watcher re-arm and the recovery loop)
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, QueuePool
 
 from app.domain.errors import DomainError, ErrorCode
 from app.domain.model import ProcessHandle
@@ -36,6 +39,10 @@ from app.worker.watcher import ShimWatcher, shim_alive
 log = logging.getLogger(__name__)
 
 _RESUME_PAGE = 64
+# Start-up settling on PostgreSQL: each receipt costs several serial round trips and a
+# commit, so a few threads (each on its own pooled connection) overlap them. SQLite has one
+# writer at a time: there the backlog is settled inline, on the starting thread.
+_SETTLE_THREADS = 4
 
 
 class NotMigrated(DomainError):
@@ -133,7 +140,7 @@ class WorkerProcess:
             attempts=p.reader, journal=p.journal, completion=p.completion, transitions=p.runs,
             probe=HandleProbe(), controller=controller, quarantine_files=p.receipts,
             profile=profile, watch=p.watcher.add,
-        )
+        )  # fmt: skip
         self._reconciler = reconciler
         sweep = CancellationSweep(
             attempts=p.reader, intents=p.runs, controller=controller, profile=profile
@@ -161,34 +168,61 @@ class WorkerProcess:
         return result
 
     def _resume(self) -> None:
-        """Re-watch spawned attempts still active; replay cleanup for ended ones."""
+        """Re-watch spawned attempts whose shim lives; settle the others before serving.
+
+        One journal page at a time, with one query for which of its attempts are still
+        active (never one per entry). Settling goes through ``_consume`` exactly as the
+        watcher's callback would, on ``_settle_threads()`` threads: each attempt id always
+        goes to the same thread, and every transition it makes is a compare-and-set, so a
+        receipt is consumed once even when the reconciler or the watcher races for it.
+        """
         assert self.parts is not None
         parts = self.parts
-        after: tuple[int, str] | None = None
-        while True:
-            page = parts.journal.page_by_state(state=SPAWNED, limit=_RESUME_PAGE, after=after)
-            for entry in page:
-                if entry.handle is not None and parts.reader.active_attempt(entry.attempt_id):
-                    parts.watcher.add(entry.run_id, entry.attempt_id, entry.handle)
-                else:
-                    # Ended while we were away (or crashed before cleanup): a receipt left
-                    # behind replays to already_terminal and is cleaned (ADR-0007 §2.5).
-                    self._settle(entry.run_id, entry.attempt_id, entry.handle)
-            if len(page) < _RESUME_PAGE:
-                return
-            after = (page[-1].updated_at_ms, page[-1].attempt_id)
-
-    def _settle(self, run_id: str, attempt_id: str, handle: ProcessHandle | None) -> None:
-        assert self.parts is not None
+        settler = _Partitioned(self._settle, threads=self._settle_threads())
         try:
-            result = self._consume(run_id, attempt_id)
-        except Exception as exc:
+            after: tuple[int, str] | None = None
+            while True:
+                page = parts.journal.page_by_state(state=SPAWNED, limit=_RESUME_PAGE, after=after)
+                active = parts.reader.active_among([e.attempt_id for e in page])
+                for entry in page:
+                    live = entry.handle is not None and entry.attempt_id in active
+                    if live and entry.handle is not None and shim_alive(entry.handle):
+                        parts.watcher.add(entry.run_id, entry.attempt_id, entry.handle)
+                    else:
+                        # The shim is gone: it published its receipt (or failed to) before
+                        # exiting, so there is nothing to wait for. An attempt that ended
+                        # while we were away (or crashed before cleanup) replays its receipt
+                        # to already_terminal and is cleaned (ADR-0007 §2.5).
+                        settler.submit(_Pending(entry.run_id, entry.attempt_id, entry.handle, live))
+                if len(page) < _RESUME_PAGE:
+                    return
+                after = (page[-1].updated_at_ms, page[-1].attempt_id)
+        finally:
+            settler.close()  # every submitted entry is settled before the socket opens
+
+    def _settle_threads(self) -> int:
+        """0 (inline) on SQLite; else a few threads, never more than the pool holds."""
+        assert self.parts is not None
+        engine = self.parts.engine
+        if engine.dialect.name == "sqlite" or not isinstance(engine.pool, QueuePool):
+            return 0
+        return max(1, min(_SETTLE_THREADS, engine.pool.size()))
+
+    def _settle(self, pending: _Pending) -> None:
+        parts = self.parts
+        assert parts is not None
+        try:
+            result = self._consume(pending.run_id, pending.attempt_id)
+            if pending.live or result.status != "absent":
+                # Settled, or still active with its shim gone: then this was what the watcher
+                # does on a shim exit, and a missing receipt is the reconciler's to decide.
+                return
+            if pending.handle is None or not shim_alive(pending.handle):
+                # The attempt ended without this receipt and no shim can publish one any
+                # more: nothing is left to consume, so the entry leaves the resume set.
+                parts.journal.mark_consumed(attempt_id=pending.attempt_id)
+        except Exception as exc:  # the reconciler's passes retry; never content in logs
             log.warning("resume completion failed: %s", type(exc).__name__)
-            return
-        if result.status == "absent" and (handle is None or not shim_alive(handle)):
-            # The attempt ended without this receipt and no shim can publish one any more:
-            # nothing is left to consume, so the entry leaves the resume set for good.
-            self.parts.journal.mark_consumed(attempt_id=attempt_id)
 
     def request_stop(self) -> None:
         """Ask ``serve_forever`` to return (safe from a signal handler)."""
@@ -212,3 +246,55 @@ class WorkerProcess:
             parts.recovery.stop()
         parts.watcher.stop()
         parts.engine.dispose()
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A spawned journal entry to settle at start-up; ``live``: its attempt is still active."""
+
+    run_id: str
+    attempt_id: str
+    handle: ProcessHandle | None
+    live: bool
+
+
+class _Partitioned:
+    """Runs work per attempt id: inline with no threads, else on the attempt id's own thread.
+
+    The partition (crc32 of the attempt id) means one attempt is only ever settled by one
+    thread; the queues are bounded, so a large backlog is paged, never held in memory.
+    """
+
+    def __init__(self, work: Callable[[_Pending], None], *, threads: int) -> None:
+        self._work = work
+        self._queues: list[queue.Queue[_Pending | None]] = [
+            queue.Queue(maxsize=_RESUME_PAGE) for _ in range(threads)
+        ]
+        self._threads = [
+            threading.Thread(target=self._drain, args=(q,), name=f"ql-resume-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, pending: _Pending) -> None:
+        """Settle ``pending`` now (inline) or queue it on its attempt's thread."""
+        if not self._queues:
+            self._work(pending)
+            return
+        index = zlib.crc32(pending.attempt_id.encode("ascii")) % len(self._queues)
+        self._queues[index].put(pending)
+
+    def close(self) -> None:
+        """Wait until everything submitted is settled, then end the threads."""
+        for q in self._queues:
+            q.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _drain(self, q: queue.Queue[_Pending | None]) -> None:
+        while (pending := q.get()) is not None:
+            try:
+                self._work(pending)
+            except Exception as exc:  # a thread that died would leave its queue full
+                log.warning("resume settle failed: %s", type(exc).__name__)

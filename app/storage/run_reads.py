@@ -351,6 +351,22 @@ class RunReader:
             return None
         return _active_from_row(row)
 
+    def active_among(self, attempt_ids: list[str]) -> dict[str, ActiveAttempt]:
+        """Those of ``attempt_ids`` still starting or running, by id: one query for a page."""
+        if not attempt_ids:
+            return {}
+        query = (
+            select(attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
+            .join(runs, runs.c.id == attempts.c.run_id)
+            .where(
+                attempts.c.id.in_(attempt_ids),
+                attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]),
+            )
+        )
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query).all()
+        return {r.id: _active_from_row(r) for r in rows}
+
 
 def _active_from_row(row: Row[Any]) -> ActiveAttempt:
     handle: ProcessHandle | None = None

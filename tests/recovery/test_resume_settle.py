@@ -1,0 +1,245 @@
+"""Start-up settling of a receipt backlog: each receipt consumed exactly once, on both engines.
+
+A real worker (``WorkerProcess.start``, in this process) on a real database and receipts
+directory: attempts whose shim is gone (a dead process) with a valid receipt waiting, attempts
+that already ended but kept their receipt (a crash before cleanup), and ended attempts without
+one. More than two resume pages, so paging is exercised; on PostgreSQL the backlog is settled
+on several threads, and a reconciler runs its passes concurrently to race for the same files.
+``start`` returns only after the backlog is settled, so everything is checked at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from app.context import worker_process
+from app.context.worker_process import WorkerProcess
+from app.domain.artifacts import log_artifact_id
+from app.domain.canonical import sha256_digest
+from app.domain.errors import ErrorCode
+from app.domain.ids import now_ms
+from app.domain.model import ProcessHandle
+from app.domain.profiles import EDGE
+from app.domain.receipt import Receipt, encode_receipt
+from app.domain.tokens import new_callback_token
+from app.settings import Settings
+from app.storage.definitions_repo import DefinitionRepository
+from app.storage.journal_repo import CONSUMED, JournalRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.identity import current_boot_id, read_identity
+from app.worker.receipts import ReceiptStore
+from tests.recovery.kit import in_process_reconciler, terminal_events
+
+PENDING = 140  # running, shim gone, receipt waiting: the backlog proper
+REPLAYED = 20  # already succeeded, journal still spawned, receipt left behind
+WITHOUT_RECEIPT = 10  # already lost, journal still spawned, no receipt and no shim
+
+
+def _dead_handle() -> ProcessHandle:
+    """The identity of a process that existed and is gone (reaped): a shim that exited."""
+    pid = os.posix_spawn("/bin/sleep", ["/bin/sleep", "10"], {})
+    ident = read_identity(pid)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert ident is not None
+    return ProcessHandle(
+        boot_id=current_boot_id(),
+        pid=pid,
+        pgid=pid,
+        start_ticks=ident.start_ticks,
+        shim_pid=pid,
+        shim_start_ticks=ident.start_ticks,
+    )
+
+
+class Backlog:
+    """Spawned journal entries of every kind the resume walk meets, on the real stores."""
+
+    def __init__(self, engine: Engine, data_dir: Path) -> None:
+        self.runs = RunRepository(engine)
+        self.journal = JournalRepository(engine)
+        self.store = ReceiptStore(data_dir / "receipts")
+        self.store.ensure_root()
+        self.handle = _dead_handle()
+        self.run_ids: list[str] = []
+        self.attempt_ids: list[str] = []
+        DefinitionRepository(engine).put_revision(
+            task="job",
+            revision=1,
+            executor="local_process",
+            argv=["/bin/true"],
+            cwd=None,
+            recipe=None,
+            timeout_seconds=None,
+            priority=0,
+        )
+
+    def spawned(self) -> tuple[str, str, str, int]:
+        """A running attempt with a ``spawned`` journal entry and the dead handle."""
+        run, _ = self.runs.enqueue_run(task="job", revision=1, priority=None)
+        assert run.latest_attempt is not None
+        attempt = run.latest_attempt.id
+        token = new_callback_token()
+        self.runs.begin_dispatch(
+            run_id=run.id,
+            attempt_id=attempt,
+            expected_version=None,
+            token_digest=sha256_digest(token.encode("utf-8")),
+            deadline_at_ms=None,
+            log_artifact_id=log_artifact_id(attempt),
+        )
+        self.journal.reserve(attempt_id=attempt, run_id=run.id, receipt_ref="test")
+        self.journal.record_spawned(attempt_id=attempt, handle=self.handle)
+        started = now_ms()
+        self.runs.record_running(
+            run_id=run.id, attempt_id=attempt, handle=self.handle, started_at_ms=started
+        )
+        self.run_ids.append(run.id)
+        self.attempt_ids.append(attempt)
+        return run.id, attempt, token, started
+
+    def write_receipt(self, run_id: str, attempt: str, token: str, started: int) -> Receipt:
+        receipt = Receipt(run_id, attempt, 1, token, started, started + 1, 0)
+        self.store.ensure_shard(attempt)
+        fd = os.open(self.store.path_of(attempt), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, encode_receipt(receipt))
+        finally:
+            os.close(fd)
+        return receipt
+
+    def build(self) -> None:
+        for _ in range(PENDING):
+            self.write_receipt(*self.spawned())
+        for _ in range(REPLAYED):
+            r = self.write_receipt(*self.spawned())
+            outcome = self.runs.complete_attempt(
+                run_id=r.run_id,
+                attempt_id=r.attempt_id,
+                token=r.token,
+                callback_sequence=r.callback_sequence,
+                exit_code=r.exit_code,
+                signal=r.signal,
+                finished_at_ms=r.finished_at_ms,
+                started_at_ms=r.started_at_ms,
+            )
+            assert outcome.status == "applied"
+        for _ in range(WITHOUT_RECEIPT):
+            run_id, attempt, _, _ = self.spawned()
+            self.runs.fail_attempt(
+                run_id=run_id,
+                attempt_id=attempt,
+                error_code=ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT,
+                lost=True,
+            )
+
+
+@pytest.fixture
+def backlog(engine: Engine, tmp_path: Path) -> Backlog:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o700)
+    b = Backlog(engine, data_dir)
+    b.build()
+    return b
+
+
+class Settles:
+    """(attempt id, thread name) of every settle the resume walk made (a spy, no fake)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.begun = threading.Event()
+        self._lock = threading.Lock()
+
+    def record(self, attempt_id: str) -> None:
+        with self._lock:
+            self.calls.append((attempt_id, threading.current_thread().name))
+        self.begun.set()
+
+
+@pytest.fixture
+def settles(monkeypatch: pytest.MonkeyPatch) -> Iterator[Settles]:
+    spy = Settles()
+    real = WorkerProcess._settle
+
+    def settle(self: WorkerProcess, pending: worker_process._Pending) -> None:
+        spy.record(pending.attempt_id)
+        real(self, pending)
+
+    monkeypatch.setattr(WorkerProcess, "_settle", settle)
+    yield spy
+
+
+def test_start_settles_the_backlog_exactly_once(
+    engine: Engine,
+    db_url: str,
+    backlog: Backlog,
+    short_dir: Path,
+    settles: Settles,
+) -> None:
+    data_dir = backlog.store.root.parent
+    settings = Settings(
+        data_dir=data_dir, database_url=db_url, profile=EDGE, worker_socket=short_dir / "w.sock"
+    )
+    # A reconciler in another thread races the resume walk for the very same receipts.
+    reconciler = in_process_reconciler(engine, backlog.store, [now_ms()])
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def race() -> None:
+        try:
+            settles.begun.wait(30)  # from the moment the resume walk settles its first entry
+            while not stop.is_set():
+                reconciler.run_pass()
+        except BaseException as exc:
+            failures.append(exc)
+
+    racer = threading.Thread(target=race, name="racing-reconciler")
+    caller = threading.current_thread().name
+    worker = WorkerProcess(settings)
+    racer.start()
+    try:
+        worker.start()
+    finally:
+        stop.set()
+        racer.join(30)
+    try:
+        assert not racer.is_alive() and not failures
+        threads = {name for _, name in settles.calls}
+        if engine.dialect.name == "sqlite":
+            assert threads == {caller}  # one writer: settled inline, never on threads
+        else:
+            assert len(threads) > 1 and caller not in threads
+
+        # The racer starts only once the walk settles, so (nearly) all of the backlog reaches
+        # the walk; each attempt reaches it once, on one thread. Consumption itself may be
+        # won by the racer: exactly once is checked on the database and files below.
+        per_attempt = Counter(attempt for attempt, _ in settles.calls)
+        assert set(per_attempt) <= set(backlog.attempt_ids)
+        assert len(per_attempt) > len(backlog.attempt_ids) // 2
+        assert max(per_attempt.values()) == 1
+
+        reader = RunReader(engine)
+        pending = set(backlog.run_ids[:PENDING])
+        replayed = set(backlog.run_ids[PENDING : PENDING + REPLAYED])
+        for run_id in backlog.run_ids:
+            run = reader.get_run(run_id)
+            wanted = "succeeded" if run_id in pending | replayed else "lost"
+            assert run.status == wanted
+            # One ending per run: run.<status> and attempt.<status>, never a second pair.
+            assert sorted(terminal_events(engine, run_id)) == [f"attempt.{wanted}", f"run.{wanted}"]
+        for attempt in backlog.attempt_ids:
+            entry = backlog.journal.get(attempt)
+            assert entry is not None and entry.state == CONSUMED
+        left = [p for p in backlog.store.root.rglob("*") if p.is_file()]
+        assert left == []  # every receipt removed, none quarantined
+    finally:
+        worker.shutdown()
