@@ -261,6 +261,10 @@ class ActiveAttemptSource(Protocol):
         """One attempt if it is still starting or running."""
         ...
 
+    def starting_since_ms(self, run_id: str) -> int | None:
+        """When the run's latest attempt entered ``starting`` (T1), if it did."""
+        ...
+
 
 class JournalEntryView(Protocol):
     """One receipt journal row as recovery needs it."""

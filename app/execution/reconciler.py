@@ -172,7 +172,11 @@ class Reconciler:
         self._after_grace(attempt, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT, report)
 
     def _starting(self, attempt: ActiveAttemptView, report: PassReport) -> None:
-        age_ms = self._clock() - attempt.created_at_ms
+        # Age since T1, not since the attempt was created: a run that waited in the queue
+        # longer than the grace is still only milliseconds into its start (found under a
+        # 1,000-run backlog, bench/trivial.py).
+        since = self._attempts.starting_since_ms(attempt.run_id) or attempt.created_at_ms
+        age_ms = self._clock() - since
         entry = self._journal.get(attempt.attempt_id)
         if entry is None or entry.state in (RESERVED, SPAWN_FAILED):
             grace = self._start_grace_ms

@@ -6,9 +6,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, bindparam, or_, select
+from sqlalchemy import Engine, Row, and_, bindparam, func, or_, select
 
 from app.domain.errors import ErrorCode, NotFound
+from app.domain.events import attempt_event
 from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle, Run, RunEvent
 from app.domain.states import AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
@@ -337,6 +338,17 @@ class RunReader:
         with UnitOfWork(self._engine, write=False) as uow:
             rows = uow.conn.execute(query).all()
         return [_active_from_row(r) for r in rows]
+
+    def starting_since_ms(self, run_id: str) -> int | None:
+        """When the run's latest attempt entered ``starting`` (T1), from its event."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            at = uow.conn.execute(
+                select(func.max(run_events.c.at_ms)).where(
+                    run_events.c.run_id == run_id,
+                    run_events.c.type == attempt_event(AttemptStatus.STARTING),
+                )
+            ).scalar()
+        return None if at is None else int(at)
 
     def active_attempt(self, attempt_id: str) -> ActiveAttempt | None:
         """One attempt if it is still starting or running."""

@@ -11,12 +11,23 @@ import os
 import signal
 import subprocess
 
+from sqlalchemy import update
+
 from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle
 from app.execution.reconciler import DEFAULT_START_GRACE_S
+from app.storage.tables import attempts
 from app.worker.identity import current_boot_id, read_identity, wait_exit
-from tests.recovery.kit import DEADLINE, Armed, Rig, gated, terminal_events, wait_for
+from tests.recovery.kit import (
+    DEADLINE,
+    Armed,
+    Rig,
+    gated,
+    in_process_reconciler,
+    terminal_events,
+    wait_for,
+)
 
 
 def _lost(rig: Rig, a: Armed, code: ErrorCode, status: str = "lost") -> None:
@@ -27,8 +38,9 @@ def _lost(rig: Rig, a: Armed, code: ErrorCode, status: str = "lost") -> None:
 
 
 def _after_start_grace(a: Armed, rig: Rig) -> None:
-    created = rig.reader.list_attempts(a.run_id)[-1].created_at_ms
-    wait_for(lambda: now_ms() - created > DEFAULT_START_GRACE_S * 1000, "the start grace")
+    since = rig.reader.starting_since_ms(a.run_id)
+    assert since is not None
+    wait_for(lambda: now_ms() - since > DEFAULT_START_GRACE_S * 1000, "the start grace")
 
 
 def test_shim_killed_the_job_is_stopped_and_the_run_lost_never_succeeded(rig: Rig) -> None:
@@ -107,6 +119,28 @@ def test_starting_with_a_journaled_spawn_is_stopped_then_lost(rig: Rig) -> None:
     assert wait_exit(h.pid, DEADLINE) and wait_exit(h.shim_pid, DEADLINE)
     wait_for(lambda: not rig.store.path_of(a.attempt_id).exists(), "the receipt cleanup")
     assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
+
+
+def test_a_start_after_a_long_queue_wait_is_left_alone(rig: Rig) -> None:
+    # The grace counts from T1, not from enqueue: a run that waited a minute in the queue
+    # and is now between its spawn and T2 must not be stopped as an interrupted start.
+    rig.worker.start()
+    a = rig.arm()
+    with rig.engine.begin() as conn:
+        conn.execute(
+            update(attempts)
+            .where(attempts.c.id == a.attempt_id)
+            .values(created_at_ms=attempts.c.created_at_ms - 60_000)
+        )
+    h = rig.spawn(a, gated("g", then="exit 0"))
+    wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
+    report = in_process_reconciler(rig.engine, rig.store, [now_ms()]).run_pass()
+    assert report.kept >= 1 and report.stopped == 0 and report.lost == 0
+    assert rig.run(a).status == "dispatching" and read_identity(h.pid) is not None
+    rig.gate("g").touch()  # the job ends normally and its ending is recorded
+    run = rig.wait_status(a)
+    assert run.status == "succeeded"
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.succeeded", "run.succeeded"]
 
 
 def test_an_ended_attempt_whose_process_still_runs_is_stopped(rig: Rig) -> None:
