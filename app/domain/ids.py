@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import uuid
@@ -31,13 +32,15 @@ def uuid7(now_ms: int | None = None) -> str:
     return str(uuid.UUID(int=value))
 
 
+# Canonical lowercase text, version nibble 7, RFC 4122 variant (10xx): what
+# ``str(uuid.UUID(text)) == text`` with version 7 checked, at a fifth of the cost (every read
+# of a run validates its id).
+_UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
 def is_uuid7(text: str) -> bool:
     """True when ``text`` is a canonical lowercase UUIDv7 string."""
-    try:
-        parsed = uuid.UUID(text)
-    except (ValueError, TypeError, AttributeError):
-        return False
-    return str(parsed) == text and parsed.version == 7 and parsed.variant == uuid.RFC_4122
+    return isinstance(text, str) and _UUID7.fullmatch(text) is not None
 
 
 def now_ms() -> int:

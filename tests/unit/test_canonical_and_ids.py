@@ -58,3 +58,33 @@ def test_is_uuid7_refuses_other_shapes() -> None:
     assert not is_uuid7(str(uuid.uuid4()))
     assert not is_uuid7("not-a-uuid")
     assert not is_uuid7(uuid7().upper())
+
+
+def _reference_is_uuid7(text: str) -> bool:
+    try:
+        parsed = uuid.UUID(text)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return str(parsed) == text and parsed.version == 7 and parsed.variant == uuid.RFC_4122
+
+
+@given(
+    st.uuids().map(str)
+    | st.uuids().map(lambda u: str(u).upper())
+    | st.uuids().map(lambda u: u.hex)
+    | st.uuids().map(lambda u: "{" + str(u) + "}")
+    | st.binary(min_size=16, max_size=16).map(lambda b: str(uuid.UUID(bytes=b)))
+    | st.text(alphabet="0123456789abcdefABCDEF-{}:urn \n", max_size=45)
+)
+def test_is_uuid7_agrees_with_parsing_by_the_uuid_module(text: str) -> None:
+    # The pattern must accept exactly what uuid.UUID parses back to the same canonical
+    # lowercase text with version 7 and the RFC 4122 variant.
+    assert is_uuid7(text) == _reference_is_uuid7(text)
+
+
+def test_is_uuid7_accepts_only_version_7_and_the_rfc_variant() -> None:
+    base = uuid7()
+    assert is_uuid7(base)
+    assert not is_uuid7(base[:14] + "4" + base[15:])  # version nibble
+    assert not is_uuid7(base[:19] + "c" + base[20:])  # variant 110x
+    assert not is_uuid7(base + "\n")
