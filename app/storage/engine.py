@@ -8,9 +8,11 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import NullPool
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+PING_AFTER_IDLE_S = 1.0
 WRITE = "ql_write"
 
 
@@ -23,16 +25,41 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     """Create an engine with the transaction discipline the repositories rely on."""
     if is_sqlite(url):
         return _sqlite_engine(url)
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
         # READ COMMITTED: each CAS UPDATE re-checks `version` after waiting for a concurrent
         # writer (PostgreSQL re-evaluates the WHERE clause on the newest row version).
         isolation_level="READ COMMITTED",
         connect_args={"connect_timeout": 5},
     )
+    _ping_after_idle(engine)
+    return engine
+
+
+def _ping_after_idle(engine: Engine) -> None:
+    """Ping a pooled connection before use only if it sat idle for a while.
+
+    ``pool_pre_ping`` pings on every checkout: one more round trip for every transaction
+    and every read. A connection handed back a moment ago is as alive as the last query
+    proved it; one that idled may have been cut (a server restart, an idle timeout), and a
+    failed ping makes the pool replace it before anyone uses it.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return  # just connected, or used a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError("an idle pooled connection did not answer") from exc
 
 
 def _sqlite_engine(url: str) -> Engine:

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, Select
 class OneStatementRead:
     """A SELECT compiled for ``engine``'s dialect; ``rows(**params)`` returns plain tuples."""
 
-    __slots__ = ("_defaults", "_engine", "_order", "_sql")
+    __slots__ = ("_autocommit", "_defaults", "_engine", "_order", "_sql")
 
     def __init__(self, engine: Engine, statement: Select[Any]) -> None:
         compiled = statement.compile(dialect=engine.dialect)
@@ -30,18 +30,26 @@ class OneStatementRead:
         self._defaults = dict(compiled.params)  # binds the dialect added (SQLite's OFFSET 0)
         # qmark (SQLite) binds by position, pyformat (psycopg) by name.
         self._order = tuple(compiled.positiontup or ()) if compiled.positional else None
+        # psycopg opens a transaction for a SELECT, and the pool then pays a ROLLBACK round
+        # trip when the connection comes back; SQLite connections are in autocommit already.
+        self._autocommit = engine.dialect.name == "postgresql"
 
     def rows(self, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Every row of the statement with ``params`` bound."""
         bound = {**self._defaults, **params}
         args: Any = bound if self._order is None else tuple(bound[n] for n in self._order)
         raw = self._engine.raw_connection()  # returned to the pool (and reset) on close
+        driver: Any = raw.dbapi_connection
         try:
+            if self._autocommit:
+                driver.autocommit = True
             cursor = raw.cursor()
             try:
                 cursor.execute(self._sql, args)
                 return list(cursor.fetchall())
             finally:
                 cursor.close()
+                if self._autocommit and not driver.closed:
+                    driver.autocommit = False
         finally:
             raw.close()
