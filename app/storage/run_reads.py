@@ -137,6 +137,7 @@ class RunReader:
             .where(runs.c.id == bindparam("run_id")),
         )
         self._run_pages: dict[tuple[bool, bool, bool], OneStatementRead] = {}
+        self._dispatch_pages: dict[bool, OneStatementRead] = {}
 
     def _run_page(self, shape: tuple[bool, bool, bool]) -> OneStatementRead:
         """The list-page statement for one combination of (task, status, cursor) filters."""
@@ -152,6 +153,66 @@ class RunReader:
                 query = query.where(runs.c.id < bindparam("last_id"))
             query = query.order_by(runs.c.id.desc()).limit(bindparam("limit"))
             read = self._run_pages.setdefault(shape, OneStatementRead(self._engine, query))
+        return read
+
+    def _dispatch_page(self, *, after: bool) -> OneStatementRead:
+        """The dispatch-candidates statement, first page or after a keyset cursor."""
+        read = self._dispatch_pages.get(after)
+        if read is None:
+            query = (
+                select(
+                    runs.c.id,
+                    runs.c.version,
+                    runs.c.task,
+                    runs.c.revision,
+                    runs.c.priority,
+                    runs.c.created_at_ms,
+                    attempts.c.id,
+                    attempts.c.number,
+                    attempts.c.created_at_ms,
+                )
+                .select_from(_RUN_WITH_LATEST)
+                .join(
+                    task_revisions,
+                    and_(
+                        task_revisions.c.task == runs.c.task,
+                        task_revisions.c.revision == runs.c.revision,
+                    ),
+                )
+                .where(
+                    runs.c.status == RunStatus.QUEUED.value,
+                    runs.c.cancel_reason.is_(None),
+                    attempts.c.status == AttemptStatus.CLAIMED.value,
+                    attempts.c.executor == "local_process",
+                )
+            )
+            if after:
+                prio: Any = bindparam("prio")
+                created: Any = bindparam("created")
+                query = query.where(
+                    or_(
+                        runs.c.priority < prio,
+                        and_(runs.c.priority == prio, runs.c.created_at_ms > created),
+                        and_(
+                            runs.c.priority == prio,
+                            runs.c.created_at_ms == created,
+                            or_(
+                                attempts.c.created_at_ms > bindparam("att_created"),
+                                and_(
+                                    attempts.c.created_at_ms == bindparam("att_created"),
+                                    attempts.c.id > bindparam("att_id"),
+                                ),
+                            ),
+                        ),
+                    )
+                )
+            query = query.order_by(
+                runs.c.priority.desc(),
+                runs.c.created_at_ms,
+                attempts.c.created_at_ms,
+                attempts.c.id,
+            ).limit(bindparam("limit"))
+            read = self._dispatch_pages.setdefault(after, OneStatementRead(self._engine, query))
         return read
 
     def get_run(self, run_id: str) -> Run:
@@ -219,75 +280,37 @@ class RunReader:
         self, *, limit: int, cursor: str | None = None
     ) -> Page[DispatchCandidate]:
         """Queued runs without cancel intent whose latest attempt is claimed, in dispatch order."""
-        query = (
-            select(
-                runs.c.id,
-                runs.c.version,
-                runs.c.task,
-                runs.c.revision,
-                runs.c.priority,
-                runs.c.created_at_ms,
-                attempts.c.id.label("attempt_id"),
-                attempts.c.number,
-                attempts.c.created_at_ms.label("attempt_created_at_ms"),
-            )
-            .select_from(_RUN_WITH_LATEST)
-            .join(
-                task_revisions,
-                and_(
-                    task_revisions.c.task == runs.c.task,
-                    task_revisions.c.revision == runs.c.revision,
-                ),
-            )
-            .where(
-                runs.c.status == RunStatus.QUEUED.value,
-                runs.c.cancel_reason.is_(None),
-                attempts.c.status == AttemptStatus.CLAIMED.value,
-                attempts.c.executor == "local_process",
-            )
-        )
+        params: dict[str, Any] = {"limit": limit + 1}
         if cursor is not None:
             prio, created, att_created, att_id = decode_cursor(
                 "dispatch", cursor, (int, int, int, str)
             )
-            query = query.where(
-                or_(
-                    runs.c.priority < prio,
-                    and_(runs.c.priority == prio, runs.c.created_at_ms > created),
-                    and_(
-                        runs.c.priority == prio,
-                        runs.c.created_at_ms == created,
-                        or_(
-                            attempts.c.created_at_ms > att_created,
-                            and_(
-                                attempts.c.created_at_ms == att_created,
-                                attempts.c.id > att_id,
-                            ),
-                        ),
-                    ),
-                )
-            )
-        query = query.order_by(
-            runs.c.priority.desc(),
-            runs.c.created_at_ms,
-            attempts.c.created_at_ms,
-            attempts.c.id,
-        ).limit(limit + 1)
-        with UnitOfWork(self._engine, write=False) as uow:
-            rows = uow.conn.execute(query).all()
+            params |= {"prio": prio, "created": created, "att_created": att_created}
+            params["att_id"] = att_id
+        rows = self._dispatch_page(after=cursor is not None).rows(params)
         items = [
             DispatchCandidate(
-                run_id=r.id,
-                attempt_id=r.attempt_id,
-                attempt_number=r.number,
-                version=r.version,
-                task=r.task,
-                revision=r.revision,
-                priority=r.priority,
-                created_at_ms=r.created_at_ms,
-                attempt_created_at_ms=r.attempt_created_at_ms,
+                run_id=run_id,
+                attempt_id=attempt_id,
+                attempt_number=number,
+                version=version,
+                task=task,
+                revision=revision,
+                priority=priority,
+                created_at_ms=created_at_ms,
+                attempt_created_at_ms=attempt_created_at_ms,
             )
-            for r in rows[:limit]
+            for (
+                run_id,
+                version,
+                task,
+                revision,
+                priority,
+                created_at_ms,
+                attempt_id,
+                number,
+                attempt_created_at_ms,
+            ) in rows[:limit]
         ]
         next_cursor = None
         if len(rows) > limit:
