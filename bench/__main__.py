@@ -23,6 +23,7 @@ class Sizes:
     """How much work each group does in one mode."""
 
     trivial_runs: int
+    trivial_repeats: int
     idle_runs: int
     read_seconds: float
     scale: list[int]
@@ -33,10 +34,12 @@ class Sizes:
     launch_count: int
 
 
-QUICK = Sizes(trivial_runs=100, idle_runs=10, read_seconds=1.5, scale=[1_000, 5_000],
+QUICK = Sizes(trivial_runs=100, trivial_repeats=1, idle_runs=10, read_seconds=1.5,
+              scale=[1_000, 5_000],
               scale_repeats=5, shim_count=10, drain_bytes=50_000_000, receipts=300,
               launch_count=10)  # fmt: skip
-FULL = Sizes(trivial_runs=1_000, idle_runs=50, read_seconds=5.0, scale=[1_000, 10_000, 100_000],
+FULL = Sizes(trivial_runs=1_000, trivial_repeats=3, idle_runs=50, read_seconds=5.0,
+             scale=[1_000, 10_000, 100_000],
              scale_repeats=20, shim_count=30, drain_bytes=200_000_000, receipts=1_000,
              launch_count=30)  # fmt: skip
 
@@ -58,7 +61,12 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
         return run
 
     return {
-        "trivial": each(run_trivial, count=size.trivial_runs, idle_count=size.idle_runs),
+        "trivial": each(
+            run_trivial,
+            count=size.trivial_runs,
+            idle_count=size.idle_runs,
+            repeats=size.trivial_repeats,
+        ),
         "reads": each(run_api_reads, seconds=size.read_seconds),
         "scale": lambda report: _scale(report, size, pg),
         "shim": lambda report: run_shim(
