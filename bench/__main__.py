@@ -78,15 +78,23 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
 
 
 def _scale(report: Report, size: Sizes, pg: str | None) -> None:
+    import contextlib
+    import tempfile
     from pathlib import Path
 
     from bench.scale import run_scale
     from bench.stack import database
 
-    run_scale(report, url=None, sizes=size.scale, repeats=size.scale_repeats)
+    with tempfile.TemporaryDirectory(prefix="ql-bench-scale-") as tmp:
+        urls = [f"sqlite:///{Path(tmp) / f'scale-{n}.db'}" for n in size.scale]
+        run_scale(report, label="sqlite", urls=urls, sizes=size.scale, repeats=size.scale_repeats)
     if pg:
-        with database(pg, Path("/")) as url:  # a private schema, dropped afterwards
-            run_scale(report, url=url, sizes=size.scale, repeats=size.scale_repeats)
+        with contextlib.ExitStack() as stack:  # private schemas, dropped afterwards
+            urls = [stack.enter_context(database(pg, Path("/"))) for _ in size.scale]
+            run_scale(
+                report, label="postgresql", urls=urls, sizes=size.scale,
+                repeats=size.scale_repeats,
+            )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

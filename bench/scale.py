@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from sqlalchemy import Engine, insert, text
 
@@ -54,74 +52,82 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
     return median(samples)
 
 
-def run_scale(report: Report, *, url: str | None, sizes: list[int], repeats: int) -> None:
-    """Fill one database step by step and time the same queries at each size."""
-    tmp = tempfile.TemporaryDirectory(prefix="ql-bench-scale-")
+def _prepare(url: str, size: int) -> Engine:
+    """A migrated database holding ``size`` runs (20 tasks), with fresh planner statistics."""
+    engine = make_engine(url)
+    upgrade_to_head(engine)
+    defs = DefinitionRepository(engine)
+    for t in range(20):
+        defs.put_revision(
+            task=f"task-{t}", revision=1, executor="local_process", argv=["/bin/true"],
+            cwd=None, recipe=None, timeout_seconds=None, priority=0,
+        )  # fmt: skip
+    _fill(engine, size, 0)
+    # Fresh planner statistics, as autovacuum / a periodic ANALYZE keeps them in production:
+    # without them PostgreSQL picks a join that reads every attempt.
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE"))
+    return engine
+
+
+def _queries(engine: Engine) -> dict[str, Callable[[], object]]:
+    reader = RunReader(engine)
+    deep_cursor = reader.list_runs(task=None, status=None, limit=50, cursor=None).next_cursor
+    return {
+        "select 1": lambda: _select_one(engine),
+        "list page 1": lambda: reader.list_runs(task=None, status=None, limit=50, cursor=None),
+        "list page 2 (cursor)": lambda: reader.list_runs(
+            task=None, status=None, limit=50, cursor=deep_cursor
+        ),
+        "list filtered task+status": lambda: reader.list_runs(
+            task="task-3", status="failed", limit=50, cursor=None
+        ),
+        "dispatch candidates (16)": lambda: reader.dispatch_candidates(limit=16),
+    }
+
+
+def run_scale(
+    report: Report, *, label: str, urls: list[str], sizes: list[int], repeats: int
+) -> None:
+    """Time the same queries on one database per size (``urls[i]`` holds ``sizes[i]`` runs).
+
+    The sizes are measured in turns, one sample of every query per size per round, so a
+    slow phase of a shared machine lands on all sizes alike instead of on one.
+    """
+    engines = {size: _prepare(url, size) for url, size in zip(urls, sizes, strict=True)}
     try:
-        engine = make_engine(url or f"sqlite:///{Path(tmp.name) / 'scale.db'}")
-        label = "sqlite" if url is None else "postgresql"
-        upgrade_to_head(engine)
-        if url is not None:
-            with engine.begin() as conn:
-                for table in ("run_events", "attempts", "runs", "task_revisions"):
-                    conn.execute(text(f"DELETE FROM {table}"))
-        defs = DefinitionRepository(engine)
-        for t in range(20):
-            defs.put_revision(
-                task=f"task-{t}", revision=1, executor="local_process", argv=["/bin/true"],
-                cwd=None, recipe=None, timeout_seconds=None, priority=0,
-            )  # fmt: skip
-        reader = RunReader(engine)
-        timings: dict[int, dict[str, float]] = {}
-        filled = 0
-        for size in sizes:
-            _fill(engine, size, filled)
-            filled = size
-            # Fresh planner statistics, as autovacuum / a periodic ANALYZE keeps them in
-            # production: without them PostgreSQL picks a join that reads every attempt.
-            with engine.begin() as conn:
-                conn.execute(text("ANALYZE"))
-            first = reader.list_runs(task=None, status=None, limit=50, cursor=None)
-            deep_cursor = first.next_cursor
-            timings[size] = {
-                "select 1": _time(lambda: _select_one(engine), repeats),
-                "list page 1": _time(
-                    lambda: reader.list_runs(task=None, status=None, limit=50, cursor=None), repeats
-                ),
-                "list page 2 (cursor)": _time(
-                    lambda c=deep_cursor: reader.list_runs(
-                        task=None, status=None, limit=50, cursor=c
-                    ),
-                    repeats,
-                ),
-                "list filtered task+status": _time(
-                    lambda: reader.list_runs(task="task-3", status="failed", limit=50, cursor=None),
-                    repeats,
-                ),
-                "dispatch candidates (16)": _time(
-                    lambda: reader.dispatch_candidates(limit=16), repeats
-                ),
-            }
-        smallest, largest = sizes[0], sizes[-1]
-        for name in timings[smallest]:
-            if name == "select 1":
-                continue
-            report.add(
-                Figure(
-                    name=f"{label} {name} @{largest // 1000}k",
-                    value=timings[largest][name],
-                    unit="ms",
-                    baseline_name=f"same @{smallest // 1000}k",
-                    baseline=timings[smallest][name],
-                    higher_is_better=False,
-                    target="ratio <= 1.5" if name.startswith("list") else "",
-                    extra={f"{s}": timings[s][name] for s in sizes}
-                    | {"select_1_ms": timings[largest]["select 1"]},
-                )
-            )
-        engine.dispose()
+        queries = {size: _queries(engine) for size, engine in engines.items()}
+        samples: dict[int, dict[str, list[float]]] = {
+            size: {name: [] for name in q} for size, q in queries.items()
+        }
+        for _ in range(repeats):
+            for size, q in queries.items():
+                for name, fn in q.items():
+                    samples[size][name].append(_time(fn, 1))
+        timings = {
+            size: {name: median(values) for name, values in by_name.items()}
+            for size, by_name in samples.items()
+        }
     finally:
-        tmp.cleanup()
+        for engine in engines.values():
+            engine.dispose()
+    smallest, largest = sizes[0], sizes[-1]
+    for name in timings[smallest]:
+        if name == "select 1":
+            continue
+        report.add(
+            Figure(
+                name=f"{label} {name} @{largest // 1000}k",
+                value=timings[largest][name],
+                unit="ms",
+                baseline_name=f"same @{smallest // 1000}k",
+                baseline=timings[smallest][name],
+                higher_is_better=False,
+                target="ratio <= 1.5" if name.startswith("list") else "",
+                extra={f"{s}": timings[s][name] for s in sizes}
+                | {"select_1_ms": timings[largest]["select 1"]},
+            )
+        )
 
 
 def _select_one(engine: Engine) -> None:
