@@ -16,7 +16,6 @@ from app.execution.completion import CompletionService
 from app.storage.journal_repo import CONSUMED, QUARANTINED, JournalRepository
 from app.worker.identity import wait_exit
 from app.worker.log_facts import LogFacts
-from app.worker.receipts import ReceiptStore
 from tests.recovery.kit import (
     DEADLINE,
     Rig,
@@ -25,6 +24,7 @@ from tests.recovery.kit import (
     terminal_events,
     wait_for,
 )
+from tests.worker.kit import CrashAfterCommit
 
 
 def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig) -> None:
@@ -62,22 +62,6 @@ def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig
         assert not rig.store.path_of(a.attempt_id).exists()
 
 
-class _CrashAfterCommit:
-    """The named crash point 'terminal transaction committed, cleanup not done'."""
-
-    def __init__(self, real: ReceiptStore) -> None:
-        self.real = real
-
-    def read(self, attempt_id: str) -> bytes | None:
-        return self.real.read(attempt_id)
-
-    def quarantine(self, attempt_id: str) -> bool:
-        return self.real.quarantine(attempt_id)
-
-    def remove(self, attempt_id: str) -> None:
-        raise RuntimeError("crash after the terminal transaction, before cleanup")
-
-
 def test_crash_after_the_transaction_before_cleanup_records_nothing_twice(rig: Rig) -> None:
     rig.worker.start()
     a = rig.arm()
@@ -86,7 +70,7 @@ def test_crash_after_the_transaction_before_cleanup_records_nothing_twice(rig: R
     rig.gate("g").touch()
     assert wait_exit(h.shim_pid, DEADLINE)
     dying = CompletionService(
-        receipts=_CrashAfterCommit(rig.store), journal=rig.journal, completions=rig.runs,
+        receipts=CrashAfterCommit(rig.store), journal=rig.journal, completions=rig.runs,
         log_facts=LogFacts(rig.data_dir / "logs"),
     )
     try:

@@ -19,6 +19,7 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.identity import ProcessIdentity, read_identity, stop_identity
+from app.worker.receipts import ReceiptStore
 
 TERMINAL_EVENTS = frozenset(
     f"{kind}.{state}"
@@ -139,3 +140,20 @@ def kill_exact(pid: int, start_ticks: int) -> None:
         pass
     finally:
         os.close(pidfd)
+
+
+class CrashAfterCommit:
+    """A receipt store whose cleanup 'crashes': the named crash point after the completion
+    transaction (ending and journal mark) committed, before the file was removed."""
+
+    def __init__(self, real: ReceiptStore) -> None:
+        self.real = real
+
+    def read(self, attempt_id: str) -> bytes | None:
+        return self.real.read(attempt_id)
+
+    def quarantine(self, attempt_id: str) -> bool:
+        return self.real.quarantine(attempt_id)
+
+    def remove(self, attempt_id: str) -> None:
+        raise RuntimeError("injected crash between commit and cleanup")

@@ -25,7 +25,7 @@ from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.log_facts import LogFacts
 from app.worker.receipts import ReceiptStore
-from tests.worker.kit import Armed, armed_run, make_log, terminal_events
+from tests.worker.kit import Armed, CrashAfterCommit, armed_run, make_log, terminal_events
 
 HANDLE = ProcessHandle(boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4)
 
@@ -134,27 +134,11 @@ def test_crash_inside_the_transaction_replays_to_one_ending(
     assert not path.exists()
 
 
-class _CrashAfterCommit:
-    """A receipt store whose cleanup 'crashes': the process died right after the commit."""
-
-    def __init__(self, real: ReceiptStore) -> None:
-        self.real = real
-
-    def read(self, attempt_id: str) -> bytes | None:
-        return self.real.read(attempt_id)
-
-    def quarantine(self, attempt_id: str) -> bool:
-        return self.real.quarantine(attempt_id)
-
-    def remove(self, attempt_id: str) -> None:
-        raise RuntimeError("injected crash between commit and cleanup")
-
-
 def test_crash_between_commit_and_cleanup_leaves_only_the_file(env: Env) -> None:
     armed = env.running()
     path = env.publish(armed, exit_code=0)
     crashing = CompletionService(
-        receipts=_CrashAfterCommit(env.store), journal=env.journal, completions=env.runs,
+        receipts=CrashAfterCommit(env.store), journal=env.journal, completions=env.runs,
         log_facts=LogFacts(env.logs),
     )  # fmt: skip
     with pytest.raises(RuntimeError):
