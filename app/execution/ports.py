@@ -6,7 +6,7 @@ The execution layer imports these protocols only; adapters live in ``app.storage
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -259,6 +259,10 @@ class ActiveAttemptSource(Protocol):
 
     def active_attempt(self, attempt_id: str) -> ActiveAttemptView | None:
         """One attempt if it is still starting or running."""
+        ...
+
+    def active_among(self, attempt_ids: list[str]) -> Mapping[str, ActiveAttemptView]:
+        """Those of ``attempt_ids`` still starting or running, by id (one query)."""
         ...
 
     def starting_since_ms(self, run_id: str) -> int | None:

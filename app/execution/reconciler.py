@@ -256,8 +256,11 @@ class Reconciler:
         self._journal_cursor = (
             (page[-1].updated_at_ms, page[-1].attempt_id) if len(page) == limit else None
         )
+        # One query for the page. An attempt found ended stays ended (endings are final);
+        # one that ends after this read is simply left to the next pass.
+        active = self._attempts.active_among([entry.attempt_id for entry in page])
         for entry in page:
-            if self._attempts.active_attempt(entry.attempt_id) is not None:
+            if entry.attempt_id in active:
                 continue  # the attempt pass owns it
             try:
                 handle = entry.handle
@@ -294,10 +297,12 @@ class Reconciler:
             (QUARANTINED, quarantined_before),
         ):
             page = self._journal.page_by_state(state=state, limit=budget)
-            for entry in page:
-                if entry.updated_at_ms > before:
-                    break  # oldest first: everything after is younger still
-                if state != CONSUMED and self._attempts.active_attempt(entry.attempt_id):
+            due = [entry for entry in page if entry.updated_at_ms <= before]  # oldest first
+            # A consumed entry's attempt has ended; the others may still be needed.
+            needed = [] if state == CONSUMED else [entry.attempt_id for entry in due]
+            active = self._attempts.active_among(needed)
+            for entry in due:
+                if entry.attempt_id in active:
                     continue  # the attempt pass still needs this entry's evidence
                 # File first: a crash in between leaves a row whose file is gone (fine),
                 # never a file nobody indexes any more.
