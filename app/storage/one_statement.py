@@ -19,7 +19,7 @@ from sqlalchemy import Engine, Select
 
 
 class OneStatementRead:
-    """A SELECT compiled for ``engine``'s dialect; ``rows(**params)`` returns plain tuples."""
+    """A SELECT compiled for ``engine``'s dialect; ``rows(params)`` returns plain tuples."""
 
     __slots__ = ("_autocommit", "_defaults", "_engine", "_order", "_sql")
 
