@@ -44,8 +44,10 @@ class _Stat:
     start_ticks: int
 
 
+@cache
 def current_boot_id() -> str:
-    """This boot's id (``/proc/sys/kernel/random/boot_id``)."""
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), read once: it cannot change
+    while this process lives."""
     with open(BOOT_ID_PATH, encoding="ascii") as fh:
         return fh.read().strip()
 
