@@ -79,13 +79,8 @@ class ShimWatcher:
             pidfd = os.pidfd_open(handle.shim_pid)
         except OSError:
             return None
-        current = read_identity(handle.shim_pid)
-        if (
-            current is None
-            or handle.boot_id != current_boot_id()
-            or current.start_ticks != handle.shim_start_ticks
-            or wait_pidfd(pidfd, 0)
-        ):
+        # Verified after opening: the pidfd then pins exactly the shim that was checked.
+        if not shim_alive(handle) or wait_pidfd(pidfd, 0):
             os.close(pidfd)
             return None
         return pidfd
