@@ -79,9 +79,12 @@ def matches_if_none_match(request: Request, etag: str) -> bool:
     return False
 
 
-def not_modified(etag: str) -> Response:
-    """A 304 carrying the entity tag and no body."""
-    return Response(status_code=304, headers={"ETag": etag})
+def conditional_get(request: Request, response: Response, etag: str) -> Response | None:
+    """A 304 when ``If-None-Match`` names ``etag``; else None and ``ETag`` on ``response``."""
+    if matches_if_none_match(request, etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return None
 
 
 async def read(facade: AppFacade, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:

@@ -13,8 +13,7 @@ from app.api.http import (
     Limit,
     RevisionNo,
     TaskName,
-    matches_if_none_match,
-    not_modified,
+    conditional_get,
     problems,
     set_next_link,
     strong_etag,
@@ -68,11 +67,7 @@ def get_recipe(
 ) -> RecipeOut | Response:
     """One recipe; strong ETag, 304 on If-None-Match."""
     recipe = facade.get_recipe(recipe_id=recipe_id)
-    etag = _recipe_etag(recipe.id)
-    if matches_if_none_match(request, etag):
-        return not_modified(etag)
-    response.headers["ETag"] = etag
-    return RecipeOut.of(recipe)
+    return conditional_get(request, response, _recipe_etag(recipe.id)) or RecipeOut.of(recipe)
 
 
 @router.put(
@@ -182,8 +177,4 @@ def get_revision(
 ) -> RevisionOut | Response:
     """One immutable revision; strong ETag (its digest), 304 on If-None-Match."""
     rev = facade.get_revision(task=task, revision=revision)
-    etag = strong_etag(rev.digest)
-    if matches_if_none_match(request, etag):
-        return not_modified(etag)
-    response.headers["ETag"] = etag
-    return RevisionOut.of(rev)
+    return conditional_get(request, response, strong_etag(rev.digest)) or RevisionOut.of(rev)
