@@ -18,6 +18,24 @@ from app.domain.model import LogInfo
 _FACT_MAX_BYTES = 1024
 
 
+def _open_regular(path: Path) -> tuple[int, int] | None:
+    """(fd, size) of ``path`` if it is a regular file (no symlink followed, never blocking);
+    None otherwise. The caller closes the fd."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    regular = False
+    try:
+        st = os.fstat(fd)
+        regular = stat.S_ISREG(st.st_mode)
+    finally:
+        if not regular:
+            os.close(fd)
+    return (fd, st.st_size) if regular else None
+
+
 class LogFacts:
     """Reads log facts under the logs root."""
 
@@ -26,29 +44,20 @@ class LogFacts:
 
     def log_info(self, attempt_id: str) -> LogInfo | None:
         """Size and truncation of the attempt's log; None when there is no log file."""
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        try:
-            fd = os.open(self.root / log_relpath(attempt_id), flags)
-        except OSError:
+        opened = _open_regular(self.root / log_relpath(attempt_id))
+        if opened is None:
             return None
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
+        fd, size = opened
+        os.close(fd)
         dropped = self._dropped(attempt_id)
-        return LogInfo(bytes=st.st_size, truncated=dropped is not None, dropped_bytes=dropped or 0)
+        return LogInfo(bytes=size, truncated=dropped is not None, dropped_bytes=dropped or 0)
 
     def _dropped(self, attempt_id: str) -> int | None:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        try:
-            fd = os.open(self.root / truncation_fact_relpath(attempt_id), flags)
-        except OSError:
+        opened = _open_regular(self.root / truncation_fact_relpath(attempt_id))
+        if opened is None:
             return None
+        fd = opened[0]
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
             raw = os.read(fd, _FACT_MAX_BYTES + 1)
         finally:
             os.close(fd)
