@@ -32,7 +32,7 @@ from app.storage.cursor import decode_cursor
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.storage.secrets_repo import SecretRepository
+from app.storage.secrets_repo import SecretName, SecretRepository
 from app.storage.tokens_repo import TokenRepository
 
 RECIPE_ID = re.compile(r"localctx:sha256:[0-9a-f]{64}")
@@ -51,14 +51,6 @@ class Principal:
     def can(self, scope: str) -> bool:
         """True when this principal holds ``scope`` (``admin`` implies every scope)."""
         return grants(self.scopes, scope)
-
-
-@dataclass(frozen=True, slots=True)
-class SecretInfo:
-    """A secret as the API may show it: name and last change, never the value."""
-
-    name: str
-    updated_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +152,9 @@ class AppFacade:
         validate_env_value(value)
         return self._secrets.put(name=name, value=value)
 
-    def list_secrets(self, *, limit: int, cursor: str | None) -> Page[SecretInfo]:
-        """Secret names with ``updated_at_ms``."""
-        page = self._secrets.list_names(limit=limit, cursor=cursor)
-        items = [SecretInfo(name=s.name, updated_at_ms=s.updated_at_ms) for s in page.items]
-        return Page(items=items, next_cursor=page.next_cursor)
+    def list_secrets(self, *, limit: int, cursor: str | None) -> Page[SecretName]:
+        """Secret names with ``updated_at_ms`` (the repository never reads a value here)."""
+        return self._secrets.list_names(limit=limit, cursor=cursor)
 
     def delete_secret(self, *, name: str) -> None:
         """Remove a secret."""
