@@ -60,7 +60,8 @@ class LogStore:
                 fds.append(os.open(shard_of(attempt.id), _DIR_FLAGS, dir_fd=fds[-1]))
                 fd = os.open(f"{attempt.id}.log", _FILE_FLAGS, dir_fd=fds[-1])
             except FileNotFoundError:
-                attempt = self.with_log_info(attempt)
+                # Not a second stat by path: the attempt must report the size this LogFile has.
+                attempt = self._attach(attempt, 0, False)
                 return LogFile(attempt=attempt, fd=None, size=0, truncated=False)
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
