@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -19,15 +23,17 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.worker.client import WorkerUnavailable
 from app.worker.launcher import IdentityController
 from app.worker.log_facts import LogFacts
 from app.worker.probe import HandleProbe
 from app.worker.receipts import ReceiptStore
 from tests.worker.kit import Armed, Processes, launch_request, make_log, terminal_events
-from tests.worker.test_worker_process import DEADLINE, TERMINAL, Worker, wait_for
+from tests.worker.test_worker_process import DEADLINE, ROOT, TERMINAL, Worker, wait_for
 
 __all__ = [
-    "DEADLINE", "TERMINAL", "Armed", "Rig", "in_process_reconciler", "terminal_events", "wait_for"
+    "DEADLINE", "TERMINAL", "Armed", "HaltingWorker", "Rig", "in_process_reconciler",
+    "terminal_events", "wait_for",
 ]
 
 
@@ -100,6 +106,59 @@ class Rig:
 
     def event_types(self, armed: Armed) -> list[str]:
         return [e.type for e in self.reader.list_events(armed.run_id, limit=1000).items]
+
+
+class HaltingWorker(Worker):
+    """The rig's worker that halts at one named launch point (``crash_worker.py``)."""
+
+    def __init__(self, rig: Rig, point: str) -> None:
+        base = rig.worker
+        super().__init__(base.data_dir, base.env["QL_DATABASE_URL"], base.socket_path)
+        self.mark = base.data_dir / f"halted-{point}"
+        self.env |= {"QLTEST_CRASH_AT": point, "QLTEST_CRASH_MARK": str(self.mark)}
+        self.rig = rig
+        self.launch_error: BaseException | None = None
+
+    def start(self) -> None:
+        log = open(self.data_dir / "worker.stderr", "ab")  # noqa: SIM115 (closed by Popen owner)
+        with log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.recovery.crash_worker", "worker"], cwd=ROOT,
+                env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            )
+        self.rig.procs.track_pid(self.proc.pid)
+        wait_for(self._answers, "the halting worker to answer a ping")
+
+    def _answers(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited early: {self.stderr()}")
+        try:
+            return bool(self.client.ping()["pid"] == self.proc.pid)
+        except WorkerUnavailable:
+            time.sleep(0.02)
+            return False
+
+    def launch_until_halted(self, armed: Armed, script: str) -> None:
+        """Send the launch (as the api would), wait for the halt, SIGKILL the worker there."""
+        log = make_log(self.data_dir / "logs", armed.attempt_id)
+        request = launch_request(
+            armed, argv=["/bin/sh", "-c", script], log_path=log, cwd=str(self.data_dir)
+        )
+
+        def send() -> None:
+            try:
+                self.client.launch(request)
+            except BaseException as exc:  # the answer never comes: the worker died
+                self.launch_error = exc
+
+        sender = threading.Thread(target=send, name="halting-launch")
+        sender.start()
+        wait_for(self.mark.exists, "the worker to reach its crash point")
+        assert self.signal(signal.SIGKILL) == -signal.SIGKILL
+        sender.join(DEADLINE)
+        assert not sender.is_alive() and self.launch_error is not None
+        self.client.close()
 
 
 def gated(*gates: str, then: str, tag: str = "") -> str:
