@@ -38,6 +38,7 @@ from app.storage.tokens_repo import TokenRepository
 RECIPE_ID = re.compile(r"localctx:sha256:[0-9a-f]{64}")
 MAX_REVISION = 2**31 - 1
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+_RUN_STATUSES = frozenset(RunStatus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +237,7 @@ class AppFacade:
         """Runs newest first, filtered by task and status."""
         if task is not None:
             validate_name(task, what="task name")
-        if status is not None and status not in set(RunStatus):
+        if status is not None and status not in _RUN_STATUSES:
             raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "unknown run status")
         page = self._reader.list_runs(task=task, status=status, limit=limit, cursor=cursor)
         return Page(items=[self._with_logs(r) for r in page.items], next_cursor=page.next_cursor)
