@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,8 @@ import pytest
 
 from app.domain.ids import uuid7
 from app.domain.receipt import decode_receipt, encode_receipt
-from app.worker.identity import (
-    ProcessIdentity,
-    current_boot_id,
-    read_identity,
-    stop_identity,
-    wait_exit,
-)
+from app.worker.identity import current_boot_id, read_identity, wait_exit
+from tests.integration.conftest import Launched
 
 SHIM = str(Path(__file__).resolve().parents[2] / "app" / "worker" / "shim.py")
 DEADLINE = 20.0
@@ -37,69 +31,6 @@ STATUS_KEYS = {
     "ok", "boot_id", "shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks",
     "started_at_ms",
 }
-
-
-class Launched:
-    """Identities of everything the test started; stopped at teardown if still alive."""
-
-    def __init__(self) -> None:
-        self.identities: list[ProcessIdentity] = []
-        self.pids: list[int] = []
-
-    def track_status(self, status: dict[str, Any]) -> None:
-        if status.get("ok"):
-            boot = status["boot_id"]
-            self.identities.append(
-                ProcessIdentity(boot, status["pid"], status["pgid"], status["start_ticks"])
-            )
-            shim_pid = status["shim_pid"]
-            self.identities.append(
-                ProcessIdentity(boot, shim_pid, _pgid(shim_pid), status["shim_start_ticks"])
-            )
-
-    def cleanup(self) -> None:
-        for ident in self.identities:
-            _kill_identity(ident)
-        for pid in self.pids:  # extra processes a test recorded (e.g. a job's grandchild)
-            ident = read_identity(pid)
-            if ident is not None:
-                _kill_identity(ident)
-
-
-def _pgid(pid: int) -> int:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return -1
-
-
-def _kill_identity(ident: ProcessIdentity) -> None:
-    """SIGKILL exactly this process (and its group when it leads one), verified via pidfd."""
-    if ident.pid == ident.pgid:
-        stop_identity(ident, grace_seconds=0.0, kill_wait_seconds=5.0)
-        return
-    try:
-        pidfd = os.pidfd_open(ident.pid)
-    except ProcessLookupError:
-        return
-    try:
-        current = read_identity(ident.pid)
-        if current is not None and current.start_ticks == ident.start_ticks:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            select.select([pidfd], [], [], 5.0)
-    except ProcessLookupError:
-        pass
-    finally:
-        os.close(pidfd)
-
-
-@pytest.fixture
-def launched() -> Iterator[Launched]:
-    tracker = Launched()
-    try:
-        yield tracker
-    finally:
-        tracker.cleanup()
 
 
 def make_spec(tmp_path: Path, argv: list[str], **over: Any) -> dict[str, Any]:
@@ -127,9 +58,8 @@ def make_spec(tmp_path: Path, argv: list[str], **over: Any) -> dict[str, Any]:
     return spec
 
 
-def read_status(stream: Any, deadline: float) -> bytes:
-    """Everything the shim writes on stdout, up to EOF, within a bounded deadline."""
-    fd = stream.fileno()
+def read_status(fd: int, deadline: float) -> bytes:
+    """Everything the shim writes on its status channel, up to EOF, within a bounded deadline."""
     out = b""
     while True:
         remaining = deadline - time.monotonic()
@@ -159,7 +89,7 @@ def launch(spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
     try:
         proc.stdin.write(payload)
         proc.stdin.close()
-        raw = read_status(proc.stdout, time.monotonic() + DEADLINE)
+        raw = read_status(proc.stdout.fileno(), time.monotonic() + DEADLINE)
     finally:
         proc.stdout.close()
         first_exit = proc.wait(timeout=DEADLINE)
@@ -410,7 +340,7 @@ def test_descendant_holding_the_pipe_does_not_block_the_receipt(
     finally:
         text = Path(spec["log_path"]).read_text().strip()
         if text.isdigit():
-            launched.pids.append(int(text))
+            launched.track_pid(int(text))
 
 
 # ---- failures -------------------------------------------------------------------------
@@ -513,7 +443,7 @@ def test_shim_is_the_subreaper_of_orphaned_descendants(tmp_path: Path, launched:
     log = Path(spec["log_path"])
     poll_until(lambda: log.read_text().strip().isdigit())
     orphan = int(log.read_text().strip())
-    launched.pids.append(orphan)
+    launched.track_pid(orphan)
 
     def parent() -> int:
         stat = Path(f"/proc/{orphan}/stat").read_text()

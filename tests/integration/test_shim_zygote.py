@@ -23,26 +23,18 @@ import pytest
 from app.domain.receipt import decode_receipt, encode_receipt
 from app.worker.identity import current_boot_id, read_identity, wait_exit
 from app.worker.zygote import Zygote
+from tests.integration.conftest import Launched
 from tests.integration.test_shim import (
     DEADLINE,
     SHIM,
     STATUS_KEYS,
-    Launched,
     make_spec,
+    read_status,
     receipt_path,
     wait_shim_done,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def launched() -> Iterator[Launched]:
-    tracker = Launched()
-    try:
-        yield tracker
-    finally:
-        tracker.cleanup()
 
 
 @pytest.fixture
@@ -54,20 +46,6 @@ def zygote() -> Iterator[Zygote]:
         server.close()
 
 
-def _read_line(fd: int) -> bytes:
-    deadline = time.monotonic() + DEADLINE
-    out = b""
-    while True:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, "status line not received in time"
-        if not select.select([fd], [], [], remaining)[0]:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return out
-        out += chunk
-
-
 def zlaunch(zygote: Zygote, spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
     """One launch through the zygote; the parsed status line (read to EOF)."""
     payload = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
@@ -77,7 +55,7 @@ def zlaunch(zygote: Zygote, spec: dict[str, Any] | bytes, launched: Launched) ->
     finally:
         os.close(write_fd)
     try:
-        raw = _read_line(read_fd)
+        raw = read_status(read_fd, time.monotonic() + DEADLINE)
     finally:
         os.close(read_fd)
         zygote.release(first)
@@ -266,6 +244,7 @@ def test_zygote_exits_on_eof_and_running_shims_go_on(
 _WORKER = r"""
 import json, os, sys, time
 from app.worker.zygote import Zygote
+from tests.integration.conftest import Launched
 z = Zygote(argv=[sys.executable, "-I", "-S", sys.argv[1]], reply_timeout_s=20.0)
 r, w = os.pipe()
 first = z.spawn(sys.stdin.buffer.read(), w)
