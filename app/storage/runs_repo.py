@@ -394,18 +394,22 @@ class RunRepository:
             at = now_ms()
             intent: dict[str, Any] = {"cancel_reason": reason, "cancel_requested_at_ms": at}
             events = [_Event(RUN_CANCEL_REQUESTED, {"reason": reason})]
+            ended = None
             if run_row.status == RunStatus.QUEUED:
                 attempt_row = _latest_attempt(conn, run_row)
-                target = AttemptStatus.TIMED_OUT if reason == "timeout" else AttemptStatus.CANCELLED
-                transition_attempt(AttemptStatus(attempt_row.status), target)
-                transition_run(RunStatus.QUEUED, RunStatus(target.value))
-                _update_attempt(conn, attempt_row, target, {"finished_at_ms": at})
+                ended = AttemptStatus.TIMED_OUT if reason == "timeout" else AttemptStatus.CANCELLED
+                transition_attempt(AttemptStatus(attempt_row.status), ended)
+                transition_run(RunStatus.QUEUED, RunStatus(ended.value))
                 events += [
-                    _Event(attempt_event(target), {"attempt": attempt_row.number}),
-                    _Event(run_event(RunStatus(target.value)), {}),
+                    _Event(attempt_event(ended), {"attempt": attempt_row.number}),
+                    _Event(run_event(RunStatus(ended.value)), {}),
                 ]
-                intent |= {"status": target.value, "finished_at_ms": at}
+                intent |= {"status": ended.value, "finished_at_ms": at}
+            # The run row first, as in _step: PostgreSQL row locks taken in the other order
+            # deadlock against a concurrent T1 (one side aborted with a database error).
             _cas_run(conn, run_row, len(events), intent)
+            if ended is not None:
+                _update_attempt(conn, attempt_row, ended, {"finished_at_ms": at})
             _append_events(conn, run_id, run_row.version + 1, at, events)
             run = _load_run(conn, run_id)
             uow.commit()
@@ -517,6 +521,7 @@ def _step(
 
     Returns the run as it now stands (the rows read at the start of the transaction plus
     exactly what was written), so callers need not read it back inside the writer lock.
+    The run row is written before the attempt row, as in every transaction that writes both.
     """
     transition_run(RunStatus(run_row.status), run_to)
     transition_attempt(AttemptStatus(attempt_row.status), attempt_to)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select
@@ -246,3 +248,59 @@ def test_each_transition_returns_exactly_what_a_fresh_read_sees(engine: Engine) 
     assert running == reader.get_run(queued.id)
     assert (running.status, running.version, running.priority) == ("running", 5, 3)
     assert running.started_at_ms is not None
+
+
+def test_cancel_racing_t1_on_a_queued_run_is_a_clean_cas_loss_never_a_deadlock(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cancel of a queued run and T1 both write the run row and the attempt row. Each pauses
+    # after its first write until the other wrote too (or 0.5 s passed): with the rows taken
+    # in opposite orders PostgreSQL would find a deadlock and abort one with a database error.
+    # Both lock the run row first, so one simply loses the compare-and-set.
+    import app.storage.runs_repo as runs_repo
+
+    define_task(engine)
+    run = enqueue(engine)
+    barrier = threading.Barrier(2, timeout=0.5)
+    local = threading.local()
+
+    def after_first_write(write: Any) -> Any:
+        def wrapped(*args: Any) -> None:
+            write(*args)
+            if not getattr(local, "wrote", False):
+                local.wrote = True
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    barrier.wait()
+
+        return wrapped
+
+    monkeypatch.setattr(runs_repo, "_cas_run", after_first_write(runs_repo._cas_run))
+    monkeypatch.setattr(runs_repo, "_update_attempt", after_first_write(runs_repo._update_attempt))
+    results: dict[str, object] = {}
+
+    def contend(name: str, action: Any) -> None:
+        try:
+            results[name] = action().status
+        except Exception as exc:  # the outcome is what is asserted
+            results[name] = exc
+
+    repo = RunRepository(engine)
+    threads = [
+        threading.Thread(
+            target=contend,
+            args=("cancel", lambda: repo.request_cancel(run_id=run.id, reason="user")),
+        ),
+        threading.Thread(target=contend, args=("dispatch", lambda: dispatch(engine, run))),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    # At most one side loses, and only the compare-and-set (SQLite serializes the writers: a
+    # T1 that went first leaves the cancel an intent on a dispatching run, and both succeed).
+    errors = [r for r in results.values() if isinstance(r, Exception)]
+    assert len(results) == 2 and len(errors) <= 1, results
+    assert all(isinstance(e, VersionConflict) for e in errors), results
+    final = RunReader(engine).get_run(run.id)
+    assert final.status in ("cancelled", "dispatching")
+    assert final.version == len(RunReader(engine).list_events(run.id).items)
