@@ -27,7 +27,7 @@ def build_document(app: FastAPI) -> dict[str, Any]:
         description=app.description,
         routes=app.routes,
     )
-    scopes = {r.operation_id: _scope_of(r.dependant) for r in _api_routes(app.routes)}
+    scopes = {r.operation_id: required_scope(r) for r in api_routes(app.routes)}
     for path_item in doc.get("paths", {}).values():
         for operation in path_item.values():
             scope = scopes.get(operation.get("operationId"))
@@ -53,15 +53,20 @@ def build_document(app: FastAPI) -> dict[str, Any]:
     return doc
 
 
-def _api_routes(routes: list[Any]) -> list[APIRoute]:
-    # Included routers stay branches in FastAPI's route list; descend into them.
+def api_routes(routes: list[Any]) -> list[APIRoute]:
+    """Every APIRoute, descending into included routers (they stay branches of the list)."""
     found: list[APIRoute] = []
     for route in routes:
         if isinstance(route, APIRoute):
             found.append(route)
         elif getattr(route, "original_router", None) is not None:
-            found += _api_routes(route.original_router.routes)
+            found += api_routes(route.original_router.routes)
     return found
+
+
+def required_scope(route: APIRoute) -> str | None:
+    """The scope a route's auth dependency demands (``auth.require``), or None."""
+    return _scope_of(route.dependant)
 
 
 def _scope_of(dependant: Any) -> str | None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
 
 import pytest
-from fastapi.routing import APIRoute
 
 from app.api.main import create_app
+from app.api.openapi import api_routes, required_scope
 from app.domain.ids import uuid7
 from app.domain.tokens import SCOPES
 from app.settings import Settings
@@ -26,38 +25,16 @@ _SAMPLE_PATH_VALUES = {
 }
 
 
-def _walk(routes: list[Any]) -> list[APIRoute]:
-    # FastAPI keeps included routers as branches; their routes carry the full path.
-    out: list[APIRoute] = []
-    for route in routes:
-        if isinstance(route, APIRoute):
-            out.append(route)
-        elif getattr(route, "original_router", None) is not None:
-            out += _walk(route.original_router.routes)
-    return out
-
-
 def _protected_routes() -> list[tuple[str, str, str]]:
     """(method, path, scope) of every route under /api/v1, read from the app itself."""
     found = []
-    for route in _walk(create_app().routes):
+    for route in api_routes(create_app().routes):
         if not route.path.startswith("/api/v1"):
             continue
-        scope = _required_scope(route.dependant)
+        scope = required_scope(route) or ""
         for method in sorted(route.methods):
             found.append((method, route.path, scope))
     return found
-
-
-def _required_scope(dependant: Any) -> str:
-    for dep in dependant.dependencies:
-        scope = getattr(dep.call, "required_scope", None)
-        if scope is not None:
-            return str(scope)
-        inner = _required_scope(dep) if dep.dependencies else ""
-        if inner:
-            return inner
-    return ""
 
 
 def _url(path: str) -> str:
