@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+from typing import Any
 
 from app.api.main import create_app
 from app.context.bootstrap import build_context
+from app.domain.profiles import EDGE
 from app.settings import Settings
 from app.storage.engine import make_engine
 from tests.api.conftest import Client, assert_problem
@@ -64,34 +67,26 @@ def test_periodic_hook_runs_on_its_interval(settings: Settings) -> None:
         context.close()
 
 
-def test_readiness_reports_a_failing_pluggable_check(settings: Settings) -> None:
-    client = Client(create_app(settings, ready_checks={"worker": lambda: "socket not answering"}))
+def _readyz_problem(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """The 503 NOT_READY problem of /readyz on an app built with ``overrides``."""
+    client = Client(create_app(settings, **overrides))
     try:
-        body = assert_problem(client.get("/readyz"), 503, "NOT_READY")
+        return assert_problem(client.get("/readyz"), 503, "NOT_READY")
     finally:
         client.close()
+
+
+def test_readiness_reports_a_failing_pluggable_check(settings: Settings) -> None:
+    body = _readyz_problem(settings, ready_checks={"worker": lambda: "socket not answering"})
     assert "worker: socket not answering" in body["detail"]
 
 
-def test_readiness_fails_on_an_unmigrated_database(tmp_path: object) -> None:
-    from pathlib import Path
-
-    from app.domain.profiles import EDGE
-
-    root = Path(str(tmp_path)) / "fresh"
+def test_readiness_fails_on_an_unmigrated_database(tmp_path: Path) -> None:
+    root = tmp_path / "fresh"
     settings = Settings(data_dir=root, database_url=f"sqlite:///{root / 'q.db'}", profile=EDGE)
-    client = Client(create_app(settings))
-    try:
-        body = assert_problem(client.get("/readyz"), 503, "NOT_READY")
-    finally:
-        client.close()
-    assert "migrat" in body["detail"]
+    assert "migrat" in _readyz_problem(settings)["detail"]
 
 
 def test_readiness_needs_the_worker_socket_when_execution_is_on(settings: Settings) -> None:
-    client = Client(create_app(settings))
-    try:
-        body = assert_problem(client.get("/readyz"), 503, "NOT_READY")
-    finally:
-        client.close()
+    body = _readyz_problem(settings)
     assert "worker: worker socket not answering" in body["detail"]
