@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import select
 import signal
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Engine
 
@@ -20,6 +23,8 @@ from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.identity import ProcessIdentity, read_identity, stop_identity
 from app.worker.receipts import ReceiptStore
+
+T = TypeVar("T")
 
 TERMINAL_EVENTS = frozenset(
     f"{kind}.{state}"
@@ -140,6 +145,26 @@ def kill_exact(pid: int, start_ticks: int) -> None:
         pass
     finally:
         os.close(pidfd)
+
+
+def concurrently(n: int, fn: Callable[[], T], *, timeout: float = 20.0) -> list[T | BaseException]:
+    """Call ``fn`` in ``n`` threads released together; what each returned or raised."""
+    barrier = threading.Barrier(n)
+    results: list[T | BaseException] = []
+
+    def go() -> None:
+        barrier.wait()
+        try:
+            results.append(fn())
+        except BaseException as exc:  # handed to the caller's assertions
+            results.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return results
 
 
 class CrashAfterCommit:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,14 @@ from app.storage.journal_repo import RESERVED, SPAWN_FAILED, SPAWNED, JournalRep
 from app.worker.identity import read_identity, wait_exit
 from app.worker.launcher import IdentityController, ShimLauncher
 from app.worker.receipts import ReceiptStore
-from tests.worker.kit import Armed, Processes, armed_run, launch_request, make_log
+from tests.worker.kit import (
+    Armed,
+    Processes,
+    armed_run,
+    concurrently,
+    launch_request,
+    make_log,
+)
 
 DEADLINE = 20.0
 _BEDS: list[Bed] = []
@@ -125,21 +131,7 @@ def test_two_concurrent_launches_spawn_one_process(
 ) -> None:
     bed = Bed(engine, tmp_path)
     _armed, request = bed.gated_request()
-    barrier = threading.Barrier(2)
-    results: list[ProcessHandle | Exception] = []
-
-    def go() -> None:
-        barrier.wait()
-        try:
-            results.append(bed.launcher.launch(request))
-        except LaunchFailed as exc:
-            results.append(exc)
-
-    threads = [threading.Thread(target=go) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE)
+    results = concurrently(2, lambda: bed.launcher.launch(request), timeout=DEADLINE)
     handles = [r for r in results if isinstance(r, ProcessHandle)]
     for h in handles:
         procs.track(h)

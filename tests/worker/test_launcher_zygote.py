@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from app.storage.journal_repo import SPAWN_FAILED, JournalRepository
 from app.worker.identity import wait_exit
 from app.worker.launcher import SHIM_PATH, ShimLauncher
 from app.worker.receipts import ReceiptStore
-from tests.worker.kit import Processes, armed_run, launch_request, make_log
+from tests.worker.kit import Processes, armed_run, concurrently, launch_request, make_log
 
 DEADLINE = 20.0
 
@@ -111,21 +110,7 @@ def test_a_zygote_that_cannot_start_falls_back_to_one_shot_shims(
 
 def test_concurrent_launches_through_one_zygote(kit: Kit, procs: Processes) -> None:
     launcher = kit.launcher()
-    results: list[ProcessHandle | BaseException] = []
-    barrier = threading.Barrier(6)
-
-    def go() -> None:
-        barrier.wait()
-        try:
-            results.append(kit.launch(launcher, ["/bin/true"])[1])
-        except BaseException as exc:  # reported by the assertion below
-            results.append(exc)
-
-    threads = [threading.Thread(target=go) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLINE)
+    results = concurrently(6, lambda: kit.launch(launcher, ["/bin/true"])[1], timeout=DEADLINE)
     handles = [r for r in results if isinstance(r, ProcessHandle)]
     for h in handles:
         procs.track(h)

@@ -20,6 +20,7 @@ from app.domain.model import ProcessHandle
 from app.worker.client import LaunchOutcomeUnknown, WorkerClient, WorkerUnavailable
 from app.worker.identity import current_boot_id
 from app.worker.server import MAX_REQUEST_BYTES, ControlServer, SocketInUse
+from tests.worker.kit import concurrently
 
 HANDLE = ProcessHandle(
     boot_id=current_boot_id(),
@@ -217,21 +218,12 @@ def test_client_is_thread_safe_and_reconnects(short_dir: Path) -> None:
     srv = ControlServer(path=path, launcher=FakeLauncher(), controller=FakeController())
     srv.start()
     client = WorkerClient(path)
-    errors: list[BaseException] = []
 
     def hammer() -> None:
-        try:
-            for _ in range(50):
-                assert client.ping()["ok"] is True
-        except BaseException as exc:  # collected for the main thread
-            errors.append(exc)
+        for _ in range(50):
+            assert client.ping()["ok"] is True
 
-    threads = [threading.Thread(target=hammer) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert errors == []
+    assert concurrently(8, hammer, timeout=30) == [None] * 8  # every thread, no error
     srv.close()  # every pooled connection is now broken
     with pytest.raises(WorkerUnavailable):
         client.ping()
