@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from app.worker.client import WorkerClient
@@ -40,11 +38,7 @@ def test_wake_reaches_the_loop_and_bad_flags_are_refused() -> None:
     assert plain.handle_line(b'{"op":"wake"}') == {"ok": False, "error": "UNSUPPORTED"}
 
 
-def test_client_wake_is_false_when_no_worker_listens() -> None:
-    short = Path(tempfile.mkdtemp(prefix="ql"))
-    try:
-        client = WorkerClient(short / "w.sock", connect_timeout_s=0.5, retries=0)
-        assert client.wake() is False
-        client.close()
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+def test_client_wake_is_false_when_no_worker_listens(short_dir: Path) -> None:
+    client = WorkerClient(short_dir / "w.sock", connect_timeout_s=0.5, retries=0)
+    assert client.wake() is False
+    client.close()
