@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.domain.ids import uuid7
 from app.settings import Settings
-from tests.api.conftest import Client, assert_problem, make_running
+from tests.api.conftest import Client, MakeToken, assert_problem, make_running
 
 RUN_FIELDS = {
     "id", "task", "revision", "status", "priority", "version", "created_at_ms",
@@ -45,9 +45,9 @@ def test_idempotency_key_replays_the_first_run_and_refuses_another_body(
 
 
 def test_idempotency_keys_belong_to_one_token(
-    client: Client, admin: dict[str, str], make_token: object, task: str
+    client: Client, admin: dict[str, str], make_token: MakeToken, task: str
 ) -> None:
-    other = {"Authorization": f"Bearer {make_token('runs:write')}"}  # type: ignore[operator]
+    other = {"Authorization": f"Bearer {make_token('runs:write')}"}
     a = client.post("/api/v1/runs", json={"task": task}, headers=admin | {"Idempotency-Key": "k"})
     b = client.post("/api/v1/runs", json={"task": task}, headers=other | {"Idempotency-Key": "k"})
     assert (a.status_code, b.status_code) == (201, 201)
