@@ -9,10 +9,8 @@ and are picked up again at the next start (watcher re-arm and the recovery loop)
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import zlib
-from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, QueuePool
@@ -172,18 +170,22 @@ class WorkerProcess:
 
         One journal page at a time, with one query for which of its attempts are still
         active (never one per entry). Settling goes through ``_consume`` exactly as the
-        watcher's callback would, on ``_settle_threads()`` threads: each attempt id always
-        goes to the same thread, and every transition it makes is a compare-and-set, so a
-        receipt is consumed once even when the reconciler or the watcher races for it.
+        watcher's callback would, inline or on ``_settle_threads()`` threads, a page at a
+        time (a large backlog is never held in memory). The walk meets each entry once (a
+        settled entry leaves ``spawned``; nothing else moves it before the socket opens), and
+        every transition is a compare-and-set, so a receipt is consumed once even when the
+        reconciler or the watcher races for it.
         """
         assert self.parts is not None
         parts = self.parts
-        settler = _Partitioned(self._settle, threads=self._settle_threads())
+        threads = self._settle_threads()
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="ql-resume") if threads else None
         try:
             after: tuple[int, str] | None = None
             while True:
                 page = parts.journal.page_by_state(state=SPAWNED, limit=_RESUME_PAGE, after=after)
                 active = parts.reader.active_among([e.attempt_id for e in page])
+                settle: list[_Pending] = []
                 for entry in page:
                     live = entry.handle is not None and entry.attempt_id in active
                     if live and entry.handle is not None and shim_alive(entry.handle):
@@ -193,12 +195,18 @@ class WorkerProcess:
                         # exiting, so there is nothing to wait for. An attempt that ended
                         # while we were away (or crashed before cleanup) replays its receipt
                         # to already_terminal and is cleaned (ADR-0007 §2.5).
-                        settler.submit(_Pending(entry.run_id, entry.attempt_id, entry.handle, live))
+                        settle.append(_Pending(entry.run_id, entry.attempt_id, entry.handle, live))
+                if pool is None:
+                    for pending in settle:
+                        self._settle(pending)
+                else:
+                    list(pool.map(self._settle, settle))  # the page is settled before the next
                 if len(page) < _RESUME_PAGE:
                     return
                 after = (page[-1].updated_at_ms, page[-1].attempt_id)
         finally:
-            settler.close()  # every submitted entry is settled before the socket opens
+            if pool is not None:
+                pool.shutdown()  # every submitted entry is settled before the socket opens
 
     def _settle_threads(self) -> int:
         """0 (inline) on SQLite; else a few threads, never more than the pool holds."""
@@ -256,45 +264,3 @@ class _Pending:
     attempt_id: str
     handle: ProcessHandle | None
     live: bool
-
-
-class _Partitioned:
-    """Runs work per attempt id: inline with no threads, else on the attempt id's own thread.
-
-    The partition (crc32 of the attempt id) means one attempt is only ever settled by one
-    thread; the queues are bounded, so a large backlog is paged, never held in memory.
-    """
-
-    def __init__(self, work: Callable[[_Pending], None], *, threads: int) -> None:
-        self._work = work
-        self._queues: list[queue.Queue[_Pending | None]] = [
-            queue.Queue(maxsize=_RESUME_PAGE) for _ in range(threads)
-        ]
-        self._threads = [
-            threading.Thread(target=self._drain, args=(q,), name=f"ql-resume-{i}", daemon=True)
-            for i, q in enumerate(self._queues)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def submit(self, pending: _Pending) -> None:
-        """Settle ``pending`` now (inline) or queue it on its attempt's thread."""
-        if not self._queues:
-            self._work(pending)
-            return
-        index = zlib.crc32(pending.attempt_id.encode("ascii")) % len(self._queues)
-        self._queues[index].put(pending)
-
-    def close(self) -> None:
-        """Wait until everything submitted is settled, then end the threads."""
-        for q in self._queues:
-            q.put(None)
-        for thread in self._threads:
-            thread.join()
-
-    def _drain(self, q: queue.Queue[_Pending | None]) -> None:
-        while (pending := q.get()) is not None:
-            try:
-                self._work(pending)
-            except Exception as exc:  # a thread that died would leave its queue full
-                log.warning("resume settle failed: %s", type(exc).__name__)
