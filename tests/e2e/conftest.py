@@ -23,7 +23,6 @@ or start the server with ``stop_jobs_on_exit=True``. Nothing is ever killed by n
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -46,6 +45,7 @@ from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.tokens_repo import TokenRepository
+from tests.worker.kit import kill_exact  # pidfd-pinned, start time re-checked
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
@@ -95,20 +95,6 @@ def descendants(root: int) -> dict[int, int]:
             found[pid] = stats[pid][3]
         todo.extend(children.get(pid, []))
     return found
-
-
-def kill_exact(pid: int, start_ticks: int) -> None:
-    """SIGKILL ``pid`` only if it is still the process that started at ``start_ticks``."""
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return
-    try:
-        if alive(pid, start_ticks):  # checked after the pidfd pinned the process
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
