@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -150,7 +151,29 @@ SUPERVISOR_MAIN = textwrap.dedent(
 )
 
 
-def _start_supervisor(tmp_path: Path, job_seconds: float) -> tuple[subprocess.Popen[bytes], Path]:
+Supervisors = list[subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def supervisors() -> Iterator[Supervisors]:
+    """Supervisors a test started; one still running at teardown (the test failed midway) is
+    killed with everything below it (its worker and the jobs it adopted), by exact identity."""
+    started: Supervisors = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                below = descendants(proc.pid)
+                proc.kill()  # our unreaped child: the pid is still ours
+                proc.wait(timeout=30)
+                for pid, ticks in below.items():
+                    kill_exact(pid, ticks)
+
+
+def _start_supervisor(
+    tmp_path: Path, job_seconds: float, supervisors: Supervisors
+) -> tuple[subprocess.Popen[bytes], Path]:
     marker = tmp_path / "job.pid"
     argv = [sys.executable, "-c", SUPERVISOR_MAIN, SUPERVISED_JOB_PARENT, str(marker)]
     with (tmp_path / "sup.log").open("wb") as log:
@@ -160,13 +183,16 @@ def _start_supervisor(tmp_path: Path, job_seconds: float) -> tuple[subprocess.Po
             stdin=subprocess.DEVNULL,
             stderr=log,
         )
+    supervisors.append(proc)
     wait_until("the job to start", marker.exists, 30)
     return proc, marker
 
 
-def test_orphaned_jobs_are_adopted_reaped_and_never_killed_on_stop(tmp_path: Path) -> None:
+def test_orphaned_jobs_are_adopted_reaped_and_never_killed_on_stop(
+    tmp_path: Path, supervisors: Supervisors
+) -> None:
     # A short job: once it ends, the subreaper reaps it (no zombie stays behind).
-    proc, marker = _start_supervisor(tmp_path, 0.2)
+    proc, marker = _start_supervisor(tmp_path, 0.2, supervisors)
     try:
         job = int(marker.read_text())
         stat = proc_stat(job)
@@ -179,7 +205,7 @@ def test_orphaned_jobs_are_adopted_reaped_and_never_killed_on_stop(tmp_path: Pat
 
     # A long job: SIGTERM stops the service but leaves the job running.
     marker.unlink()
-    proc, marker = _start_supervisor(tmp_path, 3600)
+    proc, marker = _start_supervisor(tmp_path, 3600, supervisors)
     job = int(marker.read_text())
     stat = proc_stat(job)
     assert stat is not None and stat[1] == proc.pid
