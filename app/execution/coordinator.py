@@ -83,24 +83,18 @@ class StartCoordinator:
         except LaunchRejected:
             # The worker already journaled this attempt: a process may exist, so no ending
             # is faked here; recovery decides from the journal.
-            return StartResult(
-                "unresolved", command.run_id, command.attempt_id, reason="LAUNCH_REJECTED"
-            )
+            return _result("unresolved", command, reason="LAUNCH_REJECTED")
         except LaunchFailed as exc:
             return self._start_failed(command, exc.reason)
         except Exception:
             # Unknown whether the worker spawned (it journals first): never guess an ending;
             # the reconciler decides from the journal (ADR-0070 §4, fail closed).
-            return StartResult(
-                "unresolved", command.run_id, command.attempt_id, reason="LAUNCH_OUTCOME_UNKNOWN"
-            )
+            return _result("unresolved", command, reason="LAUNCH_OUTCOME_UNKNOWN")
         finally:
             del token
         if not _plausible(handle):
             # A handle we cannot trust can never be stopped by identity: leave it to recovery.
-            return StartResult(
-                "unresolved", command.run_id, command.attempt_id, reason="INVALID_HANDLE"
-            )
+            return _result("unresolved", command, reason="INVALID_HANDLE")
         try:
             run = self._transitions.record_running(
                 run_id=command.run_id,
@@ -113,80 +107,43 @@ class StartCoordinator:
             if ended is not None:
                 # The job ended before T2 and the completion service already recorded its
                 # whole history (running, then the ending): nothing is left to stop.
-                return StartResult("ended", command.run_id, command.attempt_id, run=ended)
+                return _result("ended", command, run=ended)
             return self._compensate_after_spawn(command, handle)
-        return StartResult("running", command.run_id, command.attempt_id, run=run)
+        return _result("running", command, run=run)
 
     def _start_failed(self, command: StartCommand, reason: str) -> StartResult:
         # ADR-0070 §4: no handle, so the launcher already stopped anything it spawned.
+        code = ErrorCode.EXECUTOR_START_FAILED
         try:
             run = self._transitions.fail_attempt(
-                run_id=command.run_id,
-                attempt_id=command.attempt_id,
-                error_code=ErrorCode.EXECUTOR_START_FAILED,
+                run_id=command.run_id, attempt_id=command.attempt_id, error_code=code
             )
         except Exception:
-            return StartResult(
-                "unresolved",
-                command.run_id,
-                command.attempt_id,
-                error_code=ErrorCode.EXECUTOR_START_FAILED,
-                reason=reason,
-            )
-        return StartResult(
-            "start_failed",
-            command.run_id,
-            command.attempt_id,
-            error_code=ErrorCode.EXECUTOR_START_FAILED,
-            reason=reason,
-            run=run,
-        )
+            return _result("unresolved", command, error_code=code, reason=reason)
+        return _result("start_failed", command, error_code=code, reason=reason, run=run)
 
     def _compensate_after_spawn(self, command: StartCommand, handle: ProcessHandle) -> StartResult:
         # ADR-0070 §4: stop the exact identity first; never mark lost on a guess.
+        code = ErrorCode.POST_SPAWN_PERSIST_FAILED
         try:
             stopped = self._controller.stop(handle, grace_seconds=self._stop_grace_s)
         except Exception:
             stopped = "unknown"
         if stopped not in ("stopped", "already_exited"):
-            return StartResult(
-                "unresolved",
-                command.run_id,
-                command.attempt_id,
-                error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED,
-                reason=stopped,
-            )
+            return _result("unresolved", command, error_code=code, reason=stopped)
         try:
             run = self._transitions.fail_attempt(
-                run_id=command.run_id,
-                attempt_id=command.attempt_id,
-                error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED,
-                lost=True,
+                run_id=command.run_id, attempt_id=command.attempt_id, error_code=code, lost=True
             )
         except Exception:
             ended = self._terminal_run(command.run_id)
             if ended is not None:
                 # Not a persist failure after all: the job already finished and its ending
                 # was committed from ``starting`` (the stop above found it exited).
-                return StartResult(
-                    "ended", command.run_id, command.attempt_id, reason=stopped, run=ended
-                )
+                return _result("ended", command, reason=stopped, run=ended)
             # The durable starting fact stays; recovery finishes the job (ADR-0070 §4).
-            return StartResult(
-                "unresolved",
-                command.run_id,
-                command.attempt_id,
-                error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED,
-                reason=stopped,
-            )
-        return StartResult(
-            "lost",
-            command.run_id,
-            command.attempt_id,
-            error_code=ErrorCode.POST_SPAWN_PERSIST_FAILED,
-            reason=stopped,
-            run=run,
-        )
+            return _result("unresolved", command, error_code=code, reason=stopped)
+        return _result("lost", command, error_code=code, reason=stopped, run=run)
 
     def _terminal_run(self, run_id: str) -> Run | None:
         if self._runs is None:
@@ -196,6 +153,17 @@ class StartCoordinator:
         except Exception:
             return None
         return run if is_terminal_run(run.status) else None
+
+
+def _result(
+    status: StartStatus,
+    command: StartCommand,
+    *,
+    error_code: ErrorCode | None = None,
+    reason: str | None = None,
+    run: Run | None = None,
+) -> StartResult:
+    return StartResult(status, command.run_id, command.attempt_id, error_code, reason, run)
 
 
 def _plausible(handle: object) -> bool:
