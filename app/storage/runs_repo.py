@@ -201,7 +201,7 @@ class RunRepository:
             ):
                 raise Conflict(ErrorCode.INVALID_TRANSITION, "the attempt was already armed")
             at = now_ms()
-            run = _step(
+            written = _step(
                 uow.conn,
                 run_row,
                 attempt_row,
@@ -216,7 +216,7 @@ class RunRepository:
                 order="run_first",
             )
             uow.commit()
-            return run
+        return written.run()
 
     def record_running(
         self, *, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
@@ -225,7 +225,7 @@ class RunRepository:
         with UnitOfWork(self._engine) as uow:
             run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
             at = now_ms()
-            run = _step(
+            written = _step(
                 uow.conn,
                 run_row,
                 attempt_row,
@@ -240,7 +240,7 @@ class RunRepository:
                 order="attempt_first",
             )
             uow.commit()
-            return run
+        return written.run()
 
     def fail_attempt(
         self,
@@ -263,7 +263,7 @@ class RunRepository:
             at = now_ms()
             run_to = RunStatus.LOST if lost else RunStatus.FAILED
             attempt_to = AttemptStatus.LOST if lost else AttemptStatus.FAILED
-            _step(
+            written = _step(
                 uow.conn,
                 run_row,
                 attempt_row,
@@ -275,9 +275,8 @@ class RunRepository:
                 attempt_data={"error_code": error_code.value},
                 order="attempt_first",
             )
-            run = _load_run(uow.conn, run_id)
             uow.commit()
-            return run
+        return written.run()
 
     # -- completion (DESIGN.md, Completion service) ----------------------------------------
 
@@ -329,7 +328,7 @@ class RunRepository:
                 return CompletionOutcome("rejected", reason="NOT_LATEST_ATTEMPT")
             if attempt_row.status == AttemptStatus.STARTING:
                 began = max(started_at_ms or attempt_row.created_at_ms, attempt_row.created_at_ms)
-                _step(
+                run_row, attempt_row = _step(
                     conn,
                     run_row,
                     attempt_row,
@@ -339,9 +338,7 @@ class RunRepository:
                     attempt_values={"started_at_ms": began},
                     run_values={"started_at_ms": began},
                     order="attempt_first",
-                )
-                run_row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).one()
-                attempt_row = conn.execute(_ATTEMPT_BY_ID, {"attempt_id": attempt_id}).one()
+                ).rows()
             ending = ending_for(
                 exit_code=exit_code, signal=signal, cancel_reason=run_row.cancel_reason
             )
@@ -389,14 +386,15 @@ class RunRepository:
                 raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
             if run_row.status in TERMINAL_RUN:
                 raise Conflict(ErrorCode.RUN_TERMINAL, f"the run already ended ({run_row.status})")
+            attempt_row = _latest_attempt(conn, run_row)
             if run_row.cancel_reason is not None:
-                return _load_run(conn, run_id)
+                return run_from_rows(run_row, attempt_row)
             at = now_ms()
             intent: dict[str, Any] = {"cancel_reason": reason, "cancel_requested_at_ms": at}
             events = [_Event(RUN_CANCEL_REQUESTED, {"reason": reason})]
             ended = None
+            attempt_values: dict[str, Any] = {}
             if run_row.status == RunStatus.QUEUED:
-                attempt_row = _latest_attempt(conn, run_row)
                 ended = AttemptStatus.TIMED_OUT if reason == "timeout" else AttemptStatus.CANCELLED
                 transition_attempt(AttemptStatus(attempt_row.status), ended)
                 transition_run(RunStatus.QUEUED, RunStatus(ended.value))
@@ -405,15 +403,16 @@ class RunRepository:
                     _Event(run_event(RunStatus(ended.value)), {}),
                 ]
                 intent |= {"status": ended.value, "finished_at_ms": at}
+                attempt_values = {"status": ended.value, "finished_at_ms": at}
             # The run row first, as in _step: PostgreSQL row locks taken in the other order
             # deadlock against a concurrent T1 (one side aborted with a database error).
             _cas_run(conn, run_row, len(events), intent)
             if ended is not None:
                 _update_attempt(conn, attempt_row, ended, {"finished_at_ms": at})
             _append_events(conn, run_id, run_row.version + 1, at, events)
-            run = _load_run(conn, run_id)
             uow.commit()
-            return run
+        run_values = {"version": run_row.version + len(events), **intent}
+        return _Written(run_row, attempt_row, run_values, attempt_values).run()
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -516,11 +515,10 @@ def _step(
     run_values: dict[str, Any] | None = None,
     attempt_data: dict[str, Any] | None = None,
     order: Literal["run_first", "attempt_first"],
-) -> Run:
+) -> _Written:
     """Move run and attempt together: two CAS updates and two events, one version each.
 
-    Returns the run as it now stands (the rows read at the start of the transaction plus
-    exactly what was written), so callers need not read it back inside the writer lock.
+    Returns what was written, so callers need not read it back inside the writer lock.
     The run row is written before the attempt row, as in every transaction that writes both.
     """
     transition_run(RunStatus(run_row.status), run_to)
@@ -533,14 +531,41 @@ def _step(
     )
     events = [run_ev, att_ev] if order == "run_first" else [att_ev, run_ev]
     _append_events(conn, run_row.id, run_row.version + 1, at, events)
-    run_now = {"status": run_to.value, "version": run_row.version + 2, **(run_values or {})}
-    attempt_now = {"status": attempt_to.value, **(attempt_values or {})}
-    return run_from_rows(
-        _row_of(runs, {**run_row._mapping, **run_now}),
-        _row_of(attempts, {**attempt_row._mapping, **attempt_now}),
+    return _Written(
+        run_row,
+        attempt_row,
+        {"status": run_to.value, "version": run_row.version + 2, **(run_values or {})},
+        {"status": attempt_to.value, **(attempt_values or {})},
     )
 
 
-def _row_of(table: Table, values: dict[str, Any]) -> Any:
-    """A row-like value of ``table`` (columns not given are NULL), for ``run_from_rows``."""
-    return SimpleNamespace(**{c.name: values.get(c.name) for c in table.c})
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """Rows read at the start of a transaction and the columns it then wrote to them.
+
+    Only a caller that needs the result pays for building it, and after the commit (outside
+    the writer lock) where it can.
+    """
+
+    run_row: Any
+    attempt_row: Any
+    run_values: dict[str, Any]
+    attempt_values: dict[str, Any]
+
+    def rows(self) -> tuple[Any, Any]:
+        """The run and attempt rows as they now stand."""
+        return (
+            _row_of(runs, self.run_values, self.run_row),
+            _row_of(attempts, self.attempt_values, self.attempt_row),
+        )
+
+    def run(self) -> Run:
+        """The run (with its latest attempt) as it now stands."""
+        return run_from_rows(*self.rows())
+
+
+def _row_of(table: Table, values: dict[str, Any], base: Any = None) -> Any:
+    """A row-like value of ``table``: ``values``, else ``base``'s column, else NULL."""
+    row = SimpleNamespace(**{c.name: getattr(base, c.name, None) for c in table.c})
+    row.__dict__.update(values)
+    return row

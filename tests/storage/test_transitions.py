@@ -250,6 +250,31 @@ def test_each_transition_returns_exactly_what_a_fresh_read_sees(engine: Engine) 
     assert running.started_at_ms is not None
 
 
+def test_fail_and_cancel_return_exactly_what_a_fresh_read_sees(engine: Engine) -> None:
+    # Like T1 and T2, they build their returned run from what they wrote.
+    define_task(engine)
+    reader, repo = RunReader(engine), RunRepository(engine)
+    dispatching = dispatch(engine, enqueue(engine))
+    assert dispatching.latest_attempt is not None
+    lost = repo.fail_attempt(
+        run_id=dispatching.id, attempt_id=dispatching.latest_attempt.id,
+        error_code=ErrorCode.EXECUTOR_START_FAILED, lost=True,
+    )  # fmt: skip
+    assert lost == reader.get_run(lost.id)
+    assert lost.latest_attempt is not None
+    assert (lost.status, lost.latest_attempt.error_code) == ("lost", "EXECUTOR_START_FAILED")
+    cancelled = repo.request_cancel(run_id=enqueue(engine).id, reason="user")
+    assert cancelled == reader.get_run(cancelled.id)
+    assert cancelled.latest_attempt is not None
+    assert (cancelled.status, cancelled.latest_attempt.status) == ("cancelled", "cancelled")
+    running = start(engine, enqueue(engine))
+    intent = repo.request_cancel(run_id=running.id, reason="user")
+    assert intent == reader.get_run(running.id)
+    assert intent.status == "running" and intent.cancel is not None
+    again = repo.request_cancel(run_id=running.id, reason="timeout")
+    assert again == intent == reader.get_run(running.id)
+
+
 def test_cancel_racing_t1_on_a_queued_run_is_a_clean_cas_loss_never_a_deadlock(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
