@@ -6,6 +6,7 @@ import os
 import select
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,15 @@ def kill_exact(pid: int, start_ticks: int) -> None:
         pass
     finally:
         os.close(pidfd)
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until true; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
 
 
 def concurrently(n: int, fn: Callable[[], T], *, timeout: float = 20.0) -> list[T | BaseException]:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.worker.kit import (
     concurrently,
     launch_request,
     make_log,
+    wait_for,
 )
 
 DEADLINE = 20.0
@@ -40,14 +40,6 @@ def shim_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         while _BEDS:
             _BEDS.pop().launcher.close()
 GATED = "echo started >> {spawns}; while [ ! -e {gate} ]; do sleep 0.01; done; exit 0"
-
-
-def _wait_for(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class Bed:
@@ -94,7 +86,7 @@ def test_journal_is_committed_before_the_shim_is_spawned(
         entry = JournalRepository(other).get(armed.attempt_id)
         assert entry is not None and entry.state == SPAWNED and entry.handle == handle
         assert handle.pgid == handle.pid and read_identity(handle.pid) is not None
-        _wait_for(lambda: bed.spawn_count() == 1, "the job to start")
+        wait_for(lambda: bed.spawn_count() == 1, "the job to start", DEADLINE)
         bed.finish(handle)
         assert bed.store.path_of(armed.attempt_id).exists()  # the shim published
     finally:
@@ -109,7 +101,7 @@ def test_repeated_launch_returns_the_first_handle_and_never_spawns_twice(
     first = procs.track(bed.launcher.launch(request))
     again = bed.launcher.launch(request)
     assert again == first
-    _wait_for(lambda: bed.spawn_count() == 1, "the job to start")
+    wait_for(lambda: bed.spawn_count() == 1, "the job to start", DEADLINE)
     bed.finish(first)
     assert bed.spawn_count() == 1
 
@@ -137,7 +129,7 @@ def test_two_concurrent_launches_spawn_one_process(
         procs.track(h)
     assert len(results) == 2 and handles and len(set(handles)) == 1
     assert all(isinstance(r, ProcessHandle | LaunchRejected) for r in results)
-    _wait_for(lambda: bed.spawn_count() == 1, "the job to start")
+    wait_for(lambda: bed.spawn_count() == 1, "the job to start", DEADLINE)
     bed.finish(handles[0])
     assert bed.spawn_count() == 1
 

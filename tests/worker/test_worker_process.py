@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,19 +26,19 @@ from app.storage.runs_repo import RunRepository
 from app.worker.client import WorkerClient, WorkerUnavailable
 from app.worker.identity import read_identity, wait_exit
 from app.worker.receipts import ReceiptStore
-from tests.worker.kit import Armed, Processes, armed_run, launch_request, make_log, terminal_events
+from tests.worker.kit import (  # wait_for: also imported from here by tests/recovery/kit.py
+    Armed,
+    Processes,
+    armed_run,
+    launch_request,
+    make_log,
+    terminal_events,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "lost"}
-
-
-def wait_for(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class Worker:
