@@ -24,6 +24,7 @@ from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.client import WorkerUnavailable
+from app.worker.identity import wait_exit
 from app.worker.launcher import IdentityController
 from app.worker.log_facts import LogFacts
 from app.worker.probe import HandleProbe
@@ -84,6 +85,20 @@ class Rig:
             started_at_ms=now_ms(),
         )
         return handle
+
+    def ended_while_down(self, then: str) -> Armed:
+        """Start the worker, launch a gated job, SIGKILL the worker, let the job end.
+
+        The named crash point 'receipt published, worker gone': on return the shim has
+        exited and its receipt waits for a worker that is not there.
+        """
+        self.worker.start()
+        a = self.arm()
+        h = self.launch(a, gated("g", then=then))
+        self.kill_worker()
+        self.gate("g").touch()
+        assert wait_exit(h.shim_pid, DEADLINE)
+        return a
 
     def kill_worker(self) -> None:
         """SIGKILL the worker (its pid) and reap it: the named crash point 'worker gone'."""

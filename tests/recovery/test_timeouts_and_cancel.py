@@ -73,12 +73,7 @@ def test_a_user_cancel_stops_the_job_and_the_run_is_cancelled(rig: Rig) -> None:
 
 
 def test_intent_committed_before_the_receipt_is_consumed_wins(rig: Rig) -> None:
-    rig.worker.start()
-    a = rig.arm()
-    h = rig.launch(a, gated("g", then="exit 0"))
-    rig.kill_worker()
-    rig.gate("g").touch()
-    assert wait_exit(h.shim_pid, DEADLINE)  # a success receipt is published, not consumed
+    a = rig.ended_while_down("exit 0")  # a success receipt is published, not consumed
     assert rig.store.path_of(a.attempt_id).exists()
     rig.runs.request_cancel(run_id=a.run_id, reason="user")
     rig.worker.start()

@@ -63,12 +63,7 @@ def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig
 
 
 def test_crash_after_the_transaction_before_cleanup_records_nothing_twice(rig: Rig) -> None:
-    rig.worker.start()
-    a = rig.arm()
-    h = rig.launch(a, gated("g", then="exit 7"))
-    rig.kill_worker()
-    rig.gate("g").touch()
-    assert wait_exit(h.shim_pid, DEADLINE)
+    a = rig.ended_while_down("exit 7")
     dying = CompletionService(
         receipts=CrashAfterCommit(rig.store), journal=rig.journal, completions=rig.runs,
         log_facts=LogFacts(rig.data_dir / "logs"),
@@ -93,12 +88,7 @@ def test_crash_after_the_transaction_before_cleanup_records_nothing_twice(rig: R
 
 
 def test_bad_receipt_found_after_restart_is_quarantined_and_the_run_is_lost(rig: Rig) -> None:
-    rig.worker.start()
-    a = rig.arm()
-    h = rig.launch(a, gated("g", then="exit 0"))
-    rig.kill_worker()
-    rig.gate("g").touch()
-    assert wait_exit(h.shim_pid, DEADLINE)
+    a = rig.ended_while_down("exit 0")
     path = rig.store.path_of(a.attempt_id)
     good = json.loads(path.read_bytes())
     assert decode_receipt(path.read_bytes()).exit_code == 0
