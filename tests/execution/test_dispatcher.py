@@ -260,4 +260,6 @@ def test_secrets_source_sees_only_names(engine: Engine, tmp_path: Path) -> None:
     secrets = MemorySecrets({"name": "value-xyz"})
     kit = make_kit(engine, tmp_path / "logs", secrets=secrets)
     result = kit.dispatcher.run_pass()
+    assert secrets.calls == [frozenset({"name"})]  # asked by name, once
+    assert [o.kind for o in result.outcomes] == ["started"]  # the value was really used
     assert "value-xyz" not in repr(result)
