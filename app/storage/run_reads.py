@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, bindparam, func, or_, select
+from sqlalchemy import ColumnElement, Engine, Row, Select, and_, bindparam, func, or_, select
 
 from app.domain.errors import ErrorCode, NotFound
 from app.domain.events import attempt_event
@@ -102,6 +102,12 @@ _RUN_WITH_LATEST = runs.join(
     attempts, and_(attempts.c.run_id == runs.c.id, attempts.c.number == runs.c.latest_attempt)
 )
 _ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c]
+# Attempts in starting or running, with what the reconciler needs of their run.
+_ACTIVE = (
+    select(attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
+    .join(runs, runs.c.id == attempts.c.run_id)
+    .where(attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]))
+)
 
 
 _RUN_NAMES = tuple(c.name for c in runs.c)
@@ -323,44 +329,17 @@ class RunReader:
 
     def active_attempts(self, *, limit: int, after_id: str | None = None) -> list[ActiveAttempt]:
         """Attempts in starting or running, by id, after ``after_id`` (a resume cursor)."""
-        query = (
-            select(
-                attempts,
-                runs.c.status.label("run_status"),
-                runs.c.cancel_reason,
-            )
-            .join(runs, runs.c.id == attempts.c.run_id)
-            .where(
-                attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value])
-            )
-            .order_by(attempts.c.id)
-            .limit(limit)
-        )
-        if after_id is not None:
-            query = query.where(attempts.c.id > after_id)
-        with UnitOfWork(self._engine, write=False) as uow:
-            rows = uow.conn.execute(query).all()
-        return [_active_from_row(r) for r in rows]
+        return self._active_page(limit, after_id)
 
     def stop_candidates(
         self, *, now_ms: int, limit: int, after_id: str | None = None
     ) -> list[ActiveAttempt]:
         """Active attempts whose deadline passed or whose run has a cancel intent, by id."""
-        query = (
-            select(attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
-            .join(runs, runs.c.id == attempts.c.run_id)
-            .where(
-                attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]),
-                (attempts.c.deadline_at_ms <= now_ms) | runs.c.cancel_reason.is_not(None),
-            )
-            .order_by(attempts.c.id)
-            .limit(limit)
+        return self._active_page(
+            limit,
+            after_id,
+            (attempts.c.deadline_at_ms <= now_ms) | runs.c.cancel_reason.is_not(None),
         )
-        if after_id is not None:
-            query = query.where(attempts.c.id > after_id)
-        with UnitOfWork(self._engine, write=False) as uow:
-            rows = uow.conn.execute(query).all()
-        return [_active_from_row(r) for r in rows]
 
     def starting_since_ms(self, run_id: str) -> int | None:
         """When the run's latest attempt entered ``starting`` (T1), from its event."""
@@ -375,32 +354,28 @@ class RunReader:
 
     def active_attempt(self, attempt_id: str) -> ActiveAttempt | None:
         """One attempt if it is still starting or running."""
-        query = (
-            select(attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
-            .join(runs, runs.c.id == attempts.c.run_id)
-            .where(attempts.c.id == attempt_id)
-        )
-        with UnitOfWork(self._engine, write=False) as uow:
-            row = uow.conn.execute(query).first()
-        if row is None or row.status not in (AttemptStatus.STARTING, AttemptStatus.RUNNING):
-            return None
-        return _active_from_row(row)
+        found = self._active(_ACTIVE.where(attempts.c.id == attempt_id))
+        return found[0] if found else None
 
     def active_among(self, attempt_ids: list[str]) -> dict[str, ActiveAttempt]:
         """Those of ``attempt_ids`` still starting or running, by id: one query for a page."""
         if not attempt_ids:
             return {}
-        query = (
-            select(attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
-            .join(runs, runs.c.id == attempts.c.run_id)
-            .where(
-                attempts.c.id.in_(attempt_ids),
-                attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]),
-            )
-        )
+        found = self._active(_ACTIVE.where(attempts.c.id.in_(attempt_ids)))
+        return {a.attempt_id: a for a in found}
+
+    def _active_page(
+        self, limit: int, after_id: str | None, *where: ColumnElement[bool]
+    ) -> list[ActiveAttempt]:
+        query = _ACTIVE.where(*where).order_by(attempts.c.id).limit(limit)
+        if after_id is not None:
+            query = query.where(attempts.c.id > after_id)
+        return self._active(query)
+
+    def _active(self, query: Select[Any]) -> list[ActiveAttempt]:
         with UnitOfWork(self._engine, write=False) as uow:
             rows = uow.conn.execute(query).all()
-        return {r.id: _active_from_row(r) for r in rows}
+        return [_active_from_row(r) for r in rows]
 
 
 def _active_from_row(row: Row[Any]) -> ActiveAttempt:
