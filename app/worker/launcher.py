@@ -26,7 +26,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,11 +90,14 @@ class ShimLauncher:
         )
         self._before_spawn = before_spawn  # test hook: observe state right before the spawn
         self._spec_extra = dict(spec_extra or {})  # test hook: e.g. the shim's test_hook
-        self.last_started_at_ms: dict[str, int] = {}
-        self._lock = threading.Lock()
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
         """Start the attempt once and return its durable handle, or raise LaunchFailed."""
+        return self.launch_started(request)[0]
+
+    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+        """``launch``, plus the job's start time as its shim reported it (None when the handle
+        is the one of an earlier launch of this attempt)."""
         if not (is_uuid7(request.run_id) and is_uuid7(request.attempt_id)):
             raise LaunchFailed("BAD_REQUEST")
         try:
@@ -108,7 +110,7 @@ class ShimLauncher:
             entry = exc.entry
             same_run = entry.run_id == request.run_id
             if entry.state == SPAWNED and entry.handle is not None and same_run:
-                return entry.handle
+                return entry.handle, None
             in_flight = entry.state == RESERVED and same_run
             raise LaunchRejected("LAUNCH_IN_FLIGHT" if in_flight else "ALREADY_LAUNCHED") from None
         try:
@@ -127,14 +129,12 @@ class ShimLauncher:
             # Not durable: never return a handle the journal does not know (ADR-0070 §4).
             _stop_handle(handle, grace_seconds=1.0)
             raise LaunchFailed("JOURNAL_FAILED")
-        with self._lock:
-            self.last_started_at_ms[request.attempt_id] = started_at_ms
         if self._on_spawned is not None:
             try:
                 self._on_spawned(request.run_id, request.attempt_id, handle)
             except Exception:
                 log.exception("on_spawned callback failed")
-        return handle
+        return handle, started_at_ms
 
     @property
     def zygote_pid(self) -> int | None:
@@ -145,11 +145,6 @@ class ShimLauncher:
         """Stop the zygote (EOF; running shims and jobs are untouched)."""
         if self._zygote is not None:
             self._zygote.close()
-
-    def pop_started_at_ms(self, attempt_id: str) -> int | None:
-        """The job's start time reported by the shim for a launch of this process."""
-        with self._lock:
-            return self.last_started_at_ms.pop(attempt_id, None)
 
     def _spec(self, request: LaunchRequest, shard: Path) -> bytes:
         spec = {

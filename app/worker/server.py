@@ -43,12 +43,8 @@ _LAUNCH_STR = ("run_id", "attempt_id", "token", "log_path")
 class WorkerLauncher(Protocol):
     """What the server needs from the launcher."""
 
-    def launch(self, request: LaunchRequest) -> ProcessHandle:
-        """Start once or raise LaunchFailed."""
-        ...
-
-    def pop_started_at_ms(self, attempt_id: str) -> int | None:
-        """The shim-reported start time of a launch by this process."""
+    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+        """Start once or raise LaunchFailed; the handle and the shim-reported start time."""
         ...
 
 
@@ -276,12 +272,11 @@ class ControlServer:
 
     def _launch(self, request: LaunchRequest) -> dict[str, Any]:
         try:
-            handle = self._launcher.launch(request)
+            handle, started = self._launcher.launch_started(request)
         except LaunchRejected as exc:
             return {"ok": False, "error": "ALREADY_LAUNCHED", "reason": exc.reason}
         except LaunchFailed as exc:
             return {"ok": False, "error": exc.reason}
-        started = self._launcher.pop_started_at_ms(request.attempt_id)
         return {"ok": True, "handle": handle.to_dict(), "started_at_ms": started}
 
     def _wake(self, req: dict[str, Any]) -> dict[str, Any]:

@@ -39,14 +39,11 @@ class FakeLauncher:
         self.calls: list[LaunchRequest] = []
         self.outcome: dict[str, Exception] = {}
 
-    def launch(self, request: LaunchRequest) -> ProcessHandle:
+    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
         self.calls.append(request)
         if request.attempt_id in self.outcome:
             raise self.outcome[request.attempt_id]
-        return HANDLE
-
-    def pop_started_at_ms(self, attempt_id: str) -> int | None:
-        return 123
+        return HANDLE, 123
 
 
 class FakeController:

@@ -9,11 +9,8 @@ from app.worker.server import ControlServer
 
 
 class _Unused:
-    def launch(self, request: object) -> object:  # pragma: no cover - never called
+    def launch_started(self, request: object) -> object:  # pragma: no cover - never called
         raise AssertionError
-
-    def pop_started_at_ms(self, attempt_id: str) -> None:  # pragma: no cover
-        return None
 
     def stop(self, handle: object, *, grace_seconds: float) -> str:  # pragma: no cover
         raise AssertionError
