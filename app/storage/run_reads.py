@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Row, Select, and_, bindparam, func, or_, select
@@ -119,16 +120,9 @@ def _split(row: Row[Any] | tuple[Any, ...]) -> tuple[Any, Any]:
     # table order. Positional slicing, not a keyed lookup per column (list-page profile).
     values = tuple(row)
     cut = len(_RUN_NAMES)
-    run_part = _Obj(dict(zip(_RUN_NAMES, values[:cut], strict=True)))
-    attempt_part = _Obj(dict(zip(_ATTEMPT_NAMES, values[cut:], strict=True)))
+    run_part = SimpleNamespace(**dict(zip(_RUN_NAMES, values[:cut], strict=True)))
+    attempt_part = SimpleNamespace(**dict(zip(_ATTEMPT_NAMES, values[cut:], strict=True)))
     return run_part, attempt_part
-
-
-class _Obj:
-    """Attribute access over a dict, so joined rows map like plain rows."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
 
 
 class RunReader:
