@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import ErrorCode, NotFound
 from app.domain.ids import now_ms
@@ -34,9 +35,17 @@ class SecretRepository:
         """Encrypt and store ``value`` under ``name``; True when the name is new."""
         key_id, nonce, sealed = self._ring.encrypt(name=name, plaintext=value)
         at = now_ms()
+        try:
+            return self._put_once(name, key_id, nonce, sealed, at)
+        except IntegrityError:
+            # PostgreSQL: a concurrent put inserted this new name after our UPDATE found no
+            # row (there was none to lock). It is committed now: this time the UPDATE hits it.
+            return self._put_once(name, key_id, nonce, sealed, at)
+
+    def _put_once(self, name: str, key_id: str, nonce: bytes, sealed: bytes, at: int) -> bool:
+        # BEGIN IMMEDIATE serializes this on SQLite; on PostgreSQL the UPDATE locks an
+        # existing row, and the primary key refuses a second insert of a new name.
         with UnitOfWork(self._engine) as uow:
-            # The write transaction (BEGIN IMMEDIATE on SQLite, row lock on PostgreSQL via
-            # the UPDATE) makes read-then-write safe against a concurrent put of the same name.
             changed = uow.conn.execute(
                 update(secrets)
                 .where(secrets.c.name == name)
