@@ -9,7 +9,10 @@ ADR-0007 §2.6 fixes the order for each active attempt, found through the databa
    identity first; then one short publish grace, a last look for a receipt, and ``lost`` with
    RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT — never a guessed success;
 4. ``starting`` without a journaled spawn → ``failed`` RECOVERY_START_NOT_SPAWNED after a
-   grace; ``starting`` with a journaled spawn (the api died between T1 and T2, ADR-0070 §4)
+   grace; with only a ``reserved`` entry (the worker died around the spawn, before it could
+   journal a handle) a shim and its job may run or not, unknowably → ``lost``
+   RECOVERY_IDENTITY_UNSUPPORTED after a longer grace, never a clean ending; ``starting``
+   with a journaled spawn (the api died between T1 and T2, ADR-0070 §4)
    → stop the exact identity, then ``lost`` RECOVERY_START_INTERRUPTED, only if the stop said
    ``stopped``/``already_exited`` (``unknown`` leaves it: fail closed);
 5. a handle we cannot verify → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED, nobody is signalled.
@@ -178,14 +181,20 @@ class Reconciler:
         since = self._attempts.starting_since_ms(attempt.run_id) or attempt.created_at_ms
         age_ms = self._clock() - since
         entry = self._journal.get(attempt.attempt_id)
-        if entry is None or entry.state in (RESERVED, SPAWN_FAILED):
-            grace = self._start_grace_ms
-            if entry is not None and entry.state == RESERVED:
-                grace += int(RESERVED_EXTRA_GRACE_S * 1000)
-            if age_ms < grace:
+        if entry is None or entry.state == SPAWN_FAILED:
+            if age_ms < self._start_grace_ms:
                 report.kept += 1
                 return
             self._end(attempt, ErrorCode.RECOVERY_START_NOT_SPAWNED, lost=False, report=report)
+            return
+        if entry.state == RESERVED:
+            # Reserved, never journaled spawned: the worker died between its journal commit
+            # and recording the handle. Whether a shim started cannot be known (it may run a
+            # job nobody can identify), so this is an ambiguous identity: fail closed, lost.
+            if age_ms < self._start_grace_ms + int(RESERVED_EXTRA_GRACE_S * 1000):
+                report.kept += 1
+                return
+            self._end(attempt, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED, lost=True, report=report)
             return
         if not plausible_handle(entry.handle):
             self._end(attempt, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED, lost=True, report=report)

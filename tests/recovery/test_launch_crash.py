@@ -8,10 +8,9 @@ passed with the reconciler's injected clock, never waited for.
 
 from __future__ import annotations
 
-import pytest
-
 from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
+from app.domain.profiles import EDGE
 from app.execution.reconciler import DEFAULT_START_GRACE_S, RESERVED_EXTRA_GRACE_S
 from app.storage.journal_repo import RESERVED
 from app.worker.identity import read_identity
@@ -44,19 +43,15 @@ def test_killed_after_the_journal_reserve_before_the_spawn(rig: Rig) -> None:
     in_process_reconciler(rig.engine, rig.store, clock).run_pass()
     run = rig.run(a)
     assert run.latest_attempt is not None
+    # Nothing ran here, but recovery cannot tell this from the spawned-unrecorded case
+    # below (both leave a reserved entry without a handle): lost, never a clean ending.
     assert (run.status, run.latest_attempt.error_code) == (
-        "failed",
-        ErrorCode.RECOVERY_START_NOT_SPAWNED.value,
+        "lost",
+        ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED.value,
     )
-    assert terminal_events(rig.engine, a.run_id) == ["attempt.failed", "run.failed"]
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found in review: a `reserved` journal entry past its grace is failed "
-    "RECOVERY_START_NOT_SPAWNED although a shim and its job may run (reconciler._starting); "
-    "the job runs on and its receipt is never consumed",
-)
 def test_killed_after_the_spawn_before_spawned_is_journaled(rig: Rig) -> None:
     halting = HaltingWorker(rig, "spawned")
     halting.start()
@@ -77,10 +72,23 @@ def test_killed_after_the_spawn_before_spawned_is_journaled(rig: Rig) -> None:
     rig.worker.start()
     clock = [now_ms() + PAST_THE_GRACE_MS]
     in_process_reconciler(rig.engine, rig.store, clock).run_pass()
-    # ADR-0070 §4 / DESIGN.md: never a clean ending while the process may still run.
+    # ADR-0070 §4 / DESIGN.md: never a clean ending while the process may still run; the
+    # identity was never journaled, so recovery can neither stop nor watch it: lost.
     run = rig.run(a)
-    job_alive = read_identity(job_pid) is not None
-    assert not (run.status in ("failed", "succeeded") and job_alive), (
-        f"run {run.status} ({run.latest_attempt and run.latest_attempt.error_code}) "
-        f"while its job (pid {job_pid}) still runs"
+    assert read_identity(job_pid) is not None  # the job runs on, unidentified
+    assert run.latest_attempt is not None
+    assert (run.status, run.latest_attempt.error_code) == (
+        "lost",
+        ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED.value,
     )
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
+    # The job then ends and its shim publishes a receipt: no second ending, and retention
+    # removes the file with the consumed journal row.
+    rig.gate("g").touch()
+    receipt = rig.store.path_of(a.attempt_id)
+    wait_for(receipt.exists, "the late receipt")
+    later = [clock[0] + int(EDGE.consumed_receipt_retention_s * 1000) + 1]
+    in_process_reconciler(rig.engine, rig.store, later).run_pass()
+    assert rig.run(a).status == "lost"
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
+    assert not receipt.exists() and rig.journal.get(a.attempt_id) is None
