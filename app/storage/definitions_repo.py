@@ -118,40 +118,17 @@ class DefinitionRepository:
         )
         return stored, True
 
-    def _revision_row(self, task: str, revision: int) -> Row[Any]:
+    def _revision_row(self, task: str, revision: int | None) -> Row[Any]:
         with UnitOfWork(self._engine, write=False) as uow:
-            row = _select_revision(uow.conn, task, revision)
-        if row is None:
-            raise NotFound(ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}")
-        return row
+            return revision_row(uow.conn, task, revision)
 
     def get_revision(self, task: str, revision: int) -> TaskRevision:
         """One revision; NotFound with TASK_NOT_FOUND or REVISION_NOT_FOUND."""
-        with UnitOfWork(self._engine, write=False) as uow:
-            row = _select_revision(uow.conn, task, revision)
-            if row is None:
-                any_rev = uow.conn.execute(
-                    select(task_revisions.c.revision).where(task_revisions.c.task == task).limit(1)
-                ).first()
-                if any_rev is None:
-                    raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
-                raise NotFound(
-                    ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}"
-                )
-        return _revision(row)
+        return _revision(self._revision_row(task, revision))
 
     def latest_revision(self, task: str) -> TaskRevision:
         """The highest revision of a task."""
-        with UnitOfWork(self._engine, write=False) as uow:
-            row = uow.conn.execute(
-                select(task_revisions)
-                .where(task_revisions.c.task == task)
-                .order_by(task_revisions.c.revision.desc())
-                .limit(1)
-            ).first()
-        if row is None:
-            raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
-        return _revision(row)
+        return _revision(self._revision_row(task, None))
 
     def list_revisions(self, task: str, *, limit: int, cursor: str | None) -> Page[TaskRevision]:
         """Revisions of a task, newest first."""
@@ -184,14 +161,37 @@ class DefinitionRepository:
         return Page(items=items, next_cursor=nxt)
 
 
-# Built once: the dispatcher reads a revision for every run it starts (runs_repo explains).
+# Built once: enqueue resolves a revision inside the writer lock, and the dispatcher reads
+# one for every run it starts (runs_repo explains).
 _REVISION = select(task_revisions).where(
     task_revisions.c.task == bindparam("task"), task_revisions.c.revision == bindparam("revision")
+)
+_LATEST_REVISION = (
+    select(task_revisions)
+    .where(task_revisions.c.task == bindparam("task"))
+    .order_by(task_revisions.c.revision.desc())
+    .limit(1)
+)
+_ANY_REVISION = (
+    select(task_revisions.c.revision).where(task_revisions.c.task == bindparam("task")).limit(1)
 )
 
 
 def _select_revision(conn: Connection, task: str, revision: int) -> Row[Any] | None:
     return conn.execute(_REVISION, {"task": task, "revision": revision}).first()
+
+
+def revision_row(conn: Connection, task: str, revision: int | None) -> Row[Any]:
+    """The stored revision (the latest for None); NotFound TASK_NOT_FOUND/REVISION_NOT_FOUND."""
+    if revision is None:
+        row = conn.execute(_LATEST_REVISION, {"task": task}).first()
+    else:
+        row = _select_revision(conn, task, revision)
+    if row is not None:
+        return row
+    if revision is not None and conn.execute(_ANY_REVISION, {"task": task}).first():
+        raise NotFound(ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}")
+    raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
 
 
 def _check_same_recipe(row: Row[Any], body: str) -> Recipe:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, Row, Table, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Engine, Row, Table, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json, sha256_digest
@@ -27,9 +27,10 @@ from app.domain.states import (
     transition_attempt,
     transition_run,
 )
+from app.storage.definitions_repo import revision_row
 from app.storage.journal_repo import mark_consumed_in
 from app.storage.run_reads import run_from_rows
-from app.storage.tables import attempts, idempotency_keys, run_events, runs, task_revisions
+from app.storage.tables import attempts, idempotency_keys, run_events, runs
 from app.storage.uow import UnitOfWork
 
 LOCAL_PROCESS = "local_process"
@@ -41,16 +42,6 @@ _RUN_BY_ID = select(runs).where(runs.c.id == bindparam("run_id"))
 _ATTEMPT_BY_ID = select(attempts).where(attempts.c.id == bindparam("attempt_id"))
 _ATTEMPT_BY_NUMBER = select(attempts).where(
     attempts.c.run_id == bindparam("run_id"), attempts.c.number == bindparam("number")
-)
-_LATEST_REVISION = (
-    select(task_revisions)
-    .where(task_revisions.c.task == bindparam("task"))
-    .order_by(task_revisions.c.revision.desc())
-    .limit(1)
-)
-_REVISION = select(task_revisions).where(
-    task_revisions.c.task == bindparam("task"),
-    task_revisions.c.revision == bindparam("revision"),
 )
 _IDEMPOTENCY = select(idempotency_keys.c.request_digest, idempotency_keys.c.run_id).where(
     idempotency_keys.c.token_id == bindparam("token_id"),
@@ -133,7 +124,7 @@ class RunRepository:
                             "this Idempotency-Key was used with another request body",
                         )
                     return _load_run(conn, previous.run_id), False
-            rev = _resolve_revision(conn, task, revision)
+            rev = revision_row(conn, task, revision)
             at = now_ms()
             run_id = uuid7(at)
             run_values = {
@@ -416,22 +407,6 @@ class RunRepository:
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def _resolve_revision(conn: Connection, task: str, revision: int | None) -> Row[Any]:
-    if revision is None:
-        row = conn.execute(_LATEST_REVISION, {"task": task}).first()
-    else:
-        row = conn.execute(_REVISION, {"task": task, "revision": revision}).first()
-    if row is not None:
-        return row
-    if revision is not None:
-        exists = conn.execute(
-            select(func.count()).select_from(task_revisions).where(task_revisions.c.task == task)
-        ).scalar_one()
-        if exists:
-            raise NotFound(ErrorCode.REVISION_NOT_FOUND, f"task {task} has no revision {revision}")
-    raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
 
 
 def _load_run(conn: Connection, run_id: str) -> Run:
