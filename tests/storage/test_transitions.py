@@ -151,7 +151,7 @@ def test_refused_transitions_change_nothing(engine: Engine) -> None:
     with pytest.raises(InvalidTransition):
         repo.record_running(
             run_id=run.id, attempt_id=run.latest_attempt.id,
-            handle=__import__("tests.storage.helpers").storage.helpers.HANDLE, started_at_ms=1,
+            handle=HANDLE, started_at_ms=1,
         )  # fmt: skip
     with pytest.raises(InvalidTransition):
         repo.fail_attempt(
