@@ -18,13 +18,13 @@ import signal
 import time
 from dataclasses import dataclass
 from functools import cache
-from typing import Literal
+
+from app.domain.execution import StopResult
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 PIDFD_SIGNAL_PROCESS_GROUP = 4  # Linux 6.9: signal the process group the pidfd leads
 _GROUP_POLL_SECONDS = 0.02
 
-StopResult = Literal["stopped", "already_exited", "unknown"]
 
 
 @dataclass(frozen=True)
