@@ -30,6 +30,7 @@ from app.worker.identity import wait_exit
 from app.worker.launcher import ShimLauncher
 from app.worker.receipts import ReceiptStore
 from bench.report import Figure, Report, median, percentile
+from bench.trivial import commit_rate
 from tests.worker.kit import armed_run, launch_request, make_log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,6 +120,9 @@ def run_launch(report: Report, *, count: int) -> None:
                           extra={"p95": percentile(local_ms, 95), "n": count}))
         report.add(Figure("  of which: journal reserve+spawned commits", median(journal_ms), "ms",
                           "posix_spawn /bin/true + wait, median", base, False))
+        two_commits = 2 * 1000 / commit_rate(url, count)  # its own table in the same database
+        report.add(Figure("  journal reserve+spawned commits", median(journal_ms), "ms",
+                          "2 db commits (1 INSERT+COMMIT each)", two_commits, False))
         report.add(Figure("  of which: bare `python -I -S` start+exit", median(python_ms), "ms",
                           "posix_spawn /bin/true + wait, median", base, False))
     finally:
