@@ -1,4 +1,6 @@
-"""SQLite writers wait for the write lock by polling, and still give up after the timeout.
+"""SQLite writers wait for the write lock (polling) and still give up after the timeout.
+
+How soon a waiter gets a freed lock is a speed figure: bench/trivial.py measures it.
 
 The lock is held by a second, independent connection (as another process would hold it):
 the unit of work's in-process gate does not see it, only SQLite's lock does.
@@ -47,7 +49,7 @@ def db(tmp_path: Path) -> tuple[Path, str]:
     return path, url
 
 
-def test_a_writer_gets_the_lock_soon_after_another_connection_releases_it(
+def test_a_writer_waits_for_another_connections_lock_then_writes_after_it(
     db: tuple[Path, str],
 ) -> None:
     path, url = db
