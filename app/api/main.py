@@ -18,6 +18,7 @@ from app.api import (
     routes_secrets,
 )
 from app.api.asgi import GuardMiddleware
+from app.api.hot_reads import HotReads
 from app.api.openapi import install_openapi
 from app.context.bootstrap import AppContext, build_context
 from app.settings import Settings
@@ -60,6 +61,7 @@ def create_app(
     problems.install(app)
     for module in (routes_ops, routes_runs, routes_logs, routes_definitions, routes_secrets):
         app.include_router(module.router)
+    app.add_middleware(HotReads)  # innermost: CORS and the guard still wrap it
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

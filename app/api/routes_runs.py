@@ -49,6 +49,8 @@ IdempotencyKey = Annotated[
 # is async: a plain ``def`` route with a response model costs two worker-thread round trips
 # (the endpoint, then its response validation); reads go through ``read`` (on the event loop
 # on SQLite), writes to a worker thread (they may wait for the database's writer lock).
+# ``get_run``'s plain 200 for a recently authenticated token is answered ahead of FastAPI by
+# app/api/hot_reads.py; this route gives every other answer and the OpenAPI entry.
 
 
 @router.get(
