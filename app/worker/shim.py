@@ -208,28 +208,51 @@ def _proc_stat(pid: int) -> tuple[int, int]:
     return int(fields[2]), int(fields[19])
 
 
+_BOOT_ID: list[str] = []  # read once: a zygote's children share the zygote's copy
+
+
 def _boot_id() -> str:
-    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-        return fh.read().strip()
+    if not _BOOT_ID:
+        # Bytes, then decode: a text-mode open imports the ``encodings.ascii`` module.
+        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
+            _BOOT_ID.append(fh.read().strip().decode("ascii"))
+    return _BOOT_ID[0]
+
+
+_PRCTL: list[Any] = []  # resolved once: the zygote resolves it before it forks anyone
+
+
+def _prctl() -> Any:
+    """``prctl(2)`` through the C half of ctypes only, or None where it cannot be had.
+
+    The ``ctypes`` package costs ~4 ms of start-up (a third of the shim's own share, measured
+    by bench/profile_dispatch.py) for this one call; even ``_ctypes`` with its ``dlopen`` of
+    libffi cost ~1.5 ms per shim until the zygote took it on (bench/launch.py).
+    """
+    if not _PRCTL:
+        try:
+            import _ctypes
+
+            class _CInt(_ctypes._SimpleCData):  # type: ignore[type-arg]
+                _type_ = "i"
+
+            class _Prctl(_ctypes.CFuncPtr):
+                _flags_ = _ctypes.FUNCFLAG_CDECL
+                _restype_ = _CInt
+
+            _PRCTL.append(_Prctl(_ctypes.dlsym(_ctypes.dlopen(None), "prctl")))  # type: ignore[arg-type]
+        except (OSError, AttributeError, ImportError, TypeError):
+            _PRCTL.append(None)
+    return _PRCTL[0]
 
 
 def _set_subreaper() -> None:
-    # The C half of ctypes only: the ``ctypes`` package costs ~4 ms of start-up (a third of
-    # the shim's own share, measured by bench/profile_dispatch.py) for this one call.
-    try:
-        import _ctypes
-
-        class _CInt(_ctypes._SimpleCData):  # type: ignore[type-arg]
-            _type_ = "i"
-
-        class _Prctl(_ctypes.CFuncPtr):
-            _flags_ = _ctypes.FUNCFLAG_CDECL
-            _restype_ = _CInt
-
-        prctl = _Prctl(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))  # type: ignore[arg-type]
-        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError, ImportError, TypeError):
-        pass  # best effort: orphaned grandchildren then go to init instead
+    prctl = _prctl()
+    if prctl is not None:
+        try:  # noqa: SIM105 - contextlib is start-up time the shim does not spend
+            prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, TypeError):
+            pass  # best effort: orphaned grandchildren then go to init instead
 
 
 def _resolve(argv0: str, env: dict[str, str]) -> str:
@@ -588,6 +611,7 @@ def serve() -> int:
     for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's signals are for the worker
         signal.signal(sig, signal.SIG_IGN)
     _mark_cloexec()
+    _prctl(), _boot_id()  # once here instead of in every forked shim
     released: set[int] = set()
     poller = select.poll()
     poller.register(0, select.POLLIN)

@@ -13,7 +13,7 @@ from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest
 from app.domain.model import ProcessHandle
 from app.storage.engine import make_engine
 from app.storage.journal_repo import RESERVED, SPAWN_FAILED, SPAWNED, JournalRepository
-from app.worker.identity import read_identity, wait_exit
+from app.worker.identity import current_boot_id, read_identity, wait_exit
 from app.worker.launcher import IdentityController, ShimLauncher
 from app.worker.receipts import ReceiptStore
 from tests.worker.kit import (
@@ -189,3 +189,18 @@ def test_stop_by_identity_stops_once(engine: Engine, tmp_path: Path, procs: Proc
     assert controller.stop(handle, grace_seconds=5.0) == "stopped"
     assert controller.stop(handle, grace_seconds=5.0) == "already_exited"
     assert wait_exit(handle.shim_pid, DEADLINE)
+
+
+def test_the_shim_adopts_the_jobs_orphans_and_reports_this_boot(
+    engine: Engine, tmp_path: Path, procs: Processes
+) -> None:
+    # The job exits at once; its background child outlives it and writes down its parent.
+    orphan = '(sleep 0.2; read -r _ _ _ ppid _ < /proc/self/stat; echo "ppid=$ppid") & exit 0'
+    bed = Bed(engine, tmp_path)
+    armed = armed_run(engine)
+    log = make_log(tmp_path / "logs", armed.attempt_id)
+    request = launch_request(armed, argv=["/bin/sh", "-c", orphan], log_path=log)
+    handle = procs.track(bed.launcher.launch(request))
+    assert handle.boot_id == current_boot_id()
+    assert wait_exit(handle.shim_pid, DEADLINE)
+    assert log.read_text() == f"ppid={handle.shim_pid}\n"  # a subreaper, not init
