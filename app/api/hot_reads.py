@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 
 from app.api.asgi import ASGIApp, Receive, Scope, Send
-from app.api.http import read
 from app.api.schemas import RunOut
 from app.context.facade import AppFacade
 from app.domain.errors import DomainError
@@ -57,7 +56,7 @@ class HotReads:
         if principal is None or not principal.can(_SCOPE):
             return None
         try:
-            run = await read(facade, facade.get_run, run_id=run_id)
+            run = await facade.get_run_async(run_id=run_id)
         except DomainError:
             return None  # the route gives the same read its problem+json answer
         return RunOut.of(run).model_dump_json().encode()

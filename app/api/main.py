@@ -48,7 +48,7 @@ def create_app(
         try:
             yield
         finally:
-            ctx.close()
+            await ctx.aclose()
 
     app = FastAPI(
         title="qinglong-control",

@@ -61,7 +61,7 @@ IdempotencyKey = Annotated[
 )
 async def get_run(run_id: str, facade: Ctx, _: Reader) -> RunOut:
     """One run with its latest attempt."""
-    return RunOut.of(await read(facade, facade.get_run, run_id=run_id))
+    return RunOut.of(await facade.get_run_async(run_id=run_id))
 
 
 @router.get(

@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
@@ -32,6 +33,9 @@ from app.storage.runs_repo import RunRepository
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository
 from app.storage.tokens_repo import TokenRepository
+
+if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
+    from app.storage.async_reads import AsyncReads
 
 log = logging.getLogger("qinglong.context")
 
@@ -96,10 +100,20 @@ class AppContext:
     background: Background
     owns_engine: bool = True
     closers: list[Hook] = field(default_factory=list)
+    # Closed on the event loop by ``aclose`` (the api lifespan), before ``close``.
+    async_reads: AsyncReads | None = None
 
     def start_background(self) -> None:
         """Start the dispatcher hooks (called by the lifespan once the app is up)."""
         self.background.start()
+
+    async def aclose(self) -> None:
+        """``close``, after closing the event loop's own read connections (if any)."""
+        try:
+            if self.async_reads is not None:
+                await self.async_reads.aclose()
+        finally:
+            self.close()
 
     def close(self) -> None:
         """Stop background work, run registered closers, dispose of the engine if ours."""
@@ -156,7 +170,13 @@ def build_context(
         secrets = SecretRepository(engine, ring)
     definitions = definitions or DefinitionRepository(engine)
     runs = runs or RunRepository(engine)
-    reader = reader or RunReader(engine)
+    async_reads = None
+    if reader is None:
+        if engine.dialect.name == "postgresql":
+            from app.storage.async_reads import AsyncReads  # psycopg: PostgreSQL only
+
+            async_reads = AsyncReads(engine)
+        reader = RunReader(engine, async_reads=async_reads)
     checks: dict[str, ReadyCheck] = {"database": lambda: database_check(engine)}
     closers: list[Hook] = []
     if execution:
@@ -209,4 +229,5 @@ def build_context(
         background=background,
         owns_engine=owns_engine,
         closers=closers,
+        async_reads=async_reads,
     )

@@ -77,7 +77,8 @@ class AppFacade:
     _token_cache: TokenCache[Principal] = field(default_factory=TokenCache)
     # True on SQLite: a run read is ~25 µs of local work that never waits for a writer (WAL),
     # less than a worker-thread round trip, so async routes may call it on the event loop.
-    # PostgreSQL reads are network round trips and always go to a worker thread.
+    # PostgreSQL reads are network round trips and go to a worker thread, except GET one
+    # run's, which runs on the event loop's own connections (``get_run_async``).
     reads_inline: bool = False
 
     # -- definitions ------------------------------------------------------------------------
@@ -230,6 +231,12 @@ class AppFacade:
         """One run with its latest attempt."""
         _check_run_id(run_id)
         return self._with_logs(self._reader.get_run(run_id))
+
+    async def get_run_async(self, *, run_id: str) -> Run:
+        """``get_run`` without a worker thread: inline on SQLite (see ``reads_inline``), on
+        the event loop's own connections on PostgreSQL (app/storage/async_reads.py)."""
+        _check_run_id(run_id)
+        return self._with_logs(await self._reader.get_run_async(run_id))
 
     def list_runs(
         self, *, task: str | None, status: str | None, limit: int, cursor: str | None

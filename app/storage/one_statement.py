@@ -34,10 +34,14 @@ class OneStatementRead:
         # trip when the connection comes back; SQLite connections are in autocommit already.
         self._autocommit = engine.dialect.name == "postgresql"
 
+    def bound(self, params: Mapping[str, Any]) -> tuple[str, Any]:
+        """The SQL and the driver's arguments for ``params`` (also for app.storage.async_reads)."""
+        values = {**self._defaults, **params}
+        return self._sql, values if self._order is None else tuple(values[n] for n in self._order)
+
     def rows(self, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Every row of the statement with ``params`` bound."""
-        bound = {**self._defaults, **params}
-        args: Any = bound if self._order is None else tuple(bound[n] for n in self._order)
+        sql, args = self.bound(params)
         raw = self._engine.raw_connection()  # returned to the pool (and reset) on close
         driver: Any = raw.dbapi_connection
         try:
@@ -45,7 +49,7 @@ class OneStatementRead:
                 driver.autocommit = True
             cursor = raw.cursor()
             try:
-                cursor.execute(self._sql, args)
+                cursor.execute(sql, args)
                 return list(cursor.fetchall())
             finally:
                 cursor.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Engine, Row, Select, and_, bindparam, func, or_, select
 
@@ -17,6 +17,9 @@ from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.one_statement import OneStatementRead
 from app.storage.tables import attempts, run_events, runs, task_revisions
 from app.storage.uow import UnitOfWork
+
+if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
+    from app.storage.async_reads import AsyncReads
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +131,9 @@ def _split(row: Row[Any] | tuple[Any, ...]) -> tuple[Any, Any]:
 class RunReader:
     """Read-only queries over runs, attempts and events."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, async_reads: AsyncReads | None = None) -> None:
         self._engine = engine
+        self._async_reads = async_reads
         self._one_run = OneStatementRead(
             engine,
             select(runs, *_ATTEMPT_COLUMNS)
@@ -218,6 +222,15 @@ class RunReader:
     def get_run(self, run_id: str) -> Run:
         """One run with its latest attempt; NotFound otherwise."""
         rows = self._one_run.rows({"run_id": run_id})
+        if not rows:
+            raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+        return run_from_rows(*_split(rows[0]))
+
+    async def get_run_async(self, run_id: str) -> Run:
+        """``get_run`` on the event loop's own connections (PostgreSQL; see async_reads)."""
+        if self._async_reads is None:
+            return self.get_run(run_id)
+        rows = await self._async_reads.rows(self._one_run, {"run_id": run_id})
         if not rows:
             raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
         return run_from_rows(*_split(rows[0]))
