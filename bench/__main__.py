@@ -25,6 +25,7 @@ class Sizes:
     trivial_runs: int
     trivial_repeats: int
     idle_runs: int
+    paced_runs: int
     read_seconds: float
     scale: list[int]
     scale_repeats: int
@@ -34,11 +35,11 @@ class Sizes:
     launch_count: int
 
 
-QUICK = Sizes(trivial_runs=100, trivial_repeats=1, idle_runs=10, read_seconds=1.5,
+QUICK = Sizes(trivial_runs=100, trivial_repeats=1, idle_runs=10, paced_runs=50, read_seconds=1.5,
               scale=[1_000, 5_000],
               scale_repeats=5, shim_count=10, drain_bytes=50_000_000, receipts=300,
               launch_count=10)  # fmt: skip
-FULL = Sizes(trivial_runs=1_000, trivial_repeats=3, idle_runs=50, read_seconds=5.0,
+FULL = Sizes(trivial_runs=1_000, trivial_repeats=3, idle_runs=50, paced_runs=250, read_seconds=5.0,
              scale=[1_000, 10_000, 100_000],
              scale_repeats=20, shim_count=30, drain_bytes=200_000_000, receipts=1_000,
              launch_count=30)  # fmt: skip
@@ -65,6 +66,7 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
             run_trivial,
             count=size.trivial_runs,
             idle_count=size.idle_runs,
+            paced_count=size.paced_runs,
             repeats=size.trivial_repeats,
         ),
         "reads": each(run_api_reads, seconds=size.read_seconds),
