@@ -3,12 +3,14 @@
 Root and shards are 0700. Reads are bounded (at most one byte past the 4 KiB limit, so an
 oversize file is recognised without reading it all), refuse symlinks (O_NOFOLLOW) and
 anything but a regular file. Quarantine moves a file by hard-link + unlink into
-``.quarantine/<shard>/`` (never overwriting), and every directory change is fsynced.
+``.quarantine/<shard>/`` (never overwriting), and every directory change that keeps evidence
+is fsynced (removing a consumed receipt keeps none: see ``remove``).
 Files are found by attempt id only: this store never lists a directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -125,13 +127,14 @@ class ReceiptStore:
         return True
 
     def remove(self, attempt_id: str) -> None:
-        """Delete a consumed receipt (missing is fine) and fsync its shard."""
-        path = self.path_of(attempt_id)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return
-        _fsync_dir(path.parent)
+        """Delete a consumed receipt (missing is fine).
+
+        No fsync of the shard: an unlink lost to a power cut brings the receipt back, and
+        its replay answers already_terminal and removes it again (ADR-0007 §2.5), so the
+        fsync bought nothing but one more disk flush per run.
+        """
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path_of(attempt_id))
 
     def remove_quarantined(self, attempt_id: str) -> None:
         """Delete a quarantined receipt after its retention (missing is fine)."""
