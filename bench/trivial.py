@@ -7,6 +7,7 @@ the database's own commit rate (N one-row INSERT+COMMIT transactions through ``m
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import time
@@ -63,14 +64,38 @@ def define_task(stack: Stack, task: str = "true") -> None:
 
 
 async def _enqueue(stack: Stack, count: int, clients: int, task: str) -> list[str]:
+    """POST ``count`` runs over ``clients`` keep-alive connections; the ids, in no order.
+
+    A bare HTTP/1.1 client on asyncio streams: httpx spent ~1.7 ms of CPU per POST on the
+    same two cores as the system under test, a sixth of what one run costs it end to end.
+    """
     ids: list[str] = []
+    host, port = stack.base_url.removeprefix("http://").split(":")
+    body = json.dumps({"task": task}).encode()
+    head = (
+        f"POST /api/v1/runs HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Authorization: Bearer {stack.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
 
     async def client(n: int) -> None:
-        async with httpx.AsyncClient(base_url=stack.base_url, headers=stack.auth) as c:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
             for _ in range(n):
-                r = await c.post("/api/v1/runs", json={"task": task})
-                r.raise_for_status()
-                ids.append(r.json()["id"])
+                writer.write(head + body)
+                status = await reader.readline()
+                length = 0
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                payload = await reader.readexactly(length)
+                if status.split()[1] != b"201":
+                    raise RuntimeError(f"enqueue answered {status!r}: {payload[:200]!r}")
+                ids.append(json.loads(payload)["id"])
+        finally:
+            writer.close()
+            await writer.wait_closed()
 
     share = [count // clients + (1 if i < count % clients else 0) for i in range(clients)]
     await asyncio.gather(*(client(n) for n in share))
