@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
@@ -22,47 +23,52 @@ pytestmark = pytest.mark.postgres
 DEADLINE_S = 10.0
 
 
+@dataclass
+class Pg:
+    """The service's engine, an autocommit admin engine on the same schema, one queued run,
+    and a name that tells this test's read connections apart in ``pg_stat_activity``."""
+
+    engine: Engine
+    admin: Engine
+    run_id: str
+    name: str = field(default_factory=lambda: f"ql-test-{uuid.uuid4().hex[:12]}")
+
+    def reader(self, *, size: int = 5) -> tuple[AsyncReads, RunReader]:
+        reads = AsyncReads(self.engine, size=size, application_name=self.name)
+        return reads, RunReader(self.engine, async_reads=reads)
+
+    def backends(self, state: str | None = None) -> list[int]:
+        query = "SELECT pid FROM pg_stat_activity WHERE application_name = :n"
+        query += " AND state = :s" if state else ""
+        with self.admin.connect() as conn:
+            return list(conn.execute(text(query), {"n": self.name, "s": state}).scalars())
+
+    async def until(self, count: int, state: str | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEADLINE_S
+        while len(await asyncio.to_thread(self.backends, state)) != count:
+            assert loop.time() < deadline, f"never {count} backends of {self.name} ({state})"
+            await asyncio.sleep(0.02)
+
+
 @pytest.fixture
-def pg(postgres_url: str) -> Iterator[tuple[Engine, Engine]]:
-    """The service's engine and an autocommit admin engine on the same schema."""
+def pg(postgres_url: str) -> Iterator[Pg]:
     engine = make_engine(postgres_url)
     admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
     try:
-        yield engine, admin
+        define_task(engine, task="async")
+        yield Pg(engine, admin, enqueue(engine, task="async").id)
     finally:
         admin.dispose()
         engine.dispose()
 
 
-def _name() -> str:
-    return f"ql-test-{uuid.uuid4().hex[:12]}"  # this test's connections, in pg_stat_activity
-
-
-def _backends(admin: Engine, name: str, state: str | None = None) -> list[int]:
-    query = "SELECT pid FROM pg_stat_activity WHERE application_name = :n"
-    query += " AND state = :s" if state else ""
-    with admin.connect() as conn:
-        return list(conn.execute(text(query), {"n": name, "s": state}).scalars())
-
-
-async def _until(admin: Engine, name: str, count: int, state: str | None = None) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while len(await asyncio.to_thread(_backends, admin, name, state)) != count:
-        assert loop.time() < deadline, f"never {count} backends of {name} ({state})"
-        await asyncio.sleep(0.02)
-
-
-def test_the_event_loop_read_is_the_sync_read(pg: tuple[Engine, Engine]) -> None:
-    engine, _admin = pg
-    define_task(engine, task="async")
-    run = enqueue(engine, task="async")
-    reads = AsyncReads(engine)
-    reader = RunReader(engine, async_reads=reads)
+def test_the_event_loop_read_is_the_sync_read(pg: Pg) -> None:
+    reads, reader = pg.reader()
 
     async def go() -> None:
         try:
-            assert await reader.get_run_async(run.id) == RunReader(engine).get_run(run.id)
+            assert await reader.get_run_async(pg.run_id) == RunReader(pg.engine).get_run(pg.run_id)
             with pytest.raises(NotFound):
                 await reader.get_run_async(uuid7())
         finally:
@@ -71,58 +77,46 @@ def test_the_event_loop_read_is_the_sync_read(pg: tuple[Engine, Engine]) -> None
     asyncio.run(go())
 
 
-def test_a_connection_the_server_cut_is_replaced_and_the_read_answers(
-    pg: tuple[Engine, Engine],
-) -> None:
-    engine, admin = pg
-    define_task(engine, task="async")
-    run = enqueue(engine, task="async")
-    name = _name()
-    reads = AsyncReads(engine, application_name=name)
-    reader = RunReader(engine, async_reads=reads)
+def test_a_connection_the_server_cut_is_replaced_and_the_read_answers(pg: Pg) -> None:
+    reads, reader = pg.reader()
 
     async def go() -> None:
         try:
-            await reader.get_run_async(run.id)
-            (first,) = _backends(admin, name)
-            with admin.connect() as conn:
+            await reader.get_run_async(pg.run_id)
+            (first,) = pg.backends()
+            with pg.admin.connect() as conn:
                 conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": first})
-            await _until(admin, name, 0)
-            assert (await reader.get_run_async(run.id)).id == run.id
-            assert _backends(admin, name) not in ([], [first])
+            await pg.until(0)
+            assert (await reader.get_run_async(pg.run_id)).id == pg.run_id
+            assert pg.backends() not in ([], [first])
         finally:
             await reads.aclose()
-        await _until(admin, name, 0)  # aclose closed the idle connection
+        await pg.until(0)  # aclose closed the idle connection
 
     asyncio.run(go())
 
 
 def test_at_most_size_connections_and_a_cancelled_read_never_hands_its_connection_on(
-    pg: tuple[Engine, Engine],
+    pg: Pg,
 ) -> None:
-    engine, admin = pg
-    define_task(engine, task="async")
-    run = enqueue(engine, task="async")
-    name = _name()
-    reads = AsyncReads(engine, size=2, application_name=name)
-    reader = RunReader(engine, async_reads=reads)
-    locker: Connection = engine.connect()
+    reads, reader = pg.reader(size=2)
+    locker: Connection = pg.engine.connect()
 
     async def go() -> None:
         try:
             locker.execute(text("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"))  # reads now wait
-            waiting = [asyncio.create_task(reader.get_run_async(run.id)) for _ in range(6)]
-            await _until(admin, name, 2, state="active")  # two in the server, four on the loop
+            waiting = [asyncio.create_task(reader.get_run_async(pg.run_id)) for _ in range(6)]
+            await pg.until(2, state="active")  # two in the server, four on the loop
             await asyncio.sleep(0.1)
-            assert len(_backends(admin, name)) == 2
+            assert len(pg.backends()) == 2
             for task in waiting:
                 task.cancel()
             results = await asyncio.gather(*waiting, return_exceptions=True)
             assert all(isinstance(r, asyncio.CancelledError) for r in results)
             locker.rollback()  # the lock goes; the two cut-off queries end with their clients
-            await _until(admin, name, 0)
-            assert (await reader.get_run_async(run.id)).id == run.id  # on a fresh connection
-            assert len(_backends(admin, name)) == 1
+            await pg.until(0)
+            assert (await reader.get_run_async(pg.run_id)).id == pg.run_id  # a fresh connection
+            assert len(pg.backends()) == 1
         finally:
             locker.close()
             await reads.aclose()
