@@ -319,7 +319,9 @@ class Reconciler:
                     self._quarantine_files.remove_quarantined(entry.attempt_id)
                 elif state == CONSUMED:
                     # Normally gone already; a crash after the completion commit left it.
-                    self._quarantine_files.remove(entry.attempt_id)
+                    # Durably: the live path's unlink is not fsynced, and once the row is
+                    # gone nothing would find a receipt a power cut brought back.
+                    self._quarantine_files.remove(entry.attempt_id, durable=True)
                 if self._journal.delete_settled(attempt_id=entry.attempt_id, state=state):
                     purged += 1
         return purged

@@ -10,7 +10,6 @@ Files are found by attempt id only: this store never lists a directory.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -126,15 +125,22 @@ class ReceiptStore:
         _fsync_dir(src.parent)
         return True
 
-    def remove(self, attempt_id: str) -> None:
+    def remove(self, attempt_id: str, *, durable: bool = False) -> None:
         """Delete a consumed receipt (missing is fine).
 
-        No fsync of the shard: an unlink lost to a power cut brings the receipt back, and
-        its replay answers already_terminal and removes it again (ADR-0007 §2.5), so the
-        fsync bought nothing but one more disk flush per run.
+        No fsync of the shard by default: an unlink lost to a power cut brings the receipt
+        back while its journal row still indexes it, and retention removes it again
+        (ADR-0007 §2.5), so the fsync bought nothing but one more disk flush per run.
+        Retention itself passes ``durable``: its row goes next, and a receipt no row indexes
+        would never be found again (this store never lists a directory).
         """
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path_of(attempt_id))
+        path = self.path_of(attempt_id)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        if durable:
+            _fsync_dir(path.parent)
 
     def remove_quarantined(self, attempt_id: str) -> None:
         """Delete a quarantined receipt after its retention (missing is fine)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine
 
 from app.domain.artifacts import quarantine_relpath, receipt_relpath
@@ -17,6 +18,7 @@ from app.domain.model import ProcessHandle
 from app.domain.profiles import EDGE
 from app.storage.journal_repo import JournalRepository
 from app.storage.runs_repo import RunRepository
+from app.worker import receipts
 from app.worker.receipts import ReceiptStore
 from tests.recovery.kit import in_process_reconciler
 from tests.worker.kit import armed_run
@@ -81,3 +83,32 @@ def test_settled_rows_and_quarantined_files_go_after_retention_bounded_per_pass(
     assert journal.get(bad_ended) is None and not files[bad_ended].exists()
     entry = journal.get(bad_active)
     assert entry is not None and entry.state == "quarantined" and files[bad_active].exists()
+
+
+def test_a_left_behind_receipt_is_durably_gone_before_its_row(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The row is the only index of the file (nothing lists the directory): were the row's
+    # delete to outlive a power cut that undid the unlink, the receipt would stay for good.
+    store = ReceiptStore(tmp_path / "receipts")
+    attempt_id = _journaled(engine, end=True)
+    assert JournalRepository(engine).mark_consumed(attempt_id=attempt_id)
+    shard = store.ensure_shard(attempt_id)
+    store.path_of(attempt_id).write_bytes(b"{}")  # a crash after the completion commit
+    steps: list[tuple[str, object]] = []
+    fsync_dir, delete_settled = receipts._fsync_dir, JournalRepository.delete_settled
+
+    def spy_fsync(path: Path) -> None:
+        steps.append(("fsync", path))
+        fsync_dir(path)
+
+    def spy_delete(self: JournalRepository, *, attempt_id: str, state: str) -> bool:
+        steps.append(("delete", attempt_id))
+        return delete_settled(self, attempt_id=attempt_id, state=state)
+
+    monkeypatch.setattr(receipts, "_fsync_dir", spy_fsync)
+    monkeypatch.setattr(JournalRepository, "delete_settled", spy_delete)
+    clock = [now_ms() + int(EDGE.consumed_receipt_retention_s * 1000) + 1]
+    assert in_process_reconciler(engine, store, clock).purge_retention() == 1
+    assert not store.path_of(attempt_id).exists()
+    assert steps == [("fsync", shard), ("delete", attempt_id)]
