@@ -330,9 +330,12 @@ class QuarantineFiles(Protocol):
         """Delete the attempt's quarantined receipt (missing is fine)."""
         ...
 
-    def remove(self, attempt_id: str, *, durable: bool = False) -> None:
-        """Delete a consumed receipt a crash left behind (missing is fine); ``durable``:
-        the directory change is on disk before this returns."""
+    def remove(self, attempt_id: str) -> None:
+        """Delete a consumed receipt a crash left behind (missing is fine)."""
+        ...
+
+    def sync_removed(self, attempt_ids: Sequence[str]) -> None:
+        """Put on disk every removal of these attempts' receipts (each directory once)."""
         ...
 
 

@@ -310,18 +310,20 @@ class Reconciler:
             # A consumed entry's attempt has ended; the others may still be needed.
             needed = [] if state == CONSUMED else [entry.attempt_id for entry in due]
             active = self._attempts.active_among(needed)
-            for entry in due:
-                if entry.attempt_id in active:
-                    continue  # the attempt pass still needs this entry's evidence
-                # File first: a crash in between leaves a row whose file is gone (fine),
-                # never a file nobody indexes any more.
+            # Those the attempt pass still needs keep their evidence.
+            settled = [entry.attempt_id for entry in due if entry.attempt_id not in active]
+            # Files first, durably: a crash in between leaves rows whose files are gone
+            # (fine), never a file nobody indexes any more (nothing lists the directories).
+            for attempt_id in settled:
                 if state == QUARANTINED:
-                    self._quarantine_files.remove_quarantined(entry.attempt_id)
+                    self._quarantine_files.remove_quarantined(attempt_id)  # fsyncs itself
                 elif state == CONSUMED:
                     # Normally gone already; a crash after the completion commit left it.
-                    # Durably: the live path's unlink is not fsynced, and once the row is
-                    # gone nothing would find a receipt a power cut brought back.
-                    self._quarantine_files.remove(entry.attempt_id, durable=True)
-                if self._journal.delete_settled(attempt_id=entry.attempt_id, state=state):
+                    self._quarantine_files.remove(attempt_id)
+            if state == CONSUMED and settled:
+                # Neither that unlink nor the live path's was fsynced: once per shard now.
+                self._quarantine_files.sync_removed(settled)
+            for attempt_id in settled:
+                if self._journal.delete_settled(attempt_id=attempt_id, state=state):
                     purged += 1
         return purged

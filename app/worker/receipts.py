@@ -10,9 +10,11 @@ Files are found by attempt id only: this store never lists a directory.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from app.domain.artifacts import quarantine_relpath, receipt_relpath
@@ -125,22 +127,21 @@ class ReceiptStore:
         _fsync_dir(src.parent)
         return True
 
-    def remove(self, attempt_id: str, *, durable: bool = False) -> None:
-        """Delete a consumed receipt (missing is fine).
+    def remove(self, attempt_id: str) -> None:
+        """Delete a consumed receipt (missing is fine), without an fsync of its shard.
 
-        No fsync of the shard by default: an unlink lost to a power cut brings the receipt
-        back while its journal row still indexes it, and retention removes it again
-        (ADR-0007 §2.5), so the fsync bought nothing but one more disk flush per run.
-        Retention itself passes ``durable``: its row goes next, and a receipt no row indexes
-        would never be found again (this store never lists a directory).
+        While the journal row indexes the file, an unlink lost to a power cut only brings the
+        receipt back for retention to remove again; retention makes the removals durable
+        (``sync_removed``) before it deletes the rows. Per run, that is one flush fewer.
         """
-        path = self.path_of(attempt_id)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return
-        if durable:
-            _fsync_dir(path.parent)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path_of(attempt_id))
+
+    def sync_removed(self, attempt_ids: Sequence[str]) -> None:
+        """fsync the shard of each attempt once, whether its receipt went now or earlier."""
+        for shard in sorted({self.path_of(a).parent for a in attempt_ids}):
+            with contextlib.suppress(FileNotFoundError):
+                _fsync_dir(shard)
 
     def remove_quarantined(self, attempt_id: str) -> None:
         """Delete a quarantined receipt after its retention (missing is fine)."""

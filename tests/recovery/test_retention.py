@@ -85,16 +85,21 @@ def test_settled_rows_and_quarantined_files_go_after_retention_bounded_per_pass(
     assert entry is not None and entry.state == "quarantined" and files[bad_active].exists()
 
 
-def test_a_left_behind_receipt_is_durably_gone_before_its_row(
+def test_receipt_removals_are_on_disk_before_their_rows_go(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The row is the only index of the file (nothing lists the directory): were the row's
     # delete to outlive a power cut that undid the unlink, the receipt would stay for good.
+    # That holds for a file a crash left behind and for one the live path already unlinked
+    # without an fsync.
     store = ReceiptStore(tmp_path / "receipts")
-    attempt_id = _journaled(engine, end=True)
-    assert JournalRepository(engine).mark_consumed(attempt_id=attempt_id)
-    shard = store.ensure_shard(attempt_id)
-    store.path_of(attempt_id).write_bytes(b"{}")  # a crash after the completion commit
+    journal = JournalRepository(engine)
+    left_behind, unlinked = _journaled(engine, end=True), _journaled(engine, end=True)
+    for attempt_id in (left_behind, unlinked):
+        assert journal.mark_consumed(attempt_id=attempt_id)
+        store.ensure_shard(attempt_id)
+        store.path_of(attempt_id).write_bytes(b"{}")
+    store.remove(unlinked)  # the completion path's removal
     steps: list[tuple[str, object]] = []
     fsync_dir, delete_settled = receipts._fsync_dir, JournalRepository.delete_settled
 
@@ -109,6 +114,9 @@ def test_a_left_behind_receipt_is_durably_gone_before_its_row(
     monkeypatch.setattr(receipts, "_fsync_dir", spy_fsync)
     monkeypatch.setattr(JournalRepository, "delete_settled", spy_delete)
     clock = [now_ms() + int(EDGE.consumed_receipt_retention_s * 1000) + 1]
-    assert in_process_reconciler(engine, store, clock).purge_retention() == 1
-    assert not store.path_of(attempt_id).exists()
-    assert steps == [("fsync", shard), ("delete", attempt_id)]
+    assert in_process_reconciler(engine, store, clock).purge_retention() == 2
+    assert not store.path_of(left_behind).exists()
+    shards = {store.path_of(a).parent for a in (left_behind, unlinked)}
+    fsyncs = [path for kind, path in steps if kind == "fsync"]
+    assert sorted(fsyncs) == sorted(shards)  # each shard once, removed now or earlier
+    assert [kind for kind, _ in steps] == ["fsync"] * len(shards) + ["delete"] * 2
