@@ -236,6 +236,8 @@ class AppFacade:
         """``get_run`` without a worker thread: inline on SQLite (see ``reads_inline``), on
         the event loop's own connections on PostgreSQL (app/storage/async_reads.py)."""
         _check_run_id(run_id)
+        if self.reads_inline:
+            return self._with_logs(self._reader.get_run(run_id))
         return self._with_logs(await self._reader.get_run_async(run_id))
 
     def list_runs(

@@ -4,12 +4,15 @@ GET one run is what clients poll. Through the sync engine a PostgreSQL read cost
 worker-thread round trip plus ~140 µs of pool and driver work in the api process; on the
 event loop, over connections kept in autocommit, it costs ~70 µs (bench/api_reads.py).
 
-One pool per api context, used from the one event loop that serves it (a connection belongs
-to the loop that opened it). Connections open on first use, at most ``size`` at once; a
-caller waits on the loop for a free one. A connection that fails, or whose caller was
-cancelled mid-query, is closed and never reused; a read that met a broken idle connection
-(a server restart, an idle cut) is retried once on a fresh one, since a SELECT can be
-repeated. ``aclose`` (the api lifespan's shutdown) closes the idle ones.
+One pool per api context, bound to the first event loop that reads through it (a connection
+belongs to the loop that opened it); a read from any other loop takes the sync path in a
+thread. Connections open on first use, at most ``size`` at once; a caller waits on the loop
+for a free one. A connection that fails, or whose caller was cancelled mid-query, is closed
+and never reused; a read that found its idle connection broken (a server restart, an idle
+cut) is retried once on a fresh one, since a SELECT can be repeated; any other error is the
+caller's. ``aclose`` (the api lifespan's shutdown) closes the idle ones. A cancelled read's
+server process lingers until it notices its client left, so the server may briefly count
+more than ``size``.
 """
 
 from __future__ import annotations
@@ -43,20 +46,28 @@ class AsyncReads:
             "connect_timeout": CONNECT_TIMEOUT_S,
             "application_name": application_name,
         }
-        self._slots = asyncio.Semaphore(size)  # binds to the loop of its first wait
+        self._slots = asyncio.Semaphore(size)
         self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     async def rows(self, read: OneStatementRead, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Every row of ``read`` with ``params`` bound, as ``read.rows`` would return them."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop  # the connections and the semaphore belong to this loop
+        elif loop is not self._loop:
+            # A context served from a second loop reads as the sync path does, in a thread.
+            return await asyncio.to_thread(read.rows, params)
         sql, args = read.bound(params)
         async with self._slots:
             conn, reused = await self._take()
             try:
                 rows = await _execute(conn, sql, args)
             except psycopg.OperationalError:
+                broken = conn.broken or conn.closed  # not a timeout or a lock error
                 await _discard(conn)
-                if not reused:
+                if not (reused and broken):
                     raise
                 conn = await self._connect()  # the idle one was cut: once more, fresh
                 try:

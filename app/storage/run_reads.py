@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -227,9 +228,10 @@ class RunReader:
         return run_from_rows(*_split(rows[0]))
 
     async def get_run_async(self, run_id: str) -> Run:
-        """``get_run`` on the event loop's own connections (PostgreSQL; see async_reads)."""
+        """``get_run`` on the event loop's own connections (PostgreSQL; see async_reads), or
+        in a worker thread when this reader has none."""
         if self._async_reads is None:
-            return self.get_run(run_id)
+            return await asyncio.to_thread(self.get_run, run_id)
         rows = await self._async_reads.rows(self._one_run, {"run_id": run_id})
         if not rows:
             raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")

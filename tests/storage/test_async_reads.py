@@ -5,21 +5,26 @@ a read cancelled mid-query never hands its connection to the next, and ``aclose`
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, make_url, text
 
 from app.domain.errors import NotFound
 from app.domain.ids import uuid7
+from app.domain.model import Run
+from app.storage import async_reads
 from app.storage.async_reads import AsyncReads
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
-from tests.storage.helpers import define_task, enqueue
+from app.storage.runs_repo import RunRepository
+from tests.storage.helpers import define_task, enqueue, start
 
-pytestmark = pytest.mark.postgres
 DEADLINE_S = 10.0
 
 
@@ -31,7 +36,14 @@ class Pg:
     engine: Engine
     admin: Engine
     run_id: str
+    url: str
     name: str = field(default_factory=lambda: f"ql-test-{uuid.uuid4().hex[:12]}")
+
+    def url_with(self, option: str) -> str:
+        """This database's URL with one more server option (``-c name=value``)."""
+        url = make_url(self.url)
+        options = f"{url.query.get('options', '')} {option}".strip()
+        return url.update_query_dict({"options": options}).render_as_string(hide_password=False)
 
     def reader(self, *, size: int = 5) -> tuple[AsyncReads, RunReader]:
         reads = AsyncReads(self.engine, size=size, application_name=self.name)
@@ -57,18 +69,23 @@ def pg(postgres_url: str) -> Iterator[Pg]:
     admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
     try:
         define_task(engine, task="async")
-        yield Pg(engine, admin, enqueue(engine, task="async").id)
+        yield Pg(engine, admin, enqueue(engine, task="async").id, postgres_url)
     finally:
         admin.dispose()
         engine.dispose()
 
 
+@pytest.mark.postgres
 def test_the_event_loop_read_is_the_sync_read(pg: Pg) -> None:
+    cancelled = enqueue(pg.engine, task="async").id
+    RunRepository(pg.engine).request_cancel(run_id=cancelled, reason="user")
+    running = start(pg.engine, enqueue(pg.engine, task="async")).id
     reads, reader = pg.reader()
 
     async def go() -> None:
         try:
-            assert await reader.get_run_async(pg.run_id) == RunReader(pg.engine).get_run(pg.run_id)
+            for run_id in (pg.run_id, cancelled, running):
+                assert await reader.get_run_async(run_id) == RunReader(pg.engine).get_run(run_id)
             with pytest.raises(NotFound):
                 await reader.get_run_async(uuid7())
         finally:
@@ -77,6 +94,71 @@ def test_the_event_loop_read_is_the_sync_read(pg: Pg) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.postgres
+def test_a_second_event_loop_reads_through_the_sync_path(pg: Pg) -> None:
+    reads, reader = pg.reader(size=1)
+
+    async def three_at_once() -> list[str]:
+        runs = await asyncio.gather(*(reader.get_run_async(pg.run_id) for _ in range(3)))
+        return [run.id for run in runs]
+
+    assert asyncio.run(three_at_once()) == [pg.run_id] * 3  # binds the pool to this loop
+    assert asyncio.run(three_at_once()) == [pg.run_id] * 3  # another loop: no pool, no error
+    assert len(pg.backends()) == 1
+
+    async def close() -> None:
+        await reads.aclose()
+        await pg.until(0)
+
+    asyncio.run(close())
+
+
+@pytest.mark.postgres
+def test_only_a_broken_connection_is_retried(pg: Pg, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A lock timeout is the caller's answer, not a cut connection: one try, not two.
+    reads = AsyncReads(make_engine(pg.url_with("-c lock_timeout=100")), application_name=pg.name)
+    reader = RunReader(pg.engine, async_reads=reads)
+    tries: list[str] = []
+    execute = async_reads._execute
+
+    async def counting(conn: Any, sql: str, args: Any) -> list[tuple[Any, ...]]:
+        tries.append(sql)
+        return await execute(conn, sql, args)
+
+    monkeypatch.setattr(async_reads, "_execute", counting)
+    locker: Connection = pg.engine.connect()
+
+    async def go() -> None:
+        try:
+            await reader.get_run_async(pg.run_id)  # the next read reuses this connection
+            locker.execute(text("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE"))
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await reader.get_run_async(pg.run_id)
+            assert len(tries) == 2
+        finally:
+            locker.close()
+            await reads.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_reader_without_event_loop_connections_reads_in_a_thread(engine: Engine) -> None:
+    define_task(engine, task="async")
+    run_id = enqueue(engine, task="async").id
+    reader = RunReader(engine)
+    threads: list[int] = []
+    get_run = reader.get_run
+
+    def recording(run_id: str) -> Run:
+        threads.append(threading.get_ident())
+        return get_run(run_id)
+
+    reader.get_run = recording  # type: ignore[method-assign]
+    assert asyncio.run(reader.get_run_async(run_id)) == get_run(run_id)
+    assert threads and threads[0] != threading.get_ident()
+
+
+@pytest.mark.postgres
 def test_a_connection_the_server_cut_is_replaced_and_the_read_answers(pg: Pg) -> None:
     reads, reader = pg.reader()
 
@@ -96,6 +178,7 @@ def test_a_connection_the_server_cut_is_replaced_and_the_read_answers(pg: Pg) ->
     asyncio.run(go())
 
 
+@pytest.mark.postgres
 def test_at_most_size_connections_and_a_cancelled_read_never_hands_its_connection_on(
     pg: Pg,
 ) -> None:
