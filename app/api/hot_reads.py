@@ -27,6 +27,13 @@ _SCOPE = "runs:read"
 _HEADERS = [(b"content-type", b"application/json")]
 
 
+class _Route:
+    path = "/api/v1/runs/{run_id}"  # the template only: never the id, never client bytes
+
+
+_ROUTE = _Route()
+
+
 class HotReads:
     """Answers the plain 200 of ``GET /api/v1/runs/{id}``; see the module docstring."""
 
@@ -38,7 +45,10 @@ class HotReads:
         if scope["type"] == "http" and scope["method"] == "GET" and not scope["query_string"]:
             match = _RUN_PATH.fullmatch(scope["path"])
             if match is not None and not scope.get("root_path"):
+                scope["route"] = _ROUTE  # an error in the read is logged against the route
                 body = await self._run_json(scope, match.group(1))
+                if body is None:
+                    del scope["route"]  # the router sets its own
         if body is None:
             await self.app(scope, receive, send)
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 
@@ -121,3 +122,32 @@ def test_cors_headers_wrap_the_fast_answer_too(settings: Settings, make_token: M
         assert answer.headers["access-control-allow-origin"] == origin
     finally:
         client.close()
+
+
+def test_an_error_in_the_fast_read_is_a_500_logged_against_the_route_template(
+    client: Client,
+    task: str,
+    make_token: MakeToken,
+    route_calls: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run_id = client.post(
+        "/api/v1/runs", json={"task": task}, headers=_cached(client, make_token("runs:write"))
+    ).json()["id"]
+
+    async def down(self: AppFacade, *, run_id: str) -> None:
+        raise RuntimeError("the database went away: SELECT ... " + run_id)
+
+    monkeypatch.setattr(AppFacade, "get_run_async", down)
+    route_calls.clear()
+    with caplog.at_level(logging.ERROR, logger="qinglong.api"):
+        answer = client.get(
+            f"/api/v1/runs/{run_id}", headers=_cached(client, make_token("runs:read"))
+        )
+    assert_problem(answer, 500, "INTERNAL_ERROR")
+    assert route_calls == []  # the fast path met the error
+    assert [r.getMessage() for r in caplog.records] == [
+        "unhandled RuntimeError on GET /api/v1/runs/{run_id}"
+    ]
+    assert run_id not in caplog.text
