@@ -84,11 +84,13 @@ async def _enqueue(stack: Stack, count: int, clients: int, task: str) -> list[st
             for _ in range(n):
                 writer.write(head + body)
                 status = await reader.readline()
-                length = 0
+                length = None
                 while (line := await reader.readline()) not in (b"\r\n", b""):
                     name, _, value = line.partition(b":")
                     if name.strip().lower() == b"content-length":
                         length = int(value)
+                if length is None:  # the api always sends one; anything else is not read here
+                    raise RuntimeError(f"enqueue answered {status!r} without Content-Length")
                 payload = await reader.readexactly(length)
                 if status.split()[1] != b"201":
                     raise RuntimeError(f"enqueue answered {status!r}: {payload[:200]!r}")
@@ -188,11 +190,13 @@ def paced_latency(stack: Stack, rate: float, count: int) -> list[float]:
             "SELECT created_at_ms, started_at_ms, status FROM runs WHERE id IN :ids"
         ).bindparams(bindparam("ids", expanding=True))
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while True:
             with engine.connect() as conn:
-                rows = conn.execute(query, {"ids": ids}).all()
+                rows = conn.execute(query, {"ids": ids}).all() if ids else []
             if all(r.status in TERMINAL for r in rows):
                 break
+            if time.monotonic() > deadline:
+                raise RuntimeError("paced runs did not all end within 60 s")
             time.sleep(0.05)
     finally:
         engine.dispose()
