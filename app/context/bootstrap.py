@@ -172,7 +172,7 @@ def build_context(
     runs = runs or RunRepository(engine)
     async_reads = None
     if reader is None:
-        if engine.dialect.name == "postgresql":
+        if (engine.dialect.name, engine.dialect.driver) == ("postgresql", "psycopg"):
             from app.storage.async_reads import AsyncReads  # psycopg: PostgreSQL only
 
             async_reads = AsyncReads(engine)

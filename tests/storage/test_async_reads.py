@@ -9,15 +9,19 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, make_url, text
 
+from app.context.bootstrap import build_context
 from app.domain.errors import NotFound
 from app.domain.ids import uuid7
 from app.domain.model import Run
+from app.domain.profiles import EDGE
+from app.settings import Settings
 from app.storage import async_reads
 from app.storage.async_reads import AsyncReads
 from app.storage.engine import make_engine
@@ -205,3 +209,15 @@ def test_at_most_size_connections_and_a_cancelled_read_never_hands_its_connectio
             await reads.aclose()
 
     asyncio.run(go())
+
+
+def test_the_api_context_reads_runs_on_the_loop_on_postgresql_only(
+    db_url: str, tmp_path: Path
+) -> None:
+    ctx = build_context(Settings(data_dir=tmp_path, database_url=db_url, profile=EDGE),
+                        execution=False)  # fmt: skip
+    try:
+        assert (ctx.async_reads is not None) == db_url.startswith("postgresql+psycopg")
+        assert ctx.facade.reads_inline == db_url.startswith("sqlite")
+    finally:
+        asyncio.run(ctx.aclose())
