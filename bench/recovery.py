@@ -10,7 +10,6 @@ the database's own commit rate for N transactions.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -18,69 +17,23 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from app.domain.artifacts import log_artifact_id
-from app.domain.canonical import sha256_digest
-from app.domain.ids import now_ms
-from app.domain.model import ProcessHandle
-from app.domain.receipt import Receipt, encode_receipt
-from app.domain.tokens import new_callback_token
-from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine
-from app.storage.journal_repo import JournalRepository
-from app.storage.runs_repo import RunRepository
-from app.worker.identity import current_boot_id, read_identity
 from app.worker.receipts import ReceiptStore
 from bench.report import Figure, Report
 from bench.stack import database, start_worker, stop
 from bench.trivial import commit_rate, wait_terminal
-
-
-def _dead_handle() -> ProcessHandle:
-    pid = os.posix_spawn("/bin/sleep", ["/bin/sleep", "10"], {})
-    ident = read_identity(pid)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    assert ident is not None
-    return ProcessHandle(boot_id=current_boot_id(), pid=pid, pgid=pid,
-                         start_ticks=ident.start_ticks, shim_pid=pid,
-                         shim_start_ticks=ident.start_ticks)  # fmt: skip
+from tests.worker.kit import dead_handle, running_run, write_receipt
 
 
 def prepare(url: str, data: Path, count: int) -> None:
     """``count`` running attempts whose shims are gone and whose receipts wait on disk."""
     engine = make_engine(url)
     try:
-        DefinitionRepository(engine).put_revision(
-            task="true", revision=1, executor="local_process", argv=["/bin/true"],
-            cwd=None, recipe=None, timeout_seconds=None, priority=0,
-        )  # fmt: skip
-        runs, journal = RunRepository(engine), JournalRepository(engine)
         store = ReceiptStore(data / "receipts")
         store.ensure_root()
-        handle = _dead_handle()
+        handle = dead_handle()
         for _ in range(count):
-            run, _ = runs.enqueue_run(task="true", revision=None, priority=None)
-            assert run.latest_attempt is not None
-            attempt = run.latest_attempt.id
-            token = new_callback_token()
-            runs.begin_dispatch(
-                run_id=run.id, attempt_id=attempt, expected_version=None,
-                token_digest=sha256_digest(token.encode("utf-8")), deadline_at_ms=None,
-                log_artifact_id=log_artifact_id(attempt),
-            )  # fmt: skip
-            journal.reserve(attempt_id=attempt, run_id=run.id, receipt_ref="bench")
-            journal.record_spawned(attempt_id=attempt, handle=handle)
-            started = now_ms()
-            runs.record_running(run_id=run.id, attempt_id=attempt, handle=handle,
-                                started_at_ms=started)  # fmt: skip
-            store.ensure_shard(attempt)
-            body = encode_receipt(Receipt(run.id, attempt, 1, token, started, started + 1, 0))
-            path = store.path_of(attempt)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, body)
-            finally:
-                os.close(fd)
+            write_receipt(store, *running_run(engine, handle))
     finally:
         engine.dispose()
 

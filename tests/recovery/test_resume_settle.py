@@ -10,7 +10,6 @@ on several threads, and a reconciler runs its passes concurrently to race for th
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -21,106 +20,47 @@ from sqlalchemy import Engine
 
 from app.context import worker_process
 from app.context.worker_process import WorkerProcess
-from app.domain.artifacts import log_artifact_id
-from app.domain.canonical import sha256_digest
 from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
-from app.domain.model import ProcessHandle
 from app.domain.profiles import EDGE
-from app.domain.receipt import Receipt, encode_receipt
-from app.domain.tokens import new_callback_token
 from app.settings import Settings
-from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import CONSUMED, JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.identity import current_boot_id, read_identity
 from app.worker.receipts import ReceiptStore
 from tests.recovery.kit import in_process_reconciler, terminal_events
+from tests.worker.kit import Armed, dead_handle, running_run, write_receipt
 
 PENDING = 140  # running, shim gone, receipt waiting: the backlog proper
 REPLAYED = 20  # already succeeded, journal still spawned, receipt left behind
 WITHOUT_RECEIPT = 10  # already lost, journal still spawned, no receipt and no shim
 
 
-def _dead_handle() -> ProcessHandle:
-    """The identity of a process that existed and is gone (reaped): a shim that exited."""
-    pid = os.posix_spawn("/bin/sleep", ["/bin/sleep", "10"], {})
-    ident = read_identity(pid)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    assert ident is not None
-    return ProcessHandle(
-        boot_id=current_boot_id(),
-        pid=pid,
-        pgid=pid,
-        start_ticks=ident.start_ticks,
-        shim_pid=pid,
-        shim_start_ticks=ident.start_ticks,
-    )
-
-
 class Backlog:
     """Spawned journal entries of every kind the resume walk meets, on the real stores."""
 
     def __init__(self, engine: Engine, data_dir: Path) -> None:
+        self.engine = engine
         self.runs = RunRepository(engine)
         self.journal = JournalRepository(engine)
         self.store = ReceiptStore(data_dir / "receipts")
         self.store.ensure_root()
-        self.handle = _dead_handle()
+        self.handle = dead_handle()
         self.run_ids: list[str] = []
         self.attempt_ids: list[str] = []
-        DefinitionRepository(engine).put_revision(
-            task="job",
-            revision=1,
-            executor="local_process",
-            argv=["/bin/true"],
-            cwd=None,
-            recipe=None,
-            timeout_seconds=None,
-            priority=0,
-        )
 
-    def spawned(self) -> tuple[str, str, str, int]:
+    def spawned(self) -> tuple[Armed, int]:
         """A running attempt with a ``spawned`` journal entry and the dead handle."""
-        run, _ = self.runs.enqueue_run(task="job", revision=1, priority=None)
-        assert run.latest_attempt is not None
-        attempt = run.latest_attempt.id
-        token = new_callback_token()
-        self.runs.begin_dispatch(
-            run_id=run.id,
-            attempt_id=attempt,
-            expected_version=None,
-            token_digest=sha256_digest(token.encode("utf-8")),
-            deadline_at_ms=None,
-            log_artifact_id=log_artifact_id(attempt),
-        )
-        self.journal.reserve(attempt_id=attempt, run_id=run.id, receipt_ref="test")
-        self.journal.record_spawned(attempt_id=attempt, handle=self.handle)
-        started = now_ms()
-        self.runs.record_running(
-            run_id=run.id, attempt_id=attempt, handle=self.handle, started_at_ms=started
-        )
-        self.run_ids.append(run.id)
-        self.attempt_ids.append(attempt)
-        return run.id, attempt, token, started
-
-    def write_receipt(self, run_id: str, attempt: str, token: str, started: int) -> Receipt:
-        receipt = Receipt(run_id, attempt, 1, token, started, started + 1, 0)
-        self.store.ensure_shard(attempt)
-        fd = os.open(self.store.path_of(attempt), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, encode_receipt(receipt))
-        finally:
-            os.close(fd)
-        return receipt
+        armed, started = running_run(self.engine, self.handle)
+        self.run_ids.append(armed.run_id)
+        self.attempt_ids.append(armed.attempt_id)
+        return armed, started
 
     def build(self) -> None:
         for _ in range(PENDING):
-            self.write_receipt(*self.spawned())
+            write_receipt(self.store, *self.spawned())
         for _ in range(REPLAYED):
-            r = self.write_receipt(*self.spawned())
+            r = write_receipt(self.store, *self.spawned())
             outcome = self.runs.complete_attempt(
                 run_id=r.run_id,
                 attempt_id=r.attempt_id,
@@ -133,10 +73,10 @@ class Backlog:
             )
             assert outcome.status == "applied"
         for _ in range(WITHOUT_RECEIPT):
-            run_id, attempt, _, _ = self.spawned()
+            armed, _ = self.spawned()
             self.runs.fail_attempt(
-                run_id=run_id,
-                attempt_id=attempt,
+                run_id=armed.run_id,
+                attempt_id=armed.attempt_id,
                 error_code=ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT,
                 lost=True,
             )
