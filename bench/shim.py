@@ -21,9 +21,11 @@ from typing import Any
 
 from app.domain.ids import uuid7
 from app.worker.identity import wait_exit
-from app.worker.launcher import SHIM_PATH
+from app.worker.launcher import SHIM_PATH, read_status
 from app.worker.zygote import Zygote
 from bench.report import Figure, Report, median
+
+STATUS_TIMEOUT_S = 10.0  # a launch that says nothing by then fails the bench, never hangs it
 
 
 class _Shims:
@@ -57,11 +59,12 @@ class _Shims:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(payload)
         proc.stdin.close()
-        line = proc.stdout.readline()
-        elapsed = (time.perf_counter() - t0) * 1000
-        proc.stdout.close()
-        proc.wait(10)
-        status: dict[str, Any] = json.loads(line)
+        try:
+            status = read_status(proc.stdout.fileno(), time.monotonic() + STATUS_TIMEOUT_S)
+            elapsed = (time.perf_counter() - t0) * 1000
+        finally:
+            proc.stdout.close()
+            proc.wait(STATUS_TIMEOUT_S)
         if not status.get("ok"):
             raise RuntimeError(f"shim failed: {status}")
         return elapsed, status
@@ -77,17 +80,11 @@ class _Shims:
         finally:
             os.close(write_fd)
         try:
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = os.read(read_fd, 4096)
-                if not chunk:
-                    break
-                line += chunk
+            status = read_status(read_fd, time.monotonic() + STATUS_TIMEOUT_S)
+            elapsed = (time.perf_counter() - t0) * 1000
         finally:
             os.close(read_fd)
-        elapsed = (time.perf_counter() - t0) * 1000
-        zygote.release(first)
-        status: dict[str, Any] = json.loads(line)
+            zygote.release(first)
         if not status.get("ok"):
             raise RuntimeError(f"shim failed: {status}")
         return elapsed, status

@@ -163,7 +163,7 @@ class ShimLauncher:
             started = self._start_exec(request, spec)
         status: dict[str, Any] | None = None
         try:
-            status = _read_status(started.status_fd, started.deadline)
+            status = read_status(started.status_fd, started.deadline)
             handle = _handle_from_status(status) if status.get("ok") is True else None
         except (OSError, ValueError):
             handle = None
@@ -245,8 +245,9 @@ class ShimLauncher:
         return _Started(status_fd, proc.pid, lambda: _reap(proc), deadline)
 
 
-def _read_status(fd: int, deadline: float) -> dict[str, Any]:
-    """The one status line from ``fd``, bounded by ``deadline``."""
+def read_status(fd: int, deadline: float) -> dict[str, Any]:
+    """The one status line from ``fd``, bounded by ``deadline`` (ValueError past it, on EOF
+    before a line, or on a line that is not a JSON object)."""
     buf = b""
     while b"\n" not in buf:
         remaining = deadline - time.monotonic()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import select
 import signal
 import subprocess
@@ -20,57 +19,20 @@ from typing import Any
 
 import pytest
 
-from app.domain.ids import uuid7
 from app.domain.receipt import decode_receipt, encode_receipt
 from app.worker.identity import current_boot_id, read_identity, wait_exit
 from tests.integration.conftest import Launched
-
-SHIM = str(Path(__file__).resolve().parents[2] / "app" / "worker" / "shim.py")
-DEADLINE = 20.0
-STATUS_KEYS = {
-    "ok", "boot_id", "shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks",
-    "started_at_ms",
-}
-
-
-def make_spec(tmp_path: Path, argv: list[str], **over: Any) -> dict[str, Any]:
-    log_path = tmp_path / "job.log"
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    os.close(fd)
-    receipts = tmp_path / "receipts" / "01"
-    receipts.mkdir(parents=True, mode=0o700)
-    attempt_id = uuid7()
-    spec: dict[str, Any] = {
-        "protocol": 1,
-        "run_id": uuid7(),
-        "attempt_id": attempt_id,
-        "callback_sequence": 1,
-        "token": secrets.token_urlsafe(32),
-        "argv": argv,
-        "cwd": str(tmp_path),
-        "env": {"PATH": "/usr/bin:/bin"},
-        "log_path": str(log_path),
-        "log_quota_bytes": 1 << 20,
-        "receipt_dir": str(receipts),
-        "receipt_name": f"{attempt_id}.json",
-    }
-    spec.update(over)
-    return spec
-
-
-def read_status(fd: int, deadline: float) -> bytes:
-    """Everything the shim writes on its status channel, up to EOF, within a bounded deadline."""
-    out = b""
-    while True:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, "status line not received in time"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return out
-        out += chunk
+from tests.integration.kit import (
+    DEADLINE,
+    SHIM,
+    STATUS_KEYS,
+    fd_targets,
+    make_spec,
+    poll_until,
+    read_status,
+    receipt_path,
+    wait_shim_done,
+)
 
 
 def launch(spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
@@ -98,21 +60,6 @@ def launch(spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
     launched.track_status(status)
     assert first_exit == (0 if status["ok"] else first_exit)
     return status
-
-
-def poll_until(condition: Any, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
-def wait_shim_done(status: dict[str, Any], timeout: float = DEADLINE) -> None:
-    assert wait_exit(status["shim_pid"], timeout), "shim did not finish in time"
-
-
-def receipt_path(spec: dict[str, Any]) -> Path:
-    return Path(spec["receipt_dir"]) / spec["receipt_name"]
 
 
 def run_to_receipt(tmp_path: Path, argv: list[str], launched: Launched, **over: Any) -> Any:
@@ -211,11 +158,7 @@ def test_job_has_only_stdio_fds(tmp_path: Path, launched: Launched) -> None:
         tmp_path, ["/bin/ls", "-l", "/proc/self/fd/"], launched
     )
     assert receipt.exit_code == 0
-    targets = {}
-    for line in Path(spec["log_path"]).read_text().splitlines():
-        if " -> " in line:
-            name, target = line.split(" -> ")
-            targets[int(name.split()[-1])] = target
+    targets = fd_targets(spec["log_path"])
     # fd 3 is the directory ls itself opened to list /proc/self/fd.
     assert set(targets) <= {0, 1, 2, 3}, targets
     assert targets.get(3, "/proc/").startswith("/proc/")

@@ -24,10 +24,11 @@ from app.domain.receipt import decode_receipt, encode_receipt
 from app.worker.identity import current_boot_id, read_identity, wait_exit
 from app.worker.zygote import Zygote
 from tests.integration.conftest import Launched
-from tests.integration.test_shim import (
+from tests.integration.kit import (
     DEADLINE,
     SHIM,
     STATUS_KEYS,
+    fd_targets,
     make_spec,
     read_status,
     receipt_path,
@@ -139,11 +140,7 @@ def test_environment_is_exactly_the_spec_env(
 def test_job_has_only_stdio_fds(tmp_path: Path, launched: Launched, zygote: Zygote) -> None:
     spec, _status, receipt = zrun(zygote, tmp_path, ["/bin/ls", "-l", "/proc/self/fd/"], launched)
     assert receipt.exit_code == 0
-    targets = {}
-    for line in Path(spec["log_path"]).read_text().splitlines():
-        if " -> " in line:
-            name, target = line.split(" -> ")
-            targets[int(name.split()[-1])] = target
+    targets = fd_targets(spec["log_path"])
     assert set(targets) <= {0, 1, 2, 3}, targets  # 3: the directory ls opened itself
     assert targets.get(3, "/proc/").startswith("/proc/")
     assert targets[0] == "/dev/null"
@@ -244,7 +241,6 @@ def test_zygote_exits_on_eof_and_running_shims_go_on(
 _WORKER = r"""
 import json, os, sys, time
 from app.worker.zygote import Zygote
-from tests.integration.conftest import Launched
 z = Zygote(argv=[sys.executable, "-I", "-S", sys.argv[1]], reply_timeout_s=20.0)
 r, w = os.pipe()
 first = z.spawn(sys.stdin.buffer.read(), w)
