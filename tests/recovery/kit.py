@@ -29,8 +29,18 @@ from app.worker.launcher import IdentityController
 from app.worker.log_facts import LogFacts
 from app.worker.probe import HandleProbe
 from app.worker.receipts import ReceiptStore
-from tests.worker.kit import Armed, Processes, launch_request, make_log, terminal_events
-from tests.worker.test_worker_process import DEADLINE, ROOT, TERMINAL, Worker, wait_for
+from tests.worker.kit import (
+    DEADLINE,
+    ROOT,
+    TERMINAL,
+    Armed,
+    Processes,
+    Worker,
+    launch_request,
+    make_log,
+    terminal_events,
+    wait_for,
+)
 
 __all__ = [
     "DEADLINE", "TERMINAL", "Armed", "HaltingWorker", "Rig", "in_process_reconciler",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,15 +27,19 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.worker.client import WorkerClient, WorkerUnavailable
 from app.worker.identity import ProcessIdentity, current_boot_id, read_identity, stop_identity
 from app.worker.receipts import ReceiptStore
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+DEADLINE = 30.0
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "lost"}
 
 TERMINAL_EVENTS = frozenset(
     f"{kind}.{state}"
     for kind in ("run", "attempt")
-    for state in ("succeeded", "failed", "cancelled", "timed_out", "lost")
+    for state in TERMINAL
 )
 
 
@@ -240,3 +246,55 @@ class CrashAfterCommit:
 
     def remove(self, attempt_id: str) -> None:
         raise RuntimeError("injected crash between commit and cleanup")
+
+
+class Worker:
+    """One ``qinglong worker`` subprocess (its own data dir, database and socket)."""
+
+    def __init__(self, data_dir: Path, db_url: str, socket_path: Path) -> None:
+        self.data_dir = data_dir
+        self.socket_path = socket_path
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")} | {
+            "QL_DATA_DIR": str(data_dir),
+            "QL_DATABASE_URL": db_url,
+            "QL_WORKER_SOCKET": str(socket_path),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client = WorkerClient(socket_path, read_timeout_s=DEADLINE)
+
+    def start(self) -> None:
+        log = open(self.data_dir / "worker.stderr", "ab")  # noqa: SIM115 (closed by Popen owner)
+        with log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "app", "worker"], cwd=ROOT, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            )
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited early: {self.stderr()}")
+            try:
+                if self.client.ping()["pid"] == self.proc.pid:
+                    return
+            except WorkerUnavailable:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("worker did not answer a ping")
+            time.sleep(0.02)
+
+    def stderr(self) -> str:
+        return (self.data_dir / "worker.stderr").read_text(errors="replace")
+
+    def signal(self, sig: int) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        code = self.proc.wait(DEADLINE)
+        self.proc = None
+        return code
+
+    def close(self) -> None:
+        self.client.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(DEADLINE)
+        self.proc = None
