@@ -27,6 +27,7 @@ from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository
+from app.worker.identity import stat_fields
 from bench.report import Figure, Report
 from bench.stack import database, start_worker, stop
 from bench.trivial import spawn_rate, wait_terminal
@@ -41,8 +42,8 @@ def _cpu_jiffies() -> tuple[int, int]:
 
 def _proc_cpu(pid: int) -> tuple[int, int]:
     """(utime+stime, cutime+cstime) of ``pid`` in clock ticks."""
-    data = Path(f"/proc/{pid}/stat").read_text()
-    f = data[data.rindex(")") + 2 :].split()
+    f = stat_fields(pid)
+    assert f is not None, f"no process {pid}"
     return int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
 
 

@@ -27,6 +27,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from app.worker.identity import stat_fields
+
 log = logging.getLogger("qinglong.supervisor")
 
 PR_SET_PDEATHSIG = 1
@@ -106,13 +108,8 @@ def group_alive(pgid: int) -> bool:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X", b"x"):
+        fields = stat_fields(int(name))
+        if fields is not None and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X", b"x"):
             return True
     return False
 

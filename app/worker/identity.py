@@ -52,16 +52,26 @@ def current_boot_id() -> str:
         return fh.read().strip()
 
 
-def _read_stat(pid: int) -> _Stat | None:
-    """State, pgid (field 5) and start ticks (field 22); the comm field may hold ')'."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the comm field, which may hold ')' and spaces
+    (so index 0 is field 3, the state; 1 the ppid; 2 the pgid; 3 the session; 19 the start
+    ticks); None when there is no such process. The shim keeps its own copy (it imports
+    nothing from ``app``)."""
     if pid <= 0:
         return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
         return None
-    fields = data[data.rindex(b")") + 2 :].split()
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def _read_stat(pid: int) -> _Stat | None:
+    """State, pgid (field 5) and start ticks (field 22)."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
     return _Stat(fields[0].decode("ascii"), int(fields[2]), int(fields[19]))
 
 

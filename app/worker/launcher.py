@@ -38,7 +38,7 @@ from app.domain.ids import is_uuid7
 from app.domain.model import ProcessHandle
 from app.settings import shim_mode_from_env
 from app.storage.journal_repo import RESERVED, SPAWNED, AlreadyReserved, JournalRepository
-from app.worker.identity import ProcessIdentity, current_boot_id, stop_identity
+from app.worker.identity import ProcessIdentity, current_boot_id, stat_fields, stop_identity
 from app.worker.receipts import ReceiptStore
 from app.worker.zygote import ForkFailed, NotReceived, Uncertain, Zygote, ZygoteUnavailable
 
@@ -289,12 +289,8 @@ def _handle_from_status(status: dict[str, Any]) -> ProcessHandle | None:
 
 
 def _session_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(b")") + 2 :].split()[3])  # field 6: session id
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[3])  # field 6: session id
 
 
 def _kill_session(sid: int) -> None:

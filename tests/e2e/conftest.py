@@ -45,6 +45,7 @@ from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.tokens_repo import TokenRepository
+from app.worker.identity import stat_fields
 from tests.worker.kit import kill_exact  # pidfd-pinned, start time re-checked
 
 START_TIMEOUT_S = 30.0
@@ -57,11 +58,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
     """(state, ppid, pgid, start ticks) of ``pid``, or None if there is no such process."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
-    fields = data[data.rindex(b")") + 2 :].split()
     return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19])
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app.domain.ids import uuid7
-from app.worker.identity import wait_exit
+from app.worker.identity import stat_fields, wait_exit
 
 SHIM = str(Path(__file__).resolve().parents[2] / "app" / "worker" / "shim.py")
 DEADLINE = 20.0
@@ -84,3 +84,10 @@ def fd_targets(log_path: str) -> dict[int, str]:
             name, target = line.split(" -> ")
             targets[int(name.split()[-1])] = target
     return targets
+
+
+def ppid(pid: int) -> int:
+    """The parent of the live process ``pid``."""
+    fields = stat_fields(pid)
+    assert fields is not None, f"no process {pid}"
+    return int(fields[1])

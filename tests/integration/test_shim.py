@@ -29,6 +29,7 @@ from tests.integration.kit import (
     fd_targets,
     make_spec,
     poll_until,
+    ppid,
     read_status,
     receipt_path,
     wait_shim_done,
@@ -176,8 +177,7 @@ def test_job_runs_in_its_own_process_group_and_not_the_shim_session_leader(
     assert os.getsid(job) == os.getsid(shim) != os.getsid(0)
     assert os.getpgid(shim) != job
     # The long-lived shim is not a child of the launcher.
-    ppid = int(Path(f"/proc/{shim}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    assert ppid != os.getpid()
+    assert ppid(shim) != os.getpid()
     (tmp_path / "go").touch()
     wait_shim_done(status)
     assert decode_receipt(receipt_path(spec).read_bytes()).exit_code == 0
@@ -388,8 +388,4 @@ def test_shim_is_the_subreaper_of_orphaned_descendants(tmp_path: Path, launched:
     orphan = int(log.read_text().strip())
     launched.track_pid(orphan)
 
-    def parent() -> int:
-        stat = Path(f"/proc/{orphan}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2 :].split()[1])
-
-    poll_until(lambda: parent() == status["shim_pid"])
+    poll_until(lambda: ppid(orphan) == status["shim_pid"])

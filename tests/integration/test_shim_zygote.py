@@ -30,6 +30,7 @@ from tests.integration.kit import (
     STATUS_KEYS,
     fd_targets,
     make_spec,
+    ppid,
     read_status,
     receipt_path,
     wait_shim_done,
@@ -85,11 +86,6 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _ppid(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
-
-
 def test_end_to_end_and_receipt_published(
     tmp_path: Path, launched: Launched, zygote: Zygote
 ) -> None:
@@ -113,7 +109,7 @@ def test_own_session_and_not_a_child_of_the_zygote(
     assert os.getpgid(job) == job
     assert os.getsid(job) == os.getsid(shim) != os.getsid(0)
     assert os.getsid(shim) != os.getsid(zygote.pid or 0)
-    assert _ppid(shim) not in (os.getpid(), zygote.pid)
+    assert ppid(shim) not in (os.getpid(), zygote.pid)
     (tmp_path / "go").touch()
     wait_shim_done(status)
 
