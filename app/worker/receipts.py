@@ -65,10 +65,18 @@ class ReceiptStore:
         return self.root / receipt_relpath(attempt_id)
 
     def ensure_shard(self, attempt_id: str) -> Path:
-        """Create the attempt's shard directory (0700) and return it."""
-        self.ensure_root()
+        """Create the attempt's shard directory (0700) and return it.
+
+        The root is checked when the worker starts (``ensure_root``) and again only when it
+        has gone missing since: once per launch it cost two mkdirs and two lstats more.
+        """
         shard = self.path_of(attempt_id).parent
-        if _private_dir(shard):
+        try:
+            created = _private_dir(shard)
+        except FileNotFoundError:
+            self.ensure_root()
+            created = _private_dir(shard)
+        if created:
             _fsync_dir(self.root)
         return shard
 

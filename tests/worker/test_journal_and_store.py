@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -88,6 +89,10 @@ def test_store_dirs_are_private_and_reads_are_bounded(tmp_path: Path) -> None:
     store.remove(attempt)
     store.remove(attempt)  # missing is fine
     assert not store.path_of(attempt).exists()
+    shutil.rmtree(store.root)  # gone while the worker runs: the next shard brings it back
+    shard = store.ensure_shard(uuid7())
+    assert _mode(store.root) == 0o700 and _mode(shard) == 0o700
+    assert _mode(store.root / ".quarantine") == 0o700
 
 
 def test_store_refuses_symlinks_and_non_regular_files(tmp_path: Path) -> None:
