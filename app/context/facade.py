@@ -28,7 +28,6 @@ from app.domain.validation import (
     validate_recipe,
     validate_timeout,
 )
-from app.storage.cursor import decode_cursor
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -259,10 +258,7 @@ class AppFacade:
     def list_events(self, *, run_id: str, limit: int, cursor: str | None) -> Page[RunEvent]:
         """A run's events in ``seq`` order."""
         _check_run_id(run_id)
-        after = 0
-        if cursor is not None:
-            (after,) = decode_cursor("events", cursor, (int,))
-        return self._reader.list_events(run_id, after_seq=after, limit=limit)
+        return self._reader.list_events(run_id, cursor=cursor, limit=limit)
 
     def open_log(self, *, run_id: str, number: int) -> LogFile:
         """Open an attempt's log read-only (O_NOFOLLOW); the caller closes it."""

@@ -270,8 +270,13 @@ class RunReader:
             raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "no such attempt")
         return attempt_from_row(row)
 
-    def list_events(self, run_id: str, *, after_seq: int = 0, limit: int = 200) -> Page[RunEvent]:
-        """Events in ``seq`` order after ``after_seq``."""
+    def list_events(
+        self, run_id: str, *, cursor: str | None = None, limit: int = 200
+    ) -> Page[RunEvent]:
+        """Events in ``seq`` order, one keyset page (after the cursor's ``seq``)."""
+        after_seq = 0
+        if cursor is not None:
+            (after_seq,) = decode_cursor("events", cursor, (int,))
         with UnitOfWork(self._engine, write=False) as uow:
             exists = uow.conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first()
             if exists is None:
