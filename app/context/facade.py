@@ -15,7 +15,7 @@ from app.context.logs import LogFile, LogStore
 from app.context.token_cache import TokenCache
 from app.domain.errors import Conflict, ErrorCode, NotFound, ValidationFailed
 from app.domain.ids import is_uuid7
-from app.domain.model import Attempt, Page, Recipe, Run, RunEvent, TaskRevision
+from app.domain.model import Attempt, Page, Recipe, Run, RunEvent, SecretName, TaskRevision
 from app.domain.states import RunStatus
 from app.domain.tokens import grants, looks_like_token
 from app.domain.validation import (
@@ -31,7 +31,7 @@ from app.domain.validation import (
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.storage.secrets_repo import SecretName, SecretRepository
+from app.storage.secrets_repo import SecretRepository
 from app.storage.tokens_repo import TokenRepository
 
 RECIPE_ID = re.compile(r"localctx:sha256:[0-9a-f]{64}")

@@ -56,6 +56,14 @@ def revision_body(
 
 
 @dataclass(frozen=True, slots=True)
+class SecretName:
+    """What may be shown about a secret: its name and when it last changed (never a value)."""
+
+    name: str
+    updated_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Recipe:
     """A content-addressed environment: plain values and secret references."""
 

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlalchemy import Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import ErrorCode, NotFound
 from app.domain.ids import now_ms
-from app.domain.model import Page
+from app.domain.model import Page, SecretName
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.secret_crypto import KeyRing
 from app.storage.tables import secrets
 from app.storage.uow import UnitOfWork
-
-
-@dataclass(frozen=True, slots=True)
-class SecretName:
-    """What may be shown about a secret: its name and when it last changed."""
-
-    name: str
-    updated_at_ms: int
 
 
 class SecretRepository:
