@@ -13,12 +13,13 @@ from sqlalchemy import Engine
 
 from app.domain.artifacts import log_artifact_id
 from app.domain.canonical import sha256_digest
+from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle, Run
 from app.domain.profiles import EDGE
 from app.domain.tokens import new_callback_token
 from app.execution.completion import CompletionService
-from app.execution.reconciler import Reconciler
+from app.execution.reconciler import DEFAULT_START_GRACE_S, Reconciler
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
@@ -128,6 +129,19 @@ class Rig:
 
     def gate(self, name: str) -> Path:
         return self.data_dir / name
+
+    def past_start_grace(self, armed: Armed) -> None:
+        """Wait (bounded) until the attempt has been starting for longer than the grace."""
+        since = self.reader.starting_since_ms(armed.run_id)
+        assert since is not None
+        wait_for(lambda: now_ms() - since > DEFAULT_START_GRACE_S * 1000, "the start grace")
+
+    def assert_ended(self, armed: Armed, code: ErrorCode, status: str = "lost") -> None:
+        """The run ends ``status`` with ``code``, with exactly one terminal event pair."""
+        run = self.wait_status(armed)
+        assert run.latest_attempt is not None
+        assert (run.status, run.latest_attempt.error_code) == (status, code.value)
+        assert terminal_events(self.engine, armed.run_id) == [f"attempt.{status}", f"run.{status}"]
 
     def event_types(self, armed: Armed) -> list[str]:
         return [e.type for e in self.reader.list_events(armed.run_id, limit=1000).items]

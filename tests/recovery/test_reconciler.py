@@ -16,7 +16,6 @@ from sqlalchemy import update
 from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle
-from app.execution.reconciler import DEFAULT_START_GRACE_S
 from app.storage.tables import attempts
 from app.worker.identity import current_boot_id, read_identity, wait_exit
 from tests.recovery.kit import (
@@ -30,25 +29,12 @@ from tests.recovery.kit import (
 )
 
 
-def _lost(rig: Rig, a: Armed, code: ErrorCode, status: str = "lost") -> None:
-    run = rig.wait_status(a)
-    assert run.latest_attempt is not None
-    assert (run.status, run.latest_attempt.error_code) == (status, code.value)
-    assert terminal_events(rig.engine, a.run_id) == [f"attempt.{status}", f"run.{status}"]
-
-
-def _after_start_grace(a: Armed, rig: Rig) -> None:
-    since = rig.reader.starting_since_ms(a.run_id)
-    assert since is not None
-    wait_for(lambda: now_ms() - since > DEFAULT_START_GRACE_S * 1000, "the start grace")
-
-
 def test_shim_killed_the_job_is_stopped_and_the_run_lost_never_succeeded(rig: Rig) -> None:
     rig.worker.start()
     a = rig.arm()
     h = rig.launch(a, gated("never", then="exit 0"))
     os.kill(h.shim_pid, signal.SIGKILL)  # the worker is the shim's parent: it reaps it
-    _lost(rig, a, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+    rig.assert_ended(a, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
     assert wait_exit(h.pid, DEADLINE)  # the orphaned job was stopped by exact identity
 
 
@@ -71,7 +57,7 @@ def test_identity_mismatch_is_never_signalled(rig: Rig) -> None:
         rig.runs.request_cancel(run_id=a.run_id, reason="user")  # asks for a stop, too
         rig.worker.start()
         assert rig.worker.client.wake(reconcile=True)
-        _lost(rig, a, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+        rig.assert_ended(a, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
         assert bystander.poll() is None and read_identity(bystander.pid) == real
     finally:
         bystander.kill()
@@ -92,7 +78,7 @@ def test_an_unverifiable_handle_is_lost_without_any_signal(rig: Rig) -> None:
             run_id=a.run_id, attempt_id=a.attempt_id, handle=odd, started_at_ms=now_ms()
         )
         rig.worker.start()
-        _lost(rig, a, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED)
+        rig.assert_ended(a, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED)
         assert bystander.poll() is None
     finally:
         bystander.kill()
@@ -103,9 +89,9 @@ def test_starting_without_a_journaled_spawn_fails_after_the_grace(rig: Rig) -> N
     a = rig.arm()  # T1 committed; the api died before it reached the worker
     rig.worker.start()
     assert rig.run(a).status == "dispatching"  # young: the launch may still be on its way
-    _after_start_grace(a, rig)
+    rig.past_start_grace(a)
     assert rig.worker.client.wake(reconcile=True)
-    _lost(rig, a, ErrorCode.RECOVERY_START_NOT_SPAWNED, status="failed")
+    rig.assert_ended(a, ErrorCode.RECOVERY_START_NOT_SPAWNED, status="failed")
 
 
 def test_starting_with_a_journaled_spawn_is_stopped_then_lost(rig: Rig) -> None:
@@ -113,9 +99,9 @@ def test_starting_with_a_journaled_spawn_is_stopped_then_lost(rig: Rig) -> None:
     a = rig.arm()
     h = rig.spawn(a, gated("never", then="exit 0"))  # T2 never comes: the api was killed
     wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
-    _after_start_grace(a, rig)
+    rig.past_start_grace(a)
     assert rig.worker.client.wake(reconcile=True)
-    _lost(rig, a, ErrorCode.RECOVERY_START_INTERRUPTED)  # not the TERM receipt's "failed"
+    rig.assert_ended(a, ErrorCode.RECOVERY_START_INTERRUPTED)  # not the TERM receipt's "failed"
     assert wait_exit(h.pid, DEADLINE) and wait_exit(h.shim_pid, DEADLINE)
     wait_for(lambda: not rig.store.path_of(a.attempt_id).exists(), "the receipt cleanup")
     assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
