@@ -104,9 +104,10 @@ def _drain_concurrently(dispatcher: Dispatcher, drainers: int) -> None:
     The slow loop ticks every few seconds with usually nothing queued: one pass in this
     thread answers that without starting any thread.
     """
-    if not _log_pass(dispatcher.run_pass()) or drainers <= 1:
-        if drainers <= 1:
-            _drain(dispatcher)
+    if drainers <= 1:
+        _drain(dispatcher)
+        return
+    if not _log_pass(dispatcher.run_pass()):
         return
     helpers = [
         threading.Thread(target=_drain_logged, args=(dispatcher,), name="ql-drain", daemon=True)

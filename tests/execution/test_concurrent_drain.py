@@ -72,12 +72,13 @@ def test_a_failing_helper_is_logged_and_never_raises(caplog: pytest.LogCaptureFi
     assert caplog.text.count("background pass failed: RuntimeError") == 2
 
 
-def test_an_idle_tick_runs_one_pass_and_starts_no_thread() -> None:
+@pytest.mark.parametrize("drainers", [1, 4])
+def test_an_idle_tick_runs_one_pass_and_starts_no_thread(drainers: int) -> None:
     fake = _Exploding()
     fake.calls = 1  # the next pass finds nothing to activate
     before = threading.active_count()
-    _drain_concurrently(fake, 4)  # type: ignore[arg-type]
-    assert fake.calls == 2
+    _drain_concurrently(fake, drainers)  # type: ignore[arg-type]
+    assert fake.calls == 2  # one pass, for the edge profile's single drainer too
     assert threading.active_count() == before
 
 
