@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from app.worker.identity import stat_fields
+from app.worker.identity import group_alive
 
 log = logging.getLogger("qinglong.supervisor")
 
@@ -101,17 +101,6 @@ def become_subreaper() -> None:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def group_alive(pgid: int) -> bool:
-    """Any live (non-zombie) process in process group ``pgid``."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fields = stat_fields(int(name))
-        if fields is not None and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X", b"x"):
-            return True
-    return False
 
 
 @dataclass

@@ -129,7 +129,7 @@ def wait_exit(pid: int, timeout: float) -> bool:
         os.close(pidfd)
 
 
-def _group_members_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """Any non-zombie process whose process group is ``pgid`` (bounded scan of /proc)."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -189,7 +189,7 @@ def _wait_gone(pidfd: int, pgid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     if not wait_pidfd(pidfd, timeout):
         return False
-    while _group_members_alive(pgid):
+    while group_alive(pgid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(_GROUP_POLL_SECONDS)
