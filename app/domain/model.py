@@ -195,3 +195,8 @@ class ProcessHandle:
             if key != "boot_id" and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"handle field {key} must be an integer")
         return cls(**values)
+
+
+def plausible_handle(handle: object) -> bool:
+    """A handle exact-identity stop can act on: a ``ProcessHandle`` that ``is_stoppable``."""
+    return isinstance(handle, ProcessHandle) and handle.is_stoppable()

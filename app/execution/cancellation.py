@@ -19,10 +19,9 @@ from collections.abc import Callable
 
 from app.domain.errors import DomainError
 from app.domain.ids import now_ms
-from app.domain.model import ProcessHandle
+from app.domain.model import ProcessHandle, plausible_handle
 from app.domain.profiles import Profile
 from app.execution.ports import ActiveAttemptSource, CancelIntents, ProcessController
-from app.execution.reconciler import plausible_handle
 
 log = logging.getLogger(__name__)
 

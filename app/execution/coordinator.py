@@ -12,7 +12,7 @@ from typing import Literal
 from app.domain.canonical import sha256_digest
 from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
-from app.domain.model import ProcessHandle, Run
+from app.domain.model import ProcessHandle, Run, plausible_handle
 from app.domain.states import is_terminal_run
 from app.domain.tokens import new_callback_token
 from app.execution.materializer import StartCommand
@@ -92,7 +92,7 @@ class StartCoordinator:
             return _result("unresolved", command, reason="LAUNCH_OUTCOME_UNKNOWN")
         finally:
             del token
-        if not _plausible(handle):
+        if not plausible_handle(handle):
             # A handle we cannot trust can never be stopped by identity: leave it to recovery.
             return _result("unresolved", command, reason="INVALID_HANDLE")
         try:
@@ -165,7 +165,3 @@ def _result(
 ) -> StartResult:
     return StartResult(status, command.run_id, command.attempt_id, error_code, reason, run)
 
-
-def _plausible(handle: object) -> bool:
-    """A handle the controller could ever act on (``ProcessHandle.is_stoppable``)."""
-    return isinstance(handle, ProcessHandle) and handle.is_stoppable()

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from app.domain.errors import DomainError, ErrorCode
 from app.domain.ids import now_ms
-from app.domain.model import ProcessHandle
+from app.domain.model import ProcessHandle, plausible_handle
 from app.domain.profiles import Profile
 from app.execution.completion import CompletionService, ConsumeResult
 from app.execution.ports import (
@@ -73,11 +73,6 @@ class PassReport:
     undecided: int = 0
     purged: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
-
-
-def plausible_handle(handle: ProcessHandle | None) -> bool:
-    """A handle exact-identity stop can act on (see ``ProcessHandle.is_stoppable``)."""
-    return handle is not None and handle.is_stoppable()
 
 
 class Reconciler:
