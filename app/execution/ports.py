@@ -257,10 +257,6 @@ class ActiveAttemptSource(Protocol):
         """Active attempts whose deadline passed or whose run has a cancel intent."""
         ...
 
-    def active_attempt(self, attempt_id: str) -> ActiveAttemptView | None:
-        """One attempt if it is still starting or running."""
-        ...
-
     def active_among(self, attempt_ids: list[str]) -> Mapping[str, ActiveAttemptView]:
         """Those of ``attempt_ids`` still starting or running, by id (one query)."""
         ...

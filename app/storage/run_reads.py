@@ -222,20 +222,14 @@ class RunReader:
 
     def get_run(self, run_id: str) -> Run:
         """One run with its latest attempt; NotFound otherwise."""
-        rows = self._one_run.rows({"run_id": run_id})
-        if not rows:
-            raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
-        return run_from_rows(*_split(rows[0]))
+        return _the_run(self._one_run.rows({"run_id": run_id}))
 
     async def get_run_async(self, run_id: str) -> Run:
         """``get_run`` on the event loop's own connections (PostgreSQL; see async_reads), or
         in a worker thread when this reader has none."""
         if self._async_reads is None:
             return await asyncio.to_thread(self.get_run, run_id)
-        rows = await self._async_reads.rows(self._one_run, {"run_id": run_id})
-        if not rows:
-            raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
-        return run_from_rows(*_split(rows[0]))
+        return _the_run(await self._async_reads.rows(self._one_run, {"run_id": run_id}))
 
     def list_runs(
         self, *, task: str | None, status: str | None, limit: int, cursor: str | None
@@ -368,8 +362,7 @@ class RunReader:
 
     def active_attempt(self, attempt_id: str) -> ActiveAttempt | None:
         """One attempt if it is still starting or running."""
-        found = self._active(_ACTIVE.where(attempts.c.id == attempt_id))
-        return found[0] if found else None
+        return self.active_among([attempt_id]).get(attempt_id)
 
     def active_among(self, attempt_ids: list[str]) -> dict[str, ActiveAttempt]:
         """Those of ``attempt_ids`` still starting or running, by id: one query for a page."""
@@ -390,6 +383,13 @@ class RunReader:
         with UnitOfWork(self._engine, write=False) as uow:
             rows = uow.conn.execute(query).all()
         return [_active_from_row(r) for r in rows]
+
+
+def _the_run(rows: list[tuple[Any, ...]]) -> Run:
+    """The run of GET one run's statement rows; NotFound when there is none."""
+    if not rows:
+        raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+    return run_from_rows(*_split(rows[0]))
 
 
 def _active_from_row(row: Row[Any]) -> ActiveAttempt:
