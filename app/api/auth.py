@@ -44,8 +44,8 @@ class _Require(HTTPBearer):
         self.required_scope = scope  # read by the scope tests and the OpenAPI extension
 
     async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        token = bearer_token(request.headers.get("authorization", ""))
+        if token is None:
             raise ApiProblem(401, UNAUTHENTICATED, "a bearer token is required", headers=_CHALLENGE)
         facade: AppFacade = request.app.state.facade
         # A token seen within the last second needs no database round trip (nor a thread hop).
@@ -59,6 +59,12 @@ class _Require(HTTPBearer):
         if not principal.can(self.required_scope):
             raise ApiProblem(403, FORBIDDEN, f"this token lacks the {self.required_scope} scope")
         return principal
+
+
+def bearer_token(authorization: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` value (scheme in any case), or None."""
+    scheme, _, token = authorization.partition(" ")
+    return token if scheme.lower() == "bearer" and token else None
 
 
 def require(scope: str) -> _Require:

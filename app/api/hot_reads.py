@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from app.api.asgi import ASGIApp, Receive, Scope, Send
+from app.api.auth import bearer_token
 from app.api.schemas import RunOut
 from app.context.facade import AppFacade
 from app.domain.errors import DomainError
@@ -45,10 +46,11 @@ class HotReads:
         if scope["type"] == "http" and scope["method"] == "GET" and not scope["query_string"]:
             match = _RUN_PATH.fullmatch(scope["path"])
             if match is not None and not scope.get("root_path"):
-                scope["route"] = _ROUTE  # an error in the read is logged against the route
-                body = await self._run_json(scope, match.group(1))
-                if body is None:
-                    del scope["route"]  # the router sets its own
+                try:
+                    body = await self._run_json(scope, match.group(1))
+                except Exception:
+                    scope["route"] = _ROUTE  # the guard logs the error against the route
+                    raise
         if body is None:
             await self.app(scope, receive, send)
             return
@@ -61,7 +63,9 @@ class HotReads:
         facade: AppFacade | None = getattr(scope["app"].state, "facade", None)
         if facade is None:
             return None
-        token = _bearer(scope)
+        # The first Authorization header, as the route reads it.
+        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        token = bearer_token(authorization.decode("latin-1"))
         principal = facade.cached_principal(token) if token else None
         if principal is None or not principal.can(_SCOPE):
             return None
@@ -70,11 +74,3 @@ class HotReads:
         except DomainError:
             return None  # the route gives the same read its problem+json answer
         return RunOut.of(run).model_dump_json().encode()
-
-
-def _bearer(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token if scheme.lower() == "bearer" and token else None
-    return None
