@@ -10,7 +10,6 @@ Printed and recorded under bench/results/; nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -25,48 +24,17 @@ from app.domain.model import ProcessHandle
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.migrate import upgrade_to_head
-from app.worker.client import WorkerClient, WorkerUnavailable
+from app.worker.client import WorkerClient
 from app.worker.identity import wait_exit
 from app.worker.launcher import ShimLauncher
 from app.worker.receipts import ReceiptStore
 from bench.report import Figure, Report, median, percentile
-from bench.trivial import commit_rate
+from bench.stack import start_worker, stop
+from bench.trivial import bare_spawn_ms, commit_rate
 from tests.worker.kit import armed_run, launch_request, make_log
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ProcessHandle(boot_id="b", pid=1, pgid=1, start_ticks=1, shim_pid=1, shim_start_ticks=1)
-
-
-def _bare_spawn_ms(count: int) -> list[float]:
-    samples = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
-        os.waitpid(pid, 0)
-        samples.append((time.perf_counter() - t0) * 1000)
-    return samples
-
-
-def _start_worker(data: Path, url: str, sock: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")} | {
-        "QL_DATA_DIR": str(data), "QL_DATABASE_URL": url, "QL_WORKER_SOCKET": str(sock),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "worker"], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    client = WorkerClient(sock)
-    try:
-        for _ in range(1000):
-            try:
-                client.ping()
-                return proc
-            except WorkerUnavailable:
-                time.sleep(0.02)
-    finally:
-        client.close()
-    proc.kill()
-    raise RuntimeError("worker did not start")
 
 
 def run_launch(report: Report, *, count: int) -> None:
@@ -77,8 +45,8 @@ def run_launch(report: Report, *, count: int) -> None:
     url = f"sqlite:///{data / 'qinglong.db'}"
     engine = make_engine(url)
     upgrade_to_head(engine)
-    proc = _start_worker(data, url, tmp / "w.sock")
-    client = WorkerClient(tmp / "w.sock")
+    proc = start_worker(data, url)
+    client = WorkerClient(data / "worker.sock")
     shims: list[int] = []
     try:
         def one(launch: Callable[[LaunchRequest], ProcessHandle]) -> float:
@@ -97,7 +65,7 @@ def run_launch(report: Report, *, count: int) -> None:
         )
         local_ms = [one(local.launch) for _ in range(count)]
         local.close()  # its shim zygote exits; the shims it forked finish on their own
-        bare_ms = _bare_spawn_ms(count)
+        bare_ms = bare_spawn_ms(count)
         journal = JournalRepository(engine)
         journal_ms = []
         for _ in range(count):
@@ -129,8 +97,7 @@ def run_launch(report: Report, *, count: int) -> None:
         for pid in shims:
             wait_exit(pid, 10.0)
         client.close()
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
         engine.dispose()
         shutil.rmtree(tmp, ignore_errors=True)
 

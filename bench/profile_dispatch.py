@@ -30,7 +30,7 @@ from app.storage.secrets_repo import SecretRepository
 from app.worker.identity import stat_fields
 from bench.report import Figure, Report
 from bench.stack import database, start_worker, stop
-from bench.trivial import spawn_rate, wait_terminal
+from bench.trivial import bare_spawn_ms, spawn_rate, wait_terminal
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -85,22 +85,24 @@ def profile_drain(*, count: int, pg: str | None, html: str | None) -> dict[str, 
                 self1 = os.times()
                 busy, total = (b - a for a, b in zip(cpu0, _cpu_jiffies(), strict=True))
                 own = self1.user + self1.system - self0.user - self0.system
-                print(f"machine busy {100 * busy / total:.0f}% of {os.cpu_count()} cpus;"
-                      f" this process {1000 * own / count:.1f} ms cpu/run")
                 wait_terminal(engine, count, timeout_s=60)
                 with engine.connect() as conn:
                     query = text("SELECT status, count(*) FROM runs GROUP BY status")
                     statuses: dict[str, int] = {r[0]: r[1] for r in conn.execute(query)}
                 w1 = _proc_cpu(worker.pid)
                 tick = os.sysconf("SC_CLK_TCK")
-                print(f"worker cpu/run: self {1000 * (w1[0] - w0[0]) / tick / count:.1f} ms,"
-                      f" reaped children {1000 * (w1[1] - w0[1]) / tick / count:.1f} ms")
                 print(f"run statuses after the drain: {statuses}")
                 hooks.close()
                 print(profiler.output_text(unicode=True, color=False, show_all=False))
                 if html:
                     Path(html).write_text(profiler.output_html())
-                return {"drain_ms_per_run": drained * 1000 / count}
+                return {
+                    "drain_ms_per_run": drained * 1000 / count,
+                    "machine_busy_pct": 100 * busy / total,
+                    "self_cpu_ms_per_run": 1000 * own / count,
+                    "worker_cpu_ms_per_run": 1000 * (w1[0] - w0[0]) / tick / count,
+                    "worker_children_cpu_ms_per_run": 1000 * (w1[1] - w0[1]) / tick / count,
+                }
             finally:
                 engine.dispose()
                 stop(worker)
@@ -115,8 +117,25 @@ def main() -> None:
     parser.add_argument("--html", default=None)
     args = parser.parse_args()
     got = profile_drain(count=args.count, pg=args.pg, html=args.html)
-    Report().add(Figure("dispatcher drain per run (profiled)", got["drain_ms_per_run"], "ms",
-                        "posix_spawn+waitpid /bin/true", 1000 / spawn_rate(args.count), False))
+    spawn_cpu = _spawn_cpu_ms(args.count)
+    report = Report()
+    report.add(Figure("dispatcher drain per run (profiled)", got["drain_ms_per_run"], "ms",
+                      "posix_spawn+waitpid /bin/true", 1000 / spawn_rate(args.count), False,
+                      extra={"machine_busy_pct": got["machine_busy_pct"]}))
+    for name, key in (("this process (dispatch)", "self_cpu_ms_per_run"),
+                      ("the worker", "worker_cpu_ms_per_run"),
+                      ("the worker's reaped children", "worker_children_cpu_ms_per_run")):
+        report.add(Figure(f"CPU per run: {name}", got[key], "ms",
+                          "CPU of posix_spawn+waitpid /bin/true", spawn_cpu, False))
+
+
+def _spawn_cpu_ms(count: int) -> float:
+    """CPU (this process and its reaped children) per bare posix_spawn+waitpid of /bin/true."""
+    t0 = os.times()
+    bare_spawn_ms(count)
+    t1 = os.times()
+    spent = sum(b - a for a, b in zip(t0[:4], t1[:4], strict=True))
+    return 1000 * spent / count
 
 
 if __name__ == "__main__":

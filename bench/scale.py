@@ -43,13 +43,10 @@ def _fill(engine: Engine, total: int, already: int) -> None:
             conn.execute(insert(run_events), event_rows)
 
 
-def _time(fn: Callable[[], object], repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1000)
-    return median(samples)
+def _time(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000
 
 
 def _prepare(url: str, size: int) -> Engine:
@@ -103,7 +100,7 @@ def run_scale(
         for _ in range(repeats):
             for size, q in queries.items():
                 for name, fn in q.items():
-                    samples[size][name].append(_time(fn, 1))
+                    samples[size][name].append(_time(fn))
         timings = {
             size: {name: median(values) for name, values in by_name.items()}
             for size, by_name in samples.items()

@@ -24,6 +24,7 @@ from app.worker.identity import wait_exit
 from app.worker.launcher import SHIM_PATH, read_status
 from app.worker.zygote import Zygote
 from bench.report import Figure, Report, median
+from bench.trivial import bare_spawn_ms
 
 STATUS_TIMEOUT_S = 10.0  # a launch that says nothing by then fails the bench, never hangs it
 
@@ -130,13 +131,6 @@ def _timed_run(argv: list[str]) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def _spawn_wait_ms() -> float:
-    t0 = time.perf_counter()
-    pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
-    os.waitpid(pid, 0)
-    return (time.perf_counter() - t0) * 1000
-
-
 def _hwm_kb(pid: int) -> int:
     return _proc_kb(pid, "VmHWM")
 
@@ -163,7 +157,7 @@ def run_shim(report: Report, *, count: int, drain_bytes: int) -> None:
             startup.append(ms)
             wait_exit(status["shim_pid"], 10)
         sh = median([_timed_run(["/bin/sh", "-c", "true"]) for _ in range(count)])
-        bare = median([_spawn_wait_ms() for _ in range(count)])
+        bare = median(bare_spawn_ms(count))
         report.add(Figure("shim start-up (spawn -> status line)", median(startup), "ms",
                           "/bin/sh -c true start+exit", sh, False, extra={"n": count}))
         report.add(Figure("shim start-up (spawn -> status line)", median(startup), "ms",

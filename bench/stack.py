@@ -17,7 +17,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -67,12 +67,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def env_for(data: Path, url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+def env_for(data: Path, url: str) -> dict[str, str]:
     """The process environment: this one minus any QL_*, plus the stack's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     env |= {"QL_DATA_DIR": str(data), "QL_DATABASE_URL": url}
     env |= {"PYTHONPATH": str(ROOT)}
-    return env | (extra or {})
+    return env
 
 
 def start_worker(data: Path, url: str, *, log: Path | None = None) -> subprocess.Popen[bytes]:
@@ -120,17 +120,11 @@ class Stack:
     url: str
     base_url: str
     token: str
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def auth(self) -> dict[str, str]:
         """The admin bearer header."""
         return {"Authorization": f"Bearer {self.token}"}
-
-    @property
-    def api_pid(self) -> int:
-        """The uvicorn process id."""
-        return self.procs[-1].pid
 
 
 def start_api(data: Path, url: str, port: int) -> subprocess.Popen[bytes]:
@@ -173,7 +167,7 @@ def running_stack(pg_base: str | None, *, worker: bool = True) -> Iterator[Stack
                     procs.append(start_worker(data, url))
                 port = free_port()
                 procs.append(start_api(data, url, port))
-                yield Stack(data, url, f"http://127.0.0.1:{port}", token, procs)
+                yield Stack(data, url, f"http://127.0.0.1:{port}", token)
             finally:
                 for proc in reversed(procs):
                     stop(proc)
