@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.admin import settings_for
+from app.domain.artifacts import shard_of
+from app.domain.ids import UUID7_PATTERN
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
@@ -35,9 +37,8 @@ DEFAULT_SHARDS, MAX_SHARDS = 8, 32
 DEFAULT_PER_SHARD, MAX_PER_SHARD = 32, 64
 DEFAULT_MIN_AGE_S = 3600.0
 ORPHAN_DIR = ".orphan-quarantine"
-_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
-_RECEIPT = re.compile(rf"^({_UUID})\.json$")
-_TEMP = re.compile(rf"^\.({_UUID})\.json\.[0-9]+\.tmp$")  # the shim's publish temp file
+_RECEIPT = re.compile(rf"^({UUID7_PATTERN})\.json$")
+_TEMP = re.compile(rf"^\.({UUID7_PATTERN})\.json\.[0-9]+\.tmp$")  # the shim's publish temp file
 
 
 class AuditRefused(Exception):
@@ -183,7 +184,7 @@ def _scan(real_root: Path, shard: str, limit: int) -> list[_Entry] | None:
             if not stat.S_ISREG(st.st_mode):
                 out.append(_Entry(dent.name, "unsafe", None, st.st_ino, st.st_mtime))
             elif m := _RECEIPT.match(dent.name):
-                attempt = m.group(1) if m.group(1)[-2:] == shard else None
+                attempt = m.group(1) if shard_of(m.group(1)) == shard else None
                 out.append(_Entry(dent.name, "receipt" if attempt else "other", attempt,
                                   st.st_ino, st.st_mtime))
             elif m := _TEMP.match(dent.name):

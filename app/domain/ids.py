@@ -35,7 +35,8 @@ def uuid7(now_ms: int | None = None) -> str:
 # Canonical lowercase text, version nibble 7, RFC 4122 variant (10xx): what
 # ``str(uuid.UUID(text)) == text`` with version 7 checked, at a fifth of the cost (every read
 # of a run validates its id).
-_UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+UUID7_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+_UUID7 = re.compile(UUID7_PATTERN)
 
 
 def is_uuid7(text: str) -> bool:
