@@ -8,6 +8,7 @@ commit and cleanup (the file is left). Either way, exactly one terminal event.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,9 @@ import pytest
 from sqlalchemy import Engine
 
 import app.storage.runs_repo as runs_repo_module
-from app.domain.artifacts import quarantine_relpath, receipt_relpath
-from app.domain.ids import now_ms
-from app.domain.model import ProcessHandle
+from app.domain.artifacts import log_relpath, quarantine_relpath, receipt_relpath
+from app.domain.ids import now_ms, uuid7
+from app.domain.model import LogInfo, ProcessHandle
 from app.domain.receipt import Receipt, encode_receipt
 from app.execution.completion import CompletionService
 from app.storage.journal_repo import CONSUMED, QUARANTINED, JournalRepository
@@ -228,3 +229,15 @@ def test_bad_receipts_are_quarantined_and_the_run_is_untouched(env: Env, kind: s
     assert not path.exists()
     assert (env.store.root / quarantine_relpath(armed.attempt_id)).read_bytes() == body
     assert terminal_events(env.engine, armed.run_id) == []
+
+
+def test_log_facts_count_only_a_regular_log_file(tmp_path: Path) -> None:
+    facts = LogFacts(tmp_path)
+    regular, link, fifo, missing = uuid7(), uuid7(), uuid7(), uuid7()
+    for attempt in (regular, link, fifo):
+        (tmp_path / log_relpath(attempt)).parent.mkdir(exist_ok=True)
+    (tmp_path / log_relpath(regular)).write_bytes(b"12345")
+    (tmp_path / log_relpath(link)).symlink_to(tmp_path / log_relpath(regular))
+    os.mkfifo(tmp_path / log_relpath(fifo))  # never opened, so never blocks
+    assert facts.log_info(regular) == LogInfo(bytes=5, truncated=False, dropped_bytes=0)
+    assert [facts.log_info(a) for a in (link, fifo, missing)] == [None, None, None]
