@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 from app.context.bootstrap import build_context
 from app.settings import Settings
 from app.storage.runs_repo import RunRepository
-
-
-def _halt() -> None:
-    Path(os.environ["QLTEST_CRASH_MARK"]).touch()
-    threading.Event().wait()  # until the SIGKILL
+from tests.recovery.halt import halt
 
 
 def _install(point: str) -> None:
@@ -31,13 +26,13 @@ def _install(point: str) -> None:
 
         def begin_then_halt(self: RunRepository, **kwargs: Any) -> Any:
             begin(self, **kwargs)  # committed: the crash comes before the launch
-            _halt()
+            halt()
 
         RunRepository.begin_dispatch = begin_then_halt  # type: ignore[method-assign]
     elif point == "before_t2":
 
         def halt_instead(self: RunRepository, **kwargs: Any) -> Any:
-            _halt()  # the job runs and the journal knows it; T2 is never written
+            halt()  # the job runs and the journal knows it; T2 is never written
 
         RunRepository.record_running = halt_instead  # type: ignore[method-assign]
     else:

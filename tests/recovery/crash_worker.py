@@ -9,17 +9,11 @@ worker. Run as ``python -m tests.recovery.crash_worker worker``.
 from __future__ import annotations
 
 import os
-import threading
-from pathlib import Path
 from typing import Any
 
 from app.cli import main
 from app.storage.journal_repo import JournalRepository
-
-
-def _halt() -> None:
-    Path(os.environ["QLTEST_CRASH_MARK"]).touch()
-    threading.Event().wait()  # until the SIGKILL
+from tests.recovery.halt import halt
 
 
 def _install(point: str) -> None:
@@ -28,13 +22,13 @@ def _install(point: str) -> None:
 
         def reserve_then_halt(self: JournalRepository, **kwargs: Any) -> Any:
             reserve(self, **kwargs)  # committed: the crash comes after the reserve
-            _halt()
+            halt()
 
         JournalRepository.reserve = reserve_then_halt  # type: ignore[method-assign]
     elif point == "spawned":
 
         def halt_before_record(self: JournalRepository, **kwargs: Any) -> Any:
-            _halt()  # the shim and its job run; ``spawned`` is never written
+            halt()  # the shim and its job run; ``spawned`` is never written
 
         JournalRepository.record_spawned = halt_before_record  # type: ignore[method-assign]
     else:
