@@ -3,7 +3,7 @@
 A real worker (``WorkerProcess.start``, in this process) on a real database and receipts
 directory: attempts whose shim is gone (a dead process) with a valid receipt waiting, attempts
 that already ended but kept their receipt (a crash before cleanup), and ended attempts without
-one. More than two resume pages, so paging is exercised; on PostgreSQL the backlog is settled
+one. More than two drain pages, so paging is exercised; on PostgreSQL the backlog is settled
 on several threads, and a reconciler runs its passes concurrently to race for the same files.
 ``start`` returns only after the backlog is settled, so everything is checked at once.
 """
@@ -40,7 +40,7 @@ RACER = "racing-reconciler"
 
 
 class Backlog:
-    """Spawned journal entries of every kind the resume walk meets, on the real stores."""
+    """Spawned journal entries of every kind the start-up drain meets, on the real stores."""
 
     def __init__(self, engine: Engine, data_dir: Path) -> None:
         self.engine = engine
@@ -95,7 +95,7 @@ def backlog(engine: Engine, tmp_path: Path) -> Backlog:
 
 
 class Settles:
-    """(attempt id, thread name) of every settle the resume walk made (a spy, no fake)."""
+    """(attempt id, thread name) of every settle the start-up drain made (a spy, no fake)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
@@ -134,14 +134,14 @@ def test_start_settles_the_backlog_exactly_once(
     settings = Settings(
         data_dir=data_dir, database_url=db_url, profile=EDGE, worker_socket=short_dir / "w.sock"
     )
-    # A reconciler in another thread races the resume walk for the very same receipts.
+    # A reconciler in another thread races the start-up drain for the very same receipts.
     reconciler = in_process_reconciler(engine, backlog.store, [now_ms()])
     stop = threading.Event()
     failures: list[BaseException] = []
 
     def race() -> None:
         try:
-            settles.begun.wait(30)  # from the moment the resume walk settles its first entry
+            settles.begun.wait(30)  # from the moment the start-up drain settles its first entry
             while not stop.is_set():
                 reconciler.run_pass()
         except BaseException as exc:
@@ -164,8 +164,8 @@ def test_start_settles_the_backlog_exactly_once(
         else:
             assert len(threads) > 1 and caller not in threads
 
-        # The racer starts only once the walk settles, so (nearly) all of the backlog reaches
-        # the walk; each attempt reaches it once, on one thread. Consumption itself may be
+        # The racer starts only once the drain settles, so (nearly) all of the backlog reaches
+        # the drain; each attempt reaches it once, on one thread. Consumption itself may be
         # won by the racer: exactly once is checked on the database and files below.
         per_attempt = Counter(attempt for attempt, _ in settles.calls)
         assert set(per_attempt) <= set(backlog.attempt_ids)
