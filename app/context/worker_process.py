@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, QueuePool
 
 from app.domain.errors import DomainError, ErrorCode
-from app.domain.model import ProcessHandle
 from app.execution.cancellation import CancellationSweep
 from app.execution.completion import CompletionService, ConsumeResult
 from app.execution.reconciler import Reconciler
 from app.execution.recovery_loop import RecoveryLoop
 from app.settings import Settings
 from app.storage.engine import make_engine
-from app.storage.journal_repo import SPAWNED, JournalRepository
+from app.storage.journal_repo import JournalRepository
 from app.storage.migrate import current_revision, head_revision
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -32,11 +30,10 @@ from app.worker.log_facts import LogFacts
 from app.worker.probe import HandleProbe
 from app.worker.receipts import ReceiptStore
 from app.worker.server import ControlServer
-from app.worker.watcher import ShimWatcher, shim_alive
+from app.worker.watcher import ShimWatcher
 
 log = logging.getLogger(__name__)
 
-_RESUME_PAGE = 64
 # Start-up settling on PostgreSQL: each receipt costs several serial round trips and a
 # commit, so a few threads (each on its own pooled connection) overlap them. SQLite has one
 # writer at a time: there the backlog is settled inline, on the starting thread.
@@ -115,9 +112,12 @@ class WorkerProcess:
                 server,
             )
             watcher.start()
-            self._resume()
             self.parts.recovery = self._recovery()
-            self.parts.recovery.start()  # its first iteration is the start-up pass
+            # The start-up backlog, settled back to back before serving (journal_settle.py),
+            # by the same rule as the passes' sweep; then the loop's first pass.
+            assert self._reconciler is not None
+            self._reconciler.drain_journal(threads=self._settle_threads())
+            self.parts.recovery.start()
             server.start()
         except BaseException:
             if self.parts is not None:
@@ -165,49 +165,6 @@ class WorkerProcess:
             self._wake(True)
         return result
 
-    def _resume(self) -> None:
-        """Re-watch spawned attempts whose shim lives; settle the others before serving.
-
-        One journal page at a time, with one query for which of its attempts are still
-        active (never one per entry). Settling goes through ``_consume`` exactly as the
-        watcher's callback would, inline or on ``_settle_threads()`` threads, a page at a
-        time (a large backlog is never held in memory). The walk meets each entry once (a
-        settled entry leaves ``spawned``; nothing else moves it before the socket opens), and
-        every transition is a compare-and-set, so a receipt is consumed once even when the
-        reconciler or the watcher races for it.
-        """
-        assert self.parts is not None
-        parts = self.parts
-        threads = self._settle_threads()
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="ql-resume") if threads else None
-        try:
-            after: tuple[int, str] | None = None
-            while True:
-                page = parts.journal.page_by_state(state=SPAWNED, limit=_RESUME_PAGE, after=after)
-                active = parts.reader.active_among([e.attempt_id for e in page])
-                settle: list[_Pending] = []
-                for entry in page:
-                    live = entry.handle is not None and entry.attempt_id in active
-                    if live and entry.handle is not None and shim_alive(entry.handle):
-                        parts.watcher.add(entry.run_id, entry.attempt_id, entry.handle)
-                    else:
-                        # The shim is gone: it published its receipt (or failed to) before
-                        # exiting, so there is nothing to wait for. An attempt that ended
-                        # while we were away (or crashed before cleanup) replays its receipt
-                        # to already_terminal and is cleaned (ADR-0007 §2.5).
-                        settle.append(_Pending(entry.run_id, entry.attempt_id, entry.handle, live))
-                if pool is None:
-                    for pending in settle:
-                        self._settle(pending)
-                else:
-                    list(pool.map(self._settle, settle))  # the page is settled before the next
-                if len(page) < _RESUME_PAGE:
-                    return
-                after = (page[-1].updated_at_ms, page[-1].attempt_id)
-        finally:
-            if pool is not None:
-                pool.shutdown()  # every submitted entry is settled before the socket opens
-
     def _settle_threads(self) -> int:
         """0 (inline) on SQLite; else a few threads, never more than the pool holds."""
         assert self.parts is not None
@@ -215,22 +172,6 @@ class WorkerProcess:
         if engine.dialect.name == "sqlite" or not isinstance(engine.pool, QueuePool):
             return 0
         return max(1, min(_SETTLE_THREADS, engine.pool.size()))
-
-    def _settle(self, pending: _Pending) -> None:
-        parts = self.parts
-        assert parts is not None
-        try:
-            result = self._consume(pending.run_id, pending.attempt_id)
-            if pending.live or result.status != "absent":
-                # Settled, or still active with its shim gone: then this was what the watcher
-                # does on a shim exit, and a missing receipt is the reconciler's to decide.
-                return
-            if pending.handle is None or not shim_alive(pending.handle):
-                # The attempt ended without this receipt and no shim can publish one any
-                # more: nothing is left to consume, so the entry leaves the resume set.
-                parts.journal.mark_consumed(attempt_id=pending.attempt_id)
-        except Exception as exc:  # the reconciler's passes retry; never content in logs
-            log.warning("resume completion failed: %s", type(exc).__name__)
 
     def request_stop(self) -> None:
         """Ask ``serve_forever`` to return (safe from a signal handler)."""
@@ -255,12 +196,3 @@ class WorkerProcess:
         parts.watcher.stop()
         parts.engine.dispose()
 
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """A spawned journal entry to settle at start-up; ``live``: its attempt is still active."""
-
-    run_id: str
-    attempt_id: str
-    handle: ProcessHandle | None
-    live: bool

@@ -17,10 +17,11 @@ ADR-0007 §2.6 fixes the order for each active attempt, found through the databa
    ``stopped``/``already_exited`` (``unknown`` leaves it: fail closed);
 5. a handle we cannot verify → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED, nobody is signalled.
 
-Each pass also sweeps journal entries still ``spawned`` whose attempt already ended (a worker
-killed mid-launch after the coordinator gave up) and stops a process still alive there, and
-purges settled journal rows and quarantined files after the profile's retention. Every part
-is bounded per pass. Passes never overlap: only the recovery loop's one thread calls them.
+Each pass also sweeps journal entries still ``spawned`` whose attempt already ended, by the
+rule the worker's start-up drain uses too (``journal_settle.py``: a job still running is
+stopped by exact identity before its entry is consumed), and purges settled journal rows
+and quarantined files after the profile's retention. Every part is bounded per pass. Passes
+never overlap: only the recovery loop's one thread calls them.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from dataclasses import dataclass, field
 
 from app.domain.errors import DomainError, ErrorCode
 from app.domain.ids import now_ms
-from app.domain.model import ProcessHandle, plausible_handle
+from app.domain.model import plausible_handle
 from app.domain.profiles import Profile
 from app.execution.completion import CompletionService, ConsumeResult
+from app.execution.journal_settle import JournalSettle, SettleReport, WatchCallback
 from app.execution.ports import (
     ActiveAttemptSource,
     ActiveAttemptView,
@@ -49,15 +51,13 @@ from app.execution.ports import (
 log = logging.getLogger(__name__)
 
 # Journal states (the storage adapter's vocabulary; strings so execution stays storage-free).
-RESERVED, SPAWNED, SPAWN_FAILED = "reserved", "spawned", "spawn_failed"
+RESERVED, SPAWN_FAILED = "reserved", "spawn_failed"
 CONSUMED, QUARANTINED = "consumed", "quarantined"
 # A launch journals ``reserved`` a socket round trip after T1; a starting attempt younger
 # than this may still be on its way to the worker or to T2, so it is left alone.
 DEFAULT_START_GRACE_S = 2.0
 # ``reserved`` lasts only while the shim reports its status (launcher timeout 10 s).
 RESERVED_EXTRA_GRACE_S = 10.0
-
-WatchCallback = Callable[[str, str, ProcessHandle], None]
 
 
 @dataclass
@@ -109,7 +109,10 @@ class Reconciler:
         self._claims: set[str] = set()  # attempts this pass is stopping to end them itself
         self._claims_lock = threading.Lock()
         self._cursor: str | None = None  # resume cursor over active attempts, across passes
-        self._journal_cursor: tuple[int, str] | None = None
+        self._journal_settle = JournalSettle(
+            attempts=attempts, journal=journal, completion=completion, probe=probe,
+            controller=controller, stop_grace_s=profile.stop_grace_s, watch=watch,
+        )  # fmt: skip
 
     def claimed(self, attempt_id: str) -> bool:
         """True while a pass is stopping this attempt to record its own ending.
@@ -120,6 +123,10 @@ class Reconciler:
         """
         with self._claims_lock:
             return attempt_id in self._claims
+
+    def drain_journal(self, *, threads: int = 0) -> SettleReport:
+        """Settle the whole ``spawned`` backlog back to back (start-up, before any pass)."""
+        return self._journal_settle.drain(threads=threads)
 
     # -- the pass ---------------------------------------------------------------------------
 
@@ -255,36 +262,9 @@ class Reconciler:
     # -- journal sweep: ended attempts whose process may still live -------------------------
 
     def _sweep_journal(self, report: PassReport) -> None:
-        limit = self._profile.reconcile_page_size
-        page = self._journal.page_by_state(state=SPAWNED, limit=limit, after=self._journal_cursor)
-        self._journal_cursor = (
-            (page[-1].updated_at_ms, page[-1].attempt_id) if len(page) == limit else None
-        )
-        # One query for the page. An attempt found ended stays ended (endings are final);
-        # one that ends after this read is simply left to the next pass.
-        active = self._attempts.active_among([entry.attempt_id for entry in page])
-        for entry in page:
-            if entry.attempt_id in active:
-                continue  # the attempt pass owns it
-            try:
-                handle = entry.handle
-                if plausible_handle(handle):
-                    assert handle is not None
-                    if self._probe.job_alive(handle):
-                        # Ended in the database yet alive (e.g. a worker killed mid-launch
-                        # after the coordinator gave up): stop the exact identity.
-                        grace = self._profile.stop_grace_s
-                        if self._controller.stop(handle, grace_seconds=grace) == "unknown":
-                            report.undecided += 1
-                            continue
-                        report.stopped += 1
-                    if self._probe.shim_alive(handle):
-                        continue  # its receipt is still to come; the watcher cleans it up
-                result = self._completion.consume(run_id=entry.run_id, attempt_id=entry.attempt_id)
-                if result.status == "absent":
-                    self._journal.mark_consumed(attempt_id=entry.attempt_id)
-            except Exception as exc:
-                log.warning("journal sweep of an entry failed: %s", type(exc).__name__)
+        swept = self._journal_settle.sweep(limit=self._profile.reconcile_page_size)
+        report.stopped += swept.stopped
+        report.undecided += swept.undecided
 
     # -- retention (ADR-0007 §2.5: rows and quarantined files by profile) --------------------
 

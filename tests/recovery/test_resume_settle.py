@@ -3,7 +3,7 @@
 A real worker (``WorkerProcess.start``, in this process) on a real database and receipts
 directory: attempts whose shim is gone (a dead process) with a valid receipt waiting, attempts
 that already ended but kept their receipt (a crash before cleanup), and ended attempts without
-one. More than two resume pages, so paging is exercised; on PostgreSQL the backlog is settled
+one. More than two drain pages, so paging is exercised; on PostgreSQL the backlog is settled
 on several threads, and a reconciler runs its passes concurrently to race for the same files.
 ``start`` returns only after the backlog is settled, so everything is checked at once.
 """
@@ -14,15 +14,17 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
-from app.context import worker_process
 from app.context.worker_process import WorkerProcess
 from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
 from app.domain.profiles import EDGE
+from app.execution.journal_settle import JournalSettle
+from app.execution.ports import JournalEntryView
 from app.settings import Settings
 from app.storage.journal_repo import CONSUMED, JournalRepository
 from app.storage.run_reads import RunReader
@@ -34,10 +36,11 @@ from tests.worker.kit import Armed, dead_handle, running_run, write_receipt
 PENDING = 140  # running, shim gone, receipt waiting: the backlog proper
 REPLAYED = 20  # already succeeded, journal still spawned, receipt left behind
 WITHOUT_RECEIPT = 10  # already lost, journal still spawned, no receipt and no shim
+RACER = "racing-reconciler"
 
 
 class Backlog:
-    """Spawned journal entries of every kind the resume walk meets, on the real stores."""
+    """Spawned journal entries of every kind the start-up drain meets, on the real stores."""
 
     def __init__(self, engine: Engine, data_dir: Path) -> None:
         self.engine = engine
@@ -92,7 +95,7 @@ def backlog(engine: Engine, tmp_path: Path) -> Backlog:
 
 
 class Settles:
-    """(attempt id, thread name) of every settle the resume walk made (a spy, no fake)."""
+    """(attempt id, thread name) of every settle the start-up drain made (a spy, no fake)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
@@ -108,13 +111,15 @@ class Settles:
 @pytest.fixture
 def settles(monkeypatch: pytest.MonkeyPatch) -> Iterator[Settles]:
     spy = Settles()
-    real = WorkerProcess._settle
+    real = JournalSettle._entry
 
-    def settle(self: WorkerProcess, pending: worker_process._Pending) -> None:
-        spy.record(pending.attempt_id)
-        real(self, pending)
+    def settle(self: JournalSettle, entry: JournalEntryView, *, active: bool) -> Any:
+        # The racing reconciler's sweep takes this same path: only the drain's are counted.
+        if threading.current_thread().name != RACER:
+            spy.record(entry.attempt_id)
+        return real(self, entry, active=active)
 
-    monkeypatch.setattr(WorkerProcess, "_settle", settle)
+    monkeypatch.setattr(JournalSettle, "_entry", settle)
     yield spy
 
 
@@ -129,20 +134,20 @@ def test_start_settles_the_backlog_exactly_once(
     settings = Settings(
         data_dir=data_dir, database_url=db_url, profile=EDGE, worker_socket=short_dir / "w.sock"
     )
-    # A reconciler in another thread races the resume walk for the very same receipts.
+    # A reconciler in another thread races the start-up drain for the very same receipts.
     reconciler = in_process_reconciler(engine, backlog.store, [now_ms()])
     stop = threading.Event()
     failures: list[BaseException] = []
 
     def race() -> None:
         try:
-            settles.begun.wait(30)  # from the moment the resume walk settles its first entry
+            settles.begun.wait(30)  # from the moment the start-up drain settles its first entry
             while not stop.is_set():
                 reconciler.run_pass()
         except BaseException as exc:
             failures.append(exc)
 
-    racer = threading.Thread(target=race, name="racing-reconciler")
+    racer = threading.Thread(target=race, name=RACER)
     caller = threading.current_thread().name
     worker = WorkerProcess(settings)
     racer.start()
@@ -159,8 +164,8 @@ def test_start_settles_the_backlog_exactly_once(
         else:
             assert len(threads) > 1 and caller not in threads
 
-        # The racer starts only once the walk settles, so (nearly) all of the backlog reaches
-        # the walk; each attempt reaches it once, on one thread. Consumption itself may be
+        # The racer starts only once the drain settles, so (nearly) all of the backlog reaches
+        # the drain; each attempt reaches it once, on one thread. Consumption itself may be
         # won by the racer: exactly once is checked on the database and files below.
         per_attempt = Counter(attempt for attempt, _ in settles.calls)
         assert set(per_attempt) <= set(backlog.attempt_ids)
