@@ -60,7 +60,8 @@ def register(sub: Any) -> None:
         help="migrate, then run and supervise the api and the worker",
         description=(
             "Migrate the database, then run the api (uvicorn) and the worker, restarting either "
-            "one if it dies. SIGTERM/SIGINT stop both; running jobs keep running and are "
+            "one if it dies. SIGTERM/SIGINT stop the api (it stops dispatching and finishes "
+            "its launches), then the worker; running jobs keep running and are "
             "reconciled at the next start unless --stop-jobs-on-exit is given. SIGHUP restarts "
             "the api's uvicorn workers one by one (with --workers 1: the api process) without "
             "touching the worker or any job."
