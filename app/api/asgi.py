@@ -1,4 +1,5 @@
-"""Pure ASGI guard: body limit (413), UTF-8 bodies, and a 500 that reveals nothing.
+"""Pure ASGI guard: body limit (413), UTF-8 bodies, a 500 that reveals nothing, and
+``Connection: close`` on every response of a retiring process (app/api/retirement.py).
 
 Bodies are refused from ``Content-Length`` before any byte is read, or while streaming as
 soon as the count passes the limit: the app never sees more than ``max_body`` bytes.
@@ -13,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from app.api import retirement
 from app.api.problems import (
     INTERNAL_ERROR,
     MALFORMED_JSON,
@@ -39,9 +41,15 @@ class _Disconnected(Exception):
 class GuardMiddleware:
     """Wraps the whole app; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, max_body: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body: int = MAX_BODY_BYTES,
+        retiring: Callable[[], bool] = retirement.retiring,
+    ) -> None:
         self.app = app
         self.max_body = max_body
+        self.retiring = retiring
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -53,6 +61,8 @@ class GuardMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                if self.retiring():
+                    message = _closing(message)
             await send(message)
 
         try:
@@ -104,6 +114,12 @@ class GuardMiddleware:
                 await _problem(send, 400, MALFORMED_JSON, "the body is not valid UTF-8")
                 return None
         return _replay(bytes(body), receive)
+
+
+def _closing(start: Message) -> Message:
+    """The response start with ``Connection: close`` (the server then closes after it)."""
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"connection"]
+    return {**start, "headers": [*headers, (b"connection", b"close")]}
 
 
 def _too_large(limit: int) -> str:

@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from app.api import (
     problems,
+    retirement,
     routes_definitions,
     routes_logs,
     routes_ops,
@@ -45,6 +46,7 @@ def create_app(
         app.state.context = ctx
         app.state.facade = ctx.facade
         ctx.start_background()
+        retirement.arm_on_signals()  # uvicorn's handlers are installed by now
         try:
             yield
         finally:

@@ -9,6 +9,7 @@ import socket
 import sys
 from typing import Any
 
+from app.api import retirement
 from app.cli.admin import cmd_migrate, settings_for
 from app.context.stop_jobs import stop_active_jobs
 from app.context.supervisor import ServiceSpec, Supervisor
@@ -16,8 +17,14 @@ from app.settings import Settings
 
 APP_FACTORY = "app.api.main:create_app"
 # Bounds uvicorn's graceful shutdown (open streams such as log follows) so a stop or a
-# rolling restart never waits on a client; the supervisor's own stop bound is larger.
+# rolling restart never waits on a client; the supervisor's own stop bound is larger. It
+# must exceed the idle grace a retiring worker gives keep-alive connections.
 GRACEFUL_SHUTDOWN_S = 5
+assert GRACEFUL_SHUTDOWN_S > retirement.IDLE_GRACE_S
+# How long uvicorn's manager waits for a new worker to serve before it gives up a rolling
+# restart (and how long a worker may miss its health ping). Its default, 5 s, is less than
+# an app import takes on a busy two-core host or an SD card: the restart was then abandoned.
+WORKER_READY_S = 30
 
 
 def _positive(value: str) -> int:
@@ -53,7 +60,8 @@ def register(sub: Any) -> None:
         help="migrate, then run and supervise the api and the worker",
         description=(
             "Migrate the database, then run the api (uvicorn) and the worker, restarting either "
-            "one if it dies. SIGTERM/SIGINT stop both; running jobs keep running and are "
+            "one if it dies. SIGTERM/SIGINT stop the api (it stops dispatching and finishes "
+            "its launches), then the worker; running jobs keep running and are "
             "reconciled at the next start unless --stop-jobs-on-exit is given. SIGHUP restarts "
             "the api's uvicorn workers one by one (with --workers 1: the api process) without "
             "touching the worker or any job."
@@ -138,6 +146,9 @@ def cmd_api(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level="warning",
+        # h11, with a shutdown that lets keep-alive clients finish (app/api/retirement.py).
+        http=retirement.PROTOCOL,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_worker_healthcheck=WORKER_READY_S,
     )
     return 0

@@ -7,8 +7,11 @@ Hooks for the execution layer (DESIGN.md, AppContext): ``after_enqueue`` runs af
 committed enqueue or cancel intent, and ``periodic`` every ``periodic_interval_s`` (the
 dispatcher's slow loop). Both run on one daemon thread started by ``start_background()``:
 kicks coalesce, a route never waits for them, and an exception in them is logged (type
-only) and never reaches a route. ``ready_checks`` add named readiness checks (the worker
-socket ping) returning ``None`` when fine or a short reason when not.
+only) and never reaches a route. On close, ``halt`` is called first (no new dispatch pass
+starts), then the thread is joined, so the launches in flight finish before the worker
+client closes and before ``qinglong serve`` stops the worker (docs/rolling-restarts.md).
+``ready_checks`` add named readiness checks (the worker socket ping) returning ``None``
+when fine or a short reason when not.
 """
 
 from __future__ import annotations
@@ -41,17 +44,25 @@ log = logging.getLogger("qinglong.context")
 
 Hook = Callable[[], None]
 ReadyCheck = Callable[[], str | None]
+# How long close waits for the launches in flight; inside the supervisor's stop bound.
+STOP_TIMEOUT_S = 5.0
 
 
 class Background:
     """One daemon thread: runs ``after_enqueue`` when kicked and ``periodic`` on a timer."""
 
     def __init__(
-        self, *, after_enqueue: Hook | None, periodic: Hook | None, interval_s: float
+        self,
+        *,
+        after_enqueue: Hook | None,
+        periodic: Hook | None,
+        interval_s: float,
+        halt: Hook | None = None,
     ) -> None:
         self._after_enqueue = after_enqueue
         self._periodic = periodic
         self._interval_s = interval_s
+        self._halt = halt
         self._kicked = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,13 +78,17 @@ class Background:
         self._thread = threading.Thread(target=self._loop, name="ql-background", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Ask the thread to finish its current pass and wait for it (bounded)."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Halt the hooks (no new pass), let the current pass finish, wait for it (bounded)."""
         self._stopping.set()
+        if self._halt is not None:
+            self._halt()
         self._kicked.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("dispatch still busy after %.0f s; closing anyway", timeout_s)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -179,6 +194,7 @@ def build_context(
         reader = RunReader(engine, async_reads=async_reads)
     checks: dict[str, ReadyCheck] = {"database": lambda: database_check(engine)}
     closers: list[Hook] = []
+    halt: Hook | None = None
     if execution:
         hooks = build_execution(
             settings,
@@ -189,6 +205,7 @@ def build_context(
         )
         checks["worker"] = hooks.worker_ready
         closers.append(hooks.close)
+        halt = hooks.halt
         if after_enqueue is None:
 
             def after_enqueue() -> None:
@@ -208,7 +225,7 @@ def build_context(
         return Readiness(ready=all(v == "ok" for v in results.values()), checks=results)
 
     background = Background(
-        after_enqueue=after_enqueue, periodic=periodic, interval_s=periodic_interval_s
+        after_enqueue=after_enqueue, periodic=periodic, interval_s=periodic_interval_s, halt=halt
     )
     facade = AppFacade(
         _definitions=definitions,

@@ -47,6 +47,8 @@ class ExecutionHooks:
     worker_ready: Callable[[], str | None]
     nudge_worker: Callable[[], None]
     close: Callable[[], None]
+    # Shutdown: no pass starts after this; the passes in flight finish (their launches too).
+    halt: Callable[[], None]
 
 
 def build_execution(
@@ -71,13 +73,17 @@ def build_execution(
         settings_like=settings,
     )
 
+    halted = threading.Event()
+
     def drain() -> None:
         # No worker, no dispatch: runs stay queued (never failed) until it answers again.
+        if halted.is_set():
+            return
         try:
             worker.ping()
         except WorkerUnavailable:
             return
-        _drain_concurrently(dispatcher, drainers)
+        _drain_concurrently(dispatcher, drainers, halted)
 
     def worker_ready() -> str | None:
         try:
@@ -94,44 +100,50 @@ def build_execution(
             wake()
 
     return ExecutionHooks(
-        drain=drain, worker_ready=worker_ready, nudge_worker=nudge_worker, close=worker.close
+        drain=drain,
+        worker_ready=worker_ready,
+        nudge_worker=nudge_worker,
+        close=worker.close,
+        halt=halted.set,
     )
 
 
-def _drain_concurrently(dispatcher: Dispatcher, drainers: int) -> None:
+def _drain_concurrently(dispatcher: Dispatcher, drainers: int, halted: threading.Event) -> None:
     """Drain; only when the first pass activated a run, add ``drainers - 1`` helper threads.
 
     The slow loop ticks every few seconds with usually nothing queued: one pass in this
     thread answers that without starting any thread.
     """
     if drainers <= 1:
-        _drain(dispatcher)
+        _drain(dispatcher, halted)
         return
     if not _log_pass(dispatcher.run_pass()):
         return
     helpers = [
-        threading.Thread(target=_drain_logged, args=(dispatcher,), name="ql-drain", daemon=True)
+        threading.Thread(
+            target=_drain_logged, args=(dispatcher, halted), name="ql-drain", daemon=True
+        )
         for _ in range(drainers - 1)
     ]
     for thread in helpers:
         thread.start()
     try:
-        _drain(dispatcher)
+        _drain(dispatcher, halted)
     finally:
         for thread in helpers:
             thread.join()
 
 
-def _drain_logged(dispatcher: Dispatcher) -> None:
+def _drain_logged(dispatcher: Dispatcher, halted: threading.Event) -> None:
     try:
-        _drain(dispatcher)
+        _drain(dispatcher, halted)
     except Exception as exc:  # a failed pass is retried by the next kick or tick
         log.error("background pass failed: %s", type(exc).__name__)
 
 
-def _drain(dispatcher: Dispatcher) -> None:
+def _drain(dispatcher: Dispatcher, halted: threading.Event) -> None:
     for _ in range(MAX_PASSES_PER_DRAIN):
-        if not _log_pass(dispatcher.run_pass()):
+        if halted.is_set() or not _log_pass(dispatcher.run_pass()):
             return
 
 

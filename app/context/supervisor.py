@@ -9,6 +9,12 @@ The supervisor is a child subreaper: job shims double-fork out of the worker and
 re-parented here. It reaps them when they exit and never signals them; on shutdown they keep
 running and the worker reconciles them at its next start (DESIGN.md, Processes; ADR-0070 §4).
 
+Shutdown stops the services one after another, in the order they are given (``qinglong
+serve``: the api, then the worker): each gets TERM, KILL to its group after
+``stop_timeout_s``, and is reaped before the next one is told to stop. The api stops
+dispatching and lets its in-flight launches finish before it exits, so the worker is still
+there to answer them (docs/rolling-restarts.md, Shutdown order).
+
 A service leader's exit is observed with ``waitid(WNOWAIT)`` first: while it is an unreaped
 zombie its pid, and so its process-group number, cannot be reused, which makes the
 ``killpg(KILL)`` of the group's stragglers (orphaned uvicorn workers) exact.
@@ -81,6 +87,8 @@ class _Service:
     failures: int = 0
     restart_at: float | None = 0.0  # monotonic time of the next start; None: do not start
     restart_now: bool = False  # the next exit was asked for (SIGHUP): restart at once
+    stop_deadline: float | None = None  # shutdown: TERM sent; KILL to the group after this
+    killed: bool = False
 
 
 def _libc() -> ctypes.CDLL:
@@ -113,8 +121,6 @@ class Supervisor:
     stop_timeout_s: float = 15.0
     _children: list[_Service] = field(default_factory=list, init=False)
     _stopping: bool = field(default=False, init=False)
-    _stop_deadline: float = field(default=0.0, init=False)
-    _killed: bool = field(default=False, init=False)
 
     def run(self) -> int:
         """Supervise until told to stop; returns the exit code (0 after an orderly stop)."""
@@ -140,18 +146,17 @@ class Supervisor:
     def _loop(self, wake_r: int) -> None:
         while True:
             self._reap()
-            if self._stopping and not any(c.pid for c in self._children):
-                self._drain_groups()
-                log.info("all services stopped")
-                return
             now = time.monotonic()
             if self._stopping:
-                if now >= self._stop_deadline and not self._killed:
-                    self._kill_remaining()
-                if now >= self._stop_deadline + _KILL_WAIT_S:
-                    log.error("a service did not exit even after SIGKILL; leaving it")
+                child = next((c for c in self._children if c.pid is not None), None)
+                if child is None:
+                    self._drain_groups()
+                    log.info("all services stopped")
                     return
-                timeout = max(min(self._stop_deadline - now, _TICK_S), 0.05)
+                if not self._stop_step(child, now):
+                    return
+                assert child.stop_deadline is not None
+                timeout = max(min(child.stop_deadline - now, _TICK_S), 0.05)
             else:
                 self._start_due(now)
                 timeout = self._next_timeout(now)
@@ -253,24 +258,36 @@ class Supervisor:
 
     def _begin_stop(self, signame: str) -> None:
         if self._stopping:
-            if not self._killed:
-                log.warning("%s again: killing the services now", signame)
-                self._kill_remaining()
+            log.warning("%s again: killing the services now", signame)
+            for child in self._children:
+                if child.pid is not None and not child.killed:
+                    self._kill(child, time.monotonic())
             return
         self._stopping = True
-        self._stop_deadline = time.monotonic() + self.stop_timeout_s
-        log.info("%s: stopping the services (jobs keep running)", signame)
+        log.info("%s: stopping the services in order (jobs keep running)", signame)
         for child in self._children:
             child.restart_at = None
-            if child.pid is not None:
-                os.kill(child.pid, signal.SIGTERM)
 
-    def _kill_remaining(self) -> None:
-        self._killed = True
-        for child in self._children:
-            if child.pid is not None:
-                log.warning("%s did not stop in time; killing its process group", child.spec.name)
-                _killpg(child.pid, signal.SIGKILL)  # unreaped leader: the number is ours
+    def _stop_step(self, child: _Service, now: float) -> bool:
+        """Advance the stop of ``child``, the first one still up; False: give up waiting."""
+        assert child.pid is not None
+        if child.stop_deadline is None:
+            log.info("stopping %s", child.spec.name)
+            child.stop_deadline = now + self.stop_timeout_s
+            os.kill(child.pid, signal.SIGTERM)
+        elif now >= child.stop_deadline + _KILL_WAIT_S:
+            log.error("%s did not exit even after SIGKILL; leaving it", child.spec.name)
+            return False
+        elif now >= child.stop_deadline and not child.killed:
+            log.warning("%s did not stop in time; killing its process group", child.spec.name)
+            self._kill(child, now)
+        return True
+
+    def _kill(self, child: _Service, now: float) -> None:
+        assert child.pid is not None
+        child.killed = True
+        child.stop_deadline = min(child.stop_deadline or now, now)
+        _killpg(child.pid, signal.SIGKILL)  # unreaped leader: the number is ours
 
     def _drain_groups(self) -> None:
         """Wait (bounded) until no process is left in a service's group, reaping as we go."""
