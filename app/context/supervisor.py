@@ -70,6 +70,9 @@ class ServiceSpec:
     # each new one serving before the old one stops), otherwise the child is restarted.
     reloads: bool = False
     forwards_hup: bool = False
+    # Exit statuses that a restart cannot cure (the worker lease held by another worker):
+    # the supervisor stops every service and exits with that status instead.
+    fatal_exit_codes: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -115,9 +118,10 @@ class Supervisor:
     _stopping: bool = field(default=False, init=False)
     _stop_deadline: float = field(default=0.0, init=False)
     _killed: bool = field(default=False, init=False)
+    _exit_code: int = field(default=0, init=False)
 
     def run(self) -> int:
-        """Supervise until told to stop; returns the exit code (0 after an orderly stop)."""
+        """Supervise until told to stop; 0 after an orderly stop, else a fatal exit status."""
         become_subreaper()
         self._children = [_Service(spec) for spec in self.services]
         wake_r, wake_w = os.pipe()
@@ -133,7 +137,7 @@ class Supervisor:
                 signal.signal(sig, handler)
             os.close(wake_r)
             os.close(wake_w)
-        return 0
+        return self._exit_code
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -224,6 +228,11 @@ class Supervisor:
         if self._stopping:
             log.info("%s exited (%s)", child.spec.name, what)
             return
+        if code in child.spec.fatal_exit_codes:
+            log.error("%s exited (%s): a restart cannot help", child.spec.name, what)
+            self._exit_code = code
+            self._begin_stop(f"{child.spec.name} {what}")
+            return
         if child.restart_now:
             child.restart_at = time.monotonic()
             log.info("%s exited (%s); restarting now (reload)", child.spec.name, what)
@@ -251,15 +260,15 @@ class Supervisor:
                 child.restart_now = True
                 os.kill(child.pid, signal.SIGTERM)
 
-    def _begin_stop(self, signame: str) -> None:
+    def _begin_stop(self, reason: str) -> None:
         if self._stopping:
             if not self._killed:
-                log.warning("%s again: killing the services now", signame)
+                log.warning("%s again: killing the services now", reason)
                 self._kill_remaining()
             return
         self._stopping = True
         self._stop_deadline = time.monotonic() + self.stop_timeout_s
-        log.info("%s: stopping the services (jobs keep running)", signame)
+        log.info("%s: stopping the services (jobs keep running)", reason)
         for child in self._children:
             child.restart_at = None
             if child.pid is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, QueuePool
 
+from app.context.worker_lease import LeaseKeeper
 from app.domain.errors import DomainError, ErrorCode
 from app.domain.model import ProcessHandle
 from app.execution.cancellation import CancellationSweep
@@ -77,6 +78,7 @@ class WorkerProcess:
         self.parts: WorkerParts | None = None
         self._stop = threading.Event()
         self._reconciler: Reconciler | None = None
+        self.lease: LeaseKeeper | None = None
 
     def start(self) -> WorkerParts:
         """Check the schema, build every part, re-arm live completion, open the socket."""
@@ -86,6 +88,8 @@ class WorkerProcess:
             if current_revision(engine) != head_revision():
                 raise NotMigrated()
             s.ensure_data_dir()
+            # Before anything touches runs: one live worker per database (docs/worker-lease.md).
+            self.lease = LeaseKeeper.take(settings=s, engine=engine, on_lost=self.request_stop)
             receipts = ReceiptStore(s.receipts_dir)
             receipts.ensure_root()
             journal = JournalRepository(engine)
@@ -125,6 +129,8 @@ class WorkerProcess:
                     self.parts.recovery.stop()
                 self.parts.watcher.stop()
                 self.parts.launcher.close()
+            if self.lease is not None:
+                self.lease.release()
             engine.dispose()
             raise
         log.info("worker listening")
@@ -253,6 +259,8 @@ class WorkerProcess:
         if parts.recovery is not None:
             parts.recovery.stop()
         parts.watcher.stop()
+        if self.lease is not None:
+            self.lease.release()  # nothing touches runs any more: another may take over
         parts.engine.dispose()
 
 
