@@ -89,7 +89,8 @@ class WorkerProcess:
                 raise NotMigrated()
             s.ensure_data_dir()
             # Before anything touches runs: one live worker per database (docs/worker-lease.md).
-            self.lease = LeaseKeeper.take(settings=s, engine=engine, on_lost=self.request_stop)
+            lease = LeaseKeeper.take(settings=s, engine=engine, on_lost=self.request_stop)
+            self.lease = lease
             receipts = ReceiptStore(s.receipts_dir)
             receipts.ensure_root()
             journal = JournalRepository(engine)
@@ -103,7 +104,7 @@ class WorkerProcess:
             )
             server = ControlServer(
                 path=s.socket_path,
-                launcher=launcher,
+                launcher=lease.gate(launcher),
                 controller=IdentityController(),
                 on_wake=self._wake,
             )
