@@ -11,6 +11,8 @@ from app.domain.profiles import Profile, profile_named
 
 DEFAULT_DATA_DIR = "./.qinglong"
 SHIM_MODES = ("zygote", "exec")
+LEASE_TTL_S = 30.0
+LEASE_RENEW_S = 10.0
 
 
 def shim_mode_from_env(env: Mapping[str, str]) -> str:
@@ -19,6 +21,29 @@ def shim_mode_from_env(env: Mapping[str, str]) -> str:
     if mode not in SHIM_MODES:
         raise ValueError(f"QL_SHIM_MODE must be one of {', '.join(SHIM_MODES)}, not {mode!r}")
     return mode
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, not {raw!r}") from None
+    if not 0 < value < 86_400:
+        raise ValueError(f"{name} must be more than 0 and less than a day, not {raw}")
+    return value
+
+
+def lease_timing_from_env(env: Mapping[str, str]) -> tuple[float, float]:
+    """``QL_WORKER_LEASE_TTL_S`` and ``QL_WORKER_LEASE_RENEW_S`` (renewals must fit a TTL)."""
+    ttl = _seconds(env, "QL_WORKER_LEASE_TTL_S", LEASE_TTL_S)
+    renew = _seconds(env, "QL_WORKER_LEASE_RENEW_S", min(LEASE_RENEW_S, ttl / 3))
+    if renew * 2 > ttl:
+        # One late renewal must not lose the lease: at least two fit in one TTL.
+        raise ValueError("QL_WORKER_LEASE_RENEW_S must be at most half of QL_WORKER_LEASE_TTL_S")
+    return ttl, renew
 
 
 @dataclass(frozen=True)
@@ -32,6 +57,8 @@ class Settings:
     secret_key: str | None = field(default=None, repr=False)
     worker_socket: Path | None = None
     shim_mode: str = SHIM_MODES[0]
+    lease_ttl_s: float = LEASE_TTL_S
+    lease_renew_s: float = LEASE_RENEW_S
 
     @classmethod
     def from_env(
@@ -43,6 +70,7 @@ class Settings:
         url = env.get("QL_DATABASE_URL") or f"sqlite:///{root / 'qinglong.db'}"
         origins = tuple(o.strip() for o in env.get("QL_CORS_ORIGINS", "").split(",") if o.strip())
         socket = env.get("QL_WORKER_SOCKET")
+        ttl, renew = lease_timing_from_env(env)
         return cls(
             data_dir=root,
             database_url=url,
@@ -51,6 +79,8 @@ class Settings:
             secret_key=env.get("QL_SECRET_KEY") or None,
             worker_socket=Path(socket).absolute() if socket else None,
             shim_mode=shim_mode_from_env(env),
+            lease_ttl_s=ttl,
+            lease_renew_s=renew,
         )
 
     def with_data_dir(self, data_dir: Path) -> Settings:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.cli import admin, receipts, secrets, serve, worker
+from app.cli import admin, lease, receipts, secrets, serve, worker
 from app.domain.errors import DomainError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     secrets.register(sub)
     receipts.register(sub)
     worker.register(sub)
+    lease.register(sub)
     return parser
 
 

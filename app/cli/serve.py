@@ -13,6 +13,7 @@ from app.api import retirement
 from app.cli.admin import cmd_migrate, settings_for
 from app.context.stop_jobs import stop_active_jobs
 from app.context.supervisor import ServiceSpec, Supervisor
+from app.context.worker_lease import EXIT_LEASE_HELD
 from app.settings import Settings
 
 APP_FACTORY = "app.api.main:create_app"
@@ -123,10 +124,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_argv += ["--port", str(args.port), "--workers", str(args.workers)]
     services = [
         ServiceSpec("api", api_argv, reloads=True, forwards_hup=args.workers > 1),
-        ServiceSpec("worker", [sys.executable, "-m", "app", "worker"]),
+        ServiceSpec(
+            "worker",
+            [sys.executable, "-m", "app", "worker"],
+            fatal_exit_codes=frozenset({EXIT_LEASE_HELD}),
+        ),
     ]
     code = Supervisor(services=services, env=child_env(settings)).run()
-    if args.stop_jobs_on_exit:
+    # A refused worker never held the lease: the active attempts belong to the worker that
+    # does, so this instance must not touch them (docs/worker-lease.md).
+    if args.stop_jobs_on_exit and code != EXIT_LEASE_HELD:
         counts = stop_active_jobs(settings)
         summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none active"
         logging.getLogger("qinglong.supervisor").info("stop-jobs-on-exit: %s", summary)

@@ -10,7 +10,9 @@ from types import FrameType
 from typing import Any
 
 from app.cli.admin import settings_for
+from app.context.worker_lease import EXIT_LEASE_HELD, EXIT_LEASE_LOST
 from app.context.worker_process import NotMigrated, WorkerProcess
+from app.domain.lease import LeaseHeld
 from app.worker.server import SocketInUse
 
 
@@ -23,7 +25,10 @@ def register(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """Serve the worker socket until SIGTERM or SIGINT; running jobs are left running."""
+    """Serve the worker socket until SIGTERM or SIGINT (or the lease is lost); jobs keep running.
+
+    Exits ``EXIT_LEASE_HELD`` when another live worker holds the lease (docs/worker-lease.md).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
     process = WorkerProcess(settings_for(args))
@@ -41,5 +46,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except SocketInUse as exc:
         print(f"qinglong: {exc}", file=sys.stderr)
         return 1
+    except LeaseHeld as exc:
+        print(f"qinglong: {exc.detail}", file=sys.stderr)  # the one line an operator needs
+        return EXIT_LEASE_HELD
     process.serve_forever()
-    return 0
+    lease = process.lease
+    return EXIT_LEASE_LOST if lease is not None and lease.lost else 0

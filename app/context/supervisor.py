@@ -76,6 +76,9 @@ class ServiceSpec:
     # each new one serving before the old one stops), otherwise the child is restarted.
     reloads: bool = False
     forwards_hup: bool = False
+    # Exit statuses that a restart cannot cure (the worker lease held by another worker):
+    # the supervisor stops every service and exits with that status instead.
+    fatal_exit_codes: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -121,9 +124,10 @@ class Supervisor:
     stop_timeout_s: float = 15.0
     _children: list[_Service] = field(default_factory=list, init=False)
     _stopping: bool = field(default=False, init=False)
+    _exit_code: int = field(default=0, init=False)
 
     def run(self) -> int:
-        """Supervise until told to stop; returns the exit code (0 after an orderly stop)."""
+        """Supervise until told to stop; 0 after an orderly stop, else a fatal exit status."""
         become_subreaper()
         self._children = [_Service(spec) for spec in self.services]
         wake_r, wake_w = os.pipe()
@@ -139,7 +143,7 @@ class Supervisor:
                 signal.signal(sig, handler)
             os.close(wake_r)
             os.close(wake_w)
-        return 0
+        return self._exit_code
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -229,6 +233,11 @@ class Supervisor:
         if self._stopping:
             log.info("%s exited (%s)", child.spec.name, what)
             return
+        if code in child.spec.fatal_exit_codes:
+            log.error("%s exited (%s): a restart cannot help", child.spec.name, what)
+            self._exit_code = code
+            self._begin_stop(f"{child.spec.name} {what}")
+            return
         if child.restart_now:
             child.restart_at = time.monotonic()
             log.info("%s exited (%s); restarting now (reload)", child.spec.name, what)
@@ -256,15 +265,15 @@ class Supervisor:
                 child.restart_now = True
                 os.kill(child.pid, signal.SIGTERM)
 
-    def _begin_stop(self, signame: str) -> None:
+    def _begin_stop(self, reason: str) -> None:
         if self._stopping:
-            log.warning("%s again: killing the services now", signame)
+            log.warning("%s again: killing the services now", reason)
             for child in self._children:
                 if child.pid is not None and not child.killed:
                     self._kill(child, time.monotonic())
             return
         self._stopping = True
-        log.info("%s: stopping the services in order (jobs keep running)", signame)
+        log.info("%s: stopping the services in order (jobs keep running)", reason)
         for child in self._children:
             child.restart_at = None
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, QueuePool
 
+from app.context.worker_lease import LeaseKeeper
 from app.domain.errors import DomainError, ErrorCode
 from app.execution.cancellation import CancellationSweep
 from app.execution.completion import CompletionService, ConsumeResult
@@ -74,6 +75,7 @@ class WorkerProcess:
         self.parts: WorkerParts | None = None
         self._stop = threading.Event()
         self._reconciler: Reconciler | None = None
+        self.lease: LeaseKeeper | None = None
 
     def start(self) -> WorkerParts:
         """Check the schema, build every part, re-arm live completion, open the socket."""
@@ -83,6 +85,9 @@ class WorkerProcess:
             if current_revision(engine) != head_revision():
                 raise NotMigrated()
             s.ensure_data_dir()
+            # Before anything touches runs: one live worker per database (docs/worker-lease.md).
+            lease = LeaseKeeper.take(settings=s, engine=engine, on_lost=self.request_stop)
+            self.lease = lease
             receipts = ReceiptStore(s.receipts_dir)
             receipts.ensure_root()
             journal = JournalRepository(engine)
@@ -96,7 +101,7 @@ class WorkerProcess:
             )
             server = ControlServer(
                 path=s.socket_path,
-                launcher=launcher,
+                launcher=lease.gate(launcher),
                 controller=IdentityController(),
                 on_wake=self._wake,
             )
@@ -125,6 +130,8 @@ class WorkerProcess:
                     self.parts.recovery.stop()
                 self.parts.watcher.stop()
                 self.parts.launcher.close()
+            if self.lease is not None:
+                self.lease.release()
             engine.dispose()
             raise
         log.info("worker listening")
@@ -194,5 +201,7 @@ class WorkerProcess:
         if parts.recovery is not None:
             parts.recovery.stop()
         parts.watcher.stop()
+        if self.lease is not None:
+            self.lease.release()  # nothing touches runs any more: another may take over
         parts.engine.dispose()
 

@@ -160,3 +160,33 @@ idempotency_keys = Table(
     Column("run_id", ID, ForeignKey("runs.id"), nullable=False),
     Column("created_at_ms", MS, nullable=False),
 )
+
+# The worker lease (docs/worker-lease.md): one row per slot; until several execution hosts
+# are supported there is one slot, ``worker``. Every change of holder bumps ``epoch`` (the
+# compare-and-set fence). Times are the database's clock.
+worker_leases = Table(
+    "worker_leases",
+    metadata,
+    Column("slot", String(32), primary_key=True),
+    Column("instance_id", ID, nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("boot_id", String(64), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("start_ticks", BigInteger, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("acquired_at_ms", MS, nullable=False),
+    Column("renewed_at_ms", MS, nullable=False),
+    Column("expires_at_ms", MS, nullable=False),
+    Column("released_at_ms", MS, nullable=True),
+)
+
+# Append-only history of the service itself (not of one run): lease acquisitions, takeovers
+# and releases. Content-free canonical JSON (instance ids, hosts, epochs, times).
+service_events = Table(
+    "service_events",
+    metadata,
+    Column("id", ID, primary_key=True),  # UUIDv7: time-ordered
+    Column("type", String(48), nullable=False),
+    Column("at_ms", MS, nullable=False),
+    Column("data", Text, nullable=False),
+)

@@ -1,0 +1,79 @@
+"""``qinglong lease show|history``: who holds the worker lease, and the service history."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from typing import Any
+
+from app.cli.admin import settings_for
+from app.storage.engine import make_engine
+from app.storage.lease_repo import LeaseRepository, db_now_ms
+from app.storage.uow import UnitOfWork
+
+_HISTORY_MAX = 1000
+
+
+def _limit(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= _HISTORY_MAX:
+        raise argparse.ArgumentTypeError(f"must be 1..{_HISTORY_MAX}")
+    return number
+
+
+def register(sub: Any) -> None:
+    """Add ``lease`` to the parser."""
+    lease = sub.add_parser("lease", help="the worker lease (docs/worker-lease.md)")
+    lsub = lease.add_subparsers(dest="lease_command", metavar="ACTION", required=True)
+    lsub.add_parser("show", help="who holds the worker lease, and until when").set_defaults(
+        handler=cmd_lease_show
+    )
+    history = lsub.add_parser(
+        "history", help="service events: lease acquisitions, takeovers, releases (oldest first)"
+    )
+    history.add_argument("--limit", type=_limit, default=50, help="newest N events (default 50)")
+    history.set_defaults(handler=cmd_lease_history)
+
+
+def _utc(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def cmd_lease_show(args: argparse.Namespace) -> int:
+    """One line: the holder, its epoch and times, and whether it is live now."""
+    engine = make_engine(settings_for(args).database_url)
+    try:
+        lease = LeaseRepository(engine).current()
+        with UnitOfWork(engine, write=False) as uow:
+            now = db_now_ms(uow.conn)
+    finally:
+        engine.dispose()
+    if lease is None:
+        print("no worker has taken the lease yet")
+        return 0
+    if lease.released_at_ms is not None:
+        state = f"released at {_utc(lease.released_at_ms)}"
+    elif lease.live(now):
+        state = f"held, expires {_utc(lease.expires_at_ms)} unless renewed"
+    else:
+        state = f"expired at {_utc(lease.expires_at_ms)}"
+    print(
+        f"instance {lease.instance_id} host {lease.host} pid {lease.pid} epoch {lease.epoch} "
+        f"since {_utc(lease.acquired_at_ms)}: {state}"
+    )
+    return 0
+
+
+def cmd_lease_history(args: argparse.Namespace) -> int:
+    """One tab-separated line per event: time, type, canonical JSON facts."""
+    engine = make_engine(settings_for(args).database_url)
+    try:
+        events = LeaseRepository(engine).history(limit=args.limit)
+    finally:
+        engine.dispose()
+    for event in events:
+        facts = json.dumps(event.data, sort_keys=True, separators=(",", ":"))
+        print(f"{_utc(event.at_ms)}\t{event.type}\t{facts}")
+    return 0

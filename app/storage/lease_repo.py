@@ -1,0 +1,215 @@
+"""The worker lease row and the service event history (docs/worker-lease.md).
+
+Every write is one transaction whose UPDATE re-checks what the decision was based on (the
+epoch, and the expiry or the release it relied on): two takers racing for one lease both
+read the same row, and the database lets exactly one UPDATE (or the first INSERT) through.
+On PostgreSQL (READ COMMITTED) a waiting UPDATE re-evaluates its WHERE clause on the newest
+row version; on SQLite writers are serialized by ``BEGIN IMMEDIATE``. Times come from the
+database's clock, so hosts whose clocks disagree still agree on when a lease expires.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from app.domain.canonical import canonical_json
+from app.domain.ids import now_ms, uuid7
+from app.domain.lease import (
+    WORKER_LEASE_ACQUIRED,
+    WORKER_LEASE_RELEASED,
+    WORKER_LEASE_TAKEN_OVER,
+    Claimant,
+    Lease,
+    LeaseHeld,
+    LeaseLost,
+    Take,
+    decide,
+)
+from app.storage.tables import service_events, worker_leases
+from app.storage.uow import UnitOfWork
+
+SLOT = "worker"  # one lease per database until several execution hosts are supported
+# Each retry means another taker committed first; the next read then sees its live lease.
+_TAKE_TRIES = 5
+_PG_NOW_MS = text("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)")
+_L = worker_leases.c
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceEvent:
+    """One entry of the service history (content-free facts only)."""
+
+    id: str
+    type: str
+    at_ms: int
+    data: dict[str, Any]
+
+
+def db_now_ms(conn: Connection) -> int:
+    """The database's clock (PostgreSQL); SQLite lives on this host, so this host's clock."""
+    if conn.dialect.name == "postgresql":
+        return int(conn.execute(_PG_NOW_MS).scalar_one())
+    return now_ms()
+
+
+def _lease(row: Row[Any]) -> Lease:
+    return Lease(
+        instance_id=row.instance_id,
+        host=row.host,
+        boot_id=row.boot_id,
+        pid=row.pid,
+        start_ticks=row.start_ticks,
+        epoch=row.epoch,
+        acquired_at_ms=row.acquired_at_ms,
+        renewed_at_ms=row.renewed_at_ms,
+        expires_at_ms=row.expires_at_ms,
+        released_at_ms=row.released_at_ms,
+    )
+
+
+def _read(conn: Connection) -> Lease | None:
+    row = conn.execute(select(worker_leases).where(_L.slot == SLOT)).first()
+    return None if row is None else _lease(row)
+
+
+def _append(conn: Connection, kind: str, at_ms: int, data: dict[str, Any]) -> None:
+    conn.execute(
+        insert(service_events).values(
+            id=uuid7(), type=kind, at_ms=at_ms, data=canonical_json(data).decode("utf-8")
+        )
+    )
+
+
+def _take_event(kind: Take, old: Lease | None, new: Lease) -> tuple[str, dict[str, Any]]:
+    mine = {"instance_id": new.instance_id, "host": new.host, "epoch": new.epoch}
+    if old is None or kind is Take.RESTART:
+        previous = None if old is None else old.epoch
+        return WORKER_LEASE_ACQUIRED, mine | {"reason": kind.value, "previous_epoch": previous}
+    return WORKER_LEASE_TAKEN_OVER, {
+        "reason": kind.value,
+        "old_instance_id": old.instance_id,
+        "old_host": old.host,
+        "old_epoch": old.epoch,
+        "old_expires_at_ms": old.expires_at_ms,
+        "new_instance_id": new.instance_id,
+        "new_host": new.host,
+        "new_epoch": new.epoch,
+    }
+
+
+class LeaseRepository:
+    """Take, renew and release the worker lease; read it and the service history."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def take(
+        self, *, claimant: Claimant, ttl_ms: int, holder_alive: Callable[[Lease], bool]
+    ) -> Lease:
+        """Take the lease for ``claimant`` (epoch + 1) and record it in the history.
+
+        ``holder_alive`` says whether the holder's process still runs on this boot; it
+        matters only for the claimant's own instance (see ``decide``).
+
+        Raises: LeaseHeld (a live worker holds it).
+        """
+        for _ in range(_TAKE_TRIES):
+            try:
+                with UnitOfWork(self._engine) as uow:
+                    taken = self._try_take(uow.conn, claimant, ttl_ms, holder_alive)
+                    if taken is not None:
+                        uow.commit()
+                        return taken
+            except IntegrityError:
+                pass  # a concurrent first taker inserted the row: read it again
+        with UnitOfWork(self._engine, write=False) as uow:
+            current = _read(uow.conn)
+        assert current is not None  # every retry follows somebody else's committed take
+        raise LeaseHeld(current)
+
+    def _try_take(
+        self,
+        conn: Connection,
+        me: Claimant,
+        ttl_ms: int,
+        holder_alive: Callable[[Lease], bool],
+    ) -> Lease | None:
+        """The taken lease, or None when a concurrent taker won (nothing written)."""
+        now = db_now_ms(conn)
+        old = _read(conn)
+        alive = old is not None and holder_alive(old)
+        kind = decide(old, me, now_ms=now, holder_alive=alive)
+        if kind is Take.HELD:
+            assert old is not None
+            raise LeaseHeld(old)
+        new = Lease(
+            instance_id=me.instance_id, host=me.host, boot_id=me.boot_id, pid=me.pid,
+            start_ticks=me.start_ticks, epoch=1 if old is None else old.epoch + 1,
+            acquired_at_ms=now, renewed_at_ms=now, expires_at_ms=now + ttl_ms,
+            released_at_ms=None,
+        )  # fmt: skip
+        values = asdict(new)
+        if old is None:
+            conn.execute(insert(worker_leases).values(slot=SLOT, **values))
+        else:
+            fence = [_L.slot == SLOT, _L.epoch == old.epoch]
+            if kind is Take.EXPIRED:  # a renewal that committed meanwhile keeps it held
+                fence += [_L.released_at_ms.is_(None), _L.expires_at_ms <= now]
+            if conn.execute(update(worker_leases).where(*fence).values(**values)).rowcount != 1:
+                return None
+        event, data = _take_event(kind, old, new)
+        _append(conn, event, now, data)
+        return new
+
+    def renew(self, *, instance_id: str, epoch: int, ttl_ms: int) -> Lease:
+        """Push the expiry of a lease still held (same epoch, not released, not expired).
+
+        Raises: LeaseLost (taken over, released, or expired before this renewal).
+        """
+        with UnitOfWork(self._engine) as uow:
+            now = db_now_ms(uow.conn)
+            held = [
+                _L.slot == SLOT, _L.instance_id == instance_id, _L.epoch == epoch,
+                _L.released_at_ms.is_(None), _L.expires_at_ms > now,
+            ]  # fmt: skip
+            stmt = update(worker_leases).where(*held)
+            result = uow.conn.execute(stmt.values(renewed_at_ms=now, expires_at_ms=now + ttl_ms))
+            current = _read(uow.conn)
+            if result.rowcount != 1 or current is None:
+                raise LeaseLost(epoch=epoch, holder=current)
+            uow.commit()
+        return current
+
+    def release(self, *, instance_id: str, epoch: int) -> bool:
+        """Release a lease still held so another instance may take it at once; False if not."""
+        with UnitOfWork(self._engine) as uow:
+            now = db_now_ms(uow.conn)
+            held = [_L.slot == SLOT, _L.instance_id == instance_id, _L.epoch == epoch]
+            stmt = update(worker_leases).where(*held, _L.released_at_ms.is_(None))
+            if uow.conn.execute(stmt.values(released_at_ms=now)).rowcount != 1:
+                return False
+            facts = {"instance_id": instance_id, "epoch": epoch}
+            _append(uow.conn, WORKER_LEASE_RELEASED, now, facts)
+            uow.commit()
+        return True
+
+    def current(self) -> Lease | None:
+        """The lease row as it is now (held, released or expired), or None."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            return _read(uow.conn)
+
+    def history(self, *, limit: int) -> list[ServiceEvent]:
+        """The newest ``limit`` service events, oldest first."""
+        query = select(service_events).order_by(service_events.c.id.desc()).limit(limit)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query).all()
+        return [
+            ServiceEvent(id=r.id, type=r.type, at_ms=r.at_ms, data=json.loads(r.data))
+            for r in reversed(rows)
+        ]

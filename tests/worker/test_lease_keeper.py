@@ -1,0 +1,97 @@
+"""The worker's lease keeper on both engines: renews, notices a takeover, gates launches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, update
+
+from app.context.worker_lease import LeaseKeeper
+from app.domain.execution import LaunchFailed, LaunchRequest
+from app.domain.model import ProcessHandle
+from app.settings import Settings
+from app.storage.lease_repo import LeaseRepository
+from app.storage.tables import worker_leases
+from tests.storage.helpers import HANDLE
+
+
+class CountingLauncher:
+    """Stands in for the shim launcher: counts the launches that reached it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+        self.calls += 1
+        return HANDLE, None
+
+
+def settings(db_url: str, data_dir: Path, ttl_s: float = 1.0, renew_s: float = 0.1) -> Settings:
+    """Settings with a short lease."""
+    data_dir.mkdir(exist_ok=True)
+    return Settings.from_env(
+        {
+            "QL_DATA_DIR": str(data_dir),
+            "QL_DATABASE_URL": db_url,
+            "QL_WORKER_LEASE_TTL_S": str(ttl_s),
+            "QL_WORKER_LEASE_RENEW_S": str(renew_s),
+        }
+    )
+
+
+def test_the_keeper_renews_past_the_ttl_and_releases_on_shutdown(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    lost = threading.Event()
+    keeper = LeaseKeeper.take(
+        settings=settings(db_url, tmp_path / "a"), engine=engine, on_lost=lost.set
+    )
+    first = keeper.lease
+    try:
+        time.sleep(2.0)  # two TTLs
+        repo = LeaseRepository(engine)
+        current = repo.current()
+        assert current is not None and current.epoch == first.epoch
+        assert current.expires_at_ms > first.expires_at_ms + 1000
+        assert keeper.held() and not lost.is_set()
+    finally:
+        keeper.release()
+    assert [e.type for e in LeaseRepository(engine).history(limit=10)] == [
+        "worker.lease_acquired",
+        "worker.lease_released",
+    ]
+
+
+def test_a_takeover_is_noticed_launches_are_refused_and_nothing_is_released(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    lost = threading.Event()
+    keeper = LeaseKeeper.take(
+        settings=settings(db_url, tmp_path / "a"), engine=engine, on_lost=lost.set
+    )
+    inner = CountingLauncher()
+    gated = keeper.gate(inner)
+    request = LaunchRequest(
+        run_id="r", attempt_id="a", callback_sequence=1, token="t", argv=("true",), cwd=None,
+        env={}, log_path="/nonexistent", log_quota_bytes=1, deadline_at_ms=None,
+    )  # fmt: skip
+    try:
+        gated.launch_started(request)
+        assert inner.calls == 1
+        with engine.begin() as conn:  # another worker took it over (epoch bumped)
+            conn.execute(update(worker_leases).values(epoch=worker_leases.c.epoch + 1))
+        assert lost.wait(5), "the keeper did not notice the new epoch"
+        assert keeper.lost and not keeper.held()
+        with pytest.raises(LaunchFailed) as refused:
+            gated.launch_started(request)
+        assert refused.value.reason == "WORKER_LEASE_LOST"
+        assert inner.calls == 1
+    finally:
+        keeper.release()
+    repo = LeaseRepository(engine)
+    assert [e.type for e in repo.history(limit=10)] == ["worker.lease_acquired"]
+    current = repo.current()
+    assert current is not None and current.released_at_ms is None  # not ours to release
