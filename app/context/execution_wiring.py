@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
 from app.execution.ports import (
@@ -39,6 +40,41 @@ def drain_concurrency(page_size: int) -> int:
     return max(1, min(4, page_size // 4))
 
 
+@dataclass
+class DispatchBackoff:
+    """When the next drain may talk to the worker again after finding it unavailable.
+
+    ADR-0071 §3 (no silent retry storm): the first unavailability waits ``base_s``, each
+    further one twice as long, up to ``cap_s``; a drain that reaches the worker and meets no
+    unavailability resets it. Meanwhile drains return at once: runs just stay queued. Used
+    by the one background thread only.
+    """
+
+    base_s: float = 0.25
+    cap_s: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    delay_s: float = field(default=0.0, init=False)
+    _not_before: float = field(default=0.0, init=False)
+
+    def due(self) -> bool:
+        """True when a drain may ping and launch now."""
+        return self.clock() >= self._not_before
+
+    def unavailable(self) -> None:
+        """The worker did not answer or refused: wait longer before the next try."""
+        if self.delay_s == 0.0:
+            log.warning("worker unavailable: dispatch backs off, runs stay queued")
+        self.delay_s = min(self.cap_s, max(self.base_s, self.delay_s * 2))
+        self._not_before = self.clock() + self.delay_s
+
+    def answered(self) -> None:
+        """A drain reached the worker without unavailability: no more waiting."""
+        if self.delay_s != 0.0:
+            log.info("worker answers again: dispatch resumes")
+        self.delay_s = 0.0
+        self._not_before = 0.0
+
+
 @dataclass(frozen=True)
 class ExecutionHooks:
     """What the composition root plugs into the background thread and readiness."""
@@ -59,9 +95,11 @@ def build_execution(
     secrets: SecretSource,
     transitions: RunTransitions,
     client: WorkerClient | None = None,
+    backoff: DispatchBackoff | None = None,
 ) -> ExecutionHooks:
     """Build the worker client and the dispatcher; return the hooks that drive them."""
     worker = client or WorkerClient(settings.socket_path, connect_timeout_s=1.0)
+    pause = backoff or DispatchBackoff()
     drainers = drain_concurrency(settings.profile.dispatch_page_size)
     dispatcher = build_dispatcher(
         candidates=candidates,
@@ -76,14 +114,19 @@ def build_execution(
     halted = threading.Event()
 
     def drain() -> None:
-        # No worker, no dispatch: runs stay queued (never failed) until it answers again.
-        if halted.is_set():
+        # No worker, no dispatch: runs stay queued (never failed) until it answers again,
+        # asked at a growing interval, never in a loop.
+        if halted.is_set() or not pause.due():
             return
         try:
             worker.ping()
         except WorkerUnavailable:
+            pause.unavailable()
             return
-        _drain_concurrently(dispatcher, drainers, halted)
+        if _drain_concurrently(dispatcher, drainers, halted):
+            pause.unavailable()
+        else:
+            pause.answered()
 
     def worker_ready() -> str | None:
         try:
@@ -108,46 +151,57 @@ def build_execution(
     )
 
 
-def _drain_concurrently(dispatcher: Dispatcher, drainers: int, halted: threading.Event) -> None:
+def _drain_concurrently(dispatcher: Dispatcher, drainers: int, halted: threading.Event) -> bool:
     """Drain; only when the first pass activated a run, add ``drainers - 1`` helper threads.
 
     The slow loop ticks every few seconds with usually nothing queued: one pass in this
-    thread answers that without starting any thread.
+    thread answers that without starting any thread. True when a pass found the worker
+    unavailable: then every thread stops after its current pass (ADR-0071 §3). After
+    ``halted`` (shutdown) no thread starts another pass.
     """
+    unavailable = threading.Event()
     if drainers <= 1:
-        _drain(dispatcher, halted)
-        return
-    if not _log_pass(dispatcher.run_pass()):
-        return
+        _drain(dispatcher, unavailable, halted)
+        return unavailable.is_set()
+    if not _log_pass(dispatcher.run_pass(), unavailable):
+        return unavailable.is_set()
     helpers = [
         threading.Thread(
-            target=_drain_logged, args=(dispatcher, halted), name="ql-drain", daemon=True
+            target=_drain_logged,
+            args=(dispatcher, unavailable, halted),
+            name="ql-drain",
+            daemon=True,
         )
         for _ in range(drainers - 1)
     ]
     for thread in helpers:
         thread.start()
     try:
-        _drain(dispatcher, halted)
+        _drain(dispatcher, unavailable, halted)
     finally:
         for thread in helpers:
             thread.join()
+    return unavailable.is_set()
 
 
-def _drain_logged(dispatcher: Dispatcher, halted: threading.Event) -> None:
+def _drain_logged(
+    dispatcher: Dispatcher, unavailable: threading.Event, halted: threading.Event
+) -> None:
     try:
-        _drain(dispatcher, halted)
+        _drain(dispatcher, unavailable, halted)
     except Exception as exc:  # a failed pass is retried by the next kick or tick
         log.error("background pass failed: %s", type(exc).__name__)
 
 
-def _drain(dispatcher: Dispatcher, halted: threading.Event) -> None:
+def _drain(dispatcher: Dispatcher, unavailable: threading.Event, halted: threading.Event) -> None:
     for _ in range(MAX_PASSES_PER_DRAIN):
-        if halted.is_set() or not _log_pass(dispatcher.run_pass()):
+        if halted.is_set() or unavailable.is_set():
+            return
+        if not _log_pass(dispatcher.run_pass(), unavailable):
             return
 
 
-def _log_pass(result: PassResult) -> bool:
+def _log_pass(result: PassResult, unavailable: threading.Event) -> bool:
     """Log a launch that did not end running; True when another pass may find work."""
     failure = result.launch_failure
     if failure is not None:
@@ -159,4 +213,7 @@ def _log_pass(result: PassResult) -> bool:
             failure.kind,
             failure.error_code or failure.reason or "",
         )
+    if result.worker_unavailable:
+        unavailable.set()  # stop at the first unavailability; the drain backs off
+        return False
     return result.activated is not None or result.truncated

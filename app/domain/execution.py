@@ -53,7 +53,12 @@ class LaunchFailed(Exception):
 
 
 class LaunchRejected(LaunchFailed):
-    """The worker refused a second launch of an attempt it already journaled."""
+    """The worker refused a launch of an attempt it already journaled (or fenced)."""
+
+
+class LaunchUnavailable(LaunchFailed):
+    """Provably nothing was spawned: the worker was not reached before the request was sent,
+    or it refused the launch before journaling it (e.g. ``WORKER_SHUTTING_DOWN``)."""
 
 
 @dataclass(frozen=True, slots=True)

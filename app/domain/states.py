@@ -59,7 +59,9 @@ _ATTEMPT_ENDINGS = frozenset(TERMINAL_ATTEMPT)
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     # A queued run may be cancelled at once, or failed before launch (missing secret, low disk).
     RunStatus.QUEUED: frozenset({RunStatus.DISPATCHING, RunStatus.CANCELLED, RunStatus.FAILED}),
-    RunStatus.DISPATCHING: frozenset({RunStatus.RUNNING}) | _RUN_ENDINGS,
+    # Back to queued only when the start provably spawned nothing (the executor was not
+    # there): the attempt ends and a fresh claimed one is created in the same step.
+    RunStatus.DISPATCHING: frozenset({RunStatus.RUNNING, RunStatus.QUEUED}) | _RUN_ENDINGS,
     RunStatus.RUNNING: _RUN_ENDINGS,
 }
 ATTEMPT_TRANSITIONS: dict[AttemptStatus, frozenset[AttemptStatus]] = {
@@ -69,6 +71,12 @@ ATTEMPT_TRANSITIONS: dict[AttemptStatus, frozenset[AttemptStatus]] = {
     AttemptStatus.STARTING: frozenset({AttemptStatus.RUNNING}) | _ATTEMPT_ENDINGS,
     AttemptStatus.RUNNING: _ATTEMPT_ENDINGS,
 }
+
+
+# A run whose starts keep finding no executor gets a fresh attempt this many times in a row
+# at most; the next such start ends it failed EXECUTOR_UNAVAILABLE (docs/backlog-requeue.md:
+# a worker that dies on this very launch must not be crashed forever).
+MAX_UNAVAILABLE_ATTEMPTS = 5
 
 
 def is_terminal_run(status: str) -> bool:

@@ -20,12 +20,13 @@ from app.execution.ports import (
     Launcher,
     LaunchFailed,
     LaunchRejected,
+    LaunchUnavailable,
     ProcessController,
     RunLookup,
     RunTransitions,
 )
 
-StartStatus = Literal["running", "start_failed", "lost", "ended", "unresolved"]
+StartStatus = Literal["running", "start_failed", "lost", "ended", "unresolved", "requeued"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,9 @@ class StartResult:
     """How one start ended. ``unresolved`` leaves dispatching/starting for the reconciler.
 
     ``ended``: T2 lost the race to the job's own ending (a very fast job whose receipt was
-    applied from ``starting``); ``run`` holds that committed terminal state.
+    applied from ``starting``), or a cancel intent ended a start that found no executor;
+    ``run`` holds that committed terminal state. ``requeued``: nothing was spawned, the run
+    is queued again with a fresh attempt (error_code EXECUTOR_UNAVAILABLE).
     """
 
     status: StartStatus
@@ -80,10 +83,13 @@ class StartCoordinator:
         )
         try:
             handle = self._launcher.launch(command.launch_request(token))
-        except LaunchRejected:
-            # The worker already journaled this attempt: a process may exist, so no ending
-            # is faked here; recovery decides from the journal.
-            return _result("unresolved", command, reason="LAUNCH_REJECTED")
+        except LaunchRejected as exc:
+            # The worker already journaled (or recovery fenced) this attempt: a process may
+            # exist, or recovery is requeueing the run; either way the ending is not ours to
+            # record, so there is never a second one (the reason says which).
+            return _result("unresolved", command, reason=exc.reason)
+        except LaunchUnavailable as exc:
+            return self._requeue(command, exc.reason)
         except LaunchFailed as exc:
             return self._start_failed(command, exc.reason)
         except Exception:
@@ -121,6 +127,24 @@ class StartCoordinator:
         except Exception:
             return _result("unresolved", command, error_code=code, reason=reason)
         return _result("start_failed", command, error_code=code, reason=reason, run=run)
+
+    def _requeue(self, command: StartCommand, reason: str) -> StartResult:
+        # Provably nothing spawned (never delivered, or refused before the journal): the run
+        # is not failed for it; it waits in the queue for the worker (issue 11 §1).
+        code = ErrorCode.EXECUTOR_UNAVAILABLE
+        try:
+            run = self._transitions.requeue_unspawned(
+                run_id=command.run_id, attempt_id=command.attempt_id
+            )
+        except Exception:
+            # Still starting with no journal entry: recovery fences it and requeues the run.
+            return _result("unresolved", command, error_code=code, reason=reason)
+        status: StartStatus = "requeued"
+        if run.status == "failed":
+            status = "start_failed"  # the MAX_UNAVAILABLE_ATTEMPTS-th start in a row
+        elif is_terminal_run(run.status):
+            status = "ended"  # a cancel intent was waiting: the user's ending stands
+        return _result(status, command, error_code=code, reason=reason, run=run)
 
     def _compensate_after_spawn(self, command: StartCommand, handle: ProcessHandle) -> StartResult:
         # ADR-0070 §4: stop the exact identity first; never mark lost on a guess.

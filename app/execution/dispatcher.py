@@ -39,12 +39,15 @@ OutcomeKind = Literal[
     "lost",  # T2 failed, exact stop succeeded: run lost
     "ended",  # T2 lost to the job's own ending (a very fast job): the run is terminal
     "unresolved",  # left dispatching/starting for the reconciler
+    "requeued",  # no executor, nothing spawned: queued again with a fresh attempt
     "failed_before_start",  # missing revision/recipe/secret, bad env, low disk
     "skipped_race",  # somebody else moved the candidate first
     "artifact_refused",  # the log artifact could not be created safely; run stays queued
     "error",  # an unexpected failure; the pass stopped
 ]
-_LAUNCHED = frozenset({"started", "start_failed", "lost", "ended", "unresolved"})
+_LAUNCHED = frozenset({"started", "start_failed", "lost", "ended", "unresolved", "requeued"})
+# Why an unresolved launch means the worker did not answer (coordinator reason).
+_NO_ANSWER = "LAUNCH_OUTCOME_UNKNOWN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,15 @@ class PassResult:
         """
         found = self.activated
         return found if found is not None and found.kind not in ("started", "ended") else None
+
+    @property
+    def worker_unavailable(self) -> bool:
+        """The launch found no executor (or no answer): the caller must back off (ADR-0071
+        §3, no silent retry storm), not run another pass at once."""
+        found = self.activated
+        return found is not None and (
+            found.error_code == ErrorCode.EXECUTOR_UNAVAILABLE or found.reason == _NO_ANSWER
+        )
 
 
 CoordinatorFactory = Callable[[], StartCoordinator]

@@ -16,6 +16,7 @@ from app.domain.execution import (
     LaunchFailed,
     LaunchRejected,
     LaunchRequest,
+    LaunchUnavailable,
     StopResult,
 )
 from app.domain.model import (
@@ -31,7 +32,13 @@ class Launcher(Protocol):
     """Starts attempts through the worker (journal first, then spawn)."""
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
-        """Start the attempt and return its durable handle, or raise LaunchFailed."""
+        """Start the attempt and return its durable handle.
+
+        Raises: LaunchUnavailable (provably nothing spawned: the worker was not reached, or
+        refused before journaling), LaunchRejected (the attempt is journaled or fenced
+        already), LaunchFailed (the spawn failed, nothing left running); anything else
+        means the outcome is unknown.
+        """
         ...
 
 
@@ -95,6 +102,15 @@ class RunTransitions(Protocol):
         expected_version: int | None = None,
     ) -> Run:
         """End an attempt as failed (or lost) with a stable code; CAS on ``expected_version``."""
+        ...
+
+    def requeue_unspawned(self, *, run_id: str, attempt_id: str) -> Run:
+        """A start that provably spawned nothing: attempt failed EXECUTOR_UNAVAILABLE and the
+        run queued again with a fresh claimed attempt, in one transaction (or, with a cancel
+        intent or past MAX_UNAVAILABLE_ATTEMPTS, the run's ending instead).
+
+        Raises: NotFound, InvalidTransition or VersionConflict when the start moved on.
+        """
         ...
 
 
@@ -302,6 +318,11 @@ class JournalIndex(Protocol):
         """Leave the scan set: nothing is left to consume for this attempt."""
         ...
 
+    def fence(self, *, attempt_id: str, run_id: str) -> JournalEntryView:
+        """Commit an entry that refuses every later launch of the attempt; the entry that
+        stands afterwards (the fence, or the launch's own if it reserved first)."""
+        ...
+
     def delete_settled(self, *, attempt_id: str, state: str) -> bool:
         """Remove an entry still in ``state`` (retention); False if it changed meanwhile."""
         ...
@@ -367,6 +388,7 @@ __all__ = [
     "LaunchFailed",
     "LaunchRejected",
     "LaunchRequest",
+    "LaunchUnavailable",
     "Launcher",
     "LogFactSource",
     "LogInfo",

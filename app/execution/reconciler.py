@@ -8,11 +8,15 @@ ADR-0007 §2.6 fixes the order for each active attempt, found through the databa
 3. shim exited: if the job's group still lives (the shim was SIGKILLed), stop the exact job
    identity first; then one short publish grace, a last look for a receipt, and ``lost`` with
    RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT — never a guessed success;
-4. ``starting`` without a journaled spawn → ``failed`` RECOVERY_START_NOT_SPAWNED after a
-   grace; with only a ``reserved`` entry (the worker died around the spawn, before it could
-   journal a handle) a shim and its job may run or not, unknowably → ``lost``
-   RECOVERY_IDENTITY_UNSUPPORTED after a longer grace, never a clean ending; ``starting``
-   with a journaled spawn (the api died between T1 and T2, ADR-0070 §4)
+4. ``starting`` with no journal entry after a grace (the api died after T1, its request was
+   lost, or the worker stalled before journaling it) → fence the attempt first (a journal
+   entry that refuses any late launch of it), then requeue the run with a fresh attempt,
+   the old one failed EXECUTOR_UNAVAILABLE: provably nothing of it was spawned, so the run
+   is not failed for it; with a ``spawn_failed`` entry → ``failed``
+   RECOVERY_START_NOT_SPAWNED after the grace; with only a ``reserved`` entry (the worker
+   died around the spawn, before it could journal a handle) a shim and its job may run or
+   not, unknowably → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED after a longer grace, never a
+   clean ending; ``starting`` with a journaled spawn (the api died between T1 and T2, ADR-0070 §4)
    → stop the exact identity, then ``lost`` RECOVERY_START_INTERRUPTED, only if the stop said
    ``stopped``/``already_exited`` (``unknown`` leaves it: fail closed);
 5. a handle we cannot verify → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED, nobody is signalled.
@@ -52,7 +56,7 @@ log = logging.getLogger(__name__)
 
 # Journal states (the storage adapter's vocabulary; strings so execution stays storage-free).
 RESERVED, SPAWN_FAILED = "reserved", "spawn_failed"
-CONSUMED, QUARANTINED = "consumed", "quarantined"
+CONSUMED, QUARANTINED, FENCED = "consumed", "quarantined", "fenced"
 # A launch journals ``reserved`` a socket round trip after T1; a starting attempt younger
 # than this may still be on its way to the worker or to T2, so it is left alone.
 DEFAULT_START_GRACE_S = 2.0
@@ -69,6 +73,7 @@ class PassReport:
     kept: int = 0
     lost: int = 0
     failed: int = 0
+    requeued: int = 0
     stopped: int = 0
     undecided: int = 0
     purged: int = 0
@@ -183,7 +188,19 @@ class Reconciler:
         since = self._attempts.starting_since_ms(attempt.run_id) or attempt.created_at_ms
         age_ms = self._clock() - since
         entry = self._journal.get(attempt.attempt_id)
-        if entry is None or entry.state == SPAWN_FAILED:
+        if entry is None:
+            if age_ms < self._start_grace_ms:
+                report.kept += 1
+                return
+            # Fence before anything else: from this commit on, the launcher refuses any late
+            # request for this attempt, so nothing can spawn for it (issue 11 §1). If the
+            # launch reserved first, its entry stands and is judged below like any other.
+            entry = self._journal.fence(attempt_id=attempt.attempt_id, run_id=attempt.run_id)
+        if entry.state == FENCED:
+            # Fenced by us (now, or by a pass that crashed before the requeue committed).
+            self._requeue(attempt, report)
+            return
+        if entry.state == SPAWN_FAILED:
             if age_ms < self._start_grace_ms:
                 report.kept += 1
                 return
@@ -243,6 +260,17 @@ class Reconciler:
             return True
         return False  # absent, or quarantined (the run is untouched: decide from identity)
 
+    def _requeue(self, attempt: ActiveAttemptView, report: PassReport) -> None:
+        try:
+            self._transitions.requeue_unspawned(
+                run_id=attempt.run_id, attempt_id=attempt.attempt_id
+            )
+        except DomainError:
+            return  # it moved on meanwhile: that stands (the fence still refuses the launch)
+        # The fence entry stays: it refuses the late launch until retention purges it, and
+        # the launcher refuses any attempt no longer ``starting`` after that.
+        report.requeued += 1
+
     def _end(
         self, attempt: ActiveAttemptView, code: ErrorCode, *, lost: bool, report: PassReport
     ) -> None:
@@ -278,6 +306,7 @@ class Reconciler:
         for state, before in (
             (CONSUMED, consumed_before),
             (SPAWN_FAILED, consumed_before),
+            (FENCED, consumed_before),
             (QUARANTINED, quarantined_before),
         ):
             page = self._journal.page_by_state(state=state, limit=budget)

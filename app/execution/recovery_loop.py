@@ -79,11 +79,14 @@ class RecoveryLoop:
     def _full_pass(self) -> None:
         report = self._reconciler.run_pass()
         self.passes += 1
-        if report.lost or report.failed or report.stopped or report.undecided or report.purged:
+        if (
+            report.lost or report.failed or report.requeued or report.stopped
+            or report.undecided or report.purged
+        ):  # fmt: skip
             log.info(
-                "reconcile pass: examined %d completed %d lost %d failed %d stopped %d "
-                "undecided %d purged %d",
-                report.examined, report.completed, report.lost, report.failed,
+                "reconcile pass: examined %d completed %d lost %d failed %d requeued %d "
+                "stopped %d undecided %d purged %d",
+                report.examined, report.completed, report.lost, report.failed, report.requeued,
                 report.stopped, report.undecided, report.purged,
             )
 

@@ -2,8 +2,11 @@
 
 States: ``reserved`` (committed before any spawn) → ``spawned`` (handle recorded) or
 ``spawn_failed``; a spawned entry then ends ``consumed`` (after the terminal transaction)
-or ``quarantined`` (bad receipt). Consumption is driven by these rows, never by listing
-the receipt directory. Every method is one committed transaction.
+or ``quarantined`` (bad receipt). ``fenced`` is written by recovery instead of a launch, for
+a start that never reached the worker: the primary key then refuses any late reservation
+of that attempt, so recovery may requeue the run knowing nothing can spawn for it.
+Consumption is driven by these rows, never by listing the receipt directory. Every method
+is one committed transaction.
 """
 
 from __future__ import annotations
@@ -12,12 +15,25 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, bindparam, delete, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    Row,
+    String,
+    bindparam,
+    delete,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
+from app.domain.artifacts import receipt_relpath
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle
-from app.storage.tables import receipt_journal
+from app.storage.tables import attempts, receipt_journal
 from app.storage.uow import UnitOfWork
 
 RESERVED = "reserved"
@@ -25,7 +41,8 @@ SPAWNED = "spawned"
 SPAWN_FAILED = "spawn_failed"
 CONSUMED = "consumed"
 QUARANTINED = "quarantined"
-STATES = frozenset({RESERVED, SPAWNED, SPAWN_FAILED, CONSUMED, QUARANTINED})
+FENCED = "fenced"
+STATES = frozenset({RESERVED, SPAWNED, SPAWN_FAILED, CONSUMED, QUARANTINED, FENCED})
 # From which states each target may be reached; anything else is refused (no row changes).
 _FROM: dict[str, frozenset[str]] = {
     SPAWNED: frozenset({RESERVED}),
@@ -35,6 +52,24 @@ _FROM: dict[str, frozenset[str]] = {
 }
 # Built once (see runs_repo): SET columns come from the parameters of each execution.
 _INSERT = insert(receipt_journal)
+# A reservation only for an attempt the database has in ``starting`` (T1 committed, no
+# ending since): a request that arrives after recovery requeued its attempt, even once the
+# fence row itself is purged, can never spawn.
+_RESERVE_STARTING = insert(receipt_journal).from_select(
+    ["attempt_id", "run_id", "state", "receipt_ref", "created_at_ms", "updated_at_ms"],
+    select(
+        attempts.c.id,
+        attempts.c.run_id,
+        literal(RESERVED, String),
+        bindparam("receipt_ref", type_=String),
+        bindparam("created_at_ms", type_=BigInteger),
+        bindparam("updated_at_ms", type_=BigInteger),
+    ).where(
+        attempts.c.id == bindparam("attempt_id"),
+        attempts.c.run_id == bindparam("run_id"),
+        attempts.c.status == "starting",
+    ),
+).returning(receipt_journal.c.attempt_id)  # an INSERT's rowcount is -1 on psycopg
 _BY_ATTEMPT = select(receipt_journal).where(receipt_journal.c.attempt_id == bindparam("attempt_id"))
 _MOVES = {
     target: update(receipt_journal).where(
@@ -43,6 +78,10 @@ _MOVES = {
     )
     for target, sources in _FROM.items()
 }
+
+
+class NotStarting(Exception):
+    """The attempt is not ``starting`` in the database: a launch must not spawn it."""
 
 
 class AlreadyReserved(Exception):
@@ -92,29 +131,67 @@ class JournalRepository:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def reserve(self, *, attempt_id: str, run_id: str, receipt_ref: str) -> JournalEntry:
-        """Commit a ``reserved`` entry; raise AlreadyReserved if the attempt has one."""
+    def reserve(
+        self, *, attempt_id: str, run_id: str, receipt_ref: str, only_if_starting: bool = False
+    ) -> JournalEntry:
+        """Commit a ``reserved`` entry; raise AlreadyReserved if the attempt has one.
+
+        ``only_if_starting`` (the launcher always sets it): raise NotStarting instead of
+        reserving when the attempt is not ``starting`` in the database.
+        """
         at = now_ms()
+        values = {
+            "attempt_id": attempt_id,
+            "run_id": run_id,
+            "state": RESERVED,
+            "receipt_ref": receipt_ref,
+            "created_at_ms": at,
+            "updated_at_ms": at,
+        }
         try:
             with UnitOfWork(self._engine) as uow:
-                uow.conn.execute(
-                    _INSERT,
-                    {
-                        "attempt_id": attempt_id,
-                        "run_id": run_id,
-                        "state": RESERVED,
-                        "receipt_ref": receipt_ref,
-                        "created_at_ms": at,
-                        "updated_at_ms": at,
-                    },
-                )
+                inserted = True
+                if only_if_starting:
+                    del values["state"]
+                    inserted = uow.conn.execute(_RESERVE_STARTING, values).first() is not None
+                else:
+                    uow.conn.execute(_INSERT, values)
+                uow.commit()
+        except IntegrityError:
+            inserted = False
+        if not inserted:
+            existing = self.get(attempt_id)
+            if existing is None:
+                raise NotStarting(attempt_id) from None
+            raise AlreadyReserved(existing) from None
+        return JournalEntry(attempt_id, run_id, RESERVED, receipt_ref, None, None, at, at)
+
+    def fence(self, *, attempt_id: str, run_id: str) -> JournalEntry:
+        """Commit a ``fenced`` entry so that no launch can reserve this attempt any more.
+
+        Returns the entry that stands afterwards: the fence, or the launch's own entry when
+        its reservation came first (then the launch owns the attempt, not recovery).
+        """
+        at = now_ms()
+        ref = receipt_relpath(attempt_id)
+        values = {
+            "attempt_id": attempt_id,
+            "run_id": run_id,
+            "state": FENCED,
+            "receipt_ref": ref,
+            "created_at_ms": at,
+            "updated_at_ms": at,
+        }
+        try:
+            with UnitOfWork(self._engine) as uow:
+                uow.conn.execute(_INSERT, values)
                 uow.commit()
         except IntegrityError:
             existing = self.get(attempt_id)
             if existing is None:  # pragma: no cover - an integrity error without a row
                 raise
-            raise AlreadyReserved(existing) from None
-        return JournalEntry(attempt_id, run_id, RESERVED, receipt_ref, None, None, at, at)
+            return existing
+        return JournalEntry(attempt_id, run_id, FENCED, ref, None, None, at, at)
 
     def get(self, attempt_id: str) -> JournalEntry | None:
         """The entry of ``attempt_id``, if any."""
@@ -160,7 +237,7 @@ class JournalRepository:
 
     def delete_settled(self, *, attempt_id: str, state: str) -> bool:
         """Delete the entry if it is still in ``state`` (retention); False otherwise."""
-        if state not in (CONSUMED, QUARANTINED, SPAWN_FAILED):
+        if state not in (CONSUMED, QUARANTINED, SPAWN_FAILED, FENCED):
             raise ValueError(f"journal entries in {state!r} are never purged")
         t = receipt_journal.c
         with UnitOfWork(self._engine) as uow:

@@ -13,12 +13,13 @@ from sqlalchemy import Connection, Engine, Row, Table, bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json, sha256_digest
-from app.domain.errors import Conflict, ErrorCode, NotFound, VersionConflict
+from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
 from app.domain.events import RUN_CANCEL_REQUESTED, attempt_event, run_event
 from app.domain.execution import CompletionOutcome
 from app.domain.ids import now_ms, uuid7
 from app.domain.model import LogInfo, ProcessHandle, Run
 from app.domain.states import (
+    MAX_UNAVAILABLE_ATTEMPTS,
     TERMINAL_ATTEMPT,
     TERMINAL_RUN,
     AttemptStatus,
@@ -268,6 +269,72 @@ class RunRepository:
             )
             uow.commit()
         return written.run()
+
+    def requeue_unspawned(self, *, run_id: str, attempt_id: str) -> Run:
+        """A start that provably spawned nothing: the attempt ends failed EXECUTOR_UNAVAILABLE
+        and the run goes back to ``queued`` with a fresh ``claimed`` attempt, all in one
+        transaction (events ``attempt.failed``, ``run.queued``, ``attempt.claimed``).
+
+        Instead of a fresh attempt, a committed cancel intent ends the run (cancelled or
+        timed_out: nothing ran, the user's ending stands), and the MAX_UNAVAILABLE_ATTEMPTS-th
+        unavailable start in a row ends it failed EXECUTOR_UNAVAILABLE.
+
+        Raises: NotFound (not the run's latest attempt), InvalidTransition (the start is no
+        longer dispatching/starting), VersionConflict (a concurrent change won the CAS).
+        """
+        code = ErrorCode.EXECUTOR_UNAVAILABLE.value
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            run_row, attempt_row = _load_pair(conn, run_id, attempt_id)
+            if attempt_row.status != AttemptStatus.STARTING:
+                raise InvalidTransition("attempt", attempt_row.status, AttemptStatus.FAILED)
+            transition_run(RunStatus(run_row.status), RunStatus.QUEUED)
+            at = now_ms()
+            if run_row.cancel_reason is not None or attempt_row.number >= MAX_UNAVAILABLE_ATTEMPTS:
+                ending, values = AttemptStatus.FAILED, {"error_code": code}
+                if run_row.cancel_reason is not None:
+                    ending = ending_for(
+                        exit_code=None, signal=None, cancel_reason=run_row.cancel_reason
+                    )
+                    values = {}
+                written = _step(
+                    conn, run_row, attempt_row, at,
+                    run_to=RunStatus(ending.value), attempt_to=ending,
+                    attempt_values={**values, "finished_at_ms": at},
+                    run_values={"finished_at_ms": at}, attempt_data=values,
+                    order="attempt_first",
+                )  # fmt: skip
+                uow.commit()
+                return written.run()
+            number = attempt_row.number + 1
+            fresh = {
+                "id": uuid7(at),
+                "run_id": run_id,
+                "number": number,
+                "status": AttemptStatus.CLAIMED.value,
+                "executor": attempt_row.executor,
+                "created_at_ms": at,
+                "callback_sequence": 0,
+            }
+            run_values = {"status": RunStatus.QUEUED.value, "latest_attempt": number}
+            # The run row first, as in _step (PostgreSQL lock order against a concurrent T1).
+            _cas_run(conn, run_row, 3, run_values)
+            _update_attempt(
+                conn, attempt_row, AttemptStatus.FAILED, {"error_code": code, "finished_at_ms": at}
+            )
+            conn.execute(_INSERT_ATTEMPT, fresh)
+            _append_events(
+                conn, run_id, run_row.version + 1, at,
+                [
+                    _Event(attempt_event(AttemptStatus.FAILED),
+                           {"attempt": attempt_row.number, "error_code": code}),
+                    _Event(run_event(RunStatus.QUEUED), {"attempt": number}),
+                    _Event(attempt_event(AttemptStatus.CLAIMED), {"attempt": number}),
+                ],
+            )  # fmt: skip
+            uow.commit()
+        run_values["version"] = run_row.version + 3
+        return run_from_rows(_row_of(runs, run_values, run_row), _row_of(attempts, fresh))
 
     # -- completion (DESIGN.md, Completion service) ----------------------------------------
 

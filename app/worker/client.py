@@ -17,7 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
+from app.domain.execution import (
+    LaunchFailed,
+    LaunchRejected,
+    LaunchRequest,
+    LaunchUnavailable,
+    StopResult,
+)
 from app.domain.model import ProcessHandle
 
 MAX_RESPONSE_BYTES = 1 << 20
@@ -25,8 +31,13 @@ _POOL_MAX = 4
 _STOP_EXTRA_S = 15.0  # the worker's stop may take grace + its own bounded kill wait
 
 
-class WorkerUnavailable(LaunchFailed):
-    """The worker could not be reached (nothing was sent) or did not answer."""
+# The worker's refusal of a launch it did not journal (it has begun shutting down).
+SHUTTING_DOWN = "WORKER_SHUTTING_DOWN"
+
+
+class WorkerUnavailable(LaunchUnavailable):
+    """The worker could not be reached or refused to serve; for ``launch``: provably before
+    anything was journaled (never sent, or refused), so nothing spawned."""
 
 
 class LaunchOutcomeUnknown(Exception):
@@ -74,7 +85,12 @@ class WorkerClient:
         return resp
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
-        """Launch through the worker; LaunchRejected / LaunchFailed(reason) on refusal."""
+        """Launch through the worker.
+
+        Raises: WorkerUnavailable (nothing was delivered, or the worker refused it unjournaled:
+        nothing spawned), LaunchRejected (the attempt is journaled or fenced already),
+        LaunchFailed(reason) (the spawn failed), LaunchOutcomeUnknown (delivered, no answer).
+        """
         req = {
             "op": "launch",
             **request.wire_fields(),
@@ -93,6 +109,8 @@ class WorkerClient:
                 # The launch may have reached the worker: ask again, the journal answers.
                 repeated = repeated or exc.sent
                 if time.monotonic() >= deadline:
+                    if not repeated:
+                        raise WorkerUnavailable("WORKER_UNAVAILABLE") from None
                     raise LaunchOutcomeUnknown("WORKER_NO_ANSWER") from None
                 continue
             if resp.get("ok") is True:
@@ -101,12 +119,16 @@ class WorkerClient:
                 except (KeyError, TypeError, ValueError):
                     raise LaunchOutcomeUnknown("BAD_RESPONSE") from None
             error = str(resp.get("error") or "INTERNAL")
+            if error == SHUTTING_DOWN:
+                if repeated:  # our first try may have been journaled before the refusal
+                    raise LaunchOutcomeUnknown("WORKER_NO_ANSWER")
+                raise WorkerUnavailable(error)
             if error == "ALREADY_LAUNCHED":
-                in_flight = resp.get("reason") == "LAUNCH_IN_FLIGHT"
-                if repeated and in_flight and time.monotonic() < deadline:
+                reason = resp.get("reason")
+                if repeated and reason == "LAUNCH_IN_FLIGHT" and time.monotonic() < deadline:
                     time.sleep(0.05)  # our first try may still be in flight in the worker
                     continue
-                raise LaunchRejected(error)
+                raise LaunchRejected(reason if isinstance(reason, str) else error)
             if error == "INTERNAL":
                 raise LaunchOutcomeUnknown(error)  # fail closed: the journal decides later
             raise LaunchFailed(error)

@@ -2,8 +2,10 @@
 
 Order of one launch, each step only after the previous one succeeded:
 
-1. ``journal.reserve`` commits a ``reserved`` row (the primary key refuses a second one, so
-   two launches of one attempt, even concurrent or from two workers, never both spawn);
+1. ``journal.reserve`` commits a ``reserved`` row, only while the attempt is ``starting`` in
+   the database (the primary key refuses a second one, so two launches of one attempt, even
+   concurrent or from two workers, never both spawn; nor does one after recovery fenced the
+   attempt, or requeued it);
 2. the receipt shard directory exists (0700);
 3. the shim is started in its own session with the spec (``api-schemas/launch-protocol.md``):
    forked by the zygote (``QL_SHIM_MODE=zygote``, the default; §8) or as a fresh
@@ -37,7 +39,14 @@ from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, St
 from app.domain.ids import is_uuid7
 from app.domain.model import ProcessHandle
 from app.settings import shim_mode_from_env
-from app.storage.journal_repo import RESERVED, SPAWNED, AlreadyReserved, JournalRepository
+from app.storage.journal_repo import (
+    FENCED,
+    RESERVED,
+    SPAWNED,
+    AlreadyReserved,
+    JournalRepository,
+    NotStarting,
+)
 from app.worker.identity import ProcessIdentity, current_boot_id, stat_fields, stop_identity
 from app.worker.receipts import ReceiptStore
 from app.worker.zygote import ForkFailed, NotReceived, Uncertain, Zygote, ZygoteUnavailable
@@ -105,12 +114,18 @@ class ShimLauncher:
                 attempt_id=request.attempt_id,
                 run_id=request.run_id,
                 receipt_ref=receipt_relpath(request.attempt_id),
+                only_if_starting=True,
             )
+        except NotStarting:
+            # Its start ended (requeued, failed) before this request was served: a late one.
+            raise LaunchRejected("ATTEMPT_NOT_STARTING") from None
         except AlreadyReserved as exc:
             entry = exc.entry
             same_run = entry.run_id == request.run_id
             if entry.state == SPAWNED and entry.handle is not None and same_run:
                 return entry.handle, None
+            if entry.state == FENCED:
+                raise LaunchRejected("ATTEMPT_FENCED") from None  # recovery requeues it
             in_flight = entry.state == RESERVED and same_run
             raise LaunchRejected("LAUNCH_IN_FLIGHT" if in_flight else "ALREADY_LAUNCHED") from None
         try:

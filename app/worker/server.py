@@ -8,6 +8,11 @@ carry stable codes only. Ops (``api-schemas/worker-socket.md``):
 * ``{"op":"ping"}`` → ``{"ok":true,"pid":..,"boot_id":..}``
 * ``{"op":"launch", <LaunchRequest fields>}`` → ``{"ok":true,"handle":{..},"started_at_ms":..}``
   or ``{"ok":false,"error":"ALREADY_LAUNCHED"|"EXEC_FAILED"|"BAD_REQUEST"|..}``
+
+Once the worker has begun shutting down (``close``), ping and launch answer
+``{"ok":false,"error":"WORKER_SHUTTING_DOWN"}``: a refused launch was never journaled, so
+the caller knows nothing spawned (it requeues the run); launches already in progress finish
+and are answered before the connections close.
 * ``{"op":"stop","handle":{..},"grace_seconds":x}`` → ``{"ok":true,"result":..}``
 * ``{"op":"wake"}`` (optional ``"reconcile":true``) → ``{"ok":true}``: run the cancellation
   sweep now (after the api committed a cancel intent), or a full reconcile pass too
@@ -38,6 +43,7 @@ MAX_REQUEST_BYTES = 1 << 20
 MAX_GRACE_SECONDS = 300.0
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 _LAUNCH_STR = ("run_id", "attempt_id", "token", "log_path")
+SHUTTING_DOWN = {"ok": False, "error": "WORKER_SHUTTING_DOWN"}
 
 
 class WorkerLauncher(Protocol):
@@ -170,6 +176,9 @@ class ControlServer:
         self._conns: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
+        self._busy = 0  # requests read and not yet answered
+        self._refusing = False  # set once shutdown began: no new launch is taken
         self._closing = threading.Event()
         self._accept_thread: threading.Thread | None = None
         self._boot_id = current_boot_id()
@@ -182,7 +191,11 @@ class ControlServer:
         self._accept_thread.start()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop accepting, end every connection, join threads, remove our socket file."""
+        """Refuse new launches, let requests in progress answer (bounded by ``timeout``), then
+        stop accepting, end every connection, join threads, remove our socket file."""
+        with self._lock:
+            self._refusing = True
+            self._answered.wait_for(lambda: self._busy == 0, timeout)
         self._closing.set()
         if self._sock is not None:
             with contextlib.suppress(OSError):
@@ -238,8 +251,15 @@ class ControlServer:
                 if len(line) > MAX_REQUEST_BYTES:
                     conn.sendall(b'{"ok":false,"error":"TOO_LARGE"}\n')
                     return
-                response = self.handle_line(line)
-                conn.sendall(json.dumps(response, separators=(",", ":")).encode() + b"\n")
+                with self._lock:
+                    self._busy += 1
+                try:
+                    response = self.handle_line(line)
+                    conn.sendall(json.dumps(response, separators=(",", ":")).encode() + b"\n")
+                finally:
+                    with self._lock:
+                        self._busy -= 1
+                        self._answered.notify_all()
         except OSError:
             return  # the peer went away or we are closing
         finally:
@@ -256,6 +276,8 @@ class ControlServer:
                 raise BadRequest("not an object")
             op = req.get("op")
             if op == "ping":
+                if self._refusing:
+                    return dict(SHUTTING_DOWN)
                 return {"ok": True, "pid": os.getpid(), "boot_id": self._boot_id}
             if op == "launch":
                 return self._launch(parse_launch(req))
@@ -271,6 +293,8 @@ class ControlServer:
             return {"ok": False, "error": "INTERNAL"}
 
     def _launch(self, request: LaunchRequest) -> dict[str, Any]:
+        if self._refusing:
+            return dict(SHUTTING_DOWN)  # before the journal: provably nothing spawned
         try:
             handle, started = self._launcher.launch_started(request)
         except LaunchRejected as exc:

@@ -87,10 +87,12 @@ class FakeLauncher:
         *,
         fail: str | None = None,
         handle: ProcessHandle | Callable[[LaunchRequest], ProcessHandle] | None = None,
+        error: Exception | None = None,
     ) -> None:
         self._reader = RunReader(engine)
         self._engine = engine
         self.fail = fail
+        self.error = error  # raised as is (e.g. LaunchUnavailable, LaunchRejected)
         self.handle = handle
         self.observed: list[Observation] = []
         self._lock = threading.Lock()
@@ -111,6 +113,8 @@ class FakeLauncher:
             self.observed.append(
                 Observation(request, run, events, digest, Path(request.log_path).exists())
             )
+        if self.error is not None:
+            raise self.error
         if self.fail is not None:
             raise LaunchFailed(self.fail)
         if callable(self.handle):
@@ -143,11 +147,17 @@ class FlakyTransitions:
     """The real RunRepository, with record_running (T2) and fail_attempt failing on demand."""
 
     def __init__(
-        self, engine: Engine, *, fail_t2: bool = False, fail_fail: bool = False
+        self,
+        engine: Engine,
+        *,
+        fail_t2: bool = False,
+        fail_fail: bool = False,
+        fail_requeue: bool = False,
     ) -> None:
         self._repo = RunRepository(engine)
         self.fail_t2 = fail_t2
         self.fail_fail = fail_fail
+        self.fail_requeue = fail_requeue
         self.t2_calls = 0
 
     def begin_dispatch(self, **kwargs: Any) -> Run:
@@ -163,6 +173,11 @@ class FlakyTransitions:
         if self.fail_fail:
             raise RuntimeError("injected failure of the compensating write")
         return self._repo.fail_attempt(**kwargs)
+
+    def requeue_unspawned(self, **kwargs: Any) -> Run:
+        if self.fail_requeue:
+            raise RuntimeError("injected failure of the requeue")
+        return self._repo.requeue_unspawned(**kwargs)
 
 
 class HidingDefinitions:

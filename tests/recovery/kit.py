@@ -143,6 +143,21 @@ class Rig:
         assert (run.status, run.latest_attempt.error_code) == (status, code.value)
         assert terminal_events(self.engine, armed.run_id) == [f"attempt.{status}", f"run.{status}"]
 
+    def assert_requeued(self, armed: Armed) -> Run:
+        """The start was fenced, then the run queued again: attempt 1 failed
+        EXECUTOR_UNAVAILABLE, attempt 2 claimed, no terminal run event (issue 11 §1)."""
+        wait_for(lambda: self.run(armed).status == "queued", "the run to be requeued")
+        run = self.run(armed)
+        assert run.latest_attempt is not None
+        assert (run.latest_attempt.number, run.latest_attempt.status) == (2, "claimed")
+        first = self.reader.get_attempt(armed.run_id, 1)
+        assert (first.status, first.error_code) == ("failed", "EXECUTOR_UNAVAILABLE")
+        entry = self.journal.get(armed.attempt_id)
+        assert entry is not None and entry.state == "fenced"  # a late launch is refused
+        assert self.event_types(armed)[-3:] == ["attempt.failed", "run.queued", "attempt.claimed"]
+        assert terminal_events(self.engine, armed.run_id) == ["attempt.failed"]
+        return run
+
     def event_types(self, armed: Armed) -> list[str]:
         return [e.type for e in self.reader.list_events(armed.run_id, limit=1000).items]
 

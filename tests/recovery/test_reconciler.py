@@ -85,13 +85,13 @@ def test_an_unverifiable_handle_is_lost_without_any_signal(rig: Rig) -> None:
         bystander.wait(DEADLINE)
 
 
-def test_starting_without_a_journaled_spawn_fails_after_the_grace(rig: Rig) -> None:
+def test_starting_without_a_journaled_spawn_is_fenced_then_requeued(rig: Rig) -> None:
     a = rig.arm()  # T1 committed; the api died before it reached the worker
     rig.worker.start()
     assert rig.run(a).status == "dispatching"  # young: the launch may still be on its way
     rig.past_start_grace(a)
     assert rig.worker.client.wake(reconcile=True)
-    rig.assert_ended(a, ErrorCode.RECOVERY_START_NOT_SPAWNED, status="failed")
+    rig.assert_requeued(a)
 
 
 def test_starting_with_a_journaled_spawn_is_stopped_then_lost(rig: Rig) -> None:

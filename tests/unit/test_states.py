@@ -21,7 +21,7 @@ from app.domain.states import (
 
 ALLOWED_RUN = {
     ("queued", "dispatching"), ("queued", "cancelled"), ("queued", "failed"),
-    ("dispatching", "running"),
+    ("dispatching", "running"), ("dispatching", "queued"),
     *(("dispatching", t) for t in ("succeeded", "failed", "cancelled", "timed_out", "lost")),
     *(("running", t) for t in ("succeeded", "failed", "cancelled", "timed_out", "lost")),
 }  # fmt: skip

@@ -276,3 +276,56 @@ def test_a_launch_without_an_answer_is_never_reported_as_a_clean_failure(
         thread.join(10)
         client.close()
         listener.close()
+
+
+class GatedLauncher(FakeLauncher):
+    """Holds each launch until ``release`` is set (a launch still in progress)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+        self.entered.set()
+        assert self.release.wait(10)
+        return super().launch_started(request)
+
+
+def test_a_closing_worker_refuses_new_launches_and_answers_the_one_in_progress(
+    short_dir: Path,
+) -> None:
+    # Issue 11 §1: once shutdown began, a launch is refused before the journal (so the api
+    # knows nothing spawned and requeues it), while one already in progress finishes and
+    # gets its answer before the connections close.
+    launcher = GatedLauncher()
+    srv = ControlServer(path=short_dir / "w.sock", launcher=launcher, controller=FakeController())
+    srv.start()
+    first, second = WorkerClient(srv.path), WorkerClient(srv.path)
+    answers: list[object] = []
+    try:
+        assert first.ping()["ok"] is True and second.ping()["ok"] is True  # both connected
+        in_progress = threading.Thread(target=lambda: answers.append(first.launch(_request())))
+        in_progress.start()
+        assert launcher.entered.wait(10)
+        closer = threading.Thread(target=srv.close)
+        closer.start()
+        deadline = threading.Event()
+        while not srv._refusing and not deadline.wait(0.01):
+            pass
+        with pytest.raises(WorkerUnavailable) as refused:
+            second.launch(_request())
+        assert refused.value.reason == "WORKER_SHUTTING_DOWN"
+        with pytest.raises(WorkerUnavailable):
+            second.ping()  # not ready: the api's drain backs off
+        assert len(launcher.calls) == 0  # the refused launch never reached the launcher
+        launcher.release.set()
+        in_progress.join(10)
+        closer.join(10)
+        assert answers == [HANDLE]  # answered, not cut off by the close
+        assert not srv.path.exists()
+    finally:
+        launcher.release.set()
+        first.close()
+        second.close()
+        srv.close()
