@@ -123,7 +123,7 @@ def build_execution(
         except WorkerUnavailable:
             pause.unavailable()
             return
-        if _drain_concurrently(dispatcher, drainers, halted):
+        if _drain_concurrently(dispatcher, drainers, halted=halted):
             pause.unavailable()
         else:
             pause.answered()
@@ -151,7 +151,9 @@ def build_execution(
     )
 
 
-def _drain_concurrently(dispatcher: Dispatcher, drainers: int, halted: threading.Event) -> bool:
+def _drain_concurrently(
+    dispatcher: Dispatcher, drainers: int, halted: threading.Event | None = None
+) -> bool:
     """Drain; only when the first pass activated a run, add ``drainers - 1`` helper threads.
 
     The slow loop ticks every few seconds with usually nothing queued: one pass in this
@@ -160,6 +162,7 @@ def _drain_concurrently(dispatcher: Dispatcher, drainers: int, halted: threading
     ``halted`` (shutdown) no thread starts another pass.
     """
     unavailable = threading.Event()
+    halted = halted or threading.Event()
     if drainers <= 1:
         _drain(dispatcher, unavailable, halted)
         return unavailable.is_set()
