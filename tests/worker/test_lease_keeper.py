@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, select, update
 
 from app.context.worker_lease import LeaseKeeper
 from app.domain.execution import LaunchFailed, LaunchRequest
@@ -15,7 +15,21 @@ from app.domain.model import ProcessHandle
 from app.settings import Settings
 from app.storage.lease_repo import LeaseRepository
 from app.storage.tables import worker_leases
+from app.storage.uow import UnitOfWork
 from tests.storage.helpers import HANDLE
+
+REQUEST = LaunchRequest(
+    run_id="r",
+    attempt_id="a",
+    callback_sequence=1,
+    token="t",
+    argv=("true",),
+    cwd=None,
+    env={},
+    log_path="/nonexistent",
+    log_quota_bytes=1,
+    deadline_at_ms=None,
+)  # fmt: skip  (never read: the gate refuses, the counting launcher only counts)
 
 
 class CountingLauncher:
@@ -74,19 +88,15 @@ def test_a_takeover_is_noticed_launches_are_refused_and_nothing_is_released(
     )
     inner = CountingLauncher()
     gated = keeper.gate(inner)
-    request = LaunchRequest(
-        run_id="r", attempt_id="a", callback_sequence=1, token="t", argv=("true",), cwd=None,
-        env={}, log_path="/nonexistent", log_quota_bytes=1, deadline_at_ms=None,
-    )  # fmt: skip
     try:
-        gated.launch_started(request)
+        gated.launch_started(REQUEST)
         assert inner.calls == 1
         with engine.begin() as conn:  # another worker took it over (epoch bumped)
             conn.execute(update(worker_leases).values(epoch=worker_leases.c.epoch + 1))
         assert lost.wait(5), "the keeper did not notice the new epoch"
         assert keeper.lost and not keeper.held()
         with pytest.raises(LaunchFailed) as refused:
-            gated.launch_started(request)
+            gated.launch_started(REQUEST)
         assert refused.value.reason == "WORKER_LEASE_LOST"
         assert inner.calls == 1
     finally:
@@ -95,3 +105,28 @@ def test_a_takeover_is_noticed_launches_are_refused_and_nothing_is_released(
     assert [e.type for e in repo.history(limit=10)] == ["worker.lease_acquired"]
     current = repo.current()
     assert current is not None and current.released_at_ms is None  # not ours to release
+
+
+def test_a_worker_cut_off_from_the_database_for_a_ttl_stops_launching_before_expiry(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    lost = threading.Event()
+    keeper = LeaseKeeper.take(
+        settings=settings(db_url, tmp_path / "a"), engine=engine, on_lost=lost.set
+    )
+    gated = keeper.gate(CountingLauncher())
+    try:
+        with UnitOfWork(engine) as uow:  # every renewal now waits behind this writer
+            uow.conn.execute(select(worker_leases).with_for_update())
+            blocked_at = time.monotonic()
+            while keeper.held():
+                assert time.monotonic() - blocked_at < 5, "still trusted without a renewal"
+                time.sleep(0.02)
+            assert not lost.is_set()  # the renewal is still waiting: the clock decided
+            with pytest.raises(LaunchFailed):
+                gated.launch_started(REQUEST)
+            time.sleep(1.5)  # cut off for longer than the whole TTL
+        assert lost.wait(30), "a renewal that came after the TTL did not end the lease"
+        assert keeper.lost
+    finally:
+        keeper.release()

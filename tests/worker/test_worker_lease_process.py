@@ -49,7 +49,7 @@ def _instance(worker: Worker) -> str:
 def _run_refused(worker: Worker) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "app", "worker"], cwd=ROOT, env=worker.env, text=True,
-        capture_output=True, timeout=DEADLINE, check=False,
+        capture_output=True, timeout=2 * DEADLINE, check=False,
     )  # fmt: skip
 
 
