@@ -19,10 +19,11 @@ from tests.worker.kit import armed_run
 def test_a_pass_is_bounded_and_the_next_resumes_where_it_stopped(
     engine: Engine, tmp_path: Path
 ) -> None:
+    before = now_ms()  # the reconciler's clock stands before every start: each one is young
     for _ in range(20):
         armed_run(engine)  # starting, never launched, young: each is examined and kept
     store = ReceiptStore(tmp_path / "receipts")
-    rec = in_process_reconciler(engine, store, [now_ms()])
+    rec = in_process_reconciler(engine, store, [before])
     budget = EDGE.reconcile_pages * EDGE.reconcile_page_size
     assert [rec.run_pass().examined for _ in range(3)] == [budget, 20 - budget, budget]
 
