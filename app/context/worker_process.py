@@ -86,7 +86,7 @@ class WorkerProcess:
             if current_revision(engine) != head_revision():
                 raise NotMigrated()
             s.ensure_data_dir()
-            receipts = ReceiptStore(s.receipts_dir)
+            receipts = ReceiptStore(s.receipts_dir, logs_root=s.logs_dir)
             receipts.ensure_root()
             journal = JournalRepository(engine)
             runs = RunRepository(engine)
