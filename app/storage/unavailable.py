@@ -52,12 +52,14 @@ class _WriteHealth:
     def refusing(self, engine: Engine) -> bool:
         """True while the newest write was refused, for at most REFUSAL_MEMORY_S.
 
-        Forgotten after that, so a process without writes does not stay unready forever:
-        the next refused write says it again.
+        Passive on purpose: a probe that commits would cost a write per /readyz and, on
+        PostgreSQL, can succeed in a page with room while inserts need new pages. A
+        successful write clears it at once; without writes it is forgotten after the
+        memory (the next refused write says it again).
         """
         at = self._refused_at.get(engine)
         return at is not None and time.monotonic() - at < REFUSAL_MEMORY_S
 
 
-REFUSAL_MEMORY_S = 60.0
+REFUSAL_MEMORY_S = 10.0  # as long as the Retry-After the refused client was told
 WRITE_HEALTH = _WriteHealth()
