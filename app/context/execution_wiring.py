@@ -29,7 +29,7 @@ log = logging.getLogger("qinglong.dispatch")
 MAX_PASSES_PER_DRAIN = 256
 # The readiness ping's own budget: one try, well inside the probe's deadline (a stopped
 # worker must make /readyz say so, not hang it for the client's 30 s read timeout).
-READY_PING_TIMEOUT_S = 0.5
+READY_PING_TIMEOUT_S = 0.4
 
 
 def drain_concurrency(page_size: int) -> int:

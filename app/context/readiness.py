@@ -23,7 +23,7 @@ from app.storage.unavailable import WRITE_HEALTH
 
 ReadyCheck = Callable[[], str | None]
 # Under the 1 s a probe of /readyz may take, with room for the HTTP round trip.
-DEFAULT_DEADLINE_S = 0.8
+DEFAULT_DEADLINE_S = 0.6
 
 
 class ReadinessProbe:
