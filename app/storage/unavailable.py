@@ -1,8 +1,9 @@
 """Which driver errors mean "the store cannot take writes now" rather than a bug.
 
 SQLite reports a full disk as SQLITE_FULL ("database or disk is full"), a read-only file or
-file system as SQLITE_READONLY, and a failed write of its WAL or journal as SQLITE_IOERR or
-SQLITE_CANTOPEN; extended codes carry the primary code in their low byte. PostgreSQL reports
+file system as SQLITE_READONLY, and a failed write of its WAL or journal as SQLITE_IOERR;
+extended codes carry the primary code in their low byte. SQLITE_CANTOPEN is left out: it
+means a missing or misconfigured path far more often than a full disk. PostgreSQL reports
 SQLSTATE class 53 (insufficient resources: 53100 disk_full), 25006 (read-only transaction:
 a standby, or default_transaction_read_only) and 58030 (io_error).
 
@@ -20,9 +21,7 @@ import weakref
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-_SQLITE_CODES = frozenset(
-    {sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN}
-)
+_SQLITE_CODES = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR})
 _PG_STATES = frozenset({"25006", "58030"})
 
 
