@@ -477,8 +477,12 @@ def _publish_truncation(log_dir_fd: int, log_name: str, drain: _Drain, quota: in
     and a fact already there is never overwritten. Retried like the receipt, which follows
     it: the completion transaction reads the fact when it consumes the receipt.
     """
-    fact = {"droppedBytes": drain.dropped, "quotaBytes": quota, "reason": drain.reason}
-    fact["schemaVersion"] = 1
+    fact = {
+        "droppedBytes": drain.dropped,
+        "quotaBytes": quota,
+        "reason": drain.reason,
+        "schemaVersion": 1,
+    }
     _until_done(_Published(log_dir_fd, log_name + ".truncated").publish, _canonical(fact))
 
 
