@@ -44,11 +44,11 @@ _DESCRIPTIONS = {
     413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
     416: "range not satisfiable",
     422: "validation failed (VALIDATION_FAILED or a specific code)",
-    503: "not ready",
+    503: "the database cannot store writes now (STORAGE_UNAVAILABLE, with Retry-After)",
 }
 
 READ_ERRORS = (401, 403, 404, 422)
-WRITE_ERRORS = (400, 401, 403, 404, 413, 422)
+WRITE_ERRORS = (400, 401, 403, 404, 413, 422, 503)
 
 
 def set_next_link(request: Request, response: Response, next_cursor: str | None) -> None:

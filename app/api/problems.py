@@ -15,6 +15,7 @@ from app.domain.errors import (
     DomainError,
     InvalidTransition,
     NotFound,
+    StorageUnavailable,
     ValidationFailed,
     VersionConflict,
 )
@@ -33,6 +34,9 @@ RANGE_NOT_SATISFIABLE = "RANGE_NOT_SATISFIABLE"
 NOT_READY = "NOT_READY"
 INTERNAL_ERROR = "INTERNAL_ERROR"
 VALIDATION_FAILED = "VALIDATION_FAILED"
+# How long a client should wait before retrying a write the database could not store: long
+# enough for an operator (or a log rotation) to free space, short enough to notice it.
+STORAGE_RETRY_AFTER_S = 10
 
 _STATUS_CODES: Mapping[int, str] = {
     400: "BAD_REQUEST",
@@ -118,6 +122,12 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, DomainError)
         return problem_response(status_for(exc), str(exc.code), exc.detail)
 
+    async def on_storage(_request: Request, exc: Exception) -> Response:
+        # Every route, read or write: the unit of work raises it for any transaction.
+        assert isinstance(exc, StorageUnavailable)
+        headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
+        return problem_response(503, str(exc.code), exc.detail, headers)
+
     async def on_validation(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         return problem_response(*_validation_detail(exc))
@@ -137,6 +147,7 @@ def install(app: FastAPI) -> None:
 
     app.add_exception_handler(ApiProblem, on_problem)
     app.add_exception_handler(DomainError, on_domain)
+    app.add_exception_handler(StorageUnavailable, on_storage)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     # Anything else is caught by app.api.asgi.GuardMiddleware (500 without internals).

@@ -8,9 +8,16 @@ from fastapi.concurrency import run_in_threadpool
 from app.api.auth import Ctx
 from app.api.http import problems
 from app.api.problems import NOT_READY, ApiProblem
-from app.api.schemas import Health, Ready
+from app.api.schemas import Health, Problem, Ready
 
 router = APIRouter(tags=["operations"])
+_NOT_READY = {
+    503: {
+        "model": Problem,
+        "description": "not ready (NOT_READY); the detail names each failing check "
+        "(database, disk, worker) and why",
+    }
+}
 
 
 @router.get("/healthz", operation_id="healthz", response_model=Health)
@@ -19,9 +26,11 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", operation_id="readyz", response_model=Ready, responses=problems(503))
+@router.get(
+    "/readyz", operation_id="readyz", response_model=Ready, responses=problems(extra=_NOT_READY)
+)
 async def readyz(facade: Ctx) -> Ready:
-    """Database reachable and at the migration head, plus the pluggable checks; else 503."""
+    """Database at head and taking writes, free space, worker answering; else 503 (< 1 s)."""
     readiness = await run_in_threadpool(facade.readiness)
     if not readiness.ready:
         failing = ", ".join(f"{k}: {v}" for k, v in sorted(readiness.checks.items()) if v != "ok")

@@ -156,7 +156,7 @@ async def create_run(
     operation_id="runs-cancel",
     status_code=202,
     response_model=RunOut,
-    responses=problems(*READ_ERRORS, 409),
+    responses=problems(*READ_ERRORS, 409, 503),
 )
 async def cancel_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
     """Record the cancel intent (idempotent); 409 RUN_TERMINAL once the run ended."""

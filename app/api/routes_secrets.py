@@ -61,7 +61,7 @@ def list_secrets(
     operation_id="secrets-delete",
     status_code=204,
     response_class=Response,
-    responses=problems(*READ_ERRORS),
+    responses=problems(*READ_ERRORS, 503),
 )
 def delete_secret(name: SecretName, facade: Ctx, _: SecretsWriter) -> Response:
     """Remove a secret (404 SECRET_NOT_FOUND when there is none)."""

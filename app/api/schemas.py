@@ -149,6 +149,11 @@ class LogOut(BaseModel):
     bytes: int
     truncated: bool
     dropped_bytes: int
+    truncation_reason: Literal["quota", "disk_full", "write_error"] | None = Field(
+        default=None,
+        description="why bytes were dropped (the log quota, a full disk, another write "
+        "error); known once the attempt ended, null otherwise",
+    )
 
 
 class CancelOut(BaseModel):
@@ -181,6 +186,7 @@ class LatestAttemptOut(BaseModel):
                 bytes=log.bytes if log else 0,
                 truncated=log.truncated if log else False,
                 dropped_bytes=log.dropped_bytes if log else 0,
+                truncation_reason=log.reason if log else None,
             ),
         }
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.cli import admin, lease, receipts, secrets, serve, worker
-from app.domain.errors import DomainError
+from app.domain.errors import DomainError, StorageUnavailable
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except DomainError as exc:
+    except (DomainError, StorageUnavailable) as exc:
         print(f"qinglong: {exc.detail}", file=sys.stderr)
         return 1
     except SQLAlchemyError as exc:

@@ -38,7 +38,7 @@ DEFAULT_PER_SHARD, MAX_PER_SHARD = 32, 64
 DEFAULT_MIN_AGE_S = 3600.0
 ORPHAN_DIR = ".orphan-quarantine"
 _RECEIPT = re.compile(rf"^({UUID7_PATTERN})\.json$")
-_TEMP = re.compile(rf"^\.({UUID7_PATTERN})\.json\.[0-9]+\.tmp$")  # the shim's publish temp file
+_TEMP = re.compile(rf"^\.({UUID7_PATTERN})\.json\.tmp$")  # the shim's publish temp file
 
 
 class AuditRefused(Exception):

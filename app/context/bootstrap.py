@@ -11,7 +11,8 @@ only) and never reaches a route. On close, ``halt`` is called first (no new disp
 starts), then the thread is joined, so the launches in flight finish before the worker
 client closes and before ``qinglong serve`` stops the worker (docs/rolling-restarts.md).
 ``ready_checks`` add named readiness checks (the worker socket ping) returning ``None``
-when fine or a short reason when not.
+when fine or a short reason when not; all of them run concurrently under one deadline
+(app/context/readiness.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,18 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import build_execution
-from app.context.facade import AppFacade, Readiness
+from app.context.facade import AppFacade
 from app.context.logs import LogStore
+from app.context.readiness import (
+    DEFAULT_DEADLINE_S,
+    ReadinessProbe,
+    ReadyCheck,
+    database_check,
+    disk_check,
+)
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine
-from app.storage.migrate import current_revision, head_revision
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.secret_crypto import KeyRing
@@ -43,7 +50,6 @@ if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
 log = logging.getLogger("qinglong.context")
 
 Hook = Callable[[], None]
-ReadyCheck = Callable[[], str | None]
 # How long close waits for the launches in flight; inside the supervisor's stop bound.
 STOP_TIMEOUT_S = 5.0
 
@@ -142,17 +148,6 @@ class AppContext:
             self.engine.dispose()
 
 
-def database_check(engine: Engine) -> str | None:
-    """None when the database answers and is at the newest migration, else a reason."""
-    try:
-        current = current_revision(engine)
-    except Exception as exc:  # any driver error means "not reachable" to a probe
-        return f"database unreachable ({type(exc).__name__})"
-    if current != head_revision():
-        return "database is not migrated to head (run `qinglong migrate`)"
-    return None
-
-
 def build_context(
     settings: Settings,
     *,
@@ -168,6 +163,7 @@ def build_context(
     periodic: Hook | None = None,
     periodic_interval_s: float = 2.0,
     ready_checks: Mapping[str, ReadyCheck] | None = None,
+    ready_deadline_s: float = DEFAULT_DEADLINE_S,
     execution: bool = True,
 ) -> AppContext:
     """Build everything from ``settings``; any part may be passed in instead.
@@ -192,7 +188,11 @@ def build_context(
 
             async_reads = AsyncReads(engine)
         reader = RunReader(engine, async_reads=async_reads)
-    checks: dict[str, ReadyCheck] = {"database": lambda: database_check(engine)}
+    reserve = settings.profile.free_space_reserve_bytes
+    checks: dict[str, ReadyCheck] = {
+        "database": lambda: database_check(engine),
+        "disk": lambda: disk_check(settings.data_dir, reserve),
+    }
     closers: list[Hook] = []
     halt: Hook | None = None
     if execution:
@@ -215,15 +215,8 @@ def build_context(
         periodic = periodic or hooks.drain
     checks.update(ready_checks or {})
 
-    def probe() -> Readiness:
-        results = {}
-        for name, check in checks.items():
-            try:
-                results[name] = check() or "ok"
-            except Exception as exc:
-                results[name] = f"check failed ({type(exc).__name__})"
-        return Readiness(ready=all(v == "ok" for v in results.values()), checks=results)
-
+    probe = ReadinessProbe(checks, deadline_s=ready_deadline_s)
+    closers.insert(0, probe.close)
     background = Background(
         after_enqueue=after_enqueue, periodic=periodic, interval_s=periodic_interval_s, halt=halt
     )

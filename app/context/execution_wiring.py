@@ -28,6 +28,12 @@ log = logging.getLogger("qinglong.dispatch")
 # One drain runs passes until a pass activates nothing; each pass is bounded by the profile's
 # page size and stops after one activation (ADR-0071 §3), so a drain is bounded too.
 MAX_PASSES_PER_DRAIN = 256
+# The readiness ping's own budget: one try, well inside the probe's deadline (a stopped
+# worker must make /readyz say so, not hang it for the client's 30 s read timeout).
+READY_PING_TIMEOUT_S = 0.4
+# The drain's ping before a pass: a stalled worker counts as unavailable (dispatch backs off)
+# instead of holding the background thread, and so a shutdown's halt, for 30 s.
+DRAIN_PING_TIMEOUT_S = 2.0
 
 
 def drain_concurrency(page_size: int) -> int:
@@ -119,7 +125,7 @@ def build_execution(
         if halted.is_set() or not pause.due():
             return
         try:
-            worker.ping()
+            worker.ping(timeout_s=DRAIN_PING_TIMEOUT_S)
         except WorkerUnavailable:
             pause.unavailable()
             return
@@ -130,7 +136,7 @@ def build_execution(
 
     def worker_ready() -> str | None:
         try:
-            worker.ping()
+            worker.ping(timeout_s=READY_PING_TIMEOUT_S)
         except WorkerUnavailable:
             return "worker socket not answering"
         return None

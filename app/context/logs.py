@@ -10,6 +10,7 @@ from pathlib import Path
 from app.domain.artifacts import log_relpath, shard_of, truncation_fact_relpath
 from app.domain.model import Attempt, LogInfo
 from app.domain.states import AttemptStatus
+from app.worker.log_facts import read_fact
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -67,15 +68,15 @@ class LogStore:
             if not stat.S_ISREG(st.st_mode):
                 os.close(fd)
                 raise OSError("the log artifact is not a regular file")
-            fact = self._fact_exists(fds[-1], attempt.id)
+            fact = read_fact(f"{attempt.id}.log.truncated", dir_fd=fds[-1])
         finally:
             for dfd in fds:
                 os.close(dfd)
-        truncated = fact or st.st_size >= self.quota_bytes
+        truncated = fact is not None or st.st_size >= self.quota_bytes
         if attempt.log is not None:
             truncated = truncated or attempt.log.truncated
         return LogFile(
-            attempt=self._attach(attempt, st.st_size, truncated),
+            attempt=self._attach(attempt, st.st_size, truncated, fact),
             fd=fd,
             size=st.st_size,
             truncated=truncated,
@@ -94,19 +95,21 @@ class LogStore:
             return self._attach(attempt, 0, False)
         if not stat.S_ISREG(st.st_mode):
             return self._attach(attempt, 0, False)
-        fact = (self.root / truncation_fact_relpath(attempt.id)).exists()
-        return self._attach(attempt, st.st_size, fact or st.st_size >= self.quota_bytes)
+        fact = read_fact(self.root / truncation_fact_relpath(attempt.id))
+        truncated = fact is not None or st.st_size >= self.quota_bytes
+        return self._attach(attempt, st.st_size, truncated, fact)
 
     @staticmethod
-    def _attach(attempt: Attempt, size: int, truncated: bool) -> Attempt:
+    def _attach(
+        attempt: Attempt, size: int, truncated: bool, fact: tuple[int, str | None] | None = None
+    ) -> Attempt:
+        """The attempt with its recorded log info, or what the files say meanwhile.
+
+        Before the job ended nobody knows how much was dropped (the shim publishes the
+        count with the fact when the job ends): ``dropped_bytes`` is then 0.
+        """
         if attempt.log is not None:
             return attempt
-        return replace(attempt, log=LogInfo(bytes=size, truncated=truncated, dropped_bytes=0))
-
-    @staticmethod
-    def _fact_exists(shard_fd: int, attempt_id: str) -> bool:
-        try:
-            os.stat(f"{attempt_id}.log.truncated", dir_fd=shard_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return True
+        dropped, reason = fact if fact is not None else (0, None)
+        info = LogInfo(bytes=size, truncated=truncated, dropped_bytes=dropped, reason=reason)
+        return replace(attempt, log=info)

@@ -88,7 +88,7 @@ class WorkerProcess:
             # Before anything touches runs: one live worker per database (docs/worker-lease.md).
             lease = LeaseKeeper.take(settings=s, engine=engine, on_lost=self.request_stop)
             self.lease = lease
-            receipts = ReceiptStore(s.receipts_dir)
+            receipts = ReceiptStore(s.receipts_dir, logs_root=s.logs_dir)
             receipts.ensure_root()
             journal = JournalRepository(engine)
             runs = RunRepository(engine)

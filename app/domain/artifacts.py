@@ -33,6 +33,16 @@ def truncation_fact_relpath(attempt_id: str) -> str:
     return log_relpath(attempt_id) + ".truncated"
 
 
+def truncation_fact_temp_relpath(attempt_id: str) -> str:
+    """The shim's temp file of the truncation fact (published by link, ADR-0007 §2.4)."""
+    return f"{shard_of(attempt_id)}/.{attempt_id}.log.truncated.tmp"
+
+
+def receipt_temp_relpath(attempt_id: str) -> str:
+    """The shim's reserved receipt temp file, in the receipt's shard."""
+    return f"{shard_of(attempt_id)}/.{attempt_id}.json.tmp"
+
+
 def receipt_relpath(attempt_id: str) -> str:
     """Completion receipt path relative to the receipts root: ``<shard>/<attempt_id>.json``."""
     return f"{shard_of(attempt_id)}/{attempt_id}.json"

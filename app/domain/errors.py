@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     INVALID_TRANSITION = "INVALID_TRANSITION"
     VERSION_CONFLICT = "VERSION_CONFLICT"
     INVALID_CURSOR = "INVALID_CURSOR"
+    STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
     # Execution outcomes recorded on attempts.
     EXECUTOR_START_FAILED = "EXECUTOR_START_FAILED"
     # Nothing was spawned because the worker was not there (docs/backlog-requeue.md).
@@ -84,3 +85,18 @@ class NotFound(DomainError):
 
 class Conflict(DomainError):
     """A write contradicts what is already stored."""
+
+
+class StorageUnavailable(Exception):
+    """The database cannot commit now (disk full, read-only file system, I/O error).
+
+    Not a DomainError: nothing is wrong with the request and nothing was refused, so code
+    that treats a refusal as "it moved on meanwhile" must not swallow it. The api answers
+    503 STORAGE_UNAVAILABLE with Retry-After; the worker's passes retry it like any outage.
+    """
+
+    code = ErrorCode.STORAGE_UNAVAILABLE
+    detail = "the database cannot store writes now (disk full or read-only); retry later"
+
+    def __init__(self) -> None:
+        super().__init__(f"{self.code}: {self.detail}")

@@ -88,6 +88,12 @@ class LogInfo:
     bytes: int
     truncated: bool
     dropped_bytes: int
+    # Why bytes were dropped (TRUNCATION_REASONS), once the shim's fact says so.
+    reason: str | None = None
+
+
+# The shim's truncation fact (api-schemas/launch-protocol.md §3 step 9).
+TRUNCATION_REASONS = frozenset({"quota", "disk_full", "write_error"})
 
 
 @dataclass(frozen=True, slots=True)

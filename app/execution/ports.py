@@ -178,7 +178,7 @@ class ReceiptFiles(Protocol):
         ...
 
     def remove(self, attempt_id: str) -> None:
-        """Delete a consumed receipt (missing is fine)."""
+        """Delete a consumed receipt and the shim's temp files of it (missing is fine)."""
         ...
 
 
@@ -344,11 +344,11 @@ class QuarantineFiles(Protocol):
     """Deletion of settled receipts after their retention."""
 
     def remove_quarantined(self, attempt_id: str) -> None:
-        """Delete the attempt's quarantined receipt (missing is fine)."""
+        """Delete the attempt's quarantined receipt and shim temp files (missing is fine)."""
         ...
 
     def remove(self, attempt_id: str) -> None:
-        """Delete a consumed receipt a crash left behind (missing is fine)."""
+        """Delete a receipt, or shim temp files, a crash left behind (missing is fine)."""
         ...
 
     def sync_removed(self, attempt_ids: Sequence[str]) -> None:

@@ -321,10 +321,11 @@ class Reconciler:
             for attempt_id in settled:
                 if state == QUARANTINED:
                     self._quarantine_files.remove_quarantined(attempt_id)  # fsyncs itself
-                elif state == CONSUMED:
-                    # Normally gone already; a crash after the completion commit left it.
+                else:
+                    # Normally gone already; a crash after the completion commit (or a shim
+                    # killed mid-publication: its temp files) left it.
                     self._quarantine_files.remove(attempt_id)
-            if state == CONSUMED and settled:
+            if state != QUARANTINED and settled:
                 # Neither that unlink nor the live path's was fsynced: once per shard now.
                 self._quarantine_files.sync_removed(settled)
             for attempt_id in settled:

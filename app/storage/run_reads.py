@@ -63,6 +63,7 @@ def attempt_from_row(row: Row[Any]) -> Attempt:
             bytes=row.log_bytes,
             truncated=bool(row.log_truncated),
             dropped_bytes=row.log_dropped_bytes or 0,
+            reason=row.log_truncation_reason,
         )
     return Attempt(
         id=row.id,

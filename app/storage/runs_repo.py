@@ -414,6 +414,7 @@ class RunRepository:
                     "log_bytes": log.bytes,
                     "log_truncated": log.truncated,
                     "log_dropped_bytes": log.dropped_bytes,
+                    "log_truncation_reason": log.reason,
                 }
             data = {"exit_code": values["exit_code"], "signal": signal}
             _step(

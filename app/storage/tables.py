@@ -110,6 +110,8 @@ attempts = Table(
     Column("log_truncated", Boolean, nullable=True),
     Column("log_dropped_bytes", BigInteger, nullable=True),
     Column("handle", Text, nullable=True),  # JSON durable identity; never exposed by the API
+    # quota | disk_full | write_error, from the shim's truncation fact (migration 0003)
+    Column("log_truncation_reason", String(16), nullable=True),
     UniqueConstraint("run_id", "number"),
     Index("ix_attempts_status_id", "status", "id"),
     Index("ix_attempts_status_deadline_at_ms", "status", "deadline_at_ms"),

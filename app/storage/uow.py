@@ -1,4 +1,9 @@
-"""Unit of work over one Connection: ``with uow: ...; uow.commit()``, rolled back otherwise."""
+"""Unit of work over one Connection: ``with uow: ...; uow.commit()``, rolled back otherwise.
+
+Every repository transaction goes through here, so this is the one place where a database
+that cannot take writes (disk full, read-only; app.storage.unavailable) becomes
+StorageUnavailable, which the api answers with 503 (app/api/problems.py).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from types import TracebackType
 
 from sqlalchemy import Connection, Engine
 
+from app.domain.errors import StorageUnavailable
 from app.storage.engine import WRITE
+from app.storage.unavailable import WRITE_HEALTH, is_storage_unavailable
 
 # SQLite has one writer at a time, and a writer that finds the lock taken sleeps in SQLite's
 # busy handler (1, 2, 5, 10... ms) instead of waking when it is free. Threads of one process
@@ -58,9 +65,12 @@ class UnitOfWork:
             except BaseException:
                 conn.close()
                 raise
-        except BaseException:
+        except BaseException as exc:
             if self._gate is not None:
                 self._gate.release()
+            if is_storage_unavailable(exc):
+                WRITE_HEALTH.refused(self._engine)
+                raise StorageUnavailable() from exc
             raise
         self._conn = conn
         self._committed = False
@@ -70,6 +80,8 @@ class UnitOfWork:
         """Commit the transaction; the block may not write afterwards."""
         self.conn.commit()
         self._committed = True
+        if self._write:
+            WRITE_HEALTH.committed(self._engine)
 
     def __exit__(
         self,
@@ -89,3 +101,6 @@ class UnitOfWork:
             finally:
                 if self._gate is not None:
                     self._gate.release()
+        if exc is not None and is_storage_unavailable(exc):
+            WRITE_HEALTH.refused(self._engine)
+            raise StorageUnavailable() from exc

@@ -77,9 +77,19 @@ class WorkerClient:
 
     # -- ports ---------------------------------------------------------------------------
 
-    def ping(self) -> dict[str, Any]:
-        """``{"ok": true, "pid", "boot_id"}`` from the worker; WorkerUnavailable otherwise."""
-        resp = self._call_retrying({"op": "ping"}, self._read_timeout)
+    def ping(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """``{"ok": true, "pid", "boot_id"}`` from the worker; WorkerUnavailable otherwise.
+
+        With ``timeout_s``: one try that waits at most that long for the answer (readiness).
+        """
+        req = {"op": "ping"}
+        if timeout_s is None:
+            resp = self._call_retrying(req, self._read_timeout)
+        else:
+            try:
+                resp = self._call(req, timeout_s)
+            except _Broken:
+                raise WorkerUnavailable("WORKER_NO_ANSWER") from None
         if resp.get("ok") is not True:
             raise WorkerUnavailable(str(resp.get("error") or "INTERNAL"))
         return resp

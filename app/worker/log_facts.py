@@ -1,8 +1,8 @@
 """What the completion transaction records about an attempt's log: size and truncation.
 
 The size is the log file's length; truncation comes from the shim's one-time, content-free
-fact file beside the log (``{"droppedBytes", "quotaBytes", "schemaVersion"}``). Both are
-evidence only and never decide the ending (ADR-0007 §2.3).
+fact file beside the log (``{"droppedBytes", "quotaBytes", "reason", "schemaVersion"}``).
+Both are evidence only and never decide the ending (ADR-0007 §2.3).
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import stat
 from pathlib import Path
 
 from app.domain.artifacts import log_relpath, truncation_fact_relpath
-from app.domain.model import LogInfo
+from app.domain.model import TRUNCATION_REASONS, LogInfo
 
 _FACT_MAX_BYTES = 1024
 
 
-def _open_regular(path: Path) -> tuple[int, int] | None:
+def _open_regular(path: Path | str, dir_fd: int | None) -> tuple[int, int] | None:
     """(fd, size) of ``path`` if it is a regular file (no symlink followed, never blocking);
     None otherwise. The caller closes the fd."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError:
         return None
     regular = False
@@ -50,24 +50,33 @@ class LogFacts:
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        size = st.st_size
-        dropped = self._dropped(attempt_id)
-        return LogInfo(bytes=size, truncated=dropped is not None, dropped_bytes=dropped or 0)
+        fact = read_fact(self.root / truncation_fact_relpath(attempt_id))
+        if fact is None:
+            return LogInfo(bytes=st.st_size, truncated=False, dropped_bytes=0)
+        dropped, reason = fact
+        return LogInfo(bytes=st.st_size, truncated=True, dropped_bytes=dropped, reason=reason)
 
-    def _dropped(self, attempt_id: str) -> int | None:
-        opened = _open_regular(self.root / truncation_fact_relpath(attempt_id))
-        if opened is None:
-            return None
-        fd = opened[0]
-        try:
-            raw = os.read(fd, _FACT_MAX_BYTES + 1)
-        finally:
-            os.close(fd)
-        try:
-            fact = json.loads(raw) if len(raw) <= _FACT_MAX_BYTES else None
-        except ValueError:
-            fact = None
-        value = fact.get("droppedBytes") if isinstance(fact, dict) else None
-        if type(value) is int and value >= 0:
-            return value
-        return 0  # a fact exists but is unreadable: truncated, amount unknown
+
+def read_fact(path: Path | str, *, dir_fd: int | None = None) -> tuple[int, str | None] | None:
+    """(dropped bytes, reason) from a truncation fact; None when there is none.
+
+    The shim publishes the fact complete or not at all; an unreadable one (an older shim's
+    empty file) still means truncated, with the amount and the reason unknown.
+    """
+    opened = _open_regular(path, dir_fd)
+    if opened is None:
+        return None
+    fd = opened[0]
+    try:
+        raw = os.read(fd, _FACT_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        fact = json.loads(raw) if len(raw) <= _FACT_MAX_BYTES else None
+    except ValueError:
+        fact = None
+    if not isinstance(fact, dict):
+        return 0, None
+    value, reason = fact.get("droppedBytes"), fact.get("reason")
+    dropped = value if type(value) is int and value >= 0 else 0
+    return dropped, reason if reason in TRUNCATION_REASONS else None

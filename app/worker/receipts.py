@@ -5,7 +5,10 @@ oversize file is recognised without reading it all), refuse symlinks (O_NOFOLLOW
 anything but a regular file. Quarantine moves a file by hard-link + unlink into
 ``.quarantine/<shard>/`` (never overwriting), and every directory change that keeps evidence
 is fsynced (removing a consumed receipt keeps none: see ``remove``).
-Files are found by attempt id only: this store never lists a directory.
+Files are found by attempt id only: this store never lists a directory. That includes the
+shim's temp files (its reserved receipt, its truncation fact's temp beside the log): their
+names derive from the attempt id, so whoever settles the journal entry removes what a shim
+killed mid-publication left behind (ADR-0007 §2.8-2.9).
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.domain.artifacts import quarantine_relpath, receipt_relpath
+from app.domain.artifacts import (
+    quarantine_relpath,
+    receipt_relpath,
+    receipt_temp_relpath,
+    truncation_fact_temp_relpath,
+)
 from app.domain.receipt import RECEIPT_MAX_BYTES, ReceiptInvalid
 
 DIR_MODE = 0o700
@@ -47,10 +55,11 @@ def _private_dir(path: Path) -> bool:
 
 
 class ReceiptStore:
-    """Receipt files under ``root``, addressed by attempt id."""
+    """Receipt files under ``root``, addressed by attempt id; ``logs_root`` for fact temps."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, logs_root: Path | None = None) -> None:
         self.root = Path(root)
+        self.logs_root = None if logs_root is None else Path(logs_root)
 
     def ensure_root(self) -> None:
         """Create the root (0700) and its quarantine root."""
@@ -144,6 +153,22 @@ class ReceiptStore:
         """
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path_of(attempt_id))
+        self.remove_temps(attempt_id)
+
+    def remove_temps(self, attempt_id: str) -> None:
+        """Delete the shim's temp files of the attempt, if any (its journal entry is settled).
+
+        Called only once the attempt's ending is committed or its entry is past retention,
+        when no shim can still be publishing (a shim that finds its temp gone at ``link()``
+        publishes nothing, see api-schemas/launch-protocol.md §3). No fsync: a temp that
+        comes back after a power cut is removed again by retention, or by the audit.
+        """
+        paths = [self.root / receipt_temp_relpath(attempt_id)]
+        if self.logs_root is not None:
+            paths.append(self.logs_root / truncation_fact_temp_relpath(attempt_id))
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def sync_removed(self, attempt_ids: Sequence[str]) -> None:
         """fsync the shard of each attempt once, whether its receipt went now or earlier."""
@@ -153,6 +178,7 @@ class ReceiptStore:
 
     def remove_quarantined(self, attempt_id: str) -> None:
         """Delete a quarantined receipt after its retention (missing is fine)."""
+        self.remove_temps(attempt_id)
         path = self.root / quarantine_relpath(attempt_id)
         try:
             os.unlink(path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 # ``enum`` and would roughly double the shim's start-up time.
 import _json
 import _signal as signal  # type: ignore[import-not-found]
+import errno
 import os
 import select
 import sys
@@ -31,7 +32,14 @@ READ_CHUNK = 64 * 1024
 # draining for at most this long, then close the read end and publish the receipt.
 POST_EXIT_DRAIN_SECONDS = 1.0
 PR_SET_CHILD_SUBREAPER = 36
-TEST_HOOKS = ("exit_before_receipt", "exit_after_temp_write")
+# The receipt's 4 KiB limit (ADR-0007 §2.4): its temp file holds this much before the job
+# starts, so publishing rewrites allocated space in place and a full disk cannot refuse it.
+RECEIPT_RESERVE_BYTES = 4096
+# Publication refused (ENOSPC, EROFS, EIO ...): try again, backing off up to the cap, for as
+# long as the shim lives. The ending stays here meanwhile and the attempt stays running.
+PUBLISH_RETRY_FIRST_S = 0.05
+PUBLISH_RETRY_MAX_S = 5.0
+TEST_HOOKS = ("exit_before_receipt", "exit_after_temp_write", "stop_after_temp_write")
 HOOK_EXIT_CODE = 70
 _SPEC_KEYS = frozenset(
     {
@@ -304,6 +312,7 @@ class _Drain:
         self.quota = quota
         self.used = os.fstat(log_fd).st_size
         self.dropped = 0
+        self.reason = "quota"  # why bytes were dropped: the quota unless a write failed
         self.buf = bytearray(READ_CHUNK)
         self.view = memoryview(self.buf)
 
@@ -312,16 +321,19 @@ class _Drain:
         n = os.readv(fd, [self.buf])
         if n == 0:
             return False
-        room = max(self.quota - self.used, 0)
-        keep = min(n, room)
-        if keep:
-            try:
-                _write_all(self.log_fd, self.view[:keep])
-                self.used += keep
-            except OSError:
-                self.quota = self.used  # disk trouble: stop writing, keep draining
-                keep = 0
-        self.dropped += n - keep
+        keep = min(n, max(self.quota - self.used, 0))
+        written = 0
+        try:
+            while written < keep:
+                written += os.write(self.log_fd, self.view[written:keep])
+        except OSError as exc:
+            # Disk trouble: stop writing, keep draining. What did reach the log counts as
+            # kept, the rest of the chunk and everything after it as dropped.
+            self.quota = self.used + written
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            self.reason = "disk_full" if full else "write_error"
+        self.used += written
+        self.dropped += n - written
         return True
 
 
@@ -371,47 +383,123 @@ def _supervise(job_pid: int, read_fd: int, drain: _Drain) -> int:
     return status[0]
 
 
-def _publish_truncation(log_path: str, dropped: int, quota: int) -> None:
-    fact = _canonical({"droppedBytes": dropped, "quotaBytes": quota, "schemaVersion": 1})
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(log_path + ".truncated", flags, 0o600)
-    except FileExistsError:
-        return  # one-time fact: never overwritten
-    try:
-        _write_all(fd, fact)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+class _Published:
+    """One file published by temp + ``link()`` (ADR-0007 §2.4), one step at a time.
+
+    The temp is ``.<name>.tmp``: derived from the attempt id alone, so the worker cleans a
+    leftover through the journal (ADR-0007 §2.8) without listing any directory. ``link()``
+    never replaces: a final name that exists is left untouched. Each step may fail (a full
+    disk) and ``publish`` is then called again: a step already done is not redone.
+    """
+
+    def __init__(self, dir_fd: int, name: str) -> None:
+        self.dir_fd = dir_fd
+        self.name = name
+        self.tmp = f".{name}.tmp"
+        self.fd = -1
+        self.linked = False
+
+    def reserve(self, size: int) -> None:
+        """Create the temp file holding ``size`` bytes, so the final write needs no new space.
+
+        No fsync: write() already allocates (tmpfs, ext4's delayed allocation, xfs), and a
+        power cut ends the shim anyway. A copy-on-write file system may still need space at
+        publication; the retries cover that.
+        """
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.fd = os.open(self.tmp, flags, 0o600, dir_fd=self.dir_fd)
+        _pwrite_all(self.fd, bytes(size))
+
+    def publish(self, body: bytes, hook: str | None = None) -> None:
+        """Write ``body``, link it to the final name, drop the temp, fsync the directory."""
+        if not self.linked:
+            if self.fd < 0:
+                self.reserve(0)
+            _pwrite_all(self.fd, body)
+            os.ftruncate(self.fd, len(body))
+            os.fsync(self.fd)
+            if hook == "exit_after_temp_write":
+                os._exit(HOOK_EXIT_CODE)
+            if hook == "stop_after_temp_write":
+                os.kill(os.getpid(), signal.SIGSTOP)  # the test SIGKILLs us right here
+            try:
+                os.link(self.tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd,
+                        follow_symlinks=False)  # fmt: skip
+            except FileExistsError:
+                pass  # never overwrite a published file
+            except FileNotFoundError:
+                pass  # the journal settled the attempt and removed our temp: nothing to add
+            self.linked = True
+        try:  # noqa: SIM105
+            os.unlink(self.tmp, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass  # an earlier try, or the worker's cleanup after the receipt was consumed
+        os.fsync(self.dir_fd)
+        self.close()
+
+    def discard(self) -> None:
+        """Remove the temp (a launch that failed before the job started)."""
+        try:  # noqa: SIM105
+            os.unlink(self.tmp, dir_fd=self.dir_fd)
+        except OSError:
+            pass  # the journal's cleanup removes it later
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
-def _publish_receipt(dir_fd: int, name: str, body: bytes, hook: str | None) -> None:
-    tmp = f".{name}.{os.getpid()}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
-    try:
-        _write_all(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if hook == "exit_after_temp_write":
-        os._exit(HOOK_EXIT_CODE)
-    try:
-        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-    except FileExistsError:
-        pass  # never overwrite a published receipt
-    finally:
-        os.unlink(tmp, dir_fd=dir_fd)
-    os.fsync(dir_fd)
+def _pwrite_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
 
 
-def _run_shim(spec: dict[str, Any], log_fd: int, dir_fd: int, status_fd: int) -> NoReturn:
+def _until_done(step: Any, *args: Any) -> None:
+    """Call ``step(*args)`` until it raises no OSError, backing off up to the cap."""
+    delay = PUBLISH_RETRY_FIRST_S
+    while True:
+        try:
+            step(*args)
+            return
+        except OSError:
+            time.sleep(delay)
+            delay = min(delay * 2, PUBLISH_RETRY_MAX_S)
+
+
+def _publish_truncation(log_dir_fd: int, log_name: str, drain: _Drain, quota: int) -> None:
+    """The one-time, content-free truncation fact beside the log, published like a receipt.
+
+    Never empty: it becomes visible under its final name only once complete (temp + link),
+    and a fact already there is never overwritten. Retried like the receipt, which follows
+    it: the completion transaction reads the fact when it consumes the receipt.
+    """
+    fact = {
+        "droppedBytes": drain.dropped,
+        "quotaBytes": quota,
+        "reason": drain.reason,
+        "schemaVersion": 1,
+    }
+    _until_done(_Published(log_dir_fd, log_name + ".truncated").publish, _canonical(fact))
+
+
+def _run_shim(
+    spec: dict[str, Any], log_fd: int, log_dir_fd: int, dir_fd: int, status_fd: int
+) -> NoReturn:
     """The long-lived shim (grandchild of the worker)."""
     _set_subreaper()
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would auto-reap the job
+    receipt_file = _Published(dir_fd, spec["receipt_name"])
     try:
+        try:  # the receipt's space, before any job exists
+            receipt_file.reserve(RECEIPT_RESERVE_BYTES)
+        except OSError as exc:
+            raise ShimError("RECEIPT_RESERVE_FAILED", exc.errno) from None
         read_fd, write_fd = os.pipe()  # both close-on-exec; the job gets dup2 copies
         started_at_ms = _now_ms()
         job_pid = _spawn(spec, write_fd)
@@ -429,6 +517,7 @@ def _run_shim(spec: dict[str, Any], log_fd: int, dir_fd: int, status_fd: int) ->
             "started_at_ms": started_at_ms,
         }
     except ShimError as exc:
+        receipt_file.discard()
         _fail(status_fd, exc.code, exc.errno)
     _status(status_fd, status_line)
 
@@ -441,11 +530,9 @@ def _run_shim(spec: dict[str, Any], log_fd: int, dir_fd: int, status_fd: int) ->
         pass  # the log is evidence only; the receipt is still published
     os.close(log_fd)
     hook = spec.get("test_hook")
-    try:
-        if drain.dropped:
-            _publish_truncation(spec["log_path"], drain.dropped, spec["log_quota_bytes"])
-    except OSError:
-        pass  # the receipt matters more than the truncation fact
+    if drain.dropped:
+        log_name = os.path.basename(spec["log_path"])
+        _publish_truncation(log_dir_fd, log_name, drain, spec["log_quota_bytes"])
     receipt: dict[str, Any] = {
         "schemaVersion": 1,
         "runId": spec["run_id"],
@@ -462,10 +549,8 @@ def _run_shim(spec: dict[str, Any], log_fd: int, dir_fd: int, status_fd: int) ->
         receipt["exitCode"] = os.WEXITSTATUS(wait_status)
     if hook == "exit_before_receipt":
         os._exit(HOOK_EXIT_CODE)
-    try:
-        _publish_receipt(dir_fd, spec["receipt_name"], _canonical(receipt), hook)
-    except OSError:
-        os._exit(3)  # no receipt: the reconciler classifies the attempt as lost
+    # Until it is published the run stays running (the shim lives), never lost.
+    _until_done(receipt_file.publish, _canonical(receipt), hook)
     os._exit(0)
 
 
@@ -496,8 +581,12 @@ def run(raw: bytes, status_fd: int) -> NoReturn:
         log_fd = os.open(spec["log_path"], log_flags)
     except OSError as exc:
         _fail(status_fd, "LOG_OPEN_FAILED", exc.errno)
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    try:  # the truncation fact is published in the log's directory
+        log_dir_fd = os.open(os.path.dirname(spec["log_path"]), dir_flags)
+    except OSError as exc:
+        _fail(status_fd, "LOG_OPEN_FAILED", exc.errno)
     try:
-        dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
         dir_fd = os.open(spec["receipt_dir"], dir_flags)
     except OSError as exc:
         _fail(status_fd, "SPEC_INVALID", exc.errno)
@@ -505,7 +594,7 @@ def run(raw: bytes, status_fd: int) -> NoReturn:
         os.setsid()
     if os.fork() != 0:
         os._exit(0)  # our parent (worker or zygote) reaps this process; the shim is re-parented
-    _run_shim(spec, log_fd, dir_fd, status_fd)
+    _run_shim(spec, log_fd, log_dir_fd, dir_fd, status_fd)
 
 
 def main() -> NoReturn:

@@ -80,14 +80,17 @@ def test_truncation_shows_in_the_header_and_the_run(
     client: Client, admin: dict[str, str], settings: Settings, task: str
 ) -> None:
     run_id, attempt_id, _ = _run_with_log(client, admin, settings, CONTENT)
-    (settings.logs_dir / truncation_fact_relpath(attempt_id)).write_bytes(b"")
+    (settings.logs_dir / truncation_fact_relpath(attempt_id)).write_bytes(
+        b'{"droppedBytes":42,"quotaBytes":6,"reason":"disk_full","schemaVersion":1}'
+    )
     response = client.get(_url(run_id), headers=admin)
     assert response.headers["x-log-truncated"] == "true"
     run = client.get(f"/api/v1/runs/{run_id}", headers=admin).json()
     assert run["latest_attempt"]["log"] == {
         "bytes": len(CONTENT),
         "truncated": True,
-        "dropped_bytes": 0,
+        "dropped_bytes": 42,
+        "truncation_reason": "disk_full",
     }
 
 

@@ -27,7 +27,9 @@ def test_enqueue_creates_a_queued_run_with_a_claimed_attempt(
     assert set(run["latest_attempt"]) == ATTEMPT_FIELDS
     assert run["status"] == "queued" and run["revision"] == 1
     assert run["latest_attempt"]["status"] == "claimed"
-    assert run["latest_attempt"]["log"] == {"bytes": 0, "truncated": False, "dropped_bytes": 0}
+    assert run["latest_attempt"]["log"] == {
+        "bytes": 0, "truncated": False, "dropped_bytes": 0, "truncation_reason": None
+    }
     assert run["cancel_requested"] is None
 
 

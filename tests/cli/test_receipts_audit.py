@@ -70,7 +70,7 @@ def test_audit_classifies_and_only_quarantine_moves_eligible_files(
     orphan = _attempt_in(shard)
     eligible = [
         _file(root / receipt_relpath(orphan)),
-        _file(root / shard / f".{_attempt_in(shard)}.json.4242.tmp"),
+        _file(root / shard / f".{_attempt_in(shard)}.json.tmp"),
         _file(root / shard / "stray.bin"),
     ]
     young = _file(root / shard / "fresh.bin", old=False)

@@ -47,9 +47,9 @@ class CountingClient(WorkerClient):
         super().__init__(path, connect_timeout_s=0.5)
         self.pings = 0
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         self.pings += 1
-        return super().ping()
+        return super().ping(timeout_s=timeout_s)
 
 
 def test_a_drain_against_no_worker_pings_once_per_delay_and_leaves_runs_queued(

@@ -119,7 +119,7 @@ def test_quota_truncates_log_and_keeps_exit_code(tmp_path: Path, launched: Launc
     fact_path = Path(spec["log_path"] + ".truncated")
     assert fact_path.stat().st_mode & 0o777 == 0o600
     assert fact_path.read_bytes() == (
-        b'{"droppedBytes":%d,"quotaBytes":%d,"schemaVersion":1}' % (20_000_000 - quota, quota)
+        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}' % (20_000_000 - quota, quota)
     )
 
 
@@ -363,7 +363,9 @@ def test_crash_before_receipt_publishes_nothing(tmp_path: Path, launched: Launch
     spec = make_spec(tmp_path, ["/bin/echo", "x"], test_hook="exit_before_receipt")
     status = launch(spec, launched)
     wait_shim_done(status)
-    assert list(Path(spec["receipt_dir"]).iterdir()) == []
+    # Only the receipt's reservation, never a final name (the journal's cleanup removes it).
+    names = [p.name for p in Path(spec["receipt_dir"]).iterdir()]
+    assert names == [f".{spec['receipt_name']}.tmp"]
     assert Path(spec["log_path"]).read_bytes() == b"x\n"
 
 
@@ -372,7 +374,7 @@ def test_crash_after_temp_write_leaves_only_temp(tmp_path: Path, launched: Launc
     status = launch(spec, launched)
     wait_shim_done(status)
     names = [p.name for p in Path(spec["receipt_dir"]).iterdir()]
-    assert names == [f".{spec['receipt_name']}.{status['shim_pid']}.tmp"]
+    assert names == [f".{spec['receipt_name']}.tmp"]
     # The temp holds a complete, valid payload; it is just never the final name.
     temp = Path(spec["receipt_dir"]) / names[0]
     assert decode_receipt(temp.read_bytes()).exit_code == 0

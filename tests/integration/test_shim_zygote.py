@@ -152,10 +152,13 @@ def test_long_lived_shim_holds_no_zygote_or_worker_fd(
            for n in os.listdir(f"/proc/{status['shim_pid']}/fd")}  # fmt: skip
     assert not [t for t in fds.values() if t.startswith("socket:")], fds
     assert fds[0] == fds[1] == fds[2] == "/dev/null"
-    # Left: the log, the receipt directory, the job's pipe read end and (soon) its pidfd.
+    # Left: the log and its directory, the receipt directory and the receipt's reserved
+    # temp file, the job's pipe read end and (soon) its pidfd.
     others = [t for fd, t in fds.items() if fd > 2]
-    assert spec["log_path"] in others and spec["receipt_dir"] in others, others
-    rest = [t for t in others if t not in (spec["log_path"], spec["receipt_dir"])]
+    reserved = str(Path(spec["receipt_dir"]) / f".{spec['receipt_name']}.tmp")
+    ours = (spec["log_path"], str(tmp_path), spec["receipt_dir"], reserved)
+    assert all(t in others for t in ours), others
+    rest = [t for t in others if t not in ours]
     assert [t for t in rest if t.startswith("pipe:")] and len(rest) <= 2, others
     assert all(t.startswith("pipe:") or t == "anon_inode:[pidfd]" for t in rest), others
     (tmp_path / "go").touch()
@@ -173,7 +176,7 @@ def test_quota_truncates_log_and_keeps_exit_code(
     assert receipt.exit_code == 7
     assert os.stat(spec["log_path"]).st_size == quota
     assert Path(spec["log_path"] + ".truncated").read_bytes() == (
-        b'{"droppedBytes":%d,"quotaBytes":%d,"schemaVersion":1}' % (5_000_000 - quota, quota)
+        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}' % (5_000_000 - quota, quota)
     )
 
 

@@ -1,0 +1,101 @@
+"""Readiness: named checks run concurrently, answered within a fixed deadline (API.md, /readyz).
+
+A check returns None when fine or a short reason. Each runs on a small private pool; the
+probe waits at most ``deadline_s`` in all, and a check still running then is reported as
+not answering in time (a SIGSTOPped worker, a hung database connection) instead of holding
+the answer. A check still running from an earlier probe is waited on again, never started
+twice, so a hung check costs one thread however often the probe is asked.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from sqlalchemy import Engine, text
+
+from app.context.facade import Readiness
+from app.domain.profiles import MIB
+from app.storage.migrate import current_revision, head_revision
+from app.storage.unavailable import WRITE_HEALTH
+
+ReadyCheck = Callable[[], str | None]
+# Under the 1 s a probe of /readyz may take, with room for the HTTP round trip.
+DEFAULT_DEADLINE_S = 0.6
+
+
+class ReadinessProbe:
+    """Runs the checks concurrently; ``__call__`` answers within the deadline."""
+
+    def __init__(self, checks: Mapping[str, ReadyCheck], *, deadline_s: float) -> None:
+        self._checks = dict(checks)
+        self._deadline_s = deadline_s
+        self._pool = ThreadPoolExecutor(max(1, len(self._checks)), thread_name_prefix="ql-ready")
+        self._running: dict[str, Future[str]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Readiness:
+        """Every check's outcome (``ok`` or a reason); ready when all are ``ok``."""
+        with self._lock:
+            for name, check in self._checks.items():
+                running = self._running.get(name)
+                if running is None or running.done():
+                    self._running[name] = self._pool.submit(_outcome, check)
+            futures = dict(self._running)
+        wait(futures.values(), timeout=self._deadline_s)
+        late = f"did not answer within {self._deadline_s:g} s"
+        results = {name: f.result() if f.done() else late for name, f in futures.items()}
+        return Readiness(ready=all(v == "ok" for v in results.values()), checks=results)
+
+    def close(self) -> None:
+        """Stop the pool without waiting for a hung check."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _outcome(check: ReadyCheck) -> str:
+    try:
+        return check() or "ok"
+    except Exception as exc:
+        return f"check failed ({type(exc).__name__})"
+
+
+def database_check(engine: Engine) -> str | None:
+    """None when the database answers, is at the newest migration and takes writes."""
+    try:
+        current = current_revision(engine)
+        read_only = _pg_read_only(engine)
+    except Exception as exc:  # any driver error means "not reachable" to a probe
+        return f"database unreachable ({type(exc).__name__})"
+    if current != head_revision():
+        return "database is not migrated to head (run `qinglong migrate`)"
+    if read_only:
+        return "database is read-only (a standby, or transaction_read_only is on)"
+    if WRITE_HEALTH.refusing(engine):
+        return "database cannot commit writes (disk full or read-only)"
+    return None
+
+
+def _pg_read_only(engine: Engine) -> bool:
+    if engine.dialect.name != "postgresql":
+        return False  # SQLite: its file system is the disk check's (and a refused write's)
+    with engine.connect() as conn:
+        return conn.execute(text("SHOW transaction_read_only")).scalar() == "on"
+
+
+def disk_check(data_dir: str | os.PathLike[str], reserve_bytes: int) -> str | None:
+    """None when the data dir is writable and holds more free space than the reserve."""
+    try:
+        st = os.statvfs(data_dir)
+    except OSError as exc:
+        return f"data dir not usable (errno {exc.errno})"
+    if st.f_flag & os.ST_RDONLY:
+        return "data dir is on a read-only file system"
+    free = st.f_bavail * st.f_frsize
+    if free < reserve_bytes:
+        return (
+            f"free space in the data dir below the profile reserve "
+            f"({free // MIB} MiB < {reserve_bytes // MIB} MiB)"
+        )
+    return None

@@ -1,0 +1,101 @@
+"""/readyz answers within 1 s and names the failing check: a real SIGSTOPped worker, a real
+data dir below the profile's free-space reserve (a tmpfs), a check that hangs."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+from app.api.main import create_app
+from app.domain.profiles import EDGE, MIB
+from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.migrate import upgrade_to_head
+from tests.api.conftest import Client, assert_problem
+from tests.disk import fill, mounted_tmpfs
+from tests.worker.kit import Worker
+
+BUDGET_S = 1.0
+
+
+def _timed_readyz(client: Client) -> tuple[float, int, str]:
+    started = time.monotonic()
+    r = client.get("/readyz")
+    elapsed = time.monotonic() - started
+    return elapsed, r.status_code, r.json().get("detail", "")
+
+
+def test_readyz_answers_within_a_second_when_the_worker_is_stopped(
+    settings: Settings, short_dir: Path
+) -> None:
+    worker = Worker(settings.data_dir, settings.database_url, short_dir / "w.sock")
+    worker.start()
+    client = Client(
+        create_app(
+            Settings(
+                data_dir=settings.data_dir, database_url=settings.database_url,
+                profile=EDGE, worker_socket=short_dir / "w.sock",
+            )
+        )
+    )  # fmt: skip
+    try:
+        assert client.get("/readyz").status_code == 200
+        assert worker.proc is not None
+        worker.proc.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(3):  # again and again: a hung ping is waited on, never piled up
+                elapsed, status, detail = _timed_readyz(client)
+                assert status == 503 and elapsed < BUDGET_S, (elapsed, detail)
+                assert "worker: " in detail and "database" not in detail, detail
+        finally:
+            worker.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "not ready again after SIGCONT"
+            time.sleep(0.05)
+    finally:
+        client.close()
+        worker.close()
+
+
+def test_readyz_is_503_when_free_space_is_below_the_profile_reserve(tmp_path: Path) -> None:
+    with mounted_tmpfs(tmp_path / "data") as data:
+        url = f"sqlite:///{tmp_path / 'q.db'}"  # the database elsewhere: only free space
+        engine = make_engine(url)
+        upgrade_to_head(engine)
+        engine.dispose()
+        settings = Settings(data_dir=data, database_url=url, profile=EDGE)
+        client = Client(create_app(settings, execution=False))
+        try:
+            assert client.get("/readyz").status_code == 200  # 60 MiB free, reserve 32 MiB
+            filler = fill(data, leave_bytes=EDGE.free_space_reserve_bytes - MIB)
+            body = assert_problem(client.get("/readyz"), 503, "NOT_READY")
+            assert "disk: free space in the data dir below the profile reserve" in body["detail"]
+            assert "MiB < 32 MiB)" in body["detail"] and "database" not in body["detail"]
+            filler.unlink()
+            assert client.get("/readyz").status_code == 200
+        finally:
+            client.close()
+
+
+def test_a_hanging_check_is_reported_late_not_waited_for(settings: Settings) -> None:
+    release = threading.Event()
+    calls: list[int] = []
+
+    def hangs() -> str | None:
+        calls.append(1)
+        release.wait(30)
+        return None
+
+    client = Client(create_app(settings, execution=False, ready_checks={"slow": hangs}))
+    try:
+        for _ in range(3):
+            elapsed, status, detail = _timed_readyz(client)
+            assert status == 503 and elapsed < BUDGET_S, (elapsed, detail)
+            assert "slow: did not answer within 0.6 s" in detail
+        assert len(calls) == 1  # still the first call: one thread, however often asked
+    finally:
+        release.set()
+        client.close()
