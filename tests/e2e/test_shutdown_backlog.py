@@ -22,7 +22,7 @@ from tests.e2e.kit import TERMINAL, put_task, terminal_events
 
 pytestmark = pytest.mark.e2e
 
-BACKLOG = 400
+BACKLOG = 150  # the issue observed 400; docs/rolling-restarts.md has that re-run
 ENQUEUERS = 8
 
 
@@ -66,8 +66,12 @@ def test_sigterm_with_a_queued_backlog_fails_no_run(
     served = serve_factory(database_url=db_url)
     put_task(served, "bulk", "exec /bin/true")
     run_ids = enqueue_many(served, "bulk", BACKLOG)
-    before = Counter(statuses(served, run_ids[-20:]).values())
-    assert before["queued"], f"no backlog left at the stop: {before}"
+    r = httpx.get(
+        f"{served.base_url}/api/v1/runs",
+        params={"task": "bulk", "status": "queued", "limit": 50},
+        headers=served.auth,
+    )
+    assert len(r.json()["items"]) == 50, "a backlog is left for the stop"
 
     try:
         assert served.stop(leave_jobs=True) == 0
@@ -81,13 +85,13 @@ def test_sigterm_with_a_queued_backlog_fails_no_run(
         for pid, ticks in served.left_jobs.items():
             kill_exact(pid, ticks)
 
+    # Nothing failed during the stop; what was still queued is still queued.
+    assert set(at_stop) <= {"queued", "running", "succeeded"}, at_stop
+    assert at_stop["queued"] > 0, at_stop
     lines = [line for line in served.log().splitlines() if " supervisor " in line]
     order = [n for n, line in enumerate(lines) if "stopping api" in line or "api exited" in line]
     order += [n for n, line in enumerate(lines) if "stopping worker" in line]
     assert len(order) == 3 and order == sorted(order), "api stopped, then the worker told"
-    # Nothing failed during the stop; what was still queued is still queued.
-    assert set(at_stop) <= {"queued", "running", "succeeded"}, at_stop
-    assert at_stop["queued"] > 0, at_stop
 
     again = serve_factory(data_dir=served.data_dir, database_url=db_url)
     wait_until(

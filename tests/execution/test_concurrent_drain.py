@@ -33,7 +33,7 @@ def test_concurrent_drain_launches_each_attempt_exactly_once(
     run_ids = [enqueue(engine).id for _ in range(RUNS)]
     launcher = FakeLauncher(engine)
     kit = make_kit(engine, tmp_path / "logs", launcher=launcher)
-    _drain_concurrently(kit.dispatcher, 4)
+    _drain_concurrently(kit.dispatcher, 4, threading.Event())
     assert not [t for t in threading.enumerate() if t.name == "ql-drain"]
     reader = RunReader(engine)
     attempts = []
@@ -67,7 +67,7 @@ class _Exploding:
 def test_a_failing_helper_is_logged_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
     fake = _Exploding()
     with caplog.at_level(logging.ERROR, logger="qinglong.dispatch"):
-        _drain_concurrently(fake, 3)  # type: ignore[arg-type]
+        _drain_concurrently(fake, 3, threading.Event())  # type: ignore[arg-type]
     assert fake.calls == 4  # the first pass, two failing helpers, and this thread's last pass
     assert caplog.text.count("background pass failed: RuntimeError") == 2
 
@@ -77,7 +77,7 @@ def test_an_idle_tick_runs_one_pass_and_starts_no_thread(drainers: int) -> None:
     fake = _Exploding()
     fake.calls = 1  # the next pass finds nothing to activate
     before = threading.active_count()
-    _drain_concurrently(fake, drainers)  # type: ignore[arg-type]
+    _drain_concurrently(fake, drainers, threading.Event())  # type: ignore[arg-type]
     assert fake.calls == 2  # one pass, for the edge profile's single drainer too
     assert threading.active_count() == before
 
@@ -109,3 +109,24 @@ def test_an_overlapping_pass_skips_the_candidate_another_pass_has_in_hand(
     assert [o.run_id for o in overlapping.outcomes] == [second.id]
     assert overlapping.activated is not None and overlapping.activated.kind == "started"
     assert results[0].activated is not None and results[0].activated.run_id == first.id
+
+
+@pytest.mark.parametrize("drainers", [1, 4])
+def test_a_halt_lets_the_launch_in_flight_finish_and_starts_no_further_pass(
+    engine: Engine, tmp_path: Path, drainers: int
+) -> None:
+    define(engine)
+    run_ids = [enqueue(engine).id for _ in range(RUNS)]
+    halted = threading.Event()
+
+    def launch_then_halt(request: LaunchRequest) -> ProcessHandle:
+        halted.set()  # shutdown begins while this launch is in flight
+        return fake_handle()
+
+    launcher = FakeLauncher(engine, handle=launch_then_halt)
+    kit = make_kit(engine, tmp_path / "logs", launcher=launcher)
+    _drain_concurrently(kit.dispatcher, drainers, halted)
+    reader = RunReader(engine)
+    statuses = Counter(reader.get_run(run_id).status for run_id in run_ids)
+    assert statuses == {"running": 1, "queued": RUNS - 1}
+    assert launcher.calls == 1
