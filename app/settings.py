@@ -32,6 +32,9 @@ class Settings:
     secret_key: str | None = field(default=None, repr=False)
     worker_socket: Path | None = None
     shim_mode: str = SHIM_MODES[0]
+    # QL_CGROUP_ROOT: "auto" (the worker's own cgroup v2), "off", or an absolute path
+    # (app/worker/cgroups.py, docs/leftovers.md).
+    cgroup_root: str = "auto"
 
     @classmethod
     def from_env(
@@ -51,6 +54,7 @@ class Settings:
             secret_key=env.get("QL_SECRET_KEY") or None,
             worker_socket=Path(socket).absolute() if socket else None,
             shim_mode=shim_mode_from_env(env),
+            cgroup_root=env.get("QL_CGROUP_ROOT") or "auto",
         )
 
     def with_data_dir(self, data_dir: Path) -> Settings:

@@ -38,6 +38,8 @@ from app.domain.ids import is_uuid7
 from app.domain.model import ProcessHandle
 from app.settings import shim_mode_from_env
 from app.storage.journal_repo import RESERVED, SPAWNED, AlreadyReserved, JournalRepository
+from app.worker.cgroups import PREFIX as CGROUP_PREFIX
+from app.worker.cgroups import CgroupRoot
 from app.worker.identity import ProcessIdentity, current_boot_id, stat_fields, stop_identity
 from app.worker.receipts import ReceiptStore
 from app.worker.zygote import ForkFailed, NotReceived, Uncertain, Zygote, ZygoteUnavailable
@@ -78,6 +80,7 @@ class ShimLauncher:
         before_spawn: Callable[[LaunchRequest], None] | None = None,
         spec_extra: dict[str, Any] | None = None,
         mode: str | None = None,
+        cgroup_root: CgroupRoot | None = None,
     ) -> None:
         self._journal = journal
         self._receipts = receipts
@@ -90,6 +93,7 @@ class ShimLauncher:
         )
         self._before_spawn = before_spawn  # test hook: observe state right before the spawn
         self._spec_extra = dict(spec_extra or {})  # test hook: e.g. the shim's test_hook
+        self._cgroup_root = cgroup_root  # None: leftovers are stopped by process tree only
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
         """Start the attempt once and return its durable handle, or raise LaunchFailed."""
@@ -127,7 +131,7 @@ class ShimLauncher:
             recorded = False
         if not recorded:
             # Not durable: never return a handle the journal does not know (ADR-0070 §4).
-            _stop_handle(handle, grace_seconds=1.0)
+            stop_handle(handle, grace_seconds=1.0, cgroup_root=self._cgroup_root)
             raise LaunchFailed("JOURNAL_FAILED")
         if self._on_spawned is not None:
             try:
@@ -152,6 +156,7 @@ class ShimLauncher:
             **request.wire_fields(),
             "receipt_dir": str(shard),
             "receipt_name": f"{request.attempt_id}.json",
+            "cgroup_root": None if self._cgroup_root is None else str(self._cgroup_root.path),
             **self._spec_extra,
         }
         return json.dumps(spec, separators=(",", ":")).encode("utf-8")
@@ -164,7 +169,8 @@ class ShimLauncher:
         status: dict[str, Any] | None = None
         try:
             status = read_status(started.status_fd, started.deadline)
-            handle = _handle_from_status(status) if status.get("ok") is True else None
+            ok = status.get("ok") is True
+            handle = _handle_from_status(status, request.attempt_id) if ok else None
         except (OSError, ValueError):
             handle = None
         finally:
@@ -268,7 +274,10 @@ def read_status(fd: int, deadline: float) -> dict[str, Any]:
     return status
 
 
-def _handle_from_status(status: dict[str, Any]) -> ProcessHandle | None:
+def _handle_from_status(status: dict[str, Any], attempt_id: str) -> ProcessHandle | None:
+    cgroup = status.get("cgroup")
+    if cgroup is not None and cgroup != CGROUP_PREFIX + attempt_id:
+        return None  # a job cgroup is only ever the one derived from this attempt's id
     for key in _STATUS_INT_KEYS:
         value = status.get(key)
         if type(value) is not int or value <= 0:
@@ -285,6 +294,7 @@ def _handle_from_status(status: dict[str, Any]) -> ProcessHandle | None:
         start_ticks=status["start_ticks"],
         shim_pid=status["shim_pid"],
         shim_start_ticks=status["shim_start_ticks"],
+        cgroup=cgroup,
     )
 
 
@@ -327,14 +337,21 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _stop_handle(handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+def stop_handle(
+    handle: ProcessHandle, *, grace_seconds: float, cgroup_root: CgroupRoot | None
+) -> StopResult:
+    """Exact-identity stop of a handle's job, with its own cgroup when it has one here."""
     identity = ProcessIdentity(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks)
-    return stop_identity(identity, grace_seconds=grace_seconds)
+    cgroup = None if cgroup_root is None else cgroup_root.job_dir(handle.cgroup)
+    return stop_identity(identity, grace_seconds=grace_seconds, cgroup=cgroup)
 
 
 class IdentityController:
     """Implements the ProcessController port: stop the job's exact identity (ADR-0070 §4)."""
 
+    def __init__(self, *, cgroup_root: CgroupRoot | None = None) -> None:
+        self._cgroup_root = cgroup_root
+
     def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
         """TERM, bounded grace, identity re-check, KILL; never signal a mismatched identity."""
-        return _stop_handle(handle, grace_seconds=grace_seconds)
+        return stop_handle(handle, grace_seconds=grace_seconds, cgroup_root=self._cgroup_root)

@@ -199,7 +199,7 @@ def test_the_shim_adopts_the_jobs_orphans_and_reports_this_boot(
     bed = Bed(engine, tmp_path)
     armed = armed_run(engine)
     log = make_log(tmp_path / "logs", armed.attempt_id)
-    request = launch_request(armed, argv=["/bin/sh", "-c", orphan], log_path=log)
+    request = launch_request(armed, argv=["/bin/sh", "-c", orphan], log_path=log, leftovers="keep")
     handle = procs.track(bed.launcher.launch(request))
     assert handle.boot_id == current_boot_id()
     assert wait_exit(handle.shim_pid, DEADLINE)
