@@ -39,7 +39,7 @@ from app.domain.model import ProcessHandle
 from app.settings import shim_mode_from_env
 from app.storage.journal_repo import RESERVED, SPAWNED, AlreadyReserved, JournalRepository
 from app.worker.cgroups import PREFIX as CGROUP_PREFIX
-from app.worker.cgroups import CgroupRoot
+from app.worker.cgroups import CgroupRoot, settle
 from app.worker.identity import ProcessIdentity, current_boot_id, stat_fields, stop_identity
 from app.worker.receipts import ReceiptStore
 from app.worker.zygote import ForkFailed, NotReceived, Uncertain, Zygote, ZygoteUnavailable
@@ -50,6 +50,7 @@ SHIM_PATH = str(Path(__file__).resolve().with_name("shim.py"))
 PROTOCOL = 1
 STATUS_MAX_BYTES = 4096
 DEFAULT_STATUS_TIMEOUT_S = 10.0
+_CGROUP_END_S = 2.0
 _STATUS_INT_KEYS = ("shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks", "started_at_ms")
 
 SpawnedCallback = Callable[[str, str, ProcessHandle], None]
@@ -182,6 +183,7 @@ class ShimLauncher:
                 _kill_session(started.session)
             else:
                 log.warning("shim session unknown (zygote lost mid-launch); nothing killed")
+            self._end_cgroup(request.attempt_id)
             started.reap()
             self._journal.record_spawn_failed(attempt_id=request.attempt_id)
             reason = "SHIM_NO_STATUS"
@@ -191,6 +193,14 @@ class ShimLauncher:
             raise LaunchFailed(reason)
         started.reap()
         return handle, int(status["started_at_ms"]) if status else 0
+
+    def _end_cgroup(self, attempt_id: str) -> None:
+        """A failed launch leaves no job cgroup (the shim may have made one before it died)."""
+        path = None if self._cgroup_root is None else self._cgroup_root.job_dir(
+            CGROUP_PREFIX + attempt_id
+        )
+        if path is not None:
+            settle(path, patience=0.0, timeout=_CGROUP_END_S)
 
     def _start_zygote(self, request: LaunchRequest, spec: bytes) -> _Started | None:
         """Fork the shim from the zygote; None means: use the one-shot interpreter."""
