@@ -214,11 +214,17 @@ def _parse_spec(raw: bytes) -> dict[str, Any]:
     return _validate(spec)
 
 
-def _proc_stat(pid: int) -> tuple[int, int]:
-    """(pgid, start_ticks) from /proc/<pid>/stat: fields 5 and 22, parsed after the last ')'."""
+def _stat(pid: int) -> list[bytes]:
+    """/proc/<pid>/stat fields after the comm, which may hold ')' and spaces (0 state, 1 ppid,
+    2 pgid = field 5, 19 start ticks = field 22); OSError when there is no such process."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
         data = fh.read()
-    fields = data[data.rindex(b")") + 2 :].split()
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def _proc_stat(pid: int) -> tuple[int, int]:
+    """(pgid, start_ticks) of ``pid``."""
+    fields = _stat(pid)
     return int(fields[2]), int(fields[19])
 
 
@@ -401,19 +407,13 @@ def _supervise(
 # through a pidfd opened *before* the process was re-checked, never to a bare pid.
 
 
-def _stat(pid: int) -> list[bytes] | None:
-    """/proc/<pid>/stat fields after the comm (0 state, 1 ppid, 2 pgid, 19 start ticks)."""
+def _live_child_ticks(pid: int, parent: int) -> int | None:
+    """The start ticks of ``pid`` if it is a live (not zombie) child of ``parent``."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
+        fields = _stat(pid)
     except OSError:
         return None
-    return data[data.rindex(b")") + 2 :].split()
-
-
-def _live_child_ticks(pid: int, parent: int) -> int | None:
-    fields = _stat(pid)
-    if fields is None or fields[0] in (b"Z", b"X") or int(fields[1]) != parent:
+    if fields[0] in (b"Z", b"X") or int(fields[1]) != parent:
         return None
     return int(fields[19])
 
