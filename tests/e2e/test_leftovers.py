@@ -75,7 +75,8 @@ def test_background_and_setsid_children_end_with_a_succeeded_run(
 
 
 def test_cancel_stops_a_child_that_left_the_session(served: Served, tmp_path: Path) -> None:
-    script = f"setsid sleep 303 & {_IDENT}; while :; do sleep 0.05; done"
+    # The main process then is the only member of its group: the count is the escapee alone.
+    script = f"setsid sleep 303 & {_IDENT}; exec sleep 3000"
     put_task(served, "escapes", script, tmp_path)
     run_id = enqueue(served, "escapes")
     wait_status(served, run_id, {"running"})
@@ -88,6 +89,20 @@ def test_cancel_stops_a_child_that_left_the_session(served: Served, tmp_path: Pa
         assert run["status"] == "cancelled"
         wait_until("the setsid child to be gone", lambda: not alive(pid, ticks), 10)
         assert _ending(served, run_id, "cancelled")["leftovers_stopped"] == 1
+        _no_cgroup_left(served, run_id)
+    finally:
+        kill_exact(pid, ticks)
+
+
+def test_a_timeout_stops_a_child_that_left_the_session(served: Served, tmp_path: Path) -> None:
+    script = f"setsid sleep 306 & {_IDENT}; exec sleep 3000"
+    put_task(served, "times-out", script, tmp_path, timeout_seconds=1)
+    run_id = enqueue(served, "times-out")
+    ((pid, ticks),) = _children(served, run_id, 1)
+    try:
+        run = wait_status(served, run_id, {"timed_out", "cancelled", "failed", "lost"})
+        assert run["status"] == "timed_out"
+        wait_until("the setsid child to be gone", lambda: not alive(pid, ticks), 10)
         _no_cgroup_left(served, run_id)
     finally:
         kill_exact(pid, ticks)
