@@ -59,6 +59,9 @@ class Settings:
     shim_mode: str = SHIM_MODES[0]
     lease_ttl_s: float = LEASE_TTL_S
     lease_renew_s: float = LEASE_RENEW_S
+    # QL_CGROUP_ROOT: "auto" (the worker's own cgroup v2), "off", or an absolute path
+    # (app/worker/cgroups.py, docs/leftovers.md).
+    cgroup_root: str = "auto"
 
     @classmethod
     def from_env(
@@ -81,6 +84,7 @@ class Settings:
             shim_mode=shim_mode_from_env(env),
             lease_ttl_s=ttl,
             lease_renew_s=renew,
+            cgroup_root=env.get("QL_CGROUP_ROOT") or "auto",
         )
 
     def with_data_dir(self, data_dir: Path) -> Settings:

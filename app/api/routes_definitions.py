@@ -99,6 +99,7 @@ def put_revision(
         recipe=body.recipe,
         timeout_seconds=body.timeout_seconds,
         priority=body.priority,
+        leftovers=body.leftovers,
     )
     response.status_code = 201 if created else 200
     response.headers["ETag"] = strong_etag(rev.digest)

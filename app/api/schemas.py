@@ -68,6 +68,14 @@ class RevisionIn(_In):
     recipe: Text | None = None
     timeout_seconds: Int32 | None = None
     priority: Int32 = 0
+    leftovers: Literal["kill", "keep"] = Field(
+        default="kill",
+        description=(
+            "What happens to the job's other processes when its main process ends, or when "
+            "it is cancelled or timed out: kill (default; its process group and its own "
+            "cgroup where the host has one) or keep (they run on, ownerless)."
+        ),
+    )
 
 
 class RevisionOut(BaseModel):
@@ -79,6 +87,7 @@ class RevisionOut(BaseModel):
     recipe: str | None
     timeout_seconds: int | None
     priority: int
+    leftovers: Literal["kill", "keep"]
     digest: str
     created_at_ms: int
 
@@ -93,6 +102,7 @@ class RevisionOut(BaseModel):
             recipe=r.recipe,
             timeout_seconds=r.timeout_seconds,
             priority=r.priority,
+            leftovers=r.leftovers,
             digest=r.digest,
             created_at_ms=r.created_at_ms,
         )

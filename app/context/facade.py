@@ -23,6 +23,7 @@ from app.domain.validation import (
     validate_cwd,
     validate_env_value,
     validate_executor,
+    validate_leftovers,
     validate_name,
     validate_priority,
     validate_recipe,
@@ -104,6 +105,7 @@ class AppFacade:
         recipe: str | None,
         timeout_seconds: int | None,
         priority: int,
+        leftovers: str = "kill",
     ) -> tuple[TaskRevision, bool]:
         """Append a task revision; ``(revision, created)``; Conflict when it differs."""
         validate_name(task, what="task name")
@@ -120,6 +122,7 @@ class AppFacade:
                 recipe=recipe,
                 timeout_seconds=validate_timeout(timeout_seconds),
                 priority=validate_priority(priority),
+                leftovers=validate_leftovers(leftovers),
             )
         except NotFound as exc:
             # A dangling reference in the body is bad input (422), not a missing resource.

@@ -20,7 +20,9 @@ from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.run_reads import ActiveAttempt, RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.identity import ProcessIdentity, read_identity, stop_identity, wait_exit
+from app.worker.cgroups import CgroupRoot, detect
+from app.worker.identity import read_identity, wait_exit
+from app.worker.launcher import stop_handle
 
 _PAGE = 100
 _PARALLEL = 16
@@ -45,19 +47,19 @@ def stop_active_jobs(settings: Settings) -> Counter[str]:
             with contextlib.suppress(DomainError):  # ended meanwhile: nothing to cancel
                 runs.request_cancel(run_id=attempt.run_id, reason="user")
         grace = settings.profile.stop_grace_s
+        root = detect(settings.cgroup_root)
         with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
-            results = pool.map(lambda a: _stop_one(a.handle, grace), active)
+            results = pool.map(lambda a: _stop_one(a.handle, grace, root), active)
             counts.update(results)
     finally:
         engine.dispose()
     return counts
 
 
-def _stop_one(handle: ProcessHandle | None, grace_s: float) -> str:
+def _stop_one(handle: ProcessHandle | None, grace_s: float, root: CgroupRoot | None) -> str:
     if handle is None:
         return "no_handle"  # never reached running: the reconciler settles it
-    job = ProcessIdentity(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks)
-    result = stop_identity(job, grace_seconds=grace_s)
+    result = stop_handle(handle, grace_seconds=grace_s, cgroup_root=root)
     shim = read_identity(handle.shim_pid)
     if shim is not None and shim.start_ticks == handle.shim_start_ticks:
         wait_exit(handle.shim_pid, _SHIM_WAIT_S)  # let it publish the receipt

@@ -26,6 +26,7 @@ from app.storage.journal_repo import JournalRepository
 from app.storage.migrate import current_revision, head_revision
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.worker.cgroups import CgroupRoot, detect
 from app.worker.launcher import IdentityController, ShimLauncher
 from app.worker.log_facts import LogFacts
 from app.worker.probe import HandleProbe
@@ -76,6 +77,7 @@ class WorkerProcess:
         self._stop = threading.Event()
         self._reconciler: Reconciler | None = None
         self.lease: LeaseKeeper | None = None
+        self._cgroup_root: CgroupRoot | None = None
 
     def start(self) -> WorkerParts:
         """Check the schema, build every part, re-arm live completion, open the socket."""
@@ -96,13 +98,15 @@ class WorkerProcess:
                 receipts=receipts, journal=journal, completions=runs, log_facts=LogFacts(s.logs_dir)
             )
             watcher = ShimWatcher(lambda run_id, attempt_id: self._consume(run_id, attempt_id))
+            self._cgroup_root = detect(s.cgroup_root)
             launcher = ShimLauncher(
-                journal=journal, receipts=receipts, on_spawned=watcher.add, mode=s.shim_mode
-            )
+                journal=journal, receipts=receipts, on_spawned=watcher.add, mode=s.shim_mode,
+                cgroup_root=self._cgroup_root,
+            )  # fmt: skip
             server = ControlServer(
                 path=s.socket_path,
                 launcher=lease.gate(launcher),
-                controller=IdentityController(),
+                controller=IdentityController(cgroup_root=self._cgroup_root),
                 on_wake=self._wake,
             )
             self.parts = WorkerParts(
@@ -140,7 +144,8 @@ class WorkerProcess:
     def _recovery(self) -> RecoveryLoop:
         """Reconciler + cancellation sweep on one thread (DESIGN.md, Reconciler)."""
         assert self.parts is not None
-        p, profile, controller = self.parts, self.settings.profile, IdentityController()
+        p, profile = self.parts, self.settings.profile
+        controller = IdentityController(cgroup_root=self._cgroup_root)
         reconciler = Reconciler(
             attempts=p.reader, journal=p.journal, completion=p.completion, transitions=p.runs,
             probe=HandleProbe(), controller=controller, quarantine_files=p.receipts,

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 StopResult = Literal["stopped", "already_exited", "unknown"]
+# What happens to the rest of a job once its main process ended (docs/leftovers.md).
+Leftovers = Literal["kill", "keep"]
+LEFTOVERS: tuple[Leftovers, ...] = ("kill", "keep")
 CompletionStatus = Literal["applied", "already_terminal", "rejected"]
 
 
@@ -28,6 +31,7 @@ class LaunchRequest:
     log_path: str
     log_quota_bytes: int
     deadline_at_ms: int | None
+    leftovers: Leftovers = "kill"
 
     def wire_fields(self) -> dict[str, Any]:
         """Plain JSON-able fields shared by the worker socket request and the shim spec."""
@@ -41,6 +45,7 @@ class LaunchRequest:
             "env": dict(self.env),
             "log_path": self.log_path,
             "log_quota_bytes": self.log_quota_bytes,
+            "leftovers": self.leftovers,
         }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from app.domain.execution import Leftovers
+
 T = TypeVar("T")
 
 
@@ -22,6 +24,7 @@ class TaskRevision:
     priority: int
     digest: str
     created_at_ms: int
+    leftovers: Leftovers = "kill"  # what happens to the rest of the job when its main process ends
 
     def body(self) -> dict[str, Any]:
         """The canonical body whose digest identifies this revision."""
@@ -32,6 +35,7 @@ class TaskRevision:
             recipe=self.recipe,
             timeout_seconds=self.timeout_seconds,
             priority=self.priority,
+            leftovers=self.leftovers,
         )
 
 
@@ -43,9 +47,14 @@ def revision_body(
     recipe: str | None,
     timeout_seconds: int | None,
     priority: int,
+    leftovers: str = "kill",
 ) -> dict[str, Any]:
-    """The dict that is canonicalized and digested for a revision."""
-    return {
+    """The dict that is canonicalized and digested for a revision.
+
+    ``leftovers`` enters the body only when it is not the default: a revision stored before
+    the field existed keeps its digest, and re-putting it unchanged is still "the same".
+    """
+    body: dict[str, Any] = {
         "executor": executor,
         "argv": argv,
         "cwd": cwd,
@@ -53,6 +62,9 @@ def revision_body(
         "timeout_seconds": timeout_seconds,
         "priority": priority,
     }
+    if leftovers != "kill":
+        body["leftovers"] = leftovers
+    return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +175,9 @@ class ProcessHandle:
     start_ticks: int
     shim_pid: int
     shim_start_ticks: int
+    # The job's own cgroup, ``ql-<attempt id>`` under the worker's cgroup root, when the
+    # shim could give it one (docs/leftovers.md); the stop re-derives and checks the path.
+    cgroup: str | None = None
 
     def is_stoppable(self) -> bool:
         """Exact-identity stop can act on it: a boot id, positive ids, a job leading its group."""
@@ -174,8 +189,9 @@ class ProcessHandle:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict for storage and the worker protocol."""
-        return {
+        """Plain dict for storage and the worker protocol (``cgroup`` only when there is one,
+        so a handle stored before cgroups existed reads back the same)."""
+        data: dict[str, Any] = {
             "boot_id": self.boot_id,
             "pid": self.pid,
             "pgid": self.pgid,
@@ -183,6 +199,9 @@ class ProcessHandle:
             "shim_pid": self.shim_pid,
             "shim_start_ticks": self.shim_start_ticks,
         }
+        if self.cgroup is not None:
+            data["cgroup"] = self.cgroup
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProcessHandle:
@@ -200,7 +219,10 @@ class ProcessHandle:
         for key, value in values.items():
             if key != "boot_id" and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"handle field {key} must be an integer")
-        return cls(**values)
+        cgroup = data.get("cgroup")
+        if cgroup is not None and not isinstance(cgroup, str):
+            raise ValueError("handle field cgroup must be a string")
+        return cls(**values, cgroup=cgroup)
 
 
 def plausible_handle(handle: object) -> bool:

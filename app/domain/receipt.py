@@ -20,6 +20,7 @@ SCHEMA_VERSION = 1
 MAX_TIME_MS = 2**53 - 1  # JSON-safe integer range; far beyond any real clock
 MAX_CALLBACK_SEQUENCE = 2**31 - 1
 MAX_SIGNAL = 64
+MAX_LEFTOVERS = 2**31 - 1
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,256}")
 
 _REQUIRED = frozenset(
@@ -34,7 +35,7 @@ _REQUIRED = frozenset(
         "exitCode",
     }
 )
-_ALLOWED = _REQUIRED | {"signal"}
+_ALLOWED = _REQUIRED | {"signal", "leftoversStopped"}
 
 
 class ReceiptInvalid(ValueError):
@@ -55,6 +56,9 @@ class Receipt:
     finished_at_ms: int
     exit_code: int
     signal: int | None = None
+    # How many processes of the job the shim killed after its main process ended; None when
+    # the revision keeps leftovers (docs/leftovers.md). A count only: no pids, no names.
+    leftovers_stopped: int | None = None
 
 
 def _int(obj: dict[str, Any], key: str, lo: int, hi: int) -> int:
@@ -92,6 +96,9 @@ def _validate(obj: dict[str, Any]) -> Receipt:
         sig = _int(obj, "signal", 1, MAX_SIGNAL)
         if exit_code != 128 + sig:
             raise ReceiptInvalid("OUT_OF_RANGE", "exitCode")
+    leftovers: int | None = None
+    if "leftoversStopped" in obj:
+        leftovers = _int(obj, "leftoversStopped", 0, MAX_LEFTOVERS)
     return Receipt(
         run_id=obj["runId"],
         attempt_id=obj["attemptId"],
@@ -101,6 +108,7 @@ def _validate(obj: dict[str, Any]) -> Receipt:
         finished_at_ms=finished,
         exit_code=exit_code,
         signal=sig,
+        leftovers_stopped=leftovers,
     )
 
 
@@ -117,6 +125,8 @@ def _to_wire(r: Receipt) -> dict[str, Any]:
     }
     if r.signal is not None:
         obj["signal"] = r.signal
+    if r.leftovers_stopped is not None:
+        obj["leftoversStopped"] = r.leftovers_stopped
     return obj
 
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from app.domain.errors import ErrorCode, ValidationFailed
+from app.domain.execution import LEFTOVERS, Leftovers
 
 MAX_ARGV_ITEMS = 64
 MAX_ARG_BYTES = 4096
@@ -162,6 +163,15 @@ def validate_executor(executor: str) -> str:
     if executor not in EXECUTORS:
         raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "executor must be local_process")
     return executor
+
+
+def validate_leftovers(leftovers: str) -> Leftovers:
+    """leftovers: ``kill`` (default: the rest of the job dies with its main process) or
+    ``keep``."""
+    for value in LEFTOVERS:
+        if leftovers == value:
+            return value
+    raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "leftovers must be kill or keep")
 
 
 def merge_environment(

@@ -88,6 +88,7 @@ class CompletionService:
                     log=log_info,
                     started_at_ms=receipt.started_at_ms,
                     consume_receipt=True,
+                    leftovers_stopped=receipt.leftovers_stopped,
                 )
             except VersionConflict:
                 if attempt == _CAS_RETRIES - 1:

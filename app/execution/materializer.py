@@ -23,6 +23,7 @@ from app.domain.errors import (
     ValidationFailed,
     VersionConflict,
 )
+from app.domain.execution import Leftovers
 from app.domain.ids import now_ms
 from app.domain.model import Recipe, Run, TaskRevision
 from app.domain.profiles import Profile
@@ -94,6 +95,7 @@ class StartCommand:
     log_artifact_id: str
     log_quota_bytes: int
     deadline_at_ms: int | None
+    leftovers: Leftovers = "kill"
 
     def launch_request(self, token: str) -> LaunchRequest:
         """The worker's request for this command with the fresh callback token."""
@@ -108,6 +110,7 @@ class StartCommand:
             log_path=self.log_path,
             log_quota_bytes=self.log_quota_bytes,
             deadline_at_ms=self.deadline_at_ms,
+            leftovers=self.leftovers,
         )
 
 
@@ -172,6 +175,7 @@ class Materializer:
             log_artifact_id=log_artifact_id(candidate.attempt_id),
             log_quota_bytes=profile.log_quota_bytes,
             deadline_at_ms=deadline,
+            leftovers=revision.leftovers,
         )
 
     def discard_artifact(self, command: StartCommand) -> None:

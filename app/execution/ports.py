@@ -218,8 +218,12 @@ class AttemptCompletions(Protocol):
         log: LogInfo | None = None,
         started_at_ms: int | None = None,
         consume_receipt: bool = False,
+        leftovers_stopped: int | None = None,
     ) -> CompletionOutcome:
         """Apply the ending once; already_terminal or rejected otherwise.
+
+        ``leftovers_stopped``: the receipt's content-free count of processes the shim killed
+        after the main process ended; it goes into the attempt's terminal event.
 
         ``consume_receipt``: on applied or already_terminal, also mark the attempt's
         receipt journal entry consumed, in the same transaction.

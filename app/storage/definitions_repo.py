@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json, content_digest, recipe_id
 from app.domain.errors import Conflict, ErrorCode, NotFound
+from app.domain.execution import Leftovers
 from app.domain.ids import now_ms
 from app.domain.model import Page, Recipe, TaskRevision, revision_body
 from app.storage.cursor import decode_cursor, encode_cursor
@@ -64,6 +65,7 @@ class DefinitionRepository:
         recipe: str | None,
         timeout_seconds: int | None,
         priority: int,
+        leftovers: Leftovers = "kill",
     ) -> tuple[TaskRevision, bool]:
         """Append a revision; ``(revision, created)``; Conflict when the content differs."""
         body = revision_body(
@@ -73,6 +75,7 @@ class DefinitionRepository:
             recipe=recipe,
             timeout_seconds=timeout_seconds,
             priority=priority,
+            leftovers=leftovers,
         )
         digest = content_digest(body)
         try:
@@ -115,6 +118,7 @@ class DefinitionRepository:
             priority=priority,
             digest=digest,
             created_at_ms=at,
+            leftovers=leftovers,
         )
         return stored, True
 
@@ -229,4 +233,5 @@ def _revision(row: Row[Any]) -> TaskRevision:
         priority=body["priority"],
         digest=row.digest,
         created_at_ms=row.created_at_ms,
+        leftovers=body.get("leftovers", "kill"),
     )

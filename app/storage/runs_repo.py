@@ -351,6 +351,7 @@ class RunRepository:
         log: LogInfo | None = None,
         started_at_ms: int | None = None,
         consume_receipt: bool = False,
+        leftovers_stopped: int | None = None,
     ) -> CompletionOutcome:
         """The one transaction that turns a process ending into a terminal state, once.
 
@@ -417,6 +418,8 @@ class RunRepository:
                     "log_truncation_reason": log.reason,
                 }
             data = {"exit_code": values["exit_code"], "signal": signal}
+            if leftovers_stopped is not None:  # a count only (docs/leftovers.md)
+                data["leftovers_stopped"] = leftovers_stopped
             _step(
                 conn,
                 run_row,

@@ -18,13 +18,17 @@ import signal
 import time
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from app.domain.execution import StopResult
+from app.worker import cgroups
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 PIDFD_SIGNAL_PROCESS_GROUP = 4  # Linux 6.9: signal the process group the pidfd leads
 _GROUP_POLL_SECONDS = 0.02
-
+# Once the job's main process is gone, its shim kills the rest of the job's cgroup within
+# milliseconds (and counts it): give it this long before the stop kills the rest itself.
+SHIM_PATIENCE_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -196,13 +200,30 @@ def _wait_gone(pidfd: int, pgid: int, timeout: float) -> bool:
     return True
 
 
+def _settled(result: StopResult, cgroup: Path | None, timeout: float) -> StopResult:
+    """``result``, once the job's cgroup (if any) is empty: else ``unknown``."""
+    if cgroup is None:
+        return result
+    gone = cgroups.settle(cgroup, patience=min(SHIM_PATIENCE_SECONDS, timeout), timeout=timeout)
+    return result if gone else "unknown"
+
+
 def stop_identity(
-    identity: ProcessIdentity, *, grace_seconds: float, kill_wait_seconds: float = 2.0
+    identity: ProcessIdentity,
+    *,
+    grace_seconds: float,
+    kill_wait_seconds: float = 2.0,
+    cgroup: Path | None = None,
 ) -> StopResult:
     """Stop exactly ``identity`` and its process group: TERM, bounded grace, re-verify, KILL.
 
-    ``already_exited``: the process was gone or was not this identity; no signal was sent.
-    ``stopped``: signals were sent and the leader and every group member are gone.
+    ``cgroup``: the job's own cgroup (checked by ``cgroups.CgroupRoot.job_dir``). It is
+    killed with the group's KILL, and emptied once the leader is gone (what escaped the
+    group, e.g. by ``setsid``); never while the leader lives with a changed identity.
+
+    ``already_exited``: the process was gone or was not this identity; no signal was sent
+    to it (what was left in its cgroup is killed).
+    ``stopped``: signals were sent and the leader, every group member and the cgroup are gone.
     ``unknown``: it could not be established (no permission, identity changed while alive,
     still alive after the kill wait): fail closed.
     """
@@ -211,12 +232,12 @@ def stop_identity(
     try:
         pidfd = os.pidfd_open(identity.pid)
     except ProcessLookupError:
-        return "already_exited"
+        return _settled("already_exited", cgroup, kill_wait_seconds)
     except OSError:
         return "unknown"
     try:
         if not _verified(pidfd, identity):
-            return "already_exited"
+            return _settled("already_exited", cgroup, kill_wait_seconds)
         group_flag = _group_flag_supported()
         try:
             _signal_group(pidfd, identity, signal.SIGTERM, group_flag)
@@ -225,20 +246,25 @@ def stop_identity(
         except PermissionError:
             return "unknown"
         if _wait_gone(pidfd, identity.pgid, grace_seconds):
-            return "stopped"
+            return _settled("stopped", cgroup, kill_wait_seconds)
         leader_alive = not wait_pidfd(pidfd, 0)
         if leader_alive and not _verified(pidfd, identity):
             return "unknown"  # alive but changed (e.g. left its group): never KILL a guess
-        if not leader_alive and not group_flag:
+        if not leader_alive and not group_flag and cgroup is None:
             # Without the group flag only a bare killpg remains, and the leader that pinned
             # the group number is gone: fail closed rather than signal a possible reuse.
             return "unknown"
         try:
-            _signal_group(pidfd, identity, signal.SIGKILL, group_flag)
+            if leader_alive or group_flag:
+                _signal_group(pidfd, identity, signal.SIGKILL, group_flag)
         except ProcessLookupError:
             pass
         except PermissionError:
             return "unknown"
-        return "stopped" if _wait_gone(pidfd, identity.pgid, kill_wait_seconds) else "unknown"
+        if cgroup is not None:
+            cgroups.kill(cgroup)  # verified above, or its leader is gone: only this job's
+        if not _wait_gone(pidfd, identity.pgid, kill_wait_seconds):
+            return "unknown"
+        return _settled("stopped", cgroup, kill_wait_seconds)
     finally:
         os.close(pidfd)

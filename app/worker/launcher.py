@@ -47,6 +47,8 @@ from app.storage.journal_repo import (
     JournalRepository,
     NotStarting,
 )
+from app.worker.cgroups import PREFIX as CGROUP_PREFIX
+from app.worker.cgroups import CgroupRoot, settle
 from app.worker.identity import ProcessIdentity, current_boot_id, stat_fields, stop_identity
 from app.worker.receipts import ReceiptStore
 from app.worker.zygote import ForkFailed, NotReceived, Uncertain, Zygote, ZygoteUnavailable
@@ -57,6 +59,7 @@ SHIM_PATH = str(Path(__file__).resolve().with_name("shim.py"))
 PROTOCOL = 1
 STATUS_MAX_BYTES = 4096
 DEFAULT_STATUS_TIMEOUT_S = 10.0
+_CGROUP_END_S = 2.0
 _STATUS_INT_KEYS = ("shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks", "started_at_ms")
 
 SpawnedCallback = Callable[[str, str, ProcessHandle], None]
@@ -87,6 +90,7 @@ class ShimLauncher:
         before_spawn: Callable[[LaunchRequest], None] | None = None,
         spec_extra: dict[str, Any] | None = None,
         mode: str | None = None,
+        cgroup_root: CgroupRoot | None = None,
     ) -> None:
         self._journal = journal
         self._receipts = receipts
@@ -99,6 +103,7 @@ class ShimLauncher:
         )
         self._before_spawn = before_spawn  # test hook: observe state right before the spawn
         self._spec_extra = dict(spec_extra or {})  # test hook: e.g. the shim's test_hook
+        self._cgroup_root = cgroup_root  # None: leftovers are stopped by process tree only
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
         """Start the attempt once and return its durable handle, or raise LaunchFailed."""
@@ -142,7 +147,7 @@ class ShimLauncher:
             recorded = False
         if not recorded:
             # Not durable: never return a handle the journal does not know (ADR-0070 §4).
-            _stop_handle(handle, grace_seconds=1.0)
+            stop_handle(handle, grace_seconds=1.0, cgroup_root=self._cgroup_root)
             raise LaunchFailed("JOURNAL_FAILED")
         if self._on_spawned is not None:
             try:
@@ -167,6 +172,7 @@ class ShimLauncher:
             **request.wire_fields(),
             "receipt_dir": str(shard),
             "receipt_name": f"{request.attempt_id}.json",
+            "cgroup_root": None if self._cgroup_root is None else str(self._cgroup_root.path),
             **self._spec_extra,
         }
         return json.dumps(spec, separators=(",", ":")).encode("utf-8")
@@ -179,7 +185,8 @@ class ShimLauncher:
         status: dict[str, Any] | None = None
         try:
             status = read_status(started.status_fd, started.deadline)
-            handle = _handle_from_status(status) if status.get("ok") is True else None
+            ok = status.get("ok") is True
+            handle = _handle_from_status(status, request.attempt_id) if ok else None
         except (OSError, ValueError):
             handle = None
         finally:
@@ -191,6 +198,7 @@ class ShimLauncher:
                 _kill_session(started.session)
             else:
                 log.warning("shim session unknown (zygote lost mid-launch); nothing killed")
+            self._end_cgroup(request.attempt_id)
             started.reap()
             self._journal.record_spawn_failed(attempt_id=request.attempt_id)
             reason = "SHIM_NO_STATUS"
@@ -200,6 +208,14 @@ class ShimLauncher:
             raise LaunchFailed(reason)
         started.reap()
         return handle, int(status["started_at_ms"]) if status else 0
+
+    def _end_cgroup(self, attempt_id: str) -> None:
+        """A failed launch leaves no job cgroup (the shim may have made one before it died)."""
+        path = None if self._cgroup_root is None else self._cgroup_root.job_dir(
+            CGROUP_PREFIX + attempt_id
+        )
+        if path is not None:
+            settle(path, patience=0.0, timeout=_CGROUP_END_S)
 
     def _start_zygote(self, request: LaunchRequest, spec: bytes) -> _Started | None:
         """Fork the shim from the zygote; None means: use the one-shot interpreter."""
@@ -283,7 +299,10 @@ def read_status(fd: int, deadline: float) -> dict[str, Any]:
     return status
 
 
-def _handle_from_status(status: dict[str, Any]) -> ProcessHandle | None:
+def _handle_from_status(status: dict[str, Any], attempt_id: str) -> ProcessHandle | None:
+    cgroup = status.get("cgroup")
+    if cgroup is not None and cgroup != CGROUP_PREFIX + attempt_id:
+        return None  # a job cgroup is only ever the one derived from this attempt's id
     for key in _STATUS_INT_KEYS:
         value = status.get(key)
         if type(value) is not int or value <= 0:
@@ -300,6 +319,7 @@ def _handle_from_status(status: dict[str, Any]) -> ProcessHandle | None:
         start_ticks=status["start_ticks"],
         shim_pid=status["shim_pid"],
         shim_start_ticks=status["shim_start_ticks"],
+        cgroup=cgroup,
     )
 
 
@@ -342,14 +362,21 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _stop_handle(handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+def stop_handle(
+    handle: ProcessHandle, *, grace_seconds: float, cgroup_root: CgroupRoot | None
+) -> StopResult:
+    """Exact-identity stop of a handle's job, with its own cgroup when it has one here."""
     identity = ProcessIdentity(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks)
-    return stop_identity(identity, grace_seconds=grace_seconds)
+    cgroup = None if cgroup_root is None else cgroup_root.job_dir(handle.cgroup)
+    return stop_identity(identity, grace_seconds=grace_seconds, cgroup=cgroup)
 
 
 class IdentityController:
     """Implements the ProcessController port: stop the job's exact identity (ADR-0070 §4)."""
 
+    def __init__(self, *, cgroup_root: CgroupRoot | None = None) -> None:
+        self._cgroup_root = cgroup_root
+
     def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
         """TERM, bounded grace, identity re-check, KILL; never signal a mismatched identity."""
-        return _stop_handle(handle, grace_seconds=grace_seconds)
+        return stop_handle(handle, grace_seconds=grace_seconds, cgroup_root=self._cgroup_root)

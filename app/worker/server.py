@@ -33,7 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
+from app.domain.execution import (
+    LEFTOVERS,
+    LaunchFailed,
+    LaunchRejected,
+    LaunchRequest,
+    Leftovers,
+    StopResult,
+)
 from app.domain.model import ProcessHandle
 from app.worker.identity import current_boot_id
 
@@ -142,6 +149,9 @@ def parse_launch(req: dict[str, Any]) -> LaunchRequest:
     sequence = _int(req, "callback_sequence")
     quota = _int(req, "log_quota_bytes")
     assert sequence is not None and quota is not None
+    leftovers: Leftovers = req.get("leftovers", "kill")  # absent: an api older than the field
+    if leftovers not in LEFTOVERS:
+        raise BadRequest("leftovers")
     return LaunchRequest(
         run_id=strs["run_id"],
         attempt_id=strs["attempt_id"],
@@ -153,6 +163,7 @@ def parse_launch(req: dict[str, Any]) -> LaunchRequest:
         log_path=strs["log_path"],
         log_quota_bytes=quota,
         deadline_at_ms=_int(req, "deadline_at_ms", optional=True),
+        leftovers=leftovers,
     )
 
 

@@ -23,6 +23,7 @@ import time
 
 TYPE_CHECKING = False  # ``typing`` itself costs start-up time (it imports ``re``)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, NoReturn
 
 PROTOCOL = 1
@@ -40,11 +41,18 @@ RECEIPT_RESERVE_BYTES = 4096
 PUBLISH_RETRY_FIRST_S = 0.05
 PUBLISH_RETRY_MAX_S = 5.0
 TEST_HOOKS = ("exit_before_receipt", "exit_after_temp_write", "stop_after_temp_write")
+# After the job's main process ended (leftovers "kill"): how long the shim waits for the rest
+# of the job to die before it gives up and publishes anyway (docs/leftovers.md).
+LEFTOVER_WAIT_SECONDS = 2.0
+LEFTOVER_POLL_SECONDS = 0.005
+CGROUP_PREFIX = "ql-"
+LEFTOVERS = ("kill", "keep")
 HOOK_EXIT_CODE = 70
 _SPEC_KEYS = frozenset(
     {
         "protocol", "run_id", "attempt_id", "callback_sequence", "token", "argv", "cwd",
-        "env", "log_path", "log_quota_bytes", "receipt_dir", "receipt_name",
+        "env", "log_path", "log_quota_bytes", "receipt_dir", "receipt_name", "leftovers",
+        "cgroup_root",
     }
 )
 
@@ -146,6 +154,10 @@ def _clean_str(value: object) -> bool:
     return isinstance(value, str) and "\x00" not in value
 
 
+def _abs_path(value: object) -> bool:
+    return _clean_str(value) and os.path.isabs(value)  # type: ignore[arg-type]
+
+
 def _validate(spec: object) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise ShimError("SPEC_INVALID")
@@ -177,6 +189,8 @@ def _validate(spec: object) -> dict[str, Any]:
         and os.path.isabs(spec["receipt_dir"])
         and spec["receipt_name"] == f"{spec['attempt_id']}.json"
         and "/" not in spec["receipt_name"]
+        and spec["leftovers"] in LEFTOVERS
+        and (spec["cgroup_root"] is None or _abs_path(spec["cgroup_root"]))
     )
     if not ok:
         raise ShimError("SPEC_INVALID")
@@ -208,11 +222,17 @@ def _parse_spec(raw: bytes) -> dict[str, Any]:
     return _validate(spec)
 
 
-def _proc_stat(pid: int) -> tuple[int, int]:
-    """(pgid, start_ticks) from /proc/<pid>/stat: fields 5 and 22, parsed after the last ')'."""
+def _stat(pid: int) -> list[bytes]:
+    """/proc/<pid>/stat fields after the comm, which may hold ')' and spaces (0 state, 1 ppid,
+    2 pgid = field 5, 19 start ticks = field 22); OSError when there is no such process."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
         data = fh.read()
-    fields = data[data.rindex(b")") + 2 :].split()
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def _proc_stat(pid: int) -> tuple[int, int]:
+    """(pgid, start_ticks) of ``pid``."""
+    fields = _stat(pid)
     return int(fields[2]), int(fields[19])
 
 
@@ -350,8 +370,14 @@ def _reap(job_pid: int, status: list[int]) -> None:
             status.append(st)
 
 
-def _supervise(job_pid: int, read_fd: int, drain: _Drain) -> int:
-    """Drain output until the job exited and the pipe is at EOF (or the post-exit window ends)."""
+def _supervise(
+    job_pid: int, read_fd: int, drain: _Drain, on_exit: Callable[[], None] | None
+) -> int:
+    """Drain output until the job exited and the pipe is at EOF (or the post-exit window ends).
+
+    ``on_exit`` runs once, right after the job was reaped and before the post-exit drain, so
+    leftovers it kills stop holding the pipe open.
+    """
     pidfd = os.pidfd_open(job_pid)
     poller = select.poll()
     poller.register(read_fd, select.POLLIN)
@@ -361,6 +387,9 @@ def _supervise(job_pid: int, read_fd: int, drain: _Drain) -> int:
     drain_deadline: float | None = None
     while not eof:
         if status and drain_deadline is None:
+            if on_exit is not None:
+                on_exit()
+                on_exit = None
             drain_deadline = time.monotonic() + POST_EXIT_DRAIN_SECONDS
             poller.unregister(pidfd)
         if drain_deadline is None:
@@ -378,9 +407,175 @@ def _supervise(job_pid: int, read_fd: int, drain: _Drain) -> int:
         select.select([pidfd], [], [])
         _reap(job_pid, status)
     os.close(pidfd)
+    if on_exit is not None:
+        on_exit()
     os.close(read_fd)  # a descendant still writing now gets EPIPE/SIGPIPE, never blocks
     _reap(job_pid, status)
     return status[0]
+
+
+# ---- leftovers: what is left of the job once its main process ended -------------------
+# (api-schemas/launch-protocol.md §3 steps 5 and 8; docs/leftovers.md). Every signal goes
+# through a pidfd opened *before* the process was re-checked, never to a bare pid.
+
+
+def _live_child_ticks(pid: int, parent: int) -> int | None:
+    """The start ticks of ``pid`` if it is a live (not zombie) child of ``parent``."""
+    try:
+        fields = _stat(pid)
+    except OSError:
+        return None
+    if fields[0] in (b"Z", b"X") or int(fields[1]) != parent:
+        return None
+    return int(fields[19])
+
+
+def _kill_pinned(pid: int, still_ours: Callable[[int], bool]) -> bool:
+    """SIGKILL ``pid`` through a pidfd, only if ``still_ours(pid)`` holds after it was pinned."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if not still_ours(pid):
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def _child_since(parent: int, ticks: int) -> Callable[[int], bool]:
+    return lambda pid: _live_child_ticks(pid, parent) == ticks
+
+
+def _has_children() -> bool:
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _kill_tree(deadline: float) -> int:
+    """SIGKILL every remaining descendant; how many. Orphans re-parent to the shim (it is the
+    subreaper), so killing its children round by round reaches the whole tree: the job's
+    process group and whatever left it with ``setsid``."""
+    me = os.getpid()
+    killed: set[tuple[int, int]] = set()
+    while True:
+        _reap(0, [])
+        if not _has_children() or time.monotonic() >= deadline:
+            return len(killed)
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            ticks = _live_child_ticks(pid, me)
+            if ticks is not None and _kill_pinned(pid, _child_since(me, ticks)):
+                killed.add((pid, ticks))
+        time.sleep(LEFTOVER_POLL_SECONDS)
+
+
+def _cgroup_write(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _cgroup_pids(cgroup: str) -> list[int]:
+    me = os.getpid()
+    with open(cgroup + "/cgroup.procs", "rb") as fh:
+        return [pid for pid in map(int, fh.read().split()) if pid != me]
+
+
+def _in_cgroup(pid: int, name: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as fh:
+            lines = fh.read().split(b"\n")
+    except OSError:
+        return False
+    return any(line.startswith(b"0::") and line.endswith(b"/" + name) for line in lines)
+
+
+def _enter_cgroup(spec: dict[str, Any]) -> str | None:
+    """Create the job's own cgroup, named after the attempt, and move the shim into it so the
+    job is born there; None when there is no cgroup root or the cgroup cannot be had (the
+    process tree is then the only net)."""
+    root, attempt = spec["cgroup_root"], spec["attempt_id"]
+    if root is None or spec["leftovers"] != "kill" or attempt.strip("0123456789abcdef-"):
+        return None
+    path: str = root + "/" + CGROUP_PREFIX + attempt
+    try:
+        os.mkdir(path, 0o755)
+    except OSError:
+        return None  # exists already (never ours to reuse) or not writable
+    try:
+        # Checked before use: still the directory just created, not a symlink planted since.
+        if os.lstat(path).st_mode & 0o170000 != 0o040000:
+            return None
+        _cgroup_write(path + "/cgroup.procs", b"0")
+    except OSError:
+        _remove_cgroup(path)
+        return None
+    return path
+
+
+def _leave_cgroup(spec: dict[str, Any]) -> bool:
+    """Move the shim back to the cgroup root, so that killing the job's cgroup spares it."""
+    try:
+        _cgroup_write(spec["cgroup_root"] + "/cgroup.procs", b"0")
+    except OSError:
+        return False
+    return True
+
+
+def _remove_cgroup(path: str) -> None:
+    try:  # noqa: SIM105
+        os.rmdir(path)
+    except OSError:
+        pass  # still populated after the bounded wait: the worker's stop can remove it
+
+
+def _kill_cgroup(cgroup: str, shim_inside: bool, deadline: float) -> int:
+    """Kill every process in the job's cgroup and wait until it is empty; how many."""
+    name = cgroup.rsplit("/", 1)[1].encode("ascii")
+
+    def member(pid: int) -> bool:
+        return _in_cgroup(pid, name)
+
+    counted = 0
+    killed: set[int] = set()
+    try:
+        pids = _cgroup_pids(cgroup)
+        if pids and not shim_inside and os.path.exists(cgroup + "/cgroup.kill"):
+            counted = len(pids)  # one atomic kill; a process forked meanwhile dies uncounted
+            _cgroup_write(cgroup + "/cgroup.kill", b"1")
+        while pids and time.monotonic() < deadline:
+            if not counted:  # no cgroup.kill (Linux < 5.14), or the shim could not leave
+                for pid in pids:
+                    if pid not in killed and _kill_pinned(pid, member):
+                        killed.add(pid)
+            time.sleep(LEFTOVER_POLL_SECONDS)
+            _reap(0, [])
+            pids = _cgroup_pids(cgroup)
+    except OSError:
+        pass
+    return counted or len(killed)
+
+
+def _stop_leftovers(cgroup: str | None, shim_inside: bool) -> int:
+    """After the main process ended: kill the rest of the job (cgroup, then process tree)."""
+    deadline = time.monotonic() + LEFTOVER_WAIT_SECONDS
+    stopped = 0 if cgroup is None else _kill_cgroup(cgroup, shim_inside, deadline)
+    stopped += _kill_tree(deadline)
+    if cgroup is not None and not shim_inside:
+        _remove_cgroup(cgroup)
+    return stopped
 
 
 class _Published:
@@ -502,7 +697,14 @@ def _run_shim(
             raise ShimError("RECEIPT_RESERVE_FAILED", exc.errno) from None
         read_fd, write_fd = os.pipe()  # both close-on-exec; the job gets dup2 copies
         started_at_ms = _now_ms()
-        job_pid = _spawn(spec, write_fd)
+        cgroup = _enter_cgroup(spec)
+        try:
+            job_pid = _spawn(spec, write_fd)
+        except ShimError:
+            if cgroup is not None and _leave_cgroup(spec):
+                _remove_cgroup(cgroup)
+            raise
+        shim_inside = cgroup is not None and not _leave_cgroup(spec)
         os.close(write_fd)
         pgid, start_ticks = _proc_stat(job_pid)
         shim_pid = os.getpid()
@@ -515,6 +717,7 @@ def _run_shim(
             "pgid": pgid,
             "start_ticks": start_ticks,
             "started_at_ms": started_at_ms,
+            "cgroup": None if cgroup is None else cgroup.rsplit("/", 1)[1],
         }
     except ShimError as exc:
         receipt_file.discard()
@@ -522,7 +725,13 @@ def _run_shim(
     _status(status_fd, status_line)
 
     drain = _Drain(log_fd, spec["log_quota_bytes"])
-    wait_status = _supervise(job_pid, read_fd, drain)
+    stopped: list[int] = []
+
+    def stop_leftovers() -> None:
+        stopped.append(_stop_leftovers(cgroup, shim_inside))
+
+    kill = spec["leftovers"] == "kill"
+    wait_status = _supervise(job_pid, read_fd, drain, stop_leftovers if kill else None)
     finished_at_ms = max(_now_ms(), started_at_ms)
     try:  # noqa: SIM105
         os.fsync(log_fd)
@@ -542,6 +751,8 @@ def _run_shim(
         "startedAtMs": started_at_ms,
         "finishedAtMs": finished_at_ms,
     }
+    if stopped:
+        receipt["leftoversStopped"] = stopped[0]
     if os.WIFSIGNALED(wait_status):
         receipt["signal"] = os.WTERMSIG(wait_status)
         receipt["exitCode"] = 128 + receipt["signal"]

@@ -75,6 +75,39 @@ def test_revision_put_is_append_only(client: Client, admin: dict[str, str]) -> N
     assert client.get(url, headers=admin).json() == body
 
 
+def test_revision_leftovers_default_to_kill_and_keep_is_part_of_the_content(
+    client: Client, admin: dict[str, str]
+) -> None:
+    default = client.put("/api/v1/tasks/etl/revisions/1", json=REV, headers=admin)
+    assert default.status_code == 201 and default.json()["leftovers"] == "kill"
+    explicit = client.put(
+        "/api/v1/tasks/etl/revisions/1", json=REV | {"leftovers": "kill"}, headers=admin
+    )
+    assert explicit.status_code == 200  # the default spelled out is the same revision
+    url = "/api/v1/tasks/etl/revisions/2"
+    kept = client.put(url, json=REV | {"leftovers": "keep"}, headers=admin)
+    assert kept.status_code == 201
+    assert kept.json()["leftovers"] == "keep"
+    assert kept.json()["digest"] == content_digest(
+        {
+            "executor": "local_process",
+            "argv": REV["argv"],
+            "cwd": "/srv/jobs",
+            "recipe": None,
+            "timeout_seconds": 60,
+            "priority": 0,
+            "leftovers": "keep",
+        }
+    )
+    assert client.get(url, headers=admin).json() == kept.json()
+    assert_problem(client.put(url, json=REV, headers=admin), 409, "REVISION_CONFLICT")
+    for bad in ("maybe", None, 1, ""):
+        refused = client.put(
+            "/api/v1/tasks/etl/revisions/3", json=REV | {"leftovers": bad}, headers=admin
+        )
+        assert_problem(refused, 422, "VALIDATION_FAILED")
+
+
 def test_revision_with_a_missing_recipe_is_unprocessable(
     client: Client, admin: dict[str, str]
 ) -> None:

@@ -330,11 +330,7 @@ def _launch(
     pytest.fail("qinglong serve could not bind a free port three times")
 
 
-@pytest.fixture
-def serve_factory(tmp_path: Path) -> Iterator[ServeFactory]:
-    """Start real ``qinglong serve`` instances; each is stopped and checked at teardown."""
-    started: list[Served] = []
-
+def _factory(base: Path, started: list[Served]) -> ServeFactory:
     def start(
         *,
         workers: int = 1,
@@ -344,7 +340,7 @@ def serve_factory(tmp_path: Path) -> Iterator[ServeFactory]:
         data_dir: Path | None = None,
     ) -> Served:
         # Pass an earlier instance's data_dir (and database_url) to start it again.
-        data_dir = data_dir or tmp_path / f"serve{len(started)}"
+        data_dir = data_dir or base / f"serve{len(started)}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
         env["QL_DATA_DIR"] = str(data_dir)
         if database_url:
@@ -355,7 +351,10 @@ def serve_factory(tmp_path: Path) -> Iterator[ServeFactory]:
         started.append(served)
         return served
 
-    yield start
+    return start
+
+
+def _stop_all(started: list[Served]) -> None:
     errors = []
     for served in started:
         try:
@@ -367,6 +366,23 @@ def serve_factory(tmp_path: Path) -> Iterator[ServeFactory]:
             errors.append(f"qinglong serve exited with {code}:\n{served.log()}")
     if errors:
         pytest.fail("\n".join(errors))
+
+
+@pytest.fixture
+def serve_factory(tmp_path: Path) -> Iterator[ServeFactory]:
+    """Start real ``qinglong serve`` instances; each is stopped and checked at teardown."""
+    started: list[Served] = []
+    yield _factory(tmp_path, started)
+    _stop_all(started)
+
+
+@pytest.fixture(scope="module")
+def module_serve_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeFactory]:
+    """``serve_factory`` for a module's tests that can share instances (each start costs
+    seconds); stopped and checked after the module's last test."""
+    started: list[Served] = []
+    yield _factory(tmp_path_factory.mktemp("serve"), started)
+    _stop_all(started)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ def put_task(
     *,
     recipe: str | None = None,
     timeout_seconds: int | None = None,
+    leftovers: str | None = None,
 ) -> None:
     """Define revision 1 of ``name`` as ``/bin/sh -c script``."""
     body: dict[str, Any] = {"executor": "local_process", "argv": ["/bin/sh", "-c", script]}
@@ -30,6 +31,8 @@ def put_task(
         body["recipe"] = recipe
     if timeout_seconds is not None:
         body["timeout_seconds"] = timeout_seconds
+    if leftovers is not None:
+        body["leftovers"] = leftovers
     r = httpx.put(
         f"{served.base_url}/api/v1/tasks/{name}/revisions/1", json=body, headers=served.auth
     )

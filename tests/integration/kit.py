@@ -17,7 +17,7 @@ SHIM = str(Path(__file__).resolve().parents[2] / "app" / "worker" / "shim.py")
 DEADLINE = 20.0
 STATUS_KEYS = {
     "ok", "boot_id", "shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks",
-    "started_at_ms",
+    "started_at_ms", "cgroup",
 }
 
 
@@ -41,6 +41,8 @@ def make_spec(tmp_path: Path, argv: list[str], **over: Any) -> dict[str, Any]:
         "log_quota_bytes": 1 << 20,
         "receipt_dir": str(receipts),
         "receipt_name": f"{attempt_id}.json",
+        "leftovers": "kill",
+        "cgroup_root": None,
     }
     spec.update(over)
     return spec

@@ -10,13 +10,17 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import IO
 
 import pytest
 
+from app.domain.ids import uuid7
+from app.worker import cgroups
 from app.worker import identity as ident_mod
 from app.worker.identity import (
     ProcessIdentity,
@@ -39,8 +43,13 @@ class Children:
     def start(
         self, script: str, *, own_group: bool = True
     ) -> tuple[subprocess.Popen[bytes], ProcessIdentity]:
+        return self.spawn(["/bin/sh", "-c", script], own_group=own_group)
+
+    def spawn(
+        self, argv: list[str], *, own_group: bool = True
+    ) -> tuple[subprocess.Popen[bytes], ProcessIdentity]:
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", script],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -247,3 +256,133 @@ def test_wait_exit_times_out_on_live_process(children: Children) -> None:
     started = time.monotonic()
     assert wait_exit(ident.pid, 0.1) is False
     assert time.monotonic() - started >= 0.1
+
+
+# ---- a job whose identity changes during the grace (issue 11 §7) ------------------------
+
+# On SIGTERM the job moves itself into the decoy's process group (same session: both are
+# children of this test), so after the grace its pgid no longer matches the stored identity.
+_MOVES_TO_DECOY = """
+import os, signal, sys, time
+decoy = int(sys.argv[1])
+def moved(*_):
+    os.setpgid(0, decoy)
+    print("moved", flush=True)
+signal.signal(signal.SIGTERM, moved)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _cgroup_root_or_skip() -> cgroups.CgroupRoot:
+    root = cgroups.detect(cgroups.AUTO)
+    if root is None:
+        pytest.skip("no writable cgroup v2 hierarchy here (QL_CGROUP_ROOT auto found none)")
+    return root
+
+
+@pytest.fixture
+def job_cgroup() -> Iterator[Callable[[int], Path]]:
+    """Make a job cgroup as the shim would (``ql-<uuid7>`` under the root) and move ``pid``
+    into it; every cgroup made is emptied and removed at teardown."""
+    made: list[Path] = []
+
+    def make(pid: int) -> Path:
+        root = _cgroup_root_or_skip()
+        path = root.path / f"{cgroups.PREFIX}{uuid7()}"
+        path.mkdir()
+        made.append(path)
+        (path / "cgroup.procs").write_text(str(pid))
+        checked = root.job_dir(path.name)
+        assert checked == path
+        return path
+
+    try:
+        yield make
+    finally:
+        for path in made:
+            assert cgroups.settle(path, patience=0.0, timeout=DEADLINE)
+            assert not path.exists()
+
+
+@pytest.mark.parametrize("group_flag", [True, False], ids=["group-flag", "no-group-flag"])
+@pytest.mark.parametrize("in_cgroup", [False, True], ids=["group", "cgroup"])
+def test_job_that_changes_group_during_the_grace_is_unknown_and_nothing_is_killed(
+    children: Children,
+    job_cgroup: Callable[[int], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    group_flag: bool,
+    in_cgroup: bool,
+) -> None:
+    if group_flag and not ident_mod._group_flag_supported():
+        pytest.skip("kernel lacks PIDFD_SIGNAL_PROCESS_GROUP")
+    monkeypatch.setattr(ident_mod, "_group_flag_supported", lambda: group_flag)
+    decoy, _ = children.start("echo ready; exec sleep 60")
+    assert read_line(decoy.stdout) == b"ready"
+    job, ident = children.spawn([sys.executable, "-c", _MOVES_TO_DECOY, str(decoy.pid)])
+    assert read_line(job.stdout) == b"ready"
+    cgroup = job_cgroup(job.pid) if in_cgroup else None  # the decoy stays outside it
+
+    result = stop_identity(ident, grace_seconds=0.3, kill_wait_seconds=0.5, cgroup=cgroup)
+
+    assert read_line(job.stdout) == b"moved"
+    assert result == "unknown"  # alive with a changed identity: never a KILL on a guess
+    assert os.getpgid(job.pid) == decoy.pid
+    assert job.poll() is None and decoy.poll() is None
+    assert matches(replace(ident, pgid=decoy.pid))  # the very same process, untouched
+
+
+# ---- the job's own cgroup (docs/leftovers.md) --------------------------------------------
+
+
+def test_stop_kills_what_escaped_the_group_into_a_new_session(
+    children: Children, job_cgroup: Callable[[int], Path]
+) -> None:
+    proc, ident = children.start("read _; setsid sleep 60 & echo $!; echo ready; exec sleep 60")
+    cgroup = job_cgroup(proc.pid)
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()  # only now fork the escapee: it is born in the job's cgroup
+    escapee = int(read_line(proc.stdout))
+    assert read_line(proc.stdout) == b"ready"
+    fd = children.pidfd(escapee)
+    deadline = time.monotonic() + DEADLINE
+    while os.getsid(escapee) != escapee:  # $! is known before the child ran setsid()
+        assert time.monotonic() < deadline, "the escapee never left the job's session"
+        time.sleep(0.01)
+    assert stop_identity(ident, grace_seconds=5.0, cgroup=cgroup) == "stopped"
+    assert wait_pidfd(fd, DEADLINE), "the setsid escapee survived the stop"
+    assert not cgroup.exists()  # emptied and removed by the stop
+    assert proc.wait(timeout=DEADLINE) == -signal.SIGTERM
+
+
+def test_stop_of_an_exited_job_still_ends_its_cgroup(
+    children: Children, job_cgroup: Callable[[int], Path]
+) -> None:
+    # The shim died with the job's main process: only the cgroup still knows the leftover.
+    proc, ident = children.start("read _; setsid sleep 60 & echo $!; exit 0")
+    cgroup = job_cgroup(proc.pid)
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+    leftover = int(read_line(proc.stdout))
+    fd = children.pidfd(leftover)
+    assert proc.wait(timeout=DEADLINE) == 0
+    assert stop_identity(ident, grace_seconds=1.0, cgroup=cgroup) == "already_exited"
+    assert wait_pidfd(fd, DEADLINE)
+    assert not cgroup.exists()
+
+
+def test_job_cgroup_names_are_checked_before_use(tmp_path: Path) -> None:
+    root = cgroups.CgroupRoot(tmp_path)
+    good = f"{cgroups.PREFIX}{uuid7()}"
+    (tmp_path / good).mkdir()
+    os.symlink(tmp_path / good, tmp_path / f"{cgroups.PREFIX}{(linked := uuid7())}")
+    (tmp_path / f"{cgroups.PREFIX}{(plain := uuid7())}").write_text("")
+    assert root.job_dir(good) == tmp_path / good
+    assert root.job_dir(f"{cgroups.PREFIX}{linked}") is None  # a symlink
+    assert root.job_dir(f"{cgroups.PREFIX}{plain}") is None  # not a directory
+    assert root.job_dir(f"{cgroups.PREFIX}{uuid7()}") is None  # absent
+    for bad in (None, good[len(cgroups.PREFIX) :], "ql-../x", f"ql-{uuid7()}/..", "ql-x"):
+        assert root.job_dir(bad) is None

@@ -77,6 +77,21 @@ def test_full_success_path_appends_one_event_per_step(engine: Engine) -> None:
     assert RunReader(engine).get_run(run.id).version == 7
 
 
+def test_the_leftovers_count_lands_in_the_attempts_terminal_event_only(engine: Engine) -> None:
+    define_task(engine)
+    run = start(engine, enqueue(engine))
+    assert run.latest_attempt is not None
+    RunRepository(engine).complete_attempt(
+        run_id=run.id, attempt_id=run.latest_attempt.id, token=TOKEN, callback_sequence=1,
+        exit_code=0, signal=None, finished_at_ms=run.created_at_ms + 5, leftovers_stopped=2,
+    )  # fmt: skip
+    events = RunReader(engine).list_events(run.id, limit=100).items
+    assert [e.data for e in events if e.type == "attempt.succeeded"] == [
+        {"attempt": 1, "exit_code": 0, "signal": None, "leftovers_stopped": 2}
+    ]
+    assert all("leftovers_stopped" not in e.data for e in events if e.type != "attempt.succeeded")
+
+
 def test_completion_is_applied_once_and_checks_token_and_sequence(engine: Engine) -> None:
     define_task(engine)
     run = start(engine, enqueue(engine))

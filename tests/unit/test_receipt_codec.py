@@ -65,6 +65,14 @@ def test_signal_absent_when_not_killed() -> None:
     assert decode_receipt(encode_receipt(_receipt())).signal is None
 
 
+def test_leftovers_count_is_optional_and_round_trips() -> None:
+    assert b"leftoversStopped" not in encode_receipt(_receipt())
+    assert decode_receipt(encode_receipt(_receipt())).leftovers_stopped is None
+    counted = _receipt(leftovers_stopped=2)
+    assert b'"leftoversStopped":2' in encode_receipt(counted)
+    assert decode_receipt(encode_receipt(counted)) == counted
+
+
 def test_shim_style_bytes_decode() -> None:
     # Same bytes the shim writes: json.dumps(sort_keys, compact separators).
     obj = _wire(exitCode=7)
@@ -142,6 +150,11 @@ def test_nested_duplicate_key_rejected() -> None:
         ({"exitCode": 1, "signal": 9}, "OUT_OF_RANGE"),
         ({"exitCode": 137, "signal": True}, "NOT_INTEGER"),
         ({"exitCode": 137, "signal": None}, "NOT_INTEGER"),
+        ({"leftoversStopped": -1}, "OUT_OF_RANGE"),
+        ({"leftoversStopped": 2**31}, "OUT_OF_RANGE"),
+        ({"leftoversStopped": True}, "NOT_INTEGER"),
+        ({"leftoversStopped": None}, "NOT_INTEGER"),
+        ({"leftoversStopped": 2.0}, "NOT_INTEGER"),
     ],
 )
 def test_field_violations(over: dict[str, Any], reason: str) -> None:
@@ -211,6 +224,7 @@ def receipts(draw: st.DrawFn) -> Receipt:
         finished_at_ms=finished,
         exit_code=exit_code,
         signal=sig,
+        leftovers_stopped=draw(st.none() | st.integers(min_value=0, max_value=2**31 - 1)),
     )
 
 
@@ -257,6 +271,8 @@ def test_property_key_mutation_rejected(r: Receipt, data: st.DataObject) -> None
             obj["signal"] = obj.pop("signal") + 1  # also invalid: exitCode != 128 + signal
             if obj["signal"] > 64:
                 obj["signal"] = 1
+        elif key == "leftoversStopped":
+            obj[key] = -1  # dropping it is valid (it is optional): break it instead
         else:
             del obj[key]
         raw = json.dumps(obj).encode()
@@ -282,7 +298,8 @@ SCHEMA_PATH = Path(__file__).resolve().parents[2] / "api-schemas" / "completion-
 def test_schema_examples_decode() -> None:
     schema = json.loads(SCHEMA_PATH.read_text())
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert set(schema["properties"]) == set(json.loads(encode_receipt(_receipt(exit_code=137, signal=9))))
+    every = _receipt(exit_code=137, signal=9, leftovers_stopped=0)
+    assert set(schema["properties"]) == set(json.loads(encode_receipt(every)))
     for example in schema["examples"]:
         decode_receipt(canonical_json(example))
 

@@ -11,6 +11,7 @@ from app.domain.validation import (
     validate_cwd,
     validate_env_key,
     validate_env_value,
+    validate_leftovers,
     validate_name,
     validate_priority,
     validate_recipe,
@@ -101,6 +102,15 @@ def test_timeout_priority_and_cwd_bounds() -> None:
     assert validate_cwd("/srv/jobs") == "/srv/jobs"
     with pytest.raises(ValidationFailed):
         validate_cwd("relative")
+
+
+def test_leftovers_are_kill_or_keep() -> None:
+    assert validate_leftovers("kill") == "kill"
+    assert validate_leftovers("keep") == "keep"
+    for bad in ("KILL", "", "none", "process"):
+        with pytest.raises(ValidationFailed) as info:
+            validate_leftovers(bad)
+        assert info.value.code == "VALIDATION_FAILED"
 
 
 def test_merge_environment_puts_reserved_ids_last_and_only_reserved_keys() -> None:

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 
 from app.domain.artifacts import log_artifact_id, log_relpath, receipt_relpath
 from app.domain.canonical import sha256_digest
-from app.domain.execution import LaunchRequest
+from app.domain.execution import LaunchRequest, Leftovers
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle, RunEvent
 from app.domain.receipt import Receipt, encode_receipt
@@ -27,6 +27,7 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.worker.cgroups import AUTO, detect, settle
 from app.worker.client import WorkerClient, WorkerUnavailable
 from app.worker.identity import ProcessIdentity, current_boot_id, read_identity, stop_identity
 from app.worker.receipts import ReceiptStore
@@ -130,7 +131,13 @@ def make_log(logs_dir: Path, attempt_id: str) -> Path:
 
 
 def launch_request(
-    armed: Armed, *, argv: list[str], log_path: Path, cwd: str | None = None, quota: int = 1 << 20
+    armed: Armed,
+    *,
+    argv: list[str],
+    log_path: Path,
+    cwd: str | None = None,
+    quota: int = 1 << 20,
+    leftovers: Leftovers = "kill",
 ) -> LaunchRequest:
     """A LaunchRequest for an armed run."""
     return LaunchRequest(
@@ -144,6 +151,7 @@ def launch_request(
         log_path=str(log_path),
         log_quota_bytes=quota,
         deadline_at_ms=None,
+        leftovers=leftovers,
     )
 
 
@@ -174,6 +182,7 @@ class Processes:
             self.pids.append((pid, ident.start_ticks))
 
     def cleanup(self) -> None:
+        root = detect(AUTO)  # where the launchers of these tests put job cgroups
         for h in self.handles:
             stop_identity(
                 ProcessIdentity(h.boot_id, h.pid, h.pgid, h.start_ticks),
@@ -181,6 +190,9 @@ class Processes:
                 kill_wait_seconds=5.0,
             )
             kill_exact(h.shim_pid, h.shim_start_ticks)
+            cgroup = None if root is None else root.job_dir(h.cgroup)
+            if cgroup is not None:  # the test killed the shim: its job cgroup is ours to end
+                settle(cgroup, patience=0.0, timeout=5.0)
         for pid, ticks in self.pids:
             kill_exact(pid, ticks)
 

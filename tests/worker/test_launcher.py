@@ -13,6 +13,7 @@ from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest
 from app.domain.model import ProcessHandle
 from app.storage.engine import make_engine
 from app.storage.journal_repo import RESERVED, SPAWN_FAILED, SPAWNED, JournalRepository
+from app.worker.cgroups import AUTO, PREFIX, CgroupRoot, detect
 from app.worker.identity import current_boot_id, read_identity, wait_exit
 from app.worker.launcher import IdentityController, ShimLauncher
 from app.worker.receipts import ReceiptStore
@@ -199,8 +200,72 @@ def test_the_shim_adopts_the_jobs_orphans_and_reports_this_boot(
     bed = Bed(engine, tmp_path)
     armed = armed_run(engine)
     log = make_log(tmp_path / "logs", armed.attempt_id)
-    request = launch_request(armed, argv=["/bin/sh", "-c", orphan], log_path=log)
+    request = launch_request(armed, argv=["/bin/sh", "-c", orphan], log_path=log, leftovers="keep")
     handle = procs.track(bed.launcher.launch(request))
     assert handle.boot_id == current_boot_id()
     assert wait_exit(handle.shim_pid, DEADLINE)
     assert log.read_text() == f"ppid={handle.shim_pid}\n"  # a subreaper, not init
+
+
+# ---- the job's own cgroup (docs/leftovers.md) --------------------------------------------
+
+
+def _cgroup_root() -> CgroupRoot:
+    root = detect(AUTO)
+    if root is None:
+        pytest.skip("no writable cgroup v2 hierarchy here (QL_CGROUP_ROOT auto found none)")
+    return root
+
+
+def test_a_job_runs_in_its_own_cgroup_and_the_stop_removes_it(
+    engine: Engine, tmp_path: Path, procs: Processes
+) -> None:
+    root = _cgroup_root()
+    bed = Bed(engine, tmp_path, cgroup_root=root)
+    armed, request = bed.gated_request()
+    handle = procs.track(bed.launcher.launch(request))
+    assert handle.cgroup == f"{PREFIX}{armed.attempt_id}"
+    path = root.job_dir(handle.cgroup)
+    assert path is not None
+    assert str(handle.pid) in (path / "cgroup.procs").read_text().split()
+    assert str(handle.shim_pid) not in (path / "cgroup.procs").read_text().split()
+    assert bed.journal.get(armed.attempt_id).handle == handle  # type: ignore[union-attr]
+    controller = IdentityController(cgroup_root=root)
+    assert controller.stop(handle, grace_seconds=5.0) == "stopped"
+    assert wait_exit(handle.shim_pid, DEADLINE)
+    assert not path.exists()
+
+
+def test_a_failed_launch_leaves_no_cgroup(engine: Engine, tmp_path: Path) -> None:
+    root = _cgroup_root()
+    bed = Bed(engine, tmp_path, cgroup_root=root)
+    armed = armed_run(engine)
+    log = make_log(tmp_path / "logs", armed.attempt_id)
+    request = launch_request(armed, argv=["/nonexistent/program"], log_path=log)
+    with pytest.raises(LaunchFailed):
+        bed.launcher.launch(request)
+    assert not (root.path / f"{PREFIX}{armed.attempt_id}").exists()
+
+
+def test_a_shim_lost_after_making_the_cgroup_leaves_none(
+    engine: Engine, tmp_path: Path, procs: Processes
+) -> None:
+    root = _cgroup_root()
+    fake = tmp_path / "lost_shim.py"
+    # Does what a shim does first (its job's cgroup), then never reports.
+    fake.write_text(
+        "import json, os, sys, time\n"
+        "if '--zygote' in sys.argv:\n"
+        "    sys.exit(1)\n"
+        "spec = json.loads(sys.stdin.read())\n"
+        "os.mkdir(spec['cgroup_root'] + '/ql-' + spec['attempt_id'])\n"
+        "time.sleep(120)\n"
+    )
+    bed = Bed(engine, tmp_path, shim_path=str(fake), status_timeout_s=1.0, cgroup_root=root)
+    armed = armed_run(engine)
+    log = make_log(tmp_path / "logs", armed.attempt_id)
+    request = launch_request(armed, argv=["/bin/true"], log_path=log)
+    with pytest.raises(LaunchFailed) as info:
+        bed.launcher.launch(request)
+    assert info.value.reason == "SHIM_NO_STATUS"
+    assert not (root.path / f"{PREFIX}{armed.attempt_id}").exists()

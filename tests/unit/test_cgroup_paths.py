@@ -1,0 +1,42 @@
+"""Where job cgroups go: parsing mountinfo and /proc/self/cgroup (pure; app/worker/cgroups.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.worker.cgroups import _auto_candidate, cgroup2_mounts, own_cgroup
+
+HYBRID = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+UNIFIED = "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+
+
+def test_only_cgroup2_mounts_are_found_with_optional_fields_and_escapes() -> None:
+    assert cgroup2_mounts(HYBRID) == [("/", Path("/sys/fs/cgroup/unified"))]
+    assert cgroup2_mounts(UNIFIED) == [("/", Path("/sys/fs/cgroup"))]
+    odd = "50 1 0:40 /jobs /mnt/cg\\040v2 rw - cgroup2 none rw\n"
+    assert cgroup2_mounts(odd) == [("/jobs", Path("/mnt/cg v2"))]
+    assert cgroup2_mounts("garbage\n\n") == []
+
+
+def test_own_cgroup_is_the_v2_line() -> None:
+    text = "4:memory:/x\n0::/system.slice/qinglong-worker.service\n"
+    assert own_cgroup(text) == "/system.slice/qinglong-worker.service"
+    assert own_cgroup("4:memory:/x\n") is None
+
+
+def test_the_workers_own_cgroup_is_the_default_root() -> None:
+    mounts = cgroup2_mounts(UNIFIED)
+    unit = "/system.slice/qinglong-worker.service"
+    assert _auto_candidate(mounts, unit) == Path("/sys/fs/cgroup/system.slice/qinglong-worker.service")
+    assert _auto_candidate(cgroup2_mounts(HYBRID), "/") == Path("/sys/fs/cgroup/unified")
+    # A mount of a subtree (e.g. a container's view): the path is taken relative to it.
+    sub = [("/jobs", Path("/mnt/cg"))]
+    assert _auto_candidate(sub, "/jobs/worker") == Path("/mnt/cg/worker")
+    assert _auto_candidate(sub, "/jobsworker") is None
+    assert _auto_candidate(sub, "/other") is None
+    assert _auto_candidate(mounts, None) is None
+    assert _auto_candidate([], unit) is None
