@@ -33,6 +33,7 @@ RANGE_NOT_SATISFIABLE = "RANGE_NOT_SATISFIABLE"
 NOT_READY = "NOT_READY"
 INTERNAL_ERROR = "INTERNAL_ERROR"
 VALIDATION_FAILED = "VALIDATION_FAILED"
+DUPLICATE_KEY = "DUPLICATE_KEY"
 
 _STATUS_CODES: Mapping[int, str] = {
     400: "BAD_REQUEST",
@@ -60,6 +61,17 @@ class ApiProblem(Exception):
         self.code = code
         self.detail = detail
         self.headers = dict(headers or {})
+
+
+class DuplicateKey(StarletteHTTPException):
+    """A JSON body names one key twice in an object (app/api/strict_json.py).
+
+    An ``HTTPException`` because FastAPI re-raises those from body parsing (any other
+    exception there becomes its generic 400); its own handler below gives it its code.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(422, "a JSON object in the body has the same key twice")
 
 
 def title_of(code: str) -> str:
@@ -122,6 +134,10 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return problem_response(*_validation_detail(exc))
 
+    async def on_duplicate_key(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, DuplicateKey)
+        return problem_response(422, DUPLICATE_KEY, exc.detail)
+
     async def on_http(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         code = _STATUS_CODES.get(exc.status_code, "HTTP_ERROR")
@@ -139,4 +155,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(DomainError, on_domain)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(DuplicateKey, on_duplicate_key)  # more specific: wins by MRO
     # Anything else is caught by app.api.asgi.GuardMiddleware (500 without internals).

@@ -23,11 +23,12 @@ from fastapi.responses import StreamingResponse
 from app.api.auth import Ctx, LogsReader
 from app.api.http import READ_ERRORS, problems
 from app.api.problems import RANGE_NOT_SATISFIABLE, ApiProblem
+from app.api.strict_json import StrictJSONRoute
 from app.context.facade import AppFacade
 from app.context.logs import LogFile
 from app.domain.states import TERMINAL_ATTEMPT
 
-router = APIRouter(prefix="/api/v1", tags=["logs"])
+router = APIRouter(prefix="/api/v1", tags=["logs"], route_class=StrictJSONRoute)
 
 CHUNK_BYTES = 64 * 1024
 POLL_S = 0.5
