@@ -9,7 +9,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from app.cli.admin import settings_for
+from app.cli.admin import private_settings
 from app.context.worker_process import NotMigrated, WorkerProcess
 from app.worker.server import SocketInUse
 
@@ -26,7 +26,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """Serve the worker socket until SIGTERM or SIGINT; running jobs are left running."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
-    process = WorkerProcess(settings_for(args))
+    process = WorkerProcess(private_settings(args))
 
     def _on_signal(_signum: int, _frame: FrameType | None) -> None:
         process.request_stop()
