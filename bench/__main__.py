@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from app.storage.private_files import SERVICE_UMASK
 from bench.report import Report
 
 
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postgres", default=os.environ.get("QL_TEST_POSTGRES_URL"),
                         help="PostgreSQL URL (default $QL_TEST_POSTGRES_URL)")
     args = parser.parse_args(argv)
+    # The bench prepares databases for the api and the worker, which refuse files group or
+    # others can read (app/storage/private_files.py): make them as the service would.
+    os.umask(SERVICE_UMASK)
     size = FULL if args.full else QUICK
     label = "full" if args.full else "quick"
     groups = _groups(size, args.postgres or None)

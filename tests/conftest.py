@@ -20,10 +20,22 @@ from sqlalchemy import Engine, create_engine, text
 
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
+from app.storage.private_files import SERVICE_UMASK
 from app.storage.tables import metadata
 from tests.worker.kit import Processes
 
 PG_ENV = "QL_TEST_POSTGRES_URL"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests create data dirs and databases as the service would: under its umask (077).
+
+    ``qinglong serve``, ``api``, ``worker`` and ``migrate`` refuse files that group or others
+    can read (app/storage/private_files.py); a database a test prepares for them must be as
+    private as one they made. Tests that prove the service's own umask start it from a loose
+    one explicitly (tests/cli/test_file_modes.py).
+    """
+    os.umask(SERVICE_UMASK)
 
 
 def _with_search_path(url: str, schema: str) -> str:

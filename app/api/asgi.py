@@ -1,4 +1,4 @@
-"""Pure ASGI guard: body limit (413), UTF-8 bodies, a 500 that reveals nothing, and
+"""Pure ASGI guard: one body framing (400), body limit (413), UTF-8 bodies, a bare 500, and
 ``Connection: close`` on every response of a retiring process (app/api/retirement.py).
 
 Bodies are refused from ``Content-Length`` before any byte is read, or while streaming as
@@ -18,6 +18,7 @@ from app.api import retirement
 from app.api.problems import (
     INTERNAL_ERROR,
     MALFORMED_JSON,
+    MALFORMED_REQUEST,
     PAYLOAD_TOO_LARGE,
     PROBLEM_MEDIA_TYPE,
     TYPE_PREFIX,
@@ -85,13 +86,18 @@ class GuardMiddleware:
         chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
         if length is None and not chunked:
             return receive
+        if length is not None and b"transfer-encoding" in headers:
+            # Two framings: a proxy may honour the other one (request smuggling). h11 lets
+            # such a request through (chunked wins); httptools refuses it itself.
+            await _problem(send, 400, MALFORMED_REQUEST, "Content-Length with Transfer-Encoding")
+            return None
         if length is not None:
             try:
                 declared = int(length)
             except ValueError:
                 declared = -1
             if declared < 0:
-                await _problem(send, 400, "BAD_REQUEST", "Content-Length is not valid")
+                await _problem(send, 400, MALFORMED_REQUEST, "Content-Length is not valid")
                 return None
             if declared > self.max_body:
                 await _problem(send, 413, PAYLOAD_TOO_LARGE, _too_large(self.max_body))

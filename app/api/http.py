@@ -36,14 +36,14 @@ def problems(
 
 
 _DESCRIPTIONS = {
-    400: "malformed request (MALFORMED_JSON)",
+    400: "malformed request (MALFORMED_JSON, MALFORMED_REQUEST)",
     401: "missing or unknown token (UNAUTHENTICATED)",
     403: "the token lacks the scope (FORBIDDEN)",
     404: "no such resource",
     409: "conflicts with what is stored",
     413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
     416: "range not satisfiable",
-    422: "validation failed (VALIDATION_FAILED or a specific code)",
+    422: "validation failed (VALIDATION_FAILED, DUPLICATE_KEY or a specific code)",
     503: "the database cannot store writes now (STORAGE_UNAVAILABLE, with Retry-After)",
 }
 

@@ -37,6 +37,8 @@ VALIDATION_FAILED = "VALIDATION_FAILED"
 # How long a client should wait before retrying a write the database could not store: long
 # enough for an operator (or a log rotation) to free space, short enough to notice it.
 STORAGE_RETRY_AFTER_S = 10
+DUPLICATE_KEY = "DUPLICATE_KEY"
+MALFORMED_REQUEST = "MALFORMED_REQUEST"  # HTTP framing: Content-Length, chunks, request line
 
 _STATUS_CODES: Mapping[int, str] = {
     400: "BAD_REQUEST",
@@ -64,6 +66,17 @@ class ApiProblem(Exception):
         self.code = code
         self.detail = detail
         self.headers = dict(headers or {})
+
+
+class DuplicateKey(StarletteHTTPException):
+    """A JSON body names one key twice in an object (app/api/strict_json.py).
+
+    An ``HTTPException`` because FastAPI re-raises those from body parsing (any other
+    exception there becomes its generic 400); its own handler below gives it its code.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(422, "a JSON object in the body has the same key twice")
 
 
 def title_of(code: str) -> str:
@@ -132,6 +145,10 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return problem_response(*_validation_detail(exc))
 
+    async def on_duplicate_key(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, DuplicateKey)
+        return problem_response(422, DUPLICATE_KEY, exc.detail)
+
     async def on_http(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         code = _STATUS_CODES.get(exc.status_code, "HTTP_ERROR")
@@ -150,4 +167,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StorageUnavailable, on_storage)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(DuplicateKey, on_duplicate_key)  # more specific: wins by MRO
     # Anything else is caught by app.api.asgi.GuardMiddleware (500 without internals).

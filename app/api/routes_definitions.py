@@ -28,8 +28,9 @@ from app.api.schemas import (
     TaskPage,
     TaskSummary,
 )
+from app.api.strict_json import StrictJSONRoute
 
-router = APIRouter(prefix="/api/v1", tags=["definitions"])
+router = APIRouter(prefix="/api/v1", tags=["definitions"], route_class=StrictJSONRoute)
 _NOT_MODIFIED = {304: {"description": "the client's copy (If-None-Match) is current"}}
 
 

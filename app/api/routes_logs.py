@@ -6,6 +6,11 @@ as ``Last-Event-ID`` to resume exactly there) and ``data: {"offset": <start>, "t
 read the raw bytes with ``Range``). ``: heartbeat`` comments keep proxies open. Once the
 attempt is terminal and every byte was sent: ``event: end`` with ``{"status", "bytes"}``.
 The file is polled only while somebody follows; a disconnect cancels the generator.
+
+The stream's token is checked again before every poll (through the token cache, so at most
+one database read per second per token): once it is revoked or no longer carries
+``logs:read``, the stream sends ``event: error`` with ``{"code", "detail"}``
+(``UNAUTHENTICATED`` or ``FORBIDDEN``) and ends, within a poll plus the cache's 1 s.
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from app.api.auth import Ctx, LogsReader
+from app.api.auth import LOGS_SCOPE, Ctx, LogsReader, authenticated, bearer_token
 from app.api.http import READ_ERRORS, problems
-from app.api.problems import RANGE_NOT_SATISFIABLE, ApiProblem
+from app.api.problems import FORBIDDEN, RANGE_NOT_SATISFIABLE, UNAUTHENTICATED, ApiProblem
+from app.api.strict_json import StrictJSONRoute
 from app.context.facade import AppFacade
 from app.context.logs import LogFile
 from app.domain.states import TERMINAL_ATTEMPT
 
-router = APIRouter(prefix="/api/v1", tags=["logs"])
+router = APIRouter(prefix="/api/v1", tags=["logs"], route_class=StrictJSONRoute)
 
 CHUNK_BYTES = 64 * 1024
 POLL_S = 0.5
@@ -82,6 +88,7 @@ async def get_log(
         state = request.app.state
         stream = _follow(
             facade,
+            token=bearer_token(request.headers.get("authorization", "")) or "",
             run_id=run_id,
             number=number,
             offset=start,
@@ -133,6 +140,7 @@ def _read(log: LogFile, start: int, end: int) -> Iterator[bytes]:
 async def _follow(
     facade: AppFacade,
     *,
+    token: str,
     run_id: str,
     number: int,
     offset: int,
@@ -142,6 +150,10 @@ async def _follow(
     """The SSE body: chunks as the file grows, heartbeats, then ``end`` once terminal."""
     last_beat = time.monotonic()
     while True:
+        refusal = await _refusal(facade, token)
+        if refusal is not None:
+            yield f"event: error\ndata: {refusal}\n\n"
+            return
         log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
         try:
             # The status was read before the size: terminal here means the file is complete.
@@ -168,6 +180,16 @@ async def _follow(
             last_beat = time.monotonic()
             yield ": heartbeat\n\n"
         await anyio.sleep(poll_s)
+
+
+async def _refusal(facade: AppFacade, token: str) -> str | None:
+    """None while ``token`` may still read logs, else the ``error`` event's JSON data."""
+    principal = await authenticated(facade, token) if token else None
+    if principal is None:
+        return json.dumps({"code": UNAUTHENTICATED, "detail": "the token is unknown or revoked"})
+    if not principal.can(LOGS_SCOPE):
+        return json.dumps({"code": FORBIDDEN, "detail": f"this token lacks the {LOGS_SCOPE} scope"})
+    return None
 
 
 def _utf8_cut(data: bytes) -> int:

@@ -9,8 +9,9 @@ from app.api.auth import Ctx
 from app.api.http import problems
 from app.api.problems import NOT_READY, ApiProblem
 from app.api.schemas import Health, Problem, Ready
+from app.api.strict_json import StrictJSONRoute
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=StrictJSONRoute)
 _NOT_READY = {
     503: {
         "model": Problem,

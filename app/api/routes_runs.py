@@ -29,9 +29,10 @@ from app.api.schemas import (
     RunPage,
     RunStatusName,
 )
+from app.api.strict_json import StrictJSONRoute
 from app.domain.canonical import content_digest
 
-router = APIRouter(prefix="/api/v1", tags=["runs"])
+router = APIRouter(prefix="/api/v1", tags=["runs"], route_class=StrictJSONRoute)
 
 IdempotencyKey = Annotated[
     str | None,

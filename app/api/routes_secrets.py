@@ -16,8 +16,9 @@ from app.api.http import (
     set_next_link,
 )
 from app.api.schemas import SecretIn, SecretOut, SecretPage
+from app.api.strict_json import StrictJSONRoute
 
-router = APIRouter(prefix="/api/v1", tags=["secrets"])
+router = APIRouter(prefix="/api/v1", tags=["secrets"], route_class=StrictJSONRoute)
 
 
 @router.put(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -10,6 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.cli import admin, lease, receipts, secrets, serve, worker
 from app.domain.errors import DomainError, StorageUnavailable
+from app.storage.private_files import SERVICE_UMASK
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -32,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
+    # Every file and directory a role creates is private to the service's OS user (SQLite's
+    # database and its -wal/-shm included); children (api workers, worker, shims) inherit it.
+    os.umask(SERVICE_UMASK)
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler

@@ -11,6 +11,7 @@ from app.domain.validation import validate_name
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
+from app.storage.private_files import require_private
 from app.storage.tokens_repo import TokenRepository
 
 
@@ -50,10 +51,23 @@ def settings_for(args: argparse.Namespace) -> Settings:
     return Settings.from_env(data_dir=getattr(args, "data_dir", None))
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
-    """Upgrade the database to the newest migration."""
+def private_settings(args: argparse.Namespace) -> Settings:
+    """``settings_for``, once the data dir exists and every file of it is private to us.
+
+    The start-up check of ``serve``, ``api``, ``worker`` and ``migrate``: raises NotPrivate
+    (a ValueError: one line naming the ``chmod`` that fixes it) before anything is opened.
+    """
     settings = settings_for(args)
     settings.ensure_data_dir()
+    require_private(
+        data_dir=settings.data_dir, database_url=settings.database_url, key_file=settings.key_file
+    )
+    return settings
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Upgrade the database to the newest migration."""
+    settings = private_settings(args)
     engine = make_engine(settings.database_url)
     try:
         upgrade_to_head(engine)

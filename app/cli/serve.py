@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from app.api import retirement
-from app.cli.admin import cmd_migrate, settings_for
+from app.cli.admin import cmd_migrate, private_settings
 from app.context.stop_jobs import stop_active_jobs
 from app.context.supervisor import ServiceSpec, Supervisor
 from app.context.worker_lease import EXIT_LEASE_HELD
@@ -117,7 +117,7 @@ def _log_to_stderr(logger: logging.Logger) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, then supervise the api and the worker until SIGTERM/SIGINT."""
     _log_to_stderr(logging.getLogger("qinglong.supervisor"))
-    settings = settings_for(args)
+    settings = private_settings(args)
     _check_listen(args.host, args.port)
     cmd_migrate(args)
     api_argv = [sys.executable, "-m", "app", "api", "--host", args.host]
@@ -144,7 +144,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     """Serve the api with uvicorn alone (the database must already be migrated)."""
     import uvicorn
 
-    settings = settings_for(args)
+    settings = private_settings(args)
     os.environ["QL_DATA_DIR"] = str(settings.data_dir)  # uvicorn workers inherit it
     uvicorn.run(
         APP_FACTORY,

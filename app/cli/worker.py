@@ -9,7 +9,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from app.cli.admin import settings_for
+from app.cli.admin import private_settings
 from app.context.worker_lease import EXIT_LEASE_HELD, EXIT_LEASE_LOST
 from app.context.worker_process import NotMigrated, WorkerProcess
 from app.domain.lease import LeaseHeld
@@ -31,7 +31,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
-    process = WorkerProcess(settings_for(args))
+    process = WorkerProcess(private_settings(args))
 
     def _on_signal(_signum: int, _frame: FrameType | None) -> None:
         process.request_stop()

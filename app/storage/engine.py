@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -19,6 +20,14 @@ WRITE = "ql_write"
 def is_sqlite(url: str) -> bool:
     """True for an ``sqlite://`` URL."""
     return make_url(url).get_backend_name() == "sqlite"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of an ``sqlite://`` URL; None for PostgreSQL or an in-memory one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).absolute()
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:

@@ -29,6 +29,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from app.storage.private_files import not_private
+
 KEY_BYTES = 32
 NONCE_BYTES = 12
 
@@ -181,8 +183,9 @@ def _stamp(path: Path) -> tuple[int, int, int]:
 def _read_ring(path: Path) -> list[SecretKey]:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "r", encoding="ascii") as fh:
-        if os.fstat(fh.fileno()).st_mode & 0o077:
-            raise ValueError(f"{path} must not be readable by group or others (chmod 600)")
+        mode = os.fstat(fh.fileno()).st_mode
+        if mode & 0o077:
+            raise not_private([(path, mode)])
         lines = [line.split() for line in fh if line.strip()]
     keys: list[SecretKey] = []
     for parts in lines:

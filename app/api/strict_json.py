@@ -1,0 +1,57 @@
+"""Strict JSON request bodies: a key twice in any object is refused (422 ``DUPLICATE_KEY``).
+
+Python's ``json`` keeps the last of two equal keys; other readers (a proxy, a WAF, a client
+library) keep the first or refuse. ``{"task":"a","task":"b"}`` would then be two different
+requests to two readers, so the service refuses it instead of picking one. Keys are compared
+after unescaping (``"a"`` and ``"\\u0061"`` are the same key), at every depth.
+
+One hook for every JSON route: each router uses ``StrictJSONRoute`` as its route class, which
+hands FastAPI a request whose ``json()`` parses with ``object_pairs_hook``. FastAPI parses the
+body exactly once, as before; only the hook runs in addition (one ``dict()`` per object).
+Routes without a body keep FastAPI's own handler untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+from app.api.problems import DuplicateKey
+
+Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise DuplicateKey
+    return obj
+
+
+def loads_strict(raw: bytes) -> Any:
+    """``json.loads`` that raises ``DuplicateKey`` for a repeated key in any object."""
+    return json.loads(raw, object_pairs_hook=_unique)
+
+
+class _StrictRequest(Request):
+    async def json(self) -> Any:
+        # FastAPI calls this once per request, only for a JSON (or untyped) body.
+        return loads_strict(await self.body())
+
+
+class StrictJSONRoute(APIRoute):
+    """An ``APIRoute`` whose JSON body is parsed by ``loads_strict``."""
+
+    def get_route_handler(self) -> Handler:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def strict_handler(request: Request) -> Response:
+            return await handler(_StrictRequest(request.scope, request.receive))
+
+        return strict_handler

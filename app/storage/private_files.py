@@ -1,0 +1,52 @@
+"""The service's own files are private to its OS user, and a start refuses when they are not.
+
+What a job, another local user or a backup reader must never open: the data dir (0700), the
+SQLite database with its ``-wal``, ``-shm`` and ``-journal`` files, and the secret key file
+(0600). ``qinglong serve``, ``api``, ``worker`` and ``migrate`` call ``require_private``
+before they open anything; like ssh with a loose key, they refuse with the one ``chmod``
+that fixes it rather than repair a mode an operator may have set on purpose.
+
+New files are private by construction: the CLI runs every role under umask 077
+(``SERVICE_UMASK``), so SQLite creates the database 0600, and it gives ``-wal`` and ``-shm``
+the database file's own mode. PostgreSQL keeps no file here.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from app.storage.engine import sqlite_path
+
+SERVICE_UMASK = 0o077
+_SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+class NotPrivate(ValueError):
+    """A path of the service is accessible by group or others; the message names the fix."""
+
+
+def require_private(*, data_dir: Path, database_url: str, key_file: Path) -> None:
+    """Raise ``NotPrivate`` naming every loose path and its ``chmod``; missing paths are fine."""
+    paths = [data_dir, key_file]
+    database = sqlite_path(database_url)
+    if database is not None:
+        paths += [database] + [database.with_name(database.name + s) for s in _SQLITE_SIDE_FILES]
+    loose: list[tuple[Path, int]] = []
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            loose.append((path, mode))
+    if loose:
+        raise not_private(loose)
+
+
+def not_private(loose: list[tuple[Path, int]]) -> NotPrivate:
+    """The one refusal for paths (with their ``st_mode``) that group or others can access."""
+    what = ", ".join(f"{p} (mode {stat.S_IMODE(m):04o})" for p, m in loose)
+    fix = "; ".join(f"chmod {700 if stat.S_ISDIR(m) else 600} {p}" for p, m in loose)
+    return NotPrivate(f"{what} accessible by group or others; fix with: {fix}")

@@ -1,0 +1,102 @@
+"""An open log follow re-checks its token: revoked or without logs:read, the stream ends.
+
+The app's real token cache and repository on both engines; the revocation or the scope loss is
+a real committed change in the database, made while the stream is open.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import update
+
+from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.tables import api_tokens
+from app.storage.tokens_repo import TokenRepository
+from tests.api.conftest import Client, MakeToken, fail_run
+from tests.api.test_logs import _CountingFacade, _events, _run_with_log, _url
+
+# Without the re-check the stream would only end with the attempt: the test ends it then.
+GIVE_UP_S = 8.0
+
+
+def _follow_while(
+    client: Client, settings: Settings, token: str, change: Callable[[], None]
+) -> tuple[list[dict[str, str]], float]:
+    """Follow a running attempt's log, apply ``change`` once it streams; (events, seconds)."""
+    state = client.app.state
+    state.log_poll_s = 0.05
+    state.log_heartbeat_s = 0.2
+    counting = _CountingFacade(state.facade)
+    state.facade = counting
+    admin = {"Authorization": f"Bearer {token}"}
+    run_id, attempt_id, _ = _run_with_log(client, admin, settings, b"running\n")
+    changed_at: list[float] = []
+    ended = threading.Event()
+
+    def changer() -> None:
+        counting.wait_for_polls(3)  # the stream is open and has polled
+        change()
+        changed_at.append(time.monotonic())
+        if not ended.wait(GIVE_UP_S):
+            fail_run(settings, run_id, attempt_id)  # the stream outlived the change: end it
+
+    thread = threading.Thread(target=changer)
+    thread.start()
+    response = client.get(_url(run_id), params={"follow": "true"}, headers=admin)
+    ended_at = time.monotonic()
+    ended.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    return _events(response.text), ended_at - changed_at[0]
+
+
+@pytest.fixture
+def reader_token(make_token: MakeToken) -> str:
+    """A token with runs:write (to enqueue) and logs:read."""
+    return make_token("runs:write", "logs:read")
+
+
+def test_a_revoked_token_ends_its_open_follow(
+    client: Client, settings: Settings, task: str, reader_token: str
+) -> None:
+    def revoke() -> None:
+        engine = make_engine(settings.database_url)
+        try:
+            repo = TokenRepository(engine)
+            (name,) = [r.name for r in repo.list() if r.scopes == {"runs:write", "logs:read"}]
+            repo.revoke(name)
+        finally:
+            engine.dispose()
+
+    events, seconds = _follow_while(client, settings, reader_token, revoke)
+    assert events[-1]["event"] == "error", events[-3:]
+    assert json.loads(events[-1]["data"])["code"] == "UNAUTHENTICATED"
+    assert not any(e.get("event") == "end" for e in events)  # not the attempt's ending
+    assert seconds < 0.2 + 1.0 + 1.0  # a heartbeat + the token cache's 1 s, plus slack
+
+
+def test_a_token_that_loses_logs_read_ends_its_open_follow(
+    client: Client, settings: Settings, task: str, reader_token: str
+) -> None:
+    def drop_scope() -> None:
+        engine = make_engine(settings.database_url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    update(api_tokens)
+                    .where(api_tokens.c.scopes == "logs:read runs:write")
+                    .values(scopes="runs:write")
+                )
+        finally:
+            engine.dispose()
+
+    events, seconds = _follow_while(client, settings, reader_token, drop_scope)
+    assert events[-1]["event"] == "error", events[-3:]
+    assert json.loads(events[-1]["data"])["code"] == "FORBIDDEN"
+    assert seconds < 0.2 + 1.0 + 1.0

@@ -1,0 +1,89 @@
+"""A key twice in any JSON object of a body is refused with 422 DUPLICATE_KEY, before any write."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.api.main import create_app
+from app.api.openapi import api_routes
+from app.api.strict_json import StrictJSONRoute
+from app.settings import Settings
+from tests.api.conftest import Client, assert_problem
+
+JSON = {"Content-Type": "application/json"}
+
+
+def test_a_task_named_twice_is_refused_and_no_run_is_created(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    raw = b'{"task":"nope","task":"' + task.encode() + b'"}'
+    assert_problem(
+        client.post("/api/v1/runs", content=raw, headers=admin | JSON), 422, "DUPLICATE_KEY"
+    )
+    assert client.get("/api/v1/runs", headers=admin).json()["items"] == []
+
+
+def test_an_env_key_named_twice_is_refused_and_no_recipe_is_stored(
+    client: Client, admin: dict[str, str]
+) -> None:
+    raw = b'{"env":{"A":"1","A":"2"}}'
+    body = assert_problem(
+        client.post("/api/v1/recipes", content=raw, headers=admin | JSON), 422, "DUPLICATE_KEY"
+    )
+    assert "A" not in body["detail"].split()  # the key is not echoed
+    # The same recipe without the duplicate is new (201): nothing was stored before.
+    ok = client.post("/api/v1/recipes", json={"env": {"A": "2"}}, headers=admin)
+    assert ok.status_code == 201, ok.text
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a":1,"\\u0061":2}',  # equal once unescaped
+        b'{"env":{},"secrets":{"S":"x","T":"y","S":"x"}}',  # same value twice is still two keys
+        b'{"env":{"A":"1"},"env":{"A":"1"}}',
+        b'{"x":[{"k":1},{"k":1,"k":2}]}',  # inside an array, at depth
+    ],
+)
+def test_duplicates_at_any_depth_are_refused(
+    client: Client, admin: dict[str, str], raw: bytes
+) -> None:
+    assert_problem(
+        client.post("/api/v1/recipes", content=raw, headers=admin | JSON), 422, "DUPLICATE_KEY"
+    )
+
+
+def test_every_body_route_is_strict(client: Client, admin: dict[str, str], task: str) -> None:
+    raw = b'{"argv":["/bin/true"],"argv":["/bin/false"]}'
+    assert_problem(
+        client.put("/api/v1/tasks/t/revisions/1", content=raw, headers=admin | JSON),
+        422,
+        "DUPLICATE_KEY",
+    )
+    raw = b'{"value":"a","value":"b"}'
+    assert_problem(
+        client.put("/api/v1/secrets/s", content=raw, headers=admin | JSON), 422, "DUPLICATE_KEY"
+    )
+    # Without a JSON content type FastAPI does not read the body as JSON at all.
+    raw = b'{"task":"nope","task":"' + task.encode() + b'"}'
+    assert_problem(
+        client.post("/api/v1/runs", content=raw, headers=admin), 422, "VALIDATION_FAILED"
+    )
+    assert client.get("/api/v1/runs", headers=admin).json()["items"] == []
+
+
+def test_malformed_json_keeps_its_own_code(client: Client, admin: dict[str, str]) -> None:
+    assert_problem(
+        client.post("/api/v1/recipes", content=b'{"a":1,', headers=admin | JSON),
+        400,
+        "MALFORMED_JSON",
+    )
+
+
+def test_no_route_of_the_app_escapes_the_strict_route_class(settings: Settings) -> None:
+    routes = api_routes(create_app(settings, execution=False).routes)
+    assert len(routes) > 10
+    # The OpenAPI/doc routes are Starlette routes, not APIRoutes; every API route is strict.
+    assert all(isinstance(r, StrictJSONRoute) for r in routes), [
+        r.path for r in routes if not isinstance(r, StrictJSONRoute)
+    ]

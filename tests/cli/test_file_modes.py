@@ -1,0 +1,107 @@
+"""The service's files are private: created 0600/0700, and a loose one stops every role.
+
+Real processes started from a loose umask (022), real files and modes. A role that finds its
+data dir, database or key file open to group or others exits at once with status 2 and one
+line naming the ``chmod`` that fixes it (app/storage/private_files.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import free_port
+
+LOOSE_UMASK = 0o022
+
+
+def ql(*args: str, data_dir: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m app ARGS`` from a loose umask, with a private data dir."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["QL_DATA_DIR"] = str(data_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        umask=LOOSE_UMASK,
+    )
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """A data dir made by ``qinglong migrate`` from a loose umask, with its key file."""
+    root = tmp_path / "data"
+    done = ql("migrate", data_dir=root)
+    assert done.returncode == 0, done.stderr
+    done = ql("secrets", "rotate-key", data_dir=root)  # creates the key file on first use
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+def test_migrate_from_a_loose_umask_creates_only_private_files(data_dir: Path) -> None:
+    assert mode_of(data_dir) == 0o700
+    assert mode_of(data_dir / "qinglong.db") == 0o600
+    assert mode_of(data_dir / "secret.key") == 0o600
+
+
+def _role_argv(role: str) -> list[str]:
+    if role in ("serve", "api"):
+        return [role, "--host", "127.0.0.1", "--port", str(free_port())]
+    return [role]
+
+
+@pytest.mark.parametrize(
+    ("role", "loose", "mode", "fix"),
+    [
+        # Every role with a loose data dir; each kind of file with one role (one check serves
+        # them all: app.cli.admin.private_settings).
+        *[(role, "", 0o755, "chmod 700") for role in ("migrate", "serve", "api", "worker")],
+        ("serve", "qinglong.db", 0o644, "chmod 600"),
+        ("worker", "secret.key", 0o640, "chmod 600"),
+        ("api", "qinglong.db-wal", 0o604, "chmod 600"),
+        ("migrate", "qinglong.db-shm", 0o660, "chmod 600"),
+    ],
+)
+def test_a_loose_file_stops_every_role_with_the_fix(
+    data_dir: Path, role: str, loose: str, mode: int, fix: str
+) -> None:
+    path = data_dir / loose if loose else data_dir
+    if not path.exists():
+        path.write_bytes(b"")  # an empty -wal is what SQLite leaves when it is open elsewhere
+    os.chmod(path, mode)
+    done = ql(*_role_argv(role), data_dir=data_dir, timeout=30)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"{fix} {path}" in lines[0], lines[0]
+    assert f"mode {mode:04o}" in lines[0]
+    assert "Traceback" not in done.stderr
+    assert mode_of(path) == mode  # refused, never silently repaired
+
+
+def test_every_loose_path_is_named_in_one_line(data_dir: Path) -> None:
+    os.chmod(data_dir, 0o750)
+    os.chmod(data_dir / "qinglong.db", 0o660)
+    done = ql("migrate", data_dir=data_dir)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.endswith(f"chmod 700 {data_dir}; chmod 600 {data_dir / 'qinglong.db'}"), line
+
+
+def test_the_fix_the_message_names_lets_the_role_start(data_dir: Path) -> None:
+    os.chmod(data_dir / "qinglong.db", 0o644)
+    assert ql("migrate", data_dir=data_dir).returncode == 2
+    os.chmod(data_dir / "qinglong.db", 0o600)
+    done = ql("migrate", data_dir=data_dir)
+    assert done.returncode == 0, done.stderr
