@@ -8,11 +8,9 @@ request received.`` and closes. Every implementation does so through one method,
 refusal of the service: problem+json with the stable code ``MALFORMED_REQUEST``, then close.
 The parser's own message is never echoed (h11's quotes client bytes).
 
-Use it with uvicorn's ``http=`` (a class or its import string):
-``http="app.api.framing:HttpToolsProblemProtocol"`` (the parser uvicorn picks by default when
-httptools is installed) or ``"app.api.framing:H11ProblemProtocol"``; a protocol subclass of
-its own (limits, timeouts) takes ``ProblemFraming`` as its first base. What stays plain text
-is listed in docs/security-files-bodies.md.
+The protocols ``qinglong api`` runs (app/api/retirement.py, on httptools or h11) take
+``ProblemFraming`` as their first base. What stays plain text is listed in
+docs/security-files-bodies.md.
 """
 
 from __future__ import annotations
@@ -20,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from app.api.problems import MALFORMED_REQUEST, PROBLEM_MEDIA_TYPE, TYPE_PREFIX, title_of
@@ -61,10 +57,3 @@ class ProblemFraming:
     def _default_headers(self) -> list[tuple[bytes, bytes]]:
         return list(self.server_state.default_headers)  # date and server, as on every answer
 
-
-class HttpToolsProblemProtocol(ProblemFraming, HttpToolsProtocol):
-    """uvicorn's httptools protocol with problem+json framing errors."""
-
-
-class H11ProblemProtocol(ProblemFraming, H11Protocol):
-    """uvicorn's h11 protocol with problem+json framing errors."""

@@ -28,12 +28,17 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.api.framing import ProblemFraming
 
 # Longer than a client's pause between two requests, shorter than uvicorn's graceful bound.
 IDLE_GRACE_S = 2.0
-PROTOCOL = "app.api.retirement:RetiringH11Protocol"
+# httptools: the parser uvicorn itself picks when it is installed (uvicorn[standard]).
+PROTOCOL = "app.api.retirement:RetiringHttpToolsProtocol"
 
 _retiring = threading.Event()
 _armed = False
@@ -76,11 +81,18 @@ def _chained(previous: _Handler) -> _Handler:
     return handler
 
 
-class RetiringH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol whose shutdown gives idle connections a grace (module doc)."""
+class _Retiring:
+    """Retirement for a uvicorn HTTP protocol: the same attributes in its h11 and httptools
+    implementations (``cycle``, ``timeout_keep_alive_task``, ``timeout_keep_alive_handler``)."""
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    timeout_keep_alive_task: asyncio.TimerHandle | None
+    timeout_keep_alive_handler: Callable[[], None]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         if retiring():  # accepted as the listener closed: a request may already be on its way
             self._idle_grace()
 
@@ -93,7 +105,7 @@ class RetiringH11Protocol(H11Protocol):
         # still open (its response started before retirement, without the header).
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # may already have begun a pipelined request
+        super().on_response_complete()  # type: ignore[misc]  # may begin a pipelined request
         if retiring() and self._idle() and not self.transport.is_closing():
             self._idle_grace()
 
@@ -108,3 +120,11 @@ class RetiringH11Protocol(H11Protocol):
         self.timeout_keep_alive_task = self.loop.call_later(
             IDLE_GRACE_S, self.timeout_keep_alive_handler
         )
+
+
+class RetiringHttpToolsProtocol(ProblemFraming, _Retiring, HttpToolsProtocol):
+    """uvicorn's httptools protocol: a retiring shutdown, and its 400s as problem+json."""
+
+
+class RetiringH11Protocol(ProblemFraming, _Retiring, H11Protocol):
+    """The same on uvicorn's pure-Python h11 parser (where httptools is not installed)."""

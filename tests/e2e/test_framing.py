@@ -21,8 +21,9 @@ from app.worker.identity import stat_fields
 from tests.e2e.conftest import REPO_ROOT, free_port, wait_until
 from tests.worker.kit import kill_exact
 
-HTTPTOOLS = "app.api.framing:HttpToolsProblemProtocol"
-H11 = "app.api.framing:H11ProblemProtocol"
+# The protocols `qinglong api` runs (app/api/retirement.py): httptools by default, h11 beside.
+HTTPTOOLS = "app.api.retirement:RetiringHttpToolsProtocol"
+H11 = "app.api.retirement:RetiringH11Protocol"
 
 POST = b"POST /api/v1/runs HTTP/1.1\r\nHost: x\r\n"
 CASES = {
