@@ -172,8 +172,10 @@ class Reconciler:
             if self._watch is not None:
                 self._watch(attempt.run_id, attempt.attempt_id, handle)  # idempotent re-arm
             return
-        if self._probe.job_alive(handle):
-            # The shim died (SIGKILL) but the job lives on: nobody can publish its receipt.
+        if self._probe.job_alive(handle) or handle.cgroup is not None:
+            # The shim died (SIGKILL) but the job lives on, or its main process ended and the
+            # rest of it may still run in its cgroup (the shim never got to kill it): nobody
+            # can publish its receipt, so the whole job is stopped first (docs/leftovers.md).
             result = self._controller.stop(handle, grace_seconds=self._profile.stop_grace_s)
             if result == "unknown":
                 report.undecided += 1  # fail closed: never mark lost while it may still run
