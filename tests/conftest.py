@@ -7,6 +7,7 @@ migrates its own fresh schema once, truncates it before every test and drops it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -53,13 +54,18 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A migrated, private schema on the shared PostgreSQL server."""
+@contextlib.contextmanager
+def private_pg_schema(prefix: str, *, migrate: bool = True, why: str = "") -> Iterator[str]:
+    """A private schema on the shared PostgreSQL server, dropped afterwards; its URL.
+
+    Skips with a reason when QL_TEST_POSTGRES_URL is unset; fails clearly when it is set
+    but the server is unusable. ``migrate=False`` leaves the schema empty (a test that
+    migrates it through the product itself).
+    """
     base = os.environ.get(PG_ENV)
     if not base:
-        pytest.skip(f"PostgreSQL tests need {PG_ENV} (CI sets it; .ci/run shows how)")
-    schema = f"ql_test_{uuid.uuid4().hex[:12]}"
+        pytest.skip(why or f"PostgreSQL tests need {PG_ENV} (CI sets it; .ci/run shows how)")
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
@@ -68,15 +74,25 @@ def postgres_url() -> Iterator[str]:
         admin.dispose()
         pytest.fail(f"{PG_ENV} is set but PostgreSQL is not usable: {type(exc).__name__}: {exc}")
     url = _with_search_path(base, schema)
-    engine = make_engine(url)
-    upgrade_to_head(engine)
-    engine.dispose()
     try:
+        if migrate:
+            engine = make_engine(url)
+            try:
+                upgrade_to_head(engine)
+            finally:
+                engine.dispose()
         yield url
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A migrated, private schema on the shared PostgreSQL server."""
+    with private_pg_schema("ql_test") as url:
+        yield url
 
 
 def _truncate_all(engine: Engine) -> None:

@@ -29,7 +29,7 @@ from app.storage.migrate import upgrade_to_head
 from app.storage.tables import metadata
 from app.storage.tokens_repo import TokenRepository
 from tests.api.conftest import Client
-from tests.conftest import PG_ENV
+from tests.conftest import PG_ENV, private_pg_schema
 from tests.disk import fill, mounted_tmpfs
 
 ATTEMPTS = 2000  # posts until the database must extend a file (WAL or heap) on the full disk
@@ -102,24 +102,8 @@ def test_sqlite_on_a_full_disk_answers_503_and_recovers(tmp_path: Path) -> None:
 @pytest.fixture
 def pg_schema() -> Iterator[str]:
     """A private, migrated PostgreSQL schema; its URL (search_path set)."""
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"PostgreSQL tests need {PG_ENV} (CI sets it; .ci/run shows how)")
-    schema = f"ql_full_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    sep = "&" if "?" in base else "?"
-    url = f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
-    engine = make_engine(url)
-    try:
-        upgrade_to_head(engine)
+    with private_pg_schema("ql_full") as url:
         yield url
-    finally:
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 @pytest.mark.postgres

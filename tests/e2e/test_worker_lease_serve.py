@@ -12,18 +12,16 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from app.context.worker_lease import EXIT_LEASE_HELD
 from app.storage.engine import make_engine
 from app.storage.lease_repo import LeaseRepository
 from app.worker.instance import INSTANCE_FILE
-from tests.conftest import PG_ENV, _with_search_path
+from tests.conftest import PG_ENV, private_pg_schema
 from tests.e2e.conftest import REPO_ROOT, ServeFactory, free_port
 
 pytestmark = pytest.mark.e2e
@@ -35,19 +33,9 @@ LEASE_ENV = {"QL_WORKER_LEASE_TTL_S": str(TTL_S), "QL_WORKER_LEASE_RENEW_S": "0.
 @pytest.fixture
 def shared_pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL schema both services share (dropped at the end)."""
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"two services on one database need PostgreSQL: set {PG_ENV}")
-    schema = f"ql_lease_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield _with_search_path(base, schema)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    why = f"two services on one database need PostgreSQL: set {PG_ENV}"
+    with private_pg_schema("ql_lease", migrate=False, why=why) as url:
+        yield url
 
 
 def _serve_until_exit(data_dir: Path, url: str) -> subprocess.CompletedProcess[str]:
