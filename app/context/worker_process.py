@@ -149,7 +149,7 @@ class WorkerProcess:
         reconciler = Reconciler(
             attempts=p.reader, journal=p.journal, completion=p.completion, transitions=p.runs,
             probe=HandleProbe(), controller=controller, quarantine_files=p.receipts,
-            profile=profile, watch=p.watcher.add,
+            reservations=p.receipts, profile=profile, watch=p.watcher.add,
         )  # fmt: skip
         self._reconciler = reconciler
         sweep = CancellationSweep(

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 StopResult = Literal["stopped", "already_exited", "unknown"]
+# Who holds an attempt's receipt reservation name when recovery tries to take it
+# (docs/reserved-launch.md): recovery itself (no shim can start the job any more), a live
+# shim, a dead one, no bytes yet, or bytes that name nobody (a receipt being published).
+ReservationState = Literal["fenced", "shim_alive", "shim_gone", "empty", "unreadable"]
 # What happens to the rest of a job once its main process ended (docs/leftovers.md).
 Leftovers = Literal["kill", "keep"]
 LEFTOVERS: tuple[Leftovers, ...] = ("kill", "keep")

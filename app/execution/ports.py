@@ -17,6 +17,7 @@ from app.domain.execution import (
     LaunchRejected,
     LaunchRequest,
     LaunchUnavailable,
+    ReservationState,
     StopResult,
 )
 from app.domain.model import (
@@ -322,6 +323,10 @@ class JournalIndex(Protocol):
         """Leave the scan set: nothing is left to consume for this attempt."""
         ...
 
+    def mark_fenced(self, *, attempt_id: str) -> bool:
+        """reserved → fenced, once no shim can start the attempt's job; False if not reserved."""
+        ...
+
     def fence(self, *, attempt_id: str, run_id: str) -> JournalEntryView:
         """Commit an entry that refuses every later launch of the attempt; the entry that
         stands afterwards (the fence, or the launch's own if it reserved first)."""
@@ -357,6 +362,15 @@ class QuarantineFiles(Protocol):
 
     def sync_removed(self, attempt_ids: Sequence[str]) -> None:
         """Put on disk every removal of these attempts' receipts (each directory once)."""
+        ...
+
+
+class ReceiptReservations(Protocol):
+    """The shim's receipt reservation name, which recovery may take first (a fence file)."""
+
+    def claim_reservation(self, attempt_id: str) -> ReservationState:
+        """Take the attempt's reservation name with O_EXCL (``fenced``: no shim can start
+        its job any more), or say whose it is (docs/reserved-launch.md)."""
         ...
 
 

@@ -14,9 +14,12 @@ ADR-0007 §2.6 fixes the order for each active attempt, found through the databa
    the old one failed EXECUTOR_UNAVAILABLE: provably nothing of it was spawned, so the run
    is not failed for it; with a ``spawn_failed`` entry → ``failed``
    RECOVERY_START_NOT_SPAWNED after the grace; with only a ``reserved`` entry (the worker
-   died around the spawn, before it could journal a handle) a shim and its job may run or
-   not, unknowably → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED after a longer grace, never a
-   clean ending; ``starting`` with a journaled spawn (the api died between T1 and T2, ADR-0070 §4)
+   died around the spawn, before it could journal a handle), after a longer grace, recovery
+   takes the shim's receipt reservation name first: if it gets it, no shim can start the
+   job → the entry is journaled ``fenced`` and the run requeued as above; if a live shim
+   holds it → keep (its receipt ends the attempt); a dead one (or one that never wrote its
+   identity) → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED, never a clean ending; ``starting``
+   with a journaled spawn (the api died between T1 and T2, ADR-0070 §4)
    → stop the exact identity, then ``lost`` RECOVERY_START_INTERRUPTED, only if the stop said
    ``stopped``/``already_exited`` (``unknown`` leaves it: fail closed);
 5. a handle we cannot verify → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED, nobody is signalled.
@@ -49,6 +52,7 @@ from app.execution.ports import (
     ProcessController,
     ProcessProbe,
     QuarantineFiles,
+    ReceiptReservations,
     RunTransitions,
 )
 
@@ -93,6 +97,7 @@ class Reconciler:
         probe: ProcessProbe,
         controller: ProcessController,
         quarantine_files: QuarantineFiles,
+        reservations: ReceiptReservations,
         profile: Profile,
         watch: WatchCallback | None = None,
         start_grace_s: float = DEFAULT_START_GRACE_S,
@@ -106,6 +111,7 @@ class Reconciler:
         self._probe = probe
         self._controller = controller
         self._quarantine_files = quarantine_files
+        self._reservations = reservations
         self._profile = profile
         self._watch = watch
         self._start_grace_ms = int(start_grace_s * 1000)
@@ -210,12 +216,11 @@ class Reconciler:
             return
         if entry.state == RESERVED:
             # Reserved, never journaled spawned: the worker died between its journal commit
-            # and recording the handle. Whether a shim started cannot be known (it may run a
-            # job nobody can identify), so this is an ambiguous identity: fail closed, lost.
+            # and recording the handle (a live launch records it within the launcher's 10 s).
             if age_ms < self._start_grace_ms + int(RESERVED_EXTRA_GRACE_S * 1000):
                 report.kept += 1
                 return
-            self._end(attempt, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED, lost=True, report=report)
+            self._reserved(attempt, report)
             return
         if not plausible_handle(entry.handle):
             self._end(attempt, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED, lost=True, report=report)
@@ -244,6 +249,35 @@ class Reconciler:
             self._consumed(attempt, report)  # already_terminal: cleans a receipt left behind
         else:
             self._after_grace(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, report)
+
+    def _reserved(self, attempt: ActiveAttemptView, report: PassReport) -> None:
+        # A shim claims the attempt with its receipt reservation (O_EXCL) before it starts
+        # the job, and writes its identity there; recovery takes that same name first
+        # (docs/reserved-launch.md). Whoever holds it settles what may have run.
+        holder = self._reservations.claim_reservation(attempt.attempt_id)
+        if holder == "fenced":
+            # No shim can start the job any more. The name was free also if the shim had
+            # already published (link, then unlink of the temp): then its receipt ends it.
+            if self._consumed(attempt, report):
+                return
+            # Journal first: the requeue commits only after the entry says fenced. If the
+            # entry moved on meanwhile (the launch recorded its outcome), the next pass
+            # judges what it says.
+            if self._journal.mark_fenced(attempt_id=attempt.attempt_id):
+                self._requeue(attempt, report)
+            return
+        if holder == "shim_alive":
+            # Its job runs (or is about to): the shim publishes a receipt when it ends, and
+            # the first step of a later pass consumes it from ``starting``.
+            report.kept += 1
+            return
+        if holder == "unreadable":
+            report.undecided += 1  # a receipt being published over the claim: next pass
+            return
+        # The shim is gone without a receipt (it may have left a job nobody can identify),
+        # or never wrote its identity and may still start one: fail closed, lost (after the
+        # publish grace: a dying shim's receipt may be just landing).
+        self._after_grace(attempt, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED, report)
 
     def _after_grace(self, attempt: ActiveAttemptView, code: ErrorCode, report: PassReport) -> None:
         # ADR-0007 §2.6.5: the process exited; a receipt may still be on its way (one grace).

@@ -4,7 +4,9 @@ States: ``reserved`` (committed before any spawn) → ``spawned`` (handle record
 ``spawn_failed``; a spawned entry then ends ``consumed`` (after the terminal transaction)
 or ``quarantined`` (bad receipt). ``fenced`` is written by recovery instead of a launch, for
 a start that never reached the worker: the primary key then refuses any late reservation
-of that attempt, so recovery may requeue the run knowing nothing can spawn for it.
+of that attempt, so recovery may requeue the run knowing nothing can spawn for it. A
+``reserved`` entry becomes ``fenced`` too once recovery holds the shim's receipt
+reservation name (no shim can start the job any more).
 Consumption is driven by these rows, never by listing the receipt directory. Every method
 is one committed transaction.
 """
@@ -49,6 +51,8 @@ _FROM: dict[str, frozenset[str]] = {
     SPAWN_FAILED: frozenset({RESERVED}),
     CONSUMED: frozenset({SPAWNED, RESERVED}),
     QUARANTINED: frozenset({SPAWNED, RESERVED}),
+    # Recovery took the shim's receipt reservation name first: no shim can start the job.
+    FENCED: frozenset({RESERVED}),
 }
 # Built once (see runs_repo): SET columns come from the parameters of each execution.
 _INSERT = insert(receipt_journal)
@@ -212,6 +216,10 @@ class JournalRepository:
     def mark_consumed(self, *, attempt_id: str) -> bool:
         """→ consumed (after the terminal transaction committed); False if not allowed."""
         return self._move(attempt_id, CONSUMED, {})
+
+    def mark_fenced(self, *, attempt_id: str) -> bool:
+        """reserved → fenced (recovery holds the receipt reservation); False if not reserved."""
+        return self._move(attempt_id, FENCED, {})
 
     def mark_quarantined(self, *, attempt_id: str, reason: str) -> bool:
         """→ quarantined with a stable reason code; False if not allowed."""

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from app.domain.artifacts import (
     quarantine_relpath,
@@ -26,9 +28,15 @@ from app.domain.artifacts import (
     receipt_temp_relpath,
     truncation_fact_temp_relpath,
 )
+from app.domain.execution import ReservationState
 from app.domain.receipt import RECEIPT_MAX_BYTES, ReceiptInvalid
+from app.worker.identity import current_boot_id, read_identity
 
 DIR_MODE = 0o700
+# What recovery writes into the receipt's temp name when it takes it first: no shim ever
+# writes this (a shim writes its identity, then the receipt), so a pass that crashed after
+# taking the name recognises its own fence.
+FENCE_MARK = b'{"fence":"recovery"}'
 
 
 def _fsync_dir(path: Path) -> None:
@@ -185,3 +193,74 @@ class ReceiptStore:
         except FileNotFoundError:
             return
         _fsync_dir(path.parent)
+
+    def claim_reservation(self, attempt_id: str) -> ReservationState:
+        """Take the shim's receipt reservation name first, or say who holds it.
+
+        ``fenced``: the name is recovery's (created now with O_EXCL, or by an earlier pass):
+        no shim can reserve it any more, so none can start the job. Otherwise a shim reserved
+        it and wrote its identity there before it started anything: ``shim_alive`` when that
+        exact shim (boot id, pid, start ticks) lives, ``shim_gone`` when it does not,
+        ``empty`` when nothing is written yet (the shim created the name and has not written
+        its identity, or died there), ``unreadable`` when the bytes are no identity (the
+        receipt being published over them, or gone meanwhile). The file stays either way;
+        the journal's cleanup removes it.
+        """
+        self.ensure_shard(attempt_id)
+        path = self.root / receipt_temp_relpath(attempt_id)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            return self._holder(path)
+        try:
+            os.write(fd, FENCE_MARK)  # no fsync: a power cut ends every shim of this boot too
+        finally:
+            os.close(fd)
+        return "fenced"
+
+    def _holder(self, path: Path) -> ReservationState:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            return "unreadable"  # published or discarded meanwhile: the next pass sees which
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "unreadable"
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "unreadable"
+            raw = os.pread(fd, RECEIPT_MAX_BYTES, 0).rstrip(b"\0")
+        finally:
+            os.close(fd)
+        if raw == FENCE_MARK:
+            return "fenced"
+        if not raw:
+            return "empty"
+        claim = _shim_claim(raw)
+        if claim is None:
+            return "unreadable"
+        boot_id, pid, start_ticks = claim
+        current = read_identity(pid)
+        alive = (
+            boot_id == current_boot_id()
+            and current is not None
+            and current.start_ticks == start_ticks
+        )
+        return "shim_alive" if alive else "shim_gone"
+
+
+def _shim_claim(raw: bytes) -> tuple[str, int, int] | None:
+    """(boot id, shim pid, shim start ticks) of a shim's reservation, or None."""
+    try:
+        data: Any = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or set(data) != {"boot_id", "shim_pid", "shim_start_ticks"}:
+        return None
+    boot_id, pid, ticks = data["boot_id"], data["shim_pid"], data["shim_start_ticks"]
+    if not (isinstance(boot_id, str) and type(pid) is int and type(ticks) is int and pid > 0):
+        return None
+    return boot_id, pid, ticks

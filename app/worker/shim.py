@@ -594,16 +594,21 @@ class _Published:
         self.fd = -1
         self.linked = False
 
-    def reserve(self, size: int) -> None:
+    def reserve(self, size: int, head: bytes = b"") -> None:
         """Create the temp file holding ``size`` bytes, so the final write needs no new space.
 
+        ``head`` (at most ``size`` bytes) is written first, the rest is zeros: the receipt's
+        reservation carries the shim's own identity, so recovery can tell a live reserving
+        shim from a dead one (docs/reserved-launch.md). O_EXCL is the claim: recovery takes
+        the same name first to fence a launch that never reached a shim, and then this
+        fails (RECEIPT_RESERVE_FAILED, no job).
         No fsync: write() already allocates (tmpfs, ext4's delayed allocation, xfs), and a
         power cut ends the shim anyway. A copy-on-write file system may still need space at
         publication; the retries cover that.
         """
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         self.fd = os.open(self.tmp, flags, 0o600, dir_fd=self.dir_fd)
-        _pwrite_all(self.fd, bytes(size))
+        _pwrite_all(self.fd, head + bytes(size - len(head)))
 
     def publish(self, body: bytes, hook: str | None = None) -> None:
         """Write ``body``, link it to the final name, drop the temp, fsync the directory."""
@@ -633,7 +638,13 @@ class _Published:
         self.close()
 
     def discard(self) -> None:
-        """Remove the temp (a launch that failed before the job started)."""
+        """Remove our temp (a launch that failed before the job started).
+
+        Only one this shim created: a reservation refused with EEXIST found recovery's fence
+        (or another claim) under that name, which must stay.
+        """
+        if self.fd < 0:
+            return
         try:  # noqa: SIM105
             os.unlink(self.tmp, dir_fd=self.dir_fd)
         except OSError:
@@ -691,8 +702,14 @@ def _run_shim(
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would auto-reap the job
     receipt_file = _Published(dir_fd, spec["receipt_name"])
     try:
-        try:  # the receipt's space, before any job exists
-            receipt_file.reserve(RECEIPT_RESERVE_BYTES)
+        shim_pid = os.getpid()
+        claim = {
+            "boot_id": _boot_id(),
+            "shim_pid": shim_pid,
+            "shim_start_ticks": _proc_stat(shim_pid)[1],
+        }
+        try:  # the receipt's space, before any job exists; the claim names this shim
+            receipt_file.reserve(RECEIPT_RESERVE_BYTES, _canonical(claim))
         except OSError as exc:
             raise ShimError("RECEIPT_RESERVE_FAILED", exc.errno) from None
         read_fd, write_fd = os.pipe()  # both close-on-exec; the job gets dup2 copies
@@ -707,12 +724,9 @@ def _run_shim(
         shim_inside = cgroup is not None and not _leave_cgroup(spec)
         os.close(write_fd)
         pgid, start_ticks = _proc_stat(job_pid)
-        shim_pid = os.getpid()
         status_line = {
             "ok": True,
-            "boot_id": _boot_id(),
-            "shim_pid": shim_pid,
-            "shim_start_ticks": _proc_stat(shim_pid)[1],
+            **claim,
             "pid": job_pid,
             "pgid": pgid,
             "start_ticks": start_ticks,

@@ -233,5 +233,5 @@ def in_process_reconciler(engine: Engine, store: ReceiptStore, clock: list[int])
     return Reconciler(
         attempts=RunReader(engine), journal=journal, completion=completion, transitions=runs,
         probe=HandleProbe(), controller=IdentityController(), quarantine_files=store,
-        profile=EDGE, clock=lambda: clock[0],
+        reservations=store, profile=EDGE, clock=lambda: clock[0],
     )
