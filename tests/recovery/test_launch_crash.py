@@ -74,6 +74,7 @@ def _halt_in_a_running_job(rig: Rig, script: str) -> tuple[Armed, int]:
     wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
     job_pid = int(pid_file.read_text())
     rig.procs.track_pid(job_pid)
+    rig.procs.track_cgroup(f"ql-{a.attempt_id}")  # its shim may be killed: nobody removes it
     entry = rig.journal.get(a.attempt_id)
     assert entry is not None and (entry.state, entry.handle) == (RESERVED, None)
     return a, job_pid

@@ -171,6 +171,7 @@ class Processes:
     def __init__(self) -> None:
         self.handles: list[ProcessHandle] = []
         self.pids: list[tuple[int, int]] = []  # (pid, start_ticks) of other processes
+        self.cgroups: list[str] = []  # job cgroup names whose shim the test killed
 
     def track(self, handle: ProcessHandle) -> ProcessHandle:
         self.handles.append(handle)
@@ -180,6 +181,10 @@ class Processes:
         ident = read_identity(pid)
         if ident is not None:
             self.pids.append((pid, ident.start_ticks))
+
+    def track_cgroup(self, name: str) -> None:
+        """End and remove this job cgroup at cleanup (a job no handle names)."""
+        self.cgroups.append(name)
 
     def cleanup(self) -> None:
         root = detect(AUTO)  # where the launchers of these tests put job cgroups
@@ -195,6 +200,10 @@ class Processes:
                 settle(cgroup, patience=0.0, timeout=5.0)
         for pid, ticks in self.pids:
             kill_exact(pid, ticks)
+        for name in self.cgroups:
+            cgroup = None if root is None else root.job_dir(name)
+            if cgroup is not None:  # no handle was journaled: the test names the cgroup
+                settle(cgroup, patience=0.0, timeout=5.0)
 
 
 def kill_exact(pid: int, start_ticks: int) -> None:
