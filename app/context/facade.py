@@ -1,7 +1,7 @@
 """The frozen facade the routes call: definition writes/reads, secrets, intents and reads.
 
 It enforces the domain's validation rules (so every caller gets them, not only HTTP), maps a
-few storage refusals to what API.md promises, and never returns pids, handles, digests of
+few storage refusals to what docs/api.md promises, and never returns pids, handles, digests of
 tokens, argv of runs or environments (the domain values it returns carry none of those).
 """
 
@@ -215,7 +215,7 @@ class AppFacade:
                 request_digest=request_digest,
             )
         except Conflict as exc:
-            if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:  # API.md: a client error, 422
+            if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:  # docs/api.md §6: a client error, 422
                 raise ValidationFailed(exc.code, exc.detail) from None
             raise
         if created:

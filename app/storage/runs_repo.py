@@ -167,7 +167,7 @@ class RunRepository:
             # What was just inserted, without reading it back inside the writer lock.
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
 
-    # -- coordinator transitions (ADR-0070) ------------------------------------------------
+    # -- coordinator transitions (docs/design.md §3.7, §3.8) --------------------------------
 
     def begin_dispatch(
         self,
@@ -336,7 +336,7 @@ class RunRepository:
         run_values["version"] = run_row.version + 3
         return run_from_rows(_row_of(runs, run_values, run_row), _row_of(attempts, fresh))
 
-    # -- completion (DESIGN.md, Completion service) ----------------------------------------
+    # -- completion (docs/design.md §3.12) ----------------------------------------------------
 
     def complete_attempt(
         self,
