@@ -75,8 +75,9 @@ class AppFacade:
     _readiness_probe: Callable[[], Readiness]
     _notify_enqueued: Callable[[], None]
     _token_cache: TokenCache[Principal] = field(default_factory=TokenCache)
-    # True on SQLite: a run read is ~25 µs of local work that never waits for a writer (WAL),
-    # less than a worker-thread round trip, so async routes may call it on the event loop.
+    # True on SQLite: a run read is local work that never waits for a writer (WAL), cheaper
+    # than a worker-thread round trip, so async routes may call it on the event loop
+    # (figures: bench/README.md).
     # PostgreSQL reads are network round trips and go to a worker thread, except GET one
     # run's, which runs on the event loop's own connections (``get_run_async``).
     reads_inline: bool = False

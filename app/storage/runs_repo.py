@@ -37,8 +37,8 @@ from app.storage.uow import UnitOfWork
 LOCAL_PROCESS = "local_process"
 
 # Statements are built once: a statement built per call costs its construction and a
-# cache-key walk on every execution (~100 µs, 4-5x the prebuilt one), and every write
-# transaction runs inside SQLite's single writer lock (bench/profile_dispatch.py).
+# cache-key walk on every execution, several times a prebuilt one, and every write
+# transaction runs inside SQLite's single writer lock (figures: bench/README.md).
 _RUN_BY_ID = select(runs).where(runs.c.id == bindparam("run_id"))
 _ATTEMPT_BY_ID = select(attempts).where(attempts.c.id == bindparam("attempt_id"))
 _ATTEMPT_BY_NUMBER = select(attempts).where(

@@ -253,9 +253,9 @@ _PRCTL: list[Any] = []  # resolved once: the zygote resolves it before it forks 
 def _prctl() -> Any:
     """``prctl(2)`` through the C half of ctypes only, or None where it cannot be had.
 
-    The ``ctypes`` package costs ~4 ms of start-up (a third of the shim's own share, measured
-    by bench/profile_dispatch.py) for this one call; even ``_ctypes`` with its ``dlopen`` of
-    libffi cost ~1.5 ms per shim until the zygote took it on (bench/launch.py).
+    The ``ctypes`` package costs a large share of the shim's own start-up for this one call;
+    even ``_ctypes`` with its ``dlopen`` of libffi cost a measurable part of every shim until
+    the zygote took it on (figures: bench/README.md).
     """
     if not _PRCTL:
         try:
