@@ -130,7 +130,7 @@ class StartCoordinator:
 
     def _requeue(self, command: StartCommand, reason: str) -> StartResult:
         # Provably nothing spawned (never delivered, or refused before the journal): the run
-        # is not failed for it; it waits in the queue for the worker (issue 11 §1).
+        # is not failed for it; it waits in the queue for the worker (docs/backlog-requeue.md).
         code = ErrorCode.EXECUTOR_UNAVAILABLE
         try:
             run = self._transitions.requeue_unspawned(

@@ -201,8 +201,8 @@ class Reconciler:
                 report.kept += 1
                 return
             # Fence before anything else: from this commit on, the launcher refuses any late
-            # request for this attempt, so nothing can spawn for it (issue 11 §1). If the
-            # launch reserved first, its entry stands and is judged below like any other.
+            # request for this attempt, so nothing can spawn for it (docs/backlog-requeue.md).
+            # If the launch reserved first, its entry stands and is judged below like any other.
             entry = self._journal.fence(attempt_id=attempt.attempt_id, run_id=attempt.run_id)
         if entry.state == FENCED:
             # Fenced by us (now, or by a pass that crashed before the requeue committed).

@@ -102,7 +102,7 @@ def test_killed_after_the_journal_reserve_before_the_spawn_requeues(rig: Rig) ->
     clock = [now_ms() + PAST_THE_GRACE_MS]
     report = in_process_reconciler(rig.engine, rig.store, clock).run_pass()
     # Recovery took the shim's reservation name first: no shim can start this job any more,
-    # so nothing of it can ever run and the run goes back to the queue (issue 11 §1).
+    # so nothing of it can ever run and the run goes back to the queue (docs/backlog-requeue.md).
     assert report.requeued == 1 and report.lost == 0
     rig.assert_requeued(a)
     assert _fence_path(rig, a.attempt_id).read_bytes() == FENCE_MARK
