@@ -1,7 +1,7 @@
 """Bearer-token authentication and scope checks as FastAPI dependencies.
 
 ``Ctx`` gives a route the facade; ``Reader``-style aliases give it the authenticated
-principal after checking one scope (API.md: ``admin`` implies every scope).
+principal after checking one scope (docs/api.md §1: ``admin`` implies every scope).
 """
 
 from __future__ import annotations

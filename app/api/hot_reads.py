@@ -1,8 +1,8 @@
 """GET one run without the framework's per-request work, when the answer is a plain 200.
 
-Clients poll ``GET /api/v1/runs/{id}``. Through FastAPI that read cost about four times a
+Clients poll ``GET /api/v1/runs/{id}``. Through FastAPI that read cost several times a
 trivial route: solving the dependency graph and validating the response again cost more than
-the database read (bench/api_reads.py). This pure ASGI layer answers the one case that needs
+the database read (figures: bench/README.md). This pure ASGI layer answers the one case that needs
 none of it: a ``GET`` with no query string, a bearer token the facade authenticated within
 the last second that carries ``runs:read``, and a run that exists.
 

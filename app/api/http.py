@@ -52,7 +52,7 @@ WRITE_ERRORS = (400, 401, 403, 404, 413, 422, 503)
 
 
 def set_next_link(request: Request, response: Response, next_cursor: str | None) -> None:
-    """``Link: <url>; rel="next"`` when there is a next page (API.md, Lists)."""
+    """``Link: <url>; rel="next"`` when there is a next page (docs/api.md §1)."""
     if next_cursor is not None:
         url = request.url.include_query_params(cursor=next_cursor)
         response.headers["Link"] = f'<{url}>; rel="next"'

@@ -101,7 +101,7 @@ def problem_response(
 
 
 def status_for(exc: DomainError) -> int:
-    """HTTP status of a domain refusal (API.md): 422 invalid, 404 missing, 409 conflicting."""
+    """HTTP status of a domain refusal: 422 invalid, 404 missing, 409 conflict (docs/api.md §2)."""
     if isinstance(exc, ValidationFailed):
         return 422
     if isinstance(exc, NotFound):

@@ -1,4 +1,4 @@
-"""Append-only definitions: recipes and task revisions (API.md, Definitions)."""
+"""Append-only definitions: recipes and task revisions (docs/api.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An attempt's log: bytes with Range/tail, or a resumable SSE follow (API.md, Runs).
+"""An attempt's log: bytes with Range/tail, or a resumable SSE follow (docs/api.md §7).
 
 SSE wire form: ``event: chunk`` with ``id:`` the byte offset *after* the chunk (send it back
 as ``Last-Event-ID`` to resume exactly there) and ``data: {"offset": <start>, "text": ...}``

@@ -1,4 +1,4 @@
-"""Operations endpoints without auth: liveness and readiness (API.md, Operations)."""
+"""Operations endpoints without auth: liveness and readiness (docs/api.md §3)."""
 
 from __future__ import annotations
 

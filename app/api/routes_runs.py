@@ -1,4 +1,4 @@
-"""Runs: enqueue and cancel intents in, state out (API.md, Runs)."""
+"""Runs: enqueue and cancel intents in, state out (docs/api.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Write-only secrets (API.md, Secrets): no route ever returns a value."""
+"""Write-only secrets (docs/api.md §5): no route ever returns a value."""
 
 from __future__ import annotations
 

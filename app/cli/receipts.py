@@ -1,6 +1,6 @@
 """``qinglong receipts audit``: bounded audit of receipt files the journal does not index.
 
-ADR-0007 §2.9. The runtime never lists the receipt directory; this separate maintenance
+docs/design.md §3.15. The runtime never lists the receipt directory; this separate maintenance
 command does, within hard bounds: a window of shards from an explicit cursor (default 8,
 at most 32), at most ``--per-shard`` entries each (default 32, at most 64), incremental
 ``os.scandir``, file contents never read, database read-only. A receipt the journal knows

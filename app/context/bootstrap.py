@@ -3,7 +3,7 @@
 Every part is overridable by keyword. The api lifespan calls ``build_context`` then
 ``start_background()``, and ``close()`` on shutdown; tests call it with a temporary data dir.
 
-Hooks for the execution layer (DESIGN.md, AppContext): ``after_enqueue`` runs after each
+Hooks for the execution layer (docs/design.md §2.2): ``after_enqueue`` runs after each
 committed enqueue or cancel intent, and ``periodic`` every ``periodic_interval_s`` (the
 dispatcher's slow loop). Both run on one daemon thread started by ``start_background()``:
 kicks coalesce, a route never waits for them, and an exception in them is logged (type

@@ -1,6 +1,6 @@
 """Wires the api's private execution kernel: worker client, dispatcher, the drain hook.
 
-The dispatcher is reachable only through the hooks built here (DESIGN.md, AppContext): the
+The dispatcher is reachable only through the hooks built here (docs/design.md §2.2): the
 facade never sees it, the launcher or the coordinator.
 """
 
@@ -26,7 +26,7 @@ from app.worker.client import WorkerClient, WorkerUnavailable
 log = logging.getLogger("qinglong.dispatch")
 
 # One drain runs passes until a pass activates nothing; each pass is bounded by the profile's
-# page size and stops after one activation (ADR-0071 §3), so a drain is bounded too.
+# page size and stops after one activation (docs/design.md §3.3), so a drain is bounded too.
 MAX_PASSES_PER_DRAIN = 256
 # The readiness ping's own budget: one try, well inside the probe's deadline (a stopped
 # worker must make /readyz say so, not hang it for the client's 30 s read timeout).
@@ -41,7 +41,7 @@ def drain_concurrency(page_size: int) -> int:
 
     A launch spends most of its time waiting for the shim's status line (interpreter
     start-up), so overlapping passes multiply throughput. Overlap is safe by construction:
-    every claim is a database compare-and-set (DESIGN.md, AppContext; ADR-0071 §3).
+    every claim is a database compare-and-set (docs/design.md §2.2, §3.3).
     """
     return max(1, min(4, page_size // 4))
 
@@ -50,7 +50,7 @@ def drain_concurrency(page_size: int) -> int:
 class DispatchBackoff:
     """When the next drain may talk to the worker again after finding it unavailable.
 
-    ADR-0071 §3 (no silent retry storm): the first unavailability waits ``base_s``, each
+    docs/design.md §3.3 (no silent retry storm): the first unavailability waits ``base_s``, each
     further one twice as long, up to ``cap_s``; a drain that reaches the worker and meets no
     unavailability resets it. Meanwhile drains return at once: runs just stay queued. Used
     by the one background thread only.
@@ -164,7 +164,7 @@ def _drain_concurrently(
 
     The slow loop ticks every few seconds with usually nothing queued: one pass in this
     thread answers that without starting any thread. True when a pass found the worker
-    unavailable: then every thread stops after its current pass (ADR-0071 §3). After
+    unavailable: then every thread stops after its current pass (docs/design.md §3.3). After
     ``halted`` (shutdown) no thread starts another pass.
     """
     unavailable = threading.Event()

@@ -1,7 +1,7 @@
 """The frozen facade the routes call: definition writes/reads, secrets, intents and reads.
 
 It enforces the domain's validation rules (so every caller gets them, not only HTTP), maps a
-few storage refusals to what API.md promises, and never returns pids, handles, digests of
+few storage refusals to what docs/api.md promises, and never returns pids, handles, digests of
 tokens, argv of runs or environments (the domain values it returns carry none of those).
 """
 
@@ -75,8 +75,9 @@ class AppFacade:
     _readiness_probe: Callable[[], Readiness]
     _notify_enqueued: Callable[[], None]
     _token_cache: TokenCache[Principal] = field(default_factory=TokenCache)
-    # True on SQLite: a run read is ~25 µs of local work that never waits for a writer (WAL),
-    # less than a worker-thread round trip, so async routes may call it on the event loop.
+    # True on SQLite: a run read is local work that never waits for a writer (WAL), cheaper
+    # than a worker-thread round trip, so async routes may call it on the event loop
+    # (figures: bench/README.md).
     # PostgreSQL reads are network round trips and go to a worker thread, except GET one
     # run's, which runs on the event loop's own connections (``get_run_async``).
     reads_inline: bool = False
@@ -215,7 +216,7 @@ class AppFacade:
                 request_digest=request_digest,
             )
         except Conflict as exc:
-            if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:  # API.md: a client error, 422
+            if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:  # docs/api.md §6: a client error, 422
                 raise ValidationFailed(exc.code, exc.detail) from None
             raise
         if created:

@@ -1,4 +1,4 @@
-"""Read-only access to an attempt's log artifact at its derived path (ADR-0071 §5)."""
+"""Read-only access to an attempt's log artifact at its derived path (docs/design.md §3.6)."""
 
 from __future__ import annotations
 

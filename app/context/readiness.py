@@ -1,4 +1,4 @@
-"""Readiness: named checks run concurrently, answered within a fixed deadline (API.md, /readyz).
+"""Readiness: named checks run concurrently, answered within a fixed deadline (docs/api.md §3).
 
 A check returns None when fine or a short reason. Each runs on a small private pool; the
 probe waits at most ``deadline_s`` in all, and a check still running then is reported as

@@ -4,7 +4,7 @@ By default a shutdown leaves jobs running (their shims are detached) and the wor
 reconciles them at its next start. With the flag, once the api and the worker are down, each
 active attempt gets a cancel intent (reason ``user``, so its ending maps to ``cancelled``
 when the worker consumes the shim's receipt at the next start) and its job is stopped by exact
-identity (ADR-0070 §4: TERM, grace, identity re-check, KILL; a mismatched identity is never
+identity (docs/design.md §3.10: TERM, grace, identity re-check, KILL; a mismatched identity is never
 signalled). The shim then publishes its receipt and exits; we wait for it, bounded.
 """
 

@@ -7,7 +7,7 @@ terminal Ctrl-C reaches only the supervisor, which forwards it) and gets ``PDEAT
 
 The supervisor is a child subreaper: job shims double-fork out of the worker and are
 re-parented here. It reaps them when they exit and never signals them; on shutdown they keep
-running and the worker reconciles them at its next start (DESIGN.md, Processes; ADR-0070 §4).
+running and the worker reconciles them at its next start (docs/design.md §2.6, §3.13).
 
 Shutdown stops the services one after another, in the order they are given (``qinglong
 serve``: the api, then the worker): each gets TERM, KILL to its group after

@@ -1,4 +1,4 @@
-"""Composition root of the worker process (DESIGN.md, Processes).
+"""Composition root of the worker process (docs/design.md §2.3).
 
 settings → engine → repositories, receipt store, journal → completion service → watcher →
 launcher → control server. Shutdown closes the socket, stops watching and disposes the
@@ -142,7 +142,7 @@ class WorkerProcess:
         return self.parts
 
     def _recovery(self) -> RecoveryLoop:
-        """Reconciler + cancellation sweep on one thread (DESIGN.md, Reconciler)."""
+        """Reconciler + cancellation sweep on one thread (docs/design.md §3.13)."""
         assert self.parts is not None
         p, profile = self.parts, self.settings.profile
         controller = IdentityController(cgroup_root=self._cgroup_root)

@@ -1,4 +1,4 @@
-"""Where an attempt's files live, derived from its id alone (ADR-0071 §5, ADR-0007 §2.8).
+"""Where an attempt's files live, derived from its id alone (docs/design.md §3.6, §3.11).
 
 Shards use the last two hex digits of the attempt id: the random tail of a UUIDv7, so the
 256 shard directories fill evenly (a time-ordered prefix would put every new file in one).
@@ -34,7 +34,7 @@ def truncation_fact_relpath(attempt_id: str) -> str:
 
 
 def truncation_fact_temp_relpath(attempt_id: str) -> str:
-    """The shim's temp file of the truncation fact (published by link, ADR-0007 §2.4)."""
+    """The shim's temp file of the truncation fact (published by link, docs/design.md §3.11)."""
     return f"{shard_of(attempt_id)}/.{attempt_id}.log.truncated.tmp"
 
 

@@ -1,4 +1,4 @@
-"""The two deployment profiles of DESIGN.md as typed, frozen values."""
+"""The two deployment profiles (docs/design.md §4) as typed, frozen values."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run and attempt state machines (DESIGN.md, The execution protocol)."""
+"""Run and attempt state machines (docs/design.md §3.1)."""
 
 from __future__ import annotations
 

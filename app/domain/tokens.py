@@ -1,4 +1,4 @@
-"""API token format and scopes (API.md, Conventions)."""
+"""API token format and scopes (docs/api.md §1)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def new_api_token() -> str:
 
 
 def new_callback_token() -> str:
-    """A fresh 256-bit callback capability for one attempt (ADR-0070 §2)."""
+    """A fresh 256-bit callback capability for one attempt (docs/design.md §3.7)."""
     return secrets.token_urlsafe(32)
 
 

@@ -1,4 +1,4 @@
-"""The validation rules of API.md as pure functions (each raises ValidationFailed)."""
+"""The validation rules of docs/api.md §1 as pure functions (each raises ValidationFailed)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Timeouts and cancellation in the worker (DESIGN.md, Reconciler; ADR-0007 §2.7).
+"""Timeouts and cancellation in the worker (docs/design.md §3.14).
 
 The database is the authority: an expired ``deadline_at_ms`` first commits
 ``run.cancel_requested`` with reason ``timeout``; only then is the exact identity stopped
@@ -60,7 +60,7 @@ class CancellationSweep:
         started = 0
         for attempt in page:
             if attempt.cancel_reason is None:
-                # Deadline passed: persist the intent before any signal (ADR-0007 §2.7).
+                # Deadline passed: persist the intent before any signal (docs/design.md §3.14).
                 try:
                     self._intents.request_cancel(run_id=attempt.run_id, reason="timeout")
                 except DomainError:

@@ -1,6 +1,6 @@
 """The completion service: the one path from a process ending to a terminal state.
 
-DESIGN.md "Completion service", ADR-0007 §2.5. Used by the worker's live path (a shim
+docs/design.md §3.12. Used by the worker's live path (a shim
 exited) and by recovery alike. Order matters and is what makes crashes replay safely:
 
 * a receipt that is absent changes nothing (the reconciler decides about it later);

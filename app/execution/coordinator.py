@@ -1,4 +1,4 @@
-"""One-shot start coordinator: T1, launch, T2, and the two compensations of ADR-0070 §4.
+"""One-shot start coordinator: T1, launch, T2, and the compensations of docs/design.md §3.8.
 
 The plaintext callback token exists only on this call stack and in the launch request handed
 to the worker; the database holds its SHA-256 digest. No result or exception carries it.
@@ -48,7 +48,7 @@ class StartResult:
 
 
 class StartCoordinator:
-    """Starts exactly one command; a second use of the same object is refused (ADR-0070 §5)."""
+    """Starts one command; a second use of the same object is refused (docs/design.md §3.7)."""
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class StartCoordinator:
             raise RuntimeError("a start coordinator is one-shot")
         self._used = True
         token = new_callback_token()
-        # ADR-0070 §2: authority (digest, deadline, log) is committed before any spawn.
+        # docs/design.md §3.7: authority (digest, deadline, log) is committed before any spawn.
         self._transitions.begin_dispatch(
             run_id=command.run_id,
             attempt_id=command.attempt_id,
@@ -94,7 +94,7 @@ class StartCoordinator:
             return self._start_failed(command, exc.reason)
         except Exception:
             # Unknown whether the worker spawned (it journals first): never guess an ending;
-            # the reconciler decides from the journal (ADR-0070 §4, fail closed).
+            # the reconciler decides from the journal (docs/design.md §3.8, fail closed).
             return _result("unresolved", command, reason="LAUNCH_OUTCOME_UNKNOWN")
         finally:
             del token
@@ -118,7 +118,7 @@ class StartCoordinator:
         return _result("running", command, run=run)
 
     def _start_failed(self, command: StartCommand, reason: str) -> StartResult:
-        # ADR-0070 §4: no handle, so the launcher already stopped anything it spawned.
+        # docs/design.md §3.8: no handle, so the launcher already stopped anything it spawned.
         code = ErrorCode.EXECUTOR_START_FAILED
         try:
             run = self._transitions.fail_attempt(
@@ -130,7 +130,7 @@ class StartCoordinator:
 
     def _requeue(self, command: StartCommand, reason: str) -> StartResult:
         # Provably nothing spawned (never delivered, or refused before the journal): the run
-        # is not failed for it; it waits in the queue for the worker (issue 11 §1).
+        # is not failed for it; it waits in the queue for the worker (docs/backlog-requeue.md).
         code = ErrorCode.EXECUTOR_UNAVAILABLE
         try:
             run = self._transitions.requeue_unspawned(
@@ -147,7 +147,7 @@ class StartCoordinator:
         return _result(status, command, error_code=code, reason=reason, run=run)
 
     def _compensate_after_spawn(self, command: StartCommand, handle: ProcessHandle) -> StartResult:
-        # ADR-0070 §4: stop the exact identity first; never mark lost on a guess.
+        # docs/design.md §3.8: stop the exact identity first; never mark lost on a guess.
         code = ErrorCode.POST_SPAWN_PERSIST_FAILED
         try:
             stopped = self._controller.stop(handle, grace_seconds=self._stop_grace_s)
@@ -165,7 +165,7 @@ class StartCoordinator:
                 # Not a persist failure after all: the job already finished and its ending
                 # was committed from ``starting`` (the stop above found it exited).
                 return _result("ended", command, reason=stopped, run=ended)
-            # The durable starting fact stays; recovery finishes the job (ADR-0070 §4).
+            # The durable starting fact stays; recovery finishes the job (docs/design.md §3.8).
             return _result("unresolved", command, error_code=code, reason=stopped)
         return _result("lost", command, error_code=code, reason=stopped, run=run)
 

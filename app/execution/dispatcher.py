@@ -1,6 +1,6 @@
-"""Bounded dispatcher pass (ADR-0071 §3): one page, in order, stop after the first launch.
+"""Bounded dispatcher pass (docs/design.md §3.3): one page, in order, stop after the first launch.
 
-Uniqueness comes from compare-and-set in the database alone (ADR-0070 §3): several processes
+Uniqueness comes from compare-and-set in the database alone (docs/design.md §3.7): several processes
 may run passes at once. The dispatcher owns no timer, thread or queue; its only state is the
 keyset cursor it resumes from when a page was truncated without an activation.
 """
@@ -84,8 +84,8 @@ class PassResult:
 
     @property
     def worker_unavailable(self) -> bool:
-        """The launch found no executor (or no answer): the caller must back off (ADR-0071
-        §3, no silent retry storm), not run another pass at once."""
+        """The launch found no executor (or no answer): the caller must back off
+        (docs/design.md §3.3, no silent retry storm), not run another pass at once."""
         found = self.activated
         return found is not None and (
             found.error_code == ErrorCode.EXECUTOR_UNAVAILABLE or found.reason == _NO_ANSWER
@@ -168,7 +168,7 @@ class Dispatcher:
             return outcome, not exc.per_candidate
         except Exception as exc:
             return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__), True
-        # At most one launch per pass (ADR-0071 §3), whatever its outcome.
+        # At most one launch per pass (docs/design.md §3.3), whatever its outcome.
         return self._start(candidate, command), True
 
     def _start(self, candidate: DispatchCandidateLike, command: StartCommand) -> CandidateOutcome:

@@ -11,10 +11,10 @@ entry found at start-up and one found later are settled by the same rule:
 
 An entry whose attempt has already ended (an ending in the database is final):
 
-1. its job still runs (exact identity, ADR-0070 §4) → stop it first; ``unknown`` keeps the
+1. its job still runs (exact identity, docs/design.md §3.10) → stop it first; ``unknown`` keeps the
    entry ``spawned`` and consumes nothing (fail closed: the next sweep tries again);
 2. its shim still lives → keep the entry and watch the shim: its receipt is still to come
-   and is consumed as already_terminal when it exits (ADR-0007 §2.5);
+   and is consumed as already_terminal when it exits (docs/design.md §3.12);
 3. else the receipt, if any, goes to the completion service (already_terminal removes it,
    a bad one is quarantined); with none, the entry is marked consumed: nothing is left.
 
@@ -183,7 +183,7 @@ class JournalSettle:
             assert handle is not None
             if self._probe.job_alive(handle):
                 # Ended in the database yet running (a worker killed mid-launch after the
-                # coordinator gave up; a shim SIGKILLed after its run ended): ADR-0070 §4,
+                # coordinator gave up; a shim SIGKILLed after its run ended): docs/design.md §3.10,
                 # stop the exact identity before the entry may leave the journal's scan set.
                 result = self._controller.stop(handle, grace_seconds=self._stop_grace_s)
                 if result == "unknown":

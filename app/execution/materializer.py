@@ -1,4 +1,4 @@
-"""Turn one dispatch candidate into a start command, strictly in ADR-0071 §4 order.
+"""Turn one dispatch candidate into a start command, strictly in docs/design.md §3.4 order.
 
 Nothing is created on disk before step 7, and a missing revision, recipe or secret, or low
 disk, fails the exact queued candidate (CAS on the version we read) before any file exists.
@@ -130,7 +130,7 @@ _RACES = (VersionConflict, InvalidTransition)
 
 
 class Materializer:
-    """Steps 1-8 of a dispatch candidate (ADR-0071 §4); stateless between calls."""
+    """Steps 1-8 of a dispatch candidate (docs/design.md §3.4); stateless between calls."""
 
     def __init__(
         self,

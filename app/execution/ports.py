@@ -148,7 +148,7 @@ class CandidatePage(Protocol):
 
 
 class CandidateSource(Protocol):
-    """Bounded candidate discovery and the exact re-read of one run (ADR-0071 §3, §4.1)."""
+    """Bounded candidate discovery and the exact re-read of one run (docs/design.md §3.3, §3.4)."""
 
     def dispatch_candidates(self, *, limit: int, cursor: str | None = None) -> CandidatePage:
         """One page of candidates in dispatch order."""
@@ -204,7 +204,7 @@ class LogFactSource(Protocol):
 
 
 class AttemptCompletions(Protocol):
-    """The repository's one completion transaction (DESIGN.md, Completion service)."""
+    """The repository's one completion transaction (docs/design.md §3.12)."""
 
     def complete_attempt(
         self,
@@ -232,7 +232,7 @@ class AttemptCompletions(Protocol):
         ...
 
 
-# -- recovery (DESIGN.md, Reconciler; ADR-0007 §2.6, §2.7) ---------------------------------
+# -- recovery (docs/design.md §3.13, §3.14) ---------------------------------------------------
 
 
 class ActiveAttemptView(Protocol):
@@ -338,7 +338,7 @@ class JournalIndex(Protocol):
 
 
 class ProcessProbe(Protocol):
-    """Liveness of a handle's exact identities (boot id, pid, start ticks; ADR-0070 §4)."""
+    """Liveness of a handle's exact identities (boot id, pid, start ticks; docs/design.md §3.10)."""
 
     def job_alive(self, handle: ProcessHandle) -> bool:
         """The job (group leader) with exactly this identity is alive now."""

@@ -1,6 +1,6 @@
-"""The reconciler: bring every active attempt to the truth after crashes (DESIGN.md, Reconciler).
+"""The reconciler: bring every active attempt to the truth after crashes (docs/design.md §3.13).
 
-ADR-0007 §2.6 fixes the order for each active attempt, found through the database only
+docs/design.md §3.13 fixes the order for each active attempt, found through the database only
 (keyset pages with a resume cursor across passes, never a listing of the receipt directory):
 
 1. a receipt is present → the completion service (the one path to a terminal state);
@@ -19,7 +19,7 @@ ADR-0007 §2.6 fixes the order for each active attempt, found through the databa
    job → the entry is journaled ``fenced`` and the run requeued as above; if a live shim
    holds it → keep (its receipt ends the attempt); a dead one (or one that never wrote its
    identity) → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED, never a clean ending; ``starting``
-   with a journaled spawn (the api died between T1 and T2, ADR-0070 §4)
+   with a journaled spawn (the api died between T1 and T2, docs/design.md §3.8)
    → stop the exact identity, then ``lost`` RECOVERY_START_INTERRUPTED, only if the stop said
    ``stopped``/``already_exited`` (``unknown`` leaves it: fail closed);
 5. a handle we cannot verify → ``lost`` RECOVERY_IDENTITY_UNSUPPORTED, nobody is signalled.
@@ -201,8 +201,8 @@ class Reconciler:
                 report.kept += 1
                 return
             # Fence before anything else: from this commit on, the launcher refuses any late
-            # request for this attempt, so nothing can spawn for it (issue 11 §1). If the
-            # launch reserved first, its entry stands and is judged below like any other.
+            # request for this attempt, so nothing can spawn for it (docs/backlog-requeue.md).
+            # If the launch reserved first, its entry stands and is judged below like any other.
             entry = self._journal.fence(attempt_id=attempt.attempt_id, run_id=attempt.run_id)
         if entry.state == FENCED:
             # Fenced by us (now, or by a pass that crashed before the requeue committed).
@@ -280,7 +280,7 @@ class Reconciler:
         self._after_grace(attempt, ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED, report)
 
     def _after_grace(self, attempt: ActiveAttemptView, code: ErrorCode, report: PassReport) -> None:
-        # ADR-0007 §2.6.5: the process exited; a receipt may still be on its way (one grace).
+        # docs/design.md §3.13 step 3: the process exited; a receipt may still come (one grace).
         self._sleep(self._profile.receipt_publish_grace_s)
         if self._consumed(attempt, report):
             return
@@ -330,7 +330,7 @@ class Reconciler:
         report.stopped += swept.stopped
         report.undecided += swept.undecided
 
-    # -- retention (ADR-0007 §2.5: rows and quarantined files by profile) --------------------
+    # -- retention (docs/design.md §4: rows and quarantined files by profile) -------------------
 
     def purge_retention(self) -> int:
         """Delete settled journal rows and quarantined files past retention; bounded."""

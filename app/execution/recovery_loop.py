@@ -1,4 +1,4 @@
-"""The worker's recovery loop: one thread, one Event, no overlapping passes (ADR-0007 §2.6).
+"""The worker's recovery loop: one thread, one Event, no overlapping passes (docs/design.md §3.13).
 
 A full reconcile pass runs at start and every ``profile.reconcile_interval_s``; the
 cancellation sweep runs after it and on a faster tick, or at once when woken (the ``wake``

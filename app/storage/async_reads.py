@@ -1,8 +1,9 @@
 """PostgreSQL reads on the event loop: a few autocommit psycopg ``AsyncConnection``s.
 
-GET one run is what clients poll. Through the sync engine a PostgreSQL read cost a
-worker-thread round trip plus ~140 µs of pool and driver work in the api process; on the
-event loop, over connections kept in autocommit, it costs ~70 µs (bench/api_reads.py).
+GET one run is what clients poll. Through the sync engine a PostgreSQL read costs a
+worker-thread round trip plus the sync pool's and driver's work in the api process; on the
+event loop, over connections kept in autocommit, about half of that (figures:
+bench/README.md).
 
 One pool per api context, bound to the first event loop that reads through it (a connection
 belongs to the loop that opened it); a read from any other loop takes the sync path in a

@@ -105,8 +105,8 @@ def _begin_immediate(conn: Any) -> None:
 
     SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25... ms between tries, so a
     writer of another process (the api vs the worker) wakes long after the lock was freed:
-    the lock stayed idle between transactions and trivial runs/s stalled near 50
-    (bench/trivial.py). Threads of one process already queue on the unit of work's gate.
+    the lock stayed idle between transactions and trivial runs/s stalled (figures:
+    bench/README.md). Threads of one process already queue on the unit of work's gate.
     """
     raw = conn.connection.dbapi_connection
     deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000

@@ -1,4 +1,4 @@
-"""The receipt journal (ADR-0007 §2.2, §2.5): one row per attempt the worker launched.
+"""The receipt journal (docs/design.md §5.4): one row per attempt the worker launched.
 
 States: ``reserved`` (committed before any spawn) → ``spawned`` (handle recorded) or
 ``spawn_failed``; a spawned entry then ends ``consumed`` (after the terminal transaction)

@@ -3,8 +3,8 @@
 One statement is answered from one snapshot on both engines (SQLite's implicit read
 transaction in autocommit mode, PostgreSQL's statement snapshot under READ COMMITTED), so
 such a read needs no BEGIN/ROLLBACK of its own. Going below ``Connection.execute`` also skips
-the per-call cache-key walk of a wide joined select and the connection events: the hot API
-read (GET one run) went from 210 µs to 25 µs of database work (bench/api_reads.py).
+the per-call cache-key walk of a wide joined select and the connection events, which cost
+the hot API read (GET one run) most of its database time (figures: bench/README.md).
 
 Only for reads whose statement shape is fixed at import time; the parameters are bound by the
 driver, never formatted into the SQL.

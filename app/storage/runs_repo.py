@@ -37,8 +37,8 @@ from app.storage.uow import UnitOfWork
 LOCAL_PROCESS = "local_process"
 
 # Statements are built once: a statement built per call costs its construction and a
-# cache-key walk on every execution (~100 µs, 4-5x the prebuilt one), and every write
-# transaction runs inside SQLite's single writer lock (bench/profile_dispatch.py).
+# cache-key walk on every execution, several times a prebuilt one, and every write
+# transaction runs inside SQLite's single writer lock (figures: bench/README.md).
 _RUN_BY_ID = select(runs).where(runs.c.id == bindparam("run_id"))
 _ATTEMPT_BY_ID = select(attempts).where(attempts.c.id == bindparam("attempt_id"))
 _ATTEMPT_BY_NUMBER = select(attempts).where(
@@ -167,7 +167,7 @@ class RunRepository:
             # What was just inserted, without reading it back inside the writer lock.
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
 
-    # -- coordinator transitions (ADR-0070) ------------------------------------------------
+    # -- coordinator transitions (docs/design.md §3.7, §3.8) --------------------------------
 
     def begin_dispatch(
         self,
@@ -336,7 +336,7 @@ class RunRepository:
         run_values["version"] = run_row.version + 3
         return run_from_rows(_row_of(runs, run_values, run_row), _row_of(attempts, fresh))
 
-    # -- completion (DESIGN.md, Completion service) ----------------------------------------
+    # -- completion (docs/design.md §3.12) ----------------------------------------------------
 
     def complete_attempt(
         self,

@@ -81,7 +81,7 @@ runs = Table(
     Column("cancel_reason", String(16), nullable=True),
     Column("cancel_requested_at_ms", MS, nullable=True),
     # Dispatch order is priority DESC, created ASC: the index carries the same directions so
-    # the planner walks it and sorts only ties (ADR-0071 §3: no full scan of the queue).
+    # the planner walks it and sorts only ties (docs/design.md §3.3: no full scan of the queue).
     Index("ix_runs_dispatch_order", "status", text("priority DESC"), "created_at_ms"),
     Index("ix_runs_task_id", "task", "id"),
     Index("ix_runs_status_id", "status", "id"),

@@ -4,7 +4,7 @@ Thread-safe: each call borrows one connection from a small pool (a connection ca
 request at a time) and returns it after a complete answer. A connection that broke is
 dropped and the request is sent again on a fresh one: ping and stop are safe to repeat, and
 launch is too, because the worker's journal turns a repeated launch into "the first handle"
-(ADR-0007 §2.2); while the first launch is still in flight the repeat is retried briefly.
+(docs/design.md §3.9); while the first launch is still in flight the repeat is retried briefly.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class LaunchOutcomeUnknown(Exception):
     """The launch request may have reached the worker but no answer came back.
 
     Deliberately not a LaunchFailed: a process may exist, so the caller must not record an
-    ending; recovery decides from the worker's journal (ADR-0070 §4, fail closed).
+    ending; recovery decides from the worker's journal (docs/design.md §3.8, fail closed).
     """
 
 

@@ -1,4 +1,4 @@
-"""The worker's launcher: journal first, then spawn the per-job shim (ADR-0007 §2.2).
+"""The worker's launcher: journal first, then spawn the per-job shim (docs/design.md §3.9).
 
 Order of one launch, each step only after the previous one succeeded:
 
@@ -146,7 +146,7 @@ class ShimLauncher:
         except Exception:
             recorded = False
         if not recorded:
-            # Not durable: never return a handle the journal does not know (ADR-0070 §4).
+            # Not durable: never return a handle the journal does not know (docs/design.md §3.9).
             stop_handle(handle, grace_seconds=1.0, cgroup_root=self._cgroup_root)
             raise LaunchFailed("JOURNAL_FAILED")
         if self._on_spawned is not None:
@@ -372,7 +372,7 @@ def stop_handle(
 
 
 class IdentityController:
-    """Implements the ProcessController port: stop the job's exact identity (ADR-0070 §4)."""
+    """The ProcessController port: stop the job's exact identity (docs/design.md §3.10)."""
 
     def __init__(self, *, cgroup_root: CgroupRoot | None = None) -> None:
         self._cgroup_root = cgroup_root

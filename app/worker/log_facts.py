@@ -2,7 +2,7 @@
 
 The size is the log file's length; truncation comes from the shim's one-time, content-free
 fact file beside the log (``{"droppedBytes", "quotaBytes", "reason", "schemaVersion"}``).
-Both are evidence only and never decide the ending (ADR-0007 §2.3).
+Both are evidence only and never decide the ending (docs/design.md §3.6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The completion-receipt file store (ADR-0007 §2.4, §2.5, §2.8).
+"""The completion-receipt file store (docs/design.md §3.11, §3.12).
 
 Root and shards are 0700. Reads are bounded (at most one byte past the 4 KiB limit, so an
 oversize file is recognised without reading it all), refuse symlinks (O_NOFOLLOW) and
@@ -8,7 +8,7 @@ is fsynced (removing a consumed receipt keeps none: see ``remove``).
 Files are found by attempt id only: this store never lists a directory. That includes the
 shim's temp files (its reserved receipt, its truncation fact's temp beside the log): their
 names derive from the attempt id, so whoever settles the journal entry removes what a shim
-killed mid-publication left behind (ADR-0007 §2.8-2.9).
+killed mid-publication left behind (docs/design.md §3.11).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ READ_CHUNK = 64 * 1024
 # draining for at most this long, then close the read end and publish the receipt.
 POST_EXIT_DRAIN_SECONDS = 1.0
 PR_SET_CHILD_SUBREAPER = 36
-# The receipt's 4 KiB limit (ADR-0007 §2.4): its temp file holds this much before the job
+# The receipt's 4 KiB limit (docs/design.md §3.11): its temp file holds this much before the job
 # starts, so publishing rewrites allocated space in place and a full disk cannot refuse it.
 RECEIPT_RESERVE_BYTES = 4096
 # Publication refused (ENOSPC, EROFS, EIO ...): try again, backing off up to the cap, for as
@@ -253,9 +253,9 @@ _PRCTL: list[Any] = []  # resolved once: the zygote resolves it before it forks 
 def _prctl() -> Any:
     """``prctl(2)`` through the C half of ctypes only, or None where it cannot be had.
 
-    The ``ctypes`` package costs ~4 ms of start-up (a third of the shim's own share, measured
-    by bench/profile_dispatch.py) for this one call; even ``_ctypes`` with its ``dlopen`` of
-    libffi cost ~1.5 ms per shim until the zygote took it on (bench/launch.py).
+    The ``ctypes`` package costs a large share of the shim's own start-up for this one call;
+    even ``_ctypes`` with its ``dlopen`` of libffi cost a measurable part of every shim until
+    the zygote took it on (figures: bench/README.md).
     """
     if not _PRCTL:
         try:
@@ -579,10 +579,10 @@ def _stop_leftovers(cgroup: str | None, shim_inside: bool) -> int:
 
 
 class _Published:
-    """One file published by temp + ``link()`` (ADR-0007 §2.4), one step at a time.
+    """One file published by temp + ``link()`` (docs/design.md §3.11), one step at a time.
 
     The temp is ``.<name>.tmp``: derived from the attempt id alone, so the worker cleans a
-    leftover through the journal (ADR-0007 §2.8) without listing any directory. ``link()``
+    leftover through the journal (docs/design.md §3.11) without listing any directory. ``link()``
     never replaces: a final name that exists is left untouched. Each step may fail (a full
     disk) and ``publish`` is then called again: a step already done is not redone.
     """

@@ -4,8 +4,8 @@ One thread, one epoll set of pidfds (one per running shim) plus a wake-up pipe. 
 opened on the shim's pid and the shim's identity (boot id, start ticks) is verified *after*
 opening it, so the fd can only ever refer to our shim, never to a process that reused its
 pid. The shim exits only after it published the receipt (or failed to), so its exit is the
-moment to consume. Missed or failed notifications are the reconciler's business (issue 5):
-this is the fast path, never the only path.
+moment to consume. Missed or failed notifications are the reconciler's business
+(docs/design.md §3.13): this is the fast path, never the only path.
 """
 
 from __future__ import annotations

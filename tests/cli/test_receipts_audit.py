@@ -1,4 +1,4 @@
-"""``qinglong receipts audit``: bounded, read-only by default, fail closed (ADR-0007 §2.9)."""
+"""``qinglong receipts audit``: bounded, read-only by default, fail closed (docs/design.md §3.15)."""
 
 from __future__ import annotations
 

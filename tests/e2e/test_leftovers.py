@@ -1,4 +1,4 @@
-"""No process of a job outlives its run (issue 11 §4), against a real ``qinglong serve``.
+"""No process of a job outlives its run (docs/leftovers.md), against a real ``qinglong serve``.
 
 Twice each: with the worker's default (``cgroup``: each job in its own cgroup v2 under the
 worker's cgroup; skipped, with the reason, where no writable cgroup v2 hierarchy exists) and

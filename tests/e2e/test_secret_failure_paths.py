@@ -1,7 +1,7 @@
 """No failure after secrets are resolved writes a secret anywhere the service keeps or says.
 
 A real ``qinglong serve`` (SQLite and PostgreSQL) with the real SecretRepository and key file
-drives one run into each ending that can happen once step 4 (ADR-0071 §4) resolved its
+drives one run into each ending that can happen once step 4 (docs/design.md §3.4) resolved its
 secrets: disk admission refused (a real full tmpfs), an invalid environment value (a stored
 secret with a NUL), a failed launch (argv[0] does not exist), a timeout and a cancel. Then
 every table and column, every event and attempt the API shows, every file of the data dir

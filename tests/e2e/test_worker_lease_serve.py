@@ -1,4 +1,4 @@
-"""Two real ``qinglong serve`` instances on one PostgreSQL database (issue 12, part 1).
+"""Two real ``qinglong serve`` instances on one PostgreSQL database (docs/worker-lease.md).
 
 Each has its own data dir and port on 127.0.0.1. The second is refused while the first
 lives (one line naming the first, a non-zero exit, no restart loop); once the first host

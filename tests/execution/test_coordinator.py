@@ -1,4 +1,4 @@
-"""ADR-0070 验证 1-5 and 7: the two-transaction start protocol on real databases."""
+"""The two-transaction start protocol (docs/design.md §3.7, §3.8) on real databases."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.execution.kit import (
 def test_launcher_observes_dispatching_and_starting_already_committed(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 1: digest, deadline, log artifact and the first two events are committed first."""
+    """Digest, deadline, log artifact and the first two events are committed first."""
     define(engine, timeout_seconds=30)
     run = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs")
@@ -56,7 +56,7 @@ def test_launcher_observes_dispatching_and_starting_already_committed(
 def test_successful_start_is_running_with_four_contiguous_steps_and_no_token_in_results(
     engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """验证 2: running/running, version and event seq advance by exactly four, no plaintext."""
+    """Running/running, version and event seq advance by exactly four, no plaintext."""
     caplog.set_level(logging.DEBUG)
     define(engine)
     run = enqueue(engine)
@@ -87,7 +87,7 @@ def test_successful_start_is_running_with_four_contiguous_steps_and_no_token_in_
 def test_launch_failure_fails_both_without_calling_the_controller(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 3: LaunchFailed before a handle → both failed, EXECUTOR_START_FAILED, no stop."""
+    """LaunchFailed before a handle → both failed, EXECUTOR_START_FAILED, no stop."""
     define(engine)
     run = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs", launcher=FakeLauncher(engine, fail="EXEC_FAILED"))
@@ -111,7 +111,7 @@ def test_launch_failure_fails_both_without_calling_the_controller(
 def test_post_spawn_persist_failure_stops_exact_identity_before_marking_lost(
     engine: Engine, tmp_path: Path, stop_result: str
 ) -> None:
-    """验证 4: T2 fails → the exact handle is stopped first, then both are lost."""
+    """T2 fails → the exact handle is stopped first, then both are lost."""
     define(engine)
     run = enqueue(engine)
     handle = fake_handle(5151)
@@ -144,7 +144,7 @@ def test_post_spawn_persist_failure_stops_exact_identity_before_marking_lost(
 def test_unknown_stop_leaves_dispatching_starting_for_recovery(
     engine: Engine, tmp_path: Path, stop_result: str
 ) -> None:
-    """验证 5: without a proven stop the aggregate stays dispatching/starting and findable."""
+    """Without a proven stop the aggregate stays dispatching/starting and findable."""
     define(engine)
     run = enqueue(engine)
     controller = FakeController(
@@ -171,7 +171,7 @@ def test_unknown_stop_leaves_dispatching_starting_for_recovery(
 def test_implausible_handle_is_never_given_to_the_controller(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 6 (coordinator side): a handle that names no process gets no stop, no ending."""
+    """A handle that names no process gets no stop, no ending."""
     define(engine)
     run = enqueue(engine)
     bad = ProcessHandle(boot_id="", pid=0, pgid=0, start_ticks=0, shim_pid=0, shim_start_ticks=0)
@@ -186,7 +186,7 @@ def test_implausible_handle_is_never_given_to_the_controller(
 
 
 def test_second_start_of_same_attempt_is_rejected(engine: Engine, tmp_path: Path) -> None:
-    """验证 7: the durable aggregate, not memory, refuses a replayed start."""
+    """The durable aggregate, not memory, refuses a replayed start."""
     define(engine)
     run = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs")

@@ -135,7 +135,7 @@ def test_a_cancel_intent_ends_a_start_that_found_no_worker(engine: Engine, tmp_p
 def test_a_drain_stops_at_the_first_unavailability(
     engine: Engine, tmp_path: Path, drainers: int
 ) -> None:
-    # ADR-0071 §3: no silent retry storm. With the worker gone, a drain makes one launch
+    # docs/design.md §3.3: no silent retry storm. With the worker gone, a drain makes one launch
     # per drain thread at most, requeues only those, and leaves the rest of the queue alone.
     define(engine)
     runs = [enqueue(engine) for _ in range(12)]

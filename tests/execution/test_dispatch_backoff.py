@@ -1,4 +1,4 @@
-"""ADR-0071 §3, no silent retry storm: the api's drain backs off while the worker is away.
+"""No silent retry storm (docs/design.md §3.3): the api's drain backs off while the worker is away.
 
 The delay rule is pure (a fake clock); the drain is the real one, with a real WorkerClient
 pointed at a socket path nobody listens on, then at a real worker.

@@ -1,4 +1,4 @@
-"""ADR-0071 验证 2, 5, 7, 8: bounded passes, ordering, races, the private surface."""
+"""Bounded passes, ordering, races, the private surface (docs/design.md §3.3, docs/architecture.md §2)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class CountingCandidates:
 def test_each_pass_reads_one_profile_page_and_activates_one_run(
     engine: Engine, tmp_path: Path, profile: Profile
 ) -> None:
-    """验证 2: edge reads at most 4, standalone 16, one page per pass, one activation."""
+    """Edge reads at most 4, standalone 16, one page per pass, one activation."""
     define(engine)
     runs = [enqueue(engine) for _ in range(profile.dispatch_page_size + 2)]
     kit = make_kit(engine, tmp_path / "logs", profile=profile)
@@ -69,7 +69,7 @@ def test_each_pass_reads_one_profile_page_and_activates_one_run(
 def test_dispatch_order_is_priority_then_creation_and_stable_across_passes(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 2: priority desc, then run creation asc; each pass starts the next one."""
+    """Priority desc, then run creation asc; each pass starts the next one."""
     define(engine)
     low = enqueue(engine, priority=-5)
     first = enqueue(engine, priority=10)
@@ -87,7 +87,7 @@ def test_dispatch_order_is_priority_then_creation_and_stable_across_passes(
 def test_pass_stops_after_first_activation_and_skips_nothing_it_did_not_examine(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 2: the candidates after the activated one are not even re-read."""
+    """The candidates after the activated one are not even re-read."""
     define(engine)
     for _ in range(3):
         enqueue(engine)
@@ -112,7 +112,7 @@ def test_failed_candidates_do_not_count_as_activation(engine: Engine, tmp_path: 
 
 
 def test_launch_failure_is_reported_and_not_retried(engine: Engine, tmp_path: Path) -> None:
-    """ADR-0071 §3: a launch failure goes back to the caller; no retry storm."""
+    """A launch failure goes back to the caller; no retry storm."""
     define(engine)
     failing = enqueue(engine, priority=1)
     other = enqueue(engine)
@@ -129,7 +129,7 @@ def test_launch_failure_is_reported_and_not_retried(engine: Engine, tmp_path: Pa
 def test_candidate_race_is_skipped_and_the_next_candidate_is_started(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """ADR-0071 §3: a candidate that changed after listing is skipped, not failed."""
+    """A candidate that changed after listing is skipped, not failed."""
     define(engine)
     gone = enqueue(engine, priority=1)
     nxt = enqueue(engine)
@@ -156,7 +156,7 @@ def test_candidate_race_is_skipped_and_the_next_candidate_is_started(
 def test_real_candidate_goes_through_coordinator_and_activation_race_makes_no_second_spawn(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 5: another process wins T1 between our artifact and our T1: we launch nothing."""
+    """Another process wins T1 between our artifact and our T1: we launch nothing."""
     define(engine)
     run = enqueue(engine)
     repo = RunRepository(engine)
@@ -196,7 +196,7 @@ def test_real_candidate_goes_through_coordinator_and_activation_race_makes_no_se
 def test_resume_cursor_moves_past_a_page_without_activation(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """ADR-0071 §3: stuck candidates cannot starve the queue behind a full page."""
+    """Stuck candidates cannot starve the queue behind a full page."""
     define(engine)
     stuck = [enqueue(engine, priority=5) for _ in range(EDGE.dispatch_page_size)]
     behind = enqueue(engine)
@@ -220,7 +220,7 @@ def test_resume_cursor_moves_past_a_page_without_activation(
 def test_application_context_exposes_no_launcher_or_coordinator(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 7: the dispatcher's public surface is one method; no capability leaks out."""
+    """The dispatcher's public surface is one method; no capability leaks out."""
     kit = make_kit(engine, tmp_path / "logs")
     public = {n for n in dir(kit.dispatcher) if not n.startswith("_")}
     assert public == {"run_pass"}
@@ -235,7 +235,7 @@ def test_application_context_exposes_no_launcher_or_coordinator(
 
 
 def test_execution_layer_imports_only_the_domain_its_ports_and_the_standard_library() -> None:
-    """验证 8: no adapter, ORM, web framework or worker import in app/execution."""
+    """No adapter, ORM, web framework or worker import in app/execution."""
     allowed_app = ("app.domain", "app.execution")
     for source in sorted((APP / "execution").glob("*.py")):
         tree = ast.parse(source.read_text(), filename=str(source))

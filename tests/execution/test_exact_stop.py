@@ -1,4 +1,4 @@
-"""ADR-0070 验证 6 with real processes: the coordinator's compensation through the worker's
+"""Exact stop (docs/design.md §3.10) with real processes: the coordinator's compensation through the worker's
 exact-identity stop (pidfd, identity re-checked before TERM and before KILL)."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_controller_stops_the_verified_identity_with_term_then_kill_before_lost(
     script: str,
     ended_by: int,
 ) -> None:
-    """验证 6: identity verified, TERM, bounded grace, re-verified, KILL; then lost."""
+    """Identity verified, TERM, bounded grace, re-verified, KILL; then lost."""
     define(engine)
     run = enqueue(engine)
     controller = IdentityController()
@@ -116,7 +116,7 @@ def test_controller_stops_the_verified_identity_with_term_then_kill_before_lost(
 def test_mismatched_identity_gets_no_signal(
     engine: Engine, tmp_path: Path, jobs: list[subprocess.Popen[bytes]]
 ) -> None:
-    """验证 6: a handle whose start ticks do not match the live pid is never signalled."""
+    """A handle whose start ticks do not match the live pid is never signalled."""
     define(engine)
     enqueue(engine)
     controller = IdentityController()

@@ -1,4 +1,4 @@
-"""ADR-0071 验证 1, 3, 4 and the frozen environment: materialization on real databases."""
+"""Materialization (docs/design.md §3.4-§3.6) on real databases, and the frozen environment."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _assert_failed_before_start(kit: Kit, run_id: str, code: str) -> None:
 def test_missing_secret_fails_before_any_artifact_or_process(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 3: an unknown secret reference fails the run; no file, no launch."""
+    """An unknown secret reference fails the run; no file, no launch."""
     define(engine, secrets={"API_KEY": "missing-secret"})
     run = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs")
@@ -61,7 +61,7 @@ def test_missing_secret_fails_before_any_artifact_or_process(
 def test_missing_recipe_fails_before_any_artifact_or_process(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 3: a pinned recipe that cannot be read fails the run before step 7."""
+    """A pinned recipe that cannot be read fails the run before step 7."""
     define(engine, secrets={"API_KEY": "k"})
     run = enqueue(engine)
     secrets = MemorySecrets({"k": "v"})
@@ -76,7 +76,7 @@ def test_missing_recipe_fails_before_any_artifact_or_process(
 def test_missing_revision_fails_before_any_artifact_or_process(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 3: a pinned revision that cannot be read fails the run before step 7."""
+    """A pinned revision that cannot be read fails the run before step 7."""
     define(engine)
     run = enqueue(engine)
     kit = make_kit(
@@ -86,7 +86,7 @@ def test_missing_revision_fails_before_any_artifact_or_process(
 
 
 def test_low_disk_fails_before_any_artifact(engine: Engine, tmp_path: Path) -> None:
-    """验证 3: free space minus the reserve must cover the quota, else the run fails."""
+    """Free space minus the reserve must cover the quota, else the run fails."""
     define(engine)
     run = enqueue(engine)
     just_short = EDGE.free_space_reserve_bytes + EDGE.log_quota_bytes - 1
@@ -106,7 +106,7 @@ def test_exactly_enough_disk_is_admitted(engine: Engine, tmp_path: Path) -> None
 
 
 def test_materialization_follows_the_design_order(engine: Engine, tmp_path: Path) -> None:
-    """ADR-0071 §4: re-read, revision, recipe, secrets, disk, artifact, T1, launch."""
+    """Materialization order: re-read, revision, recipe, secrets, disk, artifact, T1, launch."""
     define(engine, secrets={"API_KEY": "k"})
     run = enqueue(engine)
     steps: list[str] = []
@@ -155,7 +155,7 @@ def test_materialization_follows_the_design_order(engine: Engine, tmp_path: Path
 
 
 def test_artifact_root_shard_and_file_permissions(engine: Engine, tmp_path: Path) -> None:
-    """验证 4: root and shard 0700, file 0600 regular and ours, path from the attempt id."""
+    """Root and shard 0700, file 0600 regular and ours, path from the attempt id."""
     define(engine)
     run = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs")
@@ -183,7 +183,7 @@ def _attempt_path(kit: Kit, run_id: str) -> Path:
 def test_symlinked_artifact_paths_are_refused_and_the_run_stays_queued(
     engine: Engine, tmp_path: Path, place: str
 ) -> None:
-    """验证 4: a symlink at the root, the shard or the file is never followed."""
+    """A symlink at the root, the shard or the file is never followed."""
     define(engine)
     run = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs")
@@ -210,7 +210,7 @@ def test_symlinked_artifact_paths_are_refused_and_the_run_stays_queued(
 def test_artifact_directories_with_other_modes_are_refused(
     engine: Engine, tmp_path: Path, mode: int
 ) -> None:
-    """验证 4: an existing root or shard that is not exactly 0700 is not used."""
+    """An existing root or shard that is not exactly 0700 is not used."""
     define(engine)
     run = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs")
@@ -225,7 +225,7 @@ def test_artifact_directories_with_other_modes_are_refused(
 def test_an_existing_log_file_is_refused_without_failing_the_run(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 4: O_EXCL: a pre-existing file is neither reused nor truncated."""
+    """O_EXCL: a pre-existing file is neither reused nor truncated."""
     define(engine)
     run = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs")
@@ -240,7 +240,7 @@ def test_an_existing_log_file_is_refused_without_failing_the_run(
 
 
 def test_secret_references_are_resolved_once_each(engine: Engine, tmp_path: Path) -> None:
-    """ADR-0071 §4 step 4: references are deduplicated before the secret source is asked."""
+    """Step 4: references are deduplicated before the secret source is asked."""
     define(engine, secrets={"A": "shared", "B": "shared", "C": "other"})
     run = enqueue(engine)
     secrets = MemorySecrets({"shared": "one", "other": "two"})
@@ -291,7 +291,7 @@ def test_revision_without_recipe_runs_with_only_ql3_ids(engine: Engine, tmp_path
 def test_immutable_definitions_replay_idempotently_and_secret_plaintext_stays_out_of_the_database(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """验证 1: same content is idempotent, different content conflicts, no plaintext stored."""
+    """Same content is idempotent, different content conflicts, no plaintext stored."""
     repo = DefinitionRepository(engine)
     recipe, created = repo.put_recipe(env={"MODE": "x"}, secrets={"TOKEN": "api"})
     again, created_again = repo.put_recipe(env={"MODE": "x"}, secrets={"TOKEN": "api"})

@@ -258,7 +258,7 @@ def test_wait_exit_times_out_on_live_process(children: Children) -> None:
     assert time.monotonic() - started >= 0.1
 
 
-# ---- a job whose identity changes during the grace (issue 11 §7) ------------------------
+# ---- a job whose identity changes during the grace (docs/design.md §3.10) ---------------
 
 # On SIGTERM the job moves itself into the decoy's process group (same session: both are
 # children of this test), so after the grace its pgid no longer matches the stored identity.

@@ -1,4 +1,4 @@
-"""The shim on a real full disk (a 60 MiB tmpfs): the ending survives ENOSPC (ADR-0007 §2.4).
+"""The shim on a real full disk (a 60 MiB tmpfs): the ending survives ENOSPC (docs/design.md §3.11).
 
 The job writes, the disk fills while it writes, the job exits 7 on a full disk: nothing is
 published while there is no room (never a half-written or empty file under a final name),

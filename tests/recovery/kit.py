@@ -145,7 +145,7 @@ class Rig:
 
     def assert_requeued(self, armed: Armed) -> Run:
         """The start was fenced, then the run queued again: attempt 1 failed
-        EXECUTOR_UNAVAILABLE, attempt 2 claimed, no terminal run event (issue 11 §1)."""
+        EXECUTOR_UNAVAILABLE, attempt 2 claimed, no terminal run event (docs/backlog-requeue.md)."""
         wait_for(lambda: self.run(armed).status == "queued", "the run to be requeued")
         run = self.run(armed)
         assert run.latest_attempt is not None

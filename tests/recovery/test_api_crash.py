@@ -1,4 +1,4 @@
-"""kill -9 of the api inside a start, at the two windows of DESIGN.md's coordinator:
+"""kill -9 of the api inside a start, at the two windows of the coordinator (docs/design.md §3.7):
 T1 committed but the launch never sent, and the job launched and journaled but T2 never
 committed.
 

@@ -1,4 +1,4 @@
-"""kill -9 of the worker inside a launch, at the two points of ADR-0070 §3 (journal, spawn).
+"""kill -9 of the worker inside a launch, at the two points of docs/design.md §3.9 (journal, spawn).
 
 The worker is the real ``qinglong worker`` halted at a named point (``crash_worker.py``) and
 SIGKILLed there by pid; T1 was committed as the coordinator does, and T2 never comes (the
@@ -102,7 +102,7 @@ def test_killed_after_the_journal_reserve_before_the_spawn_requeues(rig: Rig) ->
     clock = [now_ms() + PAST_THE_GRACE_MS]
     report = in_process_reconciler(rig.engine, rig.store, clock).run_pass()
     # Recovery took the shim's reservation name first: no shim can start this job any more,
-    # so nothing of it can ever run and the run goes back to the queue (issue 11 §1).
+    # so nothing of it can ever run and the run goes back to the queue (docs/backlog-requeue.md).
     assert report.requeued == 1 and report.lost == 0
     rig.assert_requeued(a)
     assert _fence_path(rig, a.attempt_id).read_bytes() == FENCE_MARK
@@ -174,7 +174,7 @@ def test_killed_after_the_spawn_with_the_shim_gone_is_lost(rig: Rig) -> None:
     rig.worker.start()
     clock = [now_ms() + PAST_THE_GRACE_MS]
     in_process_reconciler(rig.engine, rig.store, clock).run_pass()
-    # ADR-0070 §4 / DESIGN.md: never a clean ending while the process may still run, and
+    # docs/design.md §3.8: never a clean ending while the process may still run, and
     # never a requeue (it would run the job twice); its identity was never journaled, so
     # recovery can neither stop nor watch it: lost.
     run = rig.run(a)

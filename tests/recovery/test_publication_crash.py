@@ -1,6 +1,6 @@
 """kill -9 of a shim mid-publication: its temp file is removed through the journal.
 
-The crash window of ADR-0007 §2.4 step 2-3: the receipt's complete bytes sit in the shim's
+The publication crash window (docs/design.md §3.11): the receipt's complete bytes sit in the shim's
 temp file, ``link()`` has not happened. The shim stops itself right there (test hook), the
 test SIGKILLs it. The attempt then ends ``lost`` exactly once (a temp is never evidence,
 §6.4), and the temp goes when the journal entry is settled: found by the name derived from

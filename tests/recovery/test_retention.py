@@ -1,4 +1,4 @@
-"""Retention of the receipt journal and of quarantined files by profile (ADR-0007 §2.5).
+"""Retention of the receipt journal and of quarantined files by profile (docs/design.md §4).
 
 In-process against the real repositories and receipt store; time is an injected clock, so
 "older than retention" needs no waiting. Purges are bounded per pass (pages x page size).

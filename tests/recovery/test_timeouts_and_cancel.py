@@ -1,4 +1,4 @@
-"""Deadlines and cancel intents end runs through the committed intent (ADR-0007 §2.7).
+"""Deadlines and cancel intents end runs through the committed intent (docs/design.md §3.14).
 
 The worker commits ``run.cancel_requested`` (reason timeout) before it signals; the shim's
 receipt then maps to ``timed_out``/``cancelled`` whatever the exit code. Jobs trap nothing

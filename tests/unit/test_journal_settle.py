@@ -122,7 +122,7 @@ class FakeCompletion:
         if attempt_id not in self.receipts:
             return ConsumeResult("absent")
         self.receipts.discard(attempt_id)
-        entry.state = "consumed"  # same transaction as the ending (ADR-0007 §2.5)
+        entry.state = "consumed"  # same transaction as the ending (docs/design.md §3.12)
         status = "applied" if attempt_id in self._attempts.active else "already_terminal"
         return ConsumeResult(status)
 

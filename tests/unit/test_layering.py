@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md, checked by import-linter against pyproject's contracts."""
+"""The layering of docs/architecture.md §1, checked by import-linter against pyproject's contracts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The validation rules of API.md as pure functions."""
+"""The validation rules of docs/api.md §1 and docs/design.md §3.5 as pure functions."""
 
 from __future__ import annotations
 
