@@ -6,7 +6,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?= -n auto
 
-.PHONY: run test lint openapi bench bench-quick clean
+.PHONY: run test test-unit test-integration test-e2e lint openapi bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,17 @@ lint: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test lint
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# One tier at a time (docs/testing.md). Unit tests are pure logic: no database, no process of
+# ours, one pytest process, seconds.
+test-unit: $(VENV)/.installed-test
+	$(BIN)/pytest tests/unit -m unit -p no:xdist
+
+test-integration: $(VENV)/.installed-test
+	$(BIN)/pytest $(PYTEST_ARGS) -m integration
+
+test-e2e: $(VENV)/.installed-test
+	$(BIN)/pytest $(PYTEST_ARGS) -m e2e
 
 openapi: $(VENV)/.installed-test
 	$(BIN)/python -m app.api.openapi > api-schemas/openapi.json

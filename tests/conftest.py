@@ -1,4 +1,9 @@
-"""Shared fixtures: a migrated database on SQLite (a real file) and on PostgreSQL.
+"""Shared fixtures: a migrated database on SQLite (a real file) and on PostgreSQL; test tiers.
+
+Every test gets exactly one tier marker from its folder (docs/testing.md §Tiers):
+tests/unit → ``unit`` (pure logic: no database, no process of ours), tests/e2e → ``e2e`` (a
+real ``qinglong serve``), every other folder → ``integration`` (real databases, processes,
+files). A unit test that asks for a database or process fixture is a collection error.
 
 PostgreSQL tests run when QL_TEST_POSTGRES_URL is set (CI sets it) and are skipped with a
 reason otherwise; when it is set, an unreachable server fails the run. Each pytest process
@@ -23,9 +28,16 @@ from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.private_files import SERVICE_UMASK
 from app.storage.tables import metadata
-from tests.worker.kit import Processes
+from tests.kit.processes import Processes
 
 PG_ENV = "QL_TEST_POSTGRES_URL"
+TESTS = Path(__file__).resolve().parent
+TIER_FOLDERS = {"unit": "unit", "e2e": "e2e"}  # any other folder is "integration"
+# Fixtures that reach a real database, a spawned process or a served instance.
+NOT_UNIT_FIXTURES = frozenset({
+    "db_url", "engine", "postgres_url", "sqlite_template", "procs",
+    "served", "serve_factory", "module_serve_factory",
+})  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,6 +49,29 @@ def pytest_configure(config: pytest.Config) -> None:
     one explicitly (tests/cli/test_file_modes.py).
     """
     os.umask(SERVICE_UMASK)
+
+
+def tier_of(path: Path) -> str:
+    """The tier of a test file from its folder under tests/."""
+    parts = path.resolve().relative_to(TESTS).parts
+    return TIER_FOLDERS.get(parts[0], "integration") if len(parts) > 1 else "integration"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, so ``-m unit`` (``make test-unit``) selects pure logic."""
+    wrong = []
+    for item in items:
+        tier = tier_of(item.path)
+        item.add_marker(tier)
+        if tier == "unit":
+            used = NOT_UNIT_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            if used:
+                wrong.append(f"{item.nodeid} uses {', '.join(sorted(used))}")
+    if wrong:
+        raise pytest.UsageError(
+            "unit tests use no database or process (docs/testing.md §Tiers); move these to "
+            "an integration folder:\n  " + "\n  ".join(wrong)
+        )
 
 
 def _with_search_path(url: str, schema: str) -> str:

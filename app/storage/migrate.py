@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from alembic import command
 
-ROOT = Path(__file__).resolve().parents[2]
-ALEMBIC_INI = ROOT / "alembic.ini"
+def migrations_dir() -> Path:
+    """The migration scripts shipped inside the package (docs/packaging.md §Migrations)."""
+    # Package data, not the checkout: a wheel or `pipx install` has no repository beside it.
+    location = resources.files("app.storage").joinpath("migrations")
+    if not isinstance(location, Path):  # e.g. a zip import: Alembic needs a real directory
+        raise RuntimeError(f"migrations are not in a directory: {location}")
+    return location
 
 
 def alembic_config() -> Config:
-    """The project's Alembic configuration (scripts under ./alembic)."""
-    config = Config(str(ALEMBIC_INI))
-    config.set_main_option("script_location", str(ROOT / "alembic"))
+    """The project's Alembic configuration, built in code (no alembic.ini is installed)."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("path_separator", "os")
     return config
 
 

@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,9 @@ from app.worker.zygote import ForkFailed, NotReceived, Uncertain, Zygote, Zygote
 
 log = logging.getLogger(__name__)
 
-SHIM_PATH = str(Path(__file__).resolve().with_name("shim.py"))
+# Run by path (`-I -S`: it imports nothing from app), so located as package data: a file in
+# site-packages after `pip install .`, in the checkout for an editable install.
+SHIM_PATH = str(resources.files("app.worker").joinpath("shim.py"))
 PROTOCOL = 1
 STATUS_MAX_BYTES = 4096
 DEFAULT_STATUS_TIMEOUT_S = 10.0

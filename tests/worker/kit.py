@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -27,10 +26,13 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.cgroups import AUTO, detect, settle
 from app.worker.client import WorkerClient, WorkerUnavailable
-from app.worker.identity import ProcessIdentity, current_boot_id, read_identity, stop_identity
+from app.worker.identity import current_boot_id, read_identity
 from app.worker.receipts import ReceiptStore
+
+# Moved to the shared kit (every process-starting tier uses them); importable here as before.
+from tests.kit.processes import Processes as Processes
+from tests.kit.processes import kill_exact as kill_exact
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,64 +165,6 @@ def events(engine: Engine, run_id: str) -> list[RunEvent]:
 def terminal_events(engine: Engine, run_id: str) -> list[str]:
     """Types of the terminal events of a run (a correct history has exactly two)."""
     return [e.type for e in events(engine, run_id) if e.type in TERMINAL_EVENTS]
-
-
-class Processes:
-    """Handles of launched jobs; everything still alive is killed by identity at teardown."""
-
-    def __init__(self) -> None:
-        self.handles: list[ProcessHandle] = []
-        self.pids: list[tuple[int, int]] = []  # (pid, start_ticks) of other processes
-        self.cgroups: list[str] = []  # job cgroup names whose shim the test killed
-
-    def track(self, handle: ProcessHandle) -> ProcessHandle:
-        self.handles.append(handle)
-        return handle
-
-    def track_pid(self, pid: int) -> None:
-        ident = read_identity(pid)
-        if ident is not None:
-            self.pids.append((pid, ident.start_ticks))
-
-    def track_cgroup(self, name: str) -> None:
-        """End and remove this job cgroup at cleanup (a job no handle names)."""
-        self.cgroups.append(name)
-
-    def cleanup(self) -> None:
-        root = detect(AUTO)  # where the launchers of these tests put job cgroups
-        for h in self.handles:
-            stop_identity(
-                ProcessIdentity(h.boot_id, h.pid, h.pgid, h.start_ticks),
-                grace_seconds=0.0,
-                kill_wait_seconds=5.0,
-            )
-            kill_exact(h.shim_pid, h.shim_start_ticks)
-            cgroup = None if root is None else root.job_dir(h.cgroup)
-            if cgroup is not None:  # the test killed the shim: its job cgroup is ours to end
-                settle(cgroup, patience=0.0, timeout=5.0)
-        for pid, ticks in self.pids:
-            kill_exact(pid, ticks)
-        for name in self.cgroups:
-            cgroup = None if root is None else root.job_dir(name)
-            if cgroup is not None:  # no handle was journaled: the test names the cgroup
-                settle(cgroup, patience=0.0, timeout=5.0)
-
-
-def kill_exact(pid: int, start_ticks: int) -> None:
-    """SIGKILL ``pid`` only if it is still the process with ``start_ticks``; wait for it."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return
-    try:
-        ident = read_identity(pid)
-        if ident is not None and ident.start_ticks == start_ticks:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            select.select([pidfd], [], [], 5.0)
-    except ProcessLookupError:
-        pass
-    finally:
-        os.close(pidfd)
 
 
 def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:

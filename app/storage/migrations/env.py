@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.tables import metadata

@@ -1,0 +1,1 @@
+"""Test kit shared across tiers (root conftest fixtures build on it)."""
