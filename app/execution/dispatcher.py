@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
+from app.domain.errors import ErrorCode, InvalidTransition, NotFound, VersionConflict
 from app.execution.coordinator import StartCoordinator, StartResult
 from app.execution.materializer import (
     ArtifactRefused,
@@ -179,9 +179,7 @@ class Dispatcher:
             # T1 did not take (a race, or the database refused): no shim exists for this
             # attempt, so the empty log we created is removed.
             self._materializer.discard_artifact(command)
-            if isinstance(exc, (*_RACES, NotFound)) or (
-                isinstance(exc, Conflict) and exc.code == ErrorCode.INVALID_TRANSITION
-            ):
+            if isinstance(exc, (*_RACES, NotFound)):
                 return CandidateOutcome(**ids, kind="skipped_race")
             return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__)
         finally:

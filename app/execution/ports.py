@@ -10,16 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
-from app.domain.errors import ErrorCode
-from app.domain.execution import (
-    CompletionOutcome,
-    LaunchFailed,
-    LaunchRejected,
-    LaunchRequest,
-    LaunchUnavailable,
-    ReservationState,
-    StopResult,
-)
+from app.domain.errors import ErrorCode, LaunchFailed, LaunchRejected, LaunchUnavailable
+from app.domain.execution import CompletionOutcome, LaunchRequest, ReservationState, StopResult
 from app.domain.model import (
     LogInfo,
     ProcessHandle,

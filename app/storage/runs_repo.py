@@ -185,13 +185,19 @@ class RunRepository:
             if expected_version is not None and run_row.version != expected_version:
                 raise VersionConflict(run_id)
             if run_row.cancel_reason is not None:
-                raise Conflict(ErrorCode.INVALID_TRANSITION, "the run has a cancel intent")
+                raise InvalidTransition(
+                    "run", run_row.status, RunStatus.DISPATCHING,
+                    reason="the run has a cancel intent",
+                )  # fmt: skip
             if (
                 attempt_row.executor != LOCAL_PROCESS
                 or attempt_row.callback_sequence != 0
                 or attempt_row.callback_token_digest is not None
             ):
-                raise Conflict(ErrorCode.INVALID_TRANSITION, "the attempt was already armed")
+                raise InvalidTransition(
+                    "attempt", attempt_row.status, AttemptStatus.STARTING,
+                    reason="the attempt was already armed",
+                )  # fmt: skip
             at = now_ms()
             written = _step(
                 uow.conn,

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import _drain_concurrently
-from app.domain.execution import LaunchRejected, LaunchUnavailable
+from app.domain.errors import LaunchRejected, LaunchUnavailable
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from tests.execution.kit import FakeLauncher, FlakyTransitions, define, enqueue, make_kit
