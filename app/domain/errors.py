@@ -9,27 +9,28 @@ line which of these it raises. The api turns them into problem+json in app/api/p
 (status in brackets)::
 
     Exception
-    ├── DomainError(code, detail)      a refusal; ``detail`` is safe to show      [400]
-    │   ├── ValidationFailed           input broke a rule                          [422]
-    │   ├── NotFound                   a referenced resource does not exist       [404]
-    │   ├── Conflict                   contradicts what is stored                 [409]
-    │   │   └── InvalidTransition      a state change refused (INVALID_TRANSITION) [409]
-    │   ├── VersionConflict            a compare-and-set lost (VERSION_CONFLICT)   [409]
-    │   ├── NotMigrated                the schema is not the newest (NOT_MIGRATED)
-    │   ├── LeaseHeld                  another live worker holds the lease
-    │   └── LeaseLost                  this worker lost the lease: it stops serving
-    ├── StorageUnavailable             the database cannot commit now, not a refusal [503]
-    ├── KeyUnavailable                 a secret does not decrypt under the key ring
-    ├── LaunchFailed(reason)           the launch ended, nothing is left running
-    │   ├── LaunchRejected             the attempt is journaled or fenced already
-    │   └── LaunchUnavailable          provably nothing spawned (the run is requeued)
-    │       └── WorkerUnavailable      the worker socket did not answer or refused
-    ├── LaunchOutcomeUnknown(reason)   a process may exist: recovery decides, never a guess
+    ├── DomainError(code, detail)     a refusal; ``detail`` is safe to show         [400]
+    │   ├── ValidationFailed          input broke a rule                             [422]
+    │   ├── NotFound                  a referenced resource does not exist           [404]
+    │   ├── Conflict                  contradicts what is stored                     [409]
+    │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
+    │   ├── VersionConflict           a compare-and-set lost (VERSION_CONFLICT)      [409]
+    │   ├── NotMigrated               the schema is not the newest (NOT_MIGRATED)
+    │   ├── LeaseHeld                 another live worker holds the lease
+    │   └── LeaseLost                 this worker lost the lease: it stops serving
+    ├── StorageUnavailable            the database cannot commit now, not a refusal  [503]
+    ├── KeyUnavailable                a secret does not decrypt under the key ring
+    ├── LaunchFailed(reason)          the launch ended, nothing is left running
+    │   ├── LaunchRejected            the attempt is journaled or fenced already
+    │   └── LaunchUnavailable         provably nothing spawned (the run is requeued)
+    │       └── WorkerUnavailable     the worker socket did not answer or refused
+    ├── LaunchOutcomeUnknown(reason)  a process may exist: recovery decides, never a guess
     └── ValueError
-        └── ReceiptInvalid(reason)     a receipt to quarantine (content-free reason)
+        └── ReceiptInvalid(reason)    a receipt to quarantine (content-free reason)
 
-The second level: exceptions that never cross a port or a layer stay beside the one module
-that raises them and the one that catches them, so they are listed here, not defined here:
+The second level: exceptions that never cross a port stay beside the module that raises
+them; only code that imports that module directly catches them (its own layer, or the CLI
+that built the adapter). They are listed here, not defined here:
 
 - app/execution/materializer.py: CandidateGone, RunFailedBeforeStart, ArtifactRefused
   (caught by the dispatcher);
