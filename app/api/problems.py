@@ -13,7 +13,6 @@ from starlette.responses import JSONResponse, Response
 from app.domain.errors import (
     Conflict,
     DomainError,
-    InvalidTransition,
     NotFound,
     StorageUnavailable,
     ValidationFailed,
@@ -106,7 +105,7 @@ def status_for(exc: DomainError) -> int:
         return 422
     if isinstance(exc, NotFound):
         return 404
-    if isinstance(exc, Conflict | InvalidTransition | VersionConflict):
+    if isinstance(exc, Conflict | VersionConflict):  # InvalidTransition is a Conflict
         return 409
     return 400
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from app.cli.admin import private_settings
 from app.context.worker_lease import EXIT_LEASE_HELD, EXIT_LEASE_LOST
-from app.context.worker_process import NotMigrated, WorkerProcess
-from app.domain.lease import LeaseHeld
+from app.context.worker_process import WorkerProcess
+from app.domain.errors import LeaseHeld, NotMigrated
 from app.worker.server import SocketInUse
 
 

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.domain.execution import LaunchFailed, LaunchRequest
-from app.domain.lease import Lease, LeaseLost
+from app.domain.errors import LaunchFailed, LeaseLost
+from app.domain.execution import LaunchRequest
+from app.domain.lease import Lease
 from app.domain.model import ProcessHandle
 from app.settings import Settings
 from app.storage.lease_repo import LeaseRepository

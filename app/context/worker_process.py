@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, QueuePool
 
 from app.context.worker_lease import LeaseKeeper
-from app.domain.errors import DomainError, ErrorCode
+from app.domain.errors import NotMigrated
 from app.execution.cancellation import CancellationSweep
 from app.execution.completion import CompletionService, ConsumeResult
 from app.execution.reconciler import Reconciler
@@ -40,16 +40,6 @@ log = logging.getLogger(__name__)
 # commit, so a few threads (each on its own pooled connection) overlap them. SQLite has one
 # writer at a time: there the backlog is settled inline, on the starting thread.
 _SETTLE_THREADS = 4
-
-
-class NotMigrated(DomainError):
-    """The database is not at the newest migration: the worker never migrates."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            ErrorCode.VALIDATION_FAILED,
-            "the database is not migrated to the newest schema; run `qinglong migrate` first",
-        )
 
 
 @dataclass

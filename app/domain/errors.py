@@ -1,8 +1,58 @@
-"""Stable error codes and the typed domain errors that carry them."""
+"""Every exception the application raises across a layer, and the stable codes they carry.
+
+One list of what can go wrong. The classes are pure (standard library, no I/O), so the
+adapters (``app.storage``, ``app.worker``) raise them and the execution layer catches them
+through its ports without importing an adapter. One refusal has one type, whichever layer
+noticed it: a transition the state machine refuses and one the repository refuses are both
+``InvalidTransition``. Each port method (app/execution/ports.py) names in its ``Raises:``
+line which of these it raises. The api turns them into problem+json in app/api/problems.py
+(status in brackets)::
+
+    Exception
+    ├── DomainError(code, detail)     a refusal; ``detail`` is safe to show         [400]
+    │   ├── ValidationFailed          input broke a rule                             [422]
+    │   ├── NotFound                  a referenced resource does not exist           [404]
+    │   ├── Conflict                  contradicts what is stored                     [409]
+    │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
+    │   ├── VersionConflict           a compare-and-set lost (VERSION_CONFLICT)      [409]
+    │   ├── NotMigrated               the schema is not the newest (NOT_MIGRATED)
+    │   ├── LeaseHeld                 another live worker holds the lease
+    │   └── LeaseLost                 this worker lost the lease: it stops serving
+    ├── StorageUnavailable            the database cannot commit now, not a refusal  [503]
+    ├── KeyUnavailable                a secret does not decrypt under the key ring
+    ├── LaunchFailed(reason)          the launch ended, nothing is left running
+    │   ├── LaunchRejected            the attempt is journaled or fenced already
+    │   └── LaunchUnavailable         provably nothing spawned (the run is requeued)
+    │       └── WorkerUnavailable     the worker socket did not answer or refused
+    ├── LaunchOutcomeUnknown(reason)  a process may exist: recovery decides, never a guess
+    └── ValueError
+        └── ReceiptInvalid(reason)    a receipt to quarantine (content-free reason)
+
+The second level: exceptions that never cross a port stay beside the module that raises
+them; only code that imports that module directly catches them (its own layer, or the CLI
+that built the adapter). They are listed here, not defined here:
+
+- app/execution/materializer.py: CandidateGone, RunFailedBeforeStart, ArtifactRefused
+  (caught by the dispatcher);
+- app/storage/journal_repo.py: NotStarting, AlreadyReserved (caught by the worker's
+  launcher, which owns the journal); app/storage/private_files.py: NotPrivate(ValueError)
+  (the CLI's start-up check);
+- app/worker/zygote.py: ZygoteUnavailable, NotReceived, Uncertain, ForkFailed (caught by
+  the launcher); app/worker/server.py: BadRequest, SocketInUse(RuntimeError) (the CLI's
+  start-up); app/worker/shim.py: ShimError (the shim imports nothing from app);
+  app/worker/client.py: _Broken;
+- app/api/problems.py: ApiProblem, DuplicateKey (HTTP answers); app/api/asgi.py:
+  _Disconnected; app/cli/receipts.py: AuditRefused.
+"""
 
 from __future__ import annotations
 
+import datetime
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.domain.lease import Lease
 
 
 class ErrorCode(StrEnum):
@@ -44,6 +94,8 @@ class ErrorCode(StrEnum):
     # The worker lease (docs/worker-lease.md).
     WORKER_LEASE_HELD = "WORKER_LEASE_HELD"
     WORKER_LEASE_LOST = "WORKER_LEASE_LOST"
+    # The worker refuses a database that is not at the newest migration.
+    NOT_MIGRATED = "NOT_MIGRATED"
 
 
 class DomainError(Exception):
@@ -57,18 +109,6 @@ class DomainError(Exception):
 
 class ValidationFailed(DomainError):
     """Input broke one of the API's validation rules."""
-
-
-class InvalidTransition(DomainError):
-    """A state change the state machine does not allow."""
-
-    def __init__(self, kind: str, current: str, target: str) -> None:
-        super().__init__(
-            ErrorCode.INVALID_TRANSITION, f"{kind} cannot move from {current} to {target}"
-        )
-        self.kind = kind
-        self.current = current
-        self.target = target
 
 
 class VersionConflict(DomainError):
@@ -87,6 +127,71 @@ class Conflict(DomainError):
     """A write contradicts what is already stored."""
 
 
+class InvalidTransition(Conflict):
+    """A state change refused, by the state machine or by a rule the repository checks.
+
+    ``reason`` replaces the generic detail when the states alone would allow the move (a
+    cancel intent, an attempt already armed).
+    """
+
+    def __init__(self, kind: str, current: str, target: str, *, reason: str | None = None) -> None:
+        super().__init__(
+            ErrorCode.INVALID_TRANSITION, reason or f"{kind} cannot move from {current} to {target}"
+        )
+        self.kind = kind
+        self.current = current
+        self.target = target
+
+
+class NotMigrated(DomainError):
+    """The database is not at the newest migration: the worker never migrates."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ErrorCode.NOT_MIGRATED,
+            "the database is not migrated to the newest schema; run `qinglong migrate` first",
+        )
+
+
+def _utc(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class LeaseHeld(DomainError):
+    """Another live worker holds the lease: this one must not start (one line to print)."""
+
+    def __init__(self, holder: Lease) -> None:
+        super().__init__(
+            ErrorCode.WORKER_LEASE_HELD,
+            f"the worker lease on this database is held by instance {holder.instance_id} on "
+            f"host {holder.host} (pid {holder.pid}, epoch {holder.epoch}) since "
+            f"{_utc(holder.acquired_at_ms)}, expiring {_utc(holder.expires_at_ms)} unless "
+            "renewed; to take over, stop that worker (an orderly stop releases the lease), "
+            "or, if its host is gone, start this one again after the expiry",
+        )
+        self.holder = holder
+
+
+class LeaseLost(DomainError):
+    """This worker no longer holds the lease: it stops serving (fail closed)."""
+
+    def __init__(self, *, epoch: int, holder: Lease | None) -> None:
+        if holder is None or holder.epoch == epoch:
+            taken = "could not be renewed before it expired"
+        else:
+            taken = (
+                f"was taken over by instance {holder.instance_id} on host {holder.host} "
+                f"(epoch {holder.epoch})"
+            )
+        super().__init__(
+            ErrorCode.WORKER_LEASE_LOST,
+            f"the worker lease (epoch {epoch}) {taken}; this worker stops serving",
+        )
+        self.epoch = epoch
+        self.holder = holder
+
+
 class StorageUnavailable(Exception):
     """The database cannot commit now (disk full, read-only file system, I/O error).
 
@@ -100,3 +205,53 @@ class StorageUnavailable(Exception):
 
     def __init__(self) -> None:
         super().__init__(f"{self.code}: {self.detail}")
+
+
+class KeyUnavailable(Exception):
+    """The key a ciphertext names is not in the ring, or the row does not decrypt under it.
+
+    Not a refusal of the request: the operator's key ring is incomplete (or a row was
+    altered), so every run that needs the secret meets it too (the dispatcher stops its pass).
+    """
+
+
+class LaunchFailed(Exception):
+    """The launch ended before a durable handle existed; nothing is left running."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason  # a stable, content-free reason such as "EXEC_FAILED"
+
+
+class LaunchRejected(LaunchFailed):
+    """The worker refused a launch of an attempt it already journaled (or fenced)."""
+
+
+class LaunchUnavailable(LaunchFailed):
+    """Provably nothing was spawned: the worker was not reached before the request was sent,
+    or it refused the launch before journaling it (e.g. ``WORKER_SHUTTING_DOWN``)."""
+
+
+class WorkerUnavailable(LaunchUnavailable):
+    """The worker could not be reached or refused to serve; for ``launch``: provably before
+    anything was journaled (never sent, or refused), so nothing spawned."""
+
+
+class LaunchOutcomeUnknown(Exception):
+    """The launch request may have reached the worker but no answer came back.
+
+    Deliberately not a LaunchFailed: a process may exist, so the caller must not record an
+    ending; recovery decides from the worker's journal (ADR-0070 §4, fail closed).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason  # WORKER_NO_ANSWER, BAD_RESPONSE or the worker's INTERNAL
+
+
+class ReceiptInvalid(ValueError):
+    """A receipt that must be quarantined. ``reason`` is a stable code; no content inside."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)

@@ -53,23 +53,6 @@ class LaunchRequest:
         }
 
 
-class LaunchFailed(Exception):
-    """The launch ended before a durable handle existed; nothing is left running."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason  # a stable, content-free reason such as "EXEC_FAILED"
-
-
-class LaunchRejected(LaunchFailed):
-    """The worker refused a launch of an attempt it already journaled (or fenced)."""
-
-
-class LaunchUnavailable(LaunchFailed):
-    """Provably nothing was spawned: the worker was not reached before the request was sent,
-    or it refused the launch before journaling it (e.g. ``WORKER_SHUTTING_DOWN``)."""
-
-
 @dataclass(frozen=True, slots=True)
 class CompletionOutcome:
     """Result of feeding one process ending to the completion transaction."""

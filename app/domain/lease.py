@@ -8,11 +8,8 @@ adapter applies the decision as one compare-and-set on the epoch.
 
 from __future__ import annotations
 
-import datetime
 import enum
 from dataclasses import dataclass
-
-from app.domain.errors import DomainError, ErrorCode
 
 WORKER_LEASE_ACQUIRED = "worker.lease_acquired"
 WORKER_LEASE_TAKEN_OVER = "worker.lease_taken_over"
@@ -81,42 +78,3 @@ def decide(current: Lease | None, me: Claimant, *, now_ms: int, holder_alive: bo
     if now_ms >= current.expires_at_ms:
         return Take.EXPIRED
     return Take.HELD
-
-
-def _utc(ms: int) -> str:
-    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class LeaseHeld(DomainError):
-    """Another live worker holds the lease: this one must not start (one line to print)."""
-
-    def __init__(self, holder: Lease) -> None:
-        super().__init__(
-            ErrorCode.WORKER_LEASE_HELD,
-            f"the worker lease on this database is held by instance {holder.instance_id} on "
-            f"host {holder.host} (pid {holder.pid}, epoch {holder.epoch}) since "
-            f"{_utc(holder.acquired_at_ms)}, expiring {_utc(holder.expires_at_ms)} unless "
-            "renewed; to take over, stop that worker (an orderly stop releases the lease), "
-            "or, if its host is gone, start this one again after the expiry",
-        )
-        self.holder = holder
-
-
-class LeaseLost(DomainError):
-    """This worker no longer holds the lease: it stops serving (fail closed)."""
-
-    def __init__(self, *, epoch: int, holder: Lease | None) -> None:
-        if holder is None or holder.epoch == epoch:
-            taken = "could not be renewed before it expired"
-        else:
-            taken = (
-                f"was taken over by instance {holder.instance_id} on host {holder.host} "
-                f"(epoch {holder.epoch})"
-            )
-        super().__init__(
-            ErrorCode.WORKER_LEASE_LOST,
-            f"the worker lease (epoch {epoch}) {taken}; this worker stops serving",
-        )
-        self.epoch = epoch
-        self.holder = holder

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.domain.canonical import canonical_json
+from app.domain.errors import ReceiptInvalid
 from app.domain.ids import is_uuid7
 
 RECEIPT_MAX_BYTES = 4096
@@ -36,14 +37,6 @@ _REQUIRED = frozenset(
     }
 )
 _ALLOWED = _REQUIRED | {"signal", "leftoversStopped"}
-
-
-class ReceiptInvalid(ValueError):
-    """A receipt that must be quarantined. ``reason`` is a stable code; no content inside."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        self.reason = reason
-        super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
-from app.domain.errors import VersionConflict
+from app.domain.errors import ReceiptInvalid, VersionConflict
 from app.domain.execution import CompletionOutcome
-from app.domain.receipt import Receipt, ReceiptInvalid, decode_receipt
+from app.domain.receipt import Receipt, decode_receipt
 from app.execution.ports import AttemptCompletions, LogFactSource, ReceiptFiles, ReceiptJournal
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from app.execution.materializer import StartCommand
 from app.execution.ports import (
     Launcher,
     LaunchFailed,
+    LaunchOutcomeUnknown,
     LaunchRejected,
     LaunchUnavailable,
     ProcessController,
@@ -26,6 +27,8 @@ from app.execution.ports import (
     RunTransitions,
 )
 
+# The reason of an ``unresolved`` start whose launch may or may not have spawned.
+LAUNCH_OUTCOME_UNKNOWN = "LAUNCH_OUTCOME_UNKNOWN"
 StartStatus = Literal["running", "start_failed", "lost", "ended", "unresolved", "requeued"]
 
 
@@ -92,10 +95,15 @@ class StartCoordinator:
             return self._requeue(command, exc.reason)
         except LaunchFailed as exc:
             return self._start_failed(command, exc.reason)
-        except Exception:
+        except LaunchOutcomeUnknown:
             # Unknown whether the worker spawned (it journals first): never guess an ending;
             # the reconciler decides from the journal (docs/design.md §3.8, fail closed).
-            return _result("unresolved", command, reason="LAUNCH_OUTCOME_UNKNOWN")
+            return _result("unresolved", command, reason=LAUNCH_OUTCOME_UNKNOWN)
+        except Exception:
+            # Last resort, on purpose: a launcher bug or an error it did not translate leaves
+            # the outcome just as unknown, and T1 is committed, so this call must still answer
+            # rather than leave the start to an exception nobody can act on.
+            return _result("unresolved", command, reason=LAUNCH_OUTCOME_UNKNOWN)
         finally:
             del token
         if not plausible_handle(handle):
@@ -109,6 +117,8 @@ class StartCoordinator:
                 started_at_ms=now_ms(),
             )
         except Exception:
+            # Broad on purpose: a process was spawned, so whatever kept T2 from committing (a
+            # refusal, a lost CAS, the database) it must be stopped or left to recovery.
             ended = self._terminal_run(command.run_id)
             if ended is not None:
                 # The job ended before T2 and the completion service already recorded its
@@ -125,6 +135,7 @@ class StartCoordinator:
                 run_id=command.run_id, attempt_id=command.attempt_id, error_code=code
             )
         except Exception:
+            # Broad on purpose: the attempt stays starting, which recovery settles anyway.
             return _result("unresolved", command, error_code=code, reason=reason)
         return _result("start_failed", command, error_code=code, reason=reason, run=run)
 
@@ -137,7 +148,8 @@ class StartCoordinator:
                 run_id=command.run_id, attempt_id=command.attempt_id
             )
         except Exception:
-            # Still starting with no journal entry: recovery fences it and requeues the run.
+            # Broad on purpose: still starting with no journal entry, whatever the cause;
+            # recovery fences it and requeues the run.
             return _result("unresolved", command, error_code=code, reason=reason)
         status: StartStatus = "requeued"
         if run.status == "failed":
@@ -152,14 +164,14 @@ class StartCoordinator:
         try:
             stopped = self._controller.stop(handle, grace_seconds=self._stop_grace_s)
         except Exception:
-            stopped = "unknown"
+            stopped = "unknown"  # the port answers "unknown" itself; a bug must not differ
         if stopped not in ("stopped", "already_exited"):
             return _result("unresolved", command, error_code=code, reason=stopped)
         try:
             run = self._transitions.fail_attempt(
                 run_id=command.run_id, attempt_id=command.attempt_id, error_code=code, lost=True
             )
-        except Exception:
+        except Exception:  # broad on purpose: the stopped job's ending is recovery's then
             ended = self._terminal_run(command.run_id)
             if ended is not None:
                 # Not a persist failure after all: the job already finished and its ending
@@ -174,7 +186,7 @@ class StartCoordinator:
             return None
         try:
             run = self._runs.get_run(run_id)
-        except Exception:
+        except Exception:  # only a hint for the caller's compensation: none is "not known"
             return None
         return run if is_terminal_run(run.status) else None
 

@@ -12,8 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
-from app.execution.coordinator import StartCoordinator, StartResult
+from app.domain.errors import (
+    ErrorCode,
+    InvalidTransition,
+    KeyUnavailable,
+    NotFound,
+    StorageUnavailable,
+    VersionConflict,
+)
+from app.execution.coordinator import LAUNCH_OUTCOME_UNKNOWN, StartCoordinator, StartResult
 from app.execution.materializer import (
     ArtifactRefused,
     CandidateGone,
@@ -46,8 +53,6 @@ OutcomeKind = Literal[
     "error",  # an unexpected failure; the pass stopped
 ]
 _LAUNCHED = frozenset({"started", "start_failed", "lost", "ended", "unresolved", "requeued"})
-# Why an unresolved launch means the worker did not answer (coordinator reason).
-_NO_ANSWER = "LAUNCH_OUTCOME_UNKNOWN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +93,8 @@ class PassResult:
         (docs/design.md §3.3, no silent retry storm), not run another pass at once."""
         found = self.activated
         return found is not None and (
-            found.error_code == ErrorCode.EXECUTOR_UNAVAILABLE or found.reason == _NO_ANSWER
+            found.error_code == ErrorCode.EXECUTOR_UNAVAILABLE
+            or found.reason == LAUNCH_OUTCOME_UNKNOWN
         )
 
 
@@ -166,7 +172,13 @@ class Dispatcher:
             # An unsafe root or shard stops the pass: every other candidate would hit it too.
             outcome = CandidateOutcome(**ids, kind="artifact_refused", reason=exc.reason)
             return outcome, not exc.per_candidate
+        except (KeyUnavailable, StorageUnavailable) as exc:
+            # The key ring or the database fails every candidate alike: the run stays queued
+            # and the pass stops until the operator (or the disk) fixes it.
+            return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__), True
         except Exception as exc:
+            # Last resort, on purpose: a bug or an untranslated driver error in one candidate
+            # must end this pass with a content-free outcome, never the dispatch loop.
             return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__), True
         # At most one launch per pass (docs/design.md §3.3), whatever its outcome.
         return self._start(candidate, command), True
@@ -176,12 +188,11 @@ class Dispatcher:
         try:
             result = self._coordinators().start(command)
         except Exception as exc:
-            # T1 did not take (a race, or the database refused): no shim exists for this
+            # T1 did not take (a race, or the database refused; broad on purpose, since any
+            # error out of T1 means the launcher was never called): no shim exists for this
             # attempt, so the empty log we created is removed.
             self._materializer.discard_artifact(command)
-            if isinstance(exc, (*_RACES, NotFound)) or (
-                isinstance(exc, Conflict) and exc.code == ErrorCode.INVALID_TRANSITION
-            ):
+            if isinstance(exc, (*_RACES, NotFound)):
                 return CandidateOutcome(**ids, kind="skipped_race")
             return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__)
         finally:

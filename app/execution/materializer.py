@@ -329,7 +329,7 @@ class Materializer:
         except (*_RACES, NotFound):
             return CandidateGone(candidate.run_id)
         except Conflict as exc:
-            if exc.code in (ErrorCode.INVALID_TRANSITION, ErrorCode.RUN_TERMINAL):
+            if exc.code is ErrorCode.RUN_TERMINAL:
                 return CandidateGone(candidate.run_id)
             raise
         return RunFailedBeforeStart(code)

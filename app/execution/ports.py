@@ -2,6 +2,11 @@
 
 The execution layer imports these protocols only; adapters live in ``app.storage`` and
 ``app.worker`` and are wired together by the composition root in ``app.context``.
+
+Each method says in a ``Raises:`` line what it raises; every name there is defined in
+app/domain/errors.py, so the execution layer catches them without importing an adapter.
+Every method of a database-backed port may also raise StorageUnavailable (the database
+cannot commit now); its line says so as "StorageUnavailable".
 """
 
 from __future__ import annotations
@@ -10,16 +15,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
-from app.domain.errors import ErrorCode
-from app.domain.execution import (
-    CompletionOutcome,
+from app.domain.errors import (
+    ErrorCode,
     LaunchFailed,
+    LaunchOutcomeUnknown,
     LaunchRejected,
-    LaunchRequest,
     LaunchUnavailable,
-    ReservationState,
-    StopResult,
 )
+from app.domain.execution import CompletionOutcome, LaunchRequest, ReservationState, StopResult
 from app.domain.model import (
     LogInfo,
     ProcessHandle,
@@ -37,8 +40,8 @@ class Launcher(Protocol):
 
         Raises: LaunchUnavailable (provably nothing spawned: the worker was not reached, or
         refused before journaling), LaunchRejected (the attempt is journaled or fenced
-        already), LaunchFailed (the spawn failed, nothing left running); anything else
-        means the outcome is unknown.
+        already), LaunchFailed (the spawn failed, nothing left running), LaunchOutcomeUnknown
+        (the request may have arrived and no answer came: a process may exist).
         """
         ...
 
@@ -47,7 +50,10 @@ class ProcessController(Protocol):
     """Stops a process group by exact durable identity."""
 
     def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
-        """TERM, bounded grace, identity re-check, KILL; never signal a mismatched identity."""
+        """TERM, bounded grace, identity re-check, KILL; never signal a mismatched identity.
+
+        Raises: nothing by contract; ``unknown`` when it cannot tell (the worker not reached).
+        """
         ...
 
 
@@ -55,11 +61,17 @@ class DefinitionSource(Protocol):
     """Immutable definitions, read-only."""
 
     def get_revision(self, task: str, revision: int) -> TaskRevision:
-        """Raise NotFound when missing."""
+        """The task's revision.
+
+        Raises: NotFound (TASK_NOT_FOUND, REVISION_NOT_FOUND), StorageUnavailable.
+        """
         ...
 
     def get_recipe(self, rid: str) -> Recipe:
-        """Raise NotFound when missing."""
+        """The recipe with id ``rid``.
+
+        Raises: NotFound (RECIPE_NOT_FOUND), StorageUnavailable.
+        """
         ...
 
 
@@ -67,7 +79,11 @@ class SecretSource(Protocol):
     """Decrypts secret values, only inside the materializer's call."""
 
     def resolve(self, names: frozenset[str]) -> dict[str, str]:
-        """Values by name; raise NotFound(SECRET_NOT_FOUND) if any name is missing."""
+        """Values by name.
+
+        Raises: NotFound (SECRET_NOT_FOUND: a name is missing), KeyUnavailable (a value does
+        not decrypt under the key ring), StorageUnavailable.
+        """
         ...
 
 
@@ -84,13 +100,22 @@ class RunTransitions(Protocol):
         deadline_at_ms: int | None,
         log_artifact_id: str,
     ) -> Run:
-        """T1."""
+        """T1: run queued→dispatching, attempt claimed→starting with the callback digest.
+
+        Raises: NotFound (no such run, or not its latest attempt), VersionConflict (the run
+        is not at ``expected_version``, or a concurrent change won), InvalidTransition (not
+        queued/claimed, a cancel intent, or the attempt already armed), StorageUnavailable.
+        """
         ...
 
     def record_running(
         self, *, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
     ) -> Run:
-        """T2."""
+        """T2: attempt starting→running with its durable handle, run dispatching→running.
+
+        Raises: NotFound, InvalidTransition (the start moved on: e.g. the job's ending was
+        already applied from ``starting``), VersionConflict, StorageUnavailable.
+        """
         ...
 
     def fail_attempt(
@@ -102,7 +127,11 @@ class RunTransitions(Protocol):
         lost: bool = False,
         expected_version: int | None = None,
     ) -> Run:
-        """End an attempt as failed (or lost) with a stable code; CAS on ``expected_version``."""
+        """End an attempt as failed (or lost) with a stable code; CAS on ``expected_version``.
+
+        Raises: NotFound, InvalidTransition (the attempt already ended, or its state does
+        not allow that ending), VersionConflict, StorageUnavailable.
+        """
         ...
 
     def requeue_unspawned(self, *, run_id: str, attempt_id: str) -> Run:
@@ -110,7 +139,8 @@ class RunTransitions(Protocol):
         run queued again with a fresh claimed attempt, in one transaction (or, with a cancel
         intent or past MAX_UNAVAILABLE_ATTEMPTS, the run's ending instead).
 
-        Raises: NotFound, InvalidTransition or VersionConflict when the start moved on.
+        Raises: NotFound, InvalidTransition or VersionConflict when the start moved on;
+        StorageUnavailable.
         """
         ...
 
@@ -151,11 +181,18 @@ class CandidateSource(Protocol):
     """Bounded candidate discovery and the exact re-read of one run (docs/design.md §3.3, §3.4)."""
 
     def dispatch_candidates(self, *, limit: int, cursor: str | None = None) -> CandidatePage:
-        """One page of candidates in dispatch order."""
+        """One page of candidates in dispatch order.
+
+        Raises: ValidationFailed (INVALID_CURSOR: a cursor this source did not issue),
+        StorageUnavailable.
+        """
         ...
 
     def get_run(self, run_id: str) -> Run:
-        """The run with its latest attempt; raise NotFound when missing."""
+        """The run with its latest attempt.
+
+        Raises: NotFound (RUN_NOT_FOUND), StorageUnavailable.
+        """
         ...
 
 
@@ -163,7 +200,10 @@ class DiskProbe(Protocol):
     """Free space of the filesystem holding a path (statvfs in production)."""
 
     def free_bytes(self, path: Path) -> int:
-        """Bytes available to an unprivileged writer on ``path``'s filesystem."""
+        """Bytes available to an unprivileged writer on ``path``'s filesystem.
+
+        Raises: OSError (statvfs failed even on the nearest existing ancestor).
+        """
         ...
 
 
@@ -171,15 +211,24 @@ class ReceiptFiles(Protocol):
     """The receipt file store, addressed by attempt id (never by listing a directory)."""
 
     def read(self, attempt_id: str) -> bytes | None:
-        """Bounded bytes of the receipt, None when absent; ReceiptInvalid when unsafe."""
+        """Bounded bytes of the receipt, None when absent.
+
+        Raises: ReceiptInvalid (NOT_REGULAR: a symlink or not a regular file), OSError.
+        """
         ...
 
     def quarantine(self, attempt_id: str) -> bool:
-        """Move the receipt into the private quarantine; True when it is there."""
+        """Move the receipt into the private quarantine; True when it is there.
+
+        Raises: OSError (the quarantine directory cannot be written).
+        """
         ...
 
     def remove(self, attempt_id: str) -> None:
-        """Delete a consumed receipt and the shim's temp files of it (missing is fine)."""
+        """Delete a consumed receipt and the shim's temp files of it (missing is fine).
+
+        Raises: OSError (other than the file being missing).
+        """
         ...
 
 
@@ -187,11 +236,17 @@ class ReceiptJournal(Protocol):
     """The worker's receipt journal: consumption state per attempt."""
 
     def mark_consumed(self, *, attempt_id: str) -> bool:
-        """Record that the terminal transaction committed for this attempt."""
+        """Record that the terminal transaction committed for this attempt.
+
+        Raises: StorageUnavailable.
+        """
         ...
 
     def mark_quarantined(self, *, attempt_id: str, reason: str) -> bool:
-        """Record (committed) that the attempt's receipt is bad, with a stable reason."""
+        """Record (committed) that the attempt's receipt is bad, with a stable reason.
+
+        Raises: StorageUnavailable.
+        """
         ...
 
 
@@ -199,7 +254,10 @@ class LogFactSource(Protocol):
     """Size and truncation of an attempt's log artifact."""
 
     def log_info(self, attempt_id: str) -> LogInfo | None:
-        """None when the attempt has no log file."""
+        """None when the attempt has no log file.
+
+        Raises: nothing (an unreadable log counts as none).
+        """
         ...
 
 
@@ -228,6 +286,9 @@ class AttemptCompletions(Protocol):
 
         ``consume_receipt``: on applied or already_terminal, also mark the attempt's
         receipt journal entry consumed, in the same transaction.
+
+        Raises: VersionConflict (a concurrent transition won the CAS; nothing was written),
+        StorageUnavailable. A refused ending is an answer (``rejected``), not an exception.
         """
         ...
 
@@ -269,21 +330,33 @@ class ActiveAttemptSource(Protocol):
     def active_attempts(
         self, *, limit: int, after_id: str | None = None
     ) -> Sequence[ActiveAttemptView]:
-        """Starting or running attempts by id after ``after_id``."""
+        """Starting or running attempts by id after ``after_id``.
+
+        Raises: StorageUnavailable.
+        """
         ...
 
     def stop_candidates(
         self, *, now_ms: int, limit: int, after_id: str | None = None
     ) -> Sequence[ActiveAttemptView]:
-        """Active attempts whose deadline passed or whose run has a cancel intent."""
+        """Active attempts whose deadline passed or whose run has a cancel intent.
+
+        Raises: StorageUnavailable.
+        """
         ...
 
     def active_among(self, attempt_ids: list[str]) -> Mapping[str, ActiveAttemptView]:
-        """Those of ``attempt_ids`` still starting or running, by id (one query)."""
+        """Those of ``attempt_ids`` still starting or running, by id (one query).
+
+        Raises: StorageUnavailable.
+        """
         ...
 
     def starting_since_ms(self, run_id: str) -> int | None:
-        """When the run's latest attempt entered ``starting`` (T1), if it did."""
+        """When the run's latest attempt entered ``starting`` (T1), if it did.
+
+        Raises: StorageUnavailable.
+        """
         ...
 
 
@@ -310,30 +383,48 @@ class JournalIndex(Protocol):
     """Reads and retention of the worker's receipt journal."""
 
     def get(self, attempt_id: str) -> JournalEntryView | None:
-        """The attempt's entry, if any."""
+        """The attempt's entry, if any.
+
+        Raises: StorageUnavailable.
+        """
         ...
 
     def page_by_state(
         self, *, state: str, limit: int, after: tuple[int, str] | None = None
     ) -> Sequence[JournalEntryView]:
-        """Entries in ``state`` by (updated_at_ms, attempt_id) after a keyset cursor."""
+        """Entries in ``state`` by (updated_at_ms, attempt_id) after a keyset cursor.
+
+        Raises: ValueError (not a journal state), StorageUnavailable.
+        """
         ...
 
     def mark_consumed(self, *, attempt_id: str) -> bool:
-        """Leave the scan set: nothing is left to consume for this attempt."""
+        """Leave the scan set: nothing is left to consume for this attempt.
+
+        Raises: StorageUnavailable.
+        """
         ...
 
     def mark_fenced(self, *, attempt_id: str) -> bool:
-        """reserved → fenced, once no shim can start the attempt's job; False if not reserved."""
+        """reserved → fenced, once no shim can start the attempt's job; False if not reserved.
+
+        Raises: StorageUnavailable.
+        """
         ...
 
     def fence(self, *, attempt_id: str, run_id: str) -> JournalEntryView:
         """Commit an entry that refuses every later launch of the attempt; the entry that
-        stands afterwards (the fence, or the launch's own if it reserved first)."""
+        stands afterwards (the fence, or the launch's own if it reserved first).
+
+        Raises: StorageUnavailable.
+        """
         ...
 
     def delete_settled(self, *, attempt_id: str, state: str) -> bool:
-        """Remove an entry still in ``state`` (retention); False if it changed meanwhile."""
+        """Remove an entry still in ``state`` (retention); False if it changed meanwhile.
+
+        Raises: ValueError (a state whose entries are never purged), StorageUnavailable.
+        """
         ...
 
 
@@ -341,11 +432,17 @@ class ProcessProbe(Protocol):
     """Liveness of a handle's exact identities (boot id, pid, start ticks; docs/design.md §3.10)."""
 
     def job_alive(self, handle: ProcessHandle) -> bool:
-        """The job (group leader) with exactly this identity is alive now."""
+        """The job (group leader) with exactly this identity is alive now.
+
+        Raises: nothing (an identity it cannot read is not alive).
+        """
         ...
 
     def shim_alive(self, handle: ProcessHandle) -> bool:
-        """The shim with exactly this identity is alive now."""
+        """The shim with exactly this identity is alive now.
+
+        Raises: nothing (an identity it cannot read is not alive).
+        """
         ...
 
 
@@ -353,15 +450,24 @@ class QuarantineFiles(Protocol):
     """Deletion of settled receipts after their retention."""
 
     def remove_quarantined(self, attempt_id: str) -> None:
-        """Delete the attempt's quarantined receipt and shim temp files (missing is fine)."""
+        """Delete the attempt's quarantined receipt and shim temp files (missing is fine).
+
+        Raises: OSError (other than the file being missing).
+        """
         ...
 
     def remove(self, attempt_id: str) -> None:
-        """Delete a receipt, or shim temp files, a crash left behind (missing is fine)."""
+        """Delete a receipt, or shim temp files, a crash left behind (missing is fine).
+
+        Raises: OSError (other than the file being missing).
+        """
         ...
 
     def sync_removed(self, attempt_ids: Sequence[str]) -> None:
-        """Put on disk every removal of these attempts' receipts (each directory once)."""
+        """Put on disk every removal of these attempts' receipts (each directory once).
+
+        Raises: OSError (a directory fsync failed).
+        """
         ...
 
 
@@ -370,7 +476,10 @@ class ReceiptReservations(Protocol):
 
     def claim_reservation(self, attempt_id: str) -> ReservationState:
         """Take the attempt's reservation name with O_EXCL (``fenced``: no shim can start
-        its job any more), or say whose it is (docs/reserved-launch.md)."""
+        its job any more), or say whose it is (docs/reserved-launch.md).
+
+        Raises: OSError (the receipt directory cannot be written or read).
+        """
         ...
 
 
@@ -378,7 +487,11 @@ class CancelIntents(Protocol):
     """Committing a cancel intent (the worker commits ``timeout``; the api ``user``)."""
 
     def request_cancel(self, *, run_id: str, reason: Literal["user", "timeout"]) -> Run:
-        """Record the intent once; Conflict(RUN_TERMINAL) when the run already ended."""
+        """Record the intent once; a queued run is cancelled at once.
+
+        Raises: NotFound (RUN_NOT_FOUND), Conflict (RUN_TERMINAL: the run already ended),
+        VersionConflict (a concurrent change won the CAS), StorageUnavailable.
+        """
         ...
 
 
@@ -386,7 +499,10 @@ class RunLookup(Protocol):
     """Reading one run back (with its latest attempt)."""
 
     def get_run(self, run_id: str) -> Run:
-        """The run; NotFound when missing."""
+        """The run.
+
+        Raises: NotFound (RUN_NOT_FOUND), StorageUnavailable.
+        """
         ...
 
 
@@ -404,6 +520,7 @@ __all__ = [
     "JournalEntryView",
     "JournalIndex",
     "LaunchFailed",
+    "LaunchOutcomeUnknown",
     "LaunchRejected",
     "LaunchRequest",
     "LaunchUnavailable",

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.domain.errors import DomainError, ErrorCode
+from app.domain.errors import ErrorCode, InvalidTransition, NotFound, VersionConflict
 from app.domain.ids import now_ms
 from app.domain.model import plausible_handle
 from app.domain.profiles import Profile
@@ -57,6 +57,8 @@ from app.execution.ports import (
 )
 
 log = logging.getLogger(__name__)
+# What RunTransitions raises when the attempt moved on before this pass wrote (its Raises:).
+_MOVED_ON = (NotFound, InvalidTransition, VersionConflict)
 
 # Journal states (the storage adapter's vocabulary; strings so execution stays storage-free).
 RESERVED, SPAWN_FAILED = "reserved", "spawn_failed"
@@ -301,7 +303,7 @@ class Reconciler:
             self._transitions.requeue_unspawned(
                 run_id=attempt.run_id, attempt_id=attempt.attempt_id
             )
-        except DomainError:
+        except _MOVED_ON:
             return  # it moved on meanwhile: that stands (the fence still refuses the launch)
         # The fence entry stays: it refuses the late launch until retention purges it, and
         # the launcher refuses any attempt no longer ``starting`` after that.
@@ -314,7 +316,7 @@ class Reconciler:
             self._transitions.fail_attempt(
                 run_id=attempt.run_id, attempt_id=attempt.attempt_id, error_code=code, lost=lost
             )
-        except DomainError:
+        except _MOVED_ON:
             return  # it ended (or moved on) meanwhile: that ending stands
         if lost:
             report.lost += 1

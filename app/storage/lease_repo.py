@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine, Row, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json
+from app.domain.errors import LeaseHeld, LeaseLost
 from app.domain.ids import now_ms, uuid7
 from app.domain.lease import (
     WORKER_LEASE_ACQUIRED,
@@ -26,8 +27,6 @@ from app.domain.lease import (
     WORKER_LEASE_TAKEN_OVER,
     Claimant,
     Lease,
-    LeaseHeld,
-    LeaseLost,
     Take,
     decide,
 )

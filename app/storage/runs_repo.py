@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,7 +11,14 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, Row, Table, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.domain.canonical import canonical_json, sha256_digest
+from app.domain.canonical import canonical_json
+from app.domain.completion_rules import (
+    LOCAL_PROCESS,
+    AlreadyEnded,
+    Refused,
+    decide_completion,
+    refuse_caller,
+)
 from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
 from app.domain.events import RUN_CANCEL_REQUESTED, attempt_event, run_event
 from app.domain.execution import CompletionOutcome
@@ -20,7 +26,6 @@ from app.domain.ids import now_ms, uuid7
 from app.domain.model import LogInfo, ProcessHandle, Run
 from app.domain.states import (
     MAX_UNAVAILABLE_ATTEMPTS,
-    TERMINAL_ATTEMPT,
     TERMINAL_RUN,
     AttemptStatus,
     RunStatus,
@@ -33,8 +38,6 @@ from app.storage.journal_repo import mark_consumed_in
 from app.storage.run_reads import run_from_rows
 from app.storage.tables import attempts, idempotency_keys, run_events, runs
 from app.storage.uow import UnitOfWork
-
-LOCAL_PROCESS = "local_process"
 
 # Statements are built once: a statement built per call costs its construction and a
 # cache-key walk on every execution, several times a prebuilt one, and every write
@@ -185,13 +188,19 @@ class RunRepository:
             if expected_version is not None and run_row.version != expected_version:
                 raise VersionConflict(run_id)
             if run_row.cancel_reason is not None:
-                raise Conflict(ErrorCode.INVALID_TRANSITION, "the run has a cancel intent")
+                raise InvalidTransition(
+                    "run", run_row.status, RunStatus.DISPATCHING,
+                    reason="the run has a cancel intent",
+                )  # fmt: skip
             if (
                 attempt_row.executor != LOCAL_PROCESS
                 or attempt_row.callback_sequence != 0
                 or attempt_row.callback_token_digest is not None
             ):
-                raise Conflict(ErrorCode.INVALID_TRANSITION, "the attempt was already armed")
+                raise InvalidTransition(
+                    "attempt", attempt_row.status, AttemptStatus.STARTING,
+                    reason="the attempt was already armed",
+                )  # fmt: skip
             at = now_ms()
             written = _step(
                 uow.conn,
@@ -360,33 +369,36 @@ class RunRepository:
         no moment where the ending is recorded and the journal still says pending (and one
         commit less inside SQLite's writer lock per run).
 
-        An attempt still ``starting`` (the job ended before the api's T2 committed) first
-        moves to ``running`` with the shim's ``started_at_ms``, in the same transaction, so
-        the history reads dispatching → running → ending and the api's late T2 is refused.
+        Whether the ending is accepted (token, sequence, latest attempt, the starting →
+        running catch-up, which ending, which times) is decided by app/domain/completion_rules.py
+        from the rows read here; this method reads them, asks, and writes the decision in the
+        same transaction.
         """
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
             attempt_row = conn.execute(_ATTEMPT_BY_ID, {"attempt_id": attempt_id}).first()
-            if attempt_row is None or attempt_row.run_id != run_id:
-                return CompletionOutcome("rejected", reason="WRONG_ATTEMPT")
-            if attempt_row.executor != LOCAL_PROCESS:
-                return CompletionOutcome("rejected", reason="WRONG_EXECUTOR")
-            stored = attempt_row.callback_token_digest
-            if stored is None or not hmac.compare_digest(
-                stored.encode(), sha256_digest(token.encode("utf-8")).encode()
-            ):
-                return CompletionOutcome("rejected", reason="WRONG_TOKEN")
+            refused = refuse_caller(attempt_row, run_id=run_id, token=token)
+            if refused is not None:
+                return CompletionOutcome("rejected", reason=refused.reason)
+            assert attempt_row is not None  # refuse_caller refuses a missing attempt
             run_row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).one()
-            if attempt_row.status in TERMINAL_ATTEMPT or run_row.status in TERMINAL_RUN:
+            decision = decide_completion(
+                attempt_row,
+                run_row,
+                callback_sequence=callback_sequence,
+                exit_code=exit_code,
+                signal=signal,
+                finished_at_ms=finished_at_ms,
+                started_at_ms=started_at_ms,
+            )
+            if isinstance(decision, Refused):
+                return CompletionOutcome("rejected", reason=decision.reason)
+            if isinstance(decision, AlreadyEnded):
                 if consume_receipt and mark_consumed_in(conn, attempt_id):
                     uow.commit()
-                return CompletionOutcome("already_terminal", run_status=run_row.status)
-            if callback_sequence <= attempt_row.callback_sequence:
-                return CompletionOutcome("rejected", reason="WRONG_SEQUENCE")
-            if run_row.latest_attempt != attempt_row.number:
-                return CompletionOutcome("rejected", reason="NOT_LATEST_ATTEMPT")
-            if attempt_row.status == AttemptStatus.STARTING:
-                began = max(started_at_ms or attempt_row.created_at_ms, attempt_row.created_at_ms)
+                return CompletionOutcome("already_terminal", run_status=decision.run_status)
+            began = decision.catch_up_started_at_ms
+            if began is not None:
                 run_row, attempt_row = _step(
                     conn,
                     run_row,
@@ -398,17 +410,12 @@ class RunRepository:
                     run_values={"started_at_ms": began},
                     order="attempt_first",
                 ).rows()
-            ending = ending_for(
-                exit_code=exit_code, signal=signal, cancel_reason=run_row.cancel_reason
-            )
-            # Times never run backwards relative to what is already committed.
-            floor = attempt_row.started_at_ms or attempt_row.created_at_ms
-            finished = max(finished_at_ms, floor)
+            ending = decision.ending
             values: dict[str, Any] = {
-                "exit_code": None if signal is not None else exit_code,
-                "signal": signal,
+                "exit_code": decision.exit_code,
+                "signal": decision.signal,
                 "callback_sequence": callback_sequence,
-                "finished_at_ms": finished,
+                "finished_at_ms": decision.finished_at_ms,
             }
             if log is not None:
                 values |= {
@@ -417,7 +424,7 @@ class RunRepository:
                     "log_dropped_bytes": log.dropped_bytes,
                     "log_truncation_reason": log.reason,
                 }
-            data = {"exit_code": values["exit_code"], "signal": signal}
+            data = {"exit_code": decision.exit_code, "signal": decision.signal}
             if leftovers_stopped is not None:  # a count only (docs/leftovers.md)
                 data["leftovers_stopped"] = leftovers_stopped
             _step(
@@ -428,7 +435,7 @@ class RunRepository:
                 run_to=RunStatus(ending.value),
                 attempt_to=ending,
                 attempt_values=values,
-                run_values={"finished_at_ms": finished},
+                run_values={"finished_at_ms": decision.finished_at_ms},
                 attempt_data=data,
                 order="attempt_first",
             )

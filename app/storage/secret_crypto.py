@@ -29,14 +29,11 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from app.domain.errors import KeyUnavailable
 from app.storage.private_files import not_private
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
-
-
-class KeyUnavailable(Exception):
-    """The key a ciphertext names is not in the ring, or the key material is malformed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.domain.execution import (
+from app.domain.errors import (
     LaunchFailed,
+    LaunchOutcomeUnknown,
     LaunchRejected,
-    LaunchRequest,
-    LaunchUnavailable,
-    StopResult,
+    WorkerUnavailable,
 )
+from app.domain.execution import LaunchRequest, StopResult
 from app.domain.model import ProcessHandle
 
 MAX_RESPONSE_BYTES = 1 << 20
@@ -33,19 +33,6 @@ _STOP_EXTRA_S = 15.0  # the worker's stop may take grace + its own bounded kill 
 
 # The worker's refusal of a launch it did not journal (it has begun shutting down).
 SHUTTING_DOWN = "WORKER_SHUTTING_DOWN"
-
-
-class WorkerUnavailable(LaunchUnavailable):
-    """The worker could not be reached or refused to serve; for ``launch``: provably before
-    anything was journaled (never sent, or refused), so nothing spawned."""
-
-
-class LaunchOutcomeUnknown(Exception):
-    """The launch request may have reached the worker but no answer came back.
-
-    Deliberately not a LaunchFailed: a process may exist, so the caller must not record an
-    ending; recovery decides from the worker's journal (docs/design.md §3.8, fail closed).
-    """
 
 
 class _Broken(Exception):

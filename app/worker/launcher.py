@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from app.domain.artifacts import receipt_relpath
-from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest, StopResult
+from app.domain.errors import LaunchFailed, LaunchRejected
+from app.domain.execution import LaunchRequest, StopResult
 from app.domain.ids import is_uuid7
 from app.domain.model import ProcessHandle
 from app.settings import shim_mode_from_env

@@ -28,8 +28,9 @@ from app.domain.artifacts import (
     receipt_temp_relpath,
     truncation_fact_temp_relpath,
 )
+from app.domain.errors import ReceiptInvalid
 from app.domain.execution import ReservationState
-from app.domain.receipt import RECEIPT_MAX_BYTES, ReceiptInvalid
+from app.domain.receipt import RECEIPT_MAX_BYTES
 from app.worker.identity import current_boot_id, read_identity
 
 DIR_MODE = 0o700

@@ -33,14 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.domain.execution import (
-    LEFTOVERS,
-    LaunchFailed,
-    LaunchRejected,
-    LaunchRequest,
-    Leftovers,
-    StopResult,
-)
+from app.domain.errors import LaunchFailed, LaunchRejected
+from app.domain.execution import LEFTOVERS, LaunchRequest, Leftovers, StopResult
 from app.domain.model import ProcessHandle
 from app.worker.identity import current_boot_id
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from app.domain.errors import KeyUnavailable
 from app.settings import Settings
 from app.storage.engine import make_engine
-from app.storage.secret_crypto import KeyRing, KeyUnavailable, encode_key, new_key
+from app.storage.secret_crypto import KeyRing, encode_key, new_key
 from app.storage.secrets_repo import SecretRepository
 from tests.api.conftest import Client, assert_problem
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from app.domain.errors import ErrorCode, NotFound
-from app.domain.execution import LaunchFailed, LaunchRequest, StopResult
+from app.domain.errors import ErrorCode, LaunchFailed, NotFound
+from app.domain.execution import LaunchRequest, StopResult
 from app.domain.model import ProcessHandle, Recipe, Run, RunEvent, TaskRevision
 from app.domain.profiles import EDGE, STANDALONE, Profile
 from app.execution.coordinator import StartCoordinator

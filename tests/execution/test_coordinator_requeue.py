@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import _drain_concurrently
-from app.domain.execution import LaunchRejected, LaunchUnavailable
+from app.domain.errors import LaunchOutcomeUnknown, LaunchRejected, LaunchUnavailable
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from tests.execution.kit import FakeLauncher, FlakyTransitions, define, enqueue, make_kit
@@ -98,6 +98,31 @@ def test_a_fenced_launch_records_no_second_ending(
     assert (after.status, after.latest_attempt.number) == ("queued", 2)  # type: ignore[union-attr]
     types = _types(kit, run.id)
     assert types.count("attempt.failed") == 1 and not set(types) & TERMINAL_RUN
+
+
+@pytest.mark.parametrize(
+    "error", [LaunchOutcomeUnknown("WORKER_NO_ANSWER"), RuntimeError("a launcher bug")]
+)
+def test_a_launch_with_no_answer_records_no_ending_and_backs_off(
+    engine: Engine, tmp_path: Path, error: Exception
+) -> None:
+    # The request may have reached the worker: a process may exist, so the start stays as
+    # T1 left it for recovery (fail closed); an error the port does not declare is the same.
+    define(engine)
+    run = enqueue(engine)
+    kit = make_kit(engine, tmp_path / "logs", launcher=FakeLauncher(engine, error=error))
+    result = kit.dispatcher.run_pass()
+    outcome = result.activated
+    assert outcome is not None
+    assert (outcome.kind, outcome.reason, outcome.error_code) == (
+        "unresolved", "LAUNCH_OUTCOME_UNKNOWN", None,
+    )  # fmt: skip
+    assert result.worker_unavailable  # no answer: back off as for an absent worker
+    after = kit.run(run.id)
+    assert after.latest_attempt is not None
+    assert (after.status, after.latest_attempt.status) == ("dispatching", "starting")
+    assert _types(kit, run.id)[-2:] == ["run.dispatching", "attempt.starting"]
+    assert kit.controller.calls == []  # never stopped on a guess
 
 
 def test_a_failed_requeue_leaves_the_start_for_recovery(engine: Engine, tmp_path: Path) -> None:

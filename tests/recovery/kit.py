@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from app.domain.artifacts import log_artifact_id
 from app.domain.canonical import sha256_digest
-from app.domain.errors import ErrorCode
+from app.domain.errors import ErrorCode, WorkerUnavailable
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle, Run
 from app.domain.profiles import EDGE
@@ -24,7 +24,6 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.client import WorkerUnavailable
 from app.worker.identity import wait_exit
 from app.worker.launcher import IdentityController
 from app.worker.log_facts import LogFacts

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from app.context.execution_wiring import DispatchBackoff, build_execution
-from app.domain.execution import LaunchRejected
+from app.domain.errors import LaunchRejected, WorkerUnavailable
 from app.domain.ids import now_ms
 from app.domain.model import Run
 from app.domain.profiles import STANDALONE
@@ -25,7 +25,7 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import FENCED
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.client import WorkerClient, WorkerUnavailable
+from app.worker.client import WorkerClient
 from tests.execution.kit import FakeSettings, MemorySecrets
 from tests.recovery.kit import DEADLINE, TERMINAL, Armed, Rig, in_process_reconciler, wait_for
 from tests.worker.kit import launch_request, make_log

@@ -19,8 +19,7 @@ import pytest
 
 from app.domain.artifacts import log_artifact_id, receipt_temp_relpath
 from app.domain.canonical import sha256_digest
-from app.domain.errors import ErrorCode
-from app.domain.execution import LaunchFailed
+from app.domain.errors import ErrorCode, LaunchFailed
 from app.domain.ids import now_ms
 from app.domain.profiles import EDGE
 from app.domain.tokens import new_callback_token

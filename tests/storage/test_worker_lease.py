@@ -8,8 +8,9 @@ import time
 import pytest
 from sqlalchemy import Engine, update
 
+from app.domain.errors import LeaseHeld, LeaseLost
 from app.domain.ids import uuid7
-from app.domain.lease import Claimant, Lease, LeaseHeld, LeaseLost
+from app.domain.lease import Claimant, Lease
 from app.storage.lease_repo import LeaseRepository
 from app.storage.tables import worker_leases
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.domain.lease import Claimant, Lease, LeaseLost, Take, decide
+from app.domain.errors import LeaseLost
+from app.domain.lease import Claimant, Lease, Take, decide
 from app.settings import Settings
 
 ME = Claimant(instance_id="me", host="a", boot_id="b", pid=10, start_ticks=1)

@@ -12,14 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.domain.canonical import canonical_json
+from app.domain.errors import ReceiptInvalid
 from app.domain.ids import uuid7
-from app.domain.receipt import (
-    RECEIPT_MAX_BYTES,
-    Receipt,
-    ReceiptInvalid,
-    decode_receipt,
-    encode_receipt,
-)
+from app.domain.receipt import RECEIPT_MAX_BYTES, Receipt, decode_receipt, encode_receipt
 
 RUN = "01890a5d-ac96-774b-bcce-b302099a8057"
 ATTEMPT = "01890a5d-ac96-7f4b-8cce-b302099a8058"

@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy import Engine
 
 from app.domain.artifacts import quarantine_relpath
+from app.domain.errors import ReceiptInvalid
 from app.domain.ids import uuid7
 from app.domain.model import ProcessHandle
-from app.domain.receipt import RECEIPT_MAX_BYTES, ReceiptInvalid
+from app.domain.receipt import RECEIPT_MAX_BYTES
 from app.storage.journal_repo import (
     CONSUMED,
     QUARANTINED,

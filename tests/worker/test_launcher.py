@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from app.domain.execution import LaunchFailed, LaunchRejected, LaunchRequest
+from app.domain.errors import LaunchFailed, LaunchRejected
+from app.domain.execution import LaunchRequest
 from app.domain.model import ProcessHandle
 from app.storage.engine import make_engine
 from app.storage.journal_repo import RESERVED, SPAWN_FAILED, SPAWNED, JournalRepository

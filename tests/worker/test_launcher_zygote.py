@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from app.domain.execution import LaunchFailed
+from app.domain.errors import LaunchFailed
 from app.domain.model import ProcessHandle
 from app.storage.journal_repo import SPAWN_FAILED, JournalRepository
 from app.worker.identity import wait_exit

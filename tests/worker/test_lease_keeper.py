@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import Engine, select, update
 
 from app.context.worker_lease import LeaseKeeper
-from app.domain.execution import LaunchFailed, LaunchRequest
+from app.domain.errors import LaunchFailed
+from app.domain.execution import LaunchRequest
 from app.domain.model import ProcessHandle
 from app.settings import Settings
 from app.storage.lease_repo import LeaseRepository
