@@ -1170,7 +1170,6 @@ def serve() -> int:
         signal.signal(sig, signal.SIG_IGN)
     _mark_cloexec()
     _prctl(), _capset(), _boot_id()  # once here instead of in every forked shim
-    _set_dumpable_off()
     released: set[int] = set()
     poller = select.poll()
     poller.register(0, select.POLLIN)

@@ -91,7 +91,9 @@ def test_the_attack_chain_fails_at_every_step_when_jobs_run_as_the_job_user(
         )
         served.socket_path.parent.chmod(0o711)  # only the socket's own 0600 may refuse
         base, auth = served.base_url, served.auth
-        isolation = httpx.get(f"{base}/readyz", timeout=10).json()["isolation"]
+        ready = httpx.get(f"{base}/readyz", timeout=10)
+        assert ready.status_code == 200, ready.text
+        isolation = ready.json()["isolation"]
         assert isolation == ("job_user" if job_user else "same_user")
         r = httpx.put(f"{base}/api/v1/secrets/victim", json={"value": "v" * 20}, headers=auth)
         assert r.status_code == 204, r.text
