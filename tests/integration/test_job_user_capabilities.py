@@ -46,7 +46,7 @@ def test_a_job_started_by_a_capable_unprivileged_shim_keeps_no_capability() -> N
         spec = make_spec(
             work, ["/bin/sh", "-c", SCRIPT], cwd="/",
             job={"uid": target.pw_uid, "gid": target.pw_gid, "umask": 0o077, "home": None,
-                 "home_root": "/tmp"},  # noqa: S108
+                 "home_root": "/tmp"},
         )  # fmt: skip
         for path in [work, *work.rglob("*")]:
             os.chown(path, JOB_UID, JOB_UID)

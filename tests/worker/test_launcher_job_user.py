@@ -37,7 +37,7 @@ def _policy(default: bool) -> JobPolicy:
     user = resolve(job_user_or_skip())
     return JobPolicy(
         default=user if default else None, allowed={"batch": user}, umask=0o027, home=None,
-        home_root=Path("/tmp"),  # noqa: S108 - the per-job HOME's default root
+        home_root=Path("/tmp"),
     )  # fmt: skip
 
 
