@@ -13,6 +13,11 @@ DEFAULT_DATA_DIR = "./.qinglong"
 SHIM_MODES = ("zygote", "exec")
 LEASE_TTL_S = 30.0
 LEASE_RENEW_S = 10.0
+# A job user's files are private to it unless the operator says otherwise (docs/job-user.md).
+DEFAULT_JOB_UMASK = 0o077
+# Per-job HOMEs go where every user may create a directory (sticky, world-writable); each
+# name carries 48 random bits and is created with mkdir by the job user (docs/job-user.md).
+JOB_HOME_ROOT = Path("/tmp")  # noqa: S108
 
 
 def shim_mode_from_env(env: Mapping[str, str]) -> str:
@@ -46,6 +51,63 @@ def lease_timing_from_env(env: Mapping[str, str]) -> tuple[float, float]:
     return ttl, renew
 
 
+def job_umask_from_env(env: Mapping[str, str]) -> int:
+    """``QL_JOB_UMASK``: an octal umask for jobs run as the job user (default 077)."""
+    raw = env.get("QL_JOB_UMASK")
+    if not raw:
+        return DEFAULT_JOB_UMASK
+    try:
+        value = int(raw, 8)
+    except ValueError:
+        raise ValueError(f"QL_JOB_UMASK must be an octal umask such as 077, not {raw!r}") from None
+    if not 0 <= value <= 0o777:
+        raise ValueError(f"QL_JOB_UMASK must be between 000 and 777, not {raw}")
+    return value
+
+
+def _names(raw: str | None) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(n.strip() for n in (raw or "").split(",") if n.strip()))
+
+
+def _abs_path_or_none(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    if not raw.startswith("/"):
+        raise ValueError(f"{name} must be an absolute path, not {raw!r}")
+    return Path(raw)
+
+
+@dataclass(frozen=True)
+class JobUserSettings:
+    """Who jobs run as (docs/job-user.md): the service's own user when ``user`` is None."""
+
+    # QL_JOB_USER: a user name or uid; the group is that user's primary group.
+    user: str | None = None
+    # QL_JOB_USERS: the users a revision's ``run_as`` may name (the api refuses others).
+    allowed: tuple[str, ...] = ()
+    umask: int = DEFAULT_JOB_UMASK
+    # QL_JOB_HOME: one HOME for every job; None means a fresh per-job HOME under home_root.
+    home: Path | None = None
+    home_root: Path = JOB_HOME_ROOT
+
+    @property
+    def configured(self) -> bool:
+        """True when any job may run as another user (the worker must be able to switch)."""
+        return self.user is not None or bool(self.allowed)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobUserSettings:
+        """Read ``QL_JOB_USER``, ``QL_JOB_USERS``, ``QL_JOB_UMASK``, ``QL_JOB_HOME``(``_ROOT``)."""
+        return cls(
+            user=(env.get("QL_JOB_USER") or "").strip() or None,
+            allowed=_names(env.get("QL_JOB_USERS")),
+            umask=job_umask_from_env(env),
+            home=_abs_path_or_none(env, "QL_JOB_HOME"),
+            home_root=_abs_path_or_none(env, "QL_JOB_HOME_ROOT") or JOB_HOME_ROOT,
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a process of the service needs to know about where it lives."""
@@ -62,6 +124,7 @@ class Settings:
     # QL_CGROUP_ROOT: "auto" (the worker's own cgroup v2), "off", or an absolute path
     # (app/worker/cgroups.py, docs/leftovers.md).
     cgroup_root: str = "auto"
+    job: JobUserSettings = field(default_factory=JobUserSettings)
 
     @classmethod
     def from_env(
@@ -85,6 +148,7 @@ class Settings:
             lease_ttl_s=ttl,
             lease_renew_s=renew,
             cgroup_root=env.get("QL_CGROUP_ROOT") or "auto",
+            job=JobUserSettings.from_env(env),
         )
 
     def with_data_dir(self, data_dir: Path) -> Settings:

@@ -101,6 +101,7 @@ def put_revision(
         timeout_seconds=body.timeout_seconds,
         priority=body.priority,
         leftovers=body.leftovers,
+        run_as=body.run_as,
     )
     response.status_code = 201 if created else 200
     response.headers["ETag"] = strong_etag(rev.digest)

@@ -36,4 +36,5 @@ async def readyz(facade: Ctx) -> Ready:
     if not readiness.ready:
         failing = ", ".join(f"{k}: {v}" for k, v in sorted(readiness.checks.items()) if v != "ok")
         raise ApiProblem(503, NOT_READY, failing)
-    return Ready(status="ready", checks=readiness.checks)
+    isolation = "job_user" if facade.job_isolation == "job_user" else "same_user"
+    return Ready(status="ready", checks=readiness.checks, isolation=isolation)

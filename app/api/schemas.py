@@ -76,6 +76,14 @@ class RevisionIn(_In):
             "cgroup where the host has one) or keep (they run on, ownerless)."
         ),
     )
+    run_as: Text | None = Field(
+        default=None,
+        description=(
+            "The OS user the job runs as: one of the users the operator allowed with "
+            "QL_JOB_USERS (else 422 RUN_AS_NOT_ALLOWED). Absent: the default job user "
+            "(QL_JOB_USER), or the service's own user when none is configured."
+        ),
+    )
 
 
 class RevisionOut(BaseModel):
@@ -88,6 +96,7 @@ class RevisionOut(BaseModel):
     timeout_seconds: int | None
     priority: int
     leftovers: Literal["kill", "keep"]
+    run_as: str | None = None
     digest: str
     created_at_ms: int
 
@@ -103,6 +112,7 @@ class RevisionOut(BaseModel):
             timeout_seconds=r.timeout_seconds,
             priority=r.priority,
             leftovers=r.leftovers,
+            run_as=r.run_as,
             digest=r.digest,
             created_at_ms=r.created_at_ms,
         )
@@ -295,3 +305,10 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready"]
     checks: dict[str, str]
+    isolation: Literal["job_user", "same_user"] = Field(
+        default="same_user",
+        description=(
+            "Who jobs run as by default: job_user (QL_JOB_USER, a separate OS user that "
+            "cannot read the data dir) or same_user (the service's own user; docs/job-user.md)."
+        ),
+    )

@@ -15,6 +15,7 @@ from app.context.stop_jobs import stop_active_jobs
 from app.context.supervisor import ServiceSpec, Supervisor
 from app.context.worker_lease import EXIT_LEASE_HELD
 from app.settings import Settings
+from app.worker.job_user import job_policy
 
 APP_FACTORY = "app.api.main:create_app"
 # Bounds uvicorn's graceful shutdown (open streams such as log follows) so a stop or a
@@ -118,6 +119,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, then supervise the api and the worker until SIGTERM/SIGINT."""
     _log_to_stderr(logging.getLogger("qinglong.supervisor"))
     settings = private_settings(args)
+    if settings.job.configured:
+        job_policy(settings.job)  # refuse here, once, before migrating (docs/job-user.md)
     _check_listen(args.host, args.port)
     cmd_migrate(args)
     api_argv = [sys.executable, "-m", "app", "api", "--host", args.host]

@@ -231,6 +231,8 @@ def build_context(
         _readiness_probe=probe,
         _notify_enqueued=background.kick,
         reads_inline=engine.dialect.name == "sqlite",
+        run_as_allowed=frozenset(settings.job.allowed),
+        job_isolation="job_user" if settings.job.user else "same_user",
     )
     return AppContext(
         settings=settings,

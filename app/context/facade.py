@@ -27,6 +27,7 @@ from app.domain.validation import (
     validate_name,
     validate_priority,
     validate_recipe,
+    validate_run_as,
     validate_timeout,
 )
 from app.storage.definitions_repo import DefinitionRepository
@@ -81,6 +82,10 @@ class AppFacade:
     # PostgreSQL reads are network round trips and go to a worker thread, except GET one
     # run's, which runs on the event loop's own connections (``get_run_async``).
     reads_inline: bool = False
+    # QL_JOB_USERS: what a revision's run_as may name; and who jobs run as by default
+    # ("job_user" or "same_user", shown by /readyz; docs/job-user.md).
+    run_as_allowed: frozenset[str] = frozenset()
+    job_isolation: str = "same_user"
 
     # -- definitions ------------------------------------------------------------------------
 
@@ -107,6 +112,7 @@ class AppFacade:
         timeout_seconds: int | None,
         priority: int,
         leftovers: str = "kill",
+        run_as: str | None = None,
     ) -> tuple[TaskRevision, bool]:
         """Append a task revision; ``(revision, created)``; Conflict when it differs."""
         validate_name(task, what="task name")
@@ -124,6 +130,7 @@ class AppFacade:
                 timeout_seconds=validate_timeout(timeout_seconds),
                 priority=validate_priority(priority),
                 leftovers=validate_leftovers(leftovers),
+                run_as=validate_run_as(run_as, self.run_as_allowed),
             )
         except NotFound as exc:
             # A dangling reference in the body is bad input (422), not a missing resource.

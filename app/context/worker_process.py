@@ -9,6 +9,7 @@ and are picked up again at the next start (watcher re-arm and the recovery loop)
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from app.storage.migrate import current_revision, head_revision
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.cgroups import CgroupRoot, detect
+from app.worker.job_user import JobPolicy, job_policy
 from app.worker.launcher import IdentityController, ShimLauncher
 from app.worker.log_facts import LogFacts
 from app.worker.probe import HandleProbe
@@ -72,6 +74,9 @@ class WorkerProcess:
     def start(self) -> WorkerParts:
         """Check the schema, build every part, re-arm live completion, open the socket."""
         s = self.settings
+        # Before the database and the lease: a worker that cannot run jobs as the configured
+        # user refuses to start (JobUserUnavailable, one line), never runs them as itself.
+        policy = self.job_policy()
         engine = make_engine(s.database_url)
         try:
             if current_revision(engine) != head_revision():
@@ -91,7 +96,7 @@ class WorkerProcess:
             self._cgroup_root = detect(s.cgroup_root)
             launcher = ShimLauncher(
                 journal=journal, receipts=receipts, on_spawned=watcher.add, mode=s.shim_mode,
-                cgroup_root=self._cgroup_root,
+                cgroup_root=self._cgroup_root, job_policy=policy,
             )  # fmt: skip
             server = ControlServer(
                 path=s.socket_path,
@@ -130,6 +135,18 @@ class WorkerProcess:
             raise
         log.info("worker listening")
         return self.parts
+
+    def job_policy(self) -> JobPolicy | None:
+        """The checked job users (None: jobs run as the service's user; docs/job-user.md)."""
+        job = self.settings.job
+        if job.configured:
+            return job_policy(job)
+        log.warning(
+            "jobs run as the service's own user (uid %d): a job can read the data dir, the "
+            "database and the key file; set QL_JOB_USER to isolate them (docs/job-user.md)",
+            os.geteuid(),
+        )
+        return None
 
     def _recovery(self) -> RecoveryLoop:
         """Reconciler + cancellation sweep on one thread (docs/design.md §3.13)."""

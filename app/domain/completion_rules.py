@@ -1,5 +1,5 @@
-"""Whether a process ending may become an attempt's terminal state (DESIGN.md, Completion
-service): the rules the completion transaction applies to the rows it read.
+"""Whether a process ending may become an attempt's terminal state (docs/design.md §3.12):
+the rules the completion transaction applies to the rows it read.
 
 Pure: the storage adapter reads the attempt and its run inside one transaction, asks these
 functions, and writes what they decided in the same transaction. In order:

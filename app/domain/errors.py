@@ -66,6 +66,7 @@ class ErrorCode(StrEnum):
     DUPLICATE_ENV_KEY = "DUPLICATE_ENV_KEY"
     INVALID_NAME = "INVALID_NAME"
     INVALID_CWD = "INVALID_CWD"
+    RUN_AS_NOT_ALLOWED = "RUN_AS_NOT_ALLOWED"
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     REVISION_CONFLICT = "REVISION_CONFLICT"
     RECIPE_CONFLICT = "RECIPE_CONFLICT"
@@ -241,7 +242,7 @@ class LaunchOutcomeUnknown(Exception):
     """The launch request may have reached the worker but no answer came back.
 
     Deliberately not a LaunchFailed: a process may exist, so the caller must not record an
-    ending; recovery decides from the worker's journal (ADR-0070 §4, fail closed).
+    ending; recovery decides from the worker's journal (docs/design.md §3.8, fail closed).
     """
 
     def __init__(self, reason: str) -> None:

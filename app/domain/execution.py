@@ -36,10 +36,14 @@ class LaunchRequest:
     log_quota_bytes: int
     deadline_at_ms: int | None
     leftovers: Leftovers = "kill"
+    # The revision's ``run_as`` (a name from QL_JOB_USERS); None: the worker's default job
+    # user, or the service's own user when none is configured (docs/job-user.md).
+    run_as: str | None = None
 
     def wire_fields(self) -> dict[str, Any]:
-        """Plain JSON-able fields shared by the worker socket request and the shim spec."""
-        return {
+        """Plain JSON-able fields shared by the worker socket request and the shim spec
+        (``run_as`` only when set; the launcher turns it into the spec's ``job``)."""
+        fields: dict[str, Any] = {
             "run_id": self.run_id,
             "attempt_id": self.attempt_id,
             "callback_sequence": self.callback_sequence,
@@ -51,6 +55,9 @@ class LaunchRequest:
             "log_quota_bytes": self.log_quota_bytes,
             "leftovers": self.leftovers,
         }
+        if self.run_as is not None:
+            fields["run_as"] = self.run_as
+        return fields
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ class TaskRevision:
     digest: str
     created_at_ms: int
     leftovers: Leftovers = "kill"  # what happens to the rest of the job when its main process ends
+    run_as: str | None = None  # a job user from QL_JOB_USERS (docs/job-user.md)
 
     def body(self) -> dict[str, Any]:
         """The canonical body whose digest identifies this revision."""
@@ -36,6 +37,7 @@ class TaskRevision:
             timeout_seconds=self.timeout_seconds,
             priority=self.priority,
             leftovers=self.leftovers,
+            run_as=self.run_as,
         )
 
 
@@ -48,11 +50,13 @@ def revision_body(
     timeout_seconds: int | None,
     priority: int,
     leftovers: str = "kill",
+    run_as: str | None = None,
 ) -> dict[str, Any]:
     """The dict that is canonicalized and digested for a revision.
 
     ``leftovers`` enters the body only when it is not the default: a revision stored before
     the field existed keeps its digest, and re-putting it unchanged is still "the same".
+    ``run_as`` likewise enters only when set.
     """
     body: dict[str, Any] = {
         "executor": executor,
@@ -64,6 +68,8 @@ def revision_body(
     }
     if leftovers != "kill":
         body["leftovers"] = leftovers
+    if run_as is not None:
+        body["run_as"] = run_as
     return body
 
 

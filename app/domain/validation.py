@@ -174,6 +174,17 @@ def validate_leftovers(leftovers: str) -> Leftovers:
     raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "leftovers must be kill or keep")
 
 
+def validate_run_as(run_as: str | None, allowed: frozenset[str]) -> str | None:
+    """run_as: absent, or one of the job users the operator allowed (QL_JOB_USERS)."""
+    if run_as is None:
+        return None
+    if run_as not in allowed:
+        raise ValidationFailed(
+            ErrorCode.RUN_AS_NOT_ALLOWED, "run_as must name a user allowed by QL_JOB_USERS"
+        )
+    return run_as
+
+
 def merge_environment(
     env: Mapping[str, str], secret_values: Mapping[str, str], reserved: Mapping[str, str]
 ) -> dict[str, str]:

@@ -96,6 +96,7 @@ class StartCommand:
     log_quota_bytes: int
     deadline_at_ms: int | None
     leftovers: Leftovers = "kill"
+    run_as: str | None = None
 
     def launch_request(self, token: str) -> LaunchRequest:
         """The worker's request for this command with the fresh callback token."""
@@ -111,6 +112,7 @@ class StartCommand:
             log_quota_bytes=self.log_quota_bytes,
             deadline_at_ms=self.deadline_at_ms,
             leftovers=self.leftovers,
+            run_as=self.run_as,
         )
 
 
@@ -176,6 +178,7 @@ class Materializer:
             log_quota_bytes=profile.log_quota_bytes,
             deadline_at_ms=deadline,
             leftovers=revision.leftovers,
+            run_as=revision.run_as,
         )
 
     def discard_artifact(self, command: StartCommand) -> None:

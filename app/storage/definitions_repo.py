@@ -66,6 +66,7 @@ class DefinitionRepository:
         timeout_seconds: int | None,
         priority: int,
         leftovers: Leftovers = "kill",
+        run_as: str | None = None,
     ) -> tuple[TaskRevision, bool]:
         """Append a revision; ``(revision, created)``; Conflict when the content differs."""
         body = revision_body(
@@ -76,6 +77,7 @@ class DefinitionRepository:
             timeout_seconds=timeout_seconds,
             priority=priority,
             leftovers=leftovers,
+            run_as=run_as,
         )
         digest = content_digest(body)
         try:
@@ -119,6 +121,7 @@ class DefinitionRepository:
             digest=digest,
             created_at_ms=at,
             leftovers=leftovers,
+            run_as=run_as,
         )
         return stored, True
 
@@ -234,4 +237,5 @@ def _revision(row: Row[Any]) -> TaskRevision:
         digest=row.digest,
         created_at_ms=row.created_at_ms,
         leftovers=body.get("leftovers", "kill"),
+        run_as=body.get("run_as"),
     )

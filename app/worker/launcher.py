@@ -40,7 +40,7 @@ from app.domain.errors import LaunchFailed, LaunchRejected
 from app.domain.execution import LaunchRequest, StopResult
 from app.domain.ids import is_uuid7
 from app.domain.model import ProcessHandle
-from app.settings import shim_mode_from_env
+from app.settings import SHIM_MODES
 from app.storage.journal_repo import (
     FENCED,
     RESERVED,
@@ -52,6 +52,7 @@ from app.storage.journal_repo import (
 from app.worker.cgroups import PREFIX as CGROUP_PREFIX
 from app.worker.cgroups import CgroupRoot, settle
 from app.worker.identity import ProcessIdentity, current_boot_id, stat_fields, stop_identity
+from app.worker.job_user import JobPolicy
 from app.worker.receipts import ReceiptStore
 from app.worker.zygote import ForkFailed, NotReceived, Uncertain, Zygote, ZygoteUnavailable
 
@@ -93,21 +94,27 @@ class ShimLauncher:
         shim_path: str = SHIM_PATH,
         before_spawn: Callable[[LaunchRequest], None] | None = None,
         spec_extra: dict[str, Any] | None = None,
-        mode: str | None = None,
+        mode: str = SHIM_MODES[0],
         cgroup_root: CgroupRoot | None = None,
+        job_policy: JobPolicy | None = None,
     ) -> None:
+        """Settings arrive explicitly from the worker's composition root (``Settings``):
+        ``mode`` is QL_SHIM_MODE, ``job_policy`` the checked QL_JOB_USER* (None: jobs run as
+        the service's user); nothing here reads the environment."""
         self._journal = journal
         self._receipts = receipts
         self._on_spawned = on_spawned
         self._status_timeout_s = status_timeout_s
         self._argv = [python, "-I", "-S", shim_path]
-        mode = mode or shim_mode_from_env(os.environ)
+        if mode not in SHIM_MODES:
+            raise ValueError(f"shim mode must be one of {', '.join(SHIM_MODES)}, not {mode!r}")
         self._zygote = (
             Zygote(argv=self._argv, reply_timeout_s=status_timeout_s) if mode == "zygote" else None
         )
         self._before_spawn = before_spawn  # test hook: observe state right before the spawn
         self._spec_extra = dict(spec_extra or {})  # test hook: e.g. the shim's test_hook
         self._cgroup_root = cgroup_root  # None: leftovers are stopped by process tree only
+        self._job_policy = job_policy
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
         """Start the attempt once and return its durable handle, or raise LaunchFailed."""
@@ -118,6 +125,7 @@ class ShimLauncher:
         is the one of an earlier launch of this attempt)."""
         if not (is_uuid7(request.run_id) and is_uuid7(request.attempt_id)):
             raise LaunchFailed("BAD_REQUEST")
+        job = self._job_spec(request.run_as)  # before the journal: a refusal spawns nothing
         try:
             self._journal.reserve(
                 attempt_id=request.attempt_id,
@@ -144,7 +152,7 @@ class ShimLauncher:
             raise LaunchFailed("RECEIPT_DIR_FAILED") from None
         if self._before_spawn is not None:
             self._before_spawn(request)
-        handle, started_at_ms = self._spawn(request, shard)
+        handle, started_at_ms = self._spawn(request, shard, job)
         try:
             recorded = self._journal.record_spawned(attempt_id=request.attempt_id, handle=handle)
         except Exception:
@@ -170,19 +178,37 @@ class ShimLauncher:
         if self._zygote is not None:
             self._zygote.close()
 
-    def _spec(self, request: LaunchRequest, shard: Path) -> bytes:
+    def _job_spec(self, run_as: str | None) -> dict[str, Any] | None:
+        """The spec's ``job`` for a request (None: the service's own user); a ``run_as`` this
+        worker was not configured for is refused, never run as someone else."""
+        policy = self._job_policy
+        if policy is None:
+            if run_as is not None:
+                raise LaunchFailed("RUN_AS_NOT_ALLOWED")
+            return None
+        try:
+            return policy.spec(policy.user_for(run_as))
+        except KeyError:
+            raise LaunchFailed("RUN_AS_NOT_ALLOWED") from None
+
+    def _spec(self, request: LaunchRequest, shard: Path, job: dict[str, Any] | None) -> bytes:
+        fields = request.wire_fields()
+        fields.pop("run_as", None)
         spec = {
             "protocol": PROTOCOL,
-            **request.wire_fields(),
+            **fields,
             "receipt_dir": str(shard),
             "receipt_name": f"{request.attempt_id}.json",
             "cgroup_root": None if self._cgroup_root is None else str(self._cgroup_root.path),
+            **({} if job is None else {"job": job}),
             **self._spec_extra,
         }
         return json.dumps(spec, separators=(",", ":")).encode("utf-8")
 
-    def _spawn(self, request: LaunchRequest, shard: Path) -> tuple[ProcessHandle, int]:
-        spec = self._spec(request, shard)
+    def _spawn(
+        self, request: LaunchRequest, shard: Path, job: dict[str, Any] | None
+    ) -> tuple[ProcessHandle, int]:
+        spec = self._spec(request, shard, job)
         started = self._start_zygote(request, spec) if self._zygote is not None else None
         if started is None:
             started = self._start_exec(request, spec)

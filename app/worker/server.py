@@ -146,6 +146,9 @@ def parse_launch(req: dict[str, Any]) -> LaunchRequest:
     leftovers: Leftovers = req.get("leftovers", "kill")  # absent: an api older than the field
     if leftovers not in LEFTOVERS:
         raise BadRequest("leftovers")
+    run_as = req.get("run_as")
+    if run_as is not None and (not isinstance(run_as, str) or not run_as):
+        raise BadRequest("run_as")
     return LaunchRequest(
         run_id=strs["run_id"],
         attempt_id=strs["attempt_id"],
@@ -158,6 +161,7 @@ def parse_launch(req: dict[str, Any]) -> LaunchRequest:
         log_quota_bytes=quota,
         deadline_at_ms=_int(req, "deadline_at_ms", optional=True),
         leftovers=leftovers,
+        run_as=run_as,
     )
 
 

@@ -33,6 +33,12 @@ READ_CHUNK = 64 * 1024
 # draining for at most this long, then close the read end and publish the receipt.
 POST_EXIT_DRAIN_SECONDS = 1.0
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# How the job's child reports a failure between fork and exec: "CODE errno" on a pipe.
+_CHILD_FAILED = 127
 # The receipt's 4 KiB limit (docs/design.md §3.11): its temp file holds this much before the job
 # starts, so publishing rewrites allocated space in place and a full disk cannot refuse it.
 RECEIPT_RESERVE_BYTES = 4096
@@ -163,7 +169,9 @@ def _validate(spec: object) -> dict[str, Any]:
         raise ShimError("SPEC_INVALID")
     keys = set(spec)
     hook = spec.get("test_hook")
-    if keys - {"test_hook"} != _SPEC_KEYS or (hook is not None and hook not in TEST_HOOKS):
+    if keys - {"test_hook", "job"} != _SPEC_KEYS or (hook is not None and hook not in TEST_HOOKS):
+        raise ShimError("SPEC_INVALID")
+    if not _valid_job(spec.get("job")):
         raise ShimError("SPEC_INVALID")
     argv, env, cwd = spec["argv"], spec["env"], spec["cwd"]
     ok = (
@@ -195,6 +203,21 @@ def _validate(spec: object) -> dict[str, Any]:
     if not ok:
         raise ShimError("SPEC_INVALID")
     return spec
+
+
+def _valid_job(job: object) -> bool:
+    """The optional ``job`` object: who the job runs as (launch-protocol.md §2)."""
+    if job is None:
+        return True
+    if not isinstance(job, dict) or set(job) != {"uid", "gid", "umask", "home", "home_root"}:
+        return False
+    return (
+        all(_is_int(job[k]) and job[k] > 0 for k in ("uid", "gid"))
+        and _is_int(job["umask"])
+        and 0 <= job["umask"] <= 0o777
+        and (job["home"] is None or _abs_path(job["home"]))
+        and _abs_path(job["home_root"])
+    )
 
 
 def _read_stdin() -> bytes:
@@ -274,6 +297,91 @@ def _prctl() -> Any:
     return _PRCTL[0]
 
 
+_CAPSET: list[Any] = []  # like prctl: resolved once, in the zygote before it forks
+
+
+def _capset() -> Any:
+    """``capset(2)`` with its two arguments as ctypes arrays, or None where it cannot be had."""
+    if not _CAPSET:
+        try:
+            import _ctypes
+
+            class _CInt(_ctypes._SimpleCData):  # type: ignore[type-arg]
+                _type_ = "i"
+
+            class _U32(_ctypes._SimpleCData):  # type: ignore[type-arg]
+                _type_ = "I"
+
+            class _Words(_ctypes.Array):  # type: ignore[type-arg]
+                _type_ = _U32
+                _length_ = 8  # header (version, pid) or data (2 x effective, permitted, inh.)
+
+            class _Capset(_ctypes.CFuncPtr):
+                _flags_ = _ctypes.FUNCFLAG_CDECL
+                _restype_ = _CInt
+
+            func = _Capset(_ctypes.dlsym(_ctypes.dlopen(None), "capset"))  # type: ignore[arg-type]
+            _CAPSET.append((func, _Words))
+        except (OSError, AttributeError, ImportError, TypeError):
+            _CAPSET.append(None)
+    return _CAPSET[0]
+
+
+def _set_dumpable_off() -> None:
+    """No core dump, and /proc/<shim>/fd, environ, mem become root's: a job of another user
+    cannot look into the shim's open files (the log, the receipt directory)."""
+    prctl = _prctl()
+    if prctl is not None:
+        try:  # noqa: SIM105
+            prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        except (OSError, TypeError):
+            pass
+
+
+def _capabilities_left() -> bool:
+    """True while this process still has any capability in any set but the bounding one."""
+    with open("/proc/self/status", "rb") as fh:
+        for line in fh.read().split(b"\n"):
+            if line[:6] in (b"CapInh", b"CapPrm", b"CapEff", b"CapAmb") and int(line[8:], 16):
+                return True
+    return False
+
+
+def _drop_capabilities() -> None:
+    """Leave no capability that survives ``execve``: the ambient set (a non-root service with
+    ambient CAP_SETUID would otherwise hand it to the job, which could switch back) and the
+    inheritable set. Root's sets were already cleared by setuid to a non-zero uid. Checked
+    afterwards: OSError when anything is left, and the job is not started."""
+    prctl = _prctl()
+    if prctl is not None:
+        try:  # noqa: SIM105
+            prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        except (OSError, TypeError):
+            pass
+    capset = _capset()
+    if capset is not None:
+        func, words = capset
+        header, data = words(), words()
+        header[0] = _LINUX_CAPABILITY_VERSION_3
+        try:  # noqa: SIM105
+            func(header, data)  # all zero: lowering is always permitted
+        except (OSError, TypeError):
+            pass
+    if _capabilities_left():
+        raise OSError(errno.EPERM, "capabilities left")
+
+
+def _become(job: dict[str, Any]) -> None:
+    """Switch this (forked) process to the job user: no supplementary groups, its primary
+    group, its uid in all three slots, no capabilities left."""
+    os.setgroups([])
+    os.setresgid(job["gid"], job["gid"], job["gid"])
+    os.setresuid(job["uid"], job["uid"], job["uid"])
+    if os.getuid() != job["uid"] or os.getgid() != job["gid"] or os.getgroups():
+        raise OSError(errno.EPERM, "identity not switched")
+    _drop_capabilities()
+
+
 def _set_subreaper() -> None:
     prctl = _prctl()
     if prctl is not None:
@@ -294,7 +402,10 @@ def _resolve(argv0: str, env: dict[str, str]) -> str:
     raise ShimError("EXEC_FAILED", 2)  # ENOENT
 
 
-def _spawn(spec: dict[str, Any], write_fd: int) -> int:
+def _spawn(spec: dict[str, Any], write_fd: int, home: str | None = None) -> int:
+    job = spec.get("job")
+    if job is not None:
+        return _spawn_as(spec, write_fd, job, home)
     cwd = spec["cwd"] or "/"
     try:
         os.chdir(cwd)
@@ -322,6 +433,133 @@ def _spawn(spec: dict[str, Any], write_fd: int) -> int:
         raise ShimError("SPEC_INVALID") from None
     finally:
         os.chdir("/")
+
+
+def _spawn_as(spec: dict[str, Any], write_fd: int, job: dict[str, Any], home: str | None) -> int:
+    """Fork the job, switch it to the job user, exec it; a failure before ``execve`` comes back
+    on a close-on-exec pipe as "CODE errno" (EOF alone means the exec happened).
+
+    The same file actions as ``posix_spawn`` (stdin /dev/null, stdout and stderr the pipe,
+    own process group, default signals, empty mask), plus: identity, umask, the job's HOME
+    created as the job user, ``cwd`` and the executable looked up as the job user.
+    """
+    env = dict(spec["env"])
+    if job["home"] is not None:
+        env.setdefault("HOME", job["home"])
+    elif home is not None:
+        env.setdefault("HOME", home)
+    err_r, err_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(err_r)
+        os.close(err_w)
+        raise ShimError("EXEC_FAILED", exc.errno) from None
+    if pid == 0:
+        code, err = "JOB_USER_FAILED", 0
+        try:
+            os.close(err_r)
+            os.setpgid(0, 0)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(write_fd, 1)
+            os.dup2(write_fd, 2)
+            if null > 2:
+                os.close(null)
+            for sig in signal.valid_signals():
+                if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                    try:  # noqa: SIM105
+                        signal.signal(sig, signal.SIG_DFL)
+                    except (OSError, ValueError):
+                        pass  # signals the C library keeps for itself
+            _become(job)
+            os.umask(job["umask"])
+            if home is not None and env.get("HOME") == home:
+                code = "HOME_FAILED"
+                os.mkdir(home, 0o700)
+            code = "CWD_INVALID"
+            os.chdir(spec["cwd"] or "/")
+            code = "EXEC_FAILED"
+            path = _resolve(spec["argv"][0], env)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            os.execve(path, spec["argv"], env)  # noqa: S606 - argv as given, never a shell
+        except ShimError as exc:
+            code, err = exc.code, exc.errno or 0
+        except OSError as exc:
+            err = exc.errno or 0
+        except BaseException:  # noqa: S110 - whatever it was, the job must not run
+            pass
+        try:
+            _write_all(err_w, f"{code} {err}".encode("ascii"))
+        finally:
+            os._exit(_CHILD_FAILED)
+    os.close(err_w)
+    report = b""
+    while True:
+        chunk = os.read(err_r, 256)
+        if not chunk:
+            break
+        report += chunk
+    os.close(err_r)
+    if report:
+        os.waitpid(pid, 0)
+        word, _, digits = report.decode("ascii", "replace").partition(" ")
+        number = int(digits) if digits.isdigit() else None
+        raise ShimError(word if word.isupper() else "EXEC_FAILED", number)
+    return pid
+
+
+def _job_home(spec: dict[str, Any]) -> str | None:
+    """The per-job HOME to create (None: the configured one, or no job user)."""
+    job = spec.get("job")
+    if job is None or job["home"] is not None:
+        return None
+    return f"{job['home_root']}/ql-home-{spec['attempt_id']}-{os.urandom(6).hex()}"
+
+
+def _remove_entry(dir_fd: int, name: str) -> None:
+    """Remove ``name`` under ``dir_fd`` and all below it, never following a symlink."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        try:  # noqa: SIM105
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass
+        return
+    try:
+        with os.scandir(fd) as entries:
+            names = [entry.name for entry in entries]
+        for child in names:
+            _remove_entry(fd, child)
+    finally:
+        os.close(fd)
+    try:  # noqa: SIM105
+        os.rmdir(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def _remove_home(job: dict[str, Any], home: str) -> None:
+    """Remove the per-job HOME as the job user (a forked child: the shim never needs rights
+    over the job's files), best effort and bounded by the child's own exit."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return
+    if pid == 0:
+        try:
+            _become(job)
+            parent, name = home.rsplit("/", 1)
+            dir_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            _remove_entry(dir_fd, name)
+        finally:
+            os._exit(0)
+    try:  # noqa: SIM105
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 class _Drain:
@@ -697,6 +935,7 @@ def _run_shim(
 ) -> NoReturn:
     """The long-lived shim (grandchild of the worker)."""
     _set_subreaper()
+    _set_dumpable_off()
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would auto-reap the job
@@ -715,11 +954,14 @@ def _run_shim(
         read_fd, write_fd = os.pipe()  # both close-on-exec; the job gets dup2 copies
         started_at_ms = _now_ms()
         cgroup = _enter_cgroup(spec)
+        home = _job_home(spec)
         try:
-            job_pid = _spawn(spec, write_fd)
+            job_pid = _spawn(spec, write_fd, home)
         except ShimError:
             if cgroup is not None and _leave_cgroup(spec):
                 _remove_cgroup(cgroup)
+            if home is not None:
+                _remove_home(spec["job"], home)
             raise
         shim_inside = cgroup is not None and not _leave_cgroup(spec)
         os.close(write_fd)
@@ -776,6 +1018,8 @@ def _run_shim(
         os._exit(HOOK_EXIT_CODE)
     # Until it is published the run stays running (the shim lives), never lost.
     _until_done(receipt_file.publish, _canonical(receipt), hook)
+    if home is not None:
+        _remove_home(spec["job"], home)  # after the ending is recorded: it never delays it
     os._exit(0)
 
 
@@ -925,7 +1169,7 @@ def serve() -> int:
     for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's signals are for the worker
         signal.signal(sig, signal.SIG_IGN)
     _mark_cloexec()
-    _prctl(), _boot_id()  # once here instead of in every forked shim
+    _prctl(), _capset(), _boot_id()  # once here instead of in every forked shim
     released: set[int] = set()
     poller = select.poll()
     poller.register(0, select.POLLIN)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from app.api.main import create_app
 from app.domain.canonical import content_digest, recipe_id
+from app.settings import JobUserSettings, Settings
 from tests.api.conftest import Client, assert_problem
 
 REV = {"argv": ["/usr/bin/python3", "job.py"], "cwd": "/srv/jobs", "timeout_seconds": 60}
@@ -199,3 +203,47 @@ def test_bad_cursors_and_limits_are_422(client: Client, admin: dict[str, str]) -
             422,
             "VALIDATION_FAILED",
         )
+
+
+def test_run_as_names_only_an_allowed_job_user_and_leaves_other_digests_unchanged(
+    settings: Settings, admin: dict[str, str]
+) -> None:
+    allowing = replace(settings, job=JobUserSettings(user="nobody", allowed=("ql-batch",)))
+    client = Client(create_app(allowing, execution=False))
+    try:
+        plain = client.put("/api/v1/tasks/etl/revisions/1", json=REV, headers=admin)
+        assert plain.status_code == 201 and plain.json()["run_as"] is None
+        # Absent run_as: the body (and digest) a revision had before the field existed.
+        assert plain.json()["digest"] == content_digest(
+            {"executor": "local_process", "argv": REV["argv"], "cwd": "/srv/jobs",
+             "recipe": None, "timeout_seconds": 60, "priority": 0}
+        )  # fmt: skip
+        url = "/api/v1/tasks/etl/revisions/2"
+        named = client.put(url, json=REV | {"run_as": "ql-batch"}, headers=admin)
+        assert named.status_code == 201 and named.json()["run_as"] == "ql-batch"
+        assert named.json()["digest"] != plain.json()["digest"]
+        assert client.get(url, headers=admin).json() == named.json()
+        # The default job user is not in the allowlist, nor is anyone else: refused, stored
+        # nowhere.
+        for bad in ("nobody", "root", "QL-BATCH", ""):
+            refused = client.put(
+                "/api/v1/tasks/etl/revisions/3", json=REV | {"run_as": bad}, headers=admin
+            )
+            assert_problem(refused, 422, "RUN_AS_NOT_ALLOWED")
+        gone = client.get("/api/v1/tasks/etl/revisions/3", headers=admin)
+        assert gone.status_code == 404
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["isolation"] == "job_user"
+    finally:
+        client.close()
+
+
+def test_without_ql_job_users_every_run_as_is_refused_and_readyz_says_same_user(
+    client: Client, admin: dict[str, str]
+) -> None:
+    refused = client.put(
+        "/api/v1/tasks/etl/revisions/1", json=REV | {"run_as": "nobody"}, headers=admin
+    )
+    assert_problem(refused, 422, "RUN_AS_NOT_ALLOWED")
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["isolation"] == "same_user"

@@ -7,6 +7,8 @@ secret with a NUL), a failed launch (argv[0] does not exist), a timeout and a ca
 every table and column, every event and attempt the API shows, every file of the data dir
 (the SQLite database and its WAL included) and the service's own log are searched for each
 plaintext. The cancelled job prints a digest of its secret, so the secrets did reach the job.
+Each engine runs twice: jobs as the service's own user, and (root only) as ``QL_JOB_USER=nobody``
+(docs/job-user.md), whose jobs start in ``/`` since they cannot enter pytest's private tmp dir.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from app.storage.secrets_repo import SecretRepository
 from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import enqueue, events, put_task, read_log, wait_status
 from tests.execution.kit import all_database_text
+from tests.jobuser import job_user_or_skip
 
 TMPFS_MIB = 60  # edge profile: 4 MiB quota + 32 MiB reserve fit; a filler makes them not
 
@@ -39,11 +42,16 @@ class Stack:
     served: Served
     db_url: str
     logs: Path
+    job_user: str | None
 
 
-@pytest.fixture
-def stack(db_url: str, serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Stack]:
+@pytest.fixture(params=[None, "nobody"], ids=["same-user", "job-user"])
+def stack(
+    request: pytest.FixtureRequest, db_url: str, serve_factory: ServeFactory, tmp_path: Path
+) -> Iterator[Stack]:
     """``qinglong serve`` (edge profile) whose logs dir is a private 60 MiB tmpfs."""
+    job_user = None if request.param is None else job_user_or_skip()
+    env = {"QL_PROFILE": "edge"} | ({"QL_JOB_USER": job_user} if job_user else {})
     data_dir = tmp_path / "data"
     logs = data_dir / "logs"
     logs.mkdir(parents=True, mode=0o700)
@@ -54,9 +62,9 @@ def stack(db_url: str, serve_factory: ServeFactory, tmp_path: Path) -> Iterator[
     served = None
     try:
         served = serve_factory(
-            data_dir=data_dir, database_url=db_url, extra_env={"QL_PROFILE": "edge"}
+            data_dir=data_dir, database_url=db_url, extra_env=env
         )
-        yield Stack(served, db_url, logs)
+        yield Stack(served, db_url, logs, job_user)
     finally:
         if served is not None:
             served.stop()
@@ -93,6 +101,7 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
     stack: Stack, tmp_path: Path
 ) -> None:
     served, base, auth = stack.served, stack.served.base_url, stack.served.auth
+    cwd = tmp_path if stack.job_user is None else None  # the job user cannot enter tmp_path
     good = "plain-" + secrets.token_hex(16)
     bad = "badval-" + secrets.token_hex(16)
     r = httpx.put(f"{base}/api/v1/secrets/good", json={"value": good}, headers=auth)
@@ -114,17 +123,17 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
         return str(r.json()["id"])
 
     with_good, with_bad = recipe("good"), recipe("bad")
-    put_task(served, "disk", "true", cwd=tmp_path, recipe=with_good)
-    put_task(served, "badenv", "true", cwd=tmp_path, recipe=with_bad)
-    put_task(served, "slow", "exec sleep 60", cwd=tmp_path, recipe=with_good, timeout_seconds=1)
+    put_task(served, "disk", "true", cwd=cwd, recipe=with_good)
+    put_task(served, "badenv", "true", cwd=cwd, recipe=with_bad)
+    put_task(served, "slow", "exec sleep 60", cwd=cwd, recipe=with_good, timeout_seconds=1)
     put_task(
-        served, "cancel", 'printf %s "$S" | sha256sum; exec sleep 60', cwd=tmp_path,
+        served, "cancel", 'printf %s "$S" | sha256sum; exec sleep 60', cwd=cwd,
         recipe=with_good,
     )  # fmt: skip
     missing = f"/nonexistent/ql-{secrets.token_hex(4)}"
     r = httpx.put(
         f"{base}/api/v1/tasks/noexec/revisions/1",
-        json={"argv": [missing], "cwd": str(tmp_path), "recipe": with_good},
+        json={"argv": [missing], "cwd": str(cwd or "/"), "recipe": with_good},
         headers=auth,
     )
     assert r.status_code == 201, r.text

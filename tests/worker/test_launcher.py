@@ -30,12 +30,13 @@ from tests.worker.kit import (
 
 DEADLINE = 20.0
 _BEDS: list[Bed] = []
+_MODE: list[str] = ["zygote"]
 
 
 @pytest.fixture(autouse=True, params=["zygote", "exec"])
-def shim_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def shim_mode(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every launcher test runs with the zygote and with one-shot shims (QL_SHIM_MODE)."""
-    monkeypatch.setenv("QL_SHIM_MODE", request.param)
+    _MODE[0] = request.param
     try:
         yield request.param
     finally:
@@ -50,6 +51,7 @@ class Bed:
         self.root = root
         self.journal = JournalRepository(engine)
         self.store = ReceiptStore(root / "receipts")
+        launcher_kw.setdefault("mode", _MODE[0])
         self.launcher = ShimLauncher(journal=self.journal, receipts=self.store, **launcher_kw)
         _BEDS.append(self)
         self.spawns = root / "spawns"
