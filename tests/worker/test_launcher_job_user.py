@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from app.domain.execution import LaunchFailed
+from app.domain.errors import LaunchFailed
 from app.storage.journal_repo import JournalRepository
 from app.worker.cgroups import AUTO, detect
 from app.worker.identity import wait_exit
