@@ -7,12 +7,16 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
 
 from app.api.schemas import Problem
 from app.context.facade import AppFacade
+from app.domain.model import Page
 
 P = ParamSpec("P")
 T = TypeVar("T")
+Item = TypeVar("Item")
+PageOut = TypeVar("PageOut", bound=BaseModel)
 
 Limit = Annotated[int, Query(ge=1, le=200, description="page size (1..200)")]
 Cursor = Annotated[
@@ -56,6 +60,18 @@ def set_next_link(request: Request, response: Response, next_cursor: str | None)
     if next_cursor is not None:
         url = request.url.include_query_params(cursor=next_cursor)
         response.headers["Link"] = f'<{url}>; rel="next"'
+
+
+def page_body(
+    request: Request,
+    response: Response,
+    page: Page[Item],
+    model: type[PageOut],
+    item: Callable[[Item], Any],
+) -> PageOut:
+    """A list route's body: each row through ``item``, the next cursor, its ``Link`` header."""
+    set_next_link(request, response, page.next_cursor)
+    return model(items=[item(row) for row in page.items], next_cursor=page.next_cursor)
 
 
 def strong_etag(digest: str) -> str:

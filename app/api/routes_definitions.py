@@ -14,8 +14,8 @@ from app.api.http import (
     RevisionNo,
     TaskName,
     conditional_get,
+    page_body,
     problems,
-    set_next_link,
     strong_etag,
 )
 from app.api.schemas import (
@@ -123,10 +123,8 @@ def list_tasks(
 ) -> TaskPage:
     """Tasks by name with their latest revision number."""
     page = facade.list_tasks(limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return TaskPage(
-        items=[TaskSummary(task=t, latest_revision=n) for t, n in page.items],
-        next_cursor=page.next_cursor,
+    return page_body(
+        request, response, page, TaskPage, lambda t: TaskSummary(task=t[0], latest_revision=t[1])
     )
 
 
@@ -159,8 +157,7 @@ def list_revisions(
 ) -> RevisionPage:
     """Revisions of a task, newest first."""
     page = facade.list_revisions(task=task, limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return RevisionPage(items=[RevisionOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+    return page_body(request, response, page, RevisionPage, RevisionOut.of)
 
 
 @router.get(

@@ -15,9 +15,9 @@ from app.api.http import (
     WRITE_ERRORS,
     Cursor,
     Limit,
+    page_body,
     problems,
     read,
-    set_next_link,
 )
 from app.api.schemas import (
     AttemptOut,
@@ -85,8 +85,7 @@ async def list_runs(
     page = await read(
         facade, facade.list_runs, task=task, status=status, limit=limit, cursor=cursor
     )
-    set_next_link(request, response, page.next_cursor)
-    return RunPage(items=[RunOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+    return page_body(request, response, page, RunPage, RunOut.of)
 
 
 @router.get(
@@ -118,8 +117,7 @@ async def list_events(
 ) -> EventPage:
     """A run's events in ``seq`` order."""
     page = await read(facade, facade.list_events, run_id=run_id, limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return EventPage(items=[EventOut.of(e) for e in page.items], next_cursor=page.next_cursor)
+    return page_body(request, response, page, EventPage, EventOut.of)
 
 
 @router.post(

@@ -12,8 +12,8 @@ from app.api.http import (
     Cursor,
     Limit,
     SecretName,
+    page_body,
     problems,
-    set_next_link,
 )
 from app.api.schemas import SecretIn, SecretOut, SecretPage
 from app.api.strict_json import StrictJSONRoute
@@ -50,10 +50,12 @@ def list_secrets(
 ) -> SecretPage:
     """Secret names with their last change time, by name."""
     page = facade.list_secrets(limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return SecretPage(
-        items=[SecretOut(name=s.name, updated_at_ms=s.updated_at_ms) for s in page.items],
-        next_cursor=page.next_cursor,
+    return page_body(
+        request,
+        response,
+        page,
+        SecretPage,
+        lambda s: SecretOut(name=s.name, updated_at_ms=s.updated_at_ms),
     )
 
 
