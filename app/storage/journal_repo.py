@@ -47,6 +47,21 @@ from app.domain.model import ProcessHandle
 from app.storage.tables import attempts, receipt_journal
 from app.storage.uow import UnitOfWork
 
+# The states are re-exported: the launcher and the tests name them from their adapter.
+__all__ = [
+    "CONSUMED",
+    "FENCED",
+    "QUARANTINED",
+    "RESERVED",
+    "SPAWNED",
+    "SPAWN_FAILED",
+    "STATES",
+    "AlreadyReserved",
+    "JournalEntry",
+    "JournalRepository",
+    "NotStarting",
+    "mark_consumed_in",
+]
 # From which states each target may be reached; anything else is refused (no row changes).
 _FROM: dict[str, frozenset[str]] = {
     SPAWNED: frozenset({RESERVED}),
