@@ -28,6 +28,7 @@ from typing import Any
 from app.cli.admin import settings_for
 from app.domain.artifacts import shard_of
 from app.domain.ids import UUID7_PATTERN
+from app.storage.durable import move_by_link
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
@@ -227,10 +228,4 @@ def _move(real_root: Path, shard: str, entry: _Entry) -> bool:
         return False
     if not stat.S_ISREG(st.st_mode) or st.st_ino != entry.inode:
         return False  # changed since the scan: leave it for the next round
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except FileExistsError:
-        if not os.path.samestat(st, os.lstat(dst)):
-            return False
-    os.unlink(src)
-    return True
+    return move_by_link(src, dst, st)
