@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, ParamSpec, TypeVar
 
-from fastapi import Path, Query, Request, Response
+from fastapi import Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
@@ -62,16 +63,29 @@ def set_next_link(request: Request, response: Response, next_cursor: str | None)
         response.headers["Link"] = f'<{url}>; rel="next"'
 
 
-def page_body(
-    request: Request,
-    response: Response,
-    page: Page[Item],
-    model: type[PageOut],
-    item: Callable[[Item], Any],
-) -> PageOut:
-    """A list route's body: each row through ``item``, the next cursor, its ``Link`` header."""
-    set_next_link(request, response, page.next_cursor)
-    return model(items=[item(row) for row in page.items], next_cursor=page.next_cursor)
+@dataclass(frozen=True, slots=True)
+class Paging:
+    """A list route's page request (``limit``, ``cursor``) and what its answer needs."""
+
+    request: Request
+    response: Response
+    limit: int
+    cursor: str | None
+
+    def body(self, page: Page[Item], model: type[PageOut], item: Callable[[Item], Any]) -> PageOut:
+        """The page's body: each row through ``item``, the next cursor, its ``Link`` header."""
+        set_next_link(self.request, self.response, page.next_cursor)
+        return model(items=[item(row) for row in page.items], next_cursor=page.next_cursor)
+
+
+async def _paging(
+    request: Request, response: Response, limit: Limit = DEFAULT_LIMIT, cursor: Cursor = None
+) -> Paging:
+    # async: a plain ``def`` dependency would cost a worker-thread round trip per list.
+    return Paging(request, response, limit, cursor)
+
+
+PageQuery = Annotated[Paging, Depends(_paging)]
 
 
 def strong_etag(digest: str) -> str:

@@ -6,15 +6,12 @@ from fastapi import APIRouter, Request, Response
 
 from app.api.auth import Ctx, DefinitionsReader, DefinitionsWriter
 from app.api.http import (
-    DEFAULT_LIMIT,
     READ_ERRORS,
     WRITE_ERRORS,
-    Cursor,
-    Limit,
+    PageQuery,
     RevisionNo,
     TaskName,
     conditional_get,
-    page_body,
     problems,
     strong_etag,
 )
@@ -113,19 +110,10 @@ def put_revision(
     response_model=TaskPage,
     responses=problems(*READ_ERRORS),
 )
-def list_tasks(
-    request: Request,
-    facade: Ctx,
-    _: DefinitionsReader,
-    response: Response,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
-) -> TaskPage:
+def list_tasks(facade: Ctx, _: DefinitionsReader, paging: PageQuery) -> TaskPage:
     """Tasks by name with their latest revision number."""
-    page = facade.list_tasks(limit=limit, cursor=cursor)
-    return page_body(
-        request, response, page, TaskPage, lambda t: TaskSummary(task=t[0], latest_revision=t[1])
-    )
+    page = facade.list_tasks(limit=paging.limit, cursor=paging.cursor)
+    return paging.body(page, TaskPage, lambda t: TaskSummary(task=t[0], latest_revision=t[1]))
 
 
 @router.get(
@@ -147,17 +135,11 @@ def get_task(task: TaskName, facade: Ctx, _: DefinitionsReader) -> TaskOut:
     responses=problems(*READ_ERRORS),
 )
 def list_revisions(
-    task: TaskName,
-    request: Request,
-    facade: Ctx,
-    _: DefinitionsReader,
-    response: Response,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
+    task: TaskName, facade: Ctx, _: DefinitionsReader, paging: PageQuery
 ) -> RevisionPage:
     """Revisions of a task, newest first."""
-    page = facade.list_revisions(task=task, limit=limit, cursor=cursor)
-    return page_body(request, response, page, RevisionPage, RevisionOut.of)
+    page = facade.list_revisions(task=task, limit=paging.limit, cursor=paging.cursor)
+    return paging.body(page, RevisionPage, RevisionOut.of)
 
 
 @router.get(

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from app.api.auth import Ctx, Reader, RunsWriter
 from app.api.http import (
-    DEFAULT_LIMIT,
     NAME_PATTERN,
     READ_ERRORS,
     WRITE_ERRORS,
-    Cursor,
-    Limit,
-    page_body,
+    PageQuery,
     problems,
     read,
 )
@@ -72,20 +69,22 @@ async def get_run(run_id: str, facade: Ctx, _: Reader) -> RunOut:
     responses=problems(*READ_ERRORS),
 )
 async def list_runs(
-    request: Request,
     facade: Ctx,
     _: Reader,
-    response: Response,
+    paging: PageQuery,
     task: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     status: RunStatusName | None = None,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
 ) -> RunPage:
     """Runs, newest first, filtered by task and status."""
     page = await read(
-        facade, facade.list_runs, task=task, status=status, limit=limit, cursor=cursor
+        facade,
+        facade.list_runs,
+        task=task,
+        status=status,
+        limit=paging.limit,
+        cursor=paging.cursor,
     )
-    return page_body(request, response, page, RunPage, RunOut.of)
+    return paging.body(page, RunPage, RunOut.of)
 
 
 @router.get(
@@ -106,18 +105,12 @@ async def list_attempts(run_id: str, facade: Ctx, _: Reader) -> AttemptPage:
     response_model=EventPage,
     responses=problems(*READ_ERRORS),
 )
-async def list_events(
-    run_id: str,
-    request: Request,
-    facade: Ctx,
-    _: Reader,
-    response: Response,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
-) -> EventPage:
+async def list_events(run_id: str, facade: Ctx, _: Reader, paging: PageQuery) -> EventPage:
     """A run's events in ``seq`` order."""
-    page = await read(facade, facade.list_events, run_id=run_id, limit=limit, cursor=cursor)
-    return page_body(request, response, page, EventPage, EventOut.of)
+    page = await read(
+        facade, facade.list_events, run_id=run_id, limit=paging.limit, cursor=paging.cursor
+    )
+    return paging.body(page, EventPage, EventOut.of)
 
 
 @router.post(
