@@ -9,7 +9,6 @@ Requests without a body (GET, SSE follows) pass straight through with the origin
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -21,8 +20,7 @@ from app.api.problems import (
     MALFORMED_REQUEST,
     PAYLOAD_TOO_LARGE,
     PROBLEM_MEDIA_TYPE,
-    TYPE_PREFIX,
-    title_of,
+    problem_bytes,
 )
 
 Scope = MutableMapping[str, Any]
@@ -152,15 +150,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _problem(send: Send, status: int, code: str, detail: str) -> None:
-    raw = json.dumps(
-        {
-            "type": TYPE_PREFIX + code,
-            "title": title_of(code),
-            "status": status,
-            "detail": detail,
-            "code": code,
-        }
-    ).encode()
+    raw = problem_bytes(status, code, detail)
     await send(
         {
             "type": "http.response.start",

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, ParamSpec, TypeVar
 
-from fastapi import Path, Query, Request, Response
+from fastapi import Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
 
 from app.api.schemas import Problem
 from app.context.facade import AppFacade
+from app.domain.model import Page
 
 P = ParamSpec("P")
 T = TypeVar("T")
+Item = TypeVar("Item")
+PageOut = TypeVar("PageOut", bound=BaseModel)
 
 Limit = Annotated[int, Query(ge=1, le=200, description="page size (1..200)")]
 Cursor = Annotated[
@@ -56,6 +61,31 @@ def set_next_link(request: Request, response: Response, next_cursor: str | None)
     if next_cursor is not None:
         url = request.url.include_query_params(cursor=next_cursor)
         response.headers["Link"] = f'<{url}>; rel="next"'
+
+
+@dataclass(frozen=True, slots=True)
+class Paging:
+    """A list route's page request (``limit``, ``cursor``) and what its answer needs."""
+
+    request: Request
+    response: Response
+    limit: int
+    cursor: str | None
+
+    def body(self, page: Page[Item], model: type[PageOut], item: Callable[[Item], Any]) -> PageOut:
+        """The page's body: each row through ``item``, the next cursor, its ``Link`` header."""
+        set_next_link(self.request, self.response, page.next_cursor)
+        return model(items=[item(row) for row in page.items], next_cursor=page.next_cursor)
+
+
+async def _paging(
+    request: Request, response: Response, limit: Limit = DEFAULT_LIMIT, cursor: Cursor = None
+) -> Paging:
+    # async: a plain ``def`` dependency would cost a worker-thread round trip per list.
+    return Paging(request, response, limit, cursor)
+
+
+PageQuery = Annotated[Paging, Depends(_paging)]
 
 
 def strong_etag(digest: str) -> str:

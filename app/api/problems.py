@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,19 +84,31 @@ def title_of(code: str) -> str:
     return code.replace("_", " ").capitalize()
 
 
-def problem_response(
-    status: int, code: str, detail: str, headers: Mapping[str, str] | None = None
-) -> Response:
-    """The problem+json response for ``status`` and ``code``."""
-    body: dict[str, Any] = {
+def problem_body(status: int, code: str, detail: str) -> dict[str, Any]:
+    """The problem document for ``status`` and ``code``: every problem answer carries it."""
+    return {
         "type": TYPE_PREFIX + code,
         "title": title_of(code),
         "status": status,
         "detail": detail,
         "code": code,
     }
+
+
+def problem_bytes(status: int, code: str, detail: str) -> bytes:
+    """``problem_body`` as the bytes an answer written below FastAPI sends (ASGI, transport)."""
+    return json.dumps(problem_body(status, code, detail)).encode()
+
+
+def problem_response(
+    status: int, code: str, detail: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    """The problem+json response for ``status`` and ``code``."""
     return JSONResponse(
-        body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_MEDIA_TYPE
+        problem_body(status, code, detail),
+        status_code=status,
+        headers=dict(headers or {}),
+        media_type=PROBLEM_MEDIA_TYPE,
     )
 
 

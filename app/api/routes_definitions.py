@@ -6,16 +6,13 @@ from fastapi import APIRouter, Request, Response
 
 from app.api.auth import Ctx, DefinitionsReader, DefinitionsWriter
 from app.api.http import (
-    DEFAULT_LIMIT,
     READ_ERRORS,
     WRITE_ERRORS,
-    Cursor,
-    Limit,
+    PageQuery,
     RevisionNo,
     TaskName,
     conditional_get,
     problems,
-    set_next_link,
     strong_etag,
 )
 from app.api.schemas import (
@@ -114,21 +111,10 @@ def put_revision(
     response_model=TaskPage,
     responses=problems(*READ_ERRORS),
 )
-def list_tasks(
-    request: Request,
-    facade: Ctx,
-    _: DefinitionsReader,
-    response: Response,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
-) -> TaskPage:
+def list_tasks(facade: Ctx, _: DefinitionsReader, paging: PageQuery) -> TaskPage:
     """Tasks by name with their latest revision number."""
-    page = facade.list_tasks(limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return TaskPage(
-        items=[TaskSummary(task=t, latest_revision=n) for t, n in page.items],
-        next_cursor=page.next_cursor,
-    )
+    page = facade.list_tasks(limit=paging.limit, cursor=paging.cursor)
+    return paging.body(page, TaskPage, lambda t: TaskSummary(task=t[0], latest_revision=t[1]))
 
 
 @router.get(
@@ -150,18 +136,11 @@ def get_task(task: TaskName, facade: Ctx, _: DefinitionsReader) -> TaskOut:
     responses=problems(*READ_ERRORS),
 )
 def list_revisions(
-    task: TaskName,
-    request: Request,
-    facade: Ctx,
-    _: DefinitionsReader,
-    response: Response,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
+    task: TaskName, facade: Ctx, _: DefinitionsReader, paging: PageQuery
 ) -> RevisionPage:
     """Revisions of a task, newest first."""
-    page = facade.list_revisions(task=task, limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return RevisionPage(items=[RevisionOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+    page = facade.list_revisions(task=task, limit=paging.limit, cursor=paging.cursor)
+    return paging.body(page, RevisionPage, RevisionOut.of)
 
 
 @router.get(

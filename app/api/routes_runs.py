@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from app.api.auth import Ctx, Reader, RunsWriter
 from app.api.http import (
-    DEFAULT_LIMIT,
     NAME_PATTERN,
     READ_ERRORS,
     WRITE_ERRORS,
-    Cursor,
-    Limit,
+    PageQuery,
     problems,
     read,
-    set_next_link,
 )
 from app.api.schemas import (
     AttemptOut,
@@ -72,21 +69,22 @@ async def get_run(run_id: str, facade: Ctx, _: Reader) -> RunOut:
     responses=problems(*READ_ERRORS),
 )
 async def list_runs(
-    request: Request,
     facade: Ctx,
     _: Reader,
-    response: Response,
+    paging: PageQuery,
     task: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     status: RunStatusName | None = None,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
 ) -> RunPage:
     """Runs, newest first, filtered by task and status."""
     page = await read(
-        facade, facade.list_runs, task=task, status=status, limit=limit, cursor=cursor
+        facade,
+        facade.list_runs,
+        task=task,
+        status=status,
+        limit=paging.limit,
+        cursor=paging.cursor,
     )
-    set_next_link(request, response, page.next_cursor)
-    return RunPage(items=[RunOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+    return paging.body(page, RunPage, RunOut.of)
 
 
 @router.get(
@@ -107,19 +105,12 @@ async def list_attempts(run_id: str, facade: Ctx, _: Reader) -> AttemptPage:
     response_model=EventPage,
     responses=problems(*READ_ERRORS),
 )
-async def list_events(
-    run_id: str,
-    request: Request,
-    facade: Ctx,
-    _: Reader,
-    response: Response,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
-) -> EventPage:
+async def list_events(run_id: str, facade: Ctx, _: Reader, paging: PageQuery) -> EventPage:
     """A run's events in ``seq`` order."""
-    page = await read(facade, facade.list_events, run_id=run_id, limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return EventPage(items=[EventOut.of(e) for e in page.items], next_cursor=page.next_cursor)
+    page = await read(
+        facade, facade.list_events, run_id=run_id, limit=paging.limit, cursor=paging.cursor
+    )
+    return paging.body(page, EventPage, EventOut.of)
 
 
 @router.post(

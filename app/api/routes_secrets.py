@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 
 from app.api.auth import Ctx, SecretsWriter
 from app.api.http import (
-    DEFAULT_LIMIT,
     READ_ERRORS,
     WRITE_ERRORS,
-    Cursor,
-    Limit,
+    PageQuery,
     SecretName,
     problems,
-    set_next_link,
 )
 from app.api.schemas import SecretIn, SecretOut, SecretPage
 from app.api.strict_json import StrictJSONRoute
@@ -40,20 +37,11 @@ def put_secret(name: SecretName, body: SecretIn, facade: Ctx, _: SecretsWriter) 
     response_model=SecretPage,
     responses=problems(*READ_ERRORS),
 )
-def list_secrets(
-    request: Request,
-    facade: Ctx,
-    _: SecretsWriter,
-    response: Response,
-    limit: Limit = DEFAULT_LIMIT,
-    cursor: Cursor = None,
-) -> SecretPage:
+def list_secrets(facade: Ctx, _: SecretsWriter, paging: PageQuery) -> SecretPage:
     """Secret names with their last change time, by name."""
-    page = facade.list_secrets(limit=limit, cursor=cursor)
-    set_next_link(request, response, page.next_cursor)
-    return SecretPage(
-        items=[SecretOut(name=s.name, updated_at_ms=s.updated_at_ms) for s in page.items],
-        next_cursor=page.next_cursor,
+    page = facade.list_secrets(limit=paging.limit, cursor=paging.cursor)
+    return paging.body(
+        page, SecretPage, lambda s: SecretOut(name=s.name, updated_at_ms=s.updated_at_ms)
     )
 
 

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.admin import settings_for
-from app.domain.artifacts import shard_of
+from app.domain.artifacts import RECEIPT_SUFFIX, published_by_temp, shard_of
 from app.domain.ids import UUID7_PATTERN
+from app.storage.durable import move_by_link
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
@@ -37,8 +38,7 @@ DEFAULT_SHARDS, MAX_SHARDS = 8, 32
 DEFAULT_PER_SHARD, MAX_PER_SHARD = 32, 64
 DEFAULT_MIN_AGE_S = 3600.0
 ORPHAN_DIR = ".orphan-quarantine"
-_RECEIPT = re.compile(rf"^({UUID7_PATTERN})\.json$")
-_TEMP = re.compile(rf"^\.({UUID7_PATTERN})\.json\.tmp$")  # the shim's publish temp file
+_RECEIPT = re.compile(rf"^({UUID7_PATTERN}){re.escape(RECEIPT_SUFFIX)}$")
 
 
 class AuditRefused(Exception):
@@ -187,7 +187,8 @@ def _scan(real_root: Path, shard: str, limit: int) -> list[_Entry] | None:
                 attempt = m.group(1) if shard_of(m.group(1)) == shard else None
                 out.append(_Entry(dent.name, "receipt" if attempt else "other", attempt,
                                   st.st_ino, st.st_mtime))
-            elif m := _TEMP.match(dent.name):
+            elif m := _RECEIPT.match(published_by_temp(dent.name) or ""):
+                # The shim's temp of a receipt (reserved, or published meanwhile).
                 out.append(_Entry(dent.name, "temp", m.group(1), st.st_ino, st.st_mtime))
             else:
                 out.append(_Entry(dent.name, "other", None, st.st_ino, st.st_mtime))
@@ -227,10 +228,4 @@ def _move(real_root: Path, shard: str, entry: _Entry) -> bool:
         return False
     if not stat.S_ISREG(st.st_mode) or st.st_ino != entry.inode:
         return False  # changed since the scan: leave it for the next round
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except FileExistsError:
-        if not os.path.samestat(st, os.lstat(dst)):
-            return False
-    os.unlink(src)
-    return True
+    return move_by_link(src, dst, st)

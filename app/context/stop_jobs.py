@@ -21,8 +21,9 @@ from app.storage.engine import make_engine
 from app.storage.run_reads import ActiveAttempt, RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.cgroups import CgroupRoot, detect
-from app.worker.identity import read_identity, wait_exit
+from app.worker.identity import wait_exit
 from app.worker.launcher import stop_handle
+from app.worker.watcher import shim_alive
 
 _PAGE = 100
 _PARALLEL = 16
@@ -60,7 +61,6 @@ def _stop_one(handle: ProcessHandle | None, grace_s: float, root: CgroupRoot | N
     if handle is None:
         return "no_handle"  # never reached running: the reconciler settles it
     result = stop_handle(handle, grace_seconds=grace_s, cgroup_root=root)
-    shim = read_identity(handle.shim_pid)
-    if shim is not None and shim.start_ticks == handle.shim_start_ticks:
+    if shim_alive(handle):  # the boot id too: after a reboot the pid may be anyone's
         wait_exit(handle.shim_pid, _SHIM_WAIT_S)  # let it publish the receipt
     return result

@@ -9,6 +9,8 @@ from __future__ import annotations
 from app.domain.ids import is_uuid7
 
 LOG_ARTIFACT_PREFIX = "log:"
+RECEIPT_SUFFIX = ".json"
+_TEMP_PREFIX, _TEMP_SUFFIX = ".", ".tmp"
 
 
 def shard_of(attempt_id: str) -> str:
@@ -33,21 +35,43 @@ def truncation_fact_relpath(attempt_id: str) -> str:
     return log_relpath(attempt_id) + ".truncated"
 
 
+def publish_temp_name(name: str) -> str:
+    """The temp file the shim writes ``name`` under before it links it (docs/design.md §3.11).
+
+    The shim spells it again (``_Published``: it imports nothing from ``app``);
+    tests/unit/test_artifacts.py checks that the two agree.
+    """
+    return _TEMP_PREFIX + name + _TEMP_SUFFIX
+
+
+def published_by_temp(temp_name: str) -> str | None:
+    """The name a ``publish_temp_name`` temp file publishes; None for any other name."""
+    inner = temp_name.removeprefix(_TEMP_PREFIX)
+    if inner == temp_name or not inner.endswith(_TEMP_SUFFIX):
+        return None
+    return inner.removesuffix(_TEMP_SUFFIX) or None
+
+
 def truncation_fact_temp_relpath(attempt_id: str) -> str:
     """The shim's temp file of the truncation fact (published by link, docs/design.md §3.11)."""
-    return f"{shard_of(attempt_id)}/.{attempt_id}.log.truncated.tmp"
+    return f"{shard_of(attempt_id)}/{publish_temp_name(attempt_id + '.log.truncated')}"
+
+
+def receipt_name(attempt_id: str) -> str:
+    """The completion receipt's file name in its shard: ``<attempt_id>.json``."""
+    return attempt_id + RECEIPT_SUFFIX
 
 
 def receipt_temp_relpath(attempt_id: str) -> str:
     """The shim's reserved receipt temp file, in the receipt's shard."""
-    return f"{shard_of(attempt_id)}/.{attempt_id}.json.tmp"
+    return f"{shard_of(attempt_id)}/{publish_temp_name(receipt_name(attempt_id))}"
 
 
 def receipt_relpath(attempt_id: str) -> str:
     """Completion receipt path relative to the receipts root: ``<shard>/<attempt_id>.json``."""
-    return f"{shard_of(attempt_id)}/{attempt_id}.json"
+    return f"{shard_of(attempt_id)}/{receipt_name(attempt_id)}"
 
 
 def quarantine_relpath(attempt_id: str) -> str:
     """Where a bad receipt is moved, relative to the receipts root (private 0700 shard)."""
-    return f".quarantine/{shard_of(attempt_id)}/{attempt_id}.json"
+    return f".quarantine/{shard_of(attempt_id)}/{receipt_name(attempt_id)}"

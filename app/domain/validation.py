@@ -138,24 +138,21 @@ def validate_timeout(seconds: int | None) -> int | None:
     """timeout_seconds: optional, 1..604800."""
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, int):
-        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "timeout_seconds must be an integer")
-    if not TIMEOUT_MIN_S <= seconds <= TIMEOUT_MAX_S:
-        raise ValidationFailed(
-            ErrorCode.LIMIT_EXCEEDED, f"timeout_seconds must be {TIMEOUT_MIN_S}..{TIMEOUT_MAX_S}"
-        )
-    return seconds
+    return _bounded_int(seconds, "timeout_seconds", TIMEOUT_MIN_S, TIMEOUT_MAX_S)
 
 
 def validate_priority(priority: int) -> int:
     """priority: -100..100."""
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "priority must be an integer")
-    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise ValidationFailed(
-            ErrorCode.LIMIT_EXCEEDED, f"priority must be {PRIORITY_MIN}..{PRIORITY_MAX}"
-        )
-    return priority
+    return _bounded_int(priority, "priority", PRIORITY_MIN, PRIORITY_MAX)
+
+
+def _bounded_int(value: int, field: str, low: int, high: int) -> int:
+    # bool is an int subclass: JSON true must not pass as 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, f"{field} must be an integer")
+    if not low <= value <= high:
+        raise ValidationFailed(ErrorCode.LIMIT_EXCEEDED, f"{field} must be {low}..{high}")
+    return value
 
 
 def validate_executor(executor: str) -> str:

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from app.domain.journal import SPAWNED
 from app.domain.model import ProcessHandle, plausible_handle
 from app.execution.completion import ConsumeResult
 from app.execution.ports import (
@@ -45,7 +46,6 @@ from app.execution.ports import (
 
 log = logging.getLogger(__name__)
 
-SPAWNED = "spawned"  # the journal adapter's state name (execution stays storage-free)
 DRAIN_PAGE = 64  # entries per page of the start-up drain (one active_among query each)
 
 WatchCallback = Callable[[str, str, ProcessHandle], None]

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from app.domain.errors import ErrorCode, InvalidTransition, NotFound, VersionConflict
 from app.domain.ids import now_ms
+from app.domain.journal import CONSUMED, FENCED, QUARANTINED, RESERVED, SPAWN_FAILED
 from app.domain.model import plausible_handle
 from app.domain.profiles import Profile
 from app.execution.completion import CompletionService, ConsumeResult
@@ -60,9 +61,6 @@ log = logging.getLogger(__name__)
 # What RunTransitions raises when the attempt moved on before this pass wrote (its Raises:).
 _MOVED_ON = (NotFound, InvalidTransition, VersionConflict)
 
-# Journal states (the storage adapter's vocabulary; strings so execution stays storage-free).
-RESERVED, SPAWN_FAILED = "reserved", "spawn_failed"
-CONSUMED, QUARANTINED, FENCED = "consumed", "quarantined", "fenced"
 # A launch journals ``reserved`` a socket round trip after T1; a starting attempt younger
 # than this may still be on its way to the worker or to T2, so it is left alone.
 DEFAULT_START_GRACE_S = 2.0

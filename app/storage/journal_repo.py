@@ -34,17 +34,34 @@ from sqlalchemy.exc import IntegrityError
 
 from app.domain.artifacts import receipt_relpath
 from app.domain.ids import now_ms
+from app.domain.journal import (
+    CONSUMED,
+    FENCED,
+    QUARANTINED,
+    RESERVED,
+    SPAWN_FAILED,
+    SPAWNED,
+    STATES,
+)
 from app.domain.model import ProcessHandle
 from app.storage.tables import attempts, receipt_journal
 from app.storage.uow import UnitOfWork
 
-RESERVED = "reserved"
-SPAWNED = "spawned"
-SPAWN_FAILED = "spawn_failed"
-CONSUMED = "consumed"
-QUARANTINED = "quarantined"
-FENCED = "fenced"
-STATES = frozenset({RESERVED, SPAWNED, SPAWN_FAILED, CONSUMED, QUARANTINED, FENCED})
+# The states are re-exported: the launcher and the tests name them from their adapter.
+__all__ = [
+    "CONSUMED",
+    "FENCED",
+    "QUARANTINED",
+    "RESERVED",
+    "SPAWNED",
+    "SPAWN_FAILED",
+    "STATES",
+    "AlreadyReserved",
+    "JournalEntry",
+    "JournalRepository",
+    "NotStarting",
+    "mark_consumed_in",
+]
 # From which states each target may be reached; anything else is refused (no row changes).
 _FROM: dict[str, frozenset[str]] = {
     SPAWNED: frozenset({RESERVED}),

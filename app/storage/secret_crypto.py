@@ -30,6 +30,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from app.domain.errors import KeyUnavailable
+from app.storage.durable import fsync_dir
 from app.storage.private_files import not_private
 
 KEY_BYTES = 32
@@ -217,7 +218,7 @@ def _load_or_create(path: Path) -> list[SecretKey]:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return [key]
 
 
@@ -230,12 +231,4 @@ def _write_ring(path: Path, keys: list[SecretKey]) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)

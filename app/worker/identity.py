@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from app.domain.execution import StopResult
+from app.domain.model import ProcessHandle
 from app.worker import cgroups
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -39,6 +40,11 @@ class ProcessIdentity:
     pid: int
     pgid: int
     start_ticks: int
+
+    @classmethod
+    def of_job(cls, handle: ProcessHandle) -> ProcessIdentity:
+        """The identity of a handle's job (its group leader), as the launch recorded it."""
+        return cls(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks)
 
 
 @dataclass(frozen=True)

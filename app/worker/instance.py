@@ -16,6 +16,7 @@ from pathlib import Path
 
 from app.domain.ids import is_uuid7, uuid7
 from app.domain.lease import Claimant, Lease
+from app.storage.durable import fsync_dir
 from app.worker.identity import current_boot_id, read_identity
 
 INSTANCE_FILE = "instance-id"
@@ -61,11 +62,7 @@ def _publish(path: Path, value: str) -> None:
             os.link(tmp, path, follow_symlinks=False)
     finally:
         os.unlink(tmp)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)
 
 
 def claimant(data_dir: Path) -> Claimant:

@@ -396,7 +396,7 @@ def stop_handle(
     handle: ProcessHandle, *, grace_seconds: float, cgroup_root: CgroupRoot | None
 ) -> StopResult:
     """Exact-identity stop of a handle's job, with its own cgroup when it has one here."""
-    identity = ProcessIdentity(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks)
+    identity = ProcessIdentity.of_job(handle)
     cgroup = None if cgroup_root is None else cgroup_root.job_dir(handle.cgroup)
     return stop_identity(identity, grace_seconds=grace_seconds, cgroup=cgroup)
 

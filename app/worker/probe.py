@@ -12,7 +12,7 @@ class HandleProbe:
 
     def job_alive(self, handle: ProcessHandle) -> bool:
         """The job (its group leader) with exactly this identity is alive now."""
-        return matches(ProcessIdentity(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks))
+        return matches(ProcessIdentity.of_job(handle))
 
     def shim_alive(self, handle: ProcessHandle) -> bool:
         """The shim with exactly this identity (boot id, pid, start ticks) is alive now."""

@@ -31,6 +31,7 @@ from app.domain.artifacts import (
 from app.domain.errors import ReceiptInvalid
 from app.domain.execution import ReservationState
 from app.domain.receipt import RECEIPT_MAX_BYTES
+from app.storage.durable import fsync_dir, move_by_link
 from app.worker.identity import current_boot_id, read_identity
 
 DIR_MODE = 0o700
@@ -38,14 +39,6 @@ DIR_MODE = 0o700
 # writes this (a shim writes its identity, then the receipt), so a pass that crashed after
 # taking the name recognises its own fence.
 FENCE_MARK = b'{"fence":"recovery"}'
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _private_dir(path: Path) -> bool:
@@ -74,9 +67,9 @@ class ReceiptStore:
         """Create the root (0700) and its quarantine root."""
         self.root.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         if _private_dir(self.root):
-            _fsync_dir(self.root.parent)
+            fsync_dir(self.root.parent)
         if _private_dir(self.root / ".quarantine"):
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
 
     def path_of(self, attempt_id: str) -> Path:
         """Absolute path of the attempt's receipt."""
@@ -95,7 +88,7 @@ class ReceiptStore:
             self.ensure_root()
             created = _private_dir(shard)
         if created:
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         return shard
 
     def read(self, attempt_id: str) -> bytes | None:
@@ -138,20 +131,12 @@ class ReceiptStore:
         dst = self.root / quarantine_relpath(attempt_id)
         self.ensure_root()
         if _private_dir(dst.parent):
-            _fsync_dir(dst.parent.parent)
+            fsync_dir(dst.parent.parent)
         try:
             src_st = os.lstat(src)
         except FileNotFoundError:
             return dst.exists()
-        try:
-            os.link(src, dst, follow_symlinks=False)
-        except FileExistsError:
-            if not os.path.samestat(src_st, os.lstat(dst)):
-                return False
-        _fsync_dir(dst.parent)
-        os.unlink(src)
-        _fsync_dir(src.parent)
-        return True
+        return move_by_link(src, dst, src_st)
 
     def remove(self, attempt_id: str) -> None:
         """Delete a consumed receipt (missing is fine), without an fsync of its shard.
@@ -183,7 +168,7 @@ class ReceiptStore:
         """fsync the shard of each attempt once, whether its receipt went now or earlier."""
         for shard in sorted({self.path_of(a).parent for a in attempt_ids}):
             with contextlib.suppress(FileNotFoundError):
-                _fsync_dir(shard)
+                fsync_dir(shard)
 
     def remove_quarantined(self, attempt_id: str) -> None:
         """Delete a quarantined receipt after its retention (missing is fine)."""
@@ -193,7 +178,7 @@ class ReceiptStore:
             os.unlink(path)
         except FileNotFoundError:
             return
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
     def claim_reservation(self, attempt_id: str) -> ReservationState:
         """Take the shim's receipt reservation name first, or say who holds it.

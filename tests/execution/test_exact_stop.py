@@ -29,7 +29,7 @@ class IdentityController:
         self.results: list[StopResult] = []
 
     def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
-        identity = ProcessIdentity(handle.boot_id, handle.pid, handle.pgid, handle.start_ticks)
+        identity = ProcessIdentity.of_job(handle)
         result = stop_identity(identity, grace_seconds=grace_seconds)
         self.results.append(result)
         return result

@@ -19,7 +19,9 @@ from typing import IO
 
 import pytest
 
+from app.context import stop_jobs
 from app.domain.ids import uuid7
+from app.domain.model import ProcessHandle
 from app.worker import cgroups
 from app.worker import identity as ident_mod
 from app.worker.identity import (
@@ -386,3 +388,25 @@ def test_job_cgroup_names_are_checked_before_use(tmp_path: Path) -> None:
     assert root.job_dir(f"{cgroups.PREFIX}{uuid7()}") is None  # absent
     for bad in (None, good[len(cgroups.PREFIX) :], "ql-../x", f"ql-{uuid7()}/..", "ql-x"):
         assert root.job_dir(bad) is None
+
+
+def test_stop_jobs_neither_signals_nor_waits_for_a_process_recorded_in_another_boot(
+    children: Children,
+) -> None:
+    # After a reboot a stored handle's pids may belong to strangers, start ticks and all:
+    # the boot id is what says they are not ours. A wait for the "shim" here would last the
+    # whole shim wait, since the stranger lives on.
+    proc, ident = children.start("echo ready; exec sleep 60")
+    assert read_line(proc.stdout) == b"ready"
+    foreign = ProcessHandle(
+        boot_id="00000000-0000-0000-0000-000000000000",
+        pid=ident.pid,
+        pgid=ident.pgid,
+        start_ticks=ident.start_ticks,
+        shim_pid=ident.pid,
+        shim_start_ticks=ident.start_ticks,
+    )
+    started = time.monotonic()
+    assert stop_jobs._stop_one(foreign, 0.2, None) == "already_exited"
+    assert time.monotonic() - started < stop_jobs._SHIM_WAIT_S / 2
+    assert proc.poll() is None and matches(ident)

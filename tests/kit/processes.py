@@ -39,7 +39,7 @@ class Processes:
         root = detect(AUTO)  # where the launchers of these tests put job cgroups
         for h in self.handles:
             stop_identity(
-                ProcessIdentity(h.boot_id, h.pid, h.pgid, h.start_ticks),
+                ProcessIdentity.of_job(h),
                 grace_seconds=0.0,
                 kill_wait_seconds=5.0,
             )

@@ -101,7 +101,7 @@ def test_receipt_removals_are_on_disk_before_their_rows_go(
         store.path_of(attempt_id).write_bytes(b"{}")
     store.remove(unlinked)  # the completion path's removal
     steps: list[tuple[str, object]] = []
-    fsync_dir, delete_settled = receipts._fsync_dir, JournalRepository.delete_settled
+    fsync_dir, delete_settled = receipts.fsync_dir, JournalRepository.delete_settled
 
     def spy_fsync(path: Path) -> None:
         steps.append(("fsync", path))
@@ -111,7 +111,7 @@ def test_receipt_removals_are_on_disk_before_their_rows_go(
         steps.append(("delete", attempt_id))
         return delete_settled(self, attempt_id=attempt_id, state=state)
 
-    monkeypatch.setattr(receipts, "_fsync_dir", spy_fsync)
+    monkeypatch.setattr(receipts, "fsync_dir", spy_fsync)
     monkeypatch.setattr(JournalRepository, "delete_settled", spy_delete)
     clock = [now_ms() + int(EDGE.consumed_receipt_retention_s * 1000) + 1]
     assert in_process_reconciler(engine, store, clock).purge_retention() == 2
