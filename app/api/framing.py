@@ -9,7 +9,8 @@ refusal of the service: problem+json with the stable code ``MALFORMED_REQUEST``,
 The parser's own message is never echoed (h11's quotes client bytes).
 
 The protocols ``qinglong api`` runs (app/api/retirement.py, on httptools or h11) take
-``ProblemFraming`` as their first base. What stays plain text is listed in
+``ProblemFraming`` as their first base, through the limits mixins (app/api/http_limits.py),
+which write their 431/408/503 with ``send_problem_and_close``. What stays plain text is listed in
 docs/security-files-bodies.md.
 """
 
