@@ -180,6 +180,7 @@ def test_a_4_mib_header_on_an_authenticated_route_gets_431_not_200(api: Api) -> 
 def test_300_slowloris_connections_each_end_at_the_header_timeout_while_healthz_answers(
     api: Api,
 ) -> None:
+    before = api.rss_kib()
     with ExitStack() as stack:
         opened: dict[socket.socket, float] = {}
         closed: dict[socket.socket, float] = {}
@@ -187,6 +188,7 @@ def test_300_slowloris_connections_each_end_at_the_header_timeout_while_healthz_
             sock = stack.enter_context(api.connect())
             opened[sock] = time.monotonic()
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        peak_kib = api.rss_kib()
         selector = stack.enter_context(selectors.DefaultSelector())
         for sock in opened:
             sock.setblocking(False)
@@ -218,6 +220,8 @@ def test_300_slowloris_connections_each_end_at_the_header_timeout_while_healthz_
         assert min(lifetimes) > HEADER_TIMEOUT_S - 0.5
         assert max(lifetimes) < HEADER_TIMEOUT_S + 5
         assert 0 < slowest < 1, f"healthz took {slowest:.2f} s beside the slowloris connections"
+        grown_mib = (max(peak_kib, api.rss_kib()) - before) / 1024
+        assert grown_mib < 16, f"{SLOWLORIS} slow connections grew the api by {grown_mib:.0f} MiB"
 
 
 @pytest.mark.e2e
