@@ -49,6 +49,9 @@ class _Phase(enum.Enum):
     DONE = "done"  # request fully received (the app runs, or the connection is kept alive)
 
 
+_WAITING = (_Phase.IDLE, _Phase.HEAD)
+
+
 class _Connections:
     """The connections of one uvicorn server (one api process) that the bound counts."""
 
@@ -129,7 +132,10 @@ class Limits(ProblemFraming):
     # -- the parser's progress -------------------------------------------------------------
 
     def _observe(self) -> None:
-        """Update ``_phase`` from the parser (h11); httptools sets it from its callbacks."""
+        """Update ``_phase`` from the parser (h11); httptools sets it from its callbacks.
+
+        Either calls ``_head_complete`` when a request's headers are in.
+        """
 
     def _settle(self, received: bytes) -> None:
         """Arm or cancel the timers for the phase the parser reached after ``received``."""
@@ -137,8 +143,6 @@ class Limits(ProblemFraming):
             return
         self._observe()
         phase = self._phase
-        if phase is _Phase.IDLE:
-            return
         if phase is _Phase.HEAD:
             self._head_bytes += len(received)
             self._head_tail = (self._head_tail + received)[-3:]
@@ -146,23 +150,24 @@ class Limits(ProblemFraming):
                 self._head_timer = self.loop.call_later(
                     self.limits.header_timeout_s, self._head_expired
                 )
-            return
-        # The head is complete: a request is in progress.
+        elif phase is _Phase.BODY:
+            if self._body_timer is None:
+                self._body_seen = self.loop.time()
+                self._body_timer = self.loop.call_later(
+                    self.limits.body_timeout_s, self._body_check
+                )
+        elif phase is _Phase.DONE and self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _head_complete(self) -> None:
+        """The headers are in: a request is in progress, no longer a candidate to close."""
         self._head_bytes = 0
         self._head_tail = b""
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
         self._connections.waiting.pop(self, None)
-        if phase is _Phase.BODY:
-            if self._body_timer is None:
-                self._body_seen = self.loop.time()
-                self._body_timer = self.loop.call_later(
-                    self.limits.body_timeout_s, self._body_check
-                )
-        elif self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
 
     def _head_fits(self, data: bytes) -> bool:
         """Whether the head ends within the cap in ``data`` (rare: a read that crosses it)."""
@@ -248,6 +253,7 @@ class HttpToolsLimits(Limits):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()  # type: ignore[misc]
         self._phase = _Phase.BODY  # on_message_complete follows in the same read if none is owed
+        self._head_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()  # type: ignore[misc]
@@ -261,6 +267,7 @@ class H11Limits(Limits):
 
     def _observe(self) -> None:
         state = self.conn.their_state
+        before = self._phase
         if state is h11.SEND_BODY:
             self._phase = _Phase.BODY
         elif state is h11.IDLE:
@@ -268,3 +275,5 @@ class H11Limits(Limits):
             self._phase = _Phase.HEAD if self.conn.trailing_data[0] else _Phase.IDLE
         else:
             self._phase = _Phase.DONE
+        if before in _WAITING and self._phase not in _WAITING:
+            self._head_complete()

@@ -142,6 +142,18 @@ def _answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
+def _kept_alive_answer(sock: socket.socket) -> int:
+    """Status of one answer read to its Content-Length, leaving the connection open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split()[1])
+
+
 def _problem(sock: socket.socket, status: int, code: str) -> None:
     got, headers, body = _answer(sock)
     assert got == status, body
@@ -248,6 +260,21 @@ def test_connections_beyond_the_bound_close_an_idle_one_or_get_503_and_the_api_s
     served, stop = _start_api(tmp_path, parser, QL_HTTP_MAX_CONNECTIONS=str(bound))
     with ExitStack() as stack:
         stack.callback(stop)
+        # The bound full of idle keep-alive connections: a new client gets in, the oldest
+        # idle one is closed (all within uvicorn's 5 s keep-alive timeout).
+        idle = [stack.enter_context(served.connect()) for _ in range(bound)]
+        for sock in idle:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _kept_alive_answer(sock) == 200
+        assert served.healthz_s() < 1
+        idle[0].settimeout(3)
+        assert idle[0].recv(1) == b""
+        idle[1].settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            idle[1].recv(1)
+        for sock in idle:
+            sock.close()
+        time.sleep(0.5)
         # The bound full of slow heads: a new client still gets in, the oldest head is closed.
         slow = [stack.enter_context(served.connect()) for _ in range(bound)]
         for sock in slow:
