@@ -208,6 +208,11 @@ class Limits(ProblemFraming):
                 self.limits.body_timeout_s - silent, self._body_check
             )
             return
+        if self.cycle is not None and self.cycle.response_started:
+            # Answered already (a 413 from the Content-Length, say): a second answer to the
+            # same request would be read as the answer to the next one.
+            self._drop()
+            return
         self._refuse(
             408,
             REQUEST_TIMEOUT,
