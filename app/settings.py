@@ -18,6 +18,7 @@ DEFAULT_JOB_UMASK = 0o077
 # Per-job HOMEs go where every user may create a directory (sticky, world-writable); each
 # name carries 48 random bits and is created with mkdir by the job user (docs/job-user.md).
 JOB_HOME_ROOT = Path("/tmp")  # noqa: S108
+HTTP_PARSERS = ("httptools", "h11")
 
 
 def shim_mode_from_env(env: Mapping[str, str]) -> str:
@@ -108,6 +109,55 @@ class JobUserSettings:
         )
 
 
+def _count(env: Mapping[str, str], name: str, default: int, least: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, not {raw!r}") from None
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, not {raw}")
+    return value
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one api process accepts before a request reaches the app (docs/http-limits.md)."""
+
+    # Request line plus headers; more is answered 431 and the connection closed.
+    max_header_bytes: int = 64 * 1024
+    # From a connection's open (or a keep-alive request's first byte) to its complete headers.
+    header_timeout_s: float = 10.0
+    # The longest pause in a request body that is still owed.
+    body_timeout_s: float = 30.0
+    # Open connections per api process (each uvicorn worker); see docs/http-limits.md.
+    max_connections: int = 1000
+    # uvicorn's parser: httptools (what uvicorn picks itself when installed) or pure-Python h11.
+    parser: str = HTTP_PARSERS[0]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> HttpLimits:
+        """The ``QL_HTTP_*`` variables (README's settings table, docs/http-limits.md)."""
+        default = cls()
+        parser = env.get("QL_HTTP_PARSER") or default.parser
+        if parser not in HTTP_PARSERS:
+            raise ValueError(
+                f"QL_HTTP_PARSER must be one of {', '.join(HTTP_PARSERS)}, not {parser!r}"
+            )
+        return cls(
+            # Below 1 KiB an ordinary browser request (cookies, user agent) no longer fits.
+            max_header_bytes=_count(
+                env, "QL_HTTP_MAX_HEADER_BYTES", default.max_header_bytes, 1024
+            ),
+            header_timeout_s=_seconds(env, "QL_HTTP_HEADER_TIMEOUT_S", default.header_timeout_s),
+            body_timeout_s=_seconds(env, "QL_HTTP_BODY_TIMEOUT_S", default.body_timeout_s),
+            max_connections=_count(env, "QL_HTTP_MAX_CONNECTIONS", default.max_connections, 1),
+            parser=parser,
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a process of the service needs to know about where it lives."""
@@ -125,6 +175,7 @@ class Settings:
     # (app/worker/cgroups.py, docs/leftovers.md).
     cgroup_root: str = "auto"
     job: JobUserSettings = field(default_factory=JobUserSettings)
+    http: HttpLimits = HttpLimits()
 
     @classmethod
     def from_env(
@@ -149,6 +200,7 @@ class Settings:
             lease_renew_s=renew,
             cgroup_root=env.get("QL_CGROUP_ROOT") or "auto",
             job=JobUserSettings.from_env(env),
+            http=HttpLimits.from_env(env),
         )
 
     def with_data_dir(self, data_dir: Path) -> Settings:

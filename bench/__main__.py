@@ -48,6 +48,7 @@ FULL = Sizes(trivial_runs=1_000, trivial_repeats=3, idle_runs=50, paced_runs=250
 
 def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
     from bench.api_reads import run_api_reads
+    from bench.http_protocol import run_http_protocol
     from bench.launch import run_launch
     from bench.recovery import run_recovery
     from bench.shim import run_shim
@@ -71,6 +72,7 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
             repeats=size.trivial_repeats,
         ),
         "reads": each(run_api_reads, seconds=size.read_seconds),
+        "http": lambda report: run_http_protocol(report, seconds=size.read_seconds),
         "scale": lambda report: _scale(report, size, pg),
         "shim": lambda report: run_shim(
             report, count=size.shim_count, drain_bytes=size.drain_bytes

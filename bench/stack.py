@@ -127,11 +127,14 @@ class Stack:
         return {"Authorization": f"Bearer {self.token}"}
 
 
-def start_api(data: Path, url: str, port: int) -> subprocess.Popen[bytes]:
-    """uvicorn with the app factory on 127.0.0.1:port (one process, no access log)."""
+def start_api(data: Path, url: str, port: int, *, http: str = "auto") -> subprocess.Popen[bytes]:
+    """uvicorn with the app factory on 127.0.0.1:port (one process, no access log).
+
+    ``http`` is uvicorn's option: its own parser by default, or a protocol class's path.
+    """
     out = open(data / "api.log", "ab")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
-        [*_python("api"), "-m", "uvicorn", "app.api.main:create_app", "--factory",
+        [*_python("api"), "-m", "uvicorn", "app.api.main:create_app", "--factory", "--http", http,
          "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env_for(data, url), stdout=out, stderr=out,
     )  # fmt: skip

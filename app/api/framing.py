@@ -9,7 +9,8 @@ refusal of the service: problem+json with the stable code ``MALFORMED_REQUEST``,
 The parser's own message is never echoed (h11's quotes client bytes).
 
 The protocols ``qinglong api`` runs (app/api/retirement.py, on httptools or h11) take
-``ProblemFraming`` as their first base. What stays plain text is listed in
+``ProblemFraming`` as their first base, through the limits mixins (app/api/http_limits.py),
+which write their 431/408/503 with ``send_problem_and_close``. What stays plain text is listed in
 docs/security-files-bodies.md.
 """
 
@@ -17,26 +18,37 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
+from http import HTTPStatus
 
 from uvicorn.server import ServerState
 
 from app.api.problems import MALFORMED_REQUEST, PROBLEM_MEDIA_TYPE, TYPE_PREFIX, title_of
 
 _DETAIL = "the request's HTTP framing is not valid (request line, headers or body framing)"
-_BODY = json.dumps(
-    {
-        "type": TYPE_PREFIX + MALFORMED_REQUEST,
-        "title": title_of(MALFORMED_REQUEST),
-        "status": 400,
-        "detail": _DETAIL,
-        "code": MALFORMED_REQUEST,
-    }
-).encode()
-_HEAD = (
-    b"content-type: " + PROBLEM_MEDIA_TYPE.encode() + b"\r\n"
-    b"content-length: " + str(len(_BODY)).encode() + b"\r\n"
-    b"connection: close\r\n\r\n"
-)
+
+
+def raw_problem(
+    status: int, code: str, detail: str, default_headers: Iterable[tuple[bytes, bytes]]
+) -> bytes:
+    """A whole problem+json response that ends its connection, as bytes for the transport."""
+    body = json.dumps(
+        {
+            "type": TYPE_PREFIX + code,
+            "title": title_of(code),
+            "status": status,
+            "detail": detail,
+            "code": code,
+        }
+    ).encode()
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
+    head += [name + b": " + value + b"\r\n" for name, value in default_headers]
+    head += [
+        b"content-type: " + PROBLEM_MEDIA_TYPE.encode() + b"\r\n",
+        b"content-length: " + str(len(body)).encode() + b"\r\n",
+        b"connection: close\r\n\r\n",
+    ]
+    return b"".join(head) + body
 
 
 class ProblemFraming:
@@ -47,13 +59,12 @@ class ProblemFraming:
 
     def send_400_response(self, msg: str) -> None:
         """Write the problem+json 400 and close (``msg``, the parser's text, is dropped)."""
-        head = [b"HTTP/1.1 400 Bad Request\r\n"]
-        head += [name + b": " + value + b"\r\n" for name, value in self._default_headers()]
+        self.send_problem_and_close(400, MALFORMED_REQUEST, _DETAIL)
+
+    def send_problem_and_close(self, status: int, code: str, detail: str) -> None:
+        """End the connection with one problem+json answer, whatever the parser's state."""
         # Written raw, as uvicorn's httptools protocol does: the connection ends right here,
         # whatever state the parser is in (h11's state machine may already be in ERROR).
-        self.transport.write(b"".join(head) + _HEAD + _BODY)
+        # server_state's default headers: date and server, as on every answer.
+        self.transport.write(raw_problem(status, code, detail, self.server_state.default_headers))
         self.transport.close()
-
-    def _default_headers(self) -> list[tuple[bytes, bytes]]:
-        return list(self.server_state.default_headers)  # date and server, as on every answer
-

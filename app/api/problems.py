@@ -39,6 +39,10 @@ VALIDATION_FAILED = "VALIDATION_FAILED"
 STORAGE_RETRY_AFTER_S = 10
 DUPLICATE_KEY = "DUPLICATE_KEY"
 MALFORMED_REQUEST = "MALFORMED_REQUEST"  # HTTP framing: Content-Length, chunks, request line
+# Written by the HTTP protocol itself, before a request reaches the app (app/api/http_limits.py).
+HEADERS_TOO_LARGE = "HEADERS_TOO_LARGE"
+REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
+TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
 
 _STATUS_CODES: Mapping[int, str] = {
     400: "BAD_REQUEST",

@@ -24,21 +24,21 @@ uvicorn still bounds the whole shutdown by its graceful timeout, which must exce
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.api.framing import ProblemFraming
+from app.api.http_limits import H11Limits, HttpToolsLimits, Limits
+from app.settings import HttpLimits
 
 # Longer than a client's pause between two requests, shorter than uvicorn's graceful bound.
 IDLE_GRACE_S = 2.0
-# httptools: the parser uvicorn itself picks when it is installed (uvicorn[standard]).
-PROTOCOL = "app.api.retirement:RetiringHttpToolsProtocol"
 
 _retiring = threading.Event()
 _armed = False
@@ -122,9 +122,26 @@ class _Retiring:
         )
 
 
-class RetiringHttpToolsProtocol(ProblemFraming, _Retiring, HttpToolsProtocol):
-    """uvicorn's httptools protocol: a retiring shutdown, and its 400s as problem+json."""
+# ProblemFraming (app/api/framing.py) comes first through the limits mixins.
+class RetiringHttpToolsProtocol(HttpToolsLimits, _Retiring, HttpToolsProtocol):
+    """uvicorn's httptools protocol: limits, a retiring shutdown, and its 400s as problem+json."""
 
 
-class RetiringH11Protocol(ProblemFraming, _Retiring, H11Protocol):
-    """The same on uvicorn's pure-Python h11 parser (where httptools is not installed)."""
+class RetiringH11Protocol(H11Limits, _Retiring, H11Protocol):
+    """The same on uvicorn's pure-Python h11 parser."""
+
+
+PROTOCOLS: dict[str, type[Limits]] = {
+    "httptools": RetiringHttpToolsProtocol,
+    "h11": RetiringH11Protocol,
+}
+
+
+def http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
+    """What ``qinglong api`` hands uvicorn as ``http``: its parser's protocol with ``limits``.
+
+    A partial, not a class: uvicorn only calls it (``Server.startup``) and reads
+    ``alpn_protocols`` with ``getattr``, and a partial of a module-level class pickles by
+    name, so the limits reach the worker processes uvicorn spawns inside its pickled Config.
+    """
+    return cast(type[asyncio.Protocol], functools.partial(PROTOCOLS[limits.parser], limits=limits))

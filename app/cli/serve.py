@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import socket
 import sys
 from typing import Any
@@ -27,6 +28,8 @@ assert GRACEFUL_SHUTDOWN_S > retirement.IDLE_GRACE_S
 # restart (and how long a worker may miss its health ping). Its default, 5 s, is less than
 # an app import takes on a busy two-core host or an SD card: the restart was then abandoned.
 WORKER_READY_S = 30
+# Files an api process holds besides its client connections (database, logs, the listener).
+FD_RESERVE = 256
 
 
 def _positive(value: str) -> int:
@@ -143,12 +146,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return code
 
 
+def _fd_room(max_connections: int) -> None:
+    """Raise the soft open-file limit so ``max_connections`` sockets fit (up to the hard one).
+
+    Past the soft limit accept() fails with EMFILE and asyncio stops accepting for a second,
+    a bound nobody chose; the process itself needs some files besides (database, logs).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE,
+            (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard),
+        )
+
+
 def cmd_api(args: argparse.Namespace) -> int:
     """Serve the api with uvicorn alone (the database must already be migrated)."""
     import uvicorn
 
     settings = private_settings(args)
     os.environ["QL_DATA_DIR"] = str(settings.data_dir)  # uvicorn workers inherit it
+    limits = settings.http
+    _fd_room(limits.max_connections)
     uvicorn.run(
         APP_FACTORY,
         factory=True,
@@ -156,8 +176,11 @@ def cmd_api(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level="warning",
-        # h11, with a shutdown that lets keep-alive clients finish (app/api/retirement.py).
-        http=retirement.PROTOCOL,
+        # httptools (or QL_HTTP_PARSER=h11) with a shutdown that lets keep-alive clients
+        # finish (app/api/retirement.py) and the limits of docs/http-limits.md.
+        http=retirement.http_protocol(limits),
+        # h11's own buffer bound: the header cap is ours (431), h11 must not refuse first.
+        h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         timeout_worker_healthcheck=WORKER_READY_S,
     )

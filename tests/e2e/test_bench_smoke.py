@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from bench.api_reads import run_api_reads
+from bench.http_protocol import run_http_protocol
 from bench.report import Report
 from bench.trivial import PACED_RATE, run_trivial
 
@@ -36,3 +37,14 @@ def test_the_read_load_gets_only_2xx_answers() -> None:
     for figure in report.figures:
         assert (figure.extra["errors"], figure.extra["baseline_errors"]) == (0, 0), figure.name
         assert figure.value > 0
+
+
+def test_the_http_protocol_group_reports_cpu_and_rate_beside_both_baselines() -> None:
+    report = Report()
+    run_http_protocol(report, seconds=1.0)
+    names = {(f.name, f.baseline_name) for f in report.figures}
+    for kind in ("keep-alive", "fresh connection"):
+        cpu = f"server CPU per GET /healthz, {kind}, RetiringHttpToolsProtocol"
+        assert (cpu, "retirement+framing us") in names
+        assert (cpu, "uvicorn httptools us") in names
+    assert all(f.value > 0 and f.baseline > 0 for f in report.figures)
