@@ -17,13 +17,12 @@ docs/security-files-bodies.md.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterable
 from http import HTTPStatus
 
 from uvicorn.server import ServerState
 
-from app.api.problems import MALFORMED_REQUEST, PROBLEM_MEDIA_TYPE, TYPE_PREFIX, title_of
+from app.api.problems import MALFORMED_REQUEST, PROBLEM_MEDIA_TYPE, problem_bytes
 
 _DETAIL = "the request's HTTP framing is not valid (request line, headers or body framing)"
 
@@ -32,15 +31,7 @@ def raw_problem(
     status: int, code: str, detail: str, default_headers: Iterable[tuple[bytes, bytes]]
 ) -> bytes:
     """A whole problem+json response that ends its connection, as bytes for the transport."""
-    body = json.dumps(
-        {
-            "type": TYPE_PREFIX + code,
-            "title": title_of(code),
-            "status": status,
-            "detail": detail,
-            "code": code,
-        }
-    ).encode()
+    body = problem_bytes(status, code, detail)
     head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head += [

@@ -35,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from app.domain.artifacts import receipt_relpath
+from app.domain.artifacts import receipt_name, receipt_relpath
 from app.domain.errors import LaunchFailed, LaunchRejected
 from app.domain.execution import LaunchRequest, StopResult
 from app.domain.ids import is_uuid7
@@ -198,7 +198,7 @@ class ShimLauncher:
             "protocol": PROTOCOL,
             **fields,
             "receipt_dir": str(shard),
-            "receipt_name": f"{request.attempt_id}.json",
+            "receipt_name": receipt_name(request.attempt_id),
             "cgroup_root": None if self._cgroup_root is None else str(self._cgroup_root.path),
             **({} if job is None else {"job": job}),
             **self._spec_extra,
