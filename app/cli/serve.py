@@ -11,10 +11,10 @@ from typing import Any
 
 from app.api import retirement
 from app.cli.admin import cmd_migrate, private_settings
-from app.context.stop_jobs import stop_active_jobs
-from app.context.supervisor import ServiceSpec, Supervisor
 from app.context.worker_lease import EXIT_LEASE_HELD
 from app.settings import Settings
+from app.supervisor.stop_jobs import stop_active_jobs
+from app.supervisor.supervisor import ServiceSpec, Supervisor
 
 APP_FACTORY = "app.api.main:create_app"
 # Bounds uvicorn's graceful shutdown (open streams such as log follows) so a stop or a

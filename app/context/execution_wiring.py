@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.adapters.worker_client import WorkerClient, WorkerUnavailable
 from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
 from app.execution.ports import (
     CandidateSource,
@@ -21,7 +22,6 @@ from app.execution.ports import (
     SecretSource,
 )
 from app.settings import Settings
-from app.worker.client import WorkerClient, WorkerUnavailable
 
 log = logging.getLogger("qinglong.dispatch")
 

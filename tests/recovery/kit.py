@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from app.adapters.worker_client import WorkerUnavailable
 from app.domain.artifacts import log_artifact_id
 from app.domain.canonical import sha256_digest
 from app.domain.errors import ErrorCode
@@ -24,7 +25,6 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.client import WorkerUnavailable
 from app.worker.identity import wait_exit
 from app.worker.launcher import IdentityController
 from app.worker.log_facts import LogFacts

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from sqlalchemy import Engine
 
+from app.adapters.worker_client import WorkerClient, WorkerUnavailable
 from app.domain.artifacts import log_artifact_id, log_relpath, receipt_relpath
 from app.domain.canonical import sha256_digest
 from app.domain.execution import LaunchRequest, Leftovers
@@ -28,7 +29,6 @@ from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.cgroups import AUTO, detect, settle
-from app.worker.client import WorkerClient, WorkerUnavailable
 from app.worker.identity import ProcessIdentity, current_boot_id, read_identity, stop_identity
 from app.worker.receipts import ReceiptStore
 
