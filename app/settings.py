@@ -203,6 +203,20 @@ class Settings:
             http=HttpLimits.from_env(env),
         )
 
+    def to_env(self) -> dict[str, str]:
+        """The ``QL_*`` variables a flag may have set: with them, ``from_env`` in a child
+        process resolves to these settings (every other setting is read from the inherited
+        environment already).
+
+        The one channel from a command to the processes it starts that re-read their settings:
+        ``qinglong serve``'s services and ``qinglong api``'s uvicorn workers, which uvicorn
+        spawns and builds with the app factory called without arguments.
+        """
+        env = {"QL_DATA_DIR": str(self.data_dir)}
+        if self.worker_socket is not None:
+            env["QL_WORKER_SOCKET"] = str(self.worker_socket)
+        return env
+
     def with_data_dir(self, data_dir: Path) -> Settings:
         """A copy rooted elsewhere (the database URL follows only if it was the default)."""
         url = self.database_url

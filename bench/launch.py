@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from app.adapters.worker_client import WorkerClient
 from app.domain.execution import LaunchRequest
 from app.domain.ids import uuid7
 from app.domain.model import ProcessHandle
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.migrate import upgrade_to_head
-from app.worker.client import WorkerClient
 from app.worker.identity import wait_exit
 from app.worker.launcher import ShimLauncher
 from app.worker.receipts import ReceiptStore

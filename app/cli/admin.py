@@ -6,12 +6,10 @@ import argparse
 import time
 from typing import Any
 
+from app.cli.common import database
 from app.domain.tokens import SCOPES, new_api_token
 from app.domain.validation import validate_name
-from app.settings import Settings
-from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
-from app.storage.private_files import require_private
 from app.storage.tokens_repo import TokenRepository
 
 
@@ -46,33 +44,10 @@ def register(sub: Any) -> None:
     revoke.set_defaults(handler=cmd_token_revoke)
 
 
-def settings_for(args: argparse.Namespace) -> Settings:
-    """Settings from the environment, with ``--data-dir`` applied."""
-    return Settings.from_env(data_dir=getattr(args, "data_dir", None))
-
-
-def private_settings(args: argparse.Namespace) -> Settings:
-    """``settings_for``, once the data dir exists and every file of it is private to us.
-
-    The start-up check of ``serve``, ``api``, ``worker`` and ``migrate``: raises NotPrivate
-    (a ValueError: one line naming the ``chmod`` that fixes it) before anything is opened.
-    """
-    settings = settings_for(args)
-    settings.ensure_data_dir()
-    require_private(
-        data_dir=settings.data_dir, database_url=settings.database_url, key_file=settings.key_file
-    )
-    return settings
-
-
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Upgrade the database to the newest migration."""
-    settings = private_settings(args)
-    engine = make_engine(settings.database_url)
-    try:
+    with database(args, private=True) as (_, engine):
         upgrade_to_head(engine)
-    finally:
-        engine.dispose()
     print("database migrated to head")
     return 0
 
@@ -81,14 +56,11 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     """Create a token; the plaintext is printed alone on the last line, once."""
     name = args.name or f"token-{time.strftime('%Y%m%d-%H%M%S')}"
     validate_name(name, what="token name")
-    engine = make_engine(settings_for(args).database_url)
-    try:
+    with database(args) as (_, engine):
         token = new_api_token()
         record = TokenRepository(engine).create(
             name=name, scopes=frozenset(args.scopes), token=token
         )
-    finally:
-        engine.dispose()
     print(f"created token {record.name} with scopes {' '.join(sorted(record.scopes))}")
     print("store it now: it is shown only once")
     print(token)
@@ -97,11 +69,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 def cmd_token_list(args: argparse.Namespace) -> int:
     """List token names, scopes and state."""
-    engine = make_engine(settings_for(args).database_url)
-    try:
+    with database(args) as (_, engine):
         records = TokenRepository(engine).list()
-    finally:
-        engine.dispose()
     for record in records:
         state = "revoked" if record.revoked_at_ms is not None else "active"
         print(f"{record.name}\t{state}\t{' '.join(sorted(record.scopes))}")
@@ -110,27 +79,21 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     """Revoke a token by name."""
-    engine = make_engine(settings_for(args).database_url)
-    try:
+    with database(args) as (_, engine):
         TokenRepository(engine).revoke(args.name)
-    finally:
-        engine.dispose()
     print(f"revoked token {args.name}")
     return 0
 
 
 def cmd_token_bootstrap(args: argparse.Namespace) -> int:
     """Print a new admin token once: only while the database has no token at all."""
-    engine = make_engine(settings_for(args).database_url)
-    try:
+    with database(args) as (_, engine):
         repo = TokenRepository(engine)
         if repo.list():
             print("an API token already exists; create more with `qinglong token create`")
             return 0
         token = new_api_token()
         repo.create(name="admin", scopes=frozenset({"admin"}), token=token)
-    finally:
-        engine.dispose()
     print("created the admin token; store it now, it is shown only once:")
     print(token)
     return 0

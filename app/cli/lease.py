@@ -7,8 +7,7 @@ import datetime
 import json
 from typing import Any
 
-from app.cli.admin import settings_for
-from app.storage.engine import make_engine
+from app.cli.common import database
 from app.storage.lease_repo import LeaseRepository, db_now_ms
 from app.storage.uow import UnitOfWork
 
@@ -43,13 +42,10 @@ def _utc(ms: int) -> str:
 
 def cmd_lease_show(args: argparse.Namespace) -> int:
     """One line: the holder, its epoch and times, and whether it is live now."""
-    engine = make_engine(settings_for(args).database_url)
-    try:
+    with database(args) as (_, engine):
         lease = LeaseRepository(engine).current()
         with UnitOfWork(engine, write=False) as uow:
             now = db_now_ms(uow.conn)
-    finally:
-        engine.dispose()
     if lease is None:
         print("no worker has taken the lease yet")
         return 0
@@ -68,11 +64,8 @@ def cmd_lease_show(args: argparse.Namespace) -> int:
 
 def cmd_lease_history(args: argparse.Namespace) -> int:
     """One tab-separated line per event: time, type, canonical JSON facts."""
-    engine = make_engine(settings_for(args).database_url)
-    try:
+    with database(args) as (_, engine):
         events = LeaseRepository(engine).history(limit=args.limit)
-    finally:
-        engine.dispose()
     for event in events:
         facts = json.dumps(event.data, sort_keys=True, separators=(",", ":"))
         print(f"{_utc(event.at_ms)}\t{event.type}\t{facts}")

@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.cli.admin import settings_for
+from app.cli.common import database
 from app.domain.artifacts import RECEIPT_SUFFIX, published_by_temp, shard_of
 from app.domain.ids import UUID7_PATTERN
 from app.storage.durable import move_by_link
-from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 
@@ -90,19 +89,16 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise ValueError(f"--per-shard must be between 1 and {MAX_PER_SHARD}")
     if not args.min_age_s >= 0:
         raise ValueError("--min-age-s must be zero or more")
-    settings = settings_for(args)
-    engine = make_engine(settings.database_url)
     try:
-        report = audit(
-            root=settings.receipts_dir, journal=JournalRepository(engine),
-            reader=RunReader(engine), start=start, shards=args.shards,
-            per_shard=args.per_shard, min_age_s=args.min_age_s, quarantine=args.quarantine,
-        )
+        with database(args) as (settings, engine):
+            report = audit(
+                root=settings.receipts_dir, journal=JournalRepository(engine),
+                reader=RunReader(engine), start=start, shards=args.shards,
+                per_shard=args.per_shard, min_age_s=args.min_age_s, quarantine=args.quarantine,
+            )
     except AuditRefused as exc:
         print(f"qinglong: receipts audit refused: {exc}", file=sys.stderr)
         return 1
-    finally:
-        engine.dispose()
     for name in sorted(report.counts):
         print(f"{name}: {report.counts[name]}")
     if args.quarantine:

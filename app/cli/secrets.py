@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from app.cli.admin import settings_for
-from app.storage.engine import make_engine
+from app.cli.common import database
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository
 
@@ -28,14 +27,10 @@ def register(sub: Any) -> None:
 
 def cmd_rotate_key(args: argparse.Namespace) -> int:
     """Rotate the secret key; prints counts and key ids, never key material or values."""
-    settings = settings_for(args)
-    settings.ensure_data_dir()
-    ring = KeyRing.from_settings(secret_key=settings.secret_key, key_file=settings.key_file)
-    engine = make_engine(settings.database_url)
-    try:
+    with database(args) as (settings, engine):
+        settings.ensure_data_dir()
+        ring = KeyRing.from_settings(secret_key=settings.secret_key, key_file=settings.key_file)
         rewritten, dropped = SecretRepository(engine, ring).rotate()
-    finally:
-        engine.dispose()
     print(f"re-encrypted {rewritten} secret(s) under key {ring.current.id}")
     if dropped:
         print(f"retired key(s): {' '.join(dropped)}")

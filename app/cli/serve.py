@@ -11,11 +11,12 @@ import sys
 from typing import Any
 
 from app.api import retirement
-from app.cli.admin import cmd_migrate, private_settings
-from app.context.stop_jobs import stop_active_jobs
-from app.context.supervisor import ServiceSpec, Supervisor
+from app.cli.admin import cmd_migrate
+from app.cli.common import private_settings
 from app.context.worker_lease import EXIT_LEASE_HELD
 from app.settings import Settings
+from app.supervisor.stop_jobs import stop_active_jobs
+from app.supervisor.supervisor import ServiceSpec, Supervisor
 from app.worker.job_user import job_policy
 
 APP_FACTORY = "app.api.main:create_app"
@@ -102,11 +103,7 @@ def _check_listen(host: str, port: int) -> None:
 
 def child_env(settings: Settings) -> dict[str, str]:
     """The services' environment: ours, with the resolved data dir (and socket) made explicit."""
-    env = dict(os.environ)
-    env["QL_DATA_DIR"] = str(settings.data_dir)
-    if settings.worker_socket is not None:
-        env["QL_WORKER_SOCKET"] = str(settings.worker_socket)
-    return env
+    return dict(os.environ) | settings.to_env()
 
 
 def _log_to_stderr(logger: logging.Logger) -> None:
@@ -166,7 +163,10 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = private_settings(args)
-    os.environ["QL_DATA_DIR"] = str(settings.data_dir)  # uvicorn workers inherit it
+    # uvicorn builds the app in each worker it spawns by calling the factory without
+    # arguments, so the environment they inherit is the only way in: the one channel
+    # ``Settings.to_env`` (``--data-dir`` included), read back by ``create_app``.
+    os.environ.update(settings.to_env())
     limits = settings.http
     _fd_room(limits.max_connections)
     uvicorn.run(

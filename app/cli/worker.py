@@ -9,7 +9,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from app.cli.admin import private_settings
+from app.cli.common import private_settings
 from app.context.worker_lease import EXIT_LEASE_HELD, EXIT_LEASE_LOST
 from app.context.worker_process import WorkerProcess
 from app.domain.errors import LeaseHeld, NotMigrated

@@ -3,13 +3,16 @@
 Every part is overridable by keyword. The api lifespan calls ``build_context`` then
 ``start_background()``, and ``close()`` on shutdown; tests call it with a temporary data dir.
 
-Hooks for the execution layer (docs/design.md §2.2): ``after_enqueue`` runs after each
-committed enqueue or cancel intent, and ``periodic`` every ``periodic_interval_s`` (the
-dispatcher's slow loop). Both run on one daemon thread started by ``start_background()``:
-kicks coalesce, a route never waits for them, and an exception in them is logged (type
-only) and never reaches a route. On close, ``halt`` is called first (no new dispatch pass
-starts), then the thread is joined, so the launches in flight finish before the worker
-client closes and before ``qinglong serve`` stops the worker (docs/rolling-restarts.md).
+Hooks for the execution layer (docs/design.md §2.2), one meaning each: ``on_enqueued``
+(the dispatcher's drain) runs after each committed enqueue, ``on_cancel_requested`` (the
+worker's ``wake``: its cancellation sweep runs now) after each committed cancel intent of a
+run still starting or running, and ``periodic`` (the drain again) every
+``periodic_interval_s``, the dispatcher's slow loop. All run on one daemon thread started by
+``start_background()``: kicks coalesce, a route never waits for them, and an exception in
+them is logged (type only) and never reaches a route. On close, ``halt`` is called first (no
+new dispatch pass starts), then the thread is joined, so the launches in flight finish before
+the worker client closes and before ``qinglong serve`` stops the worker
+(docs/rolling-restarts.md).
 ``ready_checks`` add named readiness checks (the worker socket ping) returning ``None``
 when fine or a short reason when not; all of them run concurrently under one deadline
 (app/context/readiness.py).
@@ -55,31 +58,43 @@ STOP_TIMEOUT_S = 5.0
 
 
 class Background:
-    """One daemon thread: runs ``after_enqueue`` when kicked and ``periodic`` on a timer."""
+    """One daemon thread: ``on_enqueued`` and ``on_cancel_requested`` when kicked (the facade's
+    ``IntentHooks``), ``periodic`` on a timer."""
 
     def __init__(
         self,
         *,
-        after_enqueue: Hook | None,
+        on_enqueued: Hook | None,
+        on_cancel_requested: Hook | None = None,
         periodic: Hook | None,
         interval_s: float,
         halt: Hook | None = None,
     ) -> None:
-        self._after_enqueue = after_enqueue
+        self._on_enqueued = on_enqueued
+        self._on_cancel_requested = on_cancel_requested
         self._periodic = periodic
         self._interval_s = interval_s
         self._halt = halt
         self._kicked = threading.Event()
+        self._enqueued = threading.Event()
+        self._cancel_requested = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def kick(self) -> None:
-        """Ask for an ``after_enqueue`` pass soon; never blocks, never raises."""
+    def enqueued(self) -> None:
+        """Ask for an ``on_enqueued`` pass soon; never blocks, never raises."""
+        self._enqueued.set()
+        self._kicked.set()
+
+    def cancel_requested(self) -> None:
+        """Ask for an ``on_cancel_requested`` call soon; never blocks, never raises."""
+        self._cancel_requested.set()
         self._kicked.set()
 
     def start(self) -> None:
         """Start the thread if there is anything to run (idempotent)."""
-        if self._thread is not None or (self._after_enqueue is None and self._periodic is None):
+        hooks = (self._on_enqueued, self._on_cancel_requested, self._periodic)
+        if self._thread is not None or all(hook is None for hook in hooks):
             return
         self._thread = threading.Thread(target=self._loop, name="ql-background", daemon=True)
         self._thread.start()
@@ -102,13 +117,25 @@ class Background:
             if self._stopping.is_set():
                 return
             self._kicked.clear()
-            hook = self._after_enqueue if kicked else self._periodic
-            if hook is None:
+            if not kicked:
+                self._run(self._periodic)
                 continue
-            try:
-                hook()
-            except Exception as exc:  # a failed pass is retried by the next kick or tick
-                log.error("background pass failed: %s", type(exc).__name__)
+            # The wake first: it is one socket call, and a cancel should not wait for a drain.
+            if self._cancel_requested.is_set():
+                self._cancel_requested.clear()
+                self._run(self._on_cancel_requested)
+            if self._enqueued.is_set():
+                self._enqueued.clear()
+                self._run(self._on_enqueued)
+
+    @staticmethod
+    def _run(hook: Hook | None) -> None:
+        if hook is None:
+            return
+        try:
+            hook()
+        except Exception as exc:  # a failed pass is retried by the next kick or tick
+            log.error("background pass failed: %s", type(exc).__name__)
 
 
 @dataclass
@@ -159,7 +186,8 @@ def build_context(
     secrets: SecretRepository | None = None,
     key_ring: KeyRing | None = None,
     logs: LogStore | None = None,
-    after_enqueue: Hook | None = None,
+    on_enqueued: Hook | None = None,
+    on_cancel_requested: Hook | None = None,
     periodic: Hook | None = None,
     periodic_interval_s: float = 2.0,
     ready_checks: Mapping[str, ReadyCheck] | None = None,
@@ -168,8 +196,9 @@ def build_context(
 ) -> AppContext:
     """Build everything from ``settings``; any part may be passed in instead.
 
-    With ``execution`` (the default) the dispatcher drains after each enqueue or cancel and
-    on the slow loop, through the worker socket; hooks passed in explicitly take precedence.
+    With ``execution`` (the default) the dispatcher drains after each enqueue and on the slow
+    loop, and a cancel intent wakes the worker, through the worker socket; hooks passed in
+    explicitly take precedence.
     """
     owns_engine = engine is None
     engine = engine or make_engine(settings.database_url)
@@ -206,19 +235,19 @@ def build_context(
         checks["worker"] = hooks.worker_ready
         closers.append(hooks.close)
         halt = hooks.halt
-        if after_enqueue is None:
-
-            def after_enqueue() -> None:
-                hooks.nudge_worker()
-                hooks.drain()
-
+        on_enqueued = on_enqueued or hooks.drain
+        on_cancel_requested = on_cancel_requested or hooks.wake_worker
         periodic = periodic or hooks.drain
     checks.update(ready_checks or {})
 
     probe = ReadinessProbe(checks, deadline_s=ready_deadline_s)
     closers.insert(0, probe.close)
     background = Background(
-        after_enqueue=after_enqueue, periodic=periodic, interval_s=periodic_interval_s, halt=halt
+        on_enqueued=on_enqueued,
+        on_cancel_requested=on_cancel_requested,
+        periodic=periodic,
+        interval_s=periodic_interval_s,
+        halt=halt,
     )
     facade = AppFacade(
         _definitions=definitions,
@@ -229,7 +258,7 @@ def build_context(
         _logs=logs
         or LogStore(root=settings.logs_dir, quota_bytes=settings.profile.log_quota_bytes),
         _readiness_probe=probe,
-        _notify_enqueued=background.kick,
+        _intents=background,
         reads_inline=engine.dialect.name == "sqlite",
         run_as_allowed=frozenset(settings.job.allowed),
         job_isolation="job_user" if settings.job.user else "same_user",

@@ -1,4 +1,4 @@
-"""Wires the api's private execution kernel: worker client, dispatcher, the drain hook.
+"""Wires the api's private execution kernel: worker client, dispatcher, the drain and wake hooks.
 
 The dispatcher is reachable only through the hooks built here (docs/design.md §2.2): the
 facade never sees it, the launcher or the coordinator.
@@ -6,13 +6,13 @@ facade never sees it, the launcher or the coordinator.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.adapters.worker_client import WorkerClient
 from app.domain.errors import WorkerUnavailable
 from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
 from app.execution.ports import (
@@ -22,7 +22,6 @@ from app.execution.ports import (
     SecretSource,
 )
 from app.settings import Settings
-from app.worker.client import WorkerClient
 
 log = logging.getLogger("qinglong.dispatch")
 
@@ -88,7 +87,8 @@ class ExecutionHooks:
 
     drain: Callable[[], None]
     worker_ready: Callable[[], str | None]
-    nudge_worker: Callable[[], None]
+    # After a cancel intent: the worker's cancellation sweep runs now, not at its next tick.
+    wake_worker: Callable[[], None]
     close: Callable[[], None]
     # Shutdown: no pass starts after this; the passes in flight finish (their launches too).
     halt: Callable[[], None]
@@ -142,17 +142,15 @@ def build_execution(
             return "worker socket not answering"
         return None
 
-    def nudge_worker() -> None:
-        wake = getattr(worker, "wake", None)
-        if wake is None:
-            return
-        with contextlib.suppress(WorkerUnavailable):
-            wake()
+    def wake_worker() -> None:
+        # Only a nudge (False when unreachable): the intent is committed, and the worker's own
+        # sweep acts on it at its next tick anyway.
+        worker.wake()
 
     return ExecutionHooks(
         drain=drain,
         worker_ready=worker_ready,
-        nudge_worker=nudge_worker,
+        wake_worker=wake_worker,
         close=worker.close,
         halt=halted.set,
     )

@@ -10,13 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from app.context.logs import LogFile, LogStore
 from app.context.token_cache import TokenCache
 from app.domain.errors import Conflict, ErrorCode, NotFound, ValidationFailed
 from app.domain.ids import is_uuid7
 from app.domain.model import Attempt, Page, Recipe, Run, RunEvent, SecretName, TaskRevision
-from app.domain.states import RunStatus
+from app.domain.states import RunStatus, is_terminal_run
 from app.domain.tokens import grants, looks_like_token
 from app.domain.validation import (
     validate_argv,
@@ -63,6 +64,19 @@ class Readiness:
     checks: dict[str, str]
 
 
+class IntentHooks(Protocol):
+    """Told after an intent commits (app/context/bootstrap.py ``Background``); never blocks."""
+
+    def enqueued(self) -> None:
+        """A run was queued: the dispatcher should drain (launch what may start now)."""
+        ...
+
+    def cancel_requested(self) -> None:
+        """A cancel intent was recorded for a run still starting or running: wake the worker's
+        cancellation sweep so it stops the job now, not at its next tick."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class AppFacade:
     """The only thing routes may call. Built by ``app.context.bootstrap.build_context``."""
@@ -74,7 +88,7 @@ class AppFacade:
     _secrets: SecretRepository
     _logs: LogStore
     _readiness_probe: Callable[[], Readiness]
-    _notify_enqueued: Callable[[], None]
+    _intents: IntentHooks
     _token_cache: TokenCache[Principal] = field(default_factory=TokenCache)
     # True on SQLite: a run read is local work that never waits for a writer (WAL), cheaper
     # than a worker-thread round trip, so async routes may call it on the event loop
@@ -227,14 +241,16 @@ class AppFacade:
                 raise ValidationFailed(exc.code, exc.detail) from None
             raise
         if created:
-            self._notify_enqueued()
+            self._intents.enqueued()
         return self._with_logs(run), created
 
     def request_cancel(self, *, run_id: str) -> Run:
         """Record the user's cancel intent once; a queued run is cancelled at once."""
         _check_run_id(run_id)
         run = self._runs.request_cancel(run_id=run_id, reason="user")
-        self._notify_enqueued()  # a running job's stop is the dispatcher/worker's business
+        # A queued run ended in that commit; a started one is stopped by the worker's sweep.
+        if not is_terminal_run(run.status):
+            self._intents.cancel_requested()
         return self._with_logs(run)
 
     def get_run(self, *, run_id: str) -> Run:

@@ -17,10 +17,8 @@ from sqlalchemy import Engine, QueuePool
 
 from app.context.worker_lease import LeaseKeeper
 from app.domain.errors import NotMigrated
-from app.execution.cancellation import CancellationSweep
 from app.execution.completion import CompletionService, ConsumeResult
-from app.execution.reconciler import Reconciler
-from app.execution.recovery_loop import RecoveryLoop
+from app.execution.worker_recovery import WorkerRecovery
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
@@ -57,7 +55,7 @@ class WorkerParts:
     watcher: ShimWatcher
     launcher: ShimLauncher
     server: ControlServer
-    recovery: RecoveryLoop | None = None
+    recovery: WorkerRecovery | None = None
 
 
 class WorkerProcess:
@@ -67,7 +65,6 @@ class WorkerProcess:
         self.settings = settings
         self.parts: WorkerParts | None = None
         self._stop = threading.Event()
-        self._reconciler: Reconciler | None = None
         self.lease: LeaseKeeper | None = None
         self._cgroup_root: CgroupRoot | None = None
 
@@ -115,12 +112,11 @@ class WorkerProcess:
                 launcher,
                 server,
             )
-            watcher.start()
             self.parts.recovery = self._recovery()
+            watcher.start()
             # The start-up backlog, settled back to back before serving (journal_settle.py),
             # by the same rule as the passes' sweep; then the loop's first pass.
-            assert self._reconciler is not None
-            self._reconciler.drain_journal(threads=self._settle_threads())
+            self.parts.recovery.settle_backlog(threads=self._settle_threads())
             self.parts.recovery.start()
             server.start()
         except BaseException:
@@ -148,23 +144,17 @@ class WorkerProcess:
         )
         return None
 
-    def _recovery(self) -> RecoveryLoop:
-        """Reconciler + cancellation sweep on one thread (docs/design.md §3.13)."""
+    def _recovery(self) -> WorkerRecovery:
+        """The one recovery path (app/execution/worker_recovery.py) on this worker's parts."""
         assert self.parts is not None
-        p, profile = self.parts, self.settings.profile
-        controller = IdentityController(cgroup_root=self._cgroup_root)
-        reconciler = Reconciler(
+        p = self.parts
+        return WorkerRecovery(
             attempts=p.reader, journal=p.journal, completion=p.completion, transitions=p.runs,
-            probe=HandleProbe(), controller=controller, quarantine_files=p.receipts,
-            reservations=p.receipts, profile=profile, watch=p.watcher.add,
+            intents=p.runs, probe=HandleProbe(),
+            controller=IdentityController(cgroup_root=self._cgroup_root),
+            quarantine_files=p.receipts, reservations=p.receipts, profile=self.settings.profile,
+            watch=p.watcher.add,
         )  # fmt: skip
-        self._reconciler = reconciler
-        sweep = CancellationSweep(
-            attempts=p.reader, intents=p.runs, controller=controller, profile=profile
-        )
-        return RecoveryLoop(
-            reconciler=reconciler, cancellation=sweep, interval_s=profile.reconcile_interval_s
-        )
 
     def _wake(self, reconcile: bool) -> None:
         parts = self.parts
@@ -172,17 +162,9 @@ class WorkerProcess:
             parts.recovery.wake(reconcile=reconcile)
 
     def _consume(self, run_id: str, attempt_id: str) -> ConsumeResult:
-        assert self.parts is not None
-        if self._reconciler is not None and self._reconciler.claimed(attempt_id):
-            # Recovery is stopping this attempt to record ``lost``; it consumes afterwards.
-            return ConsumeResult("absent")
-        result = self.parts.completion.consume(run_id=run_id, attempt_id=attempt_id)
-        log.info("attempt completion: %s", result.status)
-        if result.status in ("absent", "quarantined"):
-            # The shim exited without a usable receipt: let the reconciler decide now
-            # (grace, then lost) instead of at the next cadence.
-            self._wake(True)
-        return result
+        parts = self.parts
+        assert parts is not None and parts.recovery is not None
+        return parts.recovery.consume(run_id=run_id, attempt_id=attempt_id)
 
     def _settle_threads(self) -> int:
         """0 (inline) on SQLite; else a few threads, never more than the pool holds."""

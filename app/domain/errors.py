@@ -40,7 +40,7 @@ that built the adapter). They are listed here, not defined here:
 - app/worker/zygote.py: ZygoteUnavailable, NotReceived, Uncertain, ForkFailed (caught by
   the launcher); app/worker/server.py: BadRequest, SocketInUse(RuntimeError) (the CLI's
   start-up); app/worker/shim.py: ShimError (the shim imports nothing from app);
-  app/worker/client.py: _Broken; app/worker/job_user.py: JobUserUnavailable(ValueError)
+  app/adapters/worker_client.py: _Broken; app/worker/job_user.py: JobUserUnavailable(ValueError)
   (the CLI's start-up);
 - app/api/problems.py: ApiProblem, DuplicateKey (HTTP answers); app/api/asgi.py:
   _Disconnected; app/cli/receipts.py: AuditRefused.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +12,18 @@ from app.context.bootstrap import build_context
 from app.domain.profiles import EDGE
 from app.settings import Settings
 from app.storage.engine import make_engine
-from tests.api.conftest import Client, assert_problem
+from app.worker.server import ControlServer
+from tests.api.conftest import Client, assert_problem, make_running
 
 
-def test_after_enqueue_runs_in_the_background_after_the_commit(
+def test_on_enqueued_runs_in_the_background_after_the_commit(
     settings: Settings, admin: dict[str, str]
 ) -> None:
     seen: list[int] = []
     called = threading.Event()
     engine = make_engine(settings.database_url)
 
-    def after_enqueue() -> None:
+    def on_enqueued() -> None:
         # The run is already committed when the hook runs: count it from the database.
         from sqlalchemy import text
 
@@ -29,7 +31,7 @@ def test_after_enqueue_runs_in_the_background_after_the_commit(
             seen.append(conn.execute(text("SELECT count(*) FROM runs")).scalar_one())
         called.set()
 
-    client = Client(create_app(settings, after_enqueue=after_enqueue, execution=False))
+    client = Client(create_app(settings, on_enqueued=on_enqueued, execution=False))
     try:
         client.put("/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
         assert client.post("/api/v1/runs", json={"task": "t"}, headers=admin).status_code == 201
@@ -47,7 +49,7 @@ def test_a_failing_hook_never_reaches_the_route(settings: Settings, admin: dict[
         calls.release()
         raise RuntimeError("dispatcher exploded")
 
-    client = Client(create_app(settings, after_enqueue=broken, execution=False))
+    client = Client(create_app(settings, on_enqueued=broken, execution=False))
     try:
         client.put("/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
         for _ in range(2):
@@ -90,3 +92,50 @@ def test_readiness_fails_on_an_unmigrated_database(tmp_path: Path) -> None:
 def test_readiness_needs_the_worker_socket_when_execution_is_on(settings: Settings) -> None:
     body = _readyz_problem(settings)
     assert "worker: worker socket not answering" in body["detail"]
+
+
+class _NoLaunches:
+    """The worker side's launcher and controller: a cancel must never reach them."""
+
+    def launch_started(self, request: object) -> object:  # pragma: no cover - never called
+        raise AssertionError("a cancel launched something")
+
+    def stop(self, handle: object, *, grace_seconds: float) -> str:  # pragma: no cover
+        raise AssertionError("the api stopped a job itself")
+
+
+def test_a_cancel_of_a_running_run_reaches_the_worker_socket_as_a_wake(
+    settings: Settings, admin: dict[str, str], short_dir: Path
+) -> None:
+    """The real api hook and client against a real control socket: only a running run's
+    cancel wakes the worker; an enqueue and a queued run's cancel do not."""
+    wakes: list[bool] = []
+    woken = threading.Semaphore(0)
+
+    def on_wake(reconcile: bool) -> None:
+        wakes.append(reconcile)
+        woken.release()
+
+    settings = replace(settings, worker_socket=short_dir / "w.sock")
+    unused = _NoLaunches()
+    server = ControlServer(
+        path=settings.socket_path, launcher=unused, controller=unused,  # type: ignore[arg-type]
+        on_wake=on_wake,
+    )  # fmt: skip
+    server.start()
+    # The drain is replaced (no launches to answer); the cancel hook is the real one.
+    app = create_app(settings, on_enqueued=lambda: None, periodic=lambda: None)
+    client = Client(app)
+    try:
+        client.put("/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
+        queued = client.post("/api/v1/runs", json={"task": "t"}, headers=admin).json()["id"]
+        running = client.post("/api/v1/runs", json={"task": "t"}, headers=admin).json()["id"]
+        assert client.post(f"/api/v1/runs/{queued}/cancel", headers=admin).status_code == 202
+        assert not woken.acquire(timeout=0.5)
+        make_running(settings, running)
+        assert client.post(f"/api/v1/runs/{running}/cancel", headers=admin).status_code == 202
+        assert woken.acquire(timeout=10)
+    finally:
+        client.close()
+        server.close()
+    assert wakes == [False]

@@ -65,7 +65,7 @@ def _role_argv(role: str) -> list[str]:
     ("role", "loose", "mode", "fix"),
     [
         # Every role with a loose data dir; each kind of file with one role (one check serves
-        # them all: app.cli.admin.private_settings).
+        # them all: app.cli.common.private_settings).
         *[(role, "", 0o755, "chmod 700") for role in ("migrate", "serve", "api", "worker")],
         ("serve", "qinglong.db", 0o644, "chmod 600"),
         ("worker", "secret.key", 0o640, "chmod 600"),

@@ -143,7 +143,7 @@ SUPERVISED_JOB_PARENT = textwrap.dedent(
 SUPERVISOR_MAIN = textwrap.dedent(
     """
     import logging, os, sys
-    from app.context.supervisor import ServiceSpec, Supervisor
+    from app.supervisor.supervisor import ServiceSpec, Supervisor
     logging.basicConfig(level=logging.INFO)
     spec = ServiceSpec("worker", [sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3]])
     raise SystemExit(Supervisor(services=[spec], env=dict(os.environ), stop_timeout_s=5).run())

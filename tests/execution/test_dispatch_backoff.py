@@ -11,12 +11,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from app.adapters.worker_client import WorkerClient
 from app.context.execution_wiring import DispatchBackoff, build_execution
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.client import WorkerClient
 from tests.execution.kit import MemorySecrets, define, enqueue
 
 

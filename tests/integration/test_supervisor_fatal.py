@@ -18,7 +18,7 @@ from tests.worker.kit import ROOT
 SUPERVISOR_MAIN = textwrap.dedent(
     """
     import logging, os, sys
-    from app.context.supervisor import ServiceSpec, Supervisor
+    from app.supervisor.supervisor import ServiceSpec, Supervisor
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     code = int(sys.argv[1])
     refused = ServiceSpec(

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from app.adapters.worker_client import WorkerClient
 from app.context.execution_wiring import DispatchBackoff, build_execution
 from app.domain.errors import LaunchRejected, WorkerUnavailable
 from app.domain.ids import now_ms
@@ -25,7 +26,6 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import FENCED
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.client import WorkerClient
 from tests.execution.kit import FakeSettings, MemorySecrets
 from tests.recovery.kit import DEADLINE, TERMINAL, Armed, Rig, in_process_reconciler, wait_for
 from tests.worker.kit import launch_request, make_log

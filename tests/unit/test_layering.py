@@ -31,5 +31,8 @@ def test_the_contracts_name_every_rule_of_the_design() -> None:
         "execution depends on protocols only",
         "routes reach only the facade",
         "shim imports nothing from app",
+        "the api process never loads the supervisor",
+        "the supervisor dispatches nothing",
+        "the api reaches the worker through its socket only",
     ):
         assert rule in text

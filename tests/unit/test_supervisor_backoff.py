@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.context.supervisor import BackoffPolicy, next_restart
+from app.supervisor.supervisor import BackoffPolicy, next_restart
 
 
 def test_delays_double_from_half_a_second_up_to_the_cap() -> None:

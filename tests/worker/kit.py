@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from sqlalchemy import Engine
 
+from app.adapters.worker_client import WorkerClient
 from app.domain.artifacts import log_artifact_id, log_relpath, receipt_relpath
 from app.domain.canonical import sha256_digest
 from app.domain.errors import WorkerUnavailable
@@ -27,7 +28,6 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.client import WorkerClient
 from app.worker.identity import current_boot_id, read_identity
 from app.worker.receipts import ReceiptStore
 

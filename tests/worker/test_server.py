@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from app.adapters.worker_client import WorkerClient
 from app.domain.errors import LaunchFailed, LaunchOutcomeUnknown, LaunchRejected, WorkerUnavailable
 from app.domain.execution import LaunchRequest, StopResult
 from app.domain.ids import uuid7
 from app.domain.model import ProcessHandle
-from app.worker.client import WorkerClient
 from app.worker.identity import current_boot_id
 from app.worker.server import MAX_REQUEST_BYTES, ControlServer, SocketInUse
 from tests.worker.kit import concurrently

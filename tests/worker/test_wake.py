@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.worker.client import WorkerClient
+from app.adapters.worker_client import WorkerClient
 from app.worker.server import ControlServer
 
 

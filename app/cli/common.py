@@ -1,0 +1,49 @@
+"""What every ``qinglong`` sub-command shares: its settings, and one engine lifecycle."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine
+
+from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.private_files import require_private
+
+
+def settings_for(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, with ``--data-dir`` applied."""
+    return Settings.from_env(data_dir=getattr(args, "data_dir", None))
+
+
+def private_settings(args: argparse.Namespace) -> Settings:
+    """``settings_for``, once the data dir exists and every file of it is private to us.
+
+    The start-up check of ``serve``, ``api``, ``worker`` and ``migrate``: raises NotPrivate
+    (a ValueError: one line naming the ``chmod`` that fixes it) before anything is opened.
+    """
+    settings = settings_for(args)
+    settings.ensure_data_dir()
+    require_private(
+        data_dir=settings.data_dir, database_url=settings.database_url, key_file=settings.key_file
+    )
+    return settings
+
+
+@contextmanager
+def database(
+    args: argparse.Namespace, *, private: bool = False
+) -> Iterator[tuple[Settings, Engine]]:
+    """The command's settings and an engine on its database, disposed of on the way out.
+
+    ``private`` applies ``private_settings``'s start-up check first (the commands that may
+    create files in the data dir).
+    """
+    settings = private_settings(args) if private else settings_for(args)
+    engine = make_engine(settings.database_url)
+    try:
+        yield settings, engine
+    finally:
+        engine.dispose()

@@ -1,0 +1,91 @@
+"""``qinglong api --data-dir``: uvicorn's spawned workers serve that data dir, not the default.
+
+uvicorn builds the app in each worker by calling the factory without arguments, so the
+flag reaches them only through ``Settings.to_env`` (app/cli/serve.py ``cmd_api``). Real
+processes: a migrated database, the api with two workers, HTTP from outside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from app.domain.profiles import EDGE
+from app.domain.tokens import new_api_token
+from app.settings import Settings
+from app.storage.definitions_repo import DefinitionRepository
+from app.storage.engine import make_engine
+from app.storage.migrate import upgrade_to_head
+from app.storage.tokens_repo import TokenRepository
+from tests.e2e.conftest import free_port
+
+START_S = 60.0
+
+
+def test_settings_to_env_round_trips_what_a_flag_set(tmp_path: Path) -> None:
+    flagged = Settings.from_env({}, data_dir=str(tmp_path / "flag"))
+    child = Settings.from_env({"QL_DATA_DIR": "/elsewhere"} | flagged.to_env())
+    assert (child.data_dir, child.database_url) == (flagged.data_dir, flagged.database_url)
+    socketed = Settings.from_env({"QL_WORKER_SOCKET": str(tmp_path / "w.sock")})
+    assert Settings.from_env(socketed.to_env()).socket_path == tmp_path / "w.sock"
+
+
+def test_api_workers_serve_the_data_dir_given_by_flag(tmp_path: Path, short_dir: Path) -> None:
+    data_dir = tmp_path / "flagged"
+    settings = Settings(
+        data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'qinglong.db'}", profile=EDGE
+    )
+    settings.ensure_data_dir()
+    engine = make_engine(settings.database_url)
+    try:
+        upgrade_to_head(engine)
+        token = new_api_token()
+        TokenRepository(engine).create(name="admin", scopes=frozenset({"admin"}), token=token)
+    finally:
+        engine.dispose()
+    # No QL_DATA_DIR: without the flag reaching the workers they would open ./.qinglong.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["QL_WORKER_SOCKET"] = str(short_dir / "w.sock")
+    port = free_port()
+    argv = [sys.executable, "-m", "app", "api", "--data-dir", str(data_dir)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+    try:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert proc.poll() is None, log.read_text()
+        for _ in range(4):  # new connections: each worker in turn may take one
+            put = httpx.put(
+                f"{base}/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]},
+                headers=auth | {"Connection": "close"}, timeout=10,
+            )  # fmt: skip
+            assert put.status_code in (200, 201), put.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    engine = make_engine(settings.database_url)
+    try:
+        assert DefinitionRepository(engine).latest_revision("t").revision == 1
+    finally:
+        engine.dispose()
+    assert not (tmp_path / ".qinglong").exists()

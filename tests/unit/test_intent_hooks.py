@@ -1,0 +1,158 @@
+"""One hook, one meaning: an enqueue drains the dispatcher, a cancel wakes the worker (pure)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+from app.context.bootstrap import Background
+from app.context.execution_wiring import build_execution
+from app.context.facade import AppFacade
+from app.domain.ids import uuid7
+from app.domain.model import CancelIntent, Run
+from app.domain.profiles import EDGE
+from app.domain.states import RunStatus
+from app.settings import Settings
+
+
+class _Intents:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def enqueued(self) -> None:
+        self.calls.append("enqueued")
+
+    def cancel_requested(self) -> None:
+        self.calls.append("cancel_requested")
+
+
+class _Runs:
+    """Answers enqueue and cancel like the repository would, without a database."""
+
+    def __init__(self, cancel_leaves: RunStatus) -> None:
+        self.cancel_leaves = cancel_leaves
+
+    def enqueue_run(self, **_: Any) -> tuple[Run, bool]:
+        return _run(RunStatus.QUEUED), True
+
+    def request_cancel(self, *, run_id: str, reason: str) -> Run:
+        return _run(self.cancel_leaves, cancel=CancelIntent(reason=reason, at_ms=1))
+
+
+def _run(status: RunStatus, cancel: CancelIntent | None = None) -> Run:
+    return Run(
+        id=uuid7(), task="t", revision=1, status=status.value, priority=0, version=1,
+        created_at_ms=1, started_at_ms=None, finished_at_ms=None, cancel=cancel,
+    )  # fmt: skip
+
+
+def _facade(runs: _Runs, intents: _Intents) -> AppFacade:
+    unused = cast(Any, None)
+    return AppFacade(
+        _definitions=unused, _runs=cast(Any, runs), _reader=unused, _tokens=unused,
+        _secrets=unused, _logs=unused, _readiness_probe=unused, _intents=intents,
+    )  # fmt: skip
+
+
+def _enqueue(facade: AppFacade) -> None:
+    facade.enqueue_run(
+        task="t", revision=None, priority=None, token_id="tok", idempotency_key=None,
+        request_digest="d",
+    )  # fmt: skip
+
+
+def test_an_enqueue_asks_for_a_drain_and_never_wakes_the_worker() -> None:
+    intents = _Intents()
+    _enqueue(_facade(_Runs(RunStatus.RUNNING), intents))
+    assert intents.calls == ["enqueued"]
+
+
+def test_a_cancel_of_a_running_run_wakes_the_worker_and_never_drains() -> None:
+    intents = _Intents()
+    _facade(_Runs(RunStatus.RUNNING), intents).request_cancel(run_id=uuid7())
+    assert intents.calls == ["cancel_requested"]
+
+
+def test_a_cancel_that_ended_a_queued_run_at_once_neither_wakes_nor_drains() -> None:
+    intents = _Intents()
+    _facade(_Runs(RunStatus.CANCELLED), intents).request_cancel(run_id=uuid7())
+    assert intents.calls == []
+
+
+def _background(seen: list[str], done: threading.Semaphore) -> Background:
+    def hook(name: str) -> Any:
+        def call() -> None:
+            seen.append(name)
+            done.release()
+
+        return call
+
+    return Background(
+        on_enqueued=hook("drain"), on_cancel_requested=hook("wake"), periodic=hook("periodic"),
+        interval_s=3600.0,
+    )  # fmt: skip
+
+
+def test_the_background_thread_runs_only_the_hook_that_was_kicked() -> None:
+    seen: list[str] = []
+    done = threading.Semaphore(0)
+    background = _background(seen, done)
+    background.start()
+    try:
+        background.enqueued()
+        assert done.acquire(timeout=10)
+        background.cancel_requested()
+        assert done.acquire(timeout=10)
+        assert not done.acquire(timeout=0.2)  # nothing else ran
+    finally:
+        background.stop()
+    assert seen == ["drain", "wake"]
+
+
+class _Worker:
+    """The worker client's surface build_execution uses, counting what is asked of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def ping(self, *, timeout_s: float | None = None) -> None:
+        self.calls.append("ping")
+
+    def wake(self, *, reconcile: bool = False) -> bool:
+        self.calls.append("wake")
+        return True
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+class _EmptyQueue:
+    def __init__(self) -> None:
+        self.pages = 0
+
+    def dispatch_candidates(self, **_: Any) -> Any:
+        self.pages += 1
+        return SimpleNamespace(items=[], next_cursor=None)
+
+
+def _hooks(tmp_path: Path, worker: _Worker, queue: _EmptyQueue) -> Any:
+    settings = Settings(data_dir=tmp_path, database_url="sqlite://", profile=EDGE)
+    unused = cast(Any, None)
+    return build_execution(
+        settings, candidates=cast(Any, queue), definitions=unused, secrets=unused,
+        transitions=unused, client=cast(Any, worker),
+    )  # fmt: skip
+
+
+def test_the_wake_hook_wakes_the_worker_and_lists_no_candidates(tmp_path: Path) -> None:
+    worker, queue = _Worker(), _EmptyQueue()
+    _hooks(tmp_path, worker, queue).wake_worker()
+    assert worker.calls == ["wake"] and queue.pages == 0
+
+
+def test_the_drain_hook_lists_candidates_and_never_wakes_the_worker(tmp_path: Path) -> None:
+    worker, queue = _Worker(), _EmptyQueue()
+    _hooks(tmp_path, worker, queue).drain()
+    assert worker.calls == ["ping"] and queue.pages == 1
