@@ -20,6 +20,10 @@ from app.supervisor.supervisor import ServiceSpec, Supervisor
 from app.worker.job_user import job_policy
 
 APP_FACTORY = "app.api.main:create_app"
+# ``-m app`` would put the current directory first on sys.path: started from a folder with its
+# own ``app/`` (any project checkout), the services would import that code instead of the
+# installed package. ``-P`` (Python 3.11+) leaves the current directory out.
+_ISOLATED = ("-P",)
 # Bounds uvicorn's graceful shutdown (open streams such as log follows) so a stop or a
 # rolling restart never waits on a client; the supervisor's own stop bound is larger. It
 # must exceed the idle grace a retiring worker gives keep-alive connections.
@@ -123,13 +127,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         job_policy(settings.job)  # refuse here, once, before migrating (docs/job-user.md)
     _check_listen(args.host, args.port)
     cmd_migrate(args)
-    api_argv = [sys.executable, "-m", "app", "api", "--host", args.host]
+    api_argv = [sys.executable, *_ISOLATED, "-m", "app", "api", "--host", args.host]
     api_argv += ["--port", str(args.port), "--workers", str(args.workers)]
     services = [
         ServiceSpec("api", api_argv, reloads=True, forwards_hup=args.workers > 1),
         ServiceSpec(
             "worker",
-            [sys.executable, "-m", "app", "worker"],
+            [sys.executable, *_ISOLATED, "-m", "app", "worker"],
             fatal_exit_codes=frozenset({EXIT_LEASE_HELD}),
         ),
     ]

@@ -169,8 +169,8 @@ class Served:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv[1:3] == [b"-m", b"app"] and argv[3:4] in ([b"api"], [b"worker"]):
-                found[argv[3].decode()] = pid
+            if argv[1:4] == [b"-P", b"-m", b"app"] and argv[4:5] in ([b"api"], [b"worker"]):
+                found[argv[4].decode()] = pid
         return found
 
     def wait_services(self, timeout: float = START_TIMEOUT_S) -> dict[str, int]:

@@ -87,6 +87,10 @@ def test_a_built_wheel_installed_outside_the_checkout_migrates_serves_and_runs_a
     assert not tmp_path.resolve().is_relative_to(REPO_ROOT), "the venv must be outside the checkout"
     outside = tmp_path / "cwd"
     outside.mkdir()
+    # A user's own project folder may hold a package named ``app``: the installed services
+    # must still import their own code, never the one in the directory they start from.
+    (outside / "app").mkdir()
+    (outside / "app" / "__init__.py").write_text('raise SystemExit("imported the cwd app/")\n')
     data_dir = tmp_path / "data"
     socket_dir = Path(tempfile.mkdtemp(prefix="ql"))  # Unix socket paths stay short
     env = _clean_env(QL_DATA_DIR=str(data_dir), QL_WORKER_SOCKET=str(socket_dir / "w.sock"))
@@ -121,6 +125,7 @@ def test_a_built_wheel_installed_outside_the_checkout_migrates_serves_and_runs_a
         where = _run(
             [
                 str(python),
+                "-P",  # as a user's own `python -c` from this folder would, minus its app/
                 "-c",
                 "import app, app.storage.migrate as m, app.worker.launcher as l;"
                 " print(app.__file__); print(m.migrations_dir()); print(l.SHIM_PATH)",
