@@ -19,7 +19,7 @@ from typing import IO
 
 import pytest
 
-from app.context import stop_jobs
+from app.supervisor import stop_jobs
 from app.domain.ids import uuid7
 from app.domain.model import ProcessHandle
 from app.worker import cgroups
