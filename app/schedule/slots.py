@@ -1,0 +1,433 @@
+"""Slot instants of a schedule: cron union or interval, time zone and DST policies, catch-up.
+
+docs/schedules-time.md explains each rule with an example. ``cronsim`` parses each expression
+and decides which local days match (Vixie cron's day-of-month OR day-of-week, ``L``, ``#``);
+this module turns a day's matching wall-clock times into instants with ``zoneinfo``, because
+no cron library offers the gap (shift/skip) and fold (first/both) choices. A day whose UTC
+offset does not change maps every wall time by one offset, so a day's slots are a cached
+sorted tuple of times of day plus the day's UTC midnight: counting slots over years is one
+bisection per day, never one step per slot (docs/schedules-time.md §4).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from app.domain.errors import InvalidSchedule, InvalidTimezone
+
+MAX_EXPRESSIONS = 8
+MAX_EXPRESSION_CHARS = 200
+# At most this many missed slots fire under catchup "all"; the rest are recorded missed.
+MAX_CATCHUP_FIRES = 100
+# An expression that matches no day (``0 0 * * 1L`` of a 31st...) stops the search here,
+# as cronsim itself gives up after 50 years.
+_SEARCH_YEARS = 50
+_DAY_S = 86_400
+_EPOCH = dt.date(1970, 1, 1)
+_ALIASES = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+}
+GAP_POLICIES = ("shift", "skip")
+FOLD_POLICIES = ("first", "both")
+CATCHUP_POLICIES = ("latest", "all", "none")
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """What decides a schedule's slots (docs/schedules-time.md)."""
+
+    cron: tuple[str, ...] | None
+    every_seconds: int | None
+    timezone: str = "UTC"
+    dst_gap: str = "shift"
+    dst_fold: str = "first"
+    start_at_ms: int | None = None
+    end_at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class CatchupPlan:
+    """What to do with the slots due in (cursor, now]: fire some, record the rest missed."""
+
+    fire: tuple[int, ...]
+    missed_count: int
+    missed_first_ms: int | None
+    missed_last_ms: int | None
+    cursor_ms: int
+
+
+# eq=False: hashed by identity, so the per-day cache never hashes 86,400 times of day.
+@dataclass(frozen=True, eq=False)
+class _Expr:
+    sim: CronSim
+    months: frozenset[int]
+    # Hour ``*`` or a step: the expression follows absolute time (docs/schedules-time.md §3).
+    absolute: bool
+    # Matching times of day in seconds, ascending.
+    seconds_of_day: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class _Cron:
+    zone: ZoneInfo
+    exprs: tuple[_Expr, ...]
+    gap: str
+    fold: str
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA zone ``name``, or InvalidTimezone."""
+    if not isinstance(name, str) or not name or len(name) > 64:
+        raise InvalidTimezone("timezone must be an IANA name such as Asia/Shanghai")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidTimezone(f"unknown time zone {name!r}") from None
+
+
+def _parse(index: int, text: str) -> _Expr:
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_EXPRESSION_CHARS:
+        raise InvalidSchedule(f"cron[{index}]: an expression of 5 or 6 fields is required")
+    expr = _ALIASES.get(text.strip().lower(), text)
+    if expr.lstrip().startswith("@"):
+        raise InvalidSchedule(
+            f"cron[{index}]: unknown alias; use one of {', '.join(sorted(_ALIASES))}"
+        )
+    fields = expr.split()
+    if len(fields) not in (5, 6):
+        raise InvalidSchedule(
+            f"cron[{index}]: 5 fields, or 6 with a leading seconds field, are required"
+        )
+    try:
+        sim = CronSim(expr, dt.datetime(2000, 1, 1))
+    except CronSimError as exc:
+        raise InvalidSchedule(f"cron[{index}]: {exc}") from None
+    hour = fields[-4]
+    seconds_of_day = tuple(
+        sorted(h * 3600 + m * 60 + s for h in sim.hours for m in sim.minutes for s in sim.seconds)
+    )
+    return _Expr(
+        sim=sim,
+        months=frozenset(sim.months),
+        absolute=hour.startswith("*") or "/" in hour,
+        seconds_of_day=seconds_of_day,
+    )
+
+
+def validate(spec: SlotSpec) -> None:
+    """Raise InvalidSchedule or InvalidTimezone unless ``spec`` describes a schedule."""
+    _compile(spec)
+
+
+def _compile(spec: SlotSpec) -> _Cron | int:
+    if (spec.cron is None) == (spec.every_seconds is None):
+        raise InvalidSchedule("exactly one of cron and every_seconds is required")
+    tz = zone(spec.timezone)
+    if spec.dst_gap not in GAP_POLICIES:
+        raise InvalidSchedule("dst_gap must be shift or skip")
+    if spec.dst_fold not in FOLD_POLICIES:
+        raise InvalidSchedule("dst_fold must be first or both")
+    for name, bound in (("start_at_ms", spec.start_at_ms), ("end_at_ms", spec.end_at_ms)):
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool)):
+            raise InvalidSchedule(f"{name} must be an integer")
+    if (
+        spec.start_at_ms is not None
+        and spec.end_at_ms is not None
+        and spec.end_at_ms < spec.start_at_ms
+    ):
+        raise InvalidSchedule("end_at_ms is before start_at_ms")
+    if spec.every_seconds is not None:
+        every = spec.every_seconds
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise InvalidSchedule("every_seconds must be an integer >= 1")
+        return every
+    cron = spec.cron
+    if isinstance(cron, str) or not isinstance(cron, tuple | list):
+        raise InvalidSchedule("cron must be a list of 1 to 8 expressions")
+    if not 1 <= len(cron) <= MAX_EXPRESSIONS:
+        raise InvalidSchedule(f"cron must hold 1 to {MAX_EXPRESSIONS} expressions")
+    return _compiled_cron(tuple(cron), tz, spec.dst_gap, spec.dst_fold)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_cron(cron: tuple[str, ...], tz: ZoneInfo, gap: str, fold: str) -> _Cron:
+    return _Cron(tz, tuple(_parse(i, e) for i, e in enumerate(cron)), gap, fold)
+
+
+# -- one local day ----------------------------------------------------------------------------
+
+
+def _offset(tz: ZoneInfo, u: int) -> int:
+    off = dt.datetime.fromtimestamp(u, tz).utcoffset()
+    assert off is not None
+    return int(off.total_seconds())
+
+
+@functools.lru_cache(maxsize=4096)
+def _union(exprs: tuple[_Expr, ...]) -> tuple[int, ...]:
+    """Times of day of the union, in milliseconds after local midnight."""
+    merged: set[int] = set()
+    for e in exprs:
+        merged.update(e.seconds_of_day)
+    return tuple(s * 1000 for s in sorted(merged))
+
+
+def _segments(tz: ZoneInfo, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(start, end, offset) runs of one UTC offset covering [lo, hi), in seconds."""
+    out: list[tuple[int, int, int]] = []
+    start, off = lo, _offset(tz, lo)
+    step = 1800
+    u = lo
+    while u < hi:
+        nxt = min(u + step, hi)
+        off_n = _offset(tz, nxt)
+        if off_n != off:
+            a, b = u, nxt  # the offset changes in (a, b]
+            while b - a > 1:
+                mid = (a + b) // 2
+                if _offset(tz, mid) == off:
+                    a = mid
+                else:
+                    b = mid
+            out.append((start, b, off))
+            start, off = b, off_n
+        u = nxt
+    out.append((start, hi, off))
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _day(c: _Cron, ordinal: int) -> tuple[int, tuple[int, ...]]:
+    """The slots of local day ``ordinal`` as (base_ms, sorted offsets): base + offset each."""
+    day = dt.date.fromordinal(ordinal)
+    matching = tuple(
+        e for e in c.exprs if day.month in e.months and e.sim.match_day(day)
+    )
+    if not matching:
+        return 0, ()
+    wall = (ordinal - _EPOCH.toordinal()) * _DAY_S
+    u0 = int(dt.datetime(day.year, day.month, day.day, tzinfo=c.zone).timestamp())
+    off0 = _offset(c.zone, u0)
+    if u0 + off0 == wall and _offset(c.zone, u0 + _DAY_S - 1) == off0:
+        # One offset all day (the common case): every wall time is one instant.
+        return u0 * 1000, _union(matching)
+    return 0, _transition_day(c, matching, wall)
+
+
+def _transition_day(c: _Cron, matching: tuple[_Expr, ...], wall: int) -> tuple[int, ...]:
+    """Instants (ms) of a day whose offset changes: the gap and fold policies apply here."""
+    segs = _segments(c.zone, wall - _DAY_S, wall + 2 * _DAY_S)
+    out: set[int] = set()
+    for absolute in (False, True):
+        group = tuple(e for e in matching if e.absolute is absolute)
+        if not group:
+            continue
+        for ms in _union(group):
+            w = wall + ms // 1000
+            hits = [w - off for (s, e, off) in segs if s <= w - off < e]
+            if not hits:
+                # Spring forward: this wall time does not exist.
+                if not absolute and c.gap == "shift":
+                    out.add(min(s for (s, _e, off) in segs if s + off > w) * 1000)
+            elif absolute or c.fold == "both":
+                out.update(h * 1000 for h in hits)
+            else:
+                out.add(min(hits) * 1000)
+    return tuple(sorted(out))
+
+
+def _local_ordinal(tz: ZoneInfo, at_ms: int) -> int:
+    return dt.datetime.fromtimestamp(at_ms // 1000, tz).date().toordinal()
+
+
+# -- ranges: (a, b] in milliseconds ------------------------------------------------------------
+
+
+def _forward(c: _Cron, a: int, b: int | None) -> Iterator[int]:
+    """Slots in (a, b] ascending (b None: unbounded, up to the search horizon)."""
+    ordinal = _local_ordinal(c.zone, a) - 1
+    horizon = ordinal + _SEARCH_YEARS * 366
+    stop = horizon if b is None else min(horizon, _local_ordinal(c.zone, b) + 1)
+    last = a
+    while ordinal <= stop:
+        base, offs = _day(c, ordinal)
+        for i in range(bisect_right(offs, last - base), len(offs)):
+            v = base + offs[i]
+            if b is not None and v > b:
+                return
+            last = v
+            yield v
+        ordinal += 1
+
+
+def _backward(c: _Cron, a: int, b: int) -> Iterator[int]:
+    """Slots in (a, b] descending."""
+    ordinal = _local_ordinal(c.zone, b) + 1
+    stop = _local_ordinal(c.zone, a) - 1
+    last = b + 1
+    while ordinal >= stop:
+        base, offs = _day(c, ordinal)
+        for i in range(bisect_right(offs, last - 1 - base) - 1, -1, -1):
+            v = base + offs[i]
+            if v <= a:
+                return
+            last = v
+            yield v
+        ordinal -= 1
+
+
+def _count(c: _Cron, a: int, b: int) -> int:
+    """How many slots lie in (a, b]: one bisection per local day."""
+    ordinal = _local_ordinal(c.zone, a) - 1
+    stop = _local_ordinal(c.zone, b) + 1
+    n = 0
+    last = a
+    while ordinal <= stop:
+        base, offs = _day(c, ordinal)
+        lo = bisect_right(offs, last - base)
+        hi = bisect_right(offs, b - base)
+        if hi > lo:
+            n += hi - lo
+            last = base + offs[hi - 1]
+        ordinal += 1
+    return n
+
+
+def _bounds(spec: SlotSpec, a: int, b: int | None) -> tuple[int, int | None]:
+    if spec.start_at_ms is not None:
+        a = max(a, spec.start_at_ms - 1)
+    if spec.end_at_ms is not None:
+        b = spec.end_at_ms if b is None else min(b, spec.end_at_ms)
+    return a, b
+
+
+def _take(it: Iterator[int], limit: int) -> list[int]:
+    out: list[int] = []
+    for v in it:
+        if len(out) >= limit:
+            break
+        out.append(v)
+    return out
+
+
+def _after(kind: _Cron | int, a: int, b: int | None, limit: int) -> list[int]:
+    if limit <= 0 or (b is not None and b <= a):
+        return []
+    if isinstance(kind, int):
+        step = kind * 1000
+        first = (a // step + 1) * step
+        last = None if b is None else (b // step) * step
+        n = limit if last is None else min(limit, (last - first) // step + 1)
+        return [first + i * step for i in range(max(n, 0))]
+    return _take(_forward(kind, a, b), limit)
+
+
+def _before(kind: _Cron | int, a: int, b: int, limit: int) -> list[int]:
+    """The newest ``limit`` slots in (a, b], descending."""
+    if limit <= 0 or b <= a:
+        return []
+    if isinstance(kind, int):
+        step = kind * 1000
+        last = (b // step) * step
+        first = (a // step + 1) * step
+        n = min(limit, (last - first) // step + 1)
+        return [last - i * step for i in range(max(n, 0))]
+    return _take(_backward(kind, a, b), limit)
+
+
+def _count_in(kind: _Cron | int, a: int, b: int) -> int:
+    if b <= a:
+        return 0
+    if isinstance(kind, int):
+        step = kind * 1000
+        return b // step - a // step
+    return _count(kind, a, b)
+
+
+# -- the interface -----------------------------------------------------------------------------
+
+
+def slots_after(spec: SlotSpec, after_ms: int, limit: int) -> list[int]:
+    """Slot instants strictly after after_ms, ascending, at most limit, within start/end."""
+    kind = _compile(spec)
+    a, b = _bounds(spec, after_ms, None)
+    return _after(kind, a, b, limit)
+
+
+def next_slot(spec: SlotSpec, after_ms: int) -> int | None:
+    """The first slot strictly after ``after_ms``, or None when there is none."""
+    found = slots_after(spec, after_ms, 1)
+    return found[0] if found else None
+
+
+def local_iso(timezone: str, at_ms: int) -> str:
+    """``at_ms`` as ISO 8601 local time in ``timezone`` with its UTC offset."""
+    moment = dt.datetime.fromtimestamp(at_ms // 1000, zone(timezone))
+    if at_ms % 1000:
+        moment = moment.replace(microsecond=(at_ms % 1000) * 1000)
+        return moment.isoformat(timespec="milliseconds")
+    return moment.isoformat(timespec="seconds")
+
+
+def jitter_ms(schedule_id: str, slot_ms: int, jitter_seconds: int) -> int:
+    """A delay in [0, jitter_seconds * 1000) fixed by the schedule and the slot."""
+    if jitter_seconds < 0:
+        raise InvalidSchedule("jitter_seconds must be >= 0")
+    if jitter_seconds == 0:
+        return 0
+    digest = hashlib.blake2b(
+        f"{schedule_id}\x00{slot_ms}".encode(), digest_size=8, person=b"ql-jitter"
+    ).digest()
+    return int.from_bytes(digest, "big") % (jitter_seconds * 1000)
+
+
+def plan_catchup(
+    spec: SlotSpec, cursor_ms: int, now_ms: int, *, catchup: str, window_s: int
+) -> CatchupPlan:
+    """Due slots in (cursor_ms, now_ms]: "latest" | "all" (<=100 fired, rest missed) | "none";
+    bounded time and memory even for 10**6 missed minutely slots."""
+    if catchup not in CATCHUP_POLICIES:
+        raise InvalidSchedule("catchup must be latest, all or none")
+    if not isinstance(window_s, int) or window_s < 0:
+        raise InvalidSchedule("catchup_window_seconds must be >= 0")
+    kind = _compile(spec)
+    if now_ms <= cursor_ms:
+        # The clock went back (or nothing elapsed): the cursor never moves back.
+        return CatchupPlan((), 0, None, None, cursor_ms)
+    a, b = _bounds(spec, cursor_ms, now_ms)
+    assert b is not None
+    total = _count_in(kind, a, b)
+    if total == 0:
+        return CatchupPlan((), 0, None, None, now_ms)
+    if catchup == "all":
+        fire = _after(kind, a, b, MAX_CATCHUP_FIRES)
+        missed = total - len(fire)
+        if not missed:
+            return CatchupPlan(tuple(fire), 0, None, None, now_ms)
+        return CatchupPlan(
+            tuple(fire),
+            missed,
+            _after(kind, fire[-1], b, 1)[0],
+            _before(kind, a, b, 1)[0],
+            now_ms,
+        )
+    newest = _before(kind, a, b, 2)
+    if catchup == "latest" and newest[0] >= now_ms - window_s * 1000:
+        if total == 1:
+            return CatchupPlan((newest[0],), 0, None, None, now_ms)
+        return CatchupPlan(
+            (newest[0],), total - 1, _after(kind, a, b, 1)[0], newest[1], now_ms
+        )
+    return CatchupPlan((), total, _after(kind, a, b, 1)[0], newest[0], now_ms)
