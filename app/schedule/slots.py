@@ -212,9 +212,7 @@ def _segments(tz: ZoneInfo, lo: int, hi: int) -> list[tuple[int, int, int]]:
 def _day(c: _Cron, ordinal: int) -> tuple[int, tuple[int, ...]]:
     """The slots of local day ``ordinal`` as (base_ms, sorted offsets): base + offset each."""
     day = dt.date.fromordinal(ordinal)
-    matching = tuple(
-        e for e in c.exprs if day.month in e.months and e.sim.match_day(day)
-    )
+    matching = tuple(e for e in c.exprs if day.month in e.months and e.sim.match_day(day))
     if not matching:
         return 0, ()
     wall = (ordinal - _EPOCH.toordinal()) * _DAY_S
@@ -427,7 +425,5 @@ def plan_catchup(
     if catchup == "latest" and newest[0] >= now_ms - window_s * 1000:
         if total == 1:
             return CatchupPlan((newest[0],), 0, None, None, now_ms)
-        return CatchupPlan(
-            (newest[0],), total - 1, _after(kind, a, b, 1)[0], newest[1], now_ms
-        )
+        return CatchupPlan((newest[0],), total - 1, _after(kind, a, b, 1)[0], newest[1], now_ms)
     return CatchupPlan((), total, _after(kind, a, b, 1)[0], newest[0], now_ms)

@@ -86,8 +86,7 @@ def test_the_transition_dates_the_tables_rely_on_are_the_zone_database_s(
 def test_shanghai_has_no_transition_in_2026_or_2027() -> None:
     tz = ZoneInfo(SHANGHAI)
     offsets = {
-        dt.datetime(2026, 1, 1, tzinfo=dt.UTC).astimezone(tz).utcoffset()
-        for _ in range(1)
+        dt.datetime(2026, 1, 1, tzinfo=dt.UTC).astimezone(tz).utcoffset() for _ in range(1)
     } | {
         (dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(hours=h)).astimezone(tz).utcoffset()
         for h in range(0, 2 * 365 * 24, 6)
@@ -104,41 +103,89 @@ FIXED = [
     (NY, "30 2 * * *", "skip", "both", "2027-03-14", []),
     # Fall back: 01:00-02:00 repeats in New York, 02:30 does not.
     (NY, "30 1 * * *", "shift", "first", "2026-11-01", ["2026-11-01T05:30:00Z"]),
-    (NY, "30 1 * * *", "shift", "both", "2026-11-01",
-     ["2026-11-01T05:30:00Z", "2026-11-01T06:30:00Z"]),
+    (
+        NY,
+        "30 1 * * *",
+        "shift",
+        "both",
+        "2026-11-01",
+        ["2026-11-01T05:30:00Z", "2026-11-01T06:30:00Z"],
+    ),
     (NY, "30 2 * * *", "shift", "both", "2026-11-01", ["2026-11-01T07:30:00Z"]),
-    (NY, "30 1 * * *", "skip", "both", "2027-11-07",
-     ["2027-11-07T05:30:00Z", "2027-11-07T06:30:00Z"]),
+    (
+        NY,
+        "30 1 * * *",
+        "skip",
+        "both",
+        "2027-11-07",
+        ["2027-11-07T05:30:00Z", "2027-11-07T06:30:00Z"],
+    ),
     (NY, "30 2 * * *", "shift", "first", "2026-03-09", ["2026-03-09T06:30:00Z"]),
     (NY, "30 2 * * *", "skip", "first", "2026-03-07", ["2026-03-07T07:30:00Z"]),
     # Berlin: the gap is 02:00-03:00 (at 01:00 UTC), the fold 02:00-03:00 again.
     (BERLIN, "30 2 * * *", "shift", "first", "2026-03-29", ["2026-03-29T01:00:00Z"]),
     (BERLIN, "30 2 * * *", "skip", "first", "2026-03-29", []),
     (BERLIN, "30 2 * * *", "shift", "first", "2026-10-25", ["2026-10-25T00:30:00Z"]),
-    (BERLIN, "30 2 * * *", "shift", "both", "2026-10-25",
-     ["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"]),
+    (
+        BERLIN,
+        "30 2 * * *",
+        "shift",
+        "both",
+        "2026-10-25",
+        ["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"],
+    ),
     (BERLIN, "30 2 * * *", "shift", "first", "2027-03-28", ["2027-03-28T01:00:00Z"]),
-    (BERLIN, "30 2 * * *", "skip", "both", "2027-10-31",
-     ["2027-10-31T00:30:00Z", "2027-10-31T01:30:00Z"]),
+    (
+        BERLIN,
+        "30 2 * * *",
+        "skip",
+        "both",
+        "2027-10-31",
+        ["2027-10-31T00:30:00Z", "2027-10-31T01:30:00Z"],
+    ),
     # Dublin (negative DST in tzdata: IST is standard, GMT the "saving"): gap and fold
     # are 01:00-02:00 local; 02:30 exists once on both days.
     (DUBLIN, "30 1 * * *", "shift", "first", "2026-03-29", ["2026-03-29T01:00:00Z"]),
     (DUBLIN, "30 1 * * *", "skip", "first", "2026-03-29", []),
     (DUBLIN, "30 2 * * *", "skip", "first", "2026-03-29", ["2026-03-29T01:30:00Z"]),
     (DUBLIN, "30 1 * * *", "shift", "first", "2026-10-25", ["2026-10-25T00:30:00Z"]),
-    (DUBLIN, "30 1 * * *", "shift", "both", "2026-10-25",
-     ["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"]),
+    (
+        DUBLIN,
+        "30 1 * * *",
+        "shift",
+        "both",
+        "2026-10-25",
+        ["2026-10-25T00:30:00Z", "2026-10-25T01:30:00Z"],
+    ),
     (DUBLIN, "30 2 * * *", "shift", "both", "2026-10-25", ["2026-10-25T02:30:00Z"]),
     (DUBLIN, "30 1 * * *", "shift", "first", "2027-03-28", ["2027-03-28T01:00:00Z"]),
-    (DUBLIN, "30 1 * * *", "shift", "both", "2027-10-31",
-     ["2027-10-31T00:30:00Z", "2027-10-31T01:30:00Z"]),
+    (
+        DUBLIN,
+        "30 1 * * *",
+        "shift",
+        "both",
+        "2027-10-31",
+        ["2027-10-31T00:30:00Z", "2027-10-31T01:30:00Z"],
+    ),
     # Lord Howe: 30 minutes. April: 02:00 (+11) back to 01:30 (+10:30), 01:30-02:00 twice.
     (LORD_HOWE, "45 1 * * *", "shift", "first", "2026-04-05", ["2026-04-04T14:45:00Z"]),
-    (LORD_HOWE, "45 1 * * *", "shift", "both", "2026-04-05",
-     ["2026-04-04T14:45:00Z", "2026-04-04T15:15:00Z"]),
+    (
+        LORD_HOWE,
+        "45 1 * * *",
+        "shift",
+        "both",
+        "2026-04-05",
+        ["2026-04-04T14:45:00Z", "2026-04-04T15:15:00Z"],
+    ),
     (LORD_HOWE, "30 2 * * *", "shift", "both", "2026-04-05", ["2026-04-04T16:00:00Z"]),
-    (LORD_HOWE, "45 1 * * *", "skip", "both", "2027-04-04",
-     ["2027-04-03T14:45:00Z", "2027-04-03T15:15:00Z"]),
+    (
+        LORD_HOWE,
+        "45 1 * * *",
+        "skip",
+        "both",
+        "2027-04-04",
+        ["2027-04-03T14:45:00Z", "2027-04-03T15:15:00Z"],
+    ),
     # October: 02:00 (+10:30) forward to 02:30 (+11), 02:00-02:30 does not exist.
     (LORD_HOWE, "15 2 * * *", "shift", "first", "2026-10-04", ["2026-10-03T15:30:00Z"]),
     (LORD_HOWE, "15 2 * * *", "skip", "first", "2026-10-04", []),
@@ -151,9 +198,21 @@ FIXED = [
     # three wall times in the gap shift to one instant; in the fold, both give six.
     (NY, "*/20 30 2 * * *", "shift", "first", "2026-03-08", ["2026-03-08T07:00:00Z"]),
     (NY, "*/20 30 2 * * *", "skip", "first", "2026-03-08", []),
-    (BERLIN, "*/20 30 2 * * *", "shift", "both", "2026-10-25",
-     ["2026-10-25T00:30:00Z", "2026-10-25T00:30:20Z", "2026-10-25T00:30:40Z",
-      "2026-10-25T01:30:00Z", "2026-10-25T01:30:20Z", "2026-10-25T01:30:40Z"]),
+    (
+        BERLIN,
+        "*/20 30 2 * * *",
+        "shift",
+        "both",
+        "2026-10-25",
+        [
+            "2026-10-25T00:30:00Z",
+            "2026-10-25T00:30:20Z",
+            "2026-10-25T00:30:40Z",
+            "2026-10-25T01:30:00Z",
+            "2026-10-25T01:30:20Z",
+            "2026-10-25T01:30:40Z",
+        ],
+    ),
     # @daily is 0 0 * * *: midnight exists on these days, once.
     (NY, "@daily", "shift", "both", "2026-03-08", ["2026-03-08T05:00:00Z"]),
     (NY, "@daily", "shift", "both", "2026-11-01", ["2026-11-01T04:00:00Z"]),
@@ -172,16 +231,25 @@ def test_a_fixed_local_time_fires_as_the_gap_and_fold_policies_say(
 # Hour * or a step follows absolute time: a wall time in the gap never happens, one in the
 # fold happens twice, whatever the policies say.
 COUNTS = [
-    (NY, "2026-03-08", 23, 46), (NY, "2026-11-01", 25, 50),
-    (NY, "2027-03-14", 23, 46), (NY, "2027-11-07", 25, 50),
-    (BERLIN, "2026-03-29", 23, 46), (BERLIN, "2026-10-25", 25, 50),
-    (BERLIN, "2027-03-28", 23, 46), (BERLIN, "2027-10-31", 25, 50),
-    (DUBLIN, "2026-03-29", 23, 46), (DUBLIN, "2026-10-25", 25, 50),
-    (DUBLIN, "2027-03-28", 23, 46), (DUBLIN, "2027-10-31", 25, 50),
+    (NY, "2026-03-08", 23, 46),
+    (NY, "2026-11-01", 25, 50),
+    (NY, "2027-03-14", 23, 46),
+    (NY, "2027-11-07", 25, 50),
+    (BERLIN, "2026-03-29", 23, 46),
+    (BERLIN, "2026-10-25", 25, 50),
+    (BERLIN, "2027-03-28", 23, 46),
+    (BERLIN, "2027-10-31", 25, 50),
+    (DUBLIN, "2026-03-29", 23, 46),
+    (DUBLIN, "2026-10-25", 25, 50),
+    (DUBLIN, "2027-03-28", 23, 46),
+    (DUBLIN, "2027-10-31", 25, 50),
     # 02:00 is in the October gap; in April only the half hour 01:30 repeats.
-    (LORD_HOWE, "2026-04-05", 24, 49), (LORD_HOWE, "2026-10-04", 23, 47),
-    (LORD_HOWE, "2027-04-04", 24, 49), (LORD_HOWE, "2027-10-03", 23, 47),
-    (SHANGHAI, "2026-03-08", 24, 48), (SHANGHAI, "2026-11-01", 24, 48),
+    (LORD_HOWE, "2026-04-05", 24, 49),
+    (LORD_HOWE, "2026-10-04", 23, 47),
+    (LORD_HOWE, "2027-04-04", 24, 49),
+    (LORD_HOWE, "2027-10-03", 23, 47),
+    (SHANGHAI, "2026-03-08", 24, 48),
+    (SHANGHAI, "2026-11-01", 24, 48),
     (NY, "2026-06-01", 24, 48),
 ]
 
