@@ -14,9 +14,11 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
-from bisect import bisect_right
-from collections.abc import Iterator
-from dataclasses import dataclass
+import itertools
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -31,6 +33,10 @@ MAX_CATCHUP_FIRES = 100
 # as cronsim itself gives up after 50 years.
 _SEARCH_YEARS = 50
 _DAY_S = 86_400
+# Instants are reasoned about between these (years 1900 and 9000): dates beyond them overflow
+# datetime, and no schedule needs them.
+_MIN_MS = -2_208_988_800_000
+_MAX_MS = 221_845_392_000_000
 _EPOCH = dt.date(1970, 1, 1)
 _ALIASES = {
     "@hourly": "0 * * * *",
@@ -75,8 +81,9 @@ class _Expr:
     months: frozenset[int]
     # Hour ``*`` or a step: the expression follows absolute time (docs/schedules-time.md §3).
     absolute: bool
-    # Matching times of day in seconds, ascending.
-    seconds_of_day: tuple[int, ...]
+    # Matching times of day in milliseconds after midnight, ascending; an array, not a
+    # tuple: a 6-field every-second expression holds 86,400 of them.
+    ms_of_day: array[int]
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +92,8 @@ class _Cron:
     exprs: tuple[_Expr, ...]
     gap: str
     fold: str
+    # The merged times of day of each set of expressions matching one day.
+    unions: dict[tuple[_Expr, ...], array[int]] = field(default_factory=dict)
 
 
 def zone(name: str) -> ZoneInfo:
@@ -115,14 +124,20 @@ def _parse(index: int, text: str) -> _Expr:
     except CronSimError as exc:
         raise InvalidSchedule(f"cron[{index}]: {exc}") from None
     hour = fields[-4]
-    seconds_of_day = tuple(
-        sorted(h * 3600 + m * 60 + s for h in sim.hours for m in sim.minutes for s in sim.seconds)
+    ms_of_day = array(
+        "q",
+        sorted(
+            (h * 3600 + m * 60 + s) * 1000
+            for h in sim.hours
+            for m in sim.minutes
+            for s in sim.seconds
+        ),
     )
     return _Expr(
         sim=sim,
         months=frozenset(sim.months),
         absolute=hour.startswith("*") or "/" in hour,
-        seconds_of_day=seconds_of_day,
+        ms_of_day=ms_of_day,
     )
 
 
@@ -140,8 +155,10 @@ def _compile(spec: SlotSpec) -> _Cron | int:
     if spec.dst_fold not in FOLD_POLICIES:
         raise InvalidSchedule("dst_fold must be first or both")
     for name, bound in (("start_at_ms", spec.start_at_ms), ("end_at_ms", spec.end_at_ms)):
-        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool)):
-            raise InvalidSchedule(f"{name} must be an integer")
+        if bound is not None and (
+            not isinstance(bound, int) or isinstance(bound, bool) or not 0 <= bound <= _MAX_MS
+        ):
+            raise InvalidSchedule(f"{name} must be an instant in ms between 1970 and 9000")
     if (
         spec.start_at_ms is not None
         and spec.end_at_ms is not None
@@ -161,7 +178,7 @@ def _compile(spec: SlotSpec) -> _Cron | int:
     return _compiled_cron(tuple(cron), tz, spec.dst_gap, spec.dst_fold)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=128)
 def _compiled_cron(cron: tuple[str, ...], tz: ZoneInfo, gap: str, fold: str) -> _Cron:
     return _Cron(tz, tuple(_parse(i, e) for i, e in enumerate(cron)), gap, fold)
 
@@ -175,13 +192,17 @@ def _offset(tz: ZoneInfo, u: int) -> int:
     return int(off.total_seconds())
 
 
-@functools.lru_cache(maxsize=4096)
-def _union(exprs: tuple[_Expr, ...]) -> tuple[int, ...]:
-    """Times of day of the union, in milliseconds after local midnight."""
-    merged: set[int] = set()
-    for e in exprs:
-        merged.update(e.seconds_of_day)
-    return tuple(s * 1000 for s in sorted(merged))
+def _union(c: _Cron, exprs: tuple[_Expr, ...]) -> array[int]:
+    """Times of day of the union, in milliseconds after local midnight, ascending."""
+    if len(exprs) == 1:
+        return exprs[0].ms_of_day
+    found = c.unions.get(exprs)
+    if found is None:
+        merged: set[int] = set()
+        for e in exprs:
+            merged.update(e.ms_of_day)
+        found = c.unions[exprs] = array("q", sorted(merged))
+    return found
 
 
 def _segments(tz: ZoneInfo, lo: int, hi: int) -> list[tuple[int, int, int]]:
@@ -209,7 +230,7 @@ def _segments(tz: ZoneInfo, lo: int, hi: int) -> list[tuple[int, int, int]]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _day(c: _Cron, ordinal: int) -> tuple[int, tuple[int, ...]]:
+def _day(c: _Cron, ordinal: int) -> tuple[int, Sequence[int]]:
     """The slots of local day ``ordinal`` as (base_ms, sorted offsets): base + offset each."""
     day = dt.date.fromordinal(ordinal)
     matching = tuple(e for e in c.exprs if day.month in e.months and e.sim.match_day(day))
@@ -220,30 +241,59 @@ def _day(c: _Cron, ordinal: int) -> tuple[int, tuple[int, ...]]:
     off0 = _offset(c.zone, u0)
     if u0 + off0 == wall and _offset(c.zone, u0 + _DAY_S - 1) == off0:
         # One offset all day (the common case): every wall time is one instant.
-        return u0 * 1000, _union(matching)
+        return u0 * 1000, _union(c, matching)
     return 0, _transition_day(c, matching, wall)
 
 
-def _transition_day(c: _Cron, matching: tuple[_Expr, ...], wall: int) -> tuple[int, ...]:
-    """Instants (ms) of a day whose offset changes: the gap and fold policies apply here."""
-    segs = _segments(c.zone, wall - _DAY_S, wall + 2 * _DAY_S)
-    out: set[int] = set()
+def _transition_day(c: _Cron, matching: tuple[_Expr, ...], wall: int) -> array[int]:
+    """Instants (ms) of a day whose offset changes: the gap and fold policies apply here.
+
+    Each run of one offset maps a slice of the day's wall times by that offset (bisection,
+    not a zone lookup per slot); walls no run covers are the gap, walls two runs cover the fold.
+    """
+    day_end = wall + _DAY_S
+    segs = _segments(c.zone, wall - _DAY_S, day_end + _DAY_S)
+    # Each part ascends: runs are in UTC order and a run's walls ascend.
+    parts: list[list[int]] = []
     for absolute in (False, True):
         group = tuple(e for e in matching if e.absolute is absolute)
         if not group:
             continue
-        for ms in _union(group):
-            w = wall + ms // 1000
-            hits = [w - off for (s, e, off) in segs if s <= w - off < e]
-            if not hits:
-                # Spring forward: this wall time does not exist.
-                if not absolute and c.gap == "shift":
-                    out.add(min(s for (s, _e, off) in segs if s + off > w) * 1000)
-            elif absolute or c.fold == "both":
-                out.update(h * 1000 for h in hits)
-            else:
-                out.add(min(hits) * 1000)
-    return tuple(sorted(out))
+        times = _union(c, group)
+        first_only = not absolute and c.fold == "first"
+        covered: list[tuple[int, int]] = []
+        covered_hi = wall
+        instants: list[int] = []
+        for s, e, off in segs:
+            lo_w, hi_w = max(s + off, wall), min(e + off, day_end)
+            if lo_w >= hi_w:
+                continue
+            covered.append((lo_w, hi_w))
+            # Fold "first": walls an earlier run already showed do not fire again.
+            start_w = max(lo_w, covered_hi) if first_only else lo_w
+            i = bisect_left(times, (start_w - wall) * 1000)
+            j = bisect_left(times, (hi_w - wall) * 1000)
+            delta = (wall - off) * 1000
+            instants.extend([t + delta for t in times[i:j]])
+            covered_hi = max(covered_hi, hi_w)
+        parts.append(instants)
+        if absolute or c.gap == "skip":
+            continue
+        # Spring forward: a wall time in the gap fires at the first instant after the gap.
+        covered.sort()
+        cursor = wall
+        shifted: list[int] = []
+        for lo_w, hi_w in [*covered, (day_end, day_end)]:
+            if lo_w > cursor:
+                i = bisect_left(times, (cursor - wall) * 1000)
+                if i < len(times) and times[i] < (lo_w - wall) * 1000:
+                    shifted.append(min(s for (s, _e, off) in segs if s + off > cursor) * 1000)
+            cursor = max(cursor, hi_w)
+        parts.append(sorted(shifted))
+    parts = [p for p in parts if p]
+    if len(parts) == 1:
+        return array("q", parts[0])
+    return array("q", sorted(set(itertools.chain.from_iterable(parts))))
 
 
 def _local_ordinal(tz: ZoneInfo, at_ms: int) -> int:
@@ -303,11 +353,13 @@ def _count(c: _Cron, a: int, b: int) -> int:
     return n
 
 
-def _bounds(spec: SlotSpec, a: int, b: int | None) -> tuple[int, int | None]:
+def _bounds(spec: SlotSpec, a: int, b: int | None) -> tuple[int, int]:
+    a = max(a, _MIN_MS)
+    b = _MAX_MS if b is None else min(b, _MAX_MS)
     if spec.start_at_ms is not None:
         a = max(a, spec.start_at_ms - 1)
     if spec.end_at_ms is not None:
-        b = spec.end_at_ms if b is None else min(b, spec.end_at_ms)
+        b = min(b, spec.end_at_ms)
     return a, b
 
 
@@ -372,7 +424,10 @@ def next_slot(spec: SlotSpec, after_ms: int) -> int | None:
 
 def local_iso(timezone: str, at_ms: int) -> str:
     """``at_ms`` as ISO 8601 local time in ``timezone`` with its UTC offset."""
-    moment = dt.datetime.fromtimestamp(at_ms // 1000, zone(timezone))
+    tz = zone(timezone)
+    if not _MIN_MS <= at_ms <= _MAX_MS:
+        raise InvalidSchedule("the instant is outside the years 1900 to 9000")
+    moment = dt.datetime.fromtimestamp(at_ms // 1000, tz)
     if at_ms % 1000:
         moment = moment.replace(microsecond=(at_ms % 1000) * 1000)
         return moment.isoformat(timespec="milliseconds")
@@ -405,7 +460,6 @@ def plan_catchup(
         # The clock went back (or nothing elapsed): the cursor never moves back.
         return CatchupPlan((), 0, None, None, cursor_ms)
     a, b = _bounds(spec, cursor_ms, now_ms)
-    assert b is not None
     total = _count_in(kind, a, b)
     if total == 0:
         return CatchupPlan((), 0, None, None, now_ms)

@@ -284,6 +284,8 @@ def test_local_iso_gives_the_zone_s_wall_time_and_its_offset() -> None:
         cron("* * * * *", dst_gap="later"),
         cron("* * * * *", dst_fold="second"),
         cron("* * * * *", start_at_ms=10, end_at_ms=5),
+        cron("* * * * *", start_at_ms=-1),
+        every(60, end_at_ms=10**18),
     ],
 )
 def test_a_bad_schedule_is_refused_with_invalid_schedule(spec: SlotSpec) -> None:
@@ -305,6 +307,32 @@ def test_an_unknown_time_zone_is_refused_with_invalid_timezone(name: str) -> Non
     assert isinstance(caught.value, ValidationFailed)
     with pytest.raises(InvalidTimezone):
         local_iso(name, 0)
+
+
+def test_instants_far_outside_the_calendar_give_answers_not_overflows() -> None:
+    # Clamped to 1900-01-01T00:00Z, then strictly after it.
+    assert slots_after(every(60), -(10**18), 1) == [-2_208_988_800_000 + 60_000]
+    assert slots_after(cron("0 0 1 1 *"), -(10**18), 1) == [ms("1901-01-01T00:00:00Z")]
+    assert slots_after(cron("0 * * * *"), 10**18, 1) == []
+    plan = plan_catchup(every(1), -(10**18), T0, catchup="latest", window_s=60)
+    assert plan.fire == (T0,)
+    assert plan.missed_first_ms == -2_208_988_800_000 + 1000
+    with pytest.raises(InvalidSchedule):
+        local_iso("UTC", 10**18)
+
+
+def test_a_cursor_decades_old_is_planned_from_a_count_not_a_walk() -> None:
+    plan = plan_catchup(cron("* * * * *", tz="Europe/Berlin"), 0, T0, catchup="all", window_s=0)
+    assert plan.missed_count == T0 // MIN - 100
+    assert plan.fire[0] == MIN
+    assert plan.missed_last_ms == T0
+    # Every second for two years, four transition days among them.
+    two_years = ms("2028-01-01T00:00:00Z")
+    spec = cron("* * * * * *", tz="Europe/Berlin")
+    plan = plan_catchup(spec, T0, two_years, catchup="latest", window_s=1)
+    assert plan.fire == (two_years,)
+    assert plan.missed_count == (two_years - T0) // 1000 - 1
+    assert plan.missed_last_ms == two_years - 1000
 
 
 def test_valid_schedules_pass_validation() -> None:
