@@ -229,6 +229,13 @@ def _segments(tz: ZoneInfo, lo: int, hi: int) -> list[tuple[int, int, int]]:
     return out
 
 
+_ONE_DAY = dt.timedelta(days=1)
+
+
+def _midnight(tz: ZoneInfo, day: dt.date, fold: int) -> int:
+    return int(dt.datetime(day.year, day.month, day.day, fold=fold, tzinfo=tz).timestamp())
+
+
 @functools.lru_cache(maxsize=1024)
 def _day(c: _Cron, ordinal: int) -> tuple[int, Sequence[int]]:
     """The slots of local day ``ordinal`` as (base_ms, sorted offsets): base + offset each."""
@@ -237,9 +244,15 @@ def _day(c: _Cron, ordinal: int) -> tuple[int, Sequence[int]]:
     if not matching:
         return 0, ()
     wall = (ordinal - _EPOCH.toordinal()) * _DAY_S
-    u0 = int(dt.datetime(day.year, day.month, day.day, tzinfo=c.zone).timestamp())
-    off0 = _offset(c.zone, u0)
-    if u0 + off0 == wall and _offset(c.zone, u0 + _DAY_S - 1) == off0:
+    u0 = _midnight(c.zone, day, 0)
+    # Both midnights exist once and are a whole day apart: then no transition lies between
+    # (a fold reaching past midnight makes the next midnight happen twice).
+    if (
+        u0 == _midnight(c.zone, day, 1)
+        and u0 + _offset(c.zone, u0) == wall
+        and _midnight(c.zone, day + _ONE_DAY, 0) == u0 + _DAY_S
+        and _midnight(c.zone, day + _ONE_DAY, 1) == u0 + _DAY_S
+    ):
         # One offset all day (the common case): every wall time is one instant.
         return u0 * 1000, _union(c, matching)
     return 0, _transition_day(c, matching, wall)

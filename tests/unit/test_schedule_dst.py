@@ -23,6 +23,7 @@ NY, BERLIN, LORD_HOWE, DUBLIN, SHANGHAI = (
     "Asia/Shanghai",
 )
 ZONES = (NY, BERLIN, LORD_HOWE, DUBLIN, SHANGHAI)
+BEIRUT = "Asia/Beirut"
 
 
 def ms(utc: str) -> int:
@@ -35,9 +36,12 @@ def iso(at_ms: int) -> str:
 
 def fires_on(zone: str, cron: tuple[str, ...], day: str, gap: str = "shift", fold: str = "first"):
     """UTC instants of the slots whose local date (by zoneinfo) is ``day``."""
-    spec = SlotSpec(cron=cron, every_seconds=None, timezone=zone, dst_gap=gap, dst_fold=fold)
     local_day = dt.date.fromisoformat(day)
     start = ms(f"{day}T00:00:00Z") - 2 * 86_400_000
+    spec = SlotSpec(
+        cron=cron, every_seconds=None, timezone=zone, dst_gap=gap, dst_fold=fold,
+        end_at_ms=start + 4 * 86_400_000,
+    )  # fmt: skip
     out = []
     for slot in slots_after(spec, start, 2000):
         d = dt.datetime.fromtimestamp(slot / 1000, ZoneInfo(zone)).date()
@@ -68,6 +72,9 @@ TRANSITIONS = [
     (LORD_HOWE, "2026-10-04", 630, 660),
     (LORD_HOWE, "2027-04-04", 660, 630),
     (LORD_HOWE, "2027-10-03", 630, 660),
+    # Beirut changes at midnight: the October fold is 23:00-24:00 of the day before.
+    (BEIRUT, "2026-03-29", 120, 180),
+    (BEIRUT, "2026-10-24", 180, 120),
 ]
 
 
@@ -213,6 +220,18 @@ FIXED = [
             "2026-10-25T01:30:40Z",
         ],
     ),
+    # Beirut: spring forward at 00:00 (00:00-01:00 missing), fall back at 24:00 to 23:00.
+    (BEIRUT, "@daily", "shift", "first", "2026-03-29", ["2026-03-28T22:00:00Z"]),
+    (BEIRUT, "@daily", "skip", "first", "2026-03-29", []),
+    (BEIRUT, "30 23 * * *", "shift", "first", "2026-10-24", ["2026-10-24T20:30:00Z"]),
+    (
+        BEIRUT,
+        "30 23 * * *",
+        "shift",
+        "both",
+        "2026-10-24",
+        ["2026-10-24T20:30:00Z", "2026-10-24T21:30:00Z"],
+    ),
     # @daily is 0 0 * * *: midnight exists on these days, once.
     (NY, "@daily", "shift", "both", "2026-03-08", ["2026-03-08T05:00:00Z"]),
     (NY, "@daily", "shift", "both", "2026-11-01", ["2026-11-01T04:00:00Z"]),
@@ -251,6 +270,8 @@ COUNTS = [
     (SHANGHAI, "2026-03-08", 24, 48),
     (SHANGHAI, "2026-11-01", 24, 48),
     (NY, "2026-06-01", 24, 48),
+    (BEIRUT, "2026-03-29", 23, 46),
+    (BEIRUT, "2026-10-24", 25, 50),
 ]
 
 
