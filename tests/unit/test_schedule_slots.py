@@ -340,3 +340,15 @@ def test_valid_schedules_pass_validation() -> None:
         cron("0 2 * * *", "*/5 9-17 * * MON-FRI", "0 0 L * *", "0 0 * * 5#2", tz="Asia/Shanghai")
     )
     validate(every(1, timezone="Europe/Dublin", start_at_ms=0, end_at_ms=0))
+
+
+def test_the_zones_load_from_the_tzdata_package_without_a_system_database() -> None:
+    import zoneinfo
+
+    before = zoneinfo.TZPATH
+    zoneinfo.reset_tzpath(to=[])
+    try:
+        tz = zoneinfo.ZoneInfo.no_cache("Australia/Lord_Howe")
+        assert dt.datetime(2026, 10, 4, 3, tzinfo=tz).utcoffset() == dt.timedelta(hours=11)
+    finally:
+        zoneinfo.reset_tzpath(to=before)
