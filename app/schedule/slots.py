@@ -124,14 +124,16 @@ def _parse(index: int, text: str) -> _Expr:
     except CronSimError as exc:
         raise InvalidSchedule(f"cron[{index}]: {exc}") from None
     hour = fields[-4]
+    # Nested over sorted fields, the product is already ascending.
+    minutes, seconds = sorted(sim.minutes), sorted(sim.seconds)
     ms_of_day = array(
         "q",
-        sorted(
+        [
             (h * 3600 + m * 60 + s) * 1000
-            for h in sim.hours
-            for m in sim.minutes
-            for s in sim.seconds
-        ),
+            for h in sorted(sim.hours)
+            for m in minutes
+            for s in seconds
+        ],
     )
     return _Expr(
         sim=sim,
