@@ -11,6 +11,8 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     Exception
     ├── DomainError(code, detail)     a refusal; ``detail`` is safe to show         [400]
     │   ├── ValidationFailed          input broke a rule                             [422]
+    │   │   ├── InvalidSchedule       a bad cron, interval or policy (INVALID_SCHEDULE)
+    │   │   └── InvalidTimezone       not an IANA zone (INVALID_TIMEZONE)
     │   ├── NotFound                  a referenced resource does not exist           [404]
     │   ├── Conflict                  contradicts what is stored                     [409]
     │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
@@ -98,6 +100,9 @@ class ErrorCode(StrEnum):
     WORKER_LEASE_LOST = "WORKER_LEASE_LOST"
     # The worker refuses a database that is not at the newest migration.
     NOT_MIGRATED = "NOT_MIGRATED"
+    # Schedules (docs/schedules-time.md).
+    INVALID_SCHEDULE = "INVALID_SCHEDULE"
+    INVALID_TIMEZONE = "INVALID_TIMEZONE"
 
 
 class DomainError(Exception):
@@ -111,6 +116,20 @@ class DomainError(Exception):
 
 class ValidationFailed(DomainError):
     """Input broke one of the API's validation rules."""
+
+
+class InvalidSchedule(ValidationFailed):
+    """A schedule's cron, interval, bounds or policies are not valid (INVALID_SCHEDULE)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(ErrorCode.INVALID_SCHEDULE, detail)
+
+
+class InvalidTimezone(ValidationFailed):
+    """A schedule names a time zone the IANA database does not hold (INVALID_TIMEZONE)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(ErrorCode.INVALID_TIMEZONE, detail)
 
 
 class VersionConflict(DomainError):

@@ -1,0 +1,498 @@
+"""Slot instants of a schedule: cron union or interval, time zone and DST policies, catch-up.
+
+docs/schedules-time.md explains each rule with an example. ``cronsim`` parses each expression
+and decides which local days match (Vixie cron's day-of-month OR day-of-week, ``L``, ``#``);
+this module turns a day's matching wall-clock times into instants with ``zoneinfo``, because
+no cron library offers the gap (shift/skip) and fold (first/both) choices. A day whose UTC
+offset does not change maps every wall time by one offset, so a day's slots are a cached
+sorted tuple of times of day plus the day's UTC midnight: counting slots over years is one
+bisection per day, never one step per slot (docs/schedules-time.md §4).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import itertools
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from app.domain.errors import InvalidSchedule, InvalidTimezone
+
+MAX_EXPRESSIONS = 8
+MAX_EXPRESSION_CHARS = 200
+# At most this many missed slots fire under catchup "all"; the rest are recorded missed.
+MAX_CATCHUP_FIRES = 100
+# An expression that matches no day (``0 0 * * 1L`` of a 31st...) stops the search here,
+# as cronsim itself gives up after 50 years.
+_SEARCH_YEARS = 50
+_DAY_S = 86_400
+# Instants are reasoned about between these (years 1900 and 9000): dates beyond them overflow
+# datetime, and no schedule needs them.
+_MIN_MS = -2_208_988_800_000
+_MAX_MS = 221_845_392_000_000
+_EPOCH = dt.date(1970, 1, 1)
+_ALIASES = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+}
+GAP_POLICIES = ("shift", "skip")
+FOLD_POLICIES = ("first", "both")
+CATCHUP_POLICIES = ("latest", "all", "none")
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """What decides a schedule's slots (docs/schedules-time.md)."""
+
+    cron: tuple[str, ...] | None
+    every_seconds: int | None
+    timezone: str = "UTC"
+    dst_gap: str = "shift"
+    dst_fold: str = "first"
+    start_at_ms: int | None = None
+    end_at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class CatchupPlan:
+    """What to do with the slots due in (cursor, now]: fire some, record the rest missed."""
+
+    fire: tuple[int, ...]
+    missed_count: int
+    missed_first_ms: int | None
+    missed_last_ms: int | None
+    cursor_ms: int
+
+
+# eq=False: hashed by identity, so the per-day cache never hashes 86,400 times of day.
+@dataclass(frozen=True, eq=False)
+class _Expr:
+    sim: CronSim
+    months: frozenset[int]
+    # Hour ``*`` or a step: the expression follows absolute time (docs/schedules-time.md §3).
+    absolute: bool
+    # Matching times of day in milliseconds after midnight, ascending; an array, not a
+    # tuple: a 6-field every-second expression holds 86,400 of them.
+    ms_of_day: array[int]
+
+
+@dataclass(frozen=True, eq=False)
+class _Cron:
+    zone: ZoneInfo
+    exprs: tuple[_Expr, ...]
+    gap: str
+    fold: str
+    # The merged times of day of each set of expressions matching one day.
+    unions: dict[tuple[_Expr, ...], array[int]] = field(default_factory=dict)
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA zone ``name``, or InvalidTimezone."""
+    if not isinstance(name, str) or not name or len(name) > 64:
+        raise InvalidTimezone("timezone must be an IANA name such as Asia/Shanghai")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidTimezone(f"unknown time zone {name!r}") from None
+
+
+def _parse(index: int, text: str) -> _Expr:
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_EXPRESSION_CHARS:
+        raise InvalidSchedule(f"cron[{index}]: an expression of 5 or 6 fields is required")
+    expr = _ALIASES.get(text.strip().lower(), text)
+    if expr.lstrip().startswith("@"):
+        raise InvalidSchedule(
+            f"cron[{index}]: unknown alias; use one of {', '.join(sorted(_ALIASES))}"
+        )
+    fields = expr.split()
+    if len(fields) not in (5, 6):
+        raise InvalidSchedule(
+            f"cron[{index}]: 5 fields, or 6 with a leading seconds field, are required"
+        )
+    try:
+        sim = CronSim(expr, dt.datetime(2000, 1, 1))
+    except CronSimError as exc:
+        raise InvalidSchedule(f"cron[{index}]: {exc}") from None
+    hour = fields[-4]
+    # Nested over sorted fields, the product is already ascending.
+    minutes, seconds = sorted(sim.minutes), sorted(sim.seconds)
+    ms_of_day = array(
+        "q",
+        [
+            (h * 3600 + m * 60 + s) * 1000
+            for h in sorted(sim.hours)
+            for m in minutes
+            for s in seconds
+        ],
+    )
+    return _Expr(
+        sim=sim,
+        months=frozenset(sim.months),
+        absolute=hour.startswith("*") or "/" in hour,
+        ms_of_day=ms_of_day,
+    )
+
+
+def validate(spec: SlotSpec) -> None:
+    """Raise InvalidSchedule or InvalidTimezone unless ``spec`` describes a schedule."""
+    _compile(spec)
+
+
+def _compile(spec: SlotSpec) -> _Cron | int:
+    if (spec.cron is None) == (spec.every_seconds is None):
+        raise InvalidSchedule("exactly one of cron and every_seconds is required")
+    tz = zone(spec.timezone)
+    if spec.dst_gap not in GAP_POLICIES:
+        raise InvalidSchedule("dst_gap must be shift or skip")
+    if spec.dst_fold not in FOLD_POLICIES:
+        raise InvalidSchedule("dst_fold must be first or both")
+    for name, bound in (("start_at_ms", spec.start_at_ms), ("end_at_ms", spec.end_at_ms)):
+        if bound is not None and (
+            not isinstance(bound, int) or isinstance(bound, bool) or not 0 <= bound <= _MAX_MS
+        ):
+            raise InvalidSchedule(f"{name} must be an instant in ms between 1970 and 9000")
+    if (
+        spec.start_at_ms is not None
+        and spec.end_at_ms is not None
+        and spec.end_at_ms < spec.start_at_ms
+    ):
+        raise InvalidSchedule("end_at_ms is before start_at_ms")
+    if spec.every_seconds is not None:
+        every = spec.every_seconds
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise InvalidSchedule("every_seconds must be an integer >= 1")
+        return every
+    cron = spec.cron
+    if isinstance(cron, str) or not isinstance(cron, tuple | list):
+        raise InvalidSchedule("cron must be a list of 1 to 8 expressions")
+    if not 1 <= len(cron) <= MAX_EXPRESSIONS:
+        raise InvalidSchedule(f"cron must hold 1 to {MAX_EXPRESSIONS} expressions")
+    return _compiled_cron(tuple(cron), tz, spec.dst_gap, spec.dst_fold)
+
+
+@functools.lru_cache(maxsize=128)
+def _compiled_cron(cron: tuple[str, ...], tz: ZoneInfo, gap: str, fold: str) -> _Cron:
+    return _Cron(tz, tuple(_parse(i, e) for i, e in enumerate(cron)), gap, fold)
+
+
+# -- one local day ----------------------------------------------------------------------------
+
+
+def _offset(tz: ZoneInfo, u: int) -> int:
+    off = dt.datetime.fromtimestamp(u, tz).utcoffset()
+    assert off is not None
+    return int(off.total_seconds())
+
+
+def _union(c: _Cron, exprs: tuple[_Expr, ...]) -> array[int]:
+    """Times of day of the union, in milliseconds after local midnight, ascending."""
+    if len(exprs) == 1:
+        return exprs[0].ms_of_day
+    found = c.unions.get(exprs)
+    if found is None:
+        merged: set[int] = set()
+        for e in exprs:
+            merged.update(e.ms_of_day)
+        found = c.unions[exprs] = array("q", sorted(merged))
+    return found
+
+
+def _segments(tz: ZoneInfo, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(start, end, offset) runs of one UTC offset covering [lo, hi), in seconds."""
+    out: list[tuple[int, int, int]] = []
+    start, off = lo, _offset(tz, lo)
+    step = 1800
+    u = lo
+    while u < hi:
+        nxt = min(u + step, hi)
+        off_n = _offset(tz, nxt)
+        if off_n != off:
+            a, b = u, nxt  # the offset changes in (a, b]
+            while b - a > 1:
+                mid = (a + b) // 2
+                if _offset(tz, mid) == off:
+                    a = mid
+                else:
+                    b = mid
+            out.append((start, b, off))
+            start, off = b, off_n
+        u = nxt
+    out.append((start, hi, off))
+    return out
+
+
+_ONE_DAY = dt.timedelta(days=1)
+
+
+def _midnight(tz: ZoneInfo, day: dt.date, fold: int) -> int:
+    return int(dt.datetime(day.year, day.month, day.day, fold=fold, tzinfo=tz).timestamp())
+
+
+@functools.lru_cache(maxsize=1024)
+def _day(c: _Cron, ordinal: int) -> tuple[int, Sequence[int]]:
+    """The slots of local day ``ordinal`` as (base_ms, sorted offsets): base + offset each."""
+    day = dt.date.fromordinal(ordinal)
+    matching = tuple(e for e in c.exprs if day.month in e.months and e.sim.match_day(day))
+    if not matching:
+        return 0, ()
+    wall = (ordinal - _EPOCH.toordinal()) * _DAY_S
+    u0 = _midnight(c.zone, day, 0)
+    # Both midnights exist once and are a whole day apart: then no transition lies between
+    # (a fold reaching past midnight makes the next midnight happen twice).
+    if (
+        u0 == _midnight(c.zone, day, 1)
+        and u0 + _offset(c.zone, u0) == wall
+        and _midnight(c.zone, day + _ONE_DAY, 0) == u0 + _DAY_S
+        and _midnight(c.zone, day + _ONE_DAY, 1) == u0 + _DAY_S
+    ):
+        # One offset all day (the common case): every wall time is one instant.
+        return u0 * 1000, _union(c, matching)
+    return 0, _transition_day(c, matching, wall)
+
+
+def _transition_day(c: _Cron, matching: tuple[_Expr, ...], wall: int) -> array[int]:
+    """Instants (ms) of a day whose offset changes: the gap and fold policies apply here.
+
+    Each run of one offset maps a slice of the day's wall times by that offset (bisection,
+    not a zone lookup per slot); walls no run covers are the gap, walls two runs cover the fold.
+    """
+    day_end = wall + _DAY_S
+    segs = _segments(c.zone, wall - _DAY_S, day_end + _DAY_S)
+    # Each part ascends: runs are in UTC order and a run's walls ascend.
+    parts: list[list[int]] = []
+    for absolute in (False, True):
+        group = tuple(e for e in matching if e.absolute is absolute)
+        if not group:
+            continue
+        times = _union(c, group)
+        first_only = not absolute and c.fold == "first"
+        covered: list[tuple[int, int]] = []
+        covered_hi = wall
+        instants: list[int] = []
+        for s, e, off in segs:
+            lo_w, hi_w = max(s + off, wall), min(e + off, day_end)
+            if lo_w >= hi_w:
+                continue
+            covered.append((lo_w, hi_w))
+            # Fold "first": walls an earlier run already showed do not fire again.
+            start_w = max(lo_w, covered_hi) if first_only else lo_w
+            i = bisect_left(times, (start_w - wall) * 1000)
+            j = bisect_left(times, (hi_w - wall) * 1000)
+            delta = (wall - off) * 1000
+            instants.extend([t + delta for t in times[i:j]])
+            covered_hi = max(covered_hi, hi_w)
+        parts.append(instants)
+        if absolute or c.gap == "skip":
+            continue
+        # Spring forward: a wall time in the gap fires at the first instant after the gap.
+        covered.sort()
+        cursor = wall
+        shifted: list[int] = []
+        for lo_w, hi_w in [*covered, (day_end, day_end)]:
+            if lo_w > cursor:
+                i = bisect_left(times, (cursor - wall) * 1000)
+                if i < len(times) and times[i] < (lo_w - wall) * 1000:
+                    shifted.append(min(s for (s, _e, off) in segs if s + off > cursor) * 1000)
+            cursor = max(cursor, hi_w)
+        parts.append(sorted(shifted))
+    parts = [p for p in parts if p]
+    if len(parts) == 1:
+        return array("q", parts[0])
+    return array("q", sorted(set(itertools.chain.from_iterable(parts))))
+
+
+def _local_ordinal(tz: ZoneInfo, at_ms: int) -> int:
+    return dt.datetime.fromtimestamp(at_ms // 1000, tz).date().toordinal()
+
+
+# -- ranges: (a, b] in milliseconds ------------------------------------------------------------
+
+
+def _forward(c: _Cron, a: int, b: int | None) -> Iterator[int]:
+    """Slots in (a, b] ascending (b None: unbounded, up to the search horizon)."""
+    ordinal = _local_ordinal(c.zone, a) - 1
+    horizon = ordinal + _SEARCH_YEARS * 366
+    stop = horizon if b is None else min(horizon, _local_ordinal(c.zone, b) + 1)
+    last = a
+    while ordinal <= stop:
+        base, offs = _day(c, ordinal)
+        for i in range(bisect_right(offs, last - base), len(offs)):
+            v = base + offs[i]
+            if b is not None and v > b:
+                return
+            last = v
+            yield v
+        ordinal += 1
+
+
+def _backward(c: _Cron, a: int, b: int) -> Iterator[int]:
+    """Slots in (a, b] descending."""
+    ordinal = _local_ordinal(c.zone, b) + 1
+    stop = _local_ordinal(c.zone, a) - 1
+    last = b + 1
+    while ordinal >= stop:
+        base, offs = _day(c, ordinal)
+        for i in range(bisect_right(offs, last - 1 - base) - 1, -1, -1):
+            v = base + offs[i]
+            if v <= a:
+                return
+            last = v
+            yield v
+        ordinal -= 1
+
+
+def _count(c: _Cron, a: int, b: int) -> int:
+    """How many slots lie in (a, b]: one bisection per local day."""
+    ordinal = _local_ordinal(c.zone, a) - 1
+    stop = _local_ordinal(c.zone, b) + 1
+    n = 0
+    last = a
+    while ordinal <= stop:
+        base, offs = _day(c, ordinal)
+        lo = bisect_right(offs, last - base)
+        hi = bisect_right(offs, b - base)
+        if hi > lo:
+            n += hi - lo
+            last = base + offs[hi - 1]
+        ordinal += 1
+    return n
+
+
+def _bounds(spec: SlotSpec, a: int, b: int | None) -> tuple[int, int]:
+    a = max(a, _MIN_MS)
+    b = _MAX_MS if b is None else min(b, _MAX_MS)
+    if spec.start_at_ms is not None:
+        a = max(a, spec.start_at_ms - 1)
+    if spec.end_at_ms is not None:
+        b = min(b, spec.end_at_ms)
+    return a, b
+
+
+def _take(it: Iterator[int], limit: int) -> list[int]:
+    out: list[int] = []
+    for v in it:
+        if len(out) >= limit:
+            break
+        out.append(v)
+    return out
+
+
+def _after(kind: _Cron | int, a: int, b: int | None, limit: int) -> list[int]:
+    if limit <= 0 or (b is not None and b <= a):
+        return []
+    if isinstance(kind, int):
+        step = kind * 1000
+        first = (a // step + 1) * step
+        last = None if b is None else (b // step) * step
+        n = limit if last is None else min(limit, (last - first) // step + 1)
+        return [first + i * step for i in range(max(n, 0))]
+    return _take(_forward(kind, a, b), limit)
+
+
+def _before(kind: _Cron | int, a: int, b: int, limit: int) -> list[int]:
+    """The newest ``limit`` slots in (a, b], descending."""
+    if limit <= 0 or b <= a:
+        return []
+    if isinstance(kind, int):
+        step = kind * 1000
+        last = (b // step) * step
+        first = (a // step + 1) * step
+        n = min(limit, (last - first) // step + 1)
+        return [last - i * step for i in range(max(n, 0))]
+    return _take(_backward(kind, a, b), limit)
+
+
+def _count_in(kind: _Cron | int, a: int, b: int) -> int:
+    if b <= a:
+        return 0
+    if isinstance(kind, int):
+        step = kind * 1000
+        return b // step - a // step
+    return _count(kind, a, b)
+
+
+# -- the interface -----------------------------------------------------------------------------
+
+
+def slots_after(spec: SlotSpec, after_ms: int, limit: int) -> list[int]:
+    """Slot instants strictly after after_ms, ascending, at most limit, within start/end."""
+    kind = _compile(spec)
+    a, b = _bounds(spec, after_ms, None)
+    return _after(kind, a, b, limit)
+
+
+def next_slot(spec: SlotSpec, after_ms: int) -> int | None:
+    """The first slot strictly after ``after_ms``, or None when there is none."""
+    found = slots_after(spec, after_ms, 1)
+    return found[0] if found else None
+
+
+def local_iso(timezone: str, at_ms: int) -> str:
+    """``at_ms`` as ISO 8601 local time in ``timezone`` with its UTC offset."""
+    tz = zone(timezone)
+    if not _MIN_MS <= at_ms <= _MAX_MS:
+        raise InvalidSchedule("the instant is outside the years 1900 to 9000")
+    moment = dt.datetime.fromtimestamp(at_ms // 1000, tz)
+    if at_ms % 1000:
+        moment = moment.replace(microsecond=(at_ms % 1000) * 1000)
+        return moment.isoformat(timespec="milliseconds")
+    return moment.isoformat(timespec="seconds")
+
+
+def jitter_ms(schedule_id: str, slot_ms: int, jitter_seconds: int) -> int:
+    """A delay in [0, jitter_seconds * 1000) fixed by the schedule and the slot."""
+    if jitter_seconds < 0:
+        raise InvalidSchedule("jitter_seconds must be >= 0")
+    if jitter_seconds == 0:
+        return 0
+    digest = hashlib.blake2b(
+        f"{schedule_id}\x00{slot_ms}".encode(), digest_size=8, person=b"ql-jitter"
+    ).digest()
+    return int.from_bytes(digest, "big") % (jitter_seconds * 1000)
+
+
+def plan_catchup(
+    spec: SlotSpec, cursor_ms: int, now_ms: int, *, catchup: str, window_s: int
+) -> CatchupPlan:
+    """Due slots in (cursor_ms, now_ms]: "latest" | "all" (<=100 fired, rest missed) | "none";
+    bounded time and memory even for 10**6 missed minutely slots."""
+    if catchup not in CATCHUP_POLICIES:
+        raise InvalidSchedule("catchup must be latest, all or none")
+    if not isinstance(window_s, int) or window_s < 0:
+        raise InvalidSchedule("catchup_window_seconds must be >= 0")
+    kind = _compile(spec)
+    if now_ms <= cursor_ms:
+        # The clock went back (or nothing elapsed): the cursor never moves back.
+        return CatchupPlan((), 0, None, None, cursor_ms)
+    a, b = _bounds(spec, cursor_ms, now_ms)
+    total = _count_in(kind, a, b)
+    if total == 0:
+        return CatchupPlan((), 0, None, None, now_ms)
+    if catchup == "all":
+        fire = _after(kind, a, b, MAX_CATCHUP_FIRES)
+        missed = total - len(fire)
+        if not missed:
+            return CatchupPlan(tuple(fire), 0, None, None, now_ms)
+        return CatchupPlan(
+            tuple(fire),
+            missed,
+            _after(kind, fire[-1], b, 1)[0],
+            _before(kind, a, b, 1)[0],
+            now_ms,
+        )
+    newest = _before(kind, a, b, 2)
+    if catchup == "latest" and newest[0] >= now_ms - window_s * 1000:
+        if total == 1:
+            return CatchupPlan((newest[0],), 0, None, None, now_ms)
+        return CatchupPlan((newest[0],), total - 1, _after(kind, a, b, 1)[0], newest[1], now_ms)
+    return CatchupPlan((), total, _after(kind, a, b, 1)[0], newest[0], now_ms)
