@@ -19,9 +19,9 @@ from typing import IO
 
 import pytest
 
-from app.supervisor import stop_jobs
 from app.domain.ids import uuid7
 from app.domain.model import ProcessHandle
+from app.supervisor import stop_jobs
 from app.worker import cgroups
 from app.worker import identity as ident_mod
 from app.worker.identity import (
