@@ -70,7 +70,7 @@ class Background:
         interval_s: float,
         halt: Hook | None = None,
         soon: Callable[[], bool] | None = None,
-        soon_interval_s: float = 0.2,
+        soon_interval_s: float = BUDGET_POLL_S,
     ) -> None:
         # ``soon``: while it answers True, ``periodic`` runs every ``soon_interval_s``
         # (the budget poll, docs/concurrency-budgets.md §4).

@@ -36,7 +36,7 @@ READY_PING_TIMEOUT_S = 0.4
 DRAIN_PING_TIMEOUT_S = 2.0
 # While a budget keeps runs queued, the slow loop looks this often whether an active run
 # ended (one count query) and drains at once when one did (docs/concurrency-budgets.md §4).
-BUDGET_POLL_S = 0.2
+BUDGET_POLL_S = 0.05
 
 
 def drain_concurrency(page_size: int) -> int:
