@@ -43,5 +43,5 @@ if __name__ == "__main__":
     _install(os.environ["QLTEST_CRASH_AT"])
     context = build_context(Settings.from_env())
     context.start_background()
-    context.background.kick()  # the drain an enqueue would start
+    context.background.enqueued()  # the drain an enqueue would start
     threading.Event().wait()
