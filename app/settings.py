@@ -158,6 +158,20 @@ class HttpLimits:
         )
 
 
+# QL_MAX_QUEUED's default: queued runs beyond it are refused (docs/concurrency-budgets.md §3).
+MAX_QUEUED = 10_000
+# Upper bounds a typo would otherwise turn into "no budget at all".
+MAX_RUNNING_LIMIT = 10_000
+MAX_QUEUED_LIMIT = 10_000_000
+
+
+def _bounded_count(env: Mapping[str, str], name: str, default: int, most: int) -> int:
+    value = _count(env, name, default, 1)
+    if value > most:
+        raise ValueError(f"{name} must be at most {most}, not {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a process of the service needs to know about where it lives."""
@@ -176,6 +190,17 @@ class Settings:
     cgroup_root: str = "auto"
     job: JobUserSettings = field(default_factory=JobUserSettings)
     http: HttpLimits = HttpLimits()
+    # QL_MAX_RUNNING (None: the profile's max_running) and QL_MAX_QUEUED
+    # (docs/concurrency-budgets.md).
+    max_running_override: int | None = None
+    max_queued: int = MAX_QUEUED
+
+    @property
+    def max_running(self) -> int:
+        """Runs dispatching or running at once: QL_MAX_RUNNING, else the profile's."""
+        if self.max_running_override is not None:
+            return self.max_running_override
+        return self.profile.max_running
 
     @classmethod
     def from_env(
@@ -188,6 +213,9 @@ class Settings:
         origins = tuple(o.strip() for o in env.get("QL_CORS_ORIGINS", "").split(",") if o.strip())
         socket = env.get("QL_WORKER_SOCKET")
         ttl, renew = lease_timing_from_env(env)
+        max_running = None
+        if env.get("QL_MAX_RUNNING"):
+            max_running = _bounded_count(env, "QL_MAX_RUNNING", 1, MAX_RUNNING_LIMIT)
         return cls(
             data_dir=root,
             database_url=url,
@@ -201,6 +229,8 @@ class Settings:
             cgroup_root=env.get("QL_CGROUP_ROOT") or "auto",
             job=JobUserSettings.from_env(env),
             http=HttpLimits.from_env(env),
+            max_running_override=max_running,
+            max_queued=_bounded_count(env, "QL_MAX_QUEUED", MAX_QUEUED, MAX_QUEUED_LIMIT),
         )
 
     def to_env(self) -> dict[str, str]:

@@ -49,6 +49,7 @@ _DESCRIPTIONS = {
     413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
     416: "range not satisfiable",
     422: "validation failed (VALIDATION_FAILED, DUPLICATE_KEY or a specific code)",
+    429: "QL_MAX_QUEUED runs are queued (QUEUE_FULL, with Retry-After)",
     503: "the database cannot store writes now (STORAGE_UNAVAILABLE, with Retry-After)",
 }
 

@@ -15,6 +15,7 @@ from app.domain.errors import (
     Conflict,
     DomainError,
     NotFound,
+    QueueFull,
     StorageUnavailable,
     ValidationFailed,
     VersionConflict,
@@ -117,13 +118,16 @@ def problem_response(
 
 
 def status_for(exc: DomainError) -> int:
-    """HTTP status of a domain refusal: 422 invalid, 404 missing, 409 conflict (docs/api.md §2)."""
+    """HTTP status of a domain refusal: 422 invalid, 404 missing, 409 conflict, 429 queue full
+    (docs/api.md §2)."""
     if isinstance(exc, ValidationFailed):
         return 422
     if isinstance(exc, NotFound):
         return 404
     if isinstance(exc, Conflict | VersionConflict):  # InvalidTransition is a Conflict
         return 409
+    if isinstance(exc, QueueFull):
+        return 429
     return 400
 
 
@@ -149,7 +153,10 @@ def install(app: FastAPI) -> None:
 
     async def on_domain(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, DomainError)
-        return problem_response(status_for(exc), str(exc.code), exc.detail)
+        headers = None
+        if isinstance(exc, QueueFull):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        return problem_response(status_for(exc), str(exc.code), exc.detail, headers)
 
     async def on_storage(_request: Request, exc: Exception) -> Response:
         # Every route, read or write: the unit of work raises it for any transaction.

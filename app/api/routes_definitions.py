@@ -99,6 +99,7 @@ def put_revision(
         priority=body.priority,
         leftovers=body.leftovers,
         run_as=body.run_as,
+        max_concurrent=body.max_concurrent,
     )
     response.status_code = 201 if created else 200
     response.headers["ETag"] = strong_etag(rev.digest)

@@ -119,7 +119,9 @@ async def list_events(run_id: str, facade: Ctx, _: Reader, paging: PageQuery) ->
     status_code=201,
     response_model=RunOut,
     responses=problems(
-        *WRITE_ERRORS, extra={200: {"model": RunOut, "description": "replay of an Idempotency-Key"}}
+        *WRITE_ERRORS,
+        429,
+        extra={200: {"model": RunOut, "description": "replay of an Idempotency-Key"}},
     ),
 )
 async def create_run(

@@ -84,6 +84,14 @@ class RevisionIn(_In):
             "(QL_JOB_USER), or the service's own user when none is configured."
         ),
     )
+    max_concurrent: Int32 | None = Field(
+        default=None,
+        description=(
+            "At most this many runs of the task (of any revision) are dispatching or running "
+            "at once while this revision's run waits, 1..1000 (else 422 LIMIT_EXCEEDED); "
+            "absent: no per-task limit, only QL_MAX_RUNNING (docs/concurrency-budgets.md)."
+        ),
+    )
 
 
 class RevisionOut(BaseModel):
@@ -97,6 +105,7 @@ class RevisionOut(BaseModel):
     priority: int
     leftovers: Literal["kill", "keep"]
     run_as: str | None = None
+    max_concurrent: int | None = None
     digest: str
     created_at_ms: int
 
@@ -113,6 +122,7 @@ class RevisionOut(BaseModel):
             priority=r.priority,
             leftovers=r.leftovers,
             run_as=r.run_as,
+            max_concurrent=r.max_concurrent,
             digest=r.digest,
             created_at_ms=r.created_at_ms,
         )

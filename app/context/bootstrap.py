@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from app.context.execution_wiring import build_execution
+from app.context.execution_wiring import BUDGET_POLL_S, build_execution
 from app.context.facade import AppFacade
 from app.context.logs import LogStore
 from app.context.readiness import (
@@ -69,7 +69,13 @@ class Background:
         periodic: Hook | None,
         interval_s: float,
         halt: Hook | None = None,
+        soon: Callable[[], bool] | None = None,
+        soon_interval_s: float = BUDGET_POLL_S,
     ) -> None:
+        # ``soon``: while it answers True, ``periodic`` runs every ``soon_interval_s``
+        # (the budget poll, docs/concurrency-budgets.md §4).
+        self._soon = soon
+        self._soon_interval_s = soon_interval_s
         self._on_enqueued = on_enqueued
         self._on_cancel_requested = on_cancel_requested
         self._periodic = periodic
@@ -113,7 +119,7 @@ class Background:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            kicked = self._kicked.wait(self._interval_s if self._periodic else None)
+            kicked = self._kicked.wait(self._timeout())
             if self._stopping.is_set():
                 return
             self._kicked.clear()
@@ -127,6 +133,13 @@ class Background:
             if self._enqueued.is_set():
                 self._enqueued.clear()
                 self._run(self._on_enqueued)
+
+    def _timeout(self) -> float | None:
+        if self._periodic is None:
+            return None
+        if self._soon is not None and self._soon():
+            return min(self._soon_interval_s, self._interval_s)
+        return self._interval_s
 
     @staticmethod
     def _run(hook: Hook | None) -> None:
@@ -224,6 +237,7 @@ def build_context(
     }
     closers: list[Hook] = []
     halt: Hook | None = None
+    soon: Callable[[], bool] | None = None
     if execution:
         hooks = build_execution(
             settings,
@@ -231,13 +245,15 @@ def build_context(
             definitions=definitions,
             secrets=secrets,
             transitions=runs,
+            settings_interval_s=periodic_interval_s,
         )
         checks["worker"] = hooks.worker_ready
         closers.append(hooks.close)
         halt = hooks.halt
         on_enqueued = on_enqueued or hooks.drain
         on_cancel_requested = on_cancel_requested or hooks.wake_worker
-        periodic = periodic or hooks.drain
+        if periodic is None:
+            periodic, soon = hooks.tick, hooks.budget_wait
     checks.update(ready_checks or {})
 
     probe = ReadinessProbe(checks, deadline_s=ready_deadline_s)
@@ -248,6 +264,8 @@ def build_context(
         periodic=periodic,
         interval_s=periodic_interval_s,
         halt=halt,
+        soon=soon,
+        soon_interval_s=BUDGET_POLL_S,
     )
     facade = AppFacade(
         _definitions=definitions,
@@ -262,6 +280,7 @@ def build_context(
         reads_inline=engine.dialect.name == "sqlite",
         run_as_allowed=frozenset(settings.job.allowed),
         job_isolation="job_user" if settings.job.user else "same_user",
+        max_queued=settings.max_queued,
     )
     return AppContext(
         settings=settings,

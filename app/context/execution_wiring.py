@@ -34,6 +34,9 @@ READY_PING_TIMEOUT_S = 0.4
 # The drain's ping before a pass: a stalled worker counts as unavailable (dispatch backs off)
 # instead of holding the background thread, and so a shutdown's halt, for 30 s.
 DRAIN_PING_TIMEOUT_S = 2.0
+# While a budget keeps runs queued, the slow loop looks this often whether an active run
+# ended (one count query) and drains at once when one did (docs/concurrency-budgets.md §4).
+BUDGET_POLL_S = 0.05
 
 
 def drain_concurrency(page_size: int) -> int:
@@ -92,6 +95,10 @@ class ExecutionHooks:
     close: Callable[[], None]
     # Shutdown: no pass starts after this; the passes in flight finish (their launches too).
     halt: Callable[[], None]
+    # The slow loop's hook: a drain, or while budget_wait() only a count unless a run ended.
+    tick: Callable[[], None] = lambda: None
+    # True while the last drain left runs queued because of a budget: tick every BUDGET_POLL_S.
+    budget_wait: Callable[[], bool] = lambda: False
 
 
 def build_execution(
@@ -103,8 +110,12 @@ def build_execution(
     transitions: RunTransitions,
     client: WorkerClient | None = None,
     backoff: DispatchBackoff | None = None,
+    settings_interval_s: float = 2.0,
 ) -> ExecutionHooks:
-    """Build the worker client and the dispatcher; return the hooks that drive them."""
+    """Build the worker client and the dispatcher; return the hooks that drive them.
+
+    ``settings_interval_s`` is the slow loop's interval (the fallback while budget-blocked).
+    """
     worker = client or WorkerClient(settings.socket_path, connect_timeout_s=1.0)
     pause = backoff or DispatchBackoff()
     drainers = drain_concurrency(settings.profile.dispatch_page_size)
@@ -116,9 +127,13 @@ def build_execution(
         launcher=worker,
         controller=worker,
         settings_like=settings,
+        max_running=settings.max_running,
     )
 
     halted = threading.Event()
+    # The active-run count when the last drain ended blocked by a budget (None: not blocked),
+    # and when that drain ran; read and written by the one background thread only.
+    wait: dict[str, float | None] = {"active": None, "at": 0.0}
 
     def drain() -> None:
         # No worker, no dispatch: runs stay queued (never failed) until it answers again,
@@ -130,10 +145,26 @@ def build_execution(
         except WorkerUnavailable:
             pause.unavailable()
             return
-        if _drain_concurrently(dispatcher, drainers, halted=halted):
+        blocked = threading.Event()
+        if _drain_concurrently(dispatcher, drainers, halted=halted, blocked=blocked):
             pause.unavailable()
         else:
             pause.answered()
+        wait["at"] = time.monotonic()
+        wait["active"] = candidates.active_count() if blocked.is_set() else None
+
+    def tick() -> None:
+        active = wait["active"]
+        at = wait["at"] or 0.0
+        # Blocked by a budget: drain only once a run ended (the count fell), or at the slow
+        # loop's own pace as the fallback (a run ended here while another started elsewhere).
+        if (
+            active is not None
+            and time.monotonic() - at < settings_interval_s
+            and candidates.active_count() >= active
+        ):
+            return
+        drain()
 
     def worker_ready() -> str | None:
         try:
@@ -153,30 +184,37 @@ def build_execution(
         wake_worker=wake_worker,
         close=worker.close,
         halt=halted.set,
+        tick=tick,
+        budget_wait=lambda: wait["active"] is not None,
     )
 
 
 def _drain_concurrently(
-    dispatcher: Dispatcher, drainers: int, halted: threading.Event | None = None
+    dispatcher: Dispatcher,
+    drainers: int,
+    halted: threading.Event | None = None,
+    blocked: threading.Event | None = None,
 ) -> bool:
     """Drain; only when the first pass activated a run, add ``drainers - 1`` helper threads.
 
     The slow loop ticks every few seconds with usually nothing queued: one pass in this
     thread answers that without starting any thread. True when a pass found the worker
     unavailable: then every thread stops after its current pass (docs/design.md §3.3). After
-    ``halted`` (shutdown) no thread starts another pass.
+    ``halted`` (shutdown) no thread starts another pass. ``blocked`` is set when a pass left
+    a run queued because of a budget.
     """
     unavailable = threading.Event()
     halted = halted or threading.Event()
+    blocked = blocked or threading.Event()
     if drainers <= 1:
-        _drain(dispatcher, unavailable, halted)
+        _drain(dispatcher, unavailable, halted, blocked)
         return unavailable.is_set()
-    if not _log_pass(dispatcher.run_pass(), unavailable):
+    if not _log_pass(dispatcher.run_pass(), unavailable, blocked):
         return unavailable.is_set()
     helpers = [
         threading.Thread(
             target=_drain_logged,
-            args=(dispatcher, unavailable, halted),
+            args=(dispatcher, unavailable, halted, blocked),
             name="ql-drain",
             daemon=True,
         )
@@ -185,7 +223,7 @@ def _drain_concurrently(
     for thread in helpers:
         thread.start()
     try:
-        _drain(dispatcher, unavailable, halted)
+        _drain(dispatcher, unavailable, halted, blocked)
     finally:
         for thread in helpers:
             thread.join()
@@ -193,23 +231,33 @@ def _drain_concurrently(
 
 
 def _drain_logged(
-    dispatcher: Dispatcher, unavailable: threading.Event, halted: threading.Event
+    dispatcher: Dispatcher,
+    unavailable: threading.Event,
+    halted: threading.Event,
+    blocked: threading.Event,
 ) -> None:
     try:
-        _drain(dispatcher, unavailable, halted)
+        _drain(dispatcher, unavailable, halted, blocked)
     except Exception as exc:  # a failed pass is retried by the next kick or tick
         log.error("background pass failed: %s", type(exc).__name__)
 
 
-def _drain(dispatcher: Dispatcher, unavailable: threading.Event, halted: threading.Event) -> None:
+def _drain(
+    dispatcher: Dispatcher,
+    unavailable: threading.Event,
+    halted: threading.Event,
+    blocked: threading.Event,
+) -> None:
     for _ in range(MAX_PASSES_PER_DRAIN):
         if halted.is_set() or unavailable.is_set():
             return
-        if not _log_pass(dispatcher.run_pass(), unavailable):
+        if not _log_pass(dispatcher.run_pass(), unavailable, blocked):
             return
 
 
-def _log_pass(result: PassResult, unavailable: threading.Event) -> bool:
+def _log_pass(
+    result: PassResult, unavailable: threading.Event, blocked: threading.Event | None = None
+) -> bool:
     """Log a launch that did not end running; True when another pass may find work."""
     failure = result.launch_failure
     if failure is not None:
@@ -224,4 +272,8 @@ def _log_pass(result: PassResult, unavailable: threading.Event) -> bool:
     if result.worker_unavailable:
         unavailable.set()  # stop at the first unavailability; the drain backs off
         return False
+    if result.budget_blocked and blocked is not None:
+        blocked.set()
+    if result.at_capacity:
+        return False  # nothing may start until a run ends: the budget poll watches for it
     return result.activated is not None or result.truncated

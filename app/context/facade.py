@@ -25,6 +25,7 @@ from app.domain.validation import (
     validate_env_value,
     validate_executor,
     validate_leftovers,
+    validate_max_concurrent,
     validate_name,
     validate_priority,
     validate_recipe,
@@ -100,6 +101,8 @@ class AppFacade:
     # ("job_user" or "same_user", shown by /readyz; docs/job-user.md).
     run_as_allowed: frozenset[str] = frozenset()
     job_isolation: str = "same_user"
+    # QL_MAX_QUEUED: enqueue beyond it is refused 429 QUEUE_FULL (docs/concurrency-budgets.md)
+    max_queued: int | None = None
 
     # -- definitions ------------------------------------------------------------------------
 
@@ -127,6 +130,7 @@ class AppFacade:
         priority: int,
         leftovers: str = "kill",
         run_as: str | None = None,
+        max_concurrent: int | None = None,
     ) -> tuple[TaskRevision, bool]:
         """Append a task revision; ``(revision, created)``; Conflict when it differs."""
         validate_name(task, what="task name")
@@ -145,6 +149,7 @@ class AppFacade:
                 priority=validate_priority(priority),
                 leftovers=validate_leftovers(leftovers),
                 run_as=validate_run_as(run_as, self.run_as_allowed),
+                max_concurrent=validate_max_concurrent(max_concurrent),
             )
         except NotFound as exc:
             # A dangling reference in the body is bad input (422), not a missing resource.
@@ -235,6 +240,7 @@ class AppFacade:
                 token_id=token_id,
                 idempotency_key=idempotency_key,
                 request_digest=request_digest,
+                max_queued=self.max_queued,
             )
         except Conflict as exc:
             if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:  # docs/api.md §6: a client error, 422

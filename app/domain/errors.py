@@ -18,10 +18,12 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
     │   ├── VersionConflict           a compare-and-set lost (VERSION_CONFLICT)      [409]
     │   ├── NotMigrated               the schema is not the newest (NOT_MIGRATED)
+    │   ├── QueueFull                 QL_MAX_QUEUED runs are queued (QUEUE_FULL)      [429]
     │   ├── LeaseHeld                 another live worker holds the lease
     │   └── LeaseLost                 this worker lost the lease: it stops serving
     ├── StorageUnavailable            the database cannot commit now, not a refusal  [503]
     ├── KeyUnavailable                a secret does not decrypt under the key ring
+    ├── AdmissionRefused(scope)       a concurrency budget is used up: the run waits
     ├── LaunchFailed(reason)          the launch ended, nothing is left running
     │   ├── LaunchRejected            the attempt is journaled or fenced already
     │   └── LaunchUnavailable         provably nothing spawned (the run is requeued)
@@ -103,6 +105,7 @@ class ErrorCode(StrEnum):
     # Schedules (docs/schedules-time.md).
     INVALID_SCHEDULE = "INVALID_SCHEDULE"
     INVALID_TIMEZONE = "INVALID_TIMEZONE"
+    QUEUE_FULL = "QUEUE_FULL"
 
 
 class DomainError(Exception):
@@ -226,6 +229,32 @@ class StorageUnavailable(Exception):
 
     def __init__(self) -> None:
         super().__init__(f"{self.code}: {self.detail}")
+
+
+class QueueFull(DomainError):
+    """QL_MAX_QUEUED runs are queued already; the api answers 429 with Retry-After."""
+
+    retry_after_s = 5
+
+    def __init__(self, max_queued: int) -> None:
+        super().__init__(
+            ErrorCode.QUEUE_FULL,
+            f"{max_queued} runs are queued already (QL_MAX_QUEUED); retry later",
+        )
+        self.max_queued = max_queued
+
+
+class AdmissionRefused(Exception):
+    """A concurrency budget is used up (docs/concurrency-budgets.md §2): the run stays queued.
+
+    Not a DomainError: nothing was refused for good and nothing reaches a client. ``scope``
+    is ``global`` (QL_MAX_RUNNING: the pass stops) or ``task`` (the revision's
+    ``max_concurrent``: the pass goes on with the rest of its page).
+    """
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(f"admission refused: {scope} budget used up")
+        self.scope = scope
 
 
 class KeyUnavailable(Exception):

@@ -26,6 +26,8 @@ class TaskRevision:
     created_at_ms: int
     leftovers: Leftovers = "kill"  # what happens to the rest of the job when its main process ends
     run_as: str | None = None  # a job user from QL_JOB_USERS (docs/job-user.md)
+    # Runs of this task admitted at once (docs/concurrency-budgets.md §2); None: unlimited.
+    max_concurrent: int | None = None
 
     def body(self) -> dict[str, Any]:
         """The canonical body whose digest identifies this revision."""
@@ -38,6 +40,7 @@ class TaskRevision:
             priority=self.priority,
             leftovers=self.leftovers,
             run_as=self.run_as,
+            max_concurrent=self.max_concurrent,
         )
 
 
@@ -51,12 +54,13 @@ def revision_body(
     priority: int,
     leftovers: str = "kill",
     run_as: str | None = None,
+    max_concurrent: int | None = None,
 ) -> dict[str, Any]:
     """The dict that is canonicalized and digested for a revision.
 
     ``leftovers`` enters the body only when it is not the default: a revision stored before
     the field existed keeps its digest, and re-putting it unchanged is still "the same".
-    ``run_as`` likewise enters only when set.
+    ``run_as`` and ``max_concurrent`` likewise enter only when set.
     """
     body: dict[str, Any] = {
         "executor": executor,
@@ -70,6 +74,8 @@ def revision_body(
         body["leftovers"] = leftovers
     if run_as is not None:
         body["run_as"] = run_as
+    if max_concurrent is not None:
+        body["max_concurrent"] = max_concurrent
     return body
 
 

@@ -30,6 +30,9 @@ class Profile:
     stop_grace_s: float
     consumed_receipt_retention_s: float
     quarantine_retention_s: float
+    # Attempts admitted at once (run dispatching or running), QL_MAX_RUNNING overrides it
+    # (docs/concurrency-budgets.md §1): edge is sized for 2 cores.
+    max_running: int
 
 
 EDGE = Profile(
@@ -44,6 +47,7 @@ EDGE = Profile(
     stop_grace_s=5.0,
     consumed_receipt_retention_s=120.0,
     quarantine_retention_s=300.0,
+    max_running=2,
 )
 STANDALONE = Profile(
     name=ProfileName.STANDALONE,
@@ -57,6 +61,7 @@ STANDALONE = Profile(
     stop_grace_s=10.0,
     consumed_receipt_retention_s=60.0,
     quarantine_retention_s=3600.0,
+    max_running=8,
 )
 PROFILES = {EDGE.name: EDGE, STANDALONE.name: STANDALONE}
 

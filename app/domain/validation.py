@@ -17,6 +17,8 @@ TIMEOUT_MIN_S = 1
 TIMEOUT_MAX_S = 604_800
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100
+MAX_CONCURRENT_MIN = 1
+MAX_CONCURRENT_MAX = 1000
 RESERVED_ENV_PREFIX = "QL3_"
 SHELL_ALLOWLIST = frozenset({"/bin/sh", "/bin/bash"})
 EXECUTORS = frozenset({"local_process"})
@@ -169,6 +171,13 @@ def validate_leftovers(leftovers: str) -> Leftovers:
         if leftovers == value:
             return value
     raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "leftovers must be kill or keep")
+
+
+def validate_max_concurrent(value: int | None) -> int | None:
+    """max_concurrent: absent (unlimited) or 1..1000 runs of the task at once."""
+    if value is None:
+        return None
+    return _bounded_int(value, "max_concurrent", MAX_CONCURRENT_MIN, MAX_CONCURRENT_MAX)
 
 
 def validate_run_as(run_as: str | None, allowed: frozenset[str]) -> str | None:

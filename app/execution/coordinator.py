@@ -61,8 +61,10 @@ class StartCoordinator:
         controller: ProcessController,
         stop_grace_s: float,
         runs: RunLookup | None = None,
+        max_running: int | None = None,
     ) -> None:
         self._transitions = transitions
+        self._max_running = max_running
         self._runs = runs
         self._launcher = launcher
         self._controller = controller
@@ -83,6 +85,8 @@ class StartCoordinator:
             token_digest=sha256_digest(token.encode("utf-8")),
             deadline_at_ms=command.deadline_at_ms,
             log_artifact_id=command.log_artifact_id,
+            max_running=self._max_running,
+            max_concurrent=command.max_concurrent,
         )
         try:
             handle = self._launcher.launch(command.launch_request(token))
@@ -200,4 +204,3 @@ def _result(
     run: Run | None = None,
 ) -> StartResult:
     return StartResult(status, command.run_id, command.attempt_id, error_code, reason, run)
-

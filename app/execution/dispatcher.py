@@ -1,5 +1,9 @@
 """Bounded dispatcher pass (docs/design.md §3.3): one page, in order, stop after the first launch.
 
+Admission (docs/design.md §3.3 step 7, docs/concurrency-budgets.md §2): a pass that finds
+QL_MAX_RUNNING runs active reads no page; a candidate whose task is at its revision's
+``max_concurrent`` is skipped and the rest of the page examined.
+
 Uniqueness comes from compare-and-set in the database alone (docs/design.md §3.7): several processes
 may run passes at once. The dispatcher owns no timer, thread or queue; its only state is the
 keyset cursor it resumes from when a page was truncated without an activation.
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.domain.errors import (
+    AdmissionRefused,
     ErrorCode,
     InvalidTransition,
     KeyUnavailable,
@@ -50,6 +55,8 @@ OutcomeKind = Literal[
     "failed_before_start",  # missing revision/recipe/secret, bad env, low disk
     "skipped_race",  # somebody else moved the candidate first
     "artifact_refused",  # the log artifact could not be created safely; run stays queued
+    "at_capacity",  # QL_MAX_RUNNING runs are active: run stays queued, the pass stopped
+    "task_at_capacity",  # its task is at max_concurrent: run stays queued, the pass goes on
     "error",  # an unexpected failure; the pass stopped
 ]
 _LAUNCHED = frozenset({"started", "start_failed", "lost", "ended", "unresolved", "requeued"})
@@ -72,6 +79,13 @@ class PassResult:
 
     outcomes: tuple[CandidateOutcome, ...]
     truncated: bool
+    # The pass found QL_MAX_RUNNING runs active before (or while) examining its page.
+    at_capacity: bool = False
+
+    @property
+    def budget_blocked(self) -> bool:
+        """A budget kept a candidate queued: it may start once some active run ends."""
+        return self.at_capacity or any(o.kind == "task_at_capacity" for o in self.outcomes)
 
     @property
     def activated(self) -> CandidateOutcome | None:
@@ -112,9 +126,11 @@ class Dispatcher:
         materializer: Materializer,
         coordinators: CoordinatorFactory,
         page_size: int,
+        max_running: int | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError("page_size must be positive")
+        self._max_running = max_running
         self._candidates = candidates
         self._materializer = materializer
         self._coordinators = coordinators
@@ -127,12 +143,20 @@ class Dispatcher:
 
     def run_pass(self) -> PassResult:
         """One page of candidates; stops after the first candidate the launcher was called for."""
+        # At capacity nothing may start: one count, no page, the resume cursor kept.
+        if self._max_running is not None and self._candidates.active_count() >= self._max_running:
+            return PassResult(outcomes=(), truncated=False, at_capacity=True)
         with self._cursor_lock:
             cursor = self._cursor
         page = self._candidates.dispatch_candidates(limit=self._page_size, cursor=cursor)
         outcomes: list[CandidateOutcome] = []
         stop = False
+        # (task, revision) found at max_concurrent in this pass: their other candidates in
+        # the page are passed over without a query, an event or a write.
+        blocked: set[tuple[str, int]] = set()
         for candidate in page.items:
+            if (candidate.task, candidate.revision) in blocked:
+                continue
             if not self._take(candidate.attempt_id):
                 continue
             try:
@@ -141,14 +165,17 @@ class Dispatcher:
                 with self._cursor_lock:
                     self._in_hand.discard(candidate.attempt_id)
             outcomes.append(outcome)
+            if outcome.kind == "task_at_capacity":
+                blocked.add((candidate.task, candidate.revision))
             if stop:
                 break
         truncated = page.next_cursor is not None
+        at_capacity = bool(outcomes) and outcomes[-1].kind == "at_capacity"
         with self._cursor_lock:
             # Resume past a page that yielded nothing; start from the top after any launch,
             # after a stop, or when the end of the queue was reached.
             self._cursor = page.next_cursor if truncated and not stop else None
-        return PassResult(outcomes=tuple(outcomes), truncated=truncated)
+        return PassResult(outcomes=tuple(outcomes), truncated=truncated, at_capacity=at_capacity)
 
     def _take(self, attempt_id: str) -> bool:
         """Claim the hint for ``attempt_id``; False when another pass here already has it."""
@@ -165,6 +192,9 @@ class Dispatcher:
             command = self._materializer.materialize(candidate)
         except _RACES:
             return CandidateOutcome(**ids, kind="skipped_race"), False
+        except AdmissionRefused:
+            # Only the task budget is pre-checked here; the run stays queued, untouched.
+            return CandidateOutcome(**ids, kind="task_at_capacity"), False
         except RunFailedBeforeStart as exc:
             kind: OutcomeKind = "failed_before_start"
             return CandidateOutcome(**ids, kind=kind, error_code=exc.code.value), False
@@ -180,8 +210,10 @@ class Dispatcher:
             # Last resort, on purpose: a bug or an untranslated driver error in one candidate
             # must end this pass with a content-free outcome, never the dispatch loop.
             return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__), True
-        # At most one launch per pass (docs/design.md §3.3), whatever its outcome.
-        return self._start(candidate, command), True
+        # At most one launch per pass (docs/design.md §3.3), whatever its outcome; a task
+        # budget T1 refused launched nothing, so the pass goes on.
+        outcome = self._start(candidate, command)
+        return outcome, outcome.kind != "task_at_capacity"
 
     def _start(self, candidate: DispatchCandidateLike, command: StartCommand) -> CandidateOutcome:
         ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
@@ -192,6 +224,9 @@ class Dispatcher:
             # error out of T1 means the launcher was never called): no shim exists for this
             # attempt, so the empty log we created is removed.
             self._materializer.discard_artifact(command)
+            if isinstance(exc, AdmissionRefused):
+                kind: OutcomeKind = "at_capacity" if exc.scope == "global" else "task_at_capacity"
+                return CandidateOutcome(**ids, kind=kind)
             if isinstance(exc, (*_RACES, NotFound)):
                 return CandidateOutcome(**ids, kind="skipped_race")
             return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__)
@@ -221,6 +256,7 @@ def build_dispatcher(
     controller: ProcessController,
     settings_like: SettingsLike,
     disk: DiskProbe | None = None,
+    max_running: int | None = None,
 ) -> Dispatcher:
     """Wire materializer, a coordinator per start, and the dispatcher (for the composition root)."""
     materializer = Materializer(
@@ -240,6 +276,7 @@ def build_dispatcher(
             controller=controller,
             stop_grace_s=profile.stop_grace_s,
             runs=candidates,
+            max_running=max_running,
         )
 
     return Dispatcher(
@@ -247,4 +284,5 @@ def build_dispatcher(
         materializer=materializer,
         coordinators=coordinators,
         page_size=profile.dispatch_page_size,
+        max_running=max_running,
     )

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from app.domain.artifacts import log_artifact_id, log_relpath
 from app.domain.errors import (
+    AdmissionRefused,
     Conflict,
     ErrorCode,
     InvalidTransition,
@@ -97,6 +98,7 @@ class StartCommand:
     deadline_at_ms: int | None
     leftovers: Leftovers = "kill"
     run_as: str | None = None
+    max_concurrent: int | None = None  # the revision's per-task budget, checked again in T1
 
     def launch_request(self, token: str) -> LaunchRequest:
         """The worker's request for this command with the fresh callback token."""
@@ -152,9 +154,11 @@ class Materializer:
         self._disk = disk or StatvfsProbe()
 
     def materialize(self, candidate: DispatchCandidateLike) -> StartCommand:
-        """The start command; else CandidateGone, RunFailedBeforeStart or ArtifactRefused."""
+        """The start command; else CandidateGone, AdmissionRefused, RunFailedBeforeStart or
+        ArtifactRefused."""
         run = self._reread(candidate)  # 1
         revision = self._revision(candidate)  # 2
+        self._admit_task(candidate, revision)  # 2b, before any secret or file is touched
         recipe = self._recipe(candidate, revision)  # 3
         resolved = self._secret_values(candidate, recipe)  # 4
         env = self._environment(candidate, run, recipe, resolved)  # 5
@@ -179,6 +183,7 @@ class Materializer:
             deadline_at_ms=deadline,
             leftovers=revision.leftovers,
             run_as=revision.run_as,
+            max_concurrent=revision.max_concurrent,
         )
 
     def discard_artifact(self, command: StartCommand) -> None:
@@ -206,6 +211,14 @@ class Materializer:
         ):
             raise CandidateGone(candidate.run_id)
         return run
+
+    def _admit_task(self, candidate: DispatchCandidateLike, revision: TaskRevision) -> None:
+        """AdmissionRefused("task") when the revision's max_concurrent runs of its task are
+        active already: the run stays queued, nothing is written (docs/concurrency-budgets.md
+        §2). A pre-check only; T1 decides under its lock."""
+        cap = revision.max_concurrent
+        if cap is not None and self._candidates.active_count(candidate.task) >= cap:
+            raise AdmissionRefused("task")
 
     def _revision(self, candidate: DispatchCandidateLike) -> TaskRevision:
         try:

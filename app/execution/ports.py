@@ -99,12 +99,17 @@ class RunTransitions(Protocol):
         token_digest: str,
         deadline_at_ms: int | None,
         log_artifact_id: str,
+        max_running: int | None = None,
+        max_concurrent: int | None = None,
     ) -> Run:
-        """T1: run queued→dispatching, attempt claimed→starting with the callback digest.
+        """T1: run queued→dispatching, attempt claimed→starting with the callback digest,
+        admitted atomically against the budgets (docs/concurrency-budgets.md §2).
 
         Raises: NotFound (no such run, or not its latest attempt), VersionConflict (the run
         is not at ``expected_version``, or a concurrent change won), InvalidTransition (not
-        queued/claimed, a cancel intent, or the attempt already armed), StorageUnavailable.
+        queued/claimed, a cancel intent, or the attempt already armed), AdmissionRefused
+        (``global``: ``max_running`` runs are dispatching or running; ``task``:
+        ``max_concurrent`` runs of its task are), StorageUnavailable.
         """
         ...
 
@@ -192,6 +197,14 @@ class CandidateSource(Protocol):
         """The run with its latest attempt.
 
         Raises: NotFound (RUN_NOT_FOUND), StorageUnavailable.
+        """
+        ...
+
+    def active_count(self, task: str | None = None) -> int:
+        """Runs dispatching or running now, of ``task`` when given (a budget pre-check; the
+        exact check is T1's).
+
+        Raises: StorageUnavailable.
         """
         ...
 

@@ -67,6 +67,7 @@ class DefinitionRepository:
         priority: int,
         leftovers: Leftovers = "kill",
         run_as: str | None = None,
+        max_concurrent: int | None = None,
     ) -> tuple[TaskRevision, bool]:
         """Append a revision; ``(revision, created)``; Conflict when the content differs."""
         body = revision_body(
@@ -78,6 +79,7 @@ class DefinitionRepository:
             priority=priority,
             leftovers=leftovers,
             run_as=run_as,
+            max_concurrent=max_concurrent,
         )
         digest = content_digest(body)
         try:
@@ -122,6 +124,7 @@ class DefinitionRepository:
             created_at_ms=at,
             leftovers=leftovers,
             run_as=run_as,
+            max_concurrent=max_concurrent,
         )
         return stored, True
 
@@ -238,4 +241,5 @@ def _revision(row: Row[Any]) -> TaskRevision:
         created_at_ms=row.created_at_ms,
         leftovers=body.get("leftovers", "kill"),
         run_as=body.get("run_as"),
+        max_concurrent=body.get("max_concurrent"),
     )

@@ -130,6 +130,19 @@ def _split(row: Row[Any] | tuple[Any, ...]) -> tuple[Any, Any]:
     return run_part, attempt_part
 
 
+# Concurrency budgets (docs/concurrency-budgets.md §2): a run counts while it is dispatching
+# (its attempt starting) or running; ix_runs_status_id and ix_runs_task_status_id serve the
+# counts, so they never scan the queue.
+ACTIVE_RUN = (RunStatus.DISPATCHING.value, RunStatus.RUNNING.value)
+COUNT_ACTIVE = select(func.count()).select_from(runs).where(runs.c.status.in_(ACTIVE_RUN))
+COUNT_TASK_ACTIVE = (
+    select(func.count())
+    .select_from(runs)
+    .where(runs.c.task == bindparam("task"), runs.c.status.in_(ACTIVE_RUN))
+)
+COUNT_QUEUED = select(func.count()).select_from(runs).where(runs.c.status == RunStatus.QUEUED.value)
+
+
 class RunReader:
     """Read-only queries over runs, attempts and events."""
 
@@ -349,6 +362,13 @@ class RunReader:
             after_id,
             (attempts.c.deadline_at_ms <= now_ms) | runs.c.cancel_reason.is_not(None),
         )
+
+    def active_count(self, task: str | None = None) -> int:
+        """Runs dispatching or running now (of ``task`` when given): a budget pre-check."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            if task is None:
+                return int(uow.conn.execute(COUNT_ACTIVE).scalar_one())
+            return int(uow.conn.execute(COUNT_TASK_ACTIVE, {"task": task}).scalar_one())
 
     def starting_since_ms(self, run_id: str) -> int | None:
         """When the run's latest attempt entered ``starting`` (T1), from its event."""

@@ -8,7 +8,17 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, Row, Table, bindparam, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    Table,
+    bindparam,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json
@@ -19,7 +29,15 @@ from app.domain.completion_rules import (
     decide_completion,
     refuse_caller,
 )
-from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
+from app.domain.errors import (
+    AdmissionRefused,
+    Conflict,
+    ErrorCode,
+    InvalidTransition,
+    NotFound,
+    QueueFull,
+    VersionConflict,
+)
 from app.domain.events import RUN_CANCEL_REQUESTED, attempt_event, run_event
 from app.domain.execution import CompletionOutcome
 from app.domain.ids import now_ms, uuid7
@@ -35,7 +53,7 @@ from app.domain.states import (
 )
 from app.storage.definitions_repo import revision_row
 from app.storage.journal_repo import mark_consumed_in
-from app.storage.run_reads import run_from_rows
+from app.storage.run_reads import COUNT_ACTIVE, COUNT_QUEUED, COUNT_TASK_ACTIVE, run_from_rows
 from app.storage.tables import attempts, idempotency_keys, run_events, runs
 from app.storage.uow import UnitOfWork
 
@@ -51,6 +69,12 @@ _IDEMPOTENCY = select(idempotency_keys.c.request_digest, idempotency_keys.c.run_
     idempotency_keys.c.token_id == bindparam("token_id"),
     idempotency_keys.c.key == bindparam("key"),
 )
+# PostgreSQL transaction-scoped advisory locks that make a budget check and the write it
+# guards one step across api processes. SQLite needs none: its write transactions begin
+# IMMEDIATE (app/storage/engine.py), so they are serial already.
+_ADMISSION_LOCK = 0x514C_0001  # T1 of any run
+_QUEUE_LOCK = 0x514C_0002  # any insert of a queued run
+_ADVISORY_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 _INSERT_RUN = insert(runs)
 _INSERT_ATTEMPT = insert(attempts)
 _INSERT_EVENTS = insert(run_events)
@@ -87,8 +111,13 @@ class RunRepository:
         token_id: str | None = None,
         idempotency_key: str | None = None,
         request_digest: str | None = None,
+        max_queued: int | None = None,
     ) -> tuple[Run, bool]:
-        """Create a queued run with a claimed attempt 1; return ``(run, created)``."""
+        """Create a queued run with a claimed attempt 1; return ``(run, created)``.
+
+        With ``max_queued``, QueueFull when that many runs are queued already; a replay of an
+        idempotency key still returns its run (docs/concurrency-budgets.md §3).
+        """
         for _ in range(3):
             try:
                 return self._enqueue_once(
@@ -98,6 +127,7 @@ class RunRepository:
                     token_id=token_id,
                     idempotency_key=idempotency_key,
                     request_digest=request_digest,
+                    max_queued=max_queued,
                 )
             except IntegrityError:
                 # A concurrent request inserted the same idempotency key first; read it.
@@ -114,6 +144,7 @@ class RunRepository:
         token_id: str | None,
         idempotency_key: str | None,
         request_digest: str | None,
+        max_queued: int | None,
     ) -> tuple[Run, bool]:
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
@@ -129,6 +160,8 @@ class RunRepository:
                         )
                     return _load_run(conn, previous.run_id), False
             rev = revision_row(conn, task, revision)
+            if max_queued is not None and not queue_has_room(conn, max_queued):
+                raise QueueFull(max_queued)
             at = now_ms()
             run_id = uuid7(at)
             run_values = {
@@ -170,6 +203,11 @@ class RunRepository:
             # What was just inserted, without reading it back inside the writer lock.
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
 
+    def queued_count(self) -> int:
+        """How many runs are queued now (a read; ``queue_has_room`` is the atomic check)."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            return int(uow.conn.execute(COUNT_QUEUED).scalar_one())
+
     # -- coordinator transitions (docs/design.md §3.7, §3.8) --------------------------------
 
     def begin_dispatch(
@@ -181,9 +219,19 @@ class RunRepository:
         token_digest: str,
         deadline_at_ms: int | None,
         log_artifact_id: str,
+        max_running: int | None = None,
+        max_concurrent: int | None = None,
     ) -> Run:
-        """T1: run queued→dispatching and attempt claimed→starting with the callback digest."""
+        """T1: run queued→dispatching and attempt claimed→starting with the callback digest.
+
+        The concurrency budgets are checked in this same transaction, after a lock that
+        every T1 takes (docs/concurrency-budgets.md §2): AdmissionRefused("global") when
+        ``max_running`` runs are dispatching or running, AdmissionRefused("task") when
+        ``max_concurrent`` runs of this run's task are.
+        """
         with UnitOfWork(self._engine) as uow:
+            if max_running is not None or max_concurrent is not None:
+                _lock(uow.conn, _ADMISSION_LOCK)
             run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
             if expected_version is not None and run_row.version != expected_version:
                 raise VersionConflict(run_id)
@@ -201,6 +249,7 @@ class RunRepository:
                     "attempt", attempt_row.status, AttemptStatus.STARTING,
                     reason="the attempt was already armed",
                 )  # fmt: skip
+            _admit(uow.conn, run_row.task, max_running, max_concurrent)
             at = now_ms()
             written = _step(
                 uow.conn,
@@ -482,6 +531,38 @@ class RunRepository:
             uow.commit()
         run_values = {"version": run_row.version + len(events), **intent}
         return _Written(run_row, attempt_row, run_values, attempt_values).run()
+
+
+# -- budgets (docs/concurrency-budgets.md) --------------------------------------------------
+
+
+def queue_has_room(conn: Connection, max_queued: int) -> bool:
+    """Inside a write transaction that is about to insert a queued run: True when fewer
+    than ``max_queued`` runs are queued.
+
+    Exact across processes: on PostgreSQL it first takes the queue lock, held to the end
+    of the caller's transaction; on SQLite the write transaction is serial already. Every
+    writer of queued runs (``POST /api/v1/runs``, a schedule's slot) calls it in the
+    transaction that inserts.
+    """
+    _lock(conn, _QUEUE_LOCK)
+    return int(conn.execute(COUNT_QUEUED).scalar_one()) < max_queued
+
+
+def _lock(conn: Connection, key: int) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(_ADVISORY_LOCK, {"key": key})
+
+
+def _admit(
+    conn: Connection, task: str, max_running: int | None, max_concurrent: int | None
+) -> None:
+    if max_running is not None and conn.execute(COUNT_ACTIVE).scalar_one() >= max_running:
+        raise AdmissionRefused("global")
+    if max_concurrent is not None:
+        active = conn.execute(COUNT_TASK_ACTIVE, {"task": task}).scalar_one()
+        if active >= max_concurrent:
+            raise AdmissionRefused("task")
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -212,6 +212,7 @@ class Kit:
     transitions: Any
     definitions: Any
     profile: Profile = STANDALONE
+    max_running: int | None = None  # QL_MAX_RUNNING; None: no global budget
     dispatcher: Dispatcher = field(init=False)
 
     def __post_init__(self) -> None:
@@ -224,6 +225,7 @@ class Kit:
             controller=self.controller,
             settings_like=FakeSettings(self.logs_dir, self.profile),
             disk=self.disk,
+            max_running=self.max_running,
         )
 
     def materializer(self) -> Materializer:
@@ -284,6 +286,7 @@ def define(
     timeout_seconds: int | None = 60,
     priority: int = 0,
     revision: int = 1,
+    max_concurrent: int | None = None,
 ) -> TaskRevision:
     """Store a recipe (unless ``recipe`` is false) and one revision of ``task``."""
     repo = DefinitionRepository(engine)
@@ -299,6 +302,7 @@ def define(
         recipe=rid,
         timeout_seconds=timeout_seconds,
         priority=priority,
+        max_concurrent=max_concurrent,
     )
     return rev
 

@@ -1,7 +1,9 @@
 """A dispatcher process for the multi-process test: passes until no candidate is left.
 
-Usage: ``python -m tests.execution.pass_worker <db_url> <logs_dir> <launch_log>``. Each launch
-appends the attempt id to ``launch_log`` (one O_APPEND write per line, so lines never mix).
+Usage: ``python -m tests.execution.pass_worker <db_url> <logs_dir> <launch_log> [max_running]``.
+Each launch appends the attempt id to ``launch_log`` (one O_APPEND write per line, so lines
+never mix). With ``max_running`` the dispatcher has that global budget and the process stops
+at its first pass that finds it used up.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class AppendingLauncher:
         )
 
 
-def main(db_url: str, logs_dir: str, launch_log: str) -> int:
+def main(db_url: str, logs_dir: str, launch_log: str, max_running: str | None = None) -> int:
     """Run passes until the queue is empty (bounded)."""
     engine = make_engine(db_url)
     reader = RunReader(engine)
@@ -47,6 +49,7 @@ def main(db_url: str, logs_dir: str, launch_log: str) -> int:
         controller=FakeController(),
         settings_like=FakeSettings(Path(logs_dir)),
         disk=FakeDisk(),
+        max_running=int(max_running) if max_running else None,
     )
     for _ in range(10_000):
         if not reader.dispatch_candidates(limit=1).items:
@@ -55,9 +58,11 @@ def main(db_url: str, logs_dir: str, launch_log: str) -> int:
         if any(o.kind == "error" for o in result.outcomes):
             print(result, file=sys.stderr)
             return 2
+        if result.at_capacity:
+            break
     engine.dispose()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))

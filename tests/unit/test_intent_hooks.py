@@ -131,6 +131,10 @@ class _Worker:
 class _EmptyQueue:
     def __init__(self) -> None:
         self.pages = 0
+        self.active = 0  # runs dispatching or running, as the budget pre-check counts them
+
+    def active_count(self, task: str | None = None) -> int:
+        return self.active
 
     def dispatch_candidates(self, **_: Any) -> Any:
         self.pages += 1
@@ -156,3 +160,37 @@ def test_the_drain_hook_lists_candidates_and_never_wakes_the_worker(tmp_path: Pa
     worker, queue = _Worker(), _EmptyQueue()
     _hooks(tmp_path, worker, queue).drain()
     assert worker.calls == ["ping"] and queue.pages == 1
+
+
+def test_while_the_running_budget_is_used_up_a_tick_drains_only_once_a_run_ended(
+    tmp_path: Path,
+) -> None:
+    """docs/concurrency-budgets.md §4: the budget poll is one count until the count falls."""
+    worker, queue = _Worker(), _EmptyQueue()
+    hooks = _hooks(tmp_path, worker, queue)
+    queue.active = EDGE.max_running
+    hooks.drain()
+    assert (worker.calls, queue.pages, hooks.budget_wait()) == (["ping"], 0, True)
+    hooks.tick()  # nothing ended: no ping, no page
+    assert (worker.calls, queue.pages) == (["ping"], 0)
+    queue.active -= 1
+    hooks.tick()  # a run ended: a real drain, which finds the queue empty and unblocks
+    assert (worker.calls, queue.pages, hooks.budget_wait()) == (["ping", "ping"], 1, False)
+
+
+def test_the_slow_loop_ticks_at_the_budget_poll_pace_only_while_soon_says_so() -> None:
+    """Interval 1 h: without ``soon`` no tick in 0.5 s; with it, several (every 0.02 s)."""
+    ticks = threading.Semaphore(0)
+    waiting = threading.Event()
+    background = Background(
+        on_enqueued=None, periodic=ticks.release, interval_s=3600.0,
+        soon=waiting.is_set, soon_interval_s=0.02,
+    )  # fmt: skip
+    background.start()
+    try:
+        assert not ticks.acquire(timeout=0.5)
+        waiting.set()
+        background.enqueued()  # the loop re-reads ``soon`` once it wakes
+        assert all(ticks.acquire(timeout=5) for _ in range(3))
+    finally:
+        background.stop()
