@@ -15,6 +15,7 @@ from app.domain.errors import (
     Conflict,
     DomainError,
     NotFound,
+    PreconditionFailed,
     StorageUnavailable,
     ValidationFailed,
     VersionConflict,
@@ -124,6 +125,8 @@ def status_for(exc: DomainError) -> int:
         return 404
     if isinstance(exc, Conflict | VersionConflict):  # InvalidTransition is a Conflict
         return 409
+    if isinstance(exc, PreconditionFailed):
+        return 412
     return 400
 
 

@@ -150,6 +150,10 @@ class Run:
     finished_at_ms: int | None
     cancel: CancelIntent | None
     latest_attempt: Attempt | None = None
+    # What started it (docs/schedules.md): "manual", or "schedule" with its name and slot.
+    trigger_kind: str = "manual"
+    schedule: str | None = None
+    slot_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
