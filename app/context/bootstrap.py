@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import build_execution
-from app.context.facade import AppFacade
+from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade
 from app.context.logs import LogStore
 from app.context.readiness import (
     DEFAULT_DEADLINE_S,
@@ -38,11 +38,13 @@ from app.context.readiness import (
     database_check,
     disk_check,
 )
+from app.context.schedule_loop import ScheduleLoop
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.storage.schedules_repo import ScheduleRepository
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository
 from app.storage.tokens_repo import TokenRepository
@@ -150,10 +152,13 @@ class AppContext:
     closers: list[Hook] = field(default_factory=list)
     # Closed on the event loop by ``aclose`` (the api lifespan), before ``close``.
     async_reads: AsyncReads | None = None
+    schedule_loop: ScheduleLoop | None = None
 
     def start_background(self) -> None:
-        """Start the dispatcher hooks (called by the lifespan once the app is up)."""
+        """Start the dispatcher hooks and the scheduling loop (the lifespan, once up)."""
         self.background.start()
+        if self.schedule_loop is not None:
+            self.schedule_loop.start()
 
     async def aclose(self) -> None:
         """``close``, after closing the event loop's own read connections (if any)."""
@@ -165,6 +170,8 @@ class AppContext:
 
     def close(self) -> None:
         """Stop background work, run registered closers, dispose of the engine if ours."""
+        if self.schedule_loop is not None:
+            self.schedule_loop.stop()  # first: it kicks the drain
         self.background.stop()
         for closer in reversed(self.closers):
             try:
@@ -193,6 +200,7 @@ def build_context(
     ready_checks: Mapping[str, ReadyCheck] | None = None,
     ready_deadline_s: float = DEFAULT_DEADLINE_S,
     execution: bool = True,
+    schedules: bool = True,
 ) -> AppContext:
     """Build everything from ``settings``; any part may be passed in instead.
 
@@ -249,6 +257,9 @@ def build_context(
         interval_s=periodic_interval_s,
         halt=halt,
     )
+    schedule_repo = ScheduleRepository(engine)
+    # One timer per api process (docs/schedules.md §4); runs it creates kick the drain.
+    loop = ScheduleLoop(schedule_repo, on_fired=background.enqueued) if schedules else None
     facade = AppFacade(
         _definitions=definitions,
         _runs=runs,
@@ -262,6 +273,8 @@ def build_context(
         reads_inline=engine.dialect.name == "sqlite",
         run_as_allowed=frozenset(settings.job.allowed),
         job_isolation="job_user" if settings.job.user else "same_user",
+        _schedules=schedule_repo,
+        _schedule_hooks=loop if loop is not None else NO_SCHEDULE_HOOKS,
     )
     return AppContext(
         settings=settings,
@@ -271,4 +284,5 @@ def build_context(
         owns_engine=owns_engine,
         closers=closers,
         async_reads=async_reads,
+        schedule_loop=loop,
     )

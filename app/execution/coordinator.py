@@ -200,4 +200,3 @@ def _result(
     run: Run | None = None,
 ) -> StartResult:
     return StartResult(status, command.run_id, command.attempt_id, error_code, reason, run)
-
