@@ -21,6 +21,9 @@ log = logging.getLogger("qinglong.schedules")
 MAX_SLEEP_S = 30.0
 # After a failed pass (database down), wait before trying again rather than spinning.
 RETRY_S = 1.0
+# A due schedule another loop holds locked (it commits in milliseconds), or one that was
+# refused: look again soon, without spinning.
+NOTHING_DECIDED_S = 0.02
 
 
 class ScheduleLoop:
@@ -82,4 +85,5 @@ class ScheduleLoop:
             return self._max_sleep_s
         # A few ms late rather than early: a pass that wakes before the slot finds nothing.
         wait_s = (earliest - now_ms()) / 1000 + 0.002
-        return min(max(wait_s, 0.0), self._max_sleep_s)
+        floor = NOTHING_DECIDED_S if result.schedules_decided == 0 else 0.0
+        return min(max(wait_s, floor), self._max_sleep_s)

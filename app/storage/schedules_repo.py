@@ -8,6 +8,7 @@ decision, so any number of loops may call ``fire_due`` at once (docs/schedules.m
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import Connection, Engine, Row, bindparam, delete, insert, selec
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json
-from app.domain.errors import ErrorCode, NotFound, PreconditionFailed, VersionConflict
+from app.domain.errors import DomainError, ErrorCode, NotFound, PreconditionFailed, VersionConflict
 from app.domain.ids import now_ms, uuid7
 from app.domain.model import Page, Schedule, ScheduleDecision, ScheduleDefinition
 from app.domain.states import TERMINAL_RUN, RunStatus
@@ -25,6 +26,8 @@ from app.storage.definitions_repo import revision_row
 from app.storage.runs_repo import ScheduleTrigger, cancel_in, enqueue_in
 from app.storage.tables import runs, schedule_decisions, schedules
 from app.storage.uow import UnitOfWork
+
+log = logging.getLogger("qinglong.schedules")
 
 _BY_NAME = select(schedules).where(schedules.c.name == bindparam("name"))
 _BY_ID = select(schedules).where(schedules.c.id == bindparam("id"))
@@ -265,6 +268,11 @@ class ScheduleRepository:
                 made = self._fire_one(schedule_id, at)
             except IntegrityError:
                 made = None  # another loop inserted the slot's run first: its commit decided
+            except DomainError as exc:
+                # One schedule refused (its pinned revision unreadable) must not hold back the
+                # others due behind it; it stays due and is tried again on the next pass.
+                log.error("schedule fire refused: %s", exc.code)
+                made = None
             if made is not None:
                 created += made
                 decided += 1
