@@ -20,7 +20,7 @@ from app.domain.errors import DomainError, ErrorCode, NotFound, PreconditionFail
 from app.domain.ids import now_ms, uuid7
 from app.domain.model import Page, Schedule, ScheduleDecision, ScheduleDefinition
 from app.domain.states import TERMINAL_RUN, RunStatus
-from app.schedule.slots import SlotSpec, next_slot, plan_catchup
+from app.schedule.slots import SlotSpec, jitter_ms, next_slot, plan_catchup
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.definitions_repo import revision_row
 from app.storage.runs_repo import ScheduleTrigger, cancel_in, enqueue_in
@@ -78,8 +78,16 @@ def _schedule_of(row: Any) -> Schedule:
     )
 
 
-def _due_after(definition: ScheduleDefinition, paused: bool, cursor_ms: int) -> int | None:
-    return None if paused else next_slot(spec_of(definition), cursor_ms)
+def _due_after(
+    schedule_id: str, definition: ScheduleDefinition, paused: bool, cursor_ms: int
+) -> int | None:
+    """When the first slot after the cursor is due: the slot plus its deterministic jitter."""
+    if paused:
+        return None
+    slot = next_slot(spec_of(definition), cursor_ms)
+    if slot is None:
+        return None
+    return slot + jitter_ms(schedule_id, slot, definition.jitter_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +127,14 @@ class ScheduleRepository:
             if if_match is not None and (row is None or _schedule_of(row).etag != if_match):
                 raise PreconditionFailed()
             if row is None:
+                new_id = uuid7(at)
                 values = {
-                    "id": uuid7(at),
+                    "id": new_id,
                     "name": name,
                     "body": body,
                     "version": 1,
                     "cursor_ms": at,
-                    "next_due_ms": _due_after(definition, paused, at),
+                    "next_due_ms": _due_after(new_id, definition, paused, at),
                     "paused": paused,
                     "created_at_ms": at,
                     "updated_at_ms": at,
@@ -140,7 +149,7 @@ class ScheduleRepository:
                 "body": body,
                 "version": row.version + 1,
                 "cursor_ms": cursor,
-                "next_due_ms": _due_after(definition, paused, cursor),
+                "next_due_ms": _due_after(row.id, definition, paused, cursor),
                 "paused": paused,
                 "updated_at_ms": at,
             }
@@ -167,7 +176,7 @@ class ScheduleRepository:
             values = {
                 "paused": paused,
                 "version": row.version + 1,
-                "next_due_ms": _due_after(definition, paused, row.cursor_ms),
+                "next_due_ms": _due_after(row.id, definition, paused, row.cursor_ms),
                 "updated_at_ms": at,
             }
             conn.execute(update(schedules).where(schedules.c.id == row.id), values)
@@ -297,6 +306,14 @@ class ScheduleRepository:
                 catchup=definition.catchup,
                 window_s=definition.catchup_window_seconds,
             )
+            fire, cursor = list(plan.fire), plan.cursor_ms
+            if fire and definition.jitter_seconds and (plan.missed_last_ms or 0) < fire[-1]:
+                # The newest slot fires at its instant plus its jitter (the same after a
+                # crash, docs/schedules.md §4); until then the cursor stays just before it.
+                last = fire[-1]
+                if last + jitter_ms(row.id, last, definition.jitter_seconds) > at:
+                    fire.pop()
+                    cursor = last - 1
             decisions: list[dict[str, Any]] = []
             if plan.missed_count and plan.missed_first_ms is not None:
                 decisions.append(
@@ -313,7 +330,7 @@ class ScheduleRepository:
             active = conn.execute(_ACTIVE_RUNS, {"schedule_id": row.id}).all()
             active_ids = [r.id for r in active]
             created = 0
-            for slot in plan.fire:
+            for slot in fire:
                 limit = definition.max_concurrent if definition.overlap == "allow" else 1
                 if len(active_ids) >= limit:
                     decisions.append(_decision(row.id, slot, "skipped_overlap", at, active_ids[0]))
@@ -336,8 +353,8 @@ class ScheduleRepository:
                 {
                     "where_id": row.id,
                     "where_cursor": row.cursor_ms,
-                    "cursor_ms": plan.cursor_ms,
-                    "next_due_ms": next_slot(spec, plan.cursor_ms),
+                    "cursor_ms": cursor,
+                    "next_due_ms": _due_after(row.id, definition, False, cursor),
                 },
             )
             if moved.rowcount != 1:

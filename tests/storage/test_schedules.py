@@ -9,6 +9,7 @@ from sqlalchemy import Engine, select
 
 from app.domain.errors import NotFound, PreconditionFailed
 from app.domain.model import ScheduleDefinition
+from app.schedule.slots import jitter_ms
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
 from app.storage.schedules_repo import ScheduleRepository
@@ -181,3 +182,19 @@ def test_two_concurrent_loops_fire_each_slot_exactly_once(db_url: str, engine: E
             e.dispose()
     assert not errors
     assert slots_of_runs(engine) == [T0 + s * 1000 for s in range(1, 41)]
+
+
+def test_jitter_delays_the_slot_by_the_same_amount_every_time(engine: Engine) -> None:
+    repo = make(engine, every(10, jitter_seconds=5))
+    schedule = repo.get(name="tick")
+    slot = T0 + 10_000
+    delay = jitter_ms(schedule.id, slot, 5)
+    assert 0 <= delay < 5000
+    assert schedule.next_due_ms == slot + delay
+    if delay > 0:
+        assert repo.fire_due(slot + delay - 1).runs_created == 0
+        assert repo.get(name="tick").next_due_ms == slot + delay
+    assert repo.fire_due(slot + delay).runs_created == 1
+    assert slots_of_runs(engine) == [slot]
+    after = repo.get(name="tick")
+    assert after.next_due_ms == slot + 10_000 + jitter_ms(schedule.id, slot + 10_000, 5)
