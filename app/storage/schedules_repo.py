@@ -124,8 +124,10 @@ class ScheduleRepository:
             conn = uow.conn
             revision_row(conn, definition.task, definition.revision)  # TASK_NOT_FOUND
             row = conn.execute(_locked(conn, _BY_NAME), {"name": name}).first()
-            if if_match is not None and (row is None or _schedule_of(row).etag != if_match):
-                raise PreconditionFailed()
+            if if_match is not None and (
+                row is None or (if_match != "*" and _schedule_of(row).etag != if_match)
+            ):
+                raise PreconditionFailed()  # RFC 9110 §13.1.1: "*" matches any current version
             if row is None:
                 new_id = uuid7(at)
                 values = {

@@ -43,6 +43,10 @@ def test_put_creates_then_replaces_with_version_etag_and_next_fires(
     assert_problem(stale, 412, "PRECONDITION_FAILED")
     got = client.get(URL, headers=admin)
     assert (got.json()["every_seconds"], got.headers["ETag"]) == (60, changed.headers["ETag"])
+    star = {**admin, "If-Match": "*"}
+    assert client.put(URL, json=body(every_seconds=30), headers=star).status_code == 200
+    absent = client.put("/api/v1/schedules/absent", json=body(), headers=star)
+    assert_problem(absent, 412, "PRECONDITION_FAILED")
 
 
 def test_next_fires_start_at_start_at_ms_and_show_the_local_offset(
