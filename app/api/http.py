@@ -47,6 +47,7 @@ _DESCRIPTIONS = {
     404: "no such resource",
     409: "conflicts with what is stored",
     413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
+    412: "If-Match names another version (PRECONDITION_FAILED)",
     416: "range not satisfiable",
     422: "validation failed (VALIDATION_FAILED, DUPLICATE_KEY or a specific code)",
     429: "QL_MAX_QUEUED runs are queued (QUEUE_FULL, with Retry-After)",

@@ -16,6 +16,7 @@ from app.api import (
     routes_logs,
     routes_ops,
     routes_runs,
+    routes_schedules,
     routes_secrets,
 )
 from app.api.asgi import GuardMiddleware
@@ -61,7 +62,14 @@ def create_app(
         redoc_url=None,
     )
     problems.install(app)
-    for module in (routes_ops, routes_runs, routes_logs, routes_definitions, routes_secrets):
+    for module in (
+        routes_ops,
+        routes_runs,
+        routes_logs,
+        routes_definitions,
+        routes_secrets,
+        routes_schedules,
+    ):
         app.include_router(module.router)
     app.add_middleware(HotReads)  # innermost: CORS and the guard still wrap it
     if settings.cors_origins:

@@ -15,6 +15,7 @@ from app.domain.errors import (
     Conflict,
     DomainError,
     NotFound,
+    PreconditionFailed,
     QueueFull,
     StorageUnavailable,
     ValidationFailed,
@@ -128,6 +129,8 @@ def status_for(exc: DomainError) -> int:
         return 409
     if isinstance(exc, QueueFull):
         return 429
+    if isinstance(exc, PreconditionFailed):
+        return 412
     return 400
 
 

@@ -6,7 +6,16 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from app.domain.model import Attempt, Recipe, Run, RunEvent, TaskRevision
+from app.domain.model import (
+    Attempt,
+    Recipe,
+    Run,
+    RunEvent,
+    Schedule,
+    ScheduleDecision,
+    ScheduleDefinition,
+    TaskRevision,
+)
 
 
 def _utf8_encodable(value: str) -> str:
@@ -187,7 +196,7 @@ class LogOut(BaseModel):
 
 
 class CancelOut(BaseModel):
-    reason: Literal["user", "timeout"]
+    reason: Literal["user", "timeout", "replaced", "schedule_deleted"]
     at_ms: int
 
 
@@ -247,6 +256,12 @@ class AttemptPage(BaseModel):
     next_cursor: str | None
 
 
+class TriggerOut(BaseModel):
+    kind: Literal["manual", "schedule"]
+    schedule: str | None
+    slot_ms: int | None
+
+
 class RunOut(BaseModel):
     id: str
     task: str
@@ -259,6 +274,7 @@ class RunOut(BaseModel):
     finished_at_ms: int | None
     cancel_requested: CancelOut | None
     latest_attempt: LatestAttemptOut | None
+    trigger: TriggerOut
 
     @classmethod
     def of(cls, r: Run) -> RunOut:
@@ -280,6 +296,7 @@ class RunOut(BaseModel):
                 "latest_attempt": (
                     LatestAttemptOut.of(r.latest_attempt) if r.latest_attempt else None
                 ),
+                "trigger": TriggerOut(kind=r.trigger_kind, schedule=r.schedule, slot_ms=r.slot_ms),
             }
         )
 
@@ -322,3 +339,126 @@ class Ready(BaseModel):
             "cannot read the data dir) or same_user (the service's own user; docs/job-user.md)."
         ),
     )
+
+
+# -- schedules (docs/schedules.md) --------------------------------------------------------------
+
+Ms = Annotated[int, Field(ge=0, le=2**62)]
+
+
+class ScheduleIn(_In):
+    task: Text
+    revision: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    cron: list[Text] | None = Field(
+        default=None,
+        description="1..8 cron expressions (a union); exactly one of cron and every_seconds",
+    )
+    every_seconds: Int32 | None = Field(
+        default=None, description=">= 1, slots aligned to the epoch"
+    )
+    timezone: Text = Field(default="UTC", description="an IANA time zone name")
+    overlap: Literal["skip", "allow", "queue_one", "replace"] = "skip"
+    max_concurrent: Annotated[int, Field(ge=1, le=1000)] = 1
+    catchup: Literal["latest", "all", "none"] = "latest"
+    catchup_window_seconds: Annotated[int, Field(ge=0, le=10**8)] = 3600
+    jitter_seconds: Annotated[int, Field(ge=0, le=86400)] = 0
+    dst_gap: Literal["shift", "skip"] = "shift"
+    dst_fold: Literal["first", "both"] = "first"
+    start_at_ms: Ms | None = None
+    end_at_ms: Ms | None = None
+    paused: bool = False
+
+    def definition(self) -> ScheduleDefinition:
+        """The domain value of the body (``paused`` apart)."""
+        return ScheduleDefinition(
+            task=self.task,
+            revision=self.revision,
+            cron=tuple(self.cron) if self.cron is not None else None,
+            every_seconds=self.every_seconds,
+            timezone=self.timezone,
+            overlap=self.overlap,
+            max_concurrent=self.max_concurrent,
+            catchup=self.catchup,
+            catchup_window_seconds=self.catchup_window_seconds,
+            jitter_seconds=self.jitter_seconds,
+            dst_gap=self.dst_gap,
+            dst_fold=self.dst_fold,
+            start_at_ms=self.start_at_ms,
+            end_at_ms=self.end_at_ms,
+        )
+
+
+class NextFireOut(BaseModel):
+    at_ms: int
+    local: str = Field(description="ISO 8601 in the schedule's zone with its UTC offset")
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    task: str
+    revision: int | None
+    cron: list[str] | None
+    every_seconds: int | None
+    timezone: str
+    overlap: str
+    max_concurrent: int
+    catchup: str
+    catchup_window_seconds: int
+    jitter_seconds: int
+    dst_gap: str
+    dst_fold: str
+    start_at_ms: int | None
+    end_at_ms: int | None
+    paused: bool
+    version: int
+    created_at_ms: int
+    updated_at_ms: int
+    next_fires: list[NextFireOut]
+
+    @classmethod
+    def of(cls, s: Schedule, next_fires: list[NextFireOut]) -> ScheduleOut:
+        return cls.model_validate(
+            {
+                "name": s.name,
+                **s.definition.body(),
+                "paused": s.paused,
+                "version": s.version,
+                "created_at_ms": s.created_at_ms,
+                "updated_at_ms": s.updated_at_ms,
+                "next_fires": next_fires,
+            }
+        )
+
+
+class SchedulePage(BaseModel):
+    items: list[ScheduleOut]
+    next_cursor: str | None
+
+
+class DecisionOut(BaseModel):
+    slot_ms: int
+    decision: Literal[
+        "fired", "skipped_overlap", "queued", "replaced", "missed", "dropped_queue_full"
+    ]
+    run: str | None = Field(description="the run fired, or the blocking run of a skip")
+    count: int = Field(description="slots this decision covers (missed: collapsed)")
+    until_slot_ms: int | None
+    at_ms: int
+
+    @classmethod
+    def of(cls, d: ScheduleDecision) -> DecisionOut:
+        return cls.model_validate(
+            {
+                "slot_ms": d.slot_ms,
+                "decision": d.decision,
+                "run": d.run_id,
+                "count": d.count,
+                "until_slot_ms": d.until_slot_ms,
+                "at_ms": d.at_ms,
+            }
+        )
+
+
+class DecisionPage(BaseModel):
+    items: list[DecisionOut]
+    next_cursor: str | None

@@ -68,15 +68,27 @@ def register(sub: Any) -> None:
     receipts = sub.add_parser("receipts", help="receipt file maintenance")
     rsub = receipts.add_subparsers(dest="receipts_command", metavar="ACTION", required=True)
     audit = rsub.add_parser("audit", help="bounded audit of unindexed receipt files")
-    audit.add_argument("--quarantine", action="store_true",
-                       help="move eligible files into .orphan-quarantine (default: report only)")
+    audit.add_argument(
+        "--quarantine",
+        action="store_true",
+        help="move eligible files into .orphan-quarantine (default: report only)",
+    )
     audit.add_argument("--shard", default="00", help="first shard, two hex digits (cursor)")
-    audit.add_argument("--shards", type=int, default=DEFAULT_SHARDS,
-                       help=f"shards to audit (1..{MAX_SHARDS})")
-    audit.add_argument("--per-shard", type=int, default=DEFAULT_PER_SHARD,
-                       help=f"entries per shard (1..{MAX_PER_SHARD})")
-    audit.add_argument("--min-age-s", type=float, default=DEFAULT_MIN_AGE_S,
-                       help="only files older than this are eligible")
+    audit.add_argument(
+        "--shards", type=int, default=DEFAULT_SHARDS, help=f"shards to audit (1..{MAX_SHARDS})"
+    )
+    audit.add_argument(
+        "--per-shard",
+        type=int,
+        default=DEFAULT_PER_SHARD,
+        help=f"entries per shard (1..{MAX_PER_SHARD})",
+    )
+    audit.add_argument(
+        "--min-age-s",
+        type=float,
+        default=DEFAULT_MIN_AGE_S,
+        help="only files older than this are eligible",
+    )
     audit.set_defaults(handler=cmd_audit)
 
 
@@ -92,9 +104,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
     try:
         with database(args) as (settings, engine):
             report = audit(
-                root=settings.receipts_dir, journal=JournalRepository(engine),
-                reader=RunReader(engine), start=start, shards=args.shards,
-                per_shard=args.per_shard, min_age_s=args.min_age_s, quarantine=args.quarantine,
+                root=settings.receipts_dir,
+                journal=JournalRepository(engine),
+                reader=RunReader(engine),
+                start=start,
+                shards=args.shards,
+                per_shard=args.per_shard,
+                min_age_s=args.min_age_s,
+                quarantine=args.quarantine,
             )
     except AuditRefused as exc:
         print(f"qinglong: receipts audit refused: {exc}", file=sys.stderr)
@@ -116,8 +133,16 @@ def _parse_shard(text: str) -> int:
 
 
 def audit(
-    *, root: Path, journal: JournalRepository, reader: RunReader, start: int, shards: int,
-    per_shard: int, min_age_s: float, quarantine: bool, now: float | None = None,
+    *,
+    root: Path,
+    journal: JournalRepository,
+    reader: RunReader,
+    start: int,
+    shards: int,
+    per_shard: int,
+    min_age_s: float,
+    quarantine: bool,
+    now: float | None = None,
 ) -> AuditReport:
     """Classify (and optionally quarantine) one bounded window of shards."""
     report = AuditReport(next_shard=f"{(start + shards) % SHARD_COUNT:02x}")
@@ -181,8 +206,15 @@ def _scan(real_root: Path, shard: str, limit: int) -> list[_Entry] | None:
                 out.append(_Entry(dent.name, "unsafe", None, st.st_ino, st.st_mtime))
             elif m := _RECEIPT.match(dent.name):
                 attempt = m.group(1) if shard_of(m.group(1)) == shard else None
-                out.append(_Entry(dent.name, "receipt" if attempt else "other", attempt,
-                                  st.st_ino, st.st_mtime))
+                out.append(
+                    _Entry(
+                        dent.name,
+                        "receipt" if attempt else "other",
+                        attempt,
+                        st.st_ino,
+                        st.st_mtime,
+                    )
+                )
             elif m := _RECEIPT.match(published_by_temp(dent.name) or ""):
                 # The shim's temp of a receipt (reserved, or published meanwhile).
                 out.append(_Entry(dent.name, "temp", m.group(1), st.st_ino, st.st_mtime))

@@ -20,9 +20,9 @@ def register(sub: Any) -> None:
     """Add ``secrets rotate-key`` to the parser."""
     secrets = sub.add_parser("secrets", help="manage secret encryption")
     ssub = secrets.add_subparsers(dest="secrets_command", metavar="ACTION", required=True)
-    ssub.add_parser(
-        "rotate-key", help="re-encrypt every secret under a new key"
-    ).set_defaults(handler=cmd_rotate_key)
+    ssub.add_parser("rotate-key", help="re-encrypt every secret under a new key").set_defaults(
+        handler=cmd_rotate_key
+    )
 
 
 def cmd_rotate_key(args: argparse.Namespace) -> int:

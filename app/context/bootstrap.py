@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import BUDGET_POLL_S, build_execution
-from app.context.facade import AppFacade
+from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade
 from app.context.logs import LogStore
 from app.context.readiness import (
     DEFAULT_DEADLINE_S,
@@ -38,11 +38,13 @@ from app.context.readiness import (
     database_check,
     disk_check,
 )
+from app.context.schedule_loop import ScheduleLoop
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.storage.schedules_repo import ScheduleRepository
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository
 from app.storage.tokens_repo import TokenRepository
@@ -163,10 +165,13 @@ class AppContext:
     closers: list[Hook] = field(default_factory=list)
     # Closed on the event loop by ``aclose`` (the api lifespan), before ``close``.
     async_reads: AsyncReads | None = None
+    schedule_loop: ScheduleLoop | None = None
 
     def start_background(self) -> None:
-        """Start the dispatcher hooks (called by the lifespan once the app is up)."""
+        """Start the dispatcher hooks and the scheduling loop (the lifespan, once up)."""
         self.background.start()
+        if self.schedule_loop is not None:
+            self.schedule_loop.start()
 
     async def aclose(self) -> None:
         """``close``, after closing the event loop's own read connections (if any)."""
@@ -178,6 +183,8 @@ class AppContext:
 
     def close(self) -> None:
         """Stop background work, run registered closers, dispose of the engine if ours."""
+        if self.schedule_loop is not None:
+            self.schedule_loop.stop()  # first: it kicks the drain
         self.background.stop()
         for closer in reversed(self.closers):
             try:
@@ -206,6 +213,7 @@ def build_context(
     ready_checks: Mapping[str, ReadyCheck] | None = None,
     ready_deadline_s: float = DEFAULT_DEADLINE_S,
     execution: bool = True,
+    schedules: bool = True,
 ) -> AppContext:
     """Build everything from ``settings``; any part may be passed in instead.
 
@@ -267,6 +275,9 @@ def build_context(
         soon=soon,
         soon_interval_s=BUDGET_POLL_S,
     )
+    schedule_repo = ScheduleRepository(engine)
+    # One timer per api process (docs/schedules.md §4); runs it creates kick the drain.
+    loop = ScheduleLoop(schedule_repo, on_fired=background.enqueued) if schedules else None
     facade = AppFacade(
         _definitions=definitions,
         _runs=runs,
@@ -281,6 +292,8 @@ def build_context(
         run_as_allowed=frozenset(settings.job.allowed),
         job_isolation="job_user" if settings.job.user else "same_user",
         max_queued=settings.max_queued,
+        _schedules=schedule_repo,
+        _schedule_hooks=loop if loop is not None else NO_SCHEDULE_HOOKS,
     )
     return AppContext(
         settings=settings,
@@ -290,4 +303,5 @@ def build_context(
         owns_engine=owns_engine,
         closers=closers,
         async_reads=async_reads,
+        schedule_loop=loop,
     )

@@ -14,9 +14,21 @@ from typing import Protocol
 
 from app.context.logs import LogFile, LogStore
 from app.context.token_cache import TokenCache
-from app.domain.errors import Conflict, ErrorCode, NotFound, ValidationFailed
-from app.domain.ids import is_uuid7
-from app.domain.model import Attempt, Page, Recipe, Run, RunEvent, SecretName, TaskRevision
+from app.domain.errors import Conflict, ErrorCode, InvalidSchedule, NotFound, ValidationFailed
+from app.domain.ids import is_uuid7, now_ms
+from app.domain.model import (
+    OVERLAP_POLICIES,
+    Attempt,
+    Page,
+    Recipe,
+    Run,
+    RunEvent,
+    Schedule,
+    ScheduleDecision,
+    ScheduleDefinition,
+    SecretName,
+    TaskRevision,
+)
 from app.domain.states import RunStatus, is_terminal_run
 from app.domain.tokens import grants, looks_like_token
 from app.domain.validation import (
@@ -32,12 +44,15 @@ from app.domain.validation import (
     validate_run_as,
     validate_timeout,
 )
+from app.schedule.slots import local_iso, slots_after, validate
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.storage.schedules_repo import ScheduleRepository, spec_of
 from app.storage.secrets_repo import SecretRepository
 from app.storage.tokens_repo import TokenRepository
 
+NEXT_FIRES = 5
 RECIPE_ID = re.compile(r"localctx:sha256:[0-9a-f]{64}")
 MAX_REVISION = 2**31 - 1
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")
@@ -78,6 +93,31 @@ class IntentHooks(Protocol):
         ...
 
 
+class ScheduleHooks(Protocol):
+    """Told after a schedule change commits (app/context/schedule_loop.py); never blocks."""
+
+    def schedule_changed(self) -> None:
+        """A schedule was created, changed or resumed: the loop re-reads the earliest due
+        slot now instead of sleeping through it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class NextFire:
+    """One coming slot: its instant and its local time in the schedule's zone."""
+
+    at_ms: int
+    local: str
+
+
+class _NoScheduleHooks:
+    def schedule_changed(self) -> None:
+        """No loop in this process (a test context): nothing to wake."""
+
+
+NO_SCHEDULE_HOOKS: ScheduleHooks = _NoScheduleHooks()
+
+
 @dataclass(frozen=True, slots=True)
 class AppFacade:
     """The only thing routes may call. Built by ``app.context.bootstrap.build_context``."""
@@ -91,6 +131,8 @@ class AppFacade:
     _readiness_probe: Callable[[], Readiness]
     _intents: IntentHooks
     _token_cache: TokenCache[Principal] = field(default_factory=TokenCache)
+    _schedules: ScheduleRepository | None = None
+    _schedule_hooks: ScheduleHooks = field(default_factory=lambda: NO_SCHEDULE_HOOKS)
     # True on SQLite: a run read is local work that never waits for a writer (WAL), cheaper
     # than a worker-thread round trip, so async routes may call it on the event loop
     # (figures: bench/README.md).
@@ -303,6 +345,77 @@ class AppFacade:
     def readiness(self) -> Readiness:
         """Database reachable and migrated, plus any pluggable checks."""
         return self._readiness_probe()
+
+    # -- schedules (docs/schedules.md) ------------------------------------------------------
+
+    def put_schedule(
+        self, *, name: str, definition: ScheduleDefinition, paused: bool, if_match: str | None
+    ) -> tuple[Schedule, bool]:
+        """Create or replace a schedule; ``(schedule, created)``; wake the loop."""
+        validate_name(name, what="schedule name")
+        validate_name(definition.task, what="task name")
+        if definition.revision is not None:
+            _check_revision(definition.revision)
+        if definition.overlap not in OVERLAP_POLICIES:
+            raise InvalidSchedule(f"overlap: {definition.overlap} is not available yet")
+        validate(spec_of(definition))
+        schedule, created = self._schedule_repo().put_schedule(
+            name=name, definition=definition, paused=paused, if_match=if_match
+        )
+        self._schedule_hooks.schedule_changed()
+        return schedule, created
+
+    def get_schedule(self, *, name: str) -> Schedule:
+        """One schedule."""
+        return self._schedule_repo().get(name=self._schedule_name(name))
+
+    def list_schedules(self, *, limit: int, cursor: str | None) -> Page[Schedule]:
+        """Schedules by name."""
+        return self._schedule_repo().list_schedules(limit=limit, cursor=cursor)
+
+    def pause_schedule(self, *, name: str) -> Schedule:
+        """Stop deciding the schedule's slots."""
+        return self._schedule_repo().pause(name=self._schedule_name(name))
+
+    def resume_schedule(self, *, name: str) -> Schedule:
+        """Decide slots again; the catch-up policy covers the paused span; wake the loop."""
+        schedule = self._schedule_repo().resume(name=self._schedule_name(name))
+        self._schedule_hooks.schedule_changed()
+        return schedule
+
+    def delete_schedule(self, *, name: str) -> None:
+        """Delete the schedule and cancel its queued runs in the same transaction."""
+        self._schedule_repo().delete(name=self._schedule_name(name))
+
+    def list_decisions(
+        self, *, name: str, limit: int, cursor: str | None
+    ) -> Page[ScheduleDecision]:
+        """The schedule's decisions, newest first."""
+        return self._schedule_repo().decisions(
+            name=self._schedule_name(name), limit=limit, cursor=cursor
+        )
+
+    def next_fires(self, schedule: Schedule) -> list[NextFire]:
+        """The next 5 slots at or after the later of now and start_at_ms (also while paused)."""
+        definition = schedule.definition
+        after = max(now_ms(), definition.start_at_ms or 0) - 1
+        return [
+            NextFire(at_ms=at, local=local_iso(definition.timezone, at))
+            for at in slots_after(spec_of(definition), after, NEXT_FIRES)
+        ]
+
+    def _schedule_repo(self) -> ScheduleRepository:
+        if self._schedules is None:
+            raise RuntimeError("this context was built without schedules")
+        return self._schedules
+
+    @staticmethod
+    def _schedule_name(name: str) -> str:
+        # Anything that breaks the name rule cannot name a schedule: 404, as for runs.
+        try:
+            return validate_name(name)
+        except ValidationFailed:
+            raise NotFound(ErrorCode.SCHEDULE_NOT_FOUND, "no such schedule") from None
 
     def _with_logs(self, run: Run) -> Run:
         if run.latest_attempt is None:

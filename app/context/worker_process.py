@@ -198,4 +198,3 @@ class WorkerProcess:
         if self.lease is not None:
             self.lease.release()  # nothing touches runs any more: another may take over
         parts.engine.dispose()
-

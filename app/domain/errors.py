@@ -11,12 +11,13 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     Exception
     ├── DomainError(code, detail)     a refusal; ``detail`` is safe to show         [400]
     │   ├── ValidationFailed          input broke a rule                             [422]
-    │   │   ├── InvalidSchedule       a bad cron, interval or policy (INVALID_SCHEDULE)
-    │   │   └── InvalidTimezone       not an IANA zone (INVALID_TIMEZONE)
+    │   │   ├── InvalidSchedule       a schedule definition (INVALID_SCHEDULE)       [422]
+    │   │   └── InvalidTimezone       not an IANA zone (INVALID_TIMEZONE)            [422]
     │   ├── NotFound                  a referenced resource does not exist           [404]
     │   ├── Conflict                  contradicts what is stored                     [409]
     │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
     │   ├── VersionConflict           a compare-and-set lost (VERSION_CONFLICT)      [409]
+    │   ├── PreconditionFailed        If-Match names another version                 [412]
     │   ├── NotMigrated               the schema is not the newest (NOT_MIGRATED)
     │   ├── QueueFull                 QL_MAX_QUEUED runs are queued (QUEUE_FULL)      [429]
     │   ├── LeaseHeld                 another live worker holds the lease
@@ -87,6 +88,11 @@ class ErrorCode(StrEnum):
     VERSION_CONFLICT = "VERSION_CONFLICT"
     INVALID_CURSOR = "INVALID_CURSOR"
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
+    # Schedules (docs/schedules.md).
+    INVALID_SCHEDULE = "INVALID_SCHEDULE"
+    INVALID_TIMEZONE = "INVALID_TIMEZONE"
+    SCHEDULE_NOT_FOUND = "SCHEDULE_NOT_FOUND"
+    PRECONDITION_FAILED = "PRECONDITION_FAILED"
     # Execution outcomes recorded on attempts.
     EXECUTOR_START_FAILED = "EXECUTOR_START_FAILED"
     # Nothing was spawned because the worker was not there (docs/backlog-requeue.md).
@@ -102,9 +108,6 @@ class ErrorCode(StrEnum):
     WORKER_LEASE_LOST = "WORKER_LEASE_LOST"
     # The worker refuses a database that is not at the newest migration.
     NOT_MIGRATED = "NOT_MIGRATED"
-    # Schedules (docs/schedules-time.md).
-    INVALID_SCHEDULE = "INVALID_SCHEDULE"
-    INVALID_TIMEZONE = "INVALID_TIMEZONE"
     QUEUE_FULL = "QUEUE_FULL"
 
 
@@ -141,6 +144,13 @@ class VersionConflict(DomainError):
     def __init__(self, run_id: str) -> None:
         super().__init__(ErrorCode.VERSION_CONFLICT, "the run changed concurrently")
         self.run_id = run_id
+
+
+class PreconditionFailed(DomainError):
+    """An If-Match named a version that is no longer the stored one."""
+
+    def __init__(self, detail: str = "If-Match does not match the current version") -> None:
+        super().__init__(ErrorCode.PRECONDITION_FAILED, detail)
 
 
 class NotFound(DomainError):

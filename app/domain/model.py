@@ -156,6 +156,10 @@ class Run:
     finished_at_ms: int | None
     cancel: CancelIntent | None
     latest_attempt: Attempt | None = None
+    # What started it (docs/schedules.md): "manual", or "schedule" with its name and slot.
+    trigger_kind: str = "manual"
+    schedule: str | None = None
+    slot_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,3 +244,86 @@ class ProcessHandle:
 def plausible_handle(handle: object) -> bool:
     """A handle exact-identity stop can act on: a ``ProcessHandle`` that ``is_stoppable``."""
     return isinstance(handle, ProcessHandle) and handle.is_stoppable()
+
+
+OVERLAP_POLICIES = ("skip", "allow")  # queue_one and replace: docs/schedules.md §6
+CATCHUP_POLICIES = ("latest", "all", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDefinition:
+    """What a schedule's PUT body says (docs/schedules.md §1); ``paused`` is kept apart."""
+
+    task: str
+    revision: int | None
+    cron: tuple[str, ...] | None
+    every_seconds: int | None
+    timezone: str = "UTC"
+    overlap: str = "skip"
+    max_concurrent: int = 1
+    catchup: str = "latest"
+    catchup_window_seconds: int = 3600
+    jitter_seconds: int = 0
+    dst_gap: str = "shift"
+    dst_fold: str = "first"
+    start_at_ms: int | None = None
+    end_at_ms: int | None = None
+
+    def body(self) -> dict[str, object]:
+        """The stored form: every field, cron as a list."""
+        return {
+            "task": self.task,
+            "revision": self.revision,
+            "cron": list(self.cron) if self.cron is not None else None,
+            "every_seconds": self.every_seconds,
+            "timezone": self.timezone,
+            "overlap": self.overlap,
+            "max_concurrent": self.max_concurrent,
+            "catchup": self.catchup,
+            "catchup_window_seconds": self.catchup_window_seconds,
+            "jitter_seconds": self.jitter_seconds,
+            "dst_gap": self.dst_gap,
+            "dst_fold": self.dst_fold,
+            "start_at_ms": self.start_at_ms,
+            "end_at_ms": self.end_at_ms,
+        }
+
+    @classmethod
+    def from_body(cls, body: dict[str, object]) -> ScheduleDefinition:
+        """The definition of a stored body."""
+        cron = body.get("cron")
+        values = dict(body)
+        values["cron"] = tuple(cron) if isinstance(cron, list) else None
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A stored schedule and where its durable cursor stands."""
+
+    id: str
+    name: str
+    definition: ScheduleDefinition
+    paused: bool
+    version: int
+    cursor_ms: int
+    next_due_ms: int | None
+    created_at_ms: int
+    updated_at_ms: int
+
+    @property
+    def etag(self) -> str:
+        """Strong ETag: the id and version, so a re-created schedule never matches an old one."""
+        return f'"{self.id}.{self.version}"'
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDecision:
+    """What became of one slot (or, for ``missed``, of ``count`` slots up to until_slot_ms)."""
+
+    slot_ms: int
+    decision: str
+    run_id: str | None
+    count: int
+    until_slot_ms: int | None
+    at_ms: int

@@ -157,9 +157,7 @@ def decode_receipt(raw: bytes) -> Receipt:
     except UnicodeDecodeError:
         raise ReceiptInvalid("NOT_JSON", "invalid UTF-8") from None
     try:
-        obj = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-        )
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except ReceiptInvalid:
         raise
     except (ValueError, RecursionError):

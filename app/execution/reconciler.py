@@ -232,14 +232,11 @@ class Reconciler:
         with self._claims_lock:
             self._claims.add(attempt.attempt_id)  # before any signal (see ``claimed``)
         try:
-            result = self._controller.stop(
-                entry.handle, grace_seconds=self._profile.stop_grace_s
-            )
+            result = self._controller.stop(entry.handle, grace_seconds=self._profile.stop_grace_s)
             if result == "stopped":
                 # We ended it: whatever receipt the shim now writes is not the job's ending.
                 report.stopped += 1
-                self._end(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, lost=True,
-                          report=report)
+                self._end(attempt, ErrorCode.RECOVERY_START_INTERRUPTED, lost=True, report=report)
         finally:
             with self._claims_lock:
                 self._claims.discard(attempt.attempt_id)

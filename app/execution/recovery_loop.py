@@ -86,8 +86,14 @@ class RecoveryLoop:
             log.info(
                 "reconcile pass: examined %d completed %d lost %d failed %d requeued %d "
                 "stopped %d undecided %d purged %d",
-                report.examined, report.completed, report.lost, report.failed, report.requeued,
-                report.stopped, report.undecided, report.purged,
+                report.examined,
+                report.completed,
+                report.lost,
+                report.failed,
+                report.requeued,
+                report.stopped,
+                report.undecided,
+                report.purged,
             )
 
     @staticmethod

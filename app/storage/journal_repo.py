@@ -76,21 +76,25 @@ _INSERT = insert(receipt_journal)
 # A reservation only for an attempt the database has in ``starting`` (T1 committed, no
 # ending since): a request that arrives after recovery requeued its attempt, even once the
 # fence row itself is purged, can never spawn.
-_RESERVE_STARTING = insert(receipt_journal).from_select(
-    ["attempt_id", "run_id", "state", "receipt_ref", "created_at_ms", "updated_at_ms"],
-    select(
-        attempts.c.id,
-        attempts.c.run_id,
-        literal(RESERVED, String),
-        bindparam("receipt_ref", type_=String),
-        bindparam("created_at_ms", type_=BigInteger),
-        bindparam("updated_at_ms", type_=BigInteger),
-    ).where(
-        attempts.c.id == bindparam("attempt_id"),
-        attempts.c.run_id == bindparam("run_id"),
-        attempts.c.status == "starting",
-    ),
-).returning(receipt_journal.c.attempt_id)  # an INSERT's rowcount is -1 on psycopg
+_RESERVE_STARTING = (
+    insert(receipt_journal)
+    .from_select(
+        ["attempt_id", "run_id", "state", "receipt_ref", "created_at_ms", "updated_at_ms"],
+        select(
+            attempts.c.id,
+            attempts.c.run_id,
+            literal(RESERVED, String),
+            bindparam("receipt_ref", type_=String),
+            bindparam("created_at_ms", type_=BigInteger),
+            bindparam("updated_at_ms", type_=BigInteger),
+        ).where(
+            attempts.c.id == bindparam("attempt_id"),
+            attempts.c.run_id == bindparam("run_id"),
+            attempts.c.status == "starting",
+        ),
+    )
+    .returning(receipt_journal.c.attempt_id)
+)  # an INSERT's rowcount is -1 on psycopg
 _BY_ATTEMPT = select(receipt_journal).where(receipt_journal.c.attempt_id == bindparam("attempt_id"))
 _MOVES = {
     target: update(receipt_journal).where(

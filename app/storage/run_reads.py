@@ -101,6 +101,9 @@ def run_from_rows(run_row: Row[Any], attempt_row: Row[Any] | None) -> Run:
         finished_at_ms=run_row.finished_at_ms,
         cancel=cancel,
         latest_attempt=attempt_from_row(attempt_row) if attempt_row is not None else None,
+        trigger_kind=run_row.trigger_kind or "manual",
+        schedule=run_row.schedule_name,
+        slot_ms=run_row.slot_ms,
     )
 
 

@@ -159,35 +159,13 @@ class RunRepository:
                             "this Idempotency-Key was used with another request body",
                         )
                     return _load_run(conn, previous.run_id), False
-            rev = revision_row(conn, task, revision)
             if max_queued is not None and not queue_has_room(conn, max_queued):
                 raise QueueFull(max_queued)
             at = now_ms()
-            run_id = uuid7(at)
-            run_values = {
-                "id": run_id,
-                "task": task,
-                "revision": rev.revision,
-                "status": RunStatus.QUEUED.value,
-                "priority": rev.priority if priority is None else priority,
-                "version": 1,
-                "latest_attempt": 1,
-                "created_at_ms": at,
-            }
-            attempt_values = {
-                "id": uuid7(at),
-                "run_id": run_id,
-                "number": 1,
-                "status": AttemptStatus.CLAIMED.value,
-                "executor": rev.executor,
-                "created_at_ms": at,
-                "callback_sequence": 0,
-            }
-            conn.execute(_INSERT_RUN, run_values)
-            conn.execute(_INSERT_ATTEMPT, attempt_values)
-            _append_events(
-                conn, run_id, 1, at, [_Event(run_event(RunStatus.QUEUED), {"attempt": 1})]
+            run_values, attempt_values = enqueue_in(
+                conn, task=task, revision=revision, priority=priority, at=at
             )
+            run_id = run_values["id"]
             if idempotency_key is not None:
                 conn.execute(
                     _INSERT_IDEMPOTENCY,
@@ -507,30 +485,9 @@ class RunRepository:
             attempt_row = _latest_attempt(conn, run_row)
             if run_row.cancel_reason is not None:
                 return run_from_rows(run_row, attempt_row)
-            at = now_ms()
-            intent: dict[str, Any] = {"cancel_reason": reason, "cancel_requested_at_ms": at}
-            events = [_Event(RUN_CANCEL_REQUESTED, {"reason": reason})]
-            ended = None
-            attempt_values: dict[str, Any] = {}
-            if run_row.status == RunStatus.QUEUED:
-                ended = AttemptStatus.TIMED_OUT if reason == "timeout" else AttemptStatus.CANCELLED
-                transition_attempt(AttemptStatus(attempt_row.status), ended)
-                transition_run(RunStatus.QUEUED, RunStatus(ended.value))
-                events += [
-                    _Event(attempt_event(ended), {"attempt": attempt_row.number}),
-                    _Event(run_event(RunStatus(ended.value)), {}),
-                ]
-                intent |= {"status": ended.value, "finished_at_ms": at}
-                attempt_values = {"status": ended.value, "finished_at_ms": at}
-            # The run row first, as in _step: PostgreSQL row locks taken in the other order
-            # deadlock against a concurrent T1 (one side aborted with a database error).
-            _cas_run(conn, run_row, len(events), intent)
-            if ended is not None:
-                _update_attempt(conn, attempt_row, ended, {"finished_at_ms": at})
-            _append_events(conn, run_id, run_row.version + 1, at, events)
+            written = cancel_in(conn, run_row, reason, now_ms(), attempt_row)
             uow.commit()
-        run_values = {"version": run_row.version + len(events), **intent}
-        return _Written(run_row, attempt_row, run_values, attempt_values).run()
+        return written.run()
 
 
 # -- budgets (docs/concurrency-budgets.md) --------------------------------------------------
@@ -566,6 +523,96 @@ def _admit(
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTrigger:
+    """The schedule slot a run is started for (docs/schedules.md)."""
+
+    schedule_id: str
+    schedule_name: str
+    slot_ms: int
+
+
+def enqueue_in(
+    conn: Connection,
+    *,
+    task: str,
+    revision: int | None,
+    priority: int | None,
+    at: int,
+    trigger: ScheduleTrigger | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Insert a queued run, its claimed attempt 1 and ``run.queued`` inside ``conn``'s
+    transaction; the run's and attempt's inserted values.
+
+    The one enqueue path: ``POST /api/v1/runs`` and a schedule's fire both come here, so a
+    scheduled run is the same run as a manual one but for its trigger columns.
+    """
+    rev = revision_row(conn, task, revision)
+    run_id = uuid7(at)
+    run_values: dict[str, Any] = {
+        "id": run_id,
+        "task": task,
+        "revision": rev.revision,
+        "status": RunStatus.QUEUED.value,
+        "priority": rev.priority if priority is None else priority,
+        "version": 1,
+        "latest_attempt": 1,
+        "created_at_ms": at,
+        "trigger_kind": "manual" if trigger is None else "schedule",
+        "schedule_id": None if trigger is None else trigger.schedule_id,
+        "schedule_name": None if trigger is None else trigger.schedule_name,
+        "slot_ms": None if trigger is None else trigger.slot_ms,
+    }
+    attempt_values = {
+        "id": uuid7(at),
+        "run_id": run_id,
+        "number": 1,
+        "status": AttemptStatus.CLAIMED.value,
+        "executor": rev.executor,
+        "created_at_ms": at,
+        "callback_sequence": 0,
+    }
+    conn.execute(_INSERT_RUN, run_values)
+    conn.execute(_INSERT_ATTEMPT, attempt_values)
+    _append_events(conn, run_id, 1, at, [_Event(run_event(RunStatus.QUEUED), {"attempt": 1})])
+    return run_values, attempt_values
+
+
+def cancel_in(
+    conn: Connection, run_row: Row[Any], reason: str, at: int, attempt_row: Row[Any] | None = None
+) -> _Written:
+    """Record a cancel intent on a non-terminal run without one, inside ``conn``'s
+    transaction; a queued run ends at once (attempt and run cancelled, three events).
+
+    The one cancel path: a user's cancel, a timeout, a deleted schedule's queued runs and a
+    ``replace`` overlap all record it here.
+    """
+    if attempt_row is None:
+        attempt_row = _latest_attempt(conn, run_row)
+    intent: dict[str, Any] = {"cancel_reason": reason, "cancel_requested_at_ms": at}
+    events = [_Event(RUN_CANCEL_REQUESTED, {"reason": reason})]
+    ended = None
+    attempt_values: dict[str, Any] = {}
+    if run_row.status == RunStatus.QUEUED:
+        ended = AttemptStatus.TIMED_OUT if reason == "timeout" else AttemptStatus.CANCELLED
+        transition_attempt(AttemptStatus(attempt_row.status), ended)
+        transition_run(RunStatus.QUEUED, RunStatus(ended.value))
+        events += [
+            _Event(attempt_event(ended), {"attempt": attempt_row.number}),
+            _Event(run_event(RunStatus(ended.value)), {}),
+        ]
+        intent |= {"status": ended.value, "finished_at_ms": at}
+        attempt_values = {"status": ended.value, "finished_at_ms": at}
+    # The run row first, as in _step: PostgreSQL row locks taken in the other order
+    # deadlock against a concurrent T1 (one side aborted with a database error).
+    _cas_run(conn, run_row, len(events), intent)
+    if ended is not None:
+        _update_attempt(conn, attempt_row, ended, {"finished_at_ms": at})
+    _append_events(conn, run_row.id, run_row.version + 1, at, events)
+    run_values = {"version": run_row.version + len(events), **intent}
+    return _Written(run_row, attempt_row, run_values, attempt_values)
 
 
 def _load_run(conn: Connection, run_id: str) -> Run:

@@ -80,12 +80,20 @@ runs = Table(
     Column("finished_at_ms", MS, nullable=True),
     Column("cancel_reason", String(16), nullable=True),
     Column("cancel_requested_at_ms", MS, nullable=True),
+    # What started the run (migration 0004, docs/schedules.md): manual or schedule. The name
+    # is kept beside the id so a run still names its schedule after the schedule is deleted.
+    Column("trigger_kind", String(16), nullable=False, server_default="manual"),
+    Column("schedule_id", ID, nullable=True),
+    Column("schedule_name", String(128), nullable=True),
+    Column("slot_ms", MS, nullable=True),
     # Dispatch order is priority DESC, created ASC: the index carries the same directions so
     # the planner walks it and sorts only ties (docs/design.md §3.3: no full scan of the queue).
     Index("ix_runs_dispatch_order", "status", text("priority DESC"), "created_at_ms"),
     Index("ix_runs_task_id", "task", "id"),
     Index("ix_runs_status_id", "status", "id"),
     Index("ix_runs_task_status_id", "task", "status", "id"),
+    # One slot of a schedule can never have two runs (docs/schedules.md §2).
+    Index("ix_runs_schedule_id_slot_ms", "schedule_id", "slot_ms", unique=True),
 )
 
 attempts = Table(
@@ -191,4 +199,37 @@ service_events = Table(
     Column("type", String(48), nullable=False),
     Column("at_ms", MS, nullable=False),
     Column("data", Text, nullable=False),
+)
+
+# Schedules (docs/schedules.md). ``cursor_ms`` is the durable cursor: every slot at or before
+# it has been decided. ``next_due_ms`` is the earliest slot still to decide (NULL when paused
+# or ended): the loop's one indexed query sleeps until its minimum.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("body", Text, nullable=False),  # canonical JSON of the definition
+    Column("version", Integer, nullable=False),
+    Column("cursor_ms", MS, nullable=False),
+    Column("next_due_ms", MS, nullable=True),
+    Column("paused", Boolean, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    Index("ix_schedules_next_due_ms", "next_due_ms"),
+)
+
+# What became of each slot: fired, skipped_overlap, missed (collapsed over a range), ...
+schedule_decisions = Table(
+    "schedule_decisions",
+    metadata,
+    Column("id", ID, primary_key=True),  # UUIDv7: the keyset order, newest first
+    Column("schedule_id", ID, nullable=False),
+    Column("slot_ms", MS, nullable=False),
+    Column("decision", String(24), nullable=False),
+    Column("run_id", ID, nullable=True),
+    Column("count", Integer, nullable=False),
+    Column("until_slot_ms", MS, nullable=True),
+    Column("at_ms", MS, nullable=False),
+    Index("ix_schedule_decisions_schedule_id_id", "schedule_id", text("id DESC")),
 )

@@ -241,8 +241,10 @@ class ShimLauncher:
 
     def _end_cgroup(self, attempt_id: str) -> None:
         """A failed launch leaves no job cgroup (the shim may have made one before it died)."""
-        path = None if self._cgroup_root is None else self._cgroup_root.job_dir(
-            CGROUP_PREFIX + attempt_id
+        path = (
+            None
+            if self._cgroup_root is None
+            else self._cgroup_root.job_dir(CGROUP_PREFIX + attempt_id)
         )
         if path is not None:
             settle(path, patience=0.0, timeout=_CGROUP_END_S)

@@ -56,8 +56,19 @@ LEFTOVERS = ("kill", "keep")
 HOOK_EXIT_CODE = 70
 _SPEC_KEYS = frozenset(
     {
-        "protocol", "run_id", "attempt_id", "callback_sequence", "token", "argv", "cwd",
-        "env", "log_path", "log_quota_bytes", "receipt_dir", "receipt_name", "leftovers",
+        "protocol",
+        "run_id",
+        "attempt_id",
+        "callback_sequence",
+        "token",
+        "argv",
+        "cwd",
+        "env",
+        "log_path",
+        "log_quota_bytes",
+        "receipt_dir",
+        "receipt_name",
+        "leftovers",
         "cgroup_root",
     }
 )
@@ -186,9 +197,7 @@ def _validate(spec: object) -> dict[str, Any]:
         and argv[0] != ""
         and (cwd is None or (_clean_str(cwd) and os.path.isabs(cwd)))
         and isinstance(env, dict)
-        and all(
-            _clean_str(k) and k and "=" not in k and _clean_str(v) for k, v in env.items()
-        )
+        and all(_clean_str(k) and k and "=" not in k and _clean_str(v) for k, v in env.items())
         and _clean_str(spec["log_path"])
         and os.path.isabs(spec["log_path"])
         and _is_int(spec["log_quota_bytes"])

@@ -15,6 +15,8 @@ OPERATION_IDS = {
     "tasks-get-revision", "recipes-create", "recipes-get", "secrets-put", "secrets-list",
     "secrets-delete", "runs-create", "runs-cancel", "runs-list", "runs-get",
     "runs-list-attempts", "runs-list-events", "runs-get-log", "healthz", "readyz",
+    "schedules-put", "schedules-get", "schedules-list", "schedules-pause", "schedules-resume",
+    "schedules-delete", "schedules-decisions",
 }  # fmt: skip
 
 

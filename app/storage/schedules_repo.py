@@ -1,0 +1,438 @@
+"""Schedules: one transaction per change, and the fire of due slots exactly once.
+
+A slot is decided only in the transaction that moves the schedule's durable cursor past it
+(a compare-and-set on ``cursor_ms``) and inserts its run (unique on schedule and slot) or its
+decision, so any number of loops may call ``fire_due`` at once (docs/schedules.md §2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, bindparam, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.domain.canonical import canonical_json
+from app.domain.errors import DomainError, ErrorCode, NotFound, PreconditionFailed, VersionConflict
+from app.domain.ids import now_ms, uuid7
+from app.domain.model import Page, Schedule, ScheduleDecision, ScheduleDefinition
+from app.domain.states import TERMINAL_RUN, RunStatus
+from app.schedule.slots import (
+    CatchupPlan,
+    SlotSpec,
+    jitter_ms,
+    next_slot,
+    plan_catchup,
+    slots_after,
+)
+from app.storage.cursor import decode_cursor, encode_cursor
+from app.storage.definitions_repo import revision_row
+from app.storage.runs_repo import ScheduleTrigger, cancel_in, enqueue_in
+from app.storage.tables import runs, schedule_decisions, schedules
+from app.storage.uow import UnitOfWork
+
+log = logging.getLogger("qinglong.schedules")
+
+_BY_NAME = select(schedules).where(schedules.c.name == bindparam("name"))
+_BY_ID = select(schedules).where(schedules.c.id == bindparam("id"))
+_NON_TERMINAL = [s.value for s in RunStatus if s not in TERMINAL_RUN]
+_ACTIVE_RUNS = (
+    select(runs)
+    .where(runs.c.schedule_id == bindparam("schedule_id"), runs.c.status.in_(_NON_TERMINAL))
+    .order_by(runs.c.created_at_ms, runs.c.id)
+)
+_QUEUED_RUNS = select(runs).where(
+    runs.c.schedule_id == bindparam("schedule_id"), runs.c.status == RunStatus.QUEUED.value
+)
+_CAS_SCHEDULE = update(schedules).where(
+    schedules.c.id == bindparam("where_id"), schedules.c.cursor_ms == bindparam("where_cursor")
+)
+_INSERT_DECISION = insert(schedule_decisions)
+_EARLIEST_DUE = select(schedules.c.next_due_ms).where(schedules.c.next_due_ms.is_not(None))
+_EARLIEST_DUE = _EARLIEST_DUE.order_by(schedules.c.next_due_ms).limit(1)
+# How many due schedules one fire_due call decides; the loop calls again at once if full.
+FIRE_PAGE = 32
+# A slot decided at most this long after its instant is on time, not missed: it fires under
+# every catch-up policy (docs/schedules.md §3). The loop wakes at the slot; this absorbs a slow
+# transaction or a short restart, not downtime.
+ON_TIME_GRACE_MS = 5_000
+DELETED_REASON = "schedule_deleted"
+
+
+def spec_of(definition: ScheduleDefinition) -> SlotSpec:
+    """The slot arithmetic's view of a definition."""
+    return SlotSpec(
+        cron=definition.cron,
+        every_seconds=definition.every_seconds,
+        timezone=definition.timezone,
+        dst_gap=definition.dst_gap,
+        dst_fold=definition.dst_fold,
+        start_at_ms=definition.start_at_ms,
+        end_at_ms=definition.end_at_ms,
+    )
+
+
+def _schedule_of(row: Any) -> Schedule:
+    return Schedule(
+        id=row.id,
+        name=row.name,
+        definition=ScheduleDefinition.from_body(json.loads(row.body)),
+        paused=bool(row.paused),
+        version=row.version,
+        cursor_ms=row.cursor_ms,
+        next_due_ms=row.next_due_ms,
+        created_at_ms=row.created_at_ms,
+        updated_at_ms=row.updated_at_ms,
+    )
+
+
+def _due_after(
+    schedule_id: str, definition: ScheduleDefinition, paused: bool, cursor_ms: int
+) -> int | None:
+    """When the first slot after the cursor is due: the slot plus its deterministic jitter."""
+    if paused:
+        return None
+    slot = next_slot(spec_of(definition), cursor_ms)
+    if slot is None:
+        return None
+    return slot + jitter_ms(schedule_id, slot, definition.jitter_seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class FireResult:
+    """What one ``fire_due`` call did."""
+
+    runs_created: int
+    schedules_decided: int
+    page_full: bool
+
+
+class ScheduleRepository:
+    """Writes schedules and their decisions; every public method is one transaction per change."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # -- definitions -------------------------------------------------------------------------
+
+    def put_schedule(
+        self,
+        *,
+        name: str,
+        definition: ScheduleDefinition,
+        paused: bool,
+        if_match: str | None = None,
+        at_ms: int | None = None,
+    ) -> tuple[Schedule, bool]:
+        """Create or replace; ``(schedule, created)``. A change never fires a past slot:
+        the cursor becomes the later of now and the old cursor."""
+        at = now_ms() if at_ms is None else at_ms
+        body = canonical_json(definition.body()).decode("utf-8")
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            revision_row(conn, definition.task, definition.revision)  # TASK_NOT_FOUND
+            row = conn.execute(_locked(conn, _BY_NAME), {"name": name}).first()
+            if if_match is not None and (
+                row is None or (if_match != "*" and _schedule_of(row).etag != if_match)
+            ):
+                raise PreconditionFailed()  # RFC 9110 §13.1.1: "*" matches any current version
+            if row is None:
+                new_id = uuid7(at)
+                values = {
+                    "id": new_id,
+                    "name": name,
+                    "body": body,
+                    "version": 1,
+                    "cursor_ms": at,
+                    "next_due_ms": _due_after(new_id, definition, paused, at),
+                    "paused": paused,
+                    "created_at_ms": at,
+                    "updated_at_ms": at,
+                }
+                conn.execute(insert(schedules), values)
+                uow.commit()
+                return _schedule_of(_Row(values)), True
+            if row.body == body and bool(row.paused) == paused:
+                return _schedule_of(row), False
+            cursor = max(at, row.cursor_ms)
+            values = {
+                "body": body,
+                "version": row.version + 1,
+                "cursor_ms": cursor,
+                "next_due_ms": _due_after(row.id, definition, paused, cursor),
+                "paused": paused,
+                "updated_at_ms": at,
+            }
+            conn.execute(update(schedules).where(schedules.c.id == row.id), values)
+            uow.commit()
+            return _schedule_of(_Row({**row._asdict(), **values})), False
+
+    def pause(self, *, name: str) -> Schedule:
+        """Stop deciding slots; the cursor stays where it is, so resume can catch up."""
+        return self._set_paused(name, True)
+
+    def resume(self, *, name: str) -> Schedule:
+        """Decide slots again from the cursor: the catch-up policy applies to the paused span."""
+        return self._set_paused(name, False)
+
+    def _set_paused(self, name: str, paused: bool) -> Schedule:
+        at = now_ms()
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            row = _require(conn, name)
+            if bool(row.paused) == paused:
+                return _schedule_of(row)
+            definition = ScheduleDefinition.from_body(json.loads(row.body))
+            values = {
+                "paused": paused,
+                "version": row.version + 1,
+                "next_due_ms": _due_after(row.id, definition, paused, row.cursor_ms),
+                "updated_at_ms": at,
+            }
+            conn.execute(update(schedules).where(schedules.c.id == row.id), values)
+            uow.commit()
+            return _schedule_of(_Row({**row._asdict(), **values}))
+
+    def delete(self, *, name: str) -> int:
+        """Delete the schedule and its decisions and cancel its queued runs, in one
+        transaction; the number of runs cancelled. Runs already started go on."""
+        for _ in range(3):
+            try:
+                return self._delete_once(name)
+            except VersionConflict:
+                continue  # a queued run was dispatched meanwhile: decide again
+        raise VersionConflict("schedule delete")
+
+    def _delete_once(self, name: str) -> int:
+        at = now_ms()
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            row = _require(conn, name)
+            queued = conn.execute(_QUEUED_RUNS, {"schedule_id": row.id}).all()
+            for run_row in queued:
+                cancel_in(conn, run_row, DELETED_REASON, at)
+            conn.execute(
+                delete(schedule_decisions).where(schedule_decisions.c.schedule_id == row.id)
+            )
+            conn.execute(delete(schedules).where(schedules.c.id == row.id))
+            uow.commit()
+            return len(queued)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, *, name: str) -> Schedule:
+        """The schedule; NotFound SCHEDULE_NOT_FOUND."""
+        with self._engine.connect() as conn:
+            return _schedule_of(_require(conn, name, lock=False))
+
+    def list_schedules(self, *, limit: int, cursor: str | None) -> Page[Schedule]:
+        """A keyset page of schedules in name order."""
+        query = select(schedules).order_by(schedules.c.name).limit(limit + 1)
+        if cursor is not None:
+            (after,) = decode_cursor("schedules", cursor, (str,))
+            query = query.where(schedules.c.name > after)
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        items = [_schedule_of(r) for r in rows[:limit]]
+        nxt = encode_cursor("schedules", [items[-1].name]) if len(rows) > limit else None
+        return Page(items=items, next_cursor=nxt)
+
+    def decisions(self, *, name: str, limit: int, cursor: str | None) -> Page[ScheduleDecision]:
+        """A keyset page of the schedule's decisions, newest first."""
+        t = schedule_decisions
+        with self._engine.connect() as conn:
+            row = _require(conn, name, lock=False)
+            query = (
+                select(t).where(t.c.schedule_id == row.id).order_by(t.c.id.desc()).limit(limit + 1)
+            )
+            if cursor is not None:
+                (before,) = decode_cursor("decisions", cursor, (str,))
+                query = query.where(t.c.id < before)
+            rows = conn.execute(query).all()
+        items = [
+            ScheduleDecision(
+                slot_ms=r.slot_ms,
+                decision=r.decision,
+                run_id=r.run_id,
+                count=r._mapping["count"],
+                until_slot_ms=r.until_slot_ms,
+                at_ms=r.at_ms,
+            )
+            for r in rows[:limit]
+        ]
+        nxt = encode_cursor("decisions", [rows[limit - 1].id]) if len(rows) > limit else None
+        return Page(items=items, next_cursor=nxt)
+
+    def earliest_due_ms(self) -> int | None:
+        """The earliest ``next_due_ms`` of any schedule (one indexed query), or None."""
+        with self._engine.connect() as conn:
+            return conn.execute(_EARLIEST_DUE).scalar()
+
+    # -- the fire --------------------------------------------------------------------------
+
+    def fire_due(self, now: int | None = None, *, page: int = FIRE_PAGE) -> FireResult:
+        """Decide every due slot of up to ``page`` due schedules, one transaction each."""
+        at = now_ms() if now is None else now
+        due = (
+            select(schedules.c.id)
+            .where(schedules.c.next_due_ms <= at)
+            .order_by(schedules.c.next_due_ms)
+            .limit(page)
+        )
+        with self._engine.connect() as conn:
+            ids = conn.execute(due).scalars().all()
+        created = decided = 0
+        for schedule_id in ids:
+            try:
+                made = self._fire_one(schedule_id, at)
+            except IntegrityError:
+                made = None  # another loop inserted the slot's run first: its commit decided
+            except DomainError as exc:
+                # One schedule refused (its pinned revision unreadable) must not hold back the
+                # others due behind it; it stays due and is tried again on the next pass.
+                log.error("schedule fire refused: %s", exc.code)
+                made = None
+            if made is not None:
+                created += made
+                decided += 1
+        return FireResult(
+            runs_created=created, schedules_decided=decided, page_full=len(ids) == page
+        )
+
+    def _fire_one(self, schedule_id: str, at: int) -> int | None:
+        """One schedule's due slots in one transaction; runs created, None when another
+        loop decided them first (locked, or the cursor moved)."""
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            row = conn.execute(_locked(conn, _BY_ID, skip=True), {"id": schedule_id}).first()
+            if row is None or row.next_due_ms is None or row.next_due_ms > at or row.paused:
+                return None
+            definition = ScheduleDefinition.from_body(json.loads(row.body))
+            spec = spec_of(definition)
+            plan = _plan(spec, definition, row.id, row.cursor_ms, at)
+            fire, cursor = list(plan.fire), plan.cursor_ms
+            if fire and definition.jitter_seconds and (plan.missed_last_ms or 0) < fire[-1]:
+                # The newest slot fires at its instant plus its jitter (the same after a
+                # crash, docs/schedules.md §4); until then the cursor stays just before it.
+                last = fire[-1]
+                if last + jitter_ms(row.id, last, definition.jitter_seconds) > at:
+                    fire.pop()
+                    cursor = last - 1
+            decisions: list[dict[str, Any]] = []
+            if plan.missed_count and plan.missed_first_ms is not None:
+                decisions.append(
+                    _decision(
+                        row.id,
+                        plan.missed_first_ms,
+                        "missed",
+                        at,
+                        None,
+                        plan.missed_count,
+                        plan.missed_last_ms,
+                    )
+                )
+            active = conn.execute(_ACTIVE_RUNS, {"schedule_id": row.id}).all()
+            active_ids = [r.id for r in active]
+            created = 0
+            for slot in fire:
+                limit = definition.max_concurrent if definition.overlap == "allow" else 1
+                if len(active_ids) >= limit:
+                    decisions.append(_decision(row.id, slot, "skipped_overlap", at, active_ids[0]))
+                    continue
+                run_values, _ = enqueue_in(
+                    conn,
+                    task=definition.task,
+                    revision=definition.revision,
+                    priority=None,
+                    at=at,
+                    trigger=ScheduleTrigger(row.id, row.name, slot),
+                )
+                active_ids.append(run_values["id"])
+                decisions.append(_decision(row.id, slot, "fired", at, run_values["id"]))
+                created += 1
+            if decisions:
+                conn.execute(_INSERT_DECISION, decisions)
+            moved = conn.execute(
+                _CAS_SCHEDULE,
+                {
+                    "where_id": row.id,
+                    "where_cursor": row.cursor_ms,
+                    "cursor_ms": cursor,
+                    "next_due_ms": _due_after(row.id, definition, False, cursor),
+                },
+            )
+            if moved.rowcount != 1:
+                return None  # rolled back: another loop moved the cursor first
+            uow.commit()
+            return created
+
+
+def _plan(
+    spec: SlotSpec, definition: ScheduleDefinition, schedule_id: str, cursor: int, at: int
+) -> CatchupPlan:
+    """The slots to fire and to record missed in (cursor, at].
+
+    The catch-up policy governs the backlog only: the newest due slot, when it is on time
+    (decided within ``ON_TIME_GRACE_MS`` of its instant plus its jitter), fires under
+    ``latest`` and ``none`` alike, and the older ones are the backlog (``latest`` is then
+    satisfied by the on-time slot). ``all`` fires in order as it is (docs/schedules.md §3).
+    """
+    window_s = definition.catchup_window_seconds
+    if definition.catchup == "all" or at <= cursor:
+        return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)
+    reach = ON_TIME_GRACE_MS + definition.jitter_seconds * 1000
+    near = [s for s in slots_after(spec, max(cursor, at - reach - 1), 8) if s <= at]
+    on_time = near[-1] if near else None
+    jitter = 0 if on_time is None else jitter_ms(schedule_id, on_time, definition.jitter_seconds)
+    if on_time is None or at - on_time > ON_TIME_GRACE_MS + jitter:
+        return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)
+    backlog = plan_catchup(spec, cursor, on_time - 1, catchup="none", window_s=window_s)
+    return CatchupPlan(
+        (on_time,), backlog.missed_count, backlog.missed_first_ms, backlog.missed_last_ms, at
+    )
+
+
+class _Row:
+    """Attribute access over inserted values, as a Row gives it."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+def _decision(
+    schedule_id: str,
+    slot_ms: int,
+    decision: str,
+    at: int,
+    run_id: str | None,
+    count: int = 1,
+    until_slot_ms: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": uuid7(at),
+        "schedule_id": schedule_id,
+        "slot_ms": slot_ms,
+        "decision": decision,
+        "run_id": run_id,
+        "count": count,
+        "until_slot_ms": until_slot_ms,
+        "at_ms": at,
+    }
+
+
+def _locked(conn: Connection, query: Any, *, skip: bool = False) -> Any:
+    """``query`` FOR UPDATE on PostgreSQL (SKIP LOCKED for the fire); SQLite's write
+    transaction already holds the one writer lock."""
+    if conn.dialect.name == "postgresql":
+        return query.with_for_update(skip_locked=skip)
+    return query
+
+
+def _require(conn: Connection, name: str, *, lock: bool = True) -> Row[Any]:
+    row = conn.execute(_locked(conn, _BY_NAME) if lock else _BY_NAME, {"name": name}).first()
+    if row is None:
+        raise NotFound(ErrorCode.SCHEDULE_NOT_FOUND, f"no schedule named {name}")
+    return row

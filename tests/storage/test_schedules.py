@@ -1,0 +1,219 @@
+"""Schedules in the database: each slot decided once, the cursor only forward, delete cancels."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import Engine, select
+
+from app.domain.errors import NotFound, PreconditionFailed
+from app.domain.model import ScheduleDefinition
+from app.schedule.slots import jitter_ms
+from app.storage.engine import make_engine
+from app.storage.run_reads import RunReader
+from app.storage.schedules_repo import ON_TIME_GRACE_MS, ScheduleRepository
+from app.storage.tables import runs
+from tests.storage.helpers import define_task, start
+
+T0 = 1_800_000_000_000  # a whole second, far from now: the tests pass their own clock
+
+
+def every(seconds: int = 1, **kw: object) -> ScheduleDefinition:
+    """An every-``seconds`` schedule of task ``job``."""
+    return ScheduleDefinition(task="job", revision=None, cron=None, every_seconds=seconds, **kw)  # type: ignore[arg-type]
+
+
+def make(engine: Engine, definition: ScheduleDefinition, name: str = "tick") -> ScheduleRepository:
+    """Define the task and put the schedule at T0."""
+    define_task(engine)
+    repo = ScheduleRepository(engine)
+    repo.put_schedule(name=name, definition=definition, paused=False, at_ms=T0)
+    return repo
+
+
+def slots_of_runs(engine: Engine) -> list[int]:
+    """The slot of every run, ascending."""
+    with engine.connect() as conn:
+        return sorted(conn.execute(select(runs.c.slot_ms)).scalars())
+
+
+def test_a_new_schedule_is_due_at_its_first_slot_after_now(engine: Engine) -> None:
+    repo = make(engine, every(5))
+    schedule = repo.get(name="tick")
+    assert (schedule.cursor_ms, schedule.next_due_ms, schedule.version) == (T0, T0 + 5000, 1)
+    assert repo.earliest_due_ms() == T0 + 5000
+
+
+def test_each_due_slot_fires_one_run_with_its_trigger(engine: Engine) -> None:
+    repo = make(engine, every(1, overlap="allow", max_concurrent=10))
+    for second in range(1, 4):
+        assert repo.fire_due(T0 + second * 1000).runs_created == 1
+    assert slots_of_runs(engine) == [T0 + 1000, T0 + 2000, T0 + 3000]
+    run = RunReader(engine).list_runs(task=None, status=None, limit=10, cursor=None).items[0]
+    assert (run.trigger_kind, run.schedule, run.slot_ms) == ("schedule", "tick", T0 + 3000)
+    decisions = repo.decisions(name="tick", limit=10, cursor=None).items
+    assert [(d.decision, d.slot_ms) for d in decisions] == [
+        ("fired", T0 + 3000), ("fired", T0 + 2000), ("fired", T0 + 1000)
+    ]  # fmt: skip
+
+
+def test_a_clock_set_back_fires_nothing_twice(engine: Engine) -> None:
+    repo = make(engine, every(1, overlap="allow", max_concurrent=10))
+    repo.fire_due(T0 + 3000)
+    assert repo.fire_due(T0 + 1000).runs_created == 0
+    assert repo.fire_due(T0 + 3000).runs_created == 0
+    assert repo.get(name="tick").cursor_ms == T0 + 3000
+    assert slots_of_runs(engine) == [T0 + 3000]
+
+
+def test_catchup_latest_fires_the_newest_missed_slot_and_collapses_the_rest(engine: Engine) -> None:
+    repo = make(engine, every(1, catchup="latest"))
+    assert repo.fire_due(T0 + 10_000).runs_created == 1
+    assert slots_of_runs(engine) == [T0 + 10_000]
+    fired, missed = repo.decisions(name="tick", limit=10, cursor=None).items
+    assert (fired.decision, fired.slot_ms) == ("fired", T0 + 10_000)
+    assert (missed.decision, missed.count, missed.slot_ms, missed.until_slot_ms) == (
+        "missed", 9, T0 + 1000, T0 + 9000
+    )  # fmt: skip
+
+
+def test_catchup_all_fires_every_missed_slot_in_order(engine: Engine) -> None:
+    repo = make(engine, every(1, catchup="all", overlap="allow", max_concurrent=10))
+    assert repo.fire_due(T0 + 5000).runs_created == 5
+    assert slots_of_runs(engine) == [T0 + s * 1000 for s in range(1, 6)]
+
+
+def test_catchup_none_fires_no_missed_slot_but_the_one_due_now(engine: Engine) -> None:
+    repo = make(engine, every(1, catchup="none"))
+    assert repo.fire_due(T0 + 5000).runs_created == 1
+    assert slots_of_runs(engine) == [T0 + 5000]
+    fired, missed = repo.decisions(name="tick", limit=10, cursor=None).items
+    assert (fired.decision, fired.slot_ms) == ("fired", T0 + 5000)
+    assert (missed.count, missed.slot_ms, missed.until_slot_ms) == (4, T0 + 1000, T0 + 4000)
+    assert repo.get(name="tick").next_due_ms == T0 + 6000
+
+
+def test_catchup_none_fires_nothing_once_the_newest_slot_is_past_the_grace(
+    engine: Engine,
+) -> None:
+    repo = make(engine, every(60, catchup="none"))
+    late = T0 + 60_000 + ON_TIME_GRACE_MS + 1
+    assert repo.fire_due(late).runs_created == 0
+    assert repo.decisions(name="tick", limit=10, cursor=None).items[0].count == 1
+
+
+def test_an_on_time_slot_fires_even_with_a_zero_catchup_window(engine: Engine) -> None:
+    # plan_catchup alone would call a slot decided 300 ms late "missed" under a 0 s window.
+    repo = make(engine, every(60, catchup="latest", catchup_window_seconds=0))
+    assert repo.fire_due(T0 + 60_300).runs_created == 1
+    assert slots_of_runs(engine) == [T0 + 60_000]
+
+
+def test_overlap_skip_records_the_blocking_run(engine: Engine) -> None:
+    repo = make(engine, every(1))
+    repo.fire_due(T0 + 1000)
+    blocker = RunReader(engine).list_runs(task=None, status=None, limit=1, cursor=None).items[0]
+    start(engine, blocker)
+    assert repo.fire_due(T0 + 2000).runs_created == 0
+    skipped = repo.decisions(name="tick", limit=1, cursor=None).items[0]
+    assert (skipped.decision, skipped.run_id, skipped.slot_ms) == (
+        "skipped_overlap", blocker.id, T0 + 2000
+    )  # fmt: skip
+
+
+def test_overlap_allow_runs_up_to_max_concurrent(engine: Engine) -> None:
+    repo = make(engine, every(1, overlap="allow", max_concurrent=2))
+    created = [repo.fire_due(T0 + s * 1000).runs_created for s in range(1, 5)]
+    assert created == [1, 1, 0, 0]
+
+
+def test_a_change_never_fires_a_past_slot(engine: Engine) -> None:
+    repo = make(engine, every(1))
+    repo.put_schedule(name="tick", definition=every(2), paused=False, at_ms=T0 + 7500)
+    schedule = repo.get(name="tick")
+    assert (schedule.version, schedule.cursor_ms, schedule.next_due_ms) == (2, T0 + 7500, T0 + 8000)
+    assert repo.fire_due(T0 + 8000).runs_created == 1
+    assert slots_of_runs(engine) == [T0 + 8000]
+
+
+def test_the_same_definition_is_not_a_change_and_a_stale_if_match_is_refused(
+    engine: Engine,
+) -> None:
+    repo = make(engine, every(1))
+    first = repo.get(name="tick")
+    same, created = repo.put_schedule(name="tick", definition=every(1), paused=False, at_ms=T0 + 1)
+    assert (created, same.version) == (False, 1)
+    repo.put_schedule(name="tick", definition=every(3), paused=False, if_match=first.etag)
+    with pytest.raises(PreconditionFailed):
+        repo.put_schedule(name="tick", definition=every(4), paused=False, if_match=first.etag)
+
+
+def test_pause_stops_the_fire_and_resume_catches_up_from_the_cursor(engine: Engine) -> None:
+    repo = make(engine, every(1, catchup="latest"))
+    repo.pause(name="tick")
+    assert repo.get(name="tick").next_due_ms is None
+    assert repo.fire_due(T0 + 5000).runs_created == 0
+    assert repo.resume(name="tick").next_due_ms == T0 + 1000
+    assert repo.fire_due(T0 + 5000).runs_created == 1
+    assert slots_of_runs(engine) == [T0 + 5000]
+
+
+def test_delete_cancels_the_schedules_queued_runs_in_the_same_transaction(engine: Engine) -> None:
+    repo = make(engine, every(1, overlap="allow", max_concurrent=5))
+    repo.fire_due(T0 + 1000)
+    repo.fire_due(T0 + 2000)
+    running = RunReader(engine).list_runs(task=None, status=None, limit=1, cursor=None).items[0]
+    start(engine, running)
+    assert repo.delete(name="tick") == 1
+    statuses = sorted(
+        r.status
+        for r in RunReader(engine).list_runs(task=None, status=None, limit=10, cursor=None).items
+    )
+    assert statuses == ["cancelled", "running"]
+    with pytest.raises(NotFound):
+        repo.get(name="tick")
+
+
+def test_two_concurrent_loops_fire_each_slot_exactly_once(db_url: str, engine: Engine) -> None:
+    make(engine, every(1, catchup="all", overlap="allow", max_concurrent=1000))
+    engines = [make_engine(db_url) for _ in range(2)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def loop(eng: Engine) -> None:
+        try:
+            repo = ScheduleRepository(eng)
+            barrier.wait()
+            for second in range(1, 41):
+                repo.fire_due(T0 + second * 1000)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(e,)) for e in engines]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for e in engines:
+            e.dispose()
+    assert not errors
+    assert slots_of_runs(engine) == [T0 + s * 1000 for s in range(1, 41)]
+
+
+def test_jitter_delays_the_slot_by_the_same_amount_every_time(engine: Engine) -> None:
+    repo = make(engine, every(10, jitter_seconds=5))
+    schedule = repo.get(name="tick")
+    slot = T0 + 10_000
+    delay = jitter_ms(schedule.id, slot, 5)
+    assert 0 <= delay < 5000
+    assert schedule.next_due_ms == slot + delay
+    if delay > 0:
+        assert repo.fire_due(slot + delay - 1).runs_created == 0
+        assert repo.get(name="tick").next_due_ms == slot + delay
+    assert repo.fire_due(slot + delay).runs_created == 1
+    assert slots_of_runs(engine) == [slot]
+    after = repo.get(name="tick")
+    assert after.next_due_ms == slot + 10_000 + jitter_ms(schedule.id, slot + 10_000, 5)
