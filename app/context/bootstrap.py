@@ -275,7 +275,7 @@ def build_context(
         soon=soon,
         soon_interval_s=BUDGET_POLL_S,
     )
-    schedule_repo = ScheduleRepository(engine)
+    schedule_repo = ScheduleRepository(engine, max_queued=settings.max_queued)
     # One timer per api process (docs/schedules.md §4); runs it creates kick the drain.
     loop = ScheduleLoop(schedule_repo, on_fired=background.enqueued) if schedules else None
     facade = AppFacade(

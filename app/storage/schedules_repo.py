@@ -30,7 +30,7 @@ from app.schedule.slots import (
 )
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.definitions_repo import revision_row
-from app.storage.runs_repo import ScheduleTrigger, cancel_in, enqueue_in
+from app.storage.runs_repo import ScheduleTrigger, cancel_in, enqueue_in, queue_has_room
 from app.storage.tables import runs, schedule_decisions, schedules
 from app.storage.uow import UnitOfWork
 
@@ -113,8 +113,11 @@ class FireResult:
 class ScheduleRepository:
     """Writes schedules and their decisions; every public method is one transaction per change."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, max_queued: int | None = None) -> None:
         self._engine = engine
+        # QL_MAX_QUEUED: a slot that finds this many runs queued is dropped, not queued
+        # (``dropped_queue_full``, docs/concurrency-budgets.md §3).
+        self._max_queued = max_queued
 
     # -- definitions -------------------------------------------------------------------------
 
@@ -341,6 +344,9 @@ class ScheduleRepository:
                 limit = definition.max_concurrent if definition.overlap == "allow" else 1
                 if len(active_ids) >= limit:
                     decisions.append(_decision(row.id, slot, "skipped_overlap", at, active_ids[0]))
+                    continue
+                if self._max_queued is not None and not queue_has_room(conn, self._max_queued):
+                    decisions.append(_decision(row.id, slot, "dropped_queue_full", at, None))
                     continue
                 run_values, _ = enqueue_in(
                     conn,

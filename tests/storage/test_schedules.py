@@ -217,3 +217,18 @@ def test_jitter_delays_the_slot_by_the_same_amount_every_time(engine: Engine) ->
     assert slots_of_runs(engine) == [slot]
     after = repo.get(name="tick")
     assert after.next_due_ms == slot + 10_000 + jitter_ms(schedule.id, slot + 10_000, 5)
+
+
+def test_a_slot_that_finds_the_queue_full_is_dropped_not_queued(engine: Engine) -> None:
+    define_task(engine)
+    repo = ScheduleRepository(engine, max_queued=2)
+    repo.put_schedule(
+        name="tick", definition=every(1, overlap="allow", max_concurrent=10), paused=False,
+        at_ms=T0,
+    )  # fmt: skip
+    for second in range(1, 4):
+        repo.fire_due(T0 + second * 1000)
+    assert slots_of_runs(engine) == [T0 + 1000, T0 + 2000]  # the two the cap admits
+    newest = repo.decisions(name="tick", limit=1, cursor=None).items[0]
+    assert (newest.decision, newest.slot_ms, newest.run_id) == ("dropped_queue_full", T0 + 3000, None)
+    assert repo.get(name="tick").cursor_ms == T0 + 3000  # decided: never fired later
