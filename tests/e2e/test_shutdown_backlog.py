@@ -63,8 +63,11 @@ def counts_at_rest(served: Served) -> Counter[str]:
 def test_sigterm_with_a_queued_backlog_fails_no_run(
     serve_factory: ServeFactory, db_url: str
 ) -> None:
-    served = serve_factory(database_url=db_url)
-    put_task(served, "bulk", "exec /bin/true")
+    # One job at a time, each 0.1 s: at most ~10 runs end per second whatever the machine's
+    # speed, so most of the backlog is still queued when SIGTERM comes (on an idle host,
+    # unbounded /bin/true runs drained it before the stop). The second serve has no cap.
+    served = serve_factory(database_url=db_url, extra_env={"QL_MAX_RUNNING": "1"})
+    put_task(served, "bulk", "exec sleep 0.1")
     run_ids = enqueue_many(served, "bulk", BACKLOG)
     r = httpx.get(
         f"{served.base_url}/api/v1/runs",

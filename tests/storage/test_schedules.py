@@ -16,7 +16,8 @@ from app.storage.schedules_repo import ON_TIME_GRACE_MS, ScheduleRepository
 from app.storage.tables import runs
 from tests.storage.helpers import define_task, start
 
-T0 = 1_800_000_000_000  # a whole second, far from now: the tests pass their own clock
+T0 = 1_699_999_200_000  # a whole hour in the past: the tests pass their own clock, and a
+# future one would push this process's uuid7 clock (monotonic) ahead for every later test
 
 
 def every(seconds: int = 1, **kw: object) -> ScheduleDefinition:
