@@ -283,6 +283,38 @@ def _create_admin_token(settings: Settings) -> str:
     return token
 
 
+def spawn_served(
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    data_dir: Path,
+    socket_dir: Path,
+    token: str,
+    port: int,
+    log_path: Path,
+) -> Served:
+    """Start ``argv`` (a ``qinglong serve``) with its output in ``log_path``; its Served."""
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    stat = proc_stat(proc.pid)
+    return Served(
+        base_url=f"http://127.0.0.1:{port}",
+        token=token,
+        data_dir=data_dir,
+        socket_path=socket_dir / "w.sock",
+        pid=proc.pid,
+        port=port,
+        env=env,
+        proc=proc,
+        log_path=log_path,
+        _socket_dir=socket_dir,
+        _start_ticks=stat[3] if stat else 0,
+    )
+
+
 def _launch(
     data_dir: Path, env: dict[str, str], workers: int, stop_jobs: bool, token: str
 ) -> Served:
@@ -295,24 +327,11 @@ def _launch(
         if stop_jobs:
             argv.append("--stop-jobs-on-exit")
         log_path = data_dir / f"serve-{time.time_ns()}.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
-        stat = proc_stat(proc.pid)
-        served = Served(
-            base_url=f"http://127.0.0.1:{port}",
-            token=token,
-            data_dir=data_dir,
-            socket_path=socket_dir / "w.sock",
-            pid=proc.pid,
-            port=port,
-            env=env,
-            proc=proc,
-            log_path=log_path,
-            _socket_dir=socket_dir,
-            _start_ticks=stat[3] if stat else 0,
-        )
+        served = spawn_served(
+            argv, cwd=REPO_ROOT, env=env, data_dir=data_dir, socket_dir=socket_dir,
+            token=token, port=port, log_path=log_path,
+        )  # fmt: skip
+        proc = served.proc
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO_ROOT, Served, free_port, proc_stat
+from tests.e2e.conftest import REPO_ROOT, Served, free_port, spawn_served
 from tests.e2e.kit import enqueue, put_task, read_log, wait_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # one to three minutes, mostly pip
@@ -159,30 +159,12 @@ def _serve(
     qinglong: Path, cwd: Path, env: dict[str, str], data_dir: Path, socket_dir: Path, token: str
 ) -> Served:
     port = free_port()
-    log_path = data_dir / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(qinglong), "serve", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
-    stat = proc_stat(proc.pid)
-    served = Served(
-        base_url=f"http://127.0.0.1:{port}",
-        token=token,
-        data_dir=data_dir,
-        socket_path=socket_dir / "w.sock",
-        pid=proc.pid,
-        port=port,
-        env=env,
-        proc=proc,
-        log_path=log_path,
-        _socket_dir=socket_dir,
-        _start_ticks=stat[3] if stat else 0,
-    )
+    served = spawn_served(
+        [str(qinglong), "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=cwd, env=env, data_dir=data_dir, socket_dir=socket_dir, token=token, port=port,
+        log_path=data_dir / "serve.log",
+    )  # fmt: skip
+    proc = served.proc
     deadline = time.monotonic() + FIRST_START_TIMEOUT_S
     while not served._up():
         if proc.poll() is not None or time.monotonic() > deadline:
