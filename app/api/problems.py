@@ -15,6 +15,7 @@ from app.domain.errors import (
     Conflict,
     DomainError,
     NotFound,
+    NotMigrated,
     PreconditionFailed,
     QueueFull,
     StorageUnavailable,
@@ -131,6 +132,8 @@ def status_for(exc: DomainError) -> int:
         return 429
     if isinstance(exc, PreconditionFailed):
         return 412
+    if isinstance(exc, NotMigrated):
+        return 503
     return 400
 
 
@@ -159,6 +162,8 @@ def install(app: FastAPI) -> None:
         headers = None
         if isinstance(exc, QueueFull):
             headers = {"Retry-After": str(exc.retry_after_s)}
+        elif isinstance(exc, NotMigrated):
+            headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
         return problem_response(status_for(exc), str(exc.code), exc.detail, headers)
 
     async def on_storage(_request: Request, exc: Exception) -> Response:
