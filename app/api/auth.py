@@ -87,3 +87,4 @@ Reader = Annotated[Principal, Depends(require("runs:read"))]
 RunsWriter = Annotated[Principal, Depends(require("runs:write"))]
 LOGS_SCOPE = "logs:read"
 LogsReader = Annotated[Principal, Depends(require(LOGS_SCOPE))]
+MetricsReader = Annotated[Principal, Depends(require("metrics:read"))]

@@ -20,6 +20,7 @@ when fine or a short reason when not; all of them run concurrently under one dea
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from sqlalchemy import Engine
 from app.context.execution_wiring import BUDGET_POLL_S, build_execution
 from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade
 from app.context.logs import LogStore
+from app.context.metrics import render as render_metrics
 from app.context.readiness import (
     DEFAULT_DEADLINE_S,
     ReadinessProbe,
@@ -294,6 +296,7 @@ def build_context(
         max_queued=settings.max_queued,
         _schedules=schedule_repo,
         _schedule_hooks=loop if loop is not None else NO_SCHEDULE_HOOKS,
+        _metrics=functools.partial(render_metrics, engine),
     )
     return AppContext(
         settings=settings,

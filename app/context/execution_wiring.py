@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.adapters.worker_client import WorkerClient
+from app.context.metrics import CREATED_TO_STARTED, DISPATCH_PASS
 from app.domain.errors import WorkerUnavailable
 from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
 from app.execution.ports import (
@@ -209,7 +210,7 @@ def _drain_concurrently(
     if drainers <= 1:
         _drain(dispatcher, unavailable, halted, blocked)
         return unavailable.is_set()
-    if not _log_pass(dispatcher.run_pass(), unavailable, blocked):
+    if not _log_pass(_timed_pass(dispatcher), unavailable, blocked):
         return unavailable.is_set()
     helpers = [
         threading.Thread(
@@ -251,8 +252,19 @@ def _drain(
     for _ in range(MAX_PASSES_PER_DRAIN):
         if halted.is_set() or unavailable.is_set():
             return
-        if not _log_pass(dispatcher.run_pass(), unavailable, blocked):
+        if not _log_pass(_timed_pass(dispatcher), unavailable, blocked):
             return
+
+
+def _timed_pass(dispatcher: Dispatcher) -> PassResult:
+    """One pass, observed for ``GET /metrics`` (docs/metrics.md)."""
+    began = time.perf_counter()
+    result = dispatcher.run_pass()
+    DISPATCH_PASS.observe(time.perf_counter() - began)
+    for outcome in result.outcomes:
+        if outcome.created_to_started_ms is not None:
+            CREATED_TO_STARTED.observe(outcome.created_to_started_ms / 1000)
+    return result
 
 
 def _log_pass(

@@ -145,6 +145,8 @@ class AppFacade:
     job_isolation: str = "same_user"
     # QL_MAX_QUEUED: enqueue beyond it is refused 429 QUEUE_FULL (docs/concurrency-budgets.md)
     max_queued: int | None = None
+    # GET /metrics: the exposition text (app/context/metrics.py, docs/metrics.md).
+    _metrics: Callable[[], bytes] | None = None
 
     # -- definitions ------------------------------------------------------------------------
 
@@ -341,6 +343,12 @@ class AppFacade:
         if not 1 <= number <= MAX_REVISION:
             raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "no such attempt")
         return self._logs.open(self._reader.get_attempt(run_id, number))
+
+    def metrics(self) -> bytes:
+        """Prometheus exposition text: this service's observations and the database's counts."""
+        if self._metrics is None:
+            raise RuntimeError("metrics are not wired in this context")
+        return self._metrics()
 
     def readiness(self) -> Readiness:
         """Database reachable and migrated, plus any pluggable checks."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 
 from app.domain.errors import (
     AdmissionRefused,
@@ -71,6 +71,12 @@ class CandidateOutcome:
     kind: OutcomeKind
     error_code: str | None = None
     reason: str | None = None
+    created_to_started_ms: int | None = None  # a start that reached running (the metric)
+
+
+class _Ids(TypedDict):
+    run_id: str
+    attempt_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +193,7 @@ class Dispatcher:
 
     def _one(self, candidate: DispatchCandidateLike) -> tuple[CandidateOutcome, bool]:
         """The outcome, and whether the pass must stop after it."""
-        ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
+        ids: _Ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
         try:
             command = self._materializer.materialize(candidate)
         except _RACES:
@@ -216,7 +222,7 @@ class Dispatcher:
         return outcome, outcome.kind != "task_at_capacity"
 
     def _start(self, candidate: DispatchCandidateLike, command: StartCommand) -> CandidateOutcome:
-        ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
+        ids: _Ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
         try:
             result = self._coordinators().start(command)
         except Exception as exc:
@@ -237,12 +243,18 @@ class Dispatcher:
 
 def _outcome(result: StartResult) -> CandidateOutcome:
     kind: OutcomeKind = "started" if result.status == "running" else result.status
+    run = result.run
+    waited = None
+    # ``ended`` started too: the job ran and its ending was recorded before T2 committed.
+    if kind in ("started", "ended") and run is not None and run.started_at_ms is not None:
+        waited = max(0, run.started_at_ms - run.created_at_ms)
     return CandidateOutcome(
         run_id=result.run_id,
         attempt_id=result.attempt_id,
         kind=kind,
         error_code=result.error_code.value if result.error_code is not None else None,
         reason=result.reason,
+        created_to_started_ms=waited,
     )
 
 
