@@ -14,7 +14,7 @@ OPERATION_IDS = {
     "tasks-put-revision", "tasks-list", "tasks-get", "tasks-list-revisions",
     "tasks-get-revision", "recipes-create", "recipes-get", "secrets-put", "secrets-list",
     "secrets-delete", "runs-create", "runs-cancel", "runs-list", "runs-get",
-    "runs-list-attempts", "runs-list-events", "runs-get-log", "healthz", "readyz",
+    "runs-list-attempts", "runs-list-events", "runs-get-log", "healthz", "readyz", "metrics",
     "schedules-put", "schedules-get", "schedules-list", "schedules-pause", "schedules-resume",
     "schedules-delete", "schedules-decisions",
 }  # fmt: skip
