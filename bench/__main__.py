@@ -50,6 +50,7 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
     from bench.api_reads import run_api_reads
     from bench.http_protocol import run_http_protocol
     from bench.launch import run_launch
+    from bench.peer_celery import run_peer
     from bench.recovery import run_recovery
     from bench.shim import run_shim
     from bench.trivial import run_trivial
@@ -79,6 +80,10 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
         ),
         "recovery": each(run_recovery, count=size.receipts),
         "launch": lambda report: run_launch(report, count=size.launch_count),
+        # Celery on the same job (bench/peer_celery.py); skipped with the reason without it.
+        "peer": lambda report: run_peer(
+            report, pg=pg, count=size.trivial_runs, idle_count=size.idle_runs
+        ),
     }
 
 
