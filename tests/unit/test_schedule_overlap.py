@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import cast
+
+from app.context.schedule_loop import ScheduleLoop
 from app.schedule.overlap import ActiveRun, OverlapDecision, decide_overlap
+from app.storage.schedules_repo import FireResult, ScheduleRepository
+from tests.unit.test_scheduling_loop import FakeRepo
 
 RUNNING = ActiveRun("a", 1000, "running", cancel_requested=False)
 WAITING = ActiveRun("b", 2000, "queued", cancel_requested=False)
@@ -54,3 +59,16 @@ def test_replace_of_only_a_queued_run_needs_no_hold() -> None:
     assert decide_overlap("replace", 1, [WAITING]) == OverlapDecision(
         "replaced", creates=True, hold_from_slot_ms=None, cancel=("b",)
     )
+
+
+def test_a_pass_that_replaced_a_started_run_wakes_the_worker_and_kicks_the_drain() -> None:
+    calls: list[str] = []
+    result = FireResult(runs_created=1, schedules_decided=1, page_full=False, cancels_requested=1)
+    repo = FakeRepo(None, result)
+    loop = ScheduleLoop(
+        cast(ScheduleRepository, repo),
+        on_fired=lambda: calls.append("drain"),
+        on_cancel_requested=lambda: calls.append("wake worker"),
+    )
+    loop.pass_once()
+    assert calls == ["wake worker", "drain"]
