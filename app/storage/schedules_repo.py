@@ -347,26 +347,31 @@ class ScheduleRepository:
                     )
                 )
             created = cancels = 0
+            # The schedule's runs not ended, kept up to date through the pass (an earlier slot
+            # of catch-up "all" may create or cancel one): one read per pass.
+            rows: dict[str, Any] = {}
+            active: list[ActiveRun] = []
+            if fire:
+                for r in conn.execute(_ACTIVE_RUNS, {"schedule_id": row.id}):
+                    rows[r.id] = r
+                    active.append(ActiveRun(r.id, r.slot_ms, r.status, r.cancel_reason is not None))
             for slot in fire:
-                # Read again per slot: an earlier slot of this pass may have created or
-                # cancelled one (catch-up "all"); at most 100 slots per pass.
-                active = conn.execute(_ACTIVE_RUNS, {"schedule_id": row.id}).all()
-                choice = decide_overlap(
-                    definition.overlap,
-                    definition.max_concurrent,
-                    [ActiveRun(r.id, r.slot_ms, r.status, r.cancel_reason is not None)
-                     for r in active],
-                )  # fmt: skip
+                choice = decide_overlap(definition.overlap, definition.max_concurrent, active)
                 if not choice.creates:
                     decisions.append(_decision(row.id, slot, choice.kind, at, choice.blocking_run))
                     continue
                 if self._max_queued is not None and not queue_has_room(conn, self._max_queued):
                     decisions.append(_decision(row.id, slot, "dropped_queue_full", at, None))
                     continue
-                by_id = {r.id: r for r in active}
                 for run_id in choice.cancel:  # the one cancel path (runs_repo.cancel_in)
-                    cancel_in(conn, by_id[run_id], REPLACED_REASON, at)
-                    cancels += by_id[run_id].status != RunStatus.QUEUED.value
+                    cancel_in(conn, rows[run_id], REPLACED_REASON, at)
+                    queued = rows[run_id].status == RunStatus.QUEUED.value
+                    cancels += not queued
+                    active = [
+                        a if a.id != run_id else ActiveRun(a.id, a.slot_ms, a.status, True)
+                        for a in active
+                        if not (a.id == run_id and queued)  # a queued one ended cancelled
+                    ]
                 run_values, _ = enqueue_in(
                     conn,
                     task=definition.task,
@@ -376,6 +381,8 @@ class ScheduleRepository:
                     trigger=ScheduleTrigger(row.id, row.name, slot),
                     hold_from_slot_ms=choice.hold_from_slot_ms,
                 )
+                rows[run_values["id"]] = _Row(run_values)
+                active.append(ActiveRun(run_values["id"], slot, RunStatus.QUEUED.value, False))
                 decisions.append(_decision(row.id, slot, choice.kind, at, run_values["id"]))
                 created += 1
             if decisions:

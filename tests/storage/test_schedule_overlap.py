@@ -129,3 +129,33 @@ def test_a_held_run_never_starves_the_others_in_its_page_and_starts_once_the_old
     assert [(o.run_id, o.kind) for o in kit.dispatcher.run_pass().outcomes] == [
         (held.id, "started")
     ]
+
+
+def test_one_catch_up_pass_decides_each_slot_against_the_runs_the_pass_made(
+    engine: Engine,
+) -> None:
+    define(engine)
+    define(engine, "other")
+    repo = ScheduleRepository(engine)
+    for name, task, overlap in (("tick", "job", "queue_one"), ("swap", "other", "replace")):
+        definition = ScheduleDefinition(
+            task=task, revision=None, cron=None, every_seconds=1, overlap=overlap, catchup="all"
+        )
+        repo.put_schedule(name=name, definition=definition, paused=False, at_ms=T0)
+    assert repo.fire_due(T0 + 4000).runs_created == 2 + 4
+    kinds = [k for _, k, _ in decisions(repo)]
+    assert kinds == ["fired", "queued", "skipped_overlap", "skipped_overlap"]
+    page = RunReader(engine).list_runs(task="other", status=None, limit=50, cursor=None)
+    swap = sorted(page.items, key=lambda r: r.slot_ms or 0)
+    # Each newer slot replaced the one before it, which never started: cancelled at once.
+    assert [(r.status, r.cancel and r.cancel.reason) for r in swap] == [
+        ("cancelled", "replaced"), ("cancelled", "replaced"), ("cancelled", "replaced"),
+        ("queued", None),
+    ]  # fmt: skip
+    swap_kinds = [d.decision for d in repo.decisions(name="swap", limit=9, cursor=None).items]
+    assert swap_kinds == ["replaced", "replaced", "replaced", "fired"]  # newest first
+    # Nothing is left for the newest to wait for: it is not held.
+    held = {c.run_id: c.held for c in RunReader(engine).dispatch_candidates(limit=50).items}
+    assert held[swap[-1].id] is False
+    tick = by_slot(engine)
+    assert (held[tick[1].id], held[tick[2].id]) == (False, True)
