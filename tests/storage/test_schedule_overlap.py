@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 
 from app.domain.errors import AdmissionRefused, ErrorCode
 from app.domain.model import Run, ScheduleDefinition
+from app.schedule.slots import jitter_ms
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.schedules_repo import ScheduleRepository
@@ -159,3 +160,24 @@ def test_one_catch_up_pass_decides_each_slot_against_the_runs_the_pass_made(
     assert held[swap[-1].id] is False
     tick = by_slot(engine)
     assert (held[tick[1].id], held[tick[2].id]) == (False, True)
+
+
+def test_caught_up_slots_fire_at_once_and_only_the_newest_waits_for_its_jitter(
+    engine: Engine,
+) -> None:
+    define(engine)
+    repo = ScheduleRepository(engine)
+    definition = ScheduleDefinition(
+        task="job", revision=None, cron=None, every_seconds=60, overlap="allow",
+        max_concurrent=10, catchup="all", jitter_seconds=30,
+    )  # fmt: skip
+    schedule, _ = repo.put_schedule(name="tick", definition=definition, paused=False, at_ms=T0)
+    newest = T0 + 4 * 60_000
+    delay = jitter_ms(schedule.id, newest, 30)
+    assert delay > 0  # the id is random: a zero delay would prove nothing (odds 1 in 30,000)
+    # Back just before the newest slot's jitter elapsed: the backlog fires now, unjittered.
+    assert repo.fire_due(newest + delay - 1).runs_created == 3
+    assert sorted(by_slot(engine)) == [1 * 60, 2 * 60, 3 * 60]
+    assert repo.get(name="tick").next_due_ms == newest + delay
+    assert repo.fire_due(newest + delay).runs_created == 1
+    assert sorted(by_slot(engine)) == [60, 120, 180, 240]
