@@ -165,8 +165,8 @@ class Dispatcher:
                 continue
             # A source that knows no hold (a test's fake) lists no held candidate.
             if getattr(candidate, "held", False):
-                ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
-                outcomes.append(CandidateOutcome(**ids, kind="held"))
+                held = CandidateOutcome(candidate.run_id, candidate.attempt_id, kind="held")
+                outcomes.append(held)
                 continue
             if not self._take(candidate.attempt_id):
                 continue
