@@ -298,6 +298,9 @@ class AppFacade:
         # A queued run ended in that commit; a started one is stopped by the worker's sweep.
         if not is_terminal_run(run.status):
             self._intents.cancel_requested()
+        elif run.trigger_kind == "schedule":
+            # A run of its schedule may have waited behind this one (docs/schedules.md §5).
+            self._intents.enqueued()
         return self._with_logs(run)
 
     def get_run(self, *, run_id: str) -> Run:

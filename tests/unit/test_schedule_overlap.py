@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 from app.context.schedule_loop import ScheduleLoop
+from app.domain.ids import uuid7
+from app.domain.model import Run
+from app.domain.states import RunStatus
 from app.schedule.overlap import ActiveRun, OverlapDecision, decide_overlap
 from app.storage.schedules_repo import FireResult, ScheduleRepository
+from tests.unit.test_intent_hooks import _facade, _Intents, _Runs
 from tests.unit.test_scheduling_loop import FakeRepo
 
 RUNNING = ActiveRun("a", 1000, "running", cancel_requested=False)
@@ -72,3 +77,14 @@ def test_a_pass_that_replaced_a_started_run_wakes_the_worker_and_kicks_the_drain
     )
     loop.pass_once()
     assert calls == ["wake worker", "drain"]
+
+
+def test_a_cancel_that_ended_a_queued_scheduled_run_drains_for_the_run_held_behind_it() -> None:
+    class ScheduledRuns(_Runs):
+        def request_cancel(self, *, run_id: str, reason: str) -> Run:
+            ended = super().request_cancel(run_id=run_id, reason=reason)
+            return replace(ended, trigger_kind="schedule", schedule="tick", slot_ms=1000)
+
+    intents = _Intents()
+    _facade(ScheduledRuns(RunStatus.CANCELLED), intents).request_cancel(run_id=uuid7())
+    assert intents.calls == ["enqueued"]
