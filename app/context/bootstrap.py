@@ -279,7 +279,13 @@ def build_context(
     )
     schedule_repo = ScheduleRepository(engine, max_queued=settings.max_queued)
     # One timer per api process (docs/schedules.md §4); runs it creates kick the drain.
-    loop = ScheduleLoop(schedule_repo, on_fired=background.enqueued) if schedules else None
+    loop = None
+    if schedules:
+        loop = ScheduleLoop(
+            schedule_repo,
+            on_fired=background.enqueued,
+            on_cancel_requested=background.cancel_requested,
+        )
     facade = AppFacade(
         _definitions=definitions,
         _runs=runs,

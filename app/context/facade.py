@@ -14,10 +14,9 @@ from typing import Protocol
 
 from app.context.logs import LogFile, LogStore
 from app.context.token_cache import TokenCache
-from app.domain.errors import Conflict, ErrorCode, InvalidSchedule, NotFound, ValidationFailed
+from app.domain.errors import Conflict, ErrorCode, NotFound, ValidationFailed
 from app.domain.ids import is_uuid7, now_ms
 from app.domain.model import (
-    OVERLAP_POLICIES,
     Attempt,
     Page,
     Recipe,
@@ -301,6 +300,9 @@ class AppFacade:
         # A queued run ended in that commit; a started one is stopped by the worker's sweep.
         if not is_terminal_run(run.status):
             self._intents.cancel_requested()
+        elif run.trigger_kind == "schedule":
+            # A run of its schedule may have waited behind this one (docs/schedules.md §5).
+            self._intents.enqueued()
         return self._with_logs(run)
 
     def get_run(self, *, run_id: str) -> Run:
@@ -364,8 +366,6 @@ class AppFacade:
         validate_name(definition.task, what="task name")
         if definition.revision is not None:
             _check_revision(definition.revision)
-        if definition.overlap not in OVERLAP_POLICIES:
-            raise InvalidSchedule(f"overlap: {definition.overlap} is not available yet")
         validate(spec_of(definition))
         schedule, created = self._schedule_repo().put_schedule(
             name=name, definition=definition, paused=paused, if_match=if_match

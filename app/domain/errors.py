@@ -259,7 +259,8 @@ class AdmissionRefused(Exception):
 
     Not a DomainError: nothing was refused for good and nothing reaches a client. ``scope``
     is ``global`` (QL_MAX_RUNNING: the pass stops) or ``task`` (the revision's
-    ``max_concurrent``: the pass goes on with the rest of its page).
+    ``max_concurrent``: the pass goes on with the rest of its page) or ``held`` (a schedule's
+    run still waiting behind an older run of its schedule: the pass goes on as well).
     """
 
     def __init__(self, scope: str) -> None:

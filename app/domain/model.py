@@ -246,7 +246,7 @@ def plausible_handle(handle: object) -> bool:
     return isinstance(handle, ProcessHandle) and handle.is_stoppable()
 
 
-OVERLAP_POLICIES = ("skip", "allow")  # queue_one and replace: docs/schedules.md §6
+OVERLAP_POLICIES = ("skip", "allow", "queue_one", "replace")  # docs/schedules.md §5
 CATCHUP_POLICIES = ("latest", "all", "none")
 
 

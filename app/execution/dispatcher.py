@@ -2,7 +2,9 @@
 
 Admission (docs/design.md §3.3 step 7, docs/concurrency-budgets.md §2): a pass that finds
 QL_MAX_RUNNING runs active reads no page; a candidate whose task is at its revision's
-``max_concurrent`` is skipped and the rest of the page examined.
+``max_concurrent`` is skipped and the rest of the page examined, and so is a candidate the
+source marks ``held`` (a schedule's queue_one/replace run waiting behind an older run of its
+schedule, docs/schedules.md §5), without a query, an event or a write.
 
 Uniqueness comes from compare-and-set in the database alone (docs/design.md §3.7): several processes
 may run passes at once. The dispatcher owns no timer, thread or queue; its only state is the
@@ -57,9 +59,12 @@ OutcomeKind = Literal[
     "artifact_refused",  # the log artifact could not be created safely; run stays queued
     "at_capacity",  # QL_MAX_RUNNING runs are active: run stays queued, the pass stopped
     "task_at_capacity",  # its task is at max_concurrent: run stays queued, the pass goes on
+    "held",  # waits behind an older run of its schedule: run stays queued, the pass goes on
     "error",  # an unexpected failure; the pass stopped
 ]
 _LAUNCHED = frozenset({"started", "start_failed", "lost", "ended", "unresolved", "requeued"})
+# Kept queued until some active run ends (the budget poll, docs/concurrency-budgets.md §4).
+_WAITING = frozenset({"task_at_capacity", "held"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +96,7 @@ class PassResult:
     @property
     def budget_blocked(self) -> bool:
         """A budget kept a candidate queued: it may start once some active run ends."""
-        return self.at_capacity or any(o.kind == "task_at_capacity" for o in self.outcomes)
+        return self.at_capacity or any(o.kind in _WAITING for o in self.outcomes)
 
     @property
     def activated(self) -> CandidateOutcome | None:
@@ -119,6 +124,7 @@ class PassResult:
 
 
 CoordinatorFactory = Callable[[], StartCoordinator]
+_REFUSED: dict[str, OutcomeKind] = {"global": "at_capacity", "held": "held"}
 _RACES = (VersionConflict, InvalidTransition, CandidateGone)
 
 
@@ -162,6 +168,11 @@ class Dispatcher:
         blocked: set[tuple[str, int]] = set()
         for candidate in page.items:
             if (candidate.task, candidate.revision) in blocked:
+                continue
+            # A source that knows no hold (a test's fake) lists no held candidate.
+            if getattr(candidate, "held", False):
+                held = CandidateOutcome(candidate.run_id, candidate.attempt_id, kind="held")
+                outcomes.append(held)
                 continue
             if not self._take(candidate.attempt_id):
                 continue
@@ -219,7 +230,7 @@ class Dispatcher:
         # At most one launch per pass (docs/design.md §3.3), whatever its outcome; a task
         # budget T1 refused launched nothing, so the pass goes on.
         outcome = self._start(candidate, command)
-        return outcome, outcome.kind != "task_at_capacity"
+        return outcome, outcome.kind not in _WAITING
 
     def _start(self, candidate: DispatchCandidateLike, command: StartCommand) -> CandidateOutcome:
         ids: _Ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
@@ -231,7 +242,7 @@ class Dispatcher:
             # attempt, so the empty log we created is removed.
             self._materializer.discard_artifact(command)
             if isinstance(exc, AdmissionRefused):
-                kind: OutcomeKind = "at_capacity" if exc.scope == "global" else "task_at_capacity"
+                kind: OutcomeKind = _REFUSED.get(exc.scope, "task_at_capacity")
                 return CandidateOutcome(**ids, kind=kind)
             if isinstance(exc, (*_RACES, NotFound)):
                 return CandidateOutcome(**ids, kind="skipped_race")

@@ -8,12 +8,25 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Engine, Row, Select, and_, bindparam, func, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    Row,
+    Select,
+    and_,
+    bindparam,
+    case,
+    exists,
+    false,
+    func,
+    or_,
+    select,
+)
 
 from app.domain.errors import ErrorCode, NotFound
 from app.domain.events import attempt_event
 from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle, Run, RunEvent
-from app.domain.states import AttemptStatus, RunStatus
+from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.one_statement import OneStatementRead
 from app.storage.tables import attempts, run_events, runs, task_revisions
@@ -36,6 +49,9 @@ class DispatchCandidate:
     priority: int
     created_at_ms: int
     attempt_created_at_ms: int
+    # Held behind an older run of its schedule that has not ended (docs/schedules.md §5):
+    # the dispatcher passes it over, as a task at its budget.
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +161,22 @@ COUNT_TASK_ACTIVE = (
 )
 COUNT_QUEUED = select(func.count()).select_from(runs).where(runs.c.status == RunStatus.QUEUED.value)
 
+# A run with hold_from_slot_ms is held while a run of its schedule with a slot in
+# [hold_from_slot_ms, its slot) has not ended: a range of the unique index on (schedule_id,
+# slot_ms), a few rows (the runs that were active when it was created). Once false it stays
+# false: no run of the schedule can later take a slot before its own.
+_OLDER = runs.alias("older")
+HELD = case(
+    (runs.c.hold_from_slot_ms.is_(None), false()),
+    else_=exists().where(
+        _OLDER.c.schedule_id == runs.c.schedule_id,
+        _OLDER.c.slot_ms >= runs.c.hold_from_slot_ms,
+        _OLDER.c.slot_ms < runs.c.slot_ms,
+        # Equalities, not IN: an expanding IN is not compiled once (OneStatementRead).
+        or_(*(_OLDER.c.status == s.value for s in RunStatus if s not in TERMINAL_RUN)),
+    ),
+)
+
 
 class RunReader:
     """Read-only queries over runs, attempts and events."""
@@ -192,6 +224,7 @@ class RunReader:
                     attempts.c.id,
                     attempts.c.number,
                     attempts.c.created_at_ms,
+                    HELD.label("held"),
                 )
                 .select_from(_RUN_WITH_LATEST)
                 .join(
@@ -330,6 +363,7 @@ class RunReader:
                 priority=priority,
                 created_at_ms=created_at_ms,
                 attempt_created_at_ms=attempt_created_at_ms,
+                held=bool(held),
             )
             for (
                 run_id,
@@ -341,6 +375,7 @@ class RunReader:
                 attempt_id,
                 number,
                 attempt_created_at_ms,
+                held,
             ) in rows[:limit]
         ]
         next_cursor = None

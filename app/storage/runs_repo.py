@@ -53,7 +53,13 @@ from app.domain.states import (
 )
 from app.storage.definitions_repo import revision_row
 from app.storage.journal_repo import mark_consumed_in
-from app.storage.run_reads import COUNT_ACTIVE, COUNT_QUEUED, COUNT_TASK_ACTIVE, run_from_rows
+from app.storage.run_reads import (
+    COUNT_ACTIVE,
+    COUNT_QUEUED,
+    COUNT_TASK_ACTIVE,
+    HELD,
+    run_from_rows,
+)
 from app.storage.tables import attempts, idempotency_keys, run_events, runs
 from app.storage.uow import UnitOfWork
 
@@ -65,6 +71,7 @@ _ATTEMPT_BY_ID = select(attempts).where(attempts.c.id == bindparam("attempt_id")
 _ATTEMPT_BY_NUMBER = select(attempts).where(
     attempts.c.run_id == bindparam("run_id"), attempts.c.number == bindparam("number")
 )
+_HELD_BY_ID = select(HELD).where(runs.c.id == bindparam("run_id"))
 _IDEMPOTENCY = select(idempotency_keys.c.request_digest, idempotency_keys.c.run_id).where(
     idempotency_keys.c.token_id == bindparam("token_id"),
     idempotency_keys.c.key == bindparam("key"),
@@ -205,7 +212,8 @@ class RunRepository:
         The concurrency budgets are checked in this same transaction, after a lock that
         every T1 takes (docs/concurrency-budgets.md §2): AdmissionRefused("global") when
         ``max_running`` runs are dispatching or running, AdmissionRefused("task") when
-        ``max_concurrent`` runs of this run's task are.
+        ``max_concurrent`` runs of this run's task are. AdmissionRefused("held") when the run
+        waits behind an older run of its schedule that has not ended (docs/schedules.md §5).
         """
         with UnitOfWork(self._engine) as uow:
             if max_running is not None or max_concurrent is not None:
@@ -227,6 +235,11 @@ class RunRepository:
                     "attempt", attempt_row.status, AttemptStatus.STARTING,
                     reason="the attempt was already armed",
                 )  # fmt: skip
+            if (
+                run_row.hold_from_slot_ms is not None
+                and uow.conn.execute(_HELD_BY_ID, {"run_id": run_id}).scalar_one()
+            ):
+                raise AdmissionRefused("held")
             _admit(uow.conn, run_row.task, max_running, max_concurrent)
             at = now_ms()
             written = _step(
@@ -542,12 +555,14 @@ def enqueue_in(
     priority: int | None,
     at: int,
     trigger: ScheduleTrigger | None = None,
+    hold_from_slot_ms: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Insert a queued run, its claimed attempt 1 and ``run.queued`` inside ``conn``'s
     transaction; the run's and attempt's inserted values.
 
     The one enqueue path: ``POST /api/v1/runs`` and a schedule's fire both come here, so a
-    scheduled run is the same run as a manual one but for its trigger columns.
+    scheduled run is the same run as a manual one but for its trigger columns (and, for a
+    schedule's queue_one/replace run, ``hold_from_slot_ms``: docs/schedules.md §5).
     """
     rev = revision_row(conn, task, revision)
     run_id = uuid7(at)
@@ -564,6 +579,7 @@ def enqueue_in(
         "schedule_id": None if trigger is None else trigger.schedule_id,
         "schedule_name": None if trigger is None else trigger.schedule_name,
         "slot_ms": None if trigger is None else trigger.slot_ms,
+        "hold_from_slot_ms": hold_from_slot_ms,
     }
     attempt_values = {
         "id": uuid7(at),

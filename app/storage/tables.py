@@ -86,6 +86,9 @@ runs = Table(
     Column("schedule_id", ID, nullable=True),
     Column("schedule_name", String(128), nullable=True),
     Column("slot_ms", MS, nullable=True),
+    # Overlap queue_one / replace (migration 0007, docs/schedules.md §5): not dispatched while
+    # a run of the schedule with a slot in [hold_from_slot_ms, slot_ms) has not ended.
+    Column("hold_from_slot_ms", MS, nullable=True),
     # Dispatch order is priority DESC, created ASC: the index carries the same directions so
     # the planner walks it and sorts only ties (docs/design.md §3.3: no full scan of the queue).
     Index("ix_runs_dispatch_order", "status", text("priority DESC"), "created_at_ms"),
