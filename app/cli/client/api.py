@@ -17,7 +17,7 @@ import httpx
 
 from app.cli.client.render import one_line
 
-# Exit codes (docs/cli.md §Exit codes).
+# Exit codes (docs/cli.md §4).
 EXIT_OK = 0
 EXIT_RUN_NOT_SUCCEEDED = 1
 EXIT_USAGE = 2

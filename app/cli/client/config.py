@@ -1,4 +1,4 @@
-"""Where the client commands find the server and the token (docs/cli.md §Config).
+"""Where the client commands find the server and the token (docs/cli.md §2).
 
 Precedence: ``--url`` / ``--token``, then ``QL_URL`` / ``QL_TOKEN``, then the config file
 (``$QL_CLIENT_CONFIG``, else ``$XDG_CONFIG_HOME/qinglong/client.toml``, else
