@@ -20,7 +20,8 @@ CLIENT_COMMANDS = frozenset({"runs", "tasks", "schedules", "login", "logout"})
 def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
     """The full argument parser; each module registers its own sub-commands.
 
-    ``client_only``: only the client commands (what ``main`` uses when one is named).
+    ``client_only``: only the client commands (what ``main`` uses when one is named,
+    ``secrets list|set|delete`` included).
     """
     from app.cli import client
 
@@ -38,25 +39,34 @@ def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
         receipts.register(sub)
         worker.register(sub)
         lease.register(sub)
-    client.register(sub)
+    client.register(sub, with_secrets=client_only)
     return parser
 
 
-def _command_of(argv: Sequence[str]) -> str | None:
-    """The sub-command ``argv`` names (skipping ``--data-dir DIR``), or None."""
+def _is_client_command(argv: Sequence[str]) -> bool:
+    """``argv`` names a client command (``--data-dir DIR`` skipped)."""
+    from app.cli.client import SECRET_ACTIONS
+
+    words: list[str] = []
     args = iter(argv)
     for arg in args:
         if arg == "--data-dir":
             next(args, None)
         elif not arg.startswith("-"):
-            return arg
-    return None
+            words.append(arg)
+            if len(words) == 2:
+                break
+    if not words:
+        return False
+    if words[0] == "secrets":
+        return len(words) == 2 and words[1] in SECRET_ACTIONS
+    return words[0] in CLIENT_COMMANDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if _command_of(argv) in CLIENT_COMMANDS:
+    if _is_client_command(argv):
         client_args = build_parser(client_only=True).parse_args(argv)
         try:
             code: int = client_args.handler(client_args)

@@ -8,12 +8,15 @@ code, the same HTTP, without an interpreter start per command).
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 import httpx
@@ -36,7 +39,20 @@ from tests.e2e.conftest import (
 from tests.e2e.kit import get_run, put_task, wait_status
 from tests.worker.kit import kill_exact
 
-HELLO = "echo line 1; sleep 0.6; echo line 2; sleep 0.6; echo line 3"
+
+def gate(served: Served, name: str) -> Path:
+    """A file a job waits for (at most 30 s): what it printed before it must have reached
+    the client while the job still ran, however slow the machine."""
+    return Path(f"{served.data_dir}.gate-{name}")
+
+
+def wait_for(path: Path) -> str:
+    quoted = shlex.quote(str(path))
+    return f"i=0; while [ ! -e {quoted} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"
+
+
+def hello(served: Served) -> str:
+    return f"echo line 1; {wait_for(gate(served, 'hello'))}; echo line 2; echo line 3"
 
 
 def ql(served: Served | None, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -116,10 +132,11 @@ def cli_served(
 
 
 def _define(served: Served) -> Served:
-    put_task(served, "hello", HELLO)
+    put_task(served, "hello", hello(served))
     put_task(served, "bad", "echo oops; exit 3")
     put_task(served, "long", "echo started; exec sleep 60")
-    put_task(served, "ticker", "for i in 1 2 3 4 5 6; do echo tick $i; sleep 0.4; done")
+    ticks = "echo tick 1; echo tick 2; echo tick 3"
+    put_task(served, "ticker", f"{ticks}; {wait_for(gate(served, 'ticker'))}; echo tick 4")
     r = httpx.put(
         f"{served.base_url}/api/v1/schedules/nightly",
         json={"task": "hello", "cron": ["0 3 29 2 *"], "timezone": "Asia/Shanghai"},
@@ -141,7 +158,12 @@ def _read_only_token(database_url: str) -> str:
     return token
 
 
-def test_the_cli_client_journey(cli_served: Served, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_client_journey(
+    cli_served: Served,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
     served = cli_served
     # start --follow streams the log as it is written and ends with the status: exit 0.
     with start_follow(served, "hello") as follow:
@@ -150,6 +172,7 @@ def test_the_cli_client_journey(cli_served: Served, capsys: pytest.CaptureFixtur
         hello_id = runs.json()["items"][0]["id"]
         assert first == "line 1\n"
         assert get_run(served, hello_id)["status"] == "running"  # line 1 came while it ran
+        gate(served, "hello").touch()
         out, err = rest_of(follow)
     assert follow.returncode == 0, err
     assert first + out == "line 1\nline 2\nline 3\n"
@@ -206,7 +229,18 @@ def test_the_cli_client_journey(cli_served: Served, capsys: pytest.CaptureFixtur
     code, out, _ = run_main(capsys, served, "tasks", "show", "bad")
     assert "argv:            /bin/sh -c 'echo oops; exit 3'" in out
     code, out, _ = run_main(capsys, served, "tasks", "show", "hello", "--json")
-    assert json.loads(out)["latest"]["argv"] == ["/bin/sh", "-c", HELLO]
+    assert json.loads(out)["latest"]["argv"] == ["/bin/sh", "-c", hello(served)]
+
+    # secrets: the value from stdin, never printed back; names listed; delete, then 404.
+    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cret-value\n"))
+    code, out, _ = run_main(capsys, served, "secrets", "set", "db-pass")
+    assert (code, out) == (0, "secret db-pass set\n")
+    code, out, _ = run_main(capsys, served, "secrets", "list")
+    assert out.splitlines()[1].split()[0] == "db-pass" and "s3cret" not in out
+    code, out, _ = run_main(capsys, served, "secrets", "delete", "db-pass")
+    assert code == 0
+    code, _, err = run_main(capsys, served, "secrets", "delete", "db-pass")
+    assert one_error_line(err) == "error: 404 SECRET_NOT_FOUND: no secret named db-pass"
 
     # schedules: list, pause, show, resume.
     code, out, _ = run_main(capsys, served, "schedules", "list")
@@ -234,6 +268,26 @@ def test_the_cli_client_journey(cli_served: Served, capsys: pytest.CaptureFixtur
         "error: 401 UNAUTHENTICATED: the token is unknown or revoked"
     )
 
+    # login checks the token and writes the 0600 config file the other commands then read.
+    config = tmp_path / "home" / ".config" / "qinglong" / "client.toml"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("QL_URL", "QL_TOKEN", "QL_CLIENT_CONFIG", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    capsys.readouterr()
+    assert main(["login", "--url", served.base_url, "--token", "ql_" + "B" * 43]) == 3
+    assert not config.exists()  # a token the server refuses is not saved
+    assert main(["login", "--url", served.base_url, "--token", served.token]) == 0
+    assert config.stat().st_mode & 0o777 == 0o600
+    capsys.readouterr()
+    assert main(["tasks", "list", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["items"]) == 4
+    config.chmod(0o644)
+    assert main(["tasks", "list"]) == 2
+    assert "mode 0644, readable by others; run `chmod 600" in one_error_line(
+        capsys.readouterr().err
+    )
+    assert main(["logout"]) == 0 and not config.exists()
+
     if served.env.get("QL_DATABASE_URL"):
         return  # the resume is the client's own: SQLite shows it once
     # The api is killed while a follow streams: the supervisor restarts it and the client
@@ -245,9 +299,10 @@ def test_the_cli_client_journey(cli_served: Served, capsys: pytest.CaptureFixtur
         assert stat is not None
         kill_exact(api, stat[3])
         wait_until("the api restarted", lambda: served.service_pids().get("api", api) != api, 30)
+        gate(served, "ticker").touch()
         out, err = rest_of(follow)
     assert follow.returncode == 0, err
-    assert first + out == "".join(f"tick {i}\n" for i in range(1, 7))
+    assert first + out == "".join(f"tick {i}\n" for i in range(1, 5))
 
 
 def test_an_unreachable_server_is_one_line_and_exit_4() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.cli import _is_client_command
 from app.cli.client import render
 from app.cli.client.api import (
     EXIT_API_ERROR,
@@ -235,3 +236,14 @@ def test_no_token_anywhere_says_how_to_give_one(tmp_path: Path) -> None:
     assert config_path(env) == tmp_path / ".config" / "qinglong" / "client.toml"
     with pytest.raises(ClientError, match="pass --token, set QL_TOKEN or run `qinglong login`"):
         resolve(None, None, env)
+
+
+def test_client_commands_are_told_from_the_service_commands() -> None:
+    assert _is_client_command(["runs", "list"])
+    assert _is_client_command(["--data-dir", "runs", "tasks", "list"])  # DIR is "runs"
+    assert _is_client_command(["--data-dir", "/d", "schedules", "show", "x"])
+    assert _is_client_command(["secrets", "set", "name"])
+    assert not _is_client_command(["secrets", "rotate-key"])
+    assert not _is_client_command(["secrets"])
+    assert not _is_client_command(["serve", "--port", "1"])
+    assert not _is_client_command([])

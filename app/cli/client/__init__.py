@@ -1,8 +1,9 @@
 """Client commands of ``qinglong`` over the public REST API (docs/cli.md).
 
-``runs``, ``tasks``, ``schedules``, ``login`` and ``logout`` talk to a running service over
-HTTP only (never to its database): the same contract as any other client (docs/api.md). The
-import contract "the cli client talks HTTP only" (pyproject.toml) holds that.
+``runs``, ``tasks``, ``schedules``, ``secrets list|set|delete``, ``login`` and ``logout``
+talk to a running service over HTTP only (never to its database): the same contract as any
+other client (docs/api.md). The import contract "the cli client talks HTTP only"
+(pyproject.toml) holds that.
 """
 
 from __future__ import annotations
@@ -48,14 +49,26 @@ EXIT_BROKEN_PIPE = 141
 Command = Callable[[Client, argparse.Namespace], int]
 
 
-def register(sub: Any) -> None:
-    """Add ``runs``, ``tasks``, ``schedules``, ``login`` and ``logout`` to the parser."""
+SECRET_ACTIONS = frozenset({"list", "set", "delete"})
+
+
+def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url", help=f"the api's base url (default $QL_URL, the config file, {DEFAULT_URL})"
     )
     common.add_argument("--token", help="API token (default $QL_TOKEN, then the config file)")
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return common
+
+
+def register(sub: Any, *, with_secrets: bool = False) -> None:
+    """Add ``runs``, ``tasks``, ``schedules``, ``login`` and ``logout`` to the parser.
+
+    ``with_secrets``: also a ``secrets`` command with the client's actions only (the full
+    parser's ``secrets`` is app/cli/secrets.py's, which adds them beside ``rotate-key``).
+    """
+    common = _common()
 
     runs = sub.add_parser("runs", help="start, list, show, follow and cancel runs (over HTTP)")
     rsub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
@@ -116,6 +129,27 @@ def register(sub: Any) -> None:
     login.set_defaults(handler=cmd_login)
     logout = sub.add_parser("logout", help="delete the client config file")
     logout.set_defaults(handler=cmd_logout)
+    if with_secrets:
+        secrets = sub.add_parser("secrets", help="list, set and delete secrets (over HTTP)")
+        register_secret_actions(
+            secrets.add_subparsers(dest="secrets_command", metavar="ACTION", required=True)
+        )
+
+
+def register_secret_actions(ssub: Any) -> None:
+    """Add ``secrets list|set|delete`` (over HTTP; values are write-only) to ``ssub``."""
+    common = _common()
+    slist = ssub.add_parser("list", parents=[common], help="secret names and update times")
+    _paging(slist)
+    slist.set_defaults(handler=_client(cmd_secrets_list))
+    sset = ssub.add_parser(
+        "set", parents=[common], help="set or replace a secret; the value is read from stdin"
+    )
+    sset.add_argument("name")
+    sset.set_defaults(handler=_client(cmd_secrets_set))
+    sdel = ssub.add_parser("delete", parents=[common], help="delete a secret")
+    sdel.add_argument("name")
+    sdel.set_defaults(handler=_client(cmd_secrets_delete))
 
 
 def _paging(parser: argparse.ArgumentParser) -> None:
@@ -376,6 +410,47 @@ def cmd_schedule_one(client: Client, args: argparse.Namespace) -> int:
     else:
         state = "paused" if schedule.get("paused") else "active"
         print(f"schedule {render.safe(schedule['name'])} is {state}")
+    return EXIT_OK
+
+
+# -- secrets (write-only values, docs/api.md §5) ---------------------------------------------
+
+
+def cmd_secrets_list(client: Client, args: argparse.Namespace) -> int:
+    """One page of secret names (never values)."""
+    page = client.get("/secrets", limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _emit_json(page)
+        return EXIT_OK
+    rows = [(s["name"], render.when(s.get("updated_at_ms"))) for s in page["items"]]
+    print(render.table(("SECRET", "UPDATED"), rows))
+    _more(args, page, f"secrets list --limit {args.limit}")
+    return EXIT_OK
+
+
+def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:
+    """PUT a secret's value, read from the terminal without echo or from stdin (never argv)."""
+    if sys.stdin.isatty():
+        value = getpass.getpass(f"value of {args.name}: ")
+    else:
+        value = sys.stdin.read().removesuffix("\n")
+    if not value:
+        raise ClientError("an empty secret value; nothing was set", EXIT_USAGE)
+    client.request("PUT", f"/api/v1/secrets/{_seg(args.name)}", body={"value": value})
+    if args.json:
+        _emit_json({"name": args.name, "set": True})
+    else:
+        print(f"secret {render.safe(args.name)} set")
+    return EXIT_OK
+
+
+def cmd_secrets_delete(client: Client, args: argparse.Namespace) -> int:
+    """DELETE a secret."""
+    client.request("DELETE", f"/api/v1/secrets/{_seg(args.name)}")
+    if args.json:
+        _emit_json({"name": args.name, "deleted": True})
+    else:
+        print(f"secret {render.safe(args.name)} deleted")
     return EXIT_OK
 
 
