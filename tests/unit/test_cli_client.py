@@ -236,6 +236,16 @@ def test_no_token_anywhere_says_how_to_give_one(tmp_path: Path) -> None:
     assert config_path(env) == tmp_path / ".config" / "qinglong" / "client.toml"
     with pytest.raises(ClientError, match="pass --token, set QL_TOKEN or run `qinglong login`"):
         resolve(None, None, env)
+    with pytest.raises(ClientError, match="pass --token"):
+        resolve(None, "  ", env)
+
+
+@pytest.mark.parametrize("token", ["ключ", "ql_a\nb", "ql_a b"])
+def test_a_token_that_cannot_be_a_header_is_refused_without_echoing_it(token: str) -> None:
+    with pytest.raises(ClientError) as caught:
+        resolve("http://127.0.0.1:9", token, {})
+    assert caught.value.exit_code == EXIT_USAGE
+    assert token not in caught.value.message and "non-ASCII" in caught.value.message
 
 
 def test_client_commands_are_told_from_the_service_commands() -> None:

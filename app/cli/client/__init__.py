@@ -29,7 +29,14 @@ from app.cli.client.api import (
     LogChunk,
     public_url,
 )
-from app.cli.client.config import DEFAULT_URL, config_path, read_config, resolve, write_config
+from app.cli.client.config import (
+    DEFAULT_URL,
+    check_token,
+    config_path,
+    read_config,
+    resolve,
+    write_config,
+)
 
 # docs/api.md §6.
 RUN_STATUSES = (
@@ -463,9 +470,7 @@ def cmd_login(args: argparse.Namespace) -> int:
     try:
         stored = read_config(path)
         url = args.url or _env("QL_URL") or stored.get("url") or DEFAULT_URL
-        token = args.token or _env("QL_TOKEN") or _read_token()
-        if not token:
-            raise ClientError("no token given", EXIT_USAGE)
+        token = check_token(args.token or _env("QL_TOKEN") or _read_token())
         with Client(url, token) as client:
             try:
                 client.get("/runs", limit=1)

@@ -174,7 +174,6 @@ class Client:
                 },
                 timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
                 transport=transport,
-                trust_env=False,
             )
         except (httpx.InvalidURL, ValueError) as exc:
             raise ClientError(f"invalid server url {public_url(url)}: {exc}", EXIT_USAGE) from None

@@ -103,11 +103,23 @@ def resolve(url: str | None, token: str | None, env: dict[str, str] | None = Non
         stored = read_config(path)
         url = url or stored.get("url")
         token = token or stored.get("token")
+    return Target(url=url or DEFAULT_URL, token=check_token(token))
+
+
+def check_token(token: str | None) -> str:
+    """``token`` stripped, if it can be sent in a header; else a ClientError (never echoing it)."""
+    token = (token or "").strip()
     if not token:
         raise ClientError(
             "no API token: pass --token, set QL_TOKEN or run `qinglong login`", EXIT_USAGE
         )
-    return Target(url=url or DEFAULT_URL, token=token.strip())
+    if not all("\x21" <= ch <= "\x7e" for ch in token):
+        raise ClientError(
+            "the API token holds spaces, control or non-ASCII characters (a token is ql_ "
+            "and 43 more characters); check --token, QL_TOKEN or the config file",
+            EXIT_USAGE,
+        )
+    return token
 
 
 def write_config(path: Path, *, url: str, token: str) -> None:
