@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cli import _is_client_command
+from app.cli import _is_client_command, main
 from app.cli.client import render
 from app.cli.client.api import (
     EXIT_API_ERROR,
@@ -257,3 +257,44 @@ def test_client_commands_are_told_from_the_service_commands() -> None:
     assert not _is_client_command(["secrets"])
     assert not _is_client_command(["serve", "--port", "1"])
     assert not _is_client_command([])
+
+
+def _main_against(
+    monkeypatch: pytest.MonkeyPatch, answer: httpx.Response, *args: str
+) -> int:
+    import app.cli.client as commands
+
+    def client(url: str, token: str) -> Client:
+        return Client(url, token, transport=httpx.MockTransport(lambda _: answer))
+
+    monkeypatch.setattr(commands, "Client", client)
+    return main([*args, "--url", "http://api.test", "--token", "ql_t"])
+
+
+@pytest.mark.parametrize(
+    ("answer", "line"),
+    [
+        (
+            httpx.Response(200, json={"items": [{"id": "r"}]}),  # no task, status, ...
+            "error: the server's answer is not what this client expects (KeyError); "
+            "is --url a qinglong api of this version?",
+        ),
+        (
+            httpx.Response(200, text="<html>a login page</html>"),
+            "error: http://api.test/api/v1/runs answered 200 without JSON",
+        ),
+        (
+            httpx.Response(502, text="<html>Bad Gateway</html>"),
+            "error: 502 Bad Gateway: the answer is not a problem+json document "
+            "(is --url the qinglong api?)",
+        ),
+    ],
+)
+def test_a_strange_answer_is_one_line_and_exit_3(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    answer: httpx.Response,
+    line: str,
+) -> None:
+    assert _main_against(monkeypatch, answer, "runs", "list") == 3
+    assert capsys.readouterr().err == line + "\n"

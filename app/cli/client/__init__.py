@@ -9,6 +9,7 @@ other client (docs/api.md). The import contract "the cli client talks HTTP only"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
@@ -20,6 +21,7 @@ from urllib.parse import quote
 
 from app.cli.client import render
 from app.cli.client.api import (
+    EXIT_API_ERROR,
     EXIT_OK,
     EXIT_RUN_NOT_SUCCEEDED,
     EXIT_USAGE,
@@ -184,12 +186,23 @@ def _client(command: Command) -> Callable[[argparse.Namespace], int]:
         except BrokenPipeError:
             _quiet_stdout()
             return EXIT_BROKEN_PIPE
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # A 2xx whose JSON lacks what docs/api.md promises: another server, or another
+            # version of it. One line, not a traceback.
+            return _fail(
+                ClientError(
+                    "the server's answer is not what this client expects "
+                    f"({type(exc).__name__}); is --url a qinglong api of this version?",
+                    EXIT_API_ERROR,
+                )
+            )
 
     return handler
 
 
 def _fail(exc: ClientError) -> int:
-    sys.stdout.flush()
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
     print(f"error: {exc.message}", file=sys.stderr)
     return exc.exit_code
 
