@@ -4,11 +4,13 @@ Builds the wheel from a copy of exactly what the Dockerfile copies (pyproject.to
 app/), installs it into a new venv in tmp_path (dependencies from the pip cache / configured
 index), then from a cwd outside the checkout, without PYTHONPATH or any QL_ variable of this
 environment: ``qinglong migrate``, ``qinglong token bootstrap``, ``qinglong serve``, one run
-over HTTP, its log, and a SIGTERM stop that leaves nothing behind (docs/packaging.md).
+over HTTP, its log, the installed client's ``qinglong runs show`` of it, and a SIGTERM stop that
+leaves nothing behind (docs/packaging.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -147,6 +149,12 @@ def test_a_built_wheel_installed_outside_the_checkout_migrates_serves_and_runs_a
             run = wait_status(served, run_id, {"succeeded", "failed", "lost"}, timeout=60)
             assert run["status"] == "succeeded", run
             assert read_log(served, run_id) == b"hello-from-the-wheel\n"
+            # The client commands run from the install too (httpx is a runtime dependency).
+            shown = _run(
+                [str(qinglong), "runs", "show", run_id, "--json", "--url", served.base_url],
+                cwd=outside, env=env | {"QL_TOKEN": token},
+            )  # fmt: skip
+            assert json.loads(shown)["status"] == "succeeded"
         finally:
             code = served.stop()
         assert code == 0, served.log()
