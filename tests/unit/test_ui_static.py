@@ -10,14 +10,15 @@ import re
 import tomllib
 from pathlib import Path
 
+from tests.browser import ZH_AS_IS_WORDS
+
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "app" / "ui" / "static"
 LANGS = ("en", "zh-CN")
 _LABEL = re.compile(r"\bt\('([A-Za-z0-9_.-]+)'")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 _CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
-# zh-CN labels without a Chinese character: technical tokens a Chinese reader sees as they are.
-_ZH_AS_IS = {"UTC"}
+_WORD = re.compile(r"[A-Za-z][A-Za-z_:]+")
 # Ways a string could become markup or code.
 _UNSAFE_JS = re.compile(
     r"\.innerHTML\b|\.outerHTML\b|insertAdjacentHTML|document\.write|\beval\(|new Function\("
@@ -46,9 +47,11 @@ def test_both_dictionaries_have_the_same_keys_and_placeholders() -> None:
 
 
 def test_every_zh_cn_label_is_chinese() -> None:
-    zh = _dict("zh-CN")
-    untranslated = {k: v for k, v in zh.items() if not _CJK.search(v) and v not in _ZH_AS_IS}
+    zh = {k: _PLACEHOLDER.sub("", v) for k, v in _dict("zh-CN").items()}
+    untranslated = {k: v for k, v in zh.items() if not _CJK.search(v) and v != "UTC"}
     assert not untranslated, untranslated
+    latin = {k: w for k, v in zh.items() for w in _WORD.findall(v) if w not in ZH_AS_IS_WORDS}
+    assert not latin, f"Latin words in zh-CN labels (tests/browser.py ZH_AS_IS_WORDS): {latin}"
 
 
 def test_every_label_the_code_names_is_in_the_dictionary() -> None:

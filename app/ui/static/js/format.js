@@ -7,7 +7,7 @@ export const TERMINAL = new Set(['succeeded', 'failed', 'cancelled', 'timed_out'
 export const RUN_STATUSES = ['queued', 'dispatching', 'running', 'succeeded', 'failed', 'cancelled', 'timed_out', 'lost'];
 const STATUS_MARK = {
   queued: '◌', dispatching: '◔', running: '▶', claimed: '◌', starting: '◔',
-  succeeded: '✓', failed: '✗', cancelled: '⊘', timed_out: '⏱', lost: '?',
+  succeeded: '✓', failed: '✗', cancelled: '⊘', timed_out: '◷', lost: '?',
 };
 const SIGNALS = {
   1: 'SIGHUP', 2: 'SIGINT', 3: 'SIGQUIT', 4: 'SIGILL', 6: 'SIGABRT', 7: 'SIGBUS', 8: 'SIGFPE',

@@ -76,7 +76,17 @@ function render() {
     document.title = `${t('signin.title')} · qinglong-control`;
     const message = signInMessage;
     signInMessage = null;
-    signInPage(view, { message, onDone: () => go(params.get('next') || 'runs') });
+    // Back to where the user was headed: the page asked for, or ?next= of #/signin.
+    const next = path === 'signin' ? params.get('next') : location.hash.replace(/^#\/?/, '');
+    view.setAttribute('aria-busy', 'false');
+    signInPage(view, {
+      message,
+      onDone: () => {
+        const target = `#/${next || 'runs'}`;
+        if (location.hash === target) render();
+        else location.hash = target;
+      },
+    });
     return;
   }
   for (const [re, page, section] of ROUTES) {
@@ -88,7 +98,10 @@ function render() {
     const controller = new AbortController();
     const args = m.slice(1).map((s) => decodeURIComponent(s));
     put(view, h('p', { class: 'loading' }, t('common.loading')));
-    const stop = page(view, { args, params, signal: controller.signal });
+    // aria-busy until the page drew its first data (the browser tests wait for it too).
+    view.setAttribute('aria-busy', 'true');
+    const ready = () => { if (!controller.signal.aborted) view.setAttribute('aria-busy', 'false'); };
+    const stop = page(view, { args, params, signal: controller.signal, ready });
     stopPage = () => { controller.abort(); if (typeof stop === 'function') stop(); };
     return;
   }

@@ -13,7 +13,7 @@ const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
 const SHOWN_CHARS = 2_000_000;
 
-export function runPage(view, { args: [runId], signal }) {
+export function runPage(view, { args: [runId], signal, ready }) {
   const state = { run: null, attempts: [], events: [], follower: null, followed: null };
   const head = h('div', { class: 'page-head' });
   const summary = h('div', { class: 'card' });
@@ -232,7 +232,7 @@ export function runPage(view, { args: [runId], signal }) {
     }
   }
 
-  refresh().catch(() => {});
+  refresh().catch(() => {}).finally(ready);
   every(POLL_MS, signal, async () => {
     if (state.run && TERMINAL.has(state.run.status) && (!state.follower || state.follower.stopped)) return;
     await refresh();

@@ -10,7 +10,7 @@ import { errorBox, every, loadMore } from './common.js';
 const PAGE = 50;
 const POLL_MS = 2000;
 
-export function runsPage(view, { params, signal }) {
+export function runsPage(view, { params, signal, ready }) {
   const task = params.get('task') || '';
   const status = params.get('status') || '';
   const taskInput = h('input', { id: 'filter-task', name: 'task', value: task, autocomplete: 'off', spellcheck: 'false', placeholder: t('runs.any_task') });
@@ -102,6 +102,6 @@ export function runsPage(view, { params, signal }) {
     for (const r of live) upsert(await api.get(path('runs', r.run.id), { scope: 'runs:read', signal }), false);
   }
 
-  first().catch(() => {});
+  first().catch(() => {}).finally(ready);
   every(POLL_MS, signal, async () => { await first(); await refreshOlder(); });
 }

@@ -15,11 +15,11 @@ function cadence(s) {
 
 function pausedTag(s) {
   return s.paused
-    ? h('span', { class: 'status status-paused' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '⏸'), ' ', t('schedules.paused'))
+    ? h('span', { class: 'status status-paused' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '‖'), ' ', t('schedules.paused'))
     : h('span', { class: 'status status-active' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '▶'), ' ', t('schedules.active'));
 }
 
-export function schedulesPage(view, { signal }) {
+export function schedulesPage(view, { signal, ready }) {
   const body = h('tbody');
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t('schedules.empty'));
@@ -53,10 +53,10 @@ export function schedulesPage(view, { signal }) {
     empty.hidden = body.rows.length > 0;
     return page.next_cursor;
   }
-  fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || ''));
+  fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || '')).finally(ready);
 }
 
-export function schedulePage(view, { args: [name], signal }) {
+export function schedulePage(view, { args: [name], signal, ready }) {
   const problem = h('div');
   const result = resultSlot();
   const head = h('div', { class: 'page-head' }, h('h1', {}, t('schedules.schedule'), ' ', raw(name)));
@@ -70,7 +70,7 @@ export function schedulePage(view, { args: [name], signal }) {
       h('div', { class: 'table-wrap' }, h('table', {},
         h('thead', {}, h('tr', {},
           h('th', { scope: 'col' }, t('schedules.local_browser')),
-          h('th', { scope: 'col' }, t('schedules.local_zone')),
+          h('th', { scope: 'col', class: 'wide' }, t('schedules.local_zone')),
           h('th', { scope: 'col' }, t('schedules.utc')))),
         fires))),
     h('section', {}, h('h2', {}, t('schedules.decisions')),
@@ -89,6 +89,8 @@ export function schedulePage(view, { args: [name], signal }) {
       more.set(addDecisions(await fetchDecisions(null)));
     } catch (err) {
       problem.replaceChildren(errorBox(err) || '');
+    } finally {
+      ready();
     }
   }
 
@@ -110,7 +112,7 @@ export function schedulePage(view, { args: [name], signal }) {
       h('a', { href: `#/runs?task=${encodeURIComponent(s.task)}` }, t('tasks.see_runs')));
     put(fires, (s.next_fires || []).map((f) => h('tr', {},
       h('td', {}, localTime(f.at_ms)),
-      h('td', {}, raw(f.local, 'code')),
+      h('td', { class: 'wide' }, raw(f.local, 'code')),
       h('td', {}, raw(utcTime(f.at_ms), 'code')))));
   }
 
@@ -137,7 +139,7 @@ export function schedulePage(view, { args: [name], signal }) {
       } else if (d.run) {
         detail = [t(d.decision === 'fired' ? 'schedules.fired_run' : 'schedules.blocking_run'), ' ', link(['runs', d.run], raw(shortId(d.run), 'code'))];
       }
-      decisions.append(h('tr', { class: `decision-${d.decision}` },
+      decisions.append(h('tr', { dataset: { decision: d.decision } },
         h('td', {}, localTime(d.slot_ms), h('br'), raw(utcTime(d.slot_ms), 'small')),
         h('td', {}, h('span', { class: `status decision decision-${d.decision}` }, label)),
         h('td', {}, detail)));

@@ -7,7 +7,7 @@ import { t } from '../i18n.js';
 import { timeEl } from '../format.js';
 import { errorBox, loadMore, resultSlot } from './common.js';
 
-export function secretsPage(view, { signal }) {
+export function secretsPage(view, { signal, ready }) {
   const body = h('tbody');
   const problem = h('div');
   const result = resultSlot();
@@ -95,5 +95,5 @@ export function secretsPage(view, { signal }) {
     }
   }
 
-  reload();
+  reload().finally(ready);
 }

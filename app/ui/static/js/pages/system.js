@@ -9,7 +9,7 @@ import { errorBox, every, facts } from './common.js';
 
 const CHECKS = ['database', 'disk', 'worker'];
 
-export function systemPage(view, { signal }) {
+export function systemPage(view, { signal, ready: drawn }) {
   const ready = h('div', { class: 'card' });
   const about = h('div', { class: 'card' });
   const storage = h('div', { class: 'card' });
@@ -80,6 +80,6 @@ export function systemPage(view, { signal }) {
     return raw(value);
   }
 
-  load();
+  load().finally(drawn);
   every(5000, signal, readiness);
 }

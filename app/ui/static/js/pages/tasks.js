@@ -9,7 +9,7 @@ import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
 import { errorBox, facts, loadMore, resultSlot } from './common.js';
 
-export function tasksPage(view, { signal }) {
+export function tasksPage(view, { signal, ready }) {
   const body = h('tbody');
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t('tasks.empty'));
@@ -38,10 +38,10 @@ export function tasksPage(view, { signal }) {
     empty.hidden = body.rows.length > 0;
     return page.next_cursor;
   }
-  fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || ''));
+  fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || '')).finally(ready);
 }
 
-export function taskPage(view, { args: [task], signal }) {
+export function taskPage(view, { args: [task], signal, ready }) {
   const problem = h('div');
   const result = resultSlot();
   const start = h('button', { type: 'button', id: 'start-run', on: { click: onStart } }, t('tasks.start_run'));
@@ -80,9 +80,11 @@ export function taskPage(view, { args: [task], signal }) {
       const info = await api.get(path('tasks', task), { scope: 'definitions:read', signal });
       drawLatest(info.latest);
       more.set(addRevisions(await fetchRevisions(null)));
-      drawRecipe(info.latest.recipe);
+      await drawRecipe(info.latest.recipe);
     } catch (err) {
       problem.replaceChildren(errorBox(err) || '');
+    } finally {
+      ready();
     }
   }
 
