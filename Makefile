@@ -4,8 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# loadgroup: tests marked xdist_group share one worker (one served instance and browser).
-PYTEST_ARGS ?= -n auto --dist loadgroup
+PYTEST_ARGS ?= -n auto
 
 .PHONY: run test test-unit test-integration test-e2e lint openapi bench bench-quick clean
 

@@ -1,8 +1,9 @@
 """The web UI in a real browser against a real ``qinglong serve`` (docs/ui.md §4).
 
-One SQLite service and one chromium for the whole module (the tests share the worker through
-``xdist_group``); each test opens a fresh browser context, so nothing of one sign-in leaks into
-the next. Screenshots of every page go to a pytest tmp dir (and to ``QL_UI_SCREENSHOTS_DIR``
+One SQLite service and one chromium, so one test that walks the flows in turn: pytest-xdist
+would spread separate tests over workers, each paying for its own service and browser (its
+``loadgroup`` mode does not group under pytest 9.2). Each flow opens a fresh browser context,
+so nothing of one sign-in leaks into the next. Screenshots of every page go to a pytest tmp dir (and to ``QL_UI_SCREENSHOTS_DIR``
 when set: that is how docs/ui/*.png are refreshed).
 """
 
@@ -29,8 +30,6 @@ from app.storage.tokens_repo import TokenRepository
 from tests.browser import ZH_AS_IS_WORDS, browser_or_skip
 from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import enqueue, put_task, read_log, wait_status
-
-pytestmark = [pytest.mark.xdist_group("ui-browser")]
 
 XSS = "<img src=x onerror=alert(1)>"
 WAIT_MS = 20_000
@@ -100,14 +99,12 @@ def _token(served: Served, *scopes: str) -> str:
     return token
 
 
-@pytest.fixture(scope="module")
-def site(
-    module_serve_factory: ServeFactory, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Site]:
+@pytest.fixture
+def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
     executable = browser_or_skip()
     from playwright.sync_api import sync_playwright
 
-    served = module_serve_factory(stop_jobs_on_exit=True)
+    served = serve_factory(stop_jobs_on_exit=True)
     gate_dir = Path(tempfile.mkdtemp(prefix="ql-ui"))
     gate = gate_dir / "go"
     auth = served.auth
@@ -139,11 +136,12 @@ def site(
     schedule = "every-second"
     r = httpx.put(
         f"{base}/api/v1/schedules/{schedule}",
-        json={"task": "overlap", "every_seconds": 1, "catchup_window_seconds": 60},
+        json={"task": "overlap", "every_seconds": 1, "catchup_window_seconds": 60, "paused": True},
         headers=auth,
     )
     assert r.status_code == 201, r.text
-    shots = tmp_path_factory.mktemp("ui-screenshots")
+    shots = tmp_path / "ui-screenshots"
+    shots.mkdir()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:
@@ -171,7 +169,7 @@ def _badge(page: Any, status: str) -> None:
     page.wait_for_selector(f".page-head .status[data-status={status}]")
 
 
-def test_sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
+def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     site: Site,
 ) -> None:
     page = site.page()
@@ -210,7 +208,7 @@ def test_sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeed
     assert page.errors == []
 
 
-def test_cancel_a_long_run_ends_cancelled(site: Site) -> None:
+def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     page = site.page()
     site.sign_in(page, path="tasks/sleeper")
     page.click("#start-run")
@@ -226,7 +224,7 @@ def test_cancel_a_long_run_ends_cancelled(site: Site) -> None:
     assert page.errors == []
 
 
-def test_markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(
+def _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(
     site: Site,
 ) -> None:
     # Names cannot carry markup at all: the API refuses them before any page shows one.
@@ -252,7 +250,7 @@ def test_markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_scrip
     assert page.errors == []
 
 
-def test_a_read_only_token_sees_each_write_refused_with_the_missing_scope(site: Site) -> None:
+def _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site: Site) -> None:
     page = site.page()
     site.sign_in(page, site.read_only, path="tasks/hello")
     page.click("#start-run")
@@ -302,10 +300,11 @@ def _english_words(texts: list[str], allowed: set[str]) -> list[str]:
     return found
 
 
-def test_zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site: Site) -> None:
+def _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site: Site) -> None:
     # Scope names (runs:write) and other data are in .raw / code elements, skipped by the scan.
     allowed = set(ZH_AS_IS_WORDS)
     # A fired and a skipped slot for the schedule page; then it stays paused.
+    assert site.api("POST", f"/api/v1/schedules/{site.schedule}/resume").is_success
     wait_until(
         "a fired and a skipped slot",
         lambda: {"fired", "skipped_overlap"} <= {d["decision"] for d in _decisions(site)},
@@ -353,3 +352,12 @@ def _decisions(site: Site) -> list[dict[str, Any]]:
     assert r.status_code == 200, r.text
     items: list[dict[str, Any]] = r.json()["items"]
     return items
+
+
+def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
+    """Issue 17's flows, in order; a failure names its flow in the traceback."""
+    _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(site)
+    _cancel_a_long_run_ends_cancelled(site)
+    _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(site)
+    _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
+    _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
