@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -66,8 +66,9 @@ class SecurityHeaders:
 def install_ui(app: FastAPI) -> None:
     """Serve the UI at ``/ui/`` (``/ui`` redirects there); outside the OpenAPI document."""
 
-    async def ui_root() -> RedirectResponse:
+    async def ui_root(request: Request) -> RedirectResponse:
         return RedirectResponse(f"{UI_PREFIX}/", status_code=308)
 
-    app.add_api_route(UI_PREFIX, ui_root, methods=["GET"], include_in_schema=False)
+    # A plain Starlette route, like the docs routes: API routes are all StrictJSONRoute.
+    app.add_route(UI_PREFIX, ui_root, methods=["GET", "HEAD"], include_in_schema=False)
     app.mount(UI_PREFIX, StaticFiles(directory=STATIC_DIR, html=True), name="ui")
