@@ -174,9 +174,18 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
 ) -> None:
     page = site.page()
     page.goto(site.ui)
-    page.wait_for_selector("#token")
+    page.wait_for_selector("#token:focus")
     site.shot(page, "signin-desktop")
-    site.sign_in(page)
+    # By keyboard: the token field has the focus, Enter submits, the new page has the focus
+    # and Tab reaches its first control.
+    page.keyboard.type(site.served.token)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#signout:visible")
+    assert page.evaluate("document.activeElement.id") == "view"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.getAttribute('href')") == "#/tasks"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "filter-task"
     row = page.wait_for_selector(f"tr[data-run='{site.finished_run}']")
     assert row.query_selector(".status[data-status=succeeded]") is not None
     assert "succeeded" in row.inner_text()  # the colour also reads as a word
@@ -190,6 +199,8 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     page.wait_for_function("() => document.getElementById('log').textContent.includes('line 2')")
     assert page.text_content(".page-head .status") != "succeeded"
     assert page.get_attribute(".log-state", "class") == "log-state log-live"
+    box = "e => [e.offsetTop, e.getBoundingClientRect().height]"
+    streaming = page.eval_on_selector("#log", box)
     # A dropped connection resumes from the last offset: no byte twice, none skipped.
     page.evaluate("window.qlLogFollower.drop()")
     page.wait_for_function("() => window.qlLogFollower.reconnects >= 1")
@@ -197,6 +208,7 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     site.gate.touch()
     page.wait_for_selector(".log-state.log-ended")
     _badge(page, "succeeded")
+    assert page.eval_on_selector("#log", box) == streaming  # no layout jump as it streamed
     expected = "line 1\nline 2\nline 3\nline 4\nline 5\n"
     assert page.text_content("#log") == expected
     assert read_log(site.served, run_id).decode() == expected

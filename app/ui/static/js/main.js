@@ -25,6 +25,7 @@ const NAV = ['runs', 'tasks', 'schedules', 'secrets', 'system'];
 
 let stopPage = () => {};
 let signInMessage = null;
+let rendered = false;
 
 function parseHash() {
   const hash = location.hash.replace(/^#\/?/, '');
@@ -79,6 +80,7 @@ function render() {
     // Back to where the user was headed: the page asked for, or ?next= of #/signin.
     const next = path === 'signin' ? params.get('next') : location.hash.replace(/^#\/?/, '');
     view.setAttribute('aria-busy', 'false');
+    rendered = true;
     signInPage(view, {
       message,
       onDone: () => {
@@ -103,6 +105,9 @@ function render() {
     const ready = () => { if (!controller.signal.aborted) view.setAttribute('aria-busy', 'false'); };
     const stop = page(view, { args, params, signal: controller.signal, ready });
     stopPage = () => { controller.abort(); if (typeof stop === 'function') stop(); };
+    // After a navigation the keyboard (and a screen reader) starts at the new content.
+    if (rendered) view.focus({ preventScroll: true });
+    rendered = true;
     return;
   }
   go('runs');
