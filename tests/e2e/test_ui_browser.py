@@ -234,6 +234,13 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     ending = page.inner_text("table.attempts")
     assert "Stopped by signal" in ending or "Exited with code" in ending, ending
     assert page.query_selector("#cancel") is None
+    # The runs filter: by status, then by task.
+    site.visit(page, "runs?status=cancelled")
+    rows = page.query_selector_all("tbody tr[data-run]")
+    assert [r.get_attribute("data-run") for r in rows] == [run_id]
+    site.visit(page, "runs?task=ticker")
+    tasks = {c.inner_text() for c in page.query_selector_all("tbody tr td:nth-child(2)")}
+    assert tasks == {"ticker"}
     assert page.errors == []
 
 
