@@ -22,6 +22,7 @@ from app.api import (
 from app.api.asgi import GuardMiddleware
 from app.api.hot_reads import HotReads
 from app.api.openapi import install_openapi
+from app.api.ui import SecurityHeaders, install_ui
 from app.context.bootstrap import AppContext, build_context
 from app.settings import Settings
 
@@ -71,6 +72,7 @@ def create_app(
         routes_schedules,
     ):
         app.include_router(module.router)
+    install_ui(app)  # /ui: static files, outside the OpenAPI document (docs/ui.md)
     app.add_middleware(HotReads)  # innermost: CORS and the guard still wrap it
     if settings.cors_origins:
         app.add_middleware(
@@ -88,5 +90,6 @@ def create_app(
             expose_headers=["ETag", "Link", "Content-Range", "X-Log-Truncated"],
         )
     app.add_middleware(GuardMiddleware)
+    app.add_middleware(SecurityHeaders)  # outermost: its headers are on every answer
     install_openapi(app)
     return app

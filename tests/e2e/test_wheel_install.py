@@ -20,6 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import REPO_ROOT, Served, free_port, spawn_served
@@ -38,6 +39,11 @@ PACKAGE_DATA = (
     "app/storage/migrations/script.py.mako",
     "app/storage/migrations/versions/0001_initial.py",
     "app/worker/shim.py",
+    # The web UI (docs/ui.md): tests/unit/test_ui_static.py holds every file to the globs.
+    "app/ui/static/index.html",
+    "app/ui/static/js/main.js",
+    "app/ui/static/js/pages/run.js",
+    "app/ui/static/i18n/zh-CN.json",
 )
 
 
@@ -155,6 +161,8 @@ def test_a_built_wheel_installed_outside_the_checkout_migrates_serves_and_runs_a
                 cwd=outside, env=env | {"QL_TOKEN": token},
             )  # fmt: skip
             assert json.loads(shown)["status"] == "succeeded"
+            ui = httpx.get(f"{served.base_url}/ui/js/main.js", timeout=10)
+            assert ui.status_code == 200 and "javascript" in ui.headers["content-type"]
         finally:
             code = served.stop()
         assert code == 0, served.log()
