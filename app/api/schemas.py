@@ -89,10 +89,10 @@ class RetryIn(_In):
         default=False,
         description="draw each wait uniformly in the upper half of its backoff (once, stored)",
     )
-    on: list[RetryOn] = Field(
+    on: list[Text] = Field(
         default=["failed"],
-        description="the attempt endings that are retried; lost only when its processes "
-        "are proven gone",
+        description="the attempt endings that are retried, of failed, timed_out, lost; lost "
+        "only when its processes are proven gone",
     )
 
 
