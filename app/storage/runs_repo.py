@@ -361,7 +361,8 @@ class RunRepository:
                     "handle": json.dumps(handle.to_dict(), sort_keys=True),
                     "started_at_ms": started_at_ms,
                 },
-                run_values={"started_at_ms": started_at_ms},
+                # A retry's start keeps the run's first one (docs/retries.md §2).
+                run_values={"started_at_ms": run_row.started_at_ms or started_at_ms},
                 order="attempt_first",
             )
             uow.commit()
@@ -528,7 +529,7 @@ class RunRepository:
                     run_to=RunStatus.RUNNING,
                     attempt_to=AttemptStatus.RUNNING,
                     attempt_values={"started_at_ms": began},
-                    run_values={"started_at_ms": began},
+                    run_values={"started_at_ms": run_row.started_at_ms or began},
                     order="attempt_first",
                 ).rows()
             ending = decision.ending

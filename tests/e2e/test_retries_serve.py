@@ -1,8 +1,9 @@
 """Retries end to end through a real ``qinglong serve`` on SQLite and PostgreSQL
 (docs/retries.md): a job that fails twice then succeeds ends ``succeeded`` after 3 attempts,
-each with its own log, with one terminal event; a cancel during the backoff ends the run at
-once; the api SIGKILLed during a backoff comes back and starts the retry at the same stored
-instant, not before; a rerun is a new manual run of the same revision, idempotent by key.
+each with its own log, with one terminal event, although the api was SIGKILLed during its
+first backoff (the retry starts at the stored instant, not before); a cancel during the
+backoff ends the run at once; a rerun is a new manual run of the same revision,
+idempotent by key. One server per engine: each start costs seconds.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def test_retries_backoff_cancel_restart_and_rerun(
         "flaky",
         f"n=$(cat {count} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {count}; "
         f'echo "attempt $n"; [ "$n" -ge 3 ]',
-        {"max_attempts": 3, "initial_delay_seconds": 0.2, "factor": 2, "on": ["failed"]},
+        {"max_attempts": 3, "initial_delay_seconds": 3, "factor": 1, "on": ["failed"]},
     )
     _put(served, "doomed", "exit 1", {"max_attempts": 5, "initial_delay_seconds": 600})
     flaky, doomed = enqueue(served, "flaky"), enqueue(served, "doomed")
@@ -57,6 +58,15 @@ def test_retries_backoff_cancel_restart_and_rerun(
     assert r.status_code == 202 and r.json()["status"] == "cancelled", r.text
     assert terminal_events(served, doomed) == ["run.cancelled"]
 
+    # The api SIGKILLed during the backoff: the retry starts at the same stored instant.
+    at = _waiting(served, flaky)["next_attempt_at_ms"]
+    api = served.service_pids()["api"]
+    stat = proc_stat(api)
+    assert stat is not None
+    kill_exact(api, stat[3])
+    wait_until("a new api", lambda: served.service_pids().get("api") not in (None, api), 30)
+    served.wait_services()
+
     # Fails twice, then succeeds: 3 attempts, 3 logs, 2 retries, one terminal event.
     run = wait_status(served, flaky, {"succeeded", "failed"}, timeout=60)
     assert (run["status"], run["attempts"], run["next_attempt_at_ms"]) == ("succeeded", 3, None)
@@ -65,8 +75,10 @@ def test_retries_backoff_cancel_restart_and_rerun(
     types = [e["type"] for e in events(served, flaky)]
     assert types.count("run.retry_scheduled") == 2
     assert terminal_events(served, flaky) == ["run.succeeded"]
-    attempts = httpx.get(f"{served.base_url}/api/v1/runs/{flaky}/attempts", headers=served.auth)
-    for item in attempts.json()["items"][1:]:
+    items = httpx.get(f"{served.base_url}/api/v1/runs/{flaky}/attempts", headers=served.auth)
+    second, third = items.json()["items"][1:]
+    assert second["not_before_ms"] == at  # the instant stored before the kill
+    for item in (second, third):
         assert item["started_at_ms"] >= item["not_before_ms"]
 
     # A rerun: a new manual run of the same revision, the same answer for the same key.
@@ -78,26 +90,4 @@ def test_retries_backoff_cancel_restart_and_rerun(
     assert (rerun["task"], rerun["revision"]) == ("flaky", 1)
     again = httpx.post(url, headers=served.auth | key)
     assert (again.status_code, again.json()["id"]) == (200, rerun["id"])
-    missing = httpx.post(f"{served.base_url}/api/v1/runs/{'0' * 8}-0000-7000-8000-{'0' * 12}"
-                         "/rerun", headers=served.auth)  # fmt: skip
-    assert (missing.status_code, missing.json()["code"]) == (404, "RUN_NOT_FOUND")
     assert wait_status(served, rerun["id"], {"succeeded", "failed"})["status"] == "succeeded"
-
-    # The api SIGKILLed during a backoff: the retry starts at the same stored instant.
-    _put(served, "later", f"[ -e {tmp_path}/once ] && exit 0; touch {tmp_path}/once; exit 1",
-         {"max_attempts": 2, "initial_delay_seconds": 3})  # fmt: skip
-    later = enqueue(served, "later")
-    at = _waiting(served, later)["next_attempt_at_ms"]
-    api = served.service_pids()["api"]
-    stat = proc_stat(api)
-    assert stat is not None
-    kill_exact(api, stat[3])
-    wait_until("a new api", lambda: served.service_pids().get("api") not in (None, api), 30)
-    served.wait_services()
-    assert get_run(served, later)["next_attempt_at_ms"] in (at, None)  # None: started already
-    run = wait_status(served, later, {"succeeded", "failed"}, timeout=60)
-    assert (run["status"], run["attempts"]) == ("succeeded", 2)
-    second = httpx.get(f"{served.base_url}/api/v1/runs/{later}/attempts", headers=served.auth)
-    assert second.json()["items"][1]["not_before_ms"] == at
-    assert second.json()["items"][1]["started_at_ms"] >= at
-    assert terminal_events(served, later) == ["run.succeeded"]
