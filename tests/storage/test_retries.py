@@ -122,3 +122,20 @@ def test_lost_is_retried_only_when_its_processes_are_proven_gone(engine: Engine)
     )  # fmt: skip
     assert (ended.status, ended.attempts, ended.next_attempt_at_ms) == ("lost", 2, None)
     assert [t for t in event_types(engine, run.id) if t in TERMINAL] == ["run.lost"]
+
+
+def test_only_the_attempts_own_deadline_may_stand_behind_a_retry(engine: Engine) -> None:
+    _define(engine, max_attempts=3, initial_delay_seconds=0, on=("failed", "timed_out"))
+    repo, reader = RunRepository(engine), RunReader(engine)
+    run = start(engine, enqueue(engine))
+    assert run.latest_attempt is not None
+    repo.request_cancel(run_id=run.id, reason="timeout")  # its deadline passed
+    assert _complete(engine, run.id, run.latest_attempt.id, exit_code=143) == "queued"
+    retried = reader.get_run(run.id)
+    assert (retried.attempts, retried.cancel) == (2, None)  # attempt 2 gets its own deadline
+    assert reader.get_attempt(run.id, 1).status == "timed_out"
+    second = start(engine, retried)
+    assert second.latest_attempt is not None
+    repo.request_cancel(run_id=run.id, reason="user")  # a user's cancel ends the run
+    assert _complete(engine, run.id, second.latest_attempt.id, exit_code=143) == "cancelled"
+    assert [t for t in event_types(engine, run.id) if t in TERMINAL] == ["run.cancelled"]
