@@ -280,6 +280,7 @@ def build_context(
             secrets=secrets,
             transitions=runs,
             settings_interval_s=periodic_interval_s,
+            promote_due=lambda limit: runs.promote_due_retries(limit=limit),
         )
         checks["worker"] = hooks.worker_ready
         closers.append(hooks.close)

@@ -146,9 +146,11 @@ COUNT_TASK_ACTIVE = (
     .select_from(runs)
     .where(runs.c.task == bindparam("task"), runs.c.status.in_(ACTIVE_RUN))
 )
-_NEXT_RETRY = select(func.min(attempts.c.not_before_ms)).where(
-    attempts.c.status == AttemptStatus.CLAIMED.value,
-    attempts.c.not_before_ms > bindparam("after"),
+_NEXT_RETRY = (
+    select(runs.c.not_before_ms)
+    .where(runs.c.status == RunStatus.QUEUED.value, runs.c.not_before_ms > bindparam("after"))
+    .order_by(runs.c.not_before_ms)
+    .limit(1)
 )
 COUNT_QUEUED = select(func.count()).select_from(runs).where(runs.c.status == RunStatus.QUEUED.value)
 
@@ -210,12 +212,13 @@ class RunReader:
                 )
                 .where(
                     runs.c.status == RunStatus.QUEUED.value,
+                    # Not waiting for a retry: walks ix_runs_ready_order (docs/retries.md §2).
+                    runs.c.not_before_ms.is_(None),
                     runs.c.cancel_reason.is_(None),
                     attempts.c.status == AttemptStatus.CLAIMED.value,
                     attempts.c.executor == "local_process",
-                    # A retry waits for its instant (docs/retries.md §2): filtered on the
-                    # attempt row the page joins anyway, so the page and its keyset cursor
-                    # stay what they were, and a waiting retry takes no slot of the page.
+                    # And the attempt's own instant, on the row the page joins anyway (the
+                    # run's mark is cleared only once it passed; T1 checks it again).
                     or_(
                         attempts.c.not_before_ms.is_(None),
                         attempts.c.not_before_ms <= bindparam("now"),
@@ -367,10 +370,9 @@ class RunReader:
         return Page(items=items, next_cursor=next_cursor)
 
     def next_retry_at_ms(self, *, after_ms: int) -> int | None:
-        """The earliest ``not_before_ms`` of a waiting retry later than ``after_ms``: one
-        lookup on ix_attempts_status_not_before_ms, so the dispatch loop sleeps until it
-        (docs/retries.md §2) instead of polling. Retries already due are ordinary
-        candidates."""
+        """The earliest ``not_before_ms`` of a run waiting for a retry, later than
+        ``after_ms``: one range lookup on ix_runs_ready_order, so the dispatch loop sleeps
+        until it (docs/retries.md §2) instead of polling."""
         with UnitOfWork(self._engine, write=False) as uow:
             at = uow.conn.execute(_NEXT_RETRY, {"after": after_ms}).scalar()
         return None if at is None else int(at)

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Engine,
     Row,
     Table,
+    and_,
     bindparam,
     func,
     insert,
@@ -86,6 +87,21 @@ _RECENT_CODES = (
         attempts.c.number < bindparam("number"),
     )
     .order_by(attempts.c.number.desc())
+)
+_DUE = and_(
+    runs.c.status == RunStatus.QUEUED.value,
+    runs.c.not_before_ms <= bindparam("now"),
+)
+_ANY_DUE = select(runs.c.id).where(_DUE).limit(1)
+_PROMOTE_DUE = (
+    update(runs)
+    .where(
+        runs.c.id.in_(
+            select(runs.c.id).where(_DUE).order_by(runs.c.not_before_ms).limit(bindparam("limit"))
+        ),
+        _DUE,
+    )
+    .values(not_before_ms=None)
 )
 _IDEMPOTENCY = select(idempotency_keys.c.request_digest, idempotency_keys.c.run_id).where(
     idempotency_keys.c.token_id == bindparam("token_id"),
@@ -271,6 +287,21 @@ class RunRepository:
                 )
             uow.commit()
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
+
+    def promote_due_retries(self, *, limit: int) -> int:
+        """Clear the waiting mark of up to ``limit`` queued runs whose retry instant passed,
+        so the dispatch walk (ix_runs_ready_order) finds them; how many. A read first: with
+        none due no write transaction is opened (docs/retries.md §2). Not a transition: the
+        run stays ``queued`` at the same version, and T1 still checks the attempt's own
+        instant."""
+        params = {"now": now_ms(), "limit": limit}
+        with UnitOfWork(self._engine, write=False) as uow:
+            if uow.conn.execute(_ANY_DUE, params).first() is None:
+                return 0
+        with UnitOfWork(self._engine) as uow:
+            count = uow.conn.execute(_PROMOTE_DUE, params).rowcount
+            uow.commit()
+        return int(count or 0)
 
     def queued_count(self) -> int:
         """How many runs are queued now (a read; ``queue_has_room`` is the atomic check)."""
@@ -765,6 +796,7 @@ def end_attempt_in(
         "latest_attempt": number,
         "cancel_reason": None,
         "cancel_requested_at_ms": None,
+        "not_before_ms": not_before,  # off the dispatch walk until promote_due_retries
     }
     # The run row first, as in _step (PostgreSQL lock order against a concurrent T1).
     _cas_run(conn, run_row, 3, run_values)

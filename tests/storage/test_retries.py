@@ -64,7 +64,8 @@ def test_a_failed_attempt_is_followed_by_a_claimed_one_in_the_same_step(engine: 
     ]  # fmt: skip
     assert events[-2].data == {"attempt": 2, "not_before_ms": waits_until}
     assert not TERMINAL & {e.type for e in events}
-    # Waiting: no candidate, T1 refuses it, and the dispatch loop knows when to wake.
+    # Waiting: no candidate (not even promoted), T1 refuses it, the loop knows when to wake.
+    assert RunRepository(engine).promote_due_retries(limit=16) == 0
     assert reader.dispatch_candidates(limit=4).items == []
     assert reader.next_retry_at_ms(after_ms=now_ms()) == waits_until
     with pytest.raises(InvalidTransition, match="retry time"):
@@ -98,9 +99,12 @@ def test_an_error_after_the_ending_and_the_retry_were_written_leaves_neither(
     same = reader.get_run(run.id)
     assert (same.status, same.version, same.attempts) == ("running", run.version, 1)
     assert [a.status for a in reader.list_attempts(run.id)] == ["running"]
-    # Replayed, the ending and the retry commit together; the due retry is a candidate.
+    # Replayed, the ending and the retry commit together; once promoted (its instant has
+    # passed: no delay) the retry is a candidate again.
     assert _complete(engine, run.id, run.latest_attempt.id, exit_code=1) == "queued"
     assert [a.status for a in reader.list_attempts(run.id)] == ["failed", "claimed"]
+    assert reader.dispatch_candidates(limit=4).items == []
+    assert RunRepository(engine).promote_due_retries(limit=16) == 1
     assert [c.run_id for c in reader.dispatch_candidates(limit=4).items] == [run.id]
 
 
@@ -114,6 +118,7 @@ def test_lost_is_retried_only_when_its_processes_are_proven_gone(engine: Engine)
         error_code=ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT,
     )  # fmt: skip
     assert (after.status, after.attempts) == ("queued", 2)
+    repo.promote_due_retries(limit=16)
     second = start(engine, reader.get_run(run.id))
     assert second.latest_attempt is not None and second.latest_attempt.number == 2
     ended = repo.fail_attempt(
@@ -134,7 +139,8 @@ def test_only_the_attempts_own_deadline_may_stand_behind_a_retry(engine: Engine)
     retried = reader.get_run(run.id)
     assert (retried.attempts, retried.cancel) == (2, None)  # attempt 2 gets its own deadline
     assert reader.get_attempt(run.id, 1).status == "timed_out"
-    second = start(engine, retried)
+    repo.promote_due_retries(limit=16)
+    second = start(engine, reader.get_run(run.id))
     assert second.latest_attempt is not None
     repo.request_cancel(run_id=run.id, reason="user")  # a user's cancel ends the run
     assert _complete(engine, run.id, second.latest_attempt.id, exit_code=143) == "cancelled"

@@ -19,15 +19,19 @@ depends_on = None
 def upgrade() -> None:
     # Additive only: existing attempts start at once (NULL), existing runs repeat none.
     op.add_column("attempts", sa.Column("not_before_ms", sa.BigInteger(), nullable=True))
-    op.create_index(
-        "ix_attempts_status_not_before_ms", "attempts", ["status", "not_before_ms"]
-    )
     op.add_column("runs", sa.Column("rerun_of", sa.String(36), nullable=True))
+    op.add_column("runs", sa.Column("not_before_ms", sa.BigInteger(), nullable=True))
+    op.create_index(
+        "ix_runs_ready_order",
+        "runs",
+        ["status", "not_before_ms", sa.text("priority DESC"), "created_at_ms"],
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_ready_order", table_name="runs")
     with op.batch_alter_table("runs") as batch:
+        batch.drop_column("not_before_ms")
         batch.drop_column("rerun_of")
-    op.drop_index("ix_attempts_status_not_before_ms", table_name="attempts")
     with op.batch_alter_table("attempts") as batch:
         batch.drop_column("not_before_ms")
