@@ -186,35 +186,16 @@ class RunRepository:
     ) -> tuple[Run, bool]:
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
-            if idempotency_key is not None:
-                previous = conn.execute(
-                    _IDEMPOTENCY, {"token_id": token_id or "", "key": idempotency_key}
-                ).first()
-                if previous is not None:
-                    if previous.request_digest != request_digest:
-                        raise Conflict(
-                            ErrorCode.IDEMPOTENCY_KEY_REUSED,
-                            "this Idempotency-Key was used with another request body",
-                        )
-                    return _load_run(conn, previous.run_id), False
+            replayed = _replay(conn, token_id, idempotency_key, request_digest)
+            if replayed is not None:
+                return replayed, False
             if max_queued is not None and not queue_has_room(conn, max_queued):
                 raise QueueFull(max_queued)
             at = now_ms()
             run_values, attempt_values = enqueue_in(
                 conn, task=task, revision=revision, priority=priority, at=at
             )
-            run_id = run_values["id"]
-            if idempotency_key is not None:
-                conn.execute(
-                    _INSERT_IDEMPOTENCY,
-                    {
-                        "token_id": token_id or "",
-                        "key": idempotency_key,
-                        "request_digest": request_digest or "",
-                        "run_id": run_id,
-                        "created_at_ms": at,
-                    },
-                )
+            _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
             uow.commit()
             # What was just inserted, without reading it back inside the writer lock.
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
@@ -253,17 +234,9 @@ class RunRepository:
     ) -> tuple[Run, bool]:
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
-            if idempotency_key is not None:
-                previous = conn.execute(
-                    _IDEMPOTENCY, {"token_id": token_id or "", "key": idempotency_key}
-                ).first()
-                if previous is not None:
-                    if previous.request_digest != request_digest:
-                        raise Conflict(
-                            ErrorCode.IDEMPOTENCY_KEY_REUSED,
-                            "this Idempotency-Key was used with another request",
-                        )
-                    return _load_run(conn, previous.run_id), False
+            replayed = _replay(conn, token_id, idempotency_key, request_digest)
+            if replayed is not None:
+                return replayed, False
             old = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
             if old is None:
                 raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
@@ -274,17 +247,7 @@ class RunRepository:
                 conn, task=old.task, revision=old.revision, priority=old.priority, at=at,
                 rerun_of=old.id,
             )  # fmt: skip
-            if idempotency_key is not None:
-                conn.execute(
-                    _INSERT_IDEMPOTENCY,
-                    {
-                        "token_id": token_id or "",
-                        "key": idempotency_key,
-                        "request_digest": request_digest or "",
-                        "run_id": run_values["id"],
-                        "created_at_ms": at,
-                    },
-                )
+            _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
             uow.commit()
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
 
@@ -856,6 +819,45 @@ def _unavailable_in_a_row(conn: Connection, attempt_row: Row[Any]) -> bool:
          "number": number},
     ).scalars().all()  # fmt: skip
     return all(code == ErrorCode.EXECUTOR_UNAVAILABLE.value for code in codes)
+
+
+def _replay(
+    conn: Connection, token_id: str | None, key: str | None, request_digest: str | None
+) -> Run | None:
+    """The run an earlier request with this token's idempotency key made, if any; Conflict
+    IDEMPOTENCY_KEY_REUSED when that request was another one (docs/design.md §3.2)."""
+    if key is None:
+        return None
+    previous = conn.execute(_IDEMPOTENCY, {"token_id": token_id or "", "key": key}).first()
+    if previous is None:
+        return None
+    if previous.request_digest != request_digest:
+        raise Conflict(
+            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            "this Idempotency-Key was used with another request body",
+        )
+    return _load_run(conn, previous.run_id)
+
+
+def _remember(
+    conn: Connection,
+    token_id: str | None,
+    key: str | None,
+    request_digest: str | None,
+    run_id: str,
+    at: int,
+) -> None:
+    if key is not None:
+        conn.execute(
+            _INSERT_IDEMPOTENCY,
+            {
+                "token_id": token_id or "",
+                "key": key,
+                "request_digest": request_digest or "",
+                "run_id": run_id,
+                "created_at_ms": at,
+            },
+        )
 
 
 def _load_run(conn: Connection, run_id: str) -> Run:
