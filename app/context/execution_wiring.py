@@ -112,10 +112,13 @@ def build_execution(
     client: WorkerClient | None = None,
     backoff: DispatchBackoff | None = None,
     settings_interval_s: float = 2.0,
+    promote_due: Callable[[int], int] | None = None,
 ) -> ExecutionHooks:
     """Build the worker client and the dispatcher; return the hooks that drive them.
 
     ``settings_interval_s`` is the slow loop's interval (the fallback while budget-blocked).
+    ``promote_due(limit)``: before a drain's passes, make retries whose instant passed
+    dispatch candidates again (``RunRepository.promote_due_retries``, docs/retries.md §2).
     """
     worker = client or WorkerClient(settings.socket_path, connect_timeout_s=1.0)
     pause = backoff or DispatchBackoff()
@@ -146,6 +149,11 @@ def build_execution(
         except WorkerUnavailable:
             pause.unavailable()
             return
+        if promote_due is not None:
+            try:
+                promote_due(MAX_PASSES_PER_DRAIN)  # at most as many as a drain can start
+            except Exception as exc:  # the queue's other runs still dispatch; next drain again
+                log.warning("promoting due retries failed: %s", type(exc).__name__)
         blocked = threading.Event()
         if _drain_concurrently(dispatcher, drainers, halted=halted, blocked=blocked):
             pause.unavailable()

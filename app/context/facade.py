@@ -14,6 +14,7 @@ from typing import Protocol
 
 from app.context.logs import LogFile, LogStore
 from app.context.token_cache import TokenCache
+from app.domain.canonical import content_digest
 from app.domain.errors import Conflict, ErrorCode, NotFound, ValidationFailed
 from app.domain.ids import is_uuid7, now_ms
 from app.domain.model import (
@@ -28,6 +29,7 @@ from app.domain.model import (
     SecretName,
     TaskRevision,
 )
+from app.domain.retry import validate_retry
 from app.domain.states import RunStatus, is_terminal_run
 from app.domain.tokens import grants, looks_like_token
 from app.domain.validation import (
@@ -174,6 +176,7 @@ class AppFacade:
         leftovers: str = "kill",
         run_as: str | None = None,
         max_concurrent: int | None = None,
+        retry: dict[str, object] | None = None,
     ) -> tuple[TaskRevision, bool]:
         """Append a task revision; ``(revision, created)``; Conflict when it differs."""
         validate_name(task, what="task name")
@@ -193,6 +196,7 @@ class AppFacade:
                 leftovers=validate_leftovers(leftovers),
                 run_as=validate_run_as(run_as, self.run_as_allowed),
                 max_concurrent=validate_max_concurrent(max_concurrent),
+                retry=validate_retry(retry),
             )
         except NotFound as exc:
             # A dangling reference in the body is bad input (422), not a missing resource.
@@ -270,11 +274,7 @@ class AppFacade:
             _check_revision(revision)
         if priority is not None:
             validate_priority(priority)
-        if idempotency_key is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
-            raise ValidationFailed(
-                ErrorCode.VALIDATION_FAILED,
-                "Idempotency-Key must be 1..255 visible ASCII characters",
-            )
+        _check_idempotency_key(idempotency_key)
         try:
             run, created = self._runs.enqueue_run(
                 task=task,
@@ -287,6 +287,26 @@ class AppFacade:
             )
         except Conflict as exc:
             if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:  # docs/api.md §6: a client error, 422
+                raise ValidationFailed(exc.code, exc.detail) from None
+            raise
+        if created:
+            self._intents.enqueued()
+        return self._with_logs(run), created
+
+    def rerun(self, *, run_id: str, token_id: str, idempotency_key: str | None) -> tuple[Run, bool]:
+        """A new run of the same revision as ``run_id`` (``rerun_of`` it); kick dispatch."""
+        _check_run_id(run_id)
+        _check_idempotency_key(idempotency_key)
+        try:
+            run, created = self._runs.rerun(
+                run_id=run_id,
+                token_id=token_id,
+                idempotency_key=idempotency_key,
+                request_digest=content_digest({"rerun_of": run_id}),
+                max_queued=self.max_queued,
+            )
+        except Conflict as exc:
+            if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:
                 raise ValidationFailed(exc.code, exc.detail) from None
             raise
         if created:
@@ -434,6 +454,13 @@ class AppFacade:
 def _check_revision(revision: int) -> None:
     if not 1 <= revision <= MAX_REVISION:
         raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "revision must be 1..2147483647")
+
+
+def _check_idempotency_key(idempotency_key: str | None) -> None:
+    if idempotency_key is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+        raise ValidationFailed(
+            ErrorCode.VALIDATION_FAILED, "Idempotency-Key must be 1..255 visible ASCII characters"
+        )
 
 
 def _check_run_id(run_id: str) -> None:

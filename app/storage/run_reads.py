@@ -25,6 +25,7 @@ from sqlalchemy import (
 
 from app.domain.errors import ErrorCode, NotFound
 from app.domain.events import attempt_event
+from app.domain.ids import now_ms
 from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle, Run, RunEvent
 from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
@@ -97,6 +98,7 @@ def attempt_from_row(row: Row[Any]) -> Attempt:
         log_artifact_id=row.log_artifact_id,
         callback_sequence=row.callback_sequence,
         log=log,
+        not_before_ms=getattr(row, "not_before_ms", None),
     )
 
 
@@ -120,6 +122,7 @@ def run_from_rows(run_row: Row[Any], attempt_row: Row[Any] | None) -> Run:
         trigger_kind=run_row.trigger_kind or "manual",
         schedule=run_row.schedule_name,
         slot_ms=run_row.slot_ms,
+        rerun_of=getattr(run_row, "rerun_of", None),
     )
 
 
@@ -158,6 +161,12 @@ COUNT_TASK_ACTIVE = (
     select(func.count())
     .select_from(runs)
     .where(runs.c.task == bindparam("task"), runs.c.status.in_(ACTIVE_RUN))
+)
+_NEXT_RETRY = (
+    select(runs.c.not_before_ms)
+    .where(runs.c.status == RunStatus.QUEUED.value, runs.c.not_before_ms > bindparam("after"))
+    .order_by(runs.c.not_before_ms)
+    .limit(1)
 )
 COUNT_QUEUED = select(func.count()).select_from(runs).where(runs.c.status == RunStatus.QUEUED.value)
 
@@ -236,9 +245,17 @@ class RunReader:
                 )
                 .where(
                     runs.c.status == RunStatus.QUEUED.value,
+                    # Not waiting for a retry: walks ix_runs_ready_order (docs/retries.md §2).
+                    runs.c.not_before_ms.is_(None),
                     runs.c.cancel_reason.is_(None),
                     attempts.c.status == AttemptStatus.CLAIMED.value,
                     attempts.c.executor == "local_process",
+                    # And the attempt's own instant, on the row the page joins anyway (the
+                    # run's mark is cleared only once it passed; T1 checks it again).
+                    or_(
+                        attempts.c.not_before_ms.is_(None),
+                        attempts.c.not_before_ms <= bindparam("now"),
+                    ),
                 )
             )
             if after:
@@ -344,7 +361,7 @@ class RunReader:
         self, *, limit: int, cursor: str | None = None
     ) -> Page[DispatchCandidate]:
         """Queued runs without cancel intent whose latest attempt is claimed, in dispatch order."""
-        params: dict[str, Any] = {"limit": limit + 1}
+        params: dict[str, Any] = {"limit": limit + 1, "now": now_ms()}
         if cursor is not None:
             prio, created, att_created, att_id = decode_cursor(
                 "dispatch", cursor, (int, int, int, str)
@@ -386,6 +403,14 @@ class RunReader:
                 [last.priority, last.created_at_ms, last.attempt_created_at_ms, last.attempt_id],
             )
         return Page(items=items, next_cursor=next_cursor)
+
+    def next_retry_at_ms(self, *, after_ms: int) -> int | None:
+        """The earliest ``not_before_ms`` of a run waiting for a retry, later than
+        ``after_ms``: one range lookup on ix_runs_ready_order, so the dispatch loop sleeps
+        until it (docs/retries.md §2) instead of polling."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            at = uow.conn.execute(_NEXT_RETRY, {"after": after_ms}).scalar()
+        return None if at is None else int(at)
 
     def active_attempts(self, *, limit: int, after_id: str | None = None) -> list[ActiveAttempt]:
         """Attempts in starting or running, by id, after ``after_id`` (a resume cursor)."""

@@ -89,9 +89,19 @@ runs = Table(
     # Overlap queue_one / replace (migration 0007, docs/schedules.md §5): not dispatched while
     # a run of the schedule with a slot in [hold_from_slot_ms, slot_ms) has not ended.
     Column("hold_from_slot_ms", MS, nullable=True),
+    # The run a rerun repeats (migration 0005, docs/retries.md §5); no foreign key, so a
+    # rerun outlives the deletion of the run it repeats.
+    Column("rerun_of", ID, nullable=True),
+    # Set while the run waits for a retry's instant (migration 0005, docs/retries.md §2);
+    # NULL once it is due (the dispatch drain clears it) and for every other run.
+    Column("not_before_ms", MS, nullable=True),
     # Dispatch order is priority DESC, created ASC: the index carries the same directions so
     # the planner walks it and sorts only ties (docs/design.md §3.3: no full scan of the queue).
     Index("ix_runs_dispatch_order", "status", text("priority DESC"), "created_at_ms"),
+    # The same order over runs that do not wait for a retry (not_before_ms IS NULL: an
+    # equality for the planner), so waiting retries never lengthen a dispatch page's walk;
+    # the range not_before_ms > now gives the earliest waiting one (docs/retries.md §2).
+    Index("ix_runs_ready_order", "status", "not_before_ms", text("priority DESC"), "created_at_ms"),
     Index("ix_runs_task_id", "task", "id"),
     Index("ix_runs_status_id", "status", "id"),
     Index("ix_runs_task_status_id", "task", "status", "id"),
@@ -126,6 +136,8 @@ attempts = Table(
     Column("handle", Text, nullable=True),  # JSON durable identity; never exposed by the API
     # quota | disk_full | write_error, from the shim's truncation fact (migration 0003)
     Column("log_truncation_reason", String(16), nullable=True),
+    # A retry's attempt does not start before this (migration 0005, docs/retries.md).
+    Column("not_before_ms", MS, nullable=True),
     UniqueConstraint("run_id", "number"),
     Index("ix_attempts_status_id", "status", "id"),
     Index("ix_attempts_status_deadline_at_ms", "status", "deadline_at_ms"),

@@ -9,6 +9,7 @@ from tests.api.conftest import Client, MakeToken, assert_problem, make_running
 RUN_FIELDS = {
     "id", "task", "revision", "status", "priority", "version", "created_at_ms",
     "started_at_ms", "finished_at_ms", "cancel_requested", "latest_attempt", "trigger",
+    "attempts", "next_attempt_at_ms",
 }  # fmt: skip
 ATTEMPT_FIELDS = {
     "number", "status", "exit_code", "signal", "error_code", "started_at_ms",
