@@ -34,16 +34,26 @@ class Sizes:
     drain_bytes: int
     receipts: int
     launch_count: int
+    schedule_fires: int
+    idle_schedules: int
+    idle_window_s: float
 
 
 QUICK = Sizes(trivial_runs=100, trivial_repeats=1, idle_runs=10, paced_runs=50, read_seconds=1.5,
               scale=[1_000, 5_000],
               scale_repeats=5, shim_count=10, drain_bytes=50_000_000, receipts=300,
-              launch_count=10)  # fmt: skip
+              launch_count=10, schedule_fires=20, idle_schedules=10_000,
+              idle_window_s=5.0)  # fmt: skip
 FULL = Sizes(trivial_runs=1_000, trivial_repeats=3, idle_runs=50, paced_runs=250, read_seconds=5.0,
              scale=[1_000, 10_000, 100_000],
              scale_repeats=20, shim_count=30, drain_bytes=200_000_000, receipts=1_000,
-             launch_count=30)  # fmt: skip
+             launch_count=30, schedule_fires=120, idle_schedules=10_000,
+             idle_window_s=10.0)  # fmt: skip
+
+
+# Groups a plain --quick leaves out (name them with --only): the schedule rows wait for
+# real seconds (a fire per second, idle windows), which no size makes short.
+FULL_ONLY = frozenset({"launch", "schedules"})
 
 
 def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
@@ -52,6 +62,7 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
     from bench.launch import run_launch
     from bench.peer_celery import run_peer
     from bench.recovery import run_recovery
+    from bench.schedules import run_fire_lateness, run_idle_cpu
     from bench.shim import run_shim
     from bench.trivial import run_trivial
 
@@ -83,6 +94,10 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
         # Celery on the same job (bench/peer_celery.py); skipped with the reason without it.
         "peer": lambda report: run_peer(
             report, pg=pg, count=size.trivial_runs, idle_count=size.idle_runs
+        ),
+        "schedules": lambda report: (
+            each(run_fire_lateness, fires=size.schedule_fires)(report),
+            each(run_idle_cpu, count=size.idle_schedules, window_s=size.idle_window_s)(report),
         ),
     }
 
@@ -126,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.only if name not in groups]
     if unknown:
         parser.error(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(groups)}")
-    chosen = args.only or [name for name in groups if name != "launch" or args.full]
+    chosen = args.only or [name for name in groups if name not in FULL_ONLY or args.full]
     report = Report()
     print(f"bench --{label}: {', '.join(chosen)}"
           f" (postgres: {'yes' if args.postgres else 'no'}; {os.cpu_count()} cpus)")
