@@ -130,7 +130,15 @@ attempts = Table(
     UniqueConstraint("run_id", "number"),
     Index("ix_attempts_status_id", "status", "id"),
     Index("ix_attempts_status_deadline_at_ms", "status", "deadline_at_ms"),
-    Index("ix_attempts_log_state", "log_state"),
+    # Partial: only the few expiring/expired rows. A plain index on a column that is NULL for
+    # almost every row tempted PostgreSQL (before it had statistics on the new column) into
+    # bitmap-scanning it for every candidate of the sweep.
+    Index(
+        "ix_attempts_log_state",
+        "log_state",
+        postgresql_where=text("log_state IS NOT NULL"),
+        sqlite_where=text("log_state IS NOT NULL"),
+    ),
 )
 
 run_events = Table(

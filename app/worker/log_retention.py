@@ -109,10 +109,8 @@ class LogSweep:
         report.finished_expiring = self._finish_expiring()
         files_left = self._files_per_pass - report.finished_expiring
         tasks = list(dict.fromkeys(first))[: self._tasks_per_pass]
-        if full and len(tasks) < self._tasks_per_pass:
-            more = self._repo.tasks_after(self._cursor, self._tasks_per_pass - len(tasks))
-            self._cursor = more[-1] if more else None  # wrap around at the end
-            tasks += [t for t in more if t not in tasks]
+        if full:
+            tasks += self._next_tasks(exclude=tasks)
         report.tasks = tasks
         overrides = self._repo.overrides(tasks)
         now = self._clock()
@@ -142,6 +140,21 @@ class LogSweep:
         return report
 
     # -- steps ---------------------------------------------------------------------------------
+
+    def _next_tasks(self, *, exclude: list[str]) -> list[str]:
+        """The round-robin's next tasks, wrapping around once at the end of the names."""
+        want = self._tasks_per_pass - len(exclude)
+        out: list[str] = []
+        for _ in range(2):
+            if want <= 0:
+                break
+            more = self._repo.tasks_after(self._cursor, want)
+            self._cursor = more[-1] if len(more) == want else None  # the end: start over
+            out += [t for t in more if t not in exclude and t not in out]
+            want -= len(more)
+            if self._cursor is not None:
+                break
+        return out
 
     def _finish_expiring(self) -> int:
         ids = self._repo.expiring(limit=self._files_per_pass)
@@ -214,26 +227,32 @@ class LogSweep:
         return len(marked)
 
     def _unlink(self, attempt_ids: Iterable[str]) -> int:
-        """Remove the logs (and their facts), then fsync each shard once; bytes freed."""
+        """Remove the logs (and their facts), then fsync each shard once; bytes freed.
+
+        Plain string paths and no stat but the log's own: per file this is the whole cost
+        of a pass besides the database (bench/retention.py).
+        """
         freed = 0
-        shards: set[Path] = set()
+        shards: set[str] = set()
+        root = str(self._root)
         for attempt_id in attempt_ids:
+            log_path = f"{root}/{log_relpath(attempt_id)}"
+            try:
+                freed += os.lstat(log_path).st_size
+                os.unlink(log_path)
+            except FileNotFoundError:
+                pass
+            else:
+                shards.add(log_path.rsplit("/", 1)[0])
             for rel in (
-                log_relpath(attempt_id),
                 truncation_fact_relpath(attempt_id),
                 truncation_fact_temp_relpath(attempt_id),
             ):
-                path = self._root / rel
-                try:
-                    st = os.lstat(path)
-                    os.unlink(path)
-                except FileNotFoundError:
-                    continue
-                freed += st.st_size
-                shards.add(path.parent)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{root}/{rel}")
         for shard in sorted(shards):
             with contextlib.suppress(FileNotFoundError):
-                fsync_dir(shard)
+                fsync_dir(Path(shard))
         return freed
 
     def _policy_of(self, task: str, overrides: dict[str, TaskOverride]) -> RetentionPolicy:

@@ -25,7 +25,13 @@ def upgrade() -> None:
     )
     op.add_column("attempts", sa.Column("log_state", sa.String(16), nullable=True))
     op.add_column("attempts", sa.Column("log_expired_at_ms", MS, nullable=True))
-    op.create_index("ix_attempts_log_state", "attempts", ["log_state"])
+    op.create_index(
+        "ix_attempts_log_state",
+        "attempts",
+        ["log_state"],
+        postgresql_where=sa.text("log_state IS NOT NULL"),
+        sqlite_where=sa.text("log_state IS NOT NULL"),
+    )
     op.create_table(
         "task_retention",
         sa.Column("task", sa.String(128), nullable=False),
