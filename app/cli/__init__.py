@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.cli import admin, lease, receipts, secrets, serve, worker
+from app.cli import admin, lease, logs, receipts, secrets, serve, worker
 from app.domain.errors import DomainError, StorageUnavailable
 from app.storage.private_files import SERVICE_UMASK
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     secrets.register(sub)
     receipts.register(sub)
+    logs.register(sub)
     worker.register(sub)
     lease.register(sub)
     return parser
