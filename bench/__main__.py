@@ -34,6 +34,9 @@ class Sizes:
     drain_bytes: int
     receipts: int
     launch_count: int
+    # Retention (bench/retention.py): logs expired in the sweep figure, runs in the list one.
+    retention_expired: int = 1_000
+    retention_runs: int = 10_000
 
 
 QUICK = Sizes(trivial_runs=100, trivial_repeats=1, idle_runs=10, paced_runs=50, read_seconds=1.5,
@@ -43,7 +46,7 @@ QUICK = Sizes(trivial_runs=100, trivial_repeats=1, idle_runs=10, paced_runs=50, 
 FULL = Sizes(trivial_runs=1_000, trivial_repeats=3, idle_runs=50, paced_runs=250, read_seconds=5.0,
              scale=[1_000, 10_000, 100_000],
              scale_repeats=20, shim_count=30, drain_bytes=200_000_000, receipts=1_000,
-             launch_count=30)  # fmt: skip
+             launch_count=30, retention_expired=5_000, retention_runs=100_000)  # fmt: skip
 
 
 def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
@@ -51,6 +54,7 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
     from bench.http_protocol import run_http_protocol
     from bench.launch import run_launch
     from bench.recovery import run_recovery
+    from bench.retention import run_retention
     from bench.shim import run_shim
     from bench.trivial import run_trivial
 
@@ -79,6 +83,12 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
         ),
         "recovery": each(run_recovery, count=size.receipts),
         "launch": lambda report: run_launch(report, count=size.launch_count),
+        "retention": lambda report: run_retention(
+            report,
+            expired=size.retention_expired,
+            list_runs=size.retention_runs,
+            repeats=size.scale_repeats * 5,
+        ),
     }
 
 
