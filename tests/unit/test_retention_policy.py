@@ -11,6 +11,7 @@ import itertools
 import pytest
 
 from app.domain.errors import ValidationFailed
+from app.domain.profiles import EDGE
 from app.domain.retention import (
     DAY_MS,
     LATEST_FAILED,
@@ -27,6 +28,7 @@ from app.domain.retention import (
     plan_logs,
     rows_deletable,
 )
+from app.settings import RetentionSettings, Settings
 
 NOW = 1_000 * DAY_MS
 POLICY = RetentionPolicy(keep_runs=2, keep_days=0, keep_rows=5, task_log_bytes=None)
@@ -179,3 +181,20 @@ def test_every_combination_keeps_exactly_the_union() -> None:
             young = keep_days > 0 and c.created_at_ms > NOW - keep_days * DAY_MS
             kept = recent or young or i == 0
             assert (c.attempt_id in expired) is not kept, (keep_runs, keep_days, n, i)
+
+
+def test_settings_override_the_profile_and_refuse_contradictions() -> None:
+    env = {"QL_PROFILE": "edge", "QL_RETENTION_KEEP_RUNS": "7", "QL_RETENTION_INTERVAL_S": "5"}
+    s = Settings.from_env(env, data_dir="/nonexistent-qinglong")
+    policy = s.retention.policy(s.profile)
+    assert (policy.keep_runs, policy.keep_days, policy.keep_rows) == (7, 3, 100)
+    assert s.retention.interval_of(s.profile) == 5.0
+    assert s.retention.total_log_bytes_of(EDGE) == EDGE.retention.total_log_bytes
+    assert RetentionSettings.from_env({"QL_RETENTION": "off"}).enabled is False
+    for bad in (
+        {"QL_RETENTION": "maybe"},
+        {"QL_RETENTION_KEEP_RUNS": "-1"},
+        {"QL_RETENTION_KEEP_RUNS": "10", "QL_RETENTION_KEEP_ROWS": "10"},
+    ):
+        with pytest.raises(ValueError):
+            Settings.from_env(bad, data_dir="/nonexistent-qinglong")
