@@ -29,8 +29,12 @@ def test_enqueue_creates_a_queued_run_with_a_claimed_attempt(
     assert run["status"] == "queued" and run["revision"] == 1
     assert run["latest_attempt"]["status"] == "claimed"
     assert run["latest_attempt"]["log"] == {
-        "bytes": 0, "truncated": False, "dropped_bytes": 0, "truncation_reason": None,
-        "expired": False, "expired_at_ms": None,
+        "bytes": 0,
+        "truncated": False,
+        "dropped_bytes": 0,
+        "truncation_reason": None,
+        "expired": False,
+        "expired_at_ms": None,
     }
     assert run["cancel_requested"] is None
 
