@@ -37,6 +37,9 @@ class Sizes:
     schedule_fires: int
     idle_schedules: int
     idle_window_s: float
+    # Retention (bench/retention.py): logs expired in the sweep figure, runs in the list one.
+    retention_expired: int = 1_000
+    retention_runs: int = 10_000
 
 
 QUICK = Sizes(trivial_runs=100, trivial_repeats=1, idle_runs=10, paced_runs=50, read_seconds=1.5,
@@ -48,7 +51,7 @@ FULL = Sizes(trivial_runs=1_000, trivial_repeats=3, idle_runs=50, paced_runs=250
              scale=[1_000, 10_000, 100_000],
              scale_repeats=20, shim_count=30, drain_bytes=200_000_000, receipts=1_000,
              launch_count=30, schedule_fires=120, idle_schedules=10_000,
-             idle_window_s=10.0)  # fmt: skip
+             idle_window_s=10.0, retention_expired=5_000, retention_runs=100_000)  # fmt: skip
 
 
 # Groups a plain --quick leaves out (name them with --only): the schedule rows wait for
@@ -62,6 +65,7 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
     from bench.launch import run_launch
     from bench.peer_celery import run_peer
     from bench.recovery import run_recovery
+    from bench.retention import run_retention
     from bench.schedules import run_fire_lateness, run_idle_cpu
     from bench.shim import run_shim
     from bench.trivial import run_trivial
@@ -98,6 +102,12 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
         "schedules": lambda report: (
             each(run_fire_lateness, fires=size.schedule_fires)(report),
             each(run_idle_cpu, count=size.idle_schedules, window_s=size.idle_window_s)(report),
+        ),
+        "retention": lambda report: run_retention(
+            report,
+            expired=size.retention_expired,
+            list_runs=size.retention_runs,
+            repeats=size.scale_repeats * 5,
         ),
     }
 

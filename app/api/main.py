@@ -15,6 +15,7 @@ from app.api import (
     routes_definitions,
     routes_logs,
     routes_ops,
+    routes_retention,
     routes_runs,
     routes_schedules,
     routes_secrets,
@@ -70,6 +71,7 @@ def create_app(
         routes_definitions,
         routes_secrets,
         routes_schedules,
+        routes_retention,
     ):
         app.include_router(module.router)
     install_ui(app)  # /ui: static files, outside the OpenAPI document (docs/ui.md)

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from app.domain.errors import (
     Conflict,
     DomainError,
+    Gone,
     NotFound,
     NotMigrated,
     PreconditionFailed,
@@ -126,6 +127,8 @@ def status_for(exc: DomainError) -> int:
         return 422
     if isinstance(exc, NotFound):
         return 404
+    if isinstance(exc, Gone):
+        return 410
     if isinstance(exc, Conflict | VersionConflict):  # InvalidTransition is a Conflict
         return 409
     if isinstance(exc, QueueFull):

@@ -31,6 +31,7 @@ from app.api.problems import FORBIDDEN, RANGE_NOT_SATISFIABLE, UNAUTHENTICATED, 
 from app.api.strict_json import StrictJSONRoute
 from app.context.facade import AppFacade
 from app.context.logs import LogFile
+from app.domain.errors import Gone
 from app.domain.states import TERMINAL_ATTEMPT
 
 router = APIRouter(prefix="/api/v1", tags=["logs"], route_class=StrictJSONRoute)
@@ -52,6 +53,7 @@ _CONTENT = {
     response_class=Response,
     responses=problems(
         *READ_ERRORS,
+        410,
         416,
         extra={
             200: {
@@ -154,7 +156,12 @@ async def _follow(
         if refusal is not None:
             yield f"event: error\ndata: {refusal}\n\n"
             return
-        log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
+        try:
+            log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
+        except Gone as exc:  # retention removed it while somebody followed
+            payload = json.dumps({"code": str(exc.code), "detail": exc.detail})
+            yield f"event: error\ndata: {payload}\n\n"
+            return
         try:
             # The status was read before the size: terminal here means the file is complete.
             terminal = log.attempt.status in TERMINAL_ATTEMPT

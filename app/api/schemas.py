@@ -234,6 +234,12 @@ class LogOut(BaseModel):
         description="why bytes were dropped (the log quota, a full disk, another write "
         "error); known once the attempt ended, null otherwise",
     )
+    expired: bool = Field(
+        default=False,
+        description="retention removed the file (GET .../log answers 410 LOG_EXPIRED); "
+        "bytes is what it held",
+    )
+    expired_at_ms: int | None = None
 
 
 class CancelOut(BaseModel):
@@ -267,6 +273,8 @@ class LatestAttemptOut(BaseModel):
                 truncated=log.truncated if log else False,
                 dropped_bytes=log.dropped_bytes if log else 0,
                 truncation_reason=log.reason if log else None,
+                expired=log.expired if log else False,
+                expired_at_ms=log.expired_at_ms if log else None,
             ),
         }
 
@@ -327,6 +335,9 @@ class RunOut(BaseModel):
     next_attempt_at_ms: int | None = Field(
         default=None, description="a retry waits in the queue: it does not start before this"
     )
+    pinned: bool = Field(
+        default=False, description="kept against every retention policy (docs/retention.md)"
+    )
 
     @classmethod
     def of(cls, r: Run) -> RunOut:
@@ -356,6 +367,7 @@ class RunOut(BaseModel):
                 ),
                 "attempts": r.attempts,
                 "next_attempt_at_ms": r.next_attempt_at_ms,
+                "pinned": r.pinned,
             }
         )
 
@@ -521,3 +533,57 @@ class DecisionOut(BaseModel):
 class DecisionPage(BaseModel):
     items: list[DecisionOut]
     next_cursor: str | None
+
+
+# -- retention (docs/retention.md) ---------------------------------------------------------------
+
+NonNegInt = Annotated[int, Field(ge=0, le=2**62)]
+
+
+class RetentionIn(_In):
+    keep_runs: NonNegInt | None = Field(
+        default=None, description="the newest runs that keep their logs; null: the global value"
+    )
+    keep_days: Annotated[int, Field(ge=0, le=36_500)] | None = Field(
+        default=None, description="runs younger than this keep their logs (0: none by age)"
+    )
+    keep_rows: Annotated[int, Field(ge=1, le=2**62)] | None = Field(
+        default=None, description="the newest runs that keep their rows (more than keep_runs)"
+    )
+    task_log_bytes: NonNegInt | None = Field(
+        default=None, description="log bytes this task may keep"
+    )
+
+
+class RetentionPolicyOut(BaseModel):
+    keep_runs: int
+    keep_days: int
+    keep_rows: int
+    task_log_bytes: int | None
+
+
+class RetentionOut(BaseModel):
+    task: str
+    override: RetentionIn
+    effective: RetentionPolicyOut
+
+
+class SweepOut(BaseModel):
+    at_ms: int
+    duration_ms: int
+    expired_logs: int
+    finished_expiring: int
+    deleted_runs: int
+    freed_bytes: int
+
+
+class StorageOut(BaseModel):
+    retention_enabled: bool
+    log_bytes: int
+    logs_kept: int
+    logs_expired: int
+    runs_kept: int
+    free_bytes: int | None
+    reserve_bytes: int
+    total_log_bytes_budget: int | None
+    last_sweep: SweepOut | None

@@ -31,12 +31,13 @@ def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", help="data directory (default $QL_DATA_DIR or ./.qinglong)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if not client_only:
-        from app.cli import admin, lease, receipts, secrets, serve, worker
+        from app.cli import admin, lease, logs, receipts, secrets, serve, worker
 
         admin.register(sub)
         serve.register(sub)
         secrets.register(sub)
         receipts.register(sub)
+        logs.register(sub)
         worker.register(sub)
         lease.register(sub)
     client.register(sub, with_secrets=client_only)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import BUDGET_POLL_S, build_execution
-from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade
+from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade, RetentionConfig
 from app.context.logs import LogStore
 from app.context.metrics import render as render_metrics
 from app.context.readiness import (
@@ -42,9 +42,11 @@ from app.context.readiness import (
 )
 from app.context.schedule_loop import ScheduleLoop
 from app.domain.ids import now_ms
+from app.domain.retention import GlobalBudgets
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine
+from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.schedules_repo import ScheduleRepository
@@ -331,6 +333,15 @@ def build_context(
         _schedules=schedule_repo,
         _schedule_hooks=loop if loop is not None else NO_SCHEDULE_HOOKS,
         _metrics=functools.partial(render_metrics, engine),
+        _retention=RetentionRepository(engine),
+        retention_config=RetentionConfig(
+            policy=settings.retention.policy(settings.profile),
+            budgets=GlobalBudgets(
+                total_log_bytes=settings.retention.total_log_bytes_of(settings.profile),
+                free_reserve_bytes=settings.profile.free_space_reserve_bytes,
+            ),
+            enabled=settings.retention.enabled,
+        ),
     )
     return AppContext(
         settings=settings,

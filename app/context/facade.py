@@ -7,6 +7,7 @@ tokens, argv of runs or environments (the domain values it returns carry none of
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -15,7 +16,7 @@ from typing import Protocol
 from app.context.logs import LogFile, LogStore
 from app.context.token_cache import TokenCache
 from app.domain.canonical import content_digest
-from app.domain.errors import Conflict, ErrorCode, NotFound, ValidationFailed
+from app.domain.errors import Conflict, ErrorCode, Gone, NotFound, ValidationFailed
 from app.domain.ids import is_uuid7, now_ms
 from app.domain.model import (
     Attempt,
@@ -29,6 +30,7 @@ from app.domain.model import (
     SecretName,
     TaskRevision,
 )
+from app.domain.retention import GlobalBudgets, RetentionPolicy, TaskOverride
 from app.domain.retry import validate_retry
 from app.domain.states import RunStatus, is_terminal_run
 from app.domain.tokens import grants, looks_like_token
@@ -47,6 +49,7 @@ from app.domain.validation import (
 )
 from app.schedule.slots import local_iso, slots_after, validate
 from app.storage.definitions_repo import DefinitionRepository
+from app.storage.retention_repo import RetentionRepository, StorageFigures
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.schedules_repo import ScheduleRepository, spec_of
@@ -120,6 +123,35 @@ NO_SCHEDULE_HOOKS: ScheduleHooks = _NoScheduleHooks()
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRetention:
+    """A task's own retention fields (None: the global value) and what is in force."""
+
+    task: str
+    override: TaskOverride
+    effective: RetentionPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class StorageReport:
+    """GET /api/v1/system/storage: the database's figures and the logs' file system."""
+
+    figures: StorageFigures
+    free_bytes: int | None
+    reserve_bytes: int
+    total_log_bytes_budget: int | None
+    retention_enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    """What the api knows of retention: the global policy and budgets (docs/retention.md)."""
+
+    policy: RetentionPolicy
+    budgets: GlobalBudgets
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class AppFacade:
     """The only thing routes may call. Built by ``app.context.bootstrap.build_context``."""
 
@@ -148,6 +180,9 @@ class AppFacade:
     max_queued: int | None = None
     # GET /metrics: the exposition text (app/context/metrics.py, docs/metrics.md).
     _metrics: Callable[[], bytes] | None = None
+    # Retention (docs/retention.md): policies, pins, the storage figures.
+    _retention: RetentionRepository | None = None
+    retention_config: RetentionConfig | None = None
 
     # -- definitions ------------------------------------------------------------------------
 
@@ -364,7 +399,64 @@ class AppFacade:
         _check_run_id(run_id)
         if not 1 <= number <= MAX_REVISION:
             raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "no such attempt")
-        return self._logs.open(self._reader.get_attempt(run_id, number))
+        attempt = self._reader.get_attempt(run_id, number)
+        _refuse_expired(attempt)
+        log = self._logs.open(attempt)
+        if log.missing and attempt.finished_at_ms is not None:
+            # The sweep may have removed it after the read: say so, not "empty".
+            again = self._reader.get_attempt(run_id, number)
+            if again.log is not None and again.log.expired:
+                log.close()
+                _refuse_expired(again)
+        return log
+
+    # -- retention (docs/retention.md) -------------------------------------------------------
+
+    def get_task_retention(self, *, task: str) -> TaskRetention:
+        """The task's retention fields and the policy in force (404 for an unknown task)."""
+        validate_name(task, what="task name")
+        self._definitions.latest_revision(task)  # TASK_NOT_FOUND
+        repo, config = self._retention_parts()
+        override = repo.get_override(task) or TaskOverride()
+        return TaskRetention(task, override, override.over(config.policy))
+
+    def put_task_retention(
+        self, *, task: str, override: TaskOverride
+    ) -> tuple[TaskRetention, bool]:
+        """Replace the task's retention fields; ``(retention, created)``."""
+        validate_name(task, what="task name")
+        repo, config = self._retention_parts()
+        effective = override.over(config.policy)  # VALIDATION_FAILED before any write
+        created = repo.put_override(task, override)
+        return TaskRetention(task, override, effective), created
+
+    def pin_run(self, *, run_id: str, pinned: bool) -> Run:
+        """Pin (or unpin) a run: a pinned run keeps its logs and rows against every policy."""
+        _check_run_id(run_id)
+        repo, _ = self._retention_parts()
+        repo.set_pinned(run_id, pinned)
+        return self._with_logs(self._reader.get_run(run_id))
+
+    def storage(self) -> StorageReport:
+        """Log bytes, runs kept, free space, the reserve, the last sweep."""
+        repo, config = self._retention_parts()
+        try:
+            st = os.statvfs(self._logs.root if self._logs.root.exists() else self._logs.root.parent)
+            free: int | None = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        return StorageReport(
+            figures=repo.figures(),
+            free_bytes=free,
+            reserve_bytes=config.budgets.free_reserve_bytes,
+            total_log_bytes_budget=config.budgets.total_log_bytes,
+            retention_enabled=config.enabled,
+        )
+
+    def _retention_parts(self) -> tuple[RetentionRepository, RetentionConfig]:
+        if self._retention is None or self.retention_config is None:
+            raise RuntimeError("this context was built without retention")
+        return self._retention, self.retention_config
 
     def metrics(self) -> bytes:
         """Prometheus exposition text: this service's observations and the database's counts."""
@@ -449,6 +541,11 @@ class AppFacade:
         if run.latest_attempt is None:
             return run
         return replace(run, latest_attempt=self._logs.with_log_info(run.latest_attempt))
+
+
+def _refuse_expired(attempt: Attempt) -> None:
+    if attempt.log is not None and attempt.log.expired:
+        raise Gone(ErrorCode.LOG_EXPIRED, "retention removed this attempt's log")
 
 
 def _check_revision(revision: int) -> None:

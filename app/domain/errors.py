@@ -14,6 +14,7 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   │   ├── InvalidSchedule       a schedule definition (INVALID_SCHEDULE)       [422]
     │   │   └── InvalidTimezone       not an IANA zone (INVALID_TIMEZONE)            [422]
     │   ├── NotFound                  a referenced resource does not exist           [404]
+    │   ├── Gone                      it existed and retention removed it (LOG_EXPIRED) [410]
     │   ├── Conflict                  contradicts what is stored                     [409]
     │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
     │   ├── VersionConflict           a compare-and-set lost (VERSION_CONFLICT)      [409]
@@ -113,6 +114,8 @@ class ErrorCode(StrEnum):
     # The worker refuses a database that is not at the newest migration.
     NOT_MIGRATED = "NOT_MIGRATED"
     QUEUE_FULL = "QUEUE_FULL"
+    # Retention removed the attempt's log (docs/retention.md §4).
+    LOG_EXPIRED = "LOG_EXPIRED"
 
 
 class DomainError(Exception):
@@ -159,6 +162,10 @@ class PreconditionFailed(DomainError):
 
 class NotFound(DomainError):
     """A referenced resource does not exist."""
+
+
+class Gone(DomainError):
+    """The resource existed and retention removed it (docs/retention.md §4)."""
 
 
 class Conflict(DomainError):

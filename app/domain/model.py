@@ -121,6 +121,9 @@ class LogInfo:
     dropped_bytes: int
     # Why bytes were dropped (TRUNCATION_REASONS), once the shim's fact says so.
     reason: str | None = None
+    # Retention removed the file (docs/retention.md §4): bytes are what it had.
+    expired: bool = False
+    expired_at_ms: int | None = None
 
 
 # The shim's truncation fact (api-schemas/launch-protocol.md §3 step 9).
@@ -169,6 +172,8 @@ class Run:
     trigger_kind: str = "manual"
     schedule: str | None = None
     slot_ms: int | None = None
+    # Kept against every retention policy (docs/retention.md §2).
+    pinned: bool = False
     # A rerun (POST /runs/{id}/rerun) names the run it repeats (docs/retries.md §5).
     rerun_of: str | None = None
 

@@ -75,12 +75,15 @@ class ActiveAttempt:
 def attempt_from_row(row: Row[Any]) -> Attempt:
     """Map an ``attempts`` row to the domain value (no handle, no digest)."""
     log = None
-    if row.log_bytes is not None:
+    expired = row.log_state is not None  # expiring or expired: the file is (being) removed
+    if row.log_bytes is not None or expired:
         log = LogInfo(
-            bytes=row.log_bytes,
+            bytes=row.log_bytes or 0,
             truncated=bool(row.log_truncated),
             dropped_bytes=row.log_dropped_bytes or 0,
             reason=row.log_truncation_reason,
+            expired=expired,
+            expired_at_ms=row.log_expired_at_ms,
         )
     return Attempt(
         id=row.id,
@@ -123,6 +126,7 @@ def run_from_rows(run_row: Row[Any], attempt_row: Row[Any] | None) -> Run:
         schedule=run_row.schedule_name,
         slot_ms=run_row.slot_ms,
         rerun_of=getattr(run_row, "rerun_of", None),
+        pinned=bool(run_row.pinned),
     )
 
 

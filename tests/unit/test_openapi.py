@@ -17,6 +17,7 @@ OPERATION_IDS = {
     "runs-list-attempts", "runs-list-events", "runs-get-log", "healthz", "readyz", "metrics",
     "schedules-put", "schedules-get", "schedules-list", "schedules-pause", "schedules-resume",
     "schedules-delete", "schedules-decisions",
+    "tasks-get-retention", "tasks-put-retention", "runs-pin", "runs-unpin", "system-storage",
 }  # fmt: skip
 
 

@@ -7,7 +7,7 @@ range is read on the existing unique index ``ix_runs_schedule_id_slot_ms``. Also
 walked every run the schedule ever had.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-01
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007"
-down_revision = "0005"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
