@@ -325,7 +325,6 @@ class RunRepository:
                 and uow.conn.execute(_HELD_BY_ID, {"run_id": run_id}).scalar_one()
             ):
                 raise AdmissionRefused("held")
-            _admit(uow.conn, run_row.task, max_running, max_concurrent)
             at = now_ms()
             if attempt_row.not_before_ms is not None and at < attempt_row.not_before_ms:
                 # docs/retries.md §2: never before its instant, whatever listed it.
