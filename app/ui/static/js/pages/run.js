@@ -112,7 +112,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
       h('td', { class: 'wide' }, duration(a.started_at_ms, a.finished_at_ms)),
       h('td', {}, bytes(a.log.bytes),
         a.log.truncated ? [' ', h('span', { class: 'tag warn' }, t('run.truncated_short'))] : null,
-        a.log.expired ? [' ', h('span', { class: 'tag' }, t('run.expired_short'))] : null))));
+        a.log.expired ? [' ', h('span', { class: 'tag idle' }, t('run.expired_short'))] : null))));
     if (!state.attempts.length) put(attemptsBody, h('tr', {}, h('td', { colspan: '6', class: 'empty' }, t('run.no_attempts'))));
     put(timeline, state.events.map((e) => h('li', {},
       timeEl(e.at_ms), ' ',
@@ -196,6 +196,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     logTitle.textContent = t('run.log_attempt', { n: latest.number });
     if (latest.log.expired) { showExpired(latest); return; }
     expiredNote.hidden = true;
+    logBox.hidden = false;
     download.disabled = false;
     setLogState('connecting');
     state.follower = new LogFollower(runId, latest.number, {
@@ -220,6 +221,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     put(expiredNote, t('run.log_expired_note', { bytes: bytes(a.log.bytes) }),
       a.log.expired_at_ms ? [' ', timeEl(a.log.expired_at_ms)] : null);
     expiredNote.hidden = false;
+    logBox.hidden = true; // nothing will stream into it
   }
 
   function appendLog(text) {
