@@ -105,7 +105,9 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
     executable = browser_or_skip()
     from playwright.sync_api import sync_playwright
 
-    served = serve_factory(stop_jobs_on_exit=True)
+    # A 3 s retention cadence besides the kick of each ending: an ending the reconciler
+    # recorded kicks nothing, and the "fleeting" log must still expire within the flows.
+    served = serve_factory(stop_jobs_on_exit=True, extra_env={"QL_RETENTION_INTERVAL_S": "3"})
     gate_dir = Path(tempfile.mkdtemp(prefix="ql-ui"))
     gate = gate_dir / "go"
     auth = served.auth
