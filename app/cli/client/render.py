@@ -131,6 +131,11 @@ def run_fields(run: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
         ("finished", when(run.get("finished_at_ms"), tz=tz)),
         ("took", duration(run.get("started_at_ms"), run.get("finished_at_ms"))),
     ]
+    rerun_of = (run.get("trigger") or {}).get("rerun_of")
+    if rerun_of:
+        pairs.insert(4, ("rerun of", rerun_of))
+    if run.get("pinned"):
+        pairs.append(("pinned", "yes: retention keeps its log and rows"))
     if cancel:
         pairs.append(("cancel", f"{cancel.get('reason')} at {when(cancel.get('at_ms'), tz=tz)}"))
     if attempt:
@@ -182,6 +187,75 @@ def task_fields(task: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
         ("digest", rev.get("digest", "-")),
         ("created", when(rev.get("created_at_ms"), tz=tz)),
     ]
+    return fields(pairs)
+
+
+def revisions_table(revisions: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
+    """The ``tasks revisions`` table, newest first (the digest cut to its first 12 hex)."""
+    rows = [
+        (
+            r["revision"],
+            when(r.get("created_at_ms"), tz=tz),
+            str(r.get("digest", "-"))[:19],
+            "yes" if r.get("recipe") else "-",
+            " ".join(_quote(a) for a in r.get("argv", [])),
+        )
+        for r in revisions
+    ]
+    return table(("REV", "CREATED", "DIGEST", "RECIPE", "ARGV"), rows, width=60)
+
+
+def retention_table(policy: Mapping[str, Any]) -> str:
+    """The ``tasks retention`` table: each field's own value (or global) and the one in force."""
+    override = policy.get("override") or {}
+    effective = policy.get("effective") or {}
+    rows = [
+        (
+            field.replace("_", "-"),
+            "global" if override.get(field) is None else override[field],
+            "no limit" if effective.get(field) is None else effective[field],
+        )
+        for field in ("keep_runs", "keep_days", "keep_rows", "task_log_bytes")
+    ]
+    return f"task {safe(policy['task'])}\n" + table(("FIELD", "TASK'S OWN", "IN FORCE"), rows)
+
+
+def size(n: int | None) -> str:
+    """``1.5 MiB (1572864 bytes)``; ``-`` for none."""
+    if n is None:
+        return "-"
+    value, unit = float(n), "bytes"
+    for name in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, name
+    return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit} ({n} bytes)"
+
+
+def storage_fields(storage: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
+    """The ``system storage`` block (docs/retention.md)."""
+    sweep = storage.get("last_sweep")
+    pairs: list[tuple[str, object]] = [
+        ("retention", "on" if storage.get("retention_enabled") else "off"),
+        ("log bytes", size(storage.get("log_bytes"))),
+        ("log budget", size(storage.get("total_log_bytes_budget"))),
+        ("logs kept", storage.get("logs_kept")),
+        ("logs expired", storage.get("logs_expired")),
+        ("runs kept", storage.get("runs_kept")),
+        ("free", size(storage.get("free_bytes"))),
+        ("reserve", size(storage.get("reserve_bytes"))),
+    ]
+    if sweep:
+        pairs.append(
+            (
+                "last sweep",
+                f"{when(sweep['at_ms'], tz=tz)} in {sweep['duration_ms']} ms: "
+                f"{sweep['expired_logs']} logs expired, {sweep['deleted_runs']} runs deleted, "
+                f"{size(sweep['freed_bytes'])} freed",
+            )
+        )
+    else:
+        pairs.append(("last sweep", "none yet"))
     return fields(pairs)
 
 
