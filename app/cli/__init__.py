@@ -1,6 +1,6 @@
 """The ``qinglong`` command line: one sub-command module per concern.
 
-The client commands (``app/cli/client``: runs, tasks, schedules, login, logout) talk HTTP
+The client commands (``app/cli/client``: runs, tasks, schedules, system, login, logout) talk HTTP
 only; for them the service's own modules (storage, the api, the supervisor) are not
 imported at all, so a client command starts in a fraction of the time.
 """

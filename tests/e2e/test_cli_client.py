@@ -350,7 +350,9 @@ def _definitions_reruns_and_retention(
     # A command the api refuses: its 422 as one line, exit 3.
     code, _, err = put("greet", "--", "relative/cmd")
     assert code == 3
-    assert one_error_line(err).startswith("error: 422 INVALID_ARGV: ")
+    assert one_error_line(err) == (
+        "error: 422 INVALID_ARGV: argv[0] must be an absolute path to a program"
+    )
 
     # start --follow the new task's revision 1: the recipe's env and secret reach the job.
     code, out, err = run_main(capsys, served, "runs", "start", "greet", "--revision", "1", "-f")

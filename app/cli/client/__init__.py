@@ -1,9 +1,9 @@
 """Client commands of ``qinglong`` over the public REST API (docs/cli.md).
 
-``runs``, ``tasks``, ``schedules``, ``secrets list|set|delete``, ``login`` and ``logout``
-talk to a running service over HTTP only (never to its database): the same contract as any
-other client (docs/api.md). The import contract "the cli client talks HTTP only"
-(pyproject.toml) holds that.
+``runs``, ``tasks``, ``schedules``, ``system``, ``secrets list|set|delete``, ``login`` and
+``logout`` talk to a running service over HTTP only (never to its database): the same
+contract as any other client (docs/api.md). The import contract "the cli client talks HTTP
+only" (pyproject.toml) holds that.
 """
 
 from __future__ import annotations
@@ -82,7 +82,9 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     """
     common = _common()
 
-    runs = sub.add_parser("runs", help="start, list, show, follow and cancel runs (over HTTP)")
+    runs = sub.add_parser(
+        "runs", help="start, list, show, follow, cancel, rerun and pin runs (over HTTP)"
+    )
     rsub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
     start = rsub.add_parser("start", parents=[common], help="enqueue a run of TASK")
     start.add_argument("task")
@@ -128,7 +130,9 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
         one.add_argument("run")
         one.set_defaults(handler=_client(cmd_runs_pin), pin_action=action)
 
-    tasks = sub.add_parser("tasks", help="list and show tasks (over HTTP)")
+    tasks = sub.add_parser(
+        "tasks", help="list, show and put tasks, their revisions and retention (over HTTP)"
+    )
     tsub = tasks.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
     tlist = tsub.add_parser("list", parents=[common], help="tasks and their latest revision")
     _paging(tlist)
