@@ -436,3 +436,24 @@ def test_argv_after_double_dash_is_refused_by_commands_without_one(
         main(["runs", "list", "--", "x"])
     assert caught.value.code == EXIT_USAGE
     assert "unrecognized arguments: -- x" in capsys.readouterr().err
+
+
+def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:
+    run = RUN | {"pinned": True, "trigger": {"kind": "manual", "rerun_of": "01a2-old"}}
+    text = render.run_fields(run, tz=UTC)
+    assert "rerun of: 01a2-old" in text and "pinned:   yes" in text
+    retry = {"max_attempts": 3, "initial_delay_seconds": 10.0, "factor": 2.0,
+             "max_delay_seconds": 600.0, "jitter": False, "on": ["failed", "lost"]}  # fmt: skip
+    assert render.retry_policy(retry) == (
+        "3 attempts on failed, lost; waits 10s x2 up to 600s"
+    )
+    assert render.retry_policy(None) == "-" == render.retry_policy({"max_attempts": 1})
+    assert render.size(512) == "512 bytes" and render.size(1536) == "1.5 KiB (1536 bytes)"
+    storage = {"retention_enabled": False, "log_bytes": 0, "free_bytes": None, "last_sweep": None}
+    text = render.storage_fields(storage)
+    assert "retention:    off" in text and "free:         -" in text and "none yet" in text
+    policy = {"task": "t", "override": {"keep_runs": 2},
+              "effective": {"keep_runs": 2, "keep_days": 30, "keep_rows": 9}}  # fmt: skip
+    rows = [line.split() for line in render.retention_table(policy).splitlines()[2:]]
+    assert rows == [["keep-runs", "2", "2"], ["keep-days", "global", "30"],
+                    ["keep-rows", "global", "9"], ["task-log-bytes", "global", "no", "limit"]]  # fmt: skip

@@ -184,10 +184,26 @@ def task_fields(task: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
         ("leftovers", rev.get("leftovers", "kill")),
         ("max concurrent", rev.get("max_concurrent") or "-"),
         ("run as", rev.get("run_as") or "-"),
+        ("retry", retry_policy(rev.get("retry"))),
         ("digest", rev.get("digest", "-")),
         ("created", when(rev.get("created_at_ms"), tz=tz)),
     ]
     return fields(pairs)
+
+
+def retry_policy(retry: Mapping[str, Any] | None) -> str:
+    """``3 attempts on failed, lost; waits 10s x2 up to 600s, jittered`` or ``-``."""
+    if not retry or int(retry.get("max_attempts") or 1) <= 1:
+        return "-"
+    on = ", ".join(retry.get("on") or ["failed"])
+    jitter = ", jittered" if retry.get("jitter", True) else ""
+    first, factor, cap = (
+        float(retry.get(k) or 0) for k in ("initial_delay_seconds", "factor", "max_delay_seconds")
+    )
+    return (
+        f"{retry['max_attempts']} attempts on {on}; waits {first:g}s x{factor:g} up to "
+        f"{cap:g}s{jitter}"
+    )
 
 
 def revisions_table(revisions: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
