@@ -337,6 +337,9 @@ def _definitions_reruns_and_retention(
     assert rev_line.startswith("task greet revision 1 created: sha256:")
     code, out, _ = put(*shaped)  # the same again: nothing new
     assert code == 0 and "task greet revision 1 unchanged" in out
+    code, out, _ = run_main(capsys, served, "tasks", "show", "greet")
+    assert "env keys:        GREETING\n" in out and "secrets:         GREET_PW (greet-pw)" in out
+    assert "retry:           -" in out
     # The file form, a flag changing one field: revision 2 (from stdin: `--file -`).
     revision = {"argv": ["/bin/sh", "-c", "echo two"], "timeout_seconds": 30}
     code, out, _ = put("greet", "--file", "-", "--priority", "7", stdin=json.dumps(revision))
@@ -358,6 +361,9 @@ def _definitions_reruns_and_retention(
     code, out, err = run_main(capsys, served, "runs", "start", "greet", "--revision", "1", "-f")
     assert (code, out) == (0, "hi 8 /tmp\n"), err
     first = err.split()[1]
+    code, out, _ = run_main(capsys, served, "runs", "events", first)
+    types = [line.split()[3] for line in out.splitlines()[1:]]
+    assert types[0] == "run.queued" and types[-1] == "run.succeeded", out
     # rerun --follow: a new run of the same revision, trigger.rerun_of the first.
     code, out, err = run_main(capsys, served, "runs", "rerun", first, "--follow")
     assert (code, out) == (0, "hi 8 /tmp\n"), err

@@ -454,6 +454,10 @@ def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:
     assert "retention:    off" in text and "free:         -" in text and "none yet" in text
     policy = {"task": "t", "override": {"keep_runs": 2},
               "effective": {"keep_runs": 2, "keep_days": 30, "keep_rows": 9}}  # fmt: skip
+    events = [{"seq": 1, "type": "attempt.failed", "at_ms": 0, "data": {"exit_code": 3}}]
+    assert render.events_table(events, tz=UTC).splitlines()[1].split() == [
+        "1", "1970-01-01", "00:00:00", "attempt.failed", "exit_code=3",
+    ]  # fmt: skip
     rows = [line.split() for line in render.retention_table(policy).splitlines()[2:]]
     assert rows == [["keep-runs", "2", "2"], ["keep-days", "global", "30"],
                     ["keep-rows", "global", "9"], ["task-log-bytes", "global", "no", "limit"]]  # fmt: skip

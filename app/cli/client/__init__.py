@@ -113,6 +113,10 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     cancel = rsub.add_parser("cancel", parents=[common], help="request that a run stops")
     cancel.add_argument("run")
     cancel.set_defaults(handler=_client(cmd_runs_cancel))
+    events = rsub.add_parser("events", parents=[common], help="a run's events in order")
+    events.add_argument("run")
+    _paging(events)
+    events.set_defaults(handler=_client(cmd_runs_events))
     rerun = rsub.add_parser(
         "rerun", parents=[common], help="a new run of the same revision and priority"
     )
@@ -443,6 +447,17 @@ def cmd_runs_cancel(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_runs_events(client: Client, args: argparse.Namespace) -> int:
+    """One page of a run's events in ``seq`` order."""
+    page = client.get(f"/runs/{_seg(args.run)}/events", limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _emit_json(page)
+        return EXIT_OK
+    print(render.events_table(page["items"]))
+    _more(args, page, f"runs events {args.run} --limit {args.limit}")
+    return EXIT_OK
+
+
 def cmd_runs_rerun(client: Client, args: argparse.Namespace) -> int:
     """A new run of the same revision and priority; with --follow as ``runs start``."""
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
@@ -556,8 +571,10 @@ def cmd_tasks_show(client: Client, args: argparse.Namespace) -> int:
     task = client.get(f"/tasks/{_seg(args.task)}")
     if args.json:
         _emit_json(task)
-    else:
-        print(render.task_fields(task))
+        return EXIT_OK
+    recipe_id = (task.get("latest") or {}).get("recipe")
+    recipe = client.get(f"/recipes/{_seg(recipe_id)}") if recipe_id else None
+    print(render.task_fields(task, recipe=recipe))
     return EXIT_OK
 
 

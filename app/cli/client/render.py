@@ -170,8 +170,14 @@ def tasks_table(tasks: Sequence[Mapping[str, Any]]) -> str:
     return table(("TASK", "LATEST"), [(t["task"], t["latest_revision"]) for t in tasks])
 
 
-def task_fields(task: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
-    """The ``tasks show`` block: the task and its latest revision."""
+def task_fields(
+    task: Mapping[str, Any],
+    *,
+    recipe: Mapping[str, Any] | None = None,
+    tz: tzinfo | None = None,
+) -> str:
+    """The ``tasks show`` block: the task and its latest revision (the recipe's env keys and
+    secret names, never a value)."""
     rev = task.get("latest") or {}
     pairs: list[tuple[str, object]] = [
         ("task", task["task"]),
@@ -179,6 +185,7 @@ def task_fields(task: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
         ("argv", " ".join(_quote(a) for a in rev.get("argv", []))),
         ("cwd", rev.get("cwd") or "-"),
         ("recipe", rev.get("recipe") or "-"),
+        *_recipe_pairs(recipe),
         ("timeout", f"{rev['timeout_seconds']} s" if rev.get("timeout_seconds") else "-"),
         ("priority", rev.get("priority", 0)),
         ("leftovers", rev.get("leftovers", "kill")),
@@ -189,6 +196,33 @@ def task_fields(task: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
         ("created", when(rev.get("created_at_ms"), tz=tz)),
     ]
     return fields(pairs)
+
+
+def _recipe_pairs(recipe: Mapping[str, Any] | None) -> list[tuple[str, object]]:
+    if recipe is None:
+        return []
+    env = ", ".join(recipe.get("env") or {}) or "-"
+    secrets = ", ".join(f"{k} ({v})" for k, v in (recipe.get("secrets") or {}).items()) or "-"
+    return [("env keys", env), ("secrets", secrets)]
+
+
+def events_table(events: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
+    """The ``runs events`` table: seq, time, type and the low-sensitivity data as k=v."""
+    rows = [
+        (
+            e["seq"],
+            when(e.get("at_ms"), tz=tz),
+            e["type"],
+            _data(e.get("data")),
+        )
+        for e in events
+    ]
+    return table(("SEQ", "AT", "TYPE", "DATA"), rows, width=80)
+
+
+def _data(data: Mapping[str, Any] | None) -> str:
+    pairs = [f"{k}={v}" for k, v in (data or {}).items() if v is not None]
+    return " ".join(pairs) or "-"
 
 
 def retry_policy(retry: Mapping[str, Any] | None) -> str:
