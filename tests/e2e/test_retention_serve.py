@@ -54,16 +54,20 @@ def test_keep_runs_2_expires_the_old_logs_410_log_expired_and_storage_figures(
         return bool(get_run(served, run_id)["latest_attempt"]["log"]["expired"])
 
     wait_until("the three oldest logs expired", lambda: all(expired(r) for r in old), 20)
-    reader = RunReader(make_engine(db_url))
-    for run_id in old:
-        log = get_run(served, run_id)["latest_attempt"]["log"]
-        assert log["bytes"] > 0 and log["expired_at_ms"] is not None
-        r = httpx.get(f"{api}/runs/{run_id}/attempts/1/log", headers=served.auth)
-        assert r.status_code == 410, r.text
-        assert r.headers["content-type"].startswith("application/problem+json")
-        assert r.json()["code"] == "LOG_EXPIRED"
-        attempt_id = reader.get_attempt(run_id, 1).id
-        assert not (served.data_dir / "logs" / log_relpath(attempt_id)).exists()
+    engine = make_engine(db_url)
+    try:
+        reader = RunReader(engine)
+        for run_id in old:
+            log = get_run(served, run_id)["latest_attempt"]["log"]
+            assert log["bytes"] > 0 and log["expired_at_ms"] is not None
+            r = httpx.get(f"{api}/runs/{run_id}/attempts/1/log", headers=served.auth)
+            assert r.status_code == 410, r.text
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert r.json()["code"] == "LOG_EXPIRED"
+            attempt_id = reader.get_attempt(run_id, 1).id
+            assert not (served.data_dir / "logs" / log_relpath(attempt_id)).exists()
+    finally:
+        engine.dispose()  # a pooled PostgreSQL connection left to the GC warns in a later test
     for run_id in [*kept, pinned]:
         assert not expired(run_id)
         assert read_log(served, run_id).startswith(b"hello from")

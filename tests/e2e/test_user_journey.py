@@ -109,8 +109,9 @@ def test_define_enqueue_watch_follow_and_read_the_exact_ending(
     log = read_log(served, run_id)
     assert log == b"hello from journey\nsecret-ok\nafter-gate\n" == followed
     assert attempt["log"] == {
-        "bytes": len(log), "truncated": False, "dropped_bytes": 0, "truncation_reason": None
-    }
+        "bytes": len(log), "truncated": False, "dropped_bytes": 0, "truncation_reason": None,
+        "expired": False, "expired_at_ms": None,
+    }  # fmt: skip
     assert [e["type"] for e in events(served, run_id)] == [
         "run.queued", "run.dispatching", "attempt.starting", "attempt.running",
         "run.running", "attempt.failed", "run.failed",
