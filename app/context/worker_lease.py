@@ -84,6 +84,7 @@ class LeaseKeeper:
             claimant=claimant(settings.data_dir),
             ttl_ms=round(settings.lease_ttl_s * 1000),
             holder_alive=holder_alive,
+            base_url=settings.advertise_url,
         )
         keeper = cls(
             repo=repo,
@@ -101,6 +102,17 @@ class LeaseKeeper:
         """The lease was lost while this worker ran."""
         return self._lost
 
+    @property
+    def fence(self) -> tuple[str, int]:
+        """(slot, epoch) of the lease this worker holds: what its completions carry."""
+        return self._repo.slot_of(self.lease.instance_id), self.lease.epoch
+
+    def ping_facts(self) -> dict[str, object] | None:
+        """What ``ping`` tells the api: instance and epoch, or None when not surely held."""
+        if not self.held():
+            return None
+        return {"instance_id": self.lease.instance_id, "epoch": self.lease.epoch}
+
     def held(self) -> bool:
         """Surely still ours: not lost, and the last renewal is recent enough to act on."""
         return not self._lost and _clock() < self._valid_until - self._margin_s
@@ -116,7 +128,12 @@ class LeaseKeeper:
                 return
             started = _clock()
             if started >= self._valid_until:
-                self._lose(LeaseLost(epoch=self.lease.epoch, holder=self._holder_now()))
+                holder = self._holder_now()
+                self._lose(
+                    LeaseLost(
+                        epoch=self.lease.epoch, holder=holder, instance_id=self.lease.instance_id
+                    )
+                )
                 return
             try:
                 self.lease = self._repo.renew(
@@ -135,7 +152,7 @@ class LeaseKeeper:
     def _holder_now(self) -> Lease | None:
         """Who holds the lease now, to say so in the one line (None if unreadable)."""
         try:
-            return self._repo.current()
+            return self._repo.current(self.lease.instance_id)
         except SQLAlchemyError:
             return None
 

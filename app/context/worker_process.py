@@ -100,6 +100,7 @@ class WorkerProcess:
                 launcher=lease.gate(launcher),
                 controller=IdentityController(cgroup_root=self._cgroup_root),
                 on_wake=self._wake,
+                lease_facts=lease.ping_facts,
             )
             self.parts = WorkerParts(
                 engine,

@@ -106,6 +106,11 @@ class ErrorCode(StrEnum):
     # The worker lease (docs/worker-lease.md).
     WORKER_LEASE_HELD = "WORKER_LEASE_HELD"
     WORKER_LEASE_LOST = "WORKER_LEASE_LOST"
+    # Several hosts (docs/several-hosts.md): a vanished host's attempts, a fenced completion,
+    # a log read whose host does not answer.
+    WORKER_LEASE_EXPIRED = "WORKER_LEASE_EXPIRED"
+    LEASE_EPOCH_SUPERSEDED = "LEASE_EPOCH_SUPERSEDED"
+    LOG_HOST_UNAVAILABLE = "LOG_HOST_UNAVAILABLE"
     # The worker refuses a database that is not at the newest migration.
     NOT_MIGRATED = "NOT_MIGRATED"
     QUEUE_FULL = "QUEUE_FULL"
@@ -195,14 +200,21 @@ def _utc(ms: int) -> str:
 class LeaseHeld(DomainError):
     """Another live worker holds the lease: this one must not start (one line to print)."""
 
-    def __init__(self, holder: Lease) -> None:
+    def __init__(self, holder: Lease, *, single_host: bool = False) -> None:
+        # ``single_host``: the one lease of a SQLite database, refused to another instance.
+        note = ""
+        if single_host:
+            note = (
+                "; SQLite runs one worker per database: several hosts need PostgreSQL "
+                "(docs/several-hosts.md)"
+            )
         super().__init__(
             ErrorCode.WORKER_LEASE_HELD,
             f"the worker lease on this database is held by instance {holder.instance_id} on "
             f"host {holder.host} (pid {holder.pid}, epoch {holder.epoch}) since "
             f"{_utc(holder.acquired_at_ms)}, expiring {_utc(holder.expires_at_ms)} unless "
             "renewed; to take over, stop that worker (an orderly stop releases the lease), "
-            "or, if its host is gone, start this one again after the expiry",
+            f"or, if its host is gone, start this one again after the expiry{note}",
         )
         self.holder = holder
 
@@ -210,9 +222,14 @@ class LeaseHeld(DomainError):
 class LeaseLost(DomainError):
     """This worker no longer holds the lease: it stops serving (fail closed)."""
 
-    def __init__(self, *, epoch: int, holder: Lease | None) -> None:
+    def __init__(self, *, epoch: int, holder: Lease | None, instance_id: str = "") -> None:
         if holder is None or holder.epoch == epoch:
             taken = "could not be renewed before it expired"
+        elif holder.instance_id == instance_id:
+            taken = (
+                f"expired and was superseded (epoch {holder.epoch}) by a worker of another "
+                "host, which ended this host's active attempts"
+            )
         else:
             taken = (
                 f"was taken over by instance {holder.instance_id} on host {holder.host} "

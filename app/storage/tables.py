@@ -120,9 +120,14 @@ attempts = Table(
     Column("handle", Text, nullable=True),  # JSON durable identity; never exposed by the API
     # quota | disk_full | write_error, from the shim's truncation fact (migration 0003)
     Column("log_truncation_reason", String(16), nullable=True),
+    # The worker instance and lease epoch that launched it (migration 0008,
+    # docs/several-hosts.md): only that instance's worker reconciles, times out or stops it.
+    Column("worker_instance_id", ID, nullable=True),
+    Column("lease_epoch", BigInteger, nullable=True),
     UniqueConstraint("run_id", "number"),
     Index("ix_attempts_status_id", "status", "id"),
     Index("ix_attempts_status_deadline_at_ms", "status", "deadline_at_ms"),
+    Index("ix_attempts_worker_instance_id_status", "worker_instance_id", "status"),
 )
 
 run_events = Table(
@@ -147,6 +152,8 @@ receipt_journal = Table(
     Column("quarantine_reason", String(32), nullable=True),
     Column("created_at_ms", MS, nullable=False),
     Column("updated_at_ms", MS, nullable=False),
+    # The worker instance that wrote the entry (migration 0008): its host holds the files.
+    Column("worker_instance_id", ID, nullable=True),
     Index("ix_receipt_journal_state_updated_at_ms", "state", "updated_at_ms"),
 )
 
@@ -171,9 +178,10 @@ idempotency_keys = Table(
     Column("created_at_ms", MS, nullable=False),
 )
 
-# The worker lease (docs/worker-lease.md): one row per slot; until several execution hosts
-# are supported there is one slot, ``worker``. Every change of holder bumps ``epoch`` (the
-# compare-and-set fence). Times are the database's clock.
+# The worker lease (docs/worker-lease.md, docs/several-hosts.md): one row per slot. SQLite
+# has one slot, ``worker``; on PostgreSQL every instance has its own row (the slot is its
+# instance id). Every change of holder bumps ``epoch`` (the compare-and-set fence). Times
+# are the database's clock.
 worker_leases = Table(
     "worker_leases",
     metadata,
@@ -188,6 +196,8 @@ worker_leases = Table(
     Column("renewed_at_ms", MS, nullable=False),
     Column("expires_at_ms", MS, nullable=False),
     Column("released_at_ms", MS, nullable=True),
+    # The holder's api, for log reads from other hosts (migration 0008).
+    Column("base_url", String(255), nullable=True),
 )
 
 # Append-only history of the service itself (not of one run): lease acquisitions, takeovers
