@@ -22,6 +22,7 @@ from app.execution.worker_recovery import WorkerRecovery
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
+from app.storage.lease_repo import several_hosts
 from app.storage.migrate import current_revision, head_revision
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -84,8 +85,14 @@ class WorkerProcess:
             self.lease = lease
             receipts = ReceiptStore(s.receipts_dir, logs_root=s.logs_dir)
             receipts.ensure_root()
-            journal = JournalRepository(engine)
+            # Several hosts (PostgreSQL, docs/several-hosts.md): this worker reconciles, times
+            # out, stops and sweeps only what its own instance launched.
+            scoped = several_hosts(engine)
+            journal = JournalRepository(
+                engine, owner=lambda: (lease.lease.instance_id, lease.lease.epoch), scoped=scoped
+            )
             runs = RunRepository(engine)
+            own = lease.lease.instance_id if scoped else None
             completion = CompletionService(
                 receipts=receipts, journal=journal, completions=runs, log_facts=LogFacts(s.logs_dir)
             )
@@ -106,7 +113,7 @@ class WorkerProcess:
                 engine,
                 journal,
                 runs,
-                RunReader(engine),
+                RunReader(engine, worker_instance_id=own),
                 receipts,
                 completion,
                 watcher,

@@ -53,7 +53,13 @@ from app.domain.states import (
 )
 from app.storage.definitions_repo import revision_row
 from app.storage.journal_repo import mark_consumed_in
-from app.storage.run_reads import COUNT_ACTIVE, COUNT_QUEUED, COUNT_TASK_ACTIVE, run_from_rows
+from app.storage.run_reads import (
+    COUNT_ACTIVE,
+    COUNT_HOST_ACTIVE,
+    COUNT_QUEUED,
+    COUNT_TASK_ACTIVE,
+    run_from_rows,
+)
 from app.storage.tables import attempts, idempotency_keys, run_events, runs
 from app.storage.uow import UnitOfWork
 
@@ -199,13 +205,19 @@ class RunRepository:
         log_artifact_id: str,
         max_running: int | None = None,
         max_concurrent: int | None = None,
+        worker_instance_id: str | None = None,
+        lease_epoch: int | None = None,
     ) -> Run:
         """T1: run queued→dispatching and attempt claimed→starting with the callback digest.
 
         The concurrency budgets are checked in this same transaction, after a lock that
         every T1 takes (docs/concurrency-budgets.md §2): AdmissionRefused("global") when
-        ``max_running`` runs are dispatching or running, AdmissionRefused("task") when
-        ``max_concurrent`` runs of this run's task are.
+        ``max_running`` runs are dispatching or running (on PostgreSQL with a
+        ``worker_instance_id``: that many attempts of this host, docs/several-hosts.md §3),
+        AdmissionRefused("task") when ``max_concurrent`` runs of this run's task are.
+
+        ``worker_instance_id`` and ``lease_epoch``: the worker this start launches through
+        (docs/several-hosts.md §2), recorded on the attempt.
         """
         with UnitOfWork(self._engine) as uow:
             if max_running is not None or max_concurrent is not None:
@@ -227,8 +239,11 @@ class RunRepository:
                     "attempt", attempt_row.status, AttemptStatus.STARTING,
                     reason="the attempt was already armed",
                 )  # fmt: skip
-            _admit(uow.conn, run_row.task, max_running, max_concurrent)
+            _admit(uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id)
             at = now_ms()
+            host: dict[str, Any] = {}
+            if worker_instance_id is not None:
+                host = {"worker_instance_id": worker_instance_id, "lease_epoch": lease_epoch}
             written = _step(
                 uow.conn,
                 run_row,
@@ -240,6 +255,7 @@ class RunRepository:
                     "callback_token_digest": token_digest,
                     "deadline_at_ms": deadline_at_ms,
                     "log_artifact_id": log_artifact_id,
+                    **host,
                 },
                 order="run_first",
             )
@@ -512,14 +528,26 @@ def _lock(conn: Connection, key: int) -> None:
 
 
 def _admit(
-    conn: Connection, task: str, max_running: int | None, max_concurrent: int | None
+    conn: Connection,
+    task: str,
+    max_running: int | None,
+    max_concurrent: int | None,
+    worker_instance_id: str | None = None,
 ) -> None:
-    if max_running is not None and conn.execute(COUNT_ACTIVE).scalar_one() >= max_running:
+    if max_running is not None and _active(conn, worker_instance_id) >= max_running:
         raise AdmissionRefused("global")
     if max_concurrent is not None:
         active = conn.execute(COUNT_TASK_ACTIVE, {"task": task}).scalar_one()
         if active >= max_concurrent:
             raise AdmissionRefused("task")
+
+
+def _active(conn: Connection, worker_instance_id: str | None) -> int:
+    """What QL_MAX_RUNNING bounds: on PostgreSQL, with several hosts, the active attempts of
+    this host (docs/several-hosts.md §3); otherwise the database's active runs."""
+    if worker_instance_id is not None and conn.dialect.name == "postgresql":
+        return int(conn.execute(COUNT_HOST_ACTIVE, {"instance": worker_instance_id}).scalar_one())
+    return int(conn.execute(COUNT_ACTIVE).scalar_one())
 
 
 # -- helpers -------------------------------------------------------------------------------
