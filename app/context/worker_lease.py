@@ -21,11 +21,12 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.domain.errors import LaunchFailed, LeaseLost
+from app.domain.errors import DomainError, LaunchFailed, LeaseLost, StorageUnavailable
 from app.domain.execution import LaunchRequest
 from app.domain.lease import Lease
 from app.domain.model import ProcessHandle
 from app.settings import Settings
+from app.storage.hosts_repo import expire_vanished_hosts
 from app.storage.lease_repo import LeaseRepository
 from app.worker.instance import claimant, holder_alive
 from app.worker.server import WorkerLauncher
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 EXIT_LEASE_HELD = 75
 EXIT_LEASE_LOST = 76
 _JOIN_S = 5.0
+# Attempts of one vanished host ended per renewal (the next renewal takes the next page).
+EXPIRE_PAGE = 64
 
 
 def _clock() -> float:
@@ -148,6 +151,26 @@ class LeaseKeeper:
                 log.warning("worker lease renewal failed (%s); retrying", type(exc).__name__)
                 continue
             self._valid_until = started + self._ttl_s
+            if not self._repo.single_slot:
+                self._expire_vanished()
+
+    def _expire_vanished(self) -> None:
+        """Several hosts: end the attempts of hosts whose lease expired (several-hosts.md §4)."""
+        me = self.lease
+        try:
+            ended = expire_vanished_hosts(
+                self._repo.engine, me_slot=self._repo.slot_of(me.instance_id),
+                me_instance_id=me.instance_id, me_host=me.host, limit=EXPIRE_PAGE,
+            )  # fmt: skip
+        except (SQLAlchemyError, DomainError, StorageUnavailable) as exc:  # next renewal retries
+            log.warning("vanished-host pass failed (%s)", type(exc).__name__)
+            return
+        for host in ended:
+            log.warning(
+                "the worker lease of host %s (instance %s, epoch %d) expired: %d of its "
+                "attempts ended lost WORKER_LEASE_EXPIRED; its epoch is now %d",
+                host.host, host.instance_id, host.old_epoch, host.lost, host.new_epoch,
+            )  # fmt: skip
 
     def _holder_now(self) -> Lease | None:
         """Who holds the lease now, to say so in the one line (None if unreadable)."""

@@ -59,6 +59,10 @@ class WorkerParts:
     recovery: WorkerRecovery | None = None
 
 
+def _always() -> bool:
+    return True
+
+
 class WorkerProcess:
     """The running worker: start, serve until told to stop, stop without touching jobs."""
 
@@ -94,8 +98,9 @@ class WorkerProcess:
             runs = RunRepository(engine)
             own = lease.lease.instance_id if scoped else None
             completion = CompletionService(
-                receipts=receipts, journal=journal, completions=runs, log_facts=LogFacts(s.logs_dir)
-            )
+                receipts=receipts, journal=journal, completions=runs,
+                log_facts=LogFacts(s.logs_dir), fence=lambda: lease.fence,
+            )  # fmt: skip
             watcher = ShimWatcher(lambda run_id, attempt_id: self._consume(run_id, attempt_id))
             self._cgroup_root = detect(s.cgroup_root)
             launcher = ShimLauncher(
@@ -161,7 +166,7 @@ class WorkerProcess:
             intents=p.runs, probe=HandleProbe(),
             controller=IdentityController(cgroup_root=self._cgroup_root),
             quarantine_files=p.receipts, reservations=p.receipts, profile=self.settings.profile,
-            watch=p.watcher.add,
+            watch=p.watcher.add, may_run=self.lease.held if self.lease is not None else _always,
         )  # fmt: skip
 
     def _wake(self, reconcile: bool) -> None:

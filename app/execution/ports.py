@@ -294,8 +294,12 @@ class AttemptCompletions(Protocol):
         started_at_ms: int | None = None,
         consume_receipt: bool = False,
         leftovers_stopped: int | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> CompletionOutcome:
         """Apply the ending once; already_terminal or rejected otherwise.
+
+        ``fence``: the completing worker's lease (slot, epoch); ``fenced`` (nothing written)
+        when it is no longer current (docs/several-hosts.md §4).
 
         ``leftovers_stopped``: the receipt's content-free count of processes the shim killed
         after the main process ended; it goes into the attempt's terminal event.

@@ -108,7 +108,7 @@ def lease_current_in(conn: Connection, *, slot: str, epoch: int) -> bool:
     )
 
 
-def _append(conn: Connection, kind: str, at_ms: int, data: dict[str, Any]) -> None:
+def append_service_event(conn: Connection, kind: str, at_ms: int, data: dict[str, Any]) -> None:
     conn.execute(
         insert(service_events).values(
             id=uuid7(), type=kind, at_ms=at_ms, data=canonical_json(data).decode("utf-8")
@@ -138,6 +138,7 @@ class LeaseRepository:
 
     def __init__(self, engine: Engine, *, single_slot: bool | None = None) -> None:
         self._engine = engine
+        self.engine = engine
         # SQLite's one lease for the database; PostgreSQL: one per instance (tests may
         # force the single slot on PostgreSQL to exercise the same guard there).
         self.single_slot = not several_hosts(engine) if single_slot is None else single_slot
@@ -213,7 +214,7 @@ class LeaseRepository:
             if conn.execute(update(worker_leases).where(*fence).values(**values)).rowcount != 1:
                 return None
         event, data = _take_event(kind, old, new)
-        _append(conn, event, now, data)
+        append_service_event(conn, event, now, data)
         return new
 
     def renew(self, *, instance_id: str, epoch: int, ttl_ms: int) -> Lease:
@@ -248,7 +249,7 @@ class LeaseRepository:
             if uow.conn.execute(stmt.values(released_at_ms=now)).rowcount != 1:
                 return False
             facts = {"instance_id": instance_id, "epoch": epoch}
-            _append(uow.conn, WORKER_LEASE_RELEASED, now, facts)
+            append_service_event(uow.conn, WORKER_LEASE_RELEASED, now, facts)
             uow.commit()
         return True
 

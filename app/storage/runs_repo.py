@@ -53,6 +53,7 @@ from app.domain.states import (
 )
 from app.storage.definitions_repo import revision_row
 from app.storage.journal_repo import mark_consumed_in
+from app.storage.lease_repo import lease_current_in
 from app.storage.run_reads import (
     COUNT_ACTIVE,
     COUNT_HOST_ACTIVE,
@@ -404,8 +405,13 @@ class RunRepository:
         started_at_ms: int | None = None,
         consume_receipt: bool = False,
         leftovers_stopped: int | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> CompletionOutcome:
         """The one transaction that turns a process ending into a terminal state, once.
+
+        ``fence`` (slot, epoch): the completing worker's lease. When that lease is no longer
+        at this epoch, or released, or expired, nothing is written and the answer is
+        ``fenced`` (docs/several-hosts.md §4: a stale worker never records an ending).
 
         With ``consume_receipt``, an ``applied`` or ``already_terminal`` answer also moves
         the attempt's receipt journal entry to ``consumed`` in the same transaction: there is
@@ -419,6 +425,8 @@ class RunRepository:
         """
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
+            if fence is not None and not lease_current_in(conn, slot=fence[0], epoch=fence[1]):
+                return CompletionOutcome("fenced", reason=ErrorCode.LEASE_EPOCH_SUPERSEDED.value)
             attempt_row = conn.execute(_ATTEMPT_BY_ID, {"attempt_id": attempt_id}).first()
             refused = refuse_caller(attempt_row, run_id=run_id, token=token)
             if refused is not None:
@@ -504,6 +512,22 @@ class RunRepository:
             written = cancel_in(conn, run_row, reason, now_ms(), attempt_row)
             uow.commit()
         return written.run()
+
+
+def lose_in(conn: Connection, *, run_id: str, attempt_id: str, code: ErrorCode, at: int) -> None:
+    """End an active attempt and its run ``lost`` with ``code`` inside ``conn``'s transaction
+    (the run row first, then the attempt, two events), as ``fail_attempt`` does.
+
+    Raises: NotFound (not the run's latest attempt), InvalidTransition, VersionConflict.
+    """
+    run_row, attempt_row = _load_pair(conn, run_id, attempt_id)
+    _step(
+        conn, run_row, attempt_row, at,
+        run_to=RunStatus.LOST, attempt_to=AttemptStatus.LOST,
+        attempt_values={"error_code": code.value, "finished_at_ms": at},
+        run_values={"finished_at_ms": at}, attempt_data={"error_code": code.value},
+        order="attempt_first",
+    )  # fmt: skip
 
 
 # -- budgets (docs/concurrency-budgets.md) --------------------------------------------------
