@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from app.domain.errors import (
     Conflict,
     DomainError,
+    LogHostUnavailable,
     NotFound,
     PreconditionFailed,
     QueueFull,
@@ -131,6 +132,8 @@ def status_for(exc: DomainError) -> int:
         return 429
     if isinstance(exc, PreconditionFailed):
         return 412
+    if isinstance(exc, LogHostUnavailable):
+        return 503
     return 400
 
 

@@ -21,7 +21,8 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   ├── NotMigrated               the schema is not the newest (NOT_MIGRATED)
     │   ├── QueueFull                 QL_MAX_QUEUED runs are queued (QUEUE_FULL)      [429]
     │   ├── LeaseHeld                 another live worker holds the lease
-    │   └── LeaseLost                 this worker lost the lease: it stops serving
+    │   ├── LeaseLost                 this worker lost the lease: it stops serving
+    │   └── LogHostUnavailable        the attempt's host does not answer its log     [503]
     ├── StorageUnavailable            the database cannot commit now, not a refusal  [503]
     ├── KeyUnavailable                a secret does not decrypt under the key ring
     ├── AdmissionRefused(scope)       a concurrency budget is used up: the run waits
@@ -82,6 +83,8 @@ class ErrorCode(StrEnum):
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
     ATTEMPT_NOT_FOUND = "ATTEMPT_NOT_FOUND"
     SECRET_NOT_FOUND = "SECRET_NOT_FOUND"
+    # This host's key ring does not decrypt a secret (docs/several-hosts.md §6).
+    SECRET_KEY_UNAVAILABLE = "SECRET_KEY_UNAVAILABLE"
     RUN_TERMINAL = "RUN_TERMINAL"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INVALID_TRANSITION = "INVALID_TRANSITION"
@@ -241,6 +244,18 @@ class LeaseLost(DomainError):
         )
         self.epoch = epoch
         self.holder = holder
+
+
+class LogHostUnavailable(DomainError):
+    """The attempt ran on another host, which did not answer the log read (or named no
+    address to ask): docs/several-hosts.md §5."""
+
+    def __init__(self, host: str | None) -> None:
+        where = f"host {host}" if host else "another host"
+        super().__init__(
+            ErrorCode.LOG_HOST_UNAVAILABLE,
+            f"this attempt ran on {where}, whose api does not answer; its log is kept there",
+        )
 
 
 class StorageUnavailable(Exception):

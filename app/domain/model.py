@@ -139,6 +139,8 @@ class Attempt:
     log_artifact_id: str | None
     callback_sequence: int
     log: LogInfo | None = None
+    # The worker instance that launched it (docs/several-hosts.md); never exposed by the API.
+    worker_instance_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

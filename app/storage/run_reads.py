@@ -81,6 +81,7 @@ def attempt_from_row(row: Row[Any]) -> Attempt:
         log_artifact_id=row.log_artifact_id,
         callback_sequence=row.callback_sequence,
         log=log,
+        worker_instance_id=getattr(row, "worker_instance_id", None),
     )
 
 
