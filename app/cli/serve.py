@@ -116,7 +116,7 @@ def child_env(settings: Settings, advertise_url: str | None = None) -> dict[str,
 
 def listen_url(host: str, port: int) -> str:
     """The base URL other hosts reach this api at: a wildcard bind advertises the host name."""
-    if host in ("0.0.0.0", "::", ""):  # noqa: S104 - naming the wildcard, not binding it
+    if host in ("0.0.0.0", "::", ""):  # noqa: S104 - a wildcard bind: name the host instead
         host = socket.gethostname()
     if ":" in host:
         host = f"[{host}]"

@@ -96,9 +96,11 @@ class HostWorker:
     instance_id: str | None = None
     epoch: int | None = None
 
-    def answered(self, ping: dict[str, Any]) -> bool:
+    def answered(self, ping: dict[str, Any] | None) -> bool:
         """Take the ping's lease facts; False when the worker is another instance's (the
         socket belongs to another data dir): then this api must not dispatch through it."""
+        if not isinstance(ping, dict):
+            return True  # a client double without an answer body: nothing to record
         found, epoch = ping.get("instance_id"), ping.get("epoch")
         if not isinstance(found, str) or type(epoch) is not int:
             return True  # a worker older than the facts: nothing to record
