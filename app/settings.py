@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.domain.profiles import Profile, profile_named
+from app.domain.retention import MAX_BYTES, MAX_KEEP_DAYS, MAX_KEEP_RUNS, RetentionPolicy
 
 DEFAULT_DATA_DIR = "./.qinglong"
 SHIM_MODES = ("zygote", "exec")
@@ -186,6 +187,83 @@ def _bounded_count(env: Mapping[str, str], name: str, default: int, most: int) -
 
 
 @dataclass(frozen=True)
+class RetentionSettings:
+    """The global retention policy (docs/retention.md §1): the profile's, or QL_RETENTION_*.
+
+    ``None`` fields mean the profile's value; ``enabled`` False (QL_RETENTION=off) runs no
+    sweep at all (nothing is ever deleted, as before retention existed).
+    """
+
+    enabled: bool = True
+    keep_runs: int | None = None
+    keep_days: int | None = None
+    keep_rows: int | None = None
+    task_log_bytes: int | None = None
+    total_log_bytes: int | None = None
+    interval_s: float | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RetentionSettings:
+        """``QL_RETENTION`` (on|off) and ``QL_RETENTION_{KEEP_RUNS,KEEP_DAYS,KEEP_ROWS,
+        TASK_LOG_BYTES,TOTAL_LOG_BYTES,INTERVAL_S}``."""
+        switch = (env.get("QL_RETENTION") or "on").strip().lower()
+        if switch not in ("on", "off"):
+            raise ValueError(f"QL_RETENTION must be on or off, not {switch!r}")
+
+        def opt(name: str, least: int, most: int) -> int | None:
+            if not env.get(name):
+                return None
+            value = _count(env, name, 0, least)
+            if value > most:
+                raise ValueError(f"{name} must be at most {most}, not {value}")
+            return value
+
+        interval = None
+        if env.get("QL_RETENTION_INTERVAL_S"):
+            interval = _seconds(env, "QL_RETENTION_INTERVAL_S", 30.0)
+        return cls(
+            enabled=switch == "on",
+            keep_runs=opt("QL_RETENTION_KEEP_RUNS", 0, MAX_KEEP_RUNS),
+            keep_days=opt("QL_RETENTION_KEEP_DAYS", 0, MAX_KEEP_DAYS),
+            keep_rows=opt("QL_RETENTION_KEEP_ROWS", 1, MAX_KEEP_RUNS * 10),
+            task_log_bytes=opt("QL_RETENTION_TASK_LOG_BYTES", 0, MAX_BYTES),
+            total_log_bytes=opt("QL_RETENTION_TOTAL_LOG_BYTES", 0, MAX_BYTES),
+            interval_s=interval,
+        )
+
+    def policy(self, profile: Profile) -> RetentionPolicy:
+        """The global per-task policy: these values over the profile's defaults."""
+        d = profile.retention
+        keep_runs = d.keep_runs if self.keep_runs is None else self.keep_runs
+        keep_rows = d.keep_rows if self.keep_rows is None else self.keep_rows
+        if self.keep_rows is None and keep_rows <= keep_runs:
+            keep_rows = keep_runs * 2 + 1
+        try:
+            return RetentionPolicy(
+                keep_runs=keep_runs,
+                keep_days=d.keep_days if self.keep_days is None else self.keep_days,
+                keep_rows=keep_rows,
+                task_log_bytes=d.task_log_bytes
+                if self.task_log_bytes is None
+                else self.task_log_bytes,
+            ).validated()
+        except Exception as exc:  # ValidationFailed: a setting, so a ValueError at start
+            raise ValueError(f"QL_RETENTION_*: {getattr(exc, 'detail', exc)}") from None
+
+    def total_log_bytes_of(self, profile: Profile) -> int:
+        """The budget of every task's log bytes together."""
+        return (
+            profile.retention.total_log_bytes
+            if self.total_log_bytes is None
+            else (self.total_log_bytes)
+        )
+
+    def interval_of(self, profile: Profile) -> float:
+        """The sweep's cadence in seconds."""
+        return profile.retention.interval_s if self.interval_s is None else self.interval_s
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything a process of the service needs to know about where it lives."""
 
@@ -210,6 +288,7 @@ class Settings:
     # QL_ADVERTISE_URL: this host's api as other hosts reach it (docs/several-hosts.md); the
     # worker publishes it in its lease row. ``qinglong serve`` defaults it to its listen address.
     advertise_url: str | None = None
+    retention: RetentionSettings = RetentionSettings()
 
     @property
     def max_running(self) -> int:
@@ -232,10 +311,13 @@ class Settings:
         max_running = None
         if env.get("QL_MAX_RUNNING"):
             max_running = _bounded_count(env, "QL_MAX_RUNNING", 1, MAX_RUNNING_LIMIT)
+        profile = profile_named(env.get("QL_PROFILE") or "standalone")
+        retention = RetentionSettings.from_env(env)
+        retention.policy(profile)  # a contradiction (keep_rows <= keep_runs) fails at start
         return cls(
             data_dir=root,
             database_url=url,
-            profile=profile_named(env.get("QL_PROFILE") or "standalone"),
+            profile=profile,
             cors_origins=origins,
             secret_key=env.get("QL_SECRET_KEY") or None,
             worker_socket=Path(socket).absolute() if socket else None,
@@ -248,6 +330,7 @@ class Settings:
             max_running_override=max_running,
             max_queued=_bounded_count(env, "QL_MAX_QUEUED", MAX_QUEUED, MAX_QUEUED_LIMIT),
             advertise_url=advertise_url_from_env(env),
+            retention=retention,
         )
 
     def to_env(self) -> dict[str, str]:

@@ -34,23 +34,39 @@ class Sizes:
     drain_bytes: int
     receipts: int
     launch_count: int
+    schedule_fires: int
+    idle_schedules: int
+    idle_window_s: float
+    # Retention (bench/retention.py): logs expired in the sweep figure, runs in the list one.
+    retention_expired: int = 1_000
+    retention_runs: int = 10_000
 
 
 QUICK = Sizes(trivial_runs=100, trivial_repeats=1, idle_runs=10, paced_runs=50, read_seconds=1.5,
               scale=[1_000, 5_000],
               scale_repeats=5, shim_count=10, drain_bytes=50_000_000, receipts=300,
-              launch_count=10)  # fmt: skip
+              launch_count=10, schedule_fires=20, idle_schedules=10_000,
+              idle_window_s=5.0)  # fmt: skip
 FULL = Sizes(trivial_runs=1_000, trivial_repeats=3, idle_runs=50, paced_runs=250, read_seconds=5.0,
              scale=[1_000, 10_000, 100_000],
              scale_repeats=20, shim_count=30, drain_bytes=200_000_000, receipts=1_000,
-             launch_count=30)  # fmt: skip
+             launch_count=30, schedule_fires=120, idle_schedules=10_000,
+             idle_window_s=10.0, retention_expired=5_000, retention_runs=100_000)  # fmt: skip
+
+
+# Groups a plain --quick leaves out (name them with --only): the schedule rows wait for
+# real seconds (a fire per second, idle windows), which no size makes short.
+FULL_ONLY = frozenset({"launch", "schedules"})
 
 
 def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
     from bench.api_reads import run_api_reads
     from bench.http_protocol import run_http_protocol
     from bench.launch import run_launch
+    from bench.peer_celery import run_peer
     from bench.recovery import run_recovery
+    from bench.retention import run_retention
+    from bench.schedules import run_fire_lateness, run_idle_cpu
     from bench.shim import run_shim
     from bench.trivial import run_trivial
 
@@ -79,6 +95,20 @@ def _groups(size: Sizes, pg: str | None) -> dict[str, Callable[[Report], None]]:
         ),
         "recovery": each(run_recovery, count=size.receipts),
         "launch": lambda report: run_launch(report, count=size.launch_count),
+        # Celery on the same job (bench/peer_celery.py); skipped with the reason without it.
+        "peer": lambda report: run_peer(
+            report, pg=pg, count=size.trivial_runs, idle_count=size.idle_runs
+        ),
+        "schedules": lambda report: (
+            each(run_fire_lateness, fires=size.schedule_fires)(report),
+            each(run_idle_cpu, count=size.idle_schedules, window_s=size.idle_window_s)(report),
+        ),
+        "retention": lambda report: run_retention(
+            report,
+            expired=size.retention_expired,
+            list_runs=size.retention_runs,
+            repeats=size.scale_repeats * 5,
+        ),
     }
 
 
@@ -121,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.only if name not in groups]
     if unknown:
         parser.error(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(groups)}")
-    chosen = args.only or [name for name in groups if name != "launch" or args.full]
+    chosen = args.only or [name for name in groups if name not in FULL_ONLY or args.full]
     report = Report()
     print(f"bench --{label}: {', '.join(chosen)}"
           f" (postgres: {'yes' if args.postgres else 'no'}; {os.cpu_count()} cpus)")

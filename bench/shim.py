@@ -46,6 +46,7 @@ class _Shims:
             "token": secrets.token_urlsafe(32), "argv": argv, "cwd": None,
             "env": {"PATH": "/usr/bin:/bin"}, "log_path": str(log), "log_quota_bytes": quota,
             "receipt_dir": str(self.receipts), "receipt_name": f"{attempt}.json",
+            "leftovers": "kill", "cgroup_root": None,
         }  # fmt: skip
 
     def launch(self, argv: list[str], quota: int = 1 << 20) -> tuple[float, dict[str, Any]]:
@@ -121,8 +122,48 @@ def _zygote_figures(report: Report, shims: _Shims, count: int, exec_ms: float) -
                           extra={"fds_before": fds0, "fds_after": fds1}))
         report.add(Figure("zygote open fds after 500 more launches", fds1, "fds",
                           "zygote open fds before", fds0, False))
+        _shim_uss_pss(report, shims, zygote)
     finally:
         zygote.close()
+
+
+def _rollup_kb(pid: int) -> dict[str, int]:
+    """``/proc/<pid>/smaps_rollup`` in kB: Pss, and USS as Private_Clean + Private_Dirty."""
+    got: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            got[key] = int(rest.split()[0])
+    uss = got.get("Private_Clean", 0) + got.get("Private_Dirty", 0)
+    return {"pss": got.get("Pss", -1), "uss": uss}
+
+
+def _shim_uss_pss(report: Report, shims: _Shims, zygote: Zygote) -> None:
+    """What one more running job costs in shim memory: USS (its own pages) and PSS.
+
+    RSS counts the pages a zygote-forked shim shares with the zygote (the interpreter and
+    its imports), so it overstates the cost of each further job; USS is what the kernel
+    would free if that shim exited. Beside ``/bin/sh -c 'sleep; true'`` started the same way.
+    """
+    _, status = shims.zygote_launch(zygote, ["/bin/sleep", "5"])
+    try:
+        time.sleep(0.3)
+        shim = _rollup_kb(status["shim_pid"])
+    finally:
+        os.kill(status["pid"], 9)
+        wait_exit(status["shim_pid"], 10)
+    pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", "sleep 5; true"], {"PATH": "/usr/bin:/bin"})
+    try:
+        time.sleep(0.2)
+        sh = _rollup_kb(pid)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    report.add(Figure("zygote-forked shim USS (running job)", shim["uss"] / 1024, "MiB",
+                      "/bin/sh -c 'sleep; true' USS", sh["uss"] / 1024, False,
+                      target="<= 2 MiB", extra={"shim_kB": shim, "sh_kB": sh}))
+    report.add(Figure("zygote-forked shim PSS (running job)", shim["pss"] / 1024, "MiB",
+                      "/bin/sh -c 'sleep; true' PSS", sh["pss"] / 1024, False))
 
 
 def _timed_run(argv: list[str]) -> float:

@@ -58,7 +58,13 @@ def tier_of(path: Path) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, so ``-m unit`` (``make test-unit``) selects pure logic."""
+    """Mark each test with its tier, so ``-m unit`` (``make test-unit``) selects pure logic;
+    then move the tests marked ``slow`` to the front (docs/testing.md §Order).
+
+    xdist hands each worker a first chunk of consecutive tests: a slow test that came last
+    would run alone on one worker while the other sat idle (a tail of minutes); first, it
+    runs while the other worker takes the rest of the suite.
+    """
     wrong = []
     for item in items:
         tier = tier_of(item.path)
@@ -72,6 +78,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "unit tests use no database or process (docs/testing.md §Tiers); move these to "
             "an integration folder:\n  " + "\n  ".join(wrong)
         )
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
 
 
 def _with_search_path(url: str, schema: str) -> str:

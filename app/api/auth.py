@@ -85,5 +85,7 @@ DefinitionsWriter = Annotated[Principal, Depends(require("definitions:write"))]
 SecretsWriter = Annotated[Principal, Depends(require("secrets:write"))]
 Reader = Annotated[Principal, Depends(require("runs:read"))]
 RunsWriter = Annotated[Principal, Depends(require("runs:write"))]
+Admin = Annotated[Principal, Depends(require("admin"))]
 LOGS_SCOPE = "logs:read"
 LogsReader = Annotated[Principal, Depends(require(LOGS_SCOPE))]
+MetricsReader = Annotated[Principal, Depends(require("metrics:read"))]

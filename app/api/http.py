@@ -48,6 +48,7 @@ _DESCRIPTIONS = {
     409: "conflicts with what is stored",
     413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
     412: "If-Match names another version (PRECONDITION_FAILED)",
+    410: "retention removed the attempt's log (LOG_EXPIRED)",
     416: "range not satisfiable",
     422: "validation failed (VALIDATION_FAILED, DUPLICATE_KEY or a specific code)",
     429: "QL_MAX_QUEUED runs are queued (QUEUE_FULL, with Retry-After)",

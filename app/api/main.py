@@ -15,6 +15,7 @@ from app.api import (
     routes_definitions,
     routes_logs,
     routes_ops,
+    routes_retention,
     routes_runs,
     routes_schedules,
     routes_secrets,
@@ -22,6 +23,7 @@ from app.api import (
 from app.api.asgi import GuardMiddleware
 from app.api.hot_reads import HotReads
 from app.api.openapi import install_openapi
+from app.api.ui import SecurityHeaders, install_ui
 from app.context.bootstrap import AppContext, build_context
 from app.settings import Settings
 
@@ -69,8 +71,10 @@ def create_app(
         routes_definitions,
         routes_secrets,
         routes_schedules,
+        routes_retention,
     ):
         app.include_router(module.router)
+    install_ui(app)  # /ui: static files, outside the OpenAPI document (docs/ui.md)
     app.add_middleware(HotReads)  # innermost: CORS and the guard still wrap it
     if settings.cors_origins:
         app.add_middleware(
@@ -88,5 +92,6 @@ def create_app(
             expose_headers=["ETag", "Link", "Content-Range", "X-Log-Truncated"],
         )
     app.add_middleware(GuardMiddleware)
+    app.add_middleware(SecurityHeaders)  # outermost: its headers are on every answer
     install_openapi(app)
     return app

@@ -14,8 +14,10 @@ from starlette.responses import JSONResponse, Response
 from app.domain.errors import (
     Conflict,
     DomainError,
+    Gone,
     LogHostUnavailable,
     NotFound,
+    NotMigrated,
     PreconditionFailed,
     QueueFull,
     StorageUnavailable,
@@ -126,13 +128,15 @@ def status_for(exc: DomainError) -> int:
         return 422
     if isinstance(exc, NotFound):
         return 404
+    if isinstance(exc, Gone):
+        return 410
     if isinstance(exc, Conflict | VersionConflict):  # InvalidTransition is a Conflict
         return 409
     if isinstance(exc, QueueFull):
         return 429
     if isinstance(exc, PreconditionFailed):
         return 412
-    if isinstance(exc, LogHostUnavailable):
+    if isinstance(exc, LogHostUnavailable | NotMigrated):
         return 503
     return 400
 
@@ -162,6 +166,8 @@ def install(app: FastAPI) -> None:
         headers = None
         if isinstance(exc, QueueFull):
             headers = {"Retry-After": str(exc.retry_after_s)}
+        elif isinstance(exc, NotMigrated):
+            headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
         return problem_response(status_for(exc), str(exc.code), exc.detail, headers)
 
     async def on_storage(_request: Request, exc: Exception) -> Response:

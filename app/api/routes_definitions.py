@@ -100,6 +100,7 @@ def put_revision(
         leftovers=body.leftovers,
         run_as=body.run_as,
         max_concurrent=body.max_concurrent,
+        retry=body.retry.model_dump(exclude_unset=True) if body.retry is not None else None,
     )
     response.status_code = 201 if created else 200
     response.headers["ETag"] = strong_etag(rev.digest)

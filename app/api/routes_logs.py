@@ -32,7 +32,7 @@ from app.api.schemas import Problem
 from app.api.strict_json import StrictJSONRoute
 from app.context.facade import LOG_FORWARDED_HEADER, AppFacade
 from app.context.logs import LogFile
-from app.domain.errors import LogHostUnavailable
+from app.domain.errors import Gone, LogHostUnavailable
 from app.domain.states import TERMINAL_ATTEMPT
 
 router = APIRouter(prefix="/api/v1", tags=["logs"], route_class=StrictJSONRoute)
@@ -54,6 +54,7 @@ _CONTENT = {
     response_class=Response,
     responses=problems(
         *READ_ERRORS,
+        410,
         416,
         extra={
             503: {
@@ -181,7 +182,12 @@ async def _follow(
         if refusal is not None:
             yield f"event: error\ndata: {refusal}\n\n"
             return
-        log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
+        try:
+            log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
+        except Gone as exc:  # retention removed it while somebody followed
+            payload = json.dumps({"code": str(exc.code), "detail": exc.detail})
+            yield f"event: error\ndata: {payload}\n\n"
+            return
         try:
             # The status was read before the size: terminal here means the file is complete.
             terminal = log.attempt.status in TERMINAL_ATTEMPT

@@ -1,11 +1,12 @@
-"""Operations endpoints without auth: liveness and readiness (docs/api.md §3)."""
+"""Operations endpoints: liveness and readiness without auth, and metrics (docs/api.md §3)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
+from starlette.responses import Response
 
-from app.api.auth import Ctx
+from app.api.auth import Ctx, MetricsReader
 from app.api.http import problems
 from app.api.problems import NOT_READY, ApiProblem
 from app.api.schemas import Health, Problem, Ready
@@ -38,3 +39,25 @@ async def readyz(facade: Ctx) -> Ready:
         raise ApiProblem(503, NOT_READY, failing)
     isolation = "job_user" if facade.job_isolation == "job_user" else "same_user"
     return Ready(status="ready", checks=readiness.checks, isolation=isolation)
+
+
+METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@router.get(
+    "/metrics",
+    operation_id="metrics",
+    response_class=Response,
+    responses={
+        **problems(401, 403, 503),
+        200: {
+            "content": {METRICS_MEDIA_TYPE: {"schema": {"type": "string"}}},
+            "description": "Prometheus text exposition format (docs/metrics.md)",
+        },
+    },
+)
+async def metrics(facade: Ctx, _principal: MetricsReader) -> Response:
+    """Runs, queue, attempts, journal and log figures and the dispatch histograms
+    (scope ``metrics:read`` or ``admin``); the same answer from every api process."""
+    body = await run_in_threadpool(facade.metrics)
+    return Response(body, media_type=METRICS_MEDIA_TYPE, headers={"Cache-Control": "no-store"})

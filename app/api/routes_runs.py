@@ -146,6 +146,36 @@ async def create_run(
 
 
 @router.post(
+    "/runs/{run_id}/rerun",
+    operation_id="runs-rerun",
+    status_code=201,
+    response_model=RunOut,
+    responses=problems(
+        *READ_ERRORS,
+        429,
+        503,
+        extra={200: {"model": RunOut, "description": "replay of an Idempotency-Key"}},
+    ),
+)
+async def rerun(
+    run_id: str,
+    facade: Ctx,
+    principal: RunsWriter,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> RunOut:
+    """Enqueue a new run of the same task revision (trigger manual, rerun_of this run)."""
+    run, created = await run_in_threadpool(
+        facade.rerun,
+        run_id=run_id,
+        token_id=principal.token_id,
+        idempotency_key=idempotency_key,
+    )
+    response.status_code = 201 if created else 200
+    return RunOut.of(run)
+
+
+@router.post(
     "/runs/{run_id}/cancel",
     operation_id="runs-cancel",
     status_code=202,

@@ -70,6 +70,41 @@ class RecipeOut(BaseModel):
         return cls(id=r.id, env=r.env, secrets=r.secrets, created_at_ms=r.created_at_ms)
 
 
+RetryOn = Literal["failed", "timed_out", "lost"]
+
+
+class RetryIn(_In):
+    """A revision's retry policy (docs/retries.md); bounds are checked by the domain
+    (422 INVALID_RETRY_POLICY)."""
+
+    max_attempts: int = Field(default=1, description="1..20 attempts in all; 1: no retry")
+    initial_delay_seconds: float = Field(
+        default=10, description="0..86400: the wait after attempt 1"
+    )
+    factor: float = Field(default=2.0, description="1..10: each wait is the previous times this")
+    max_delay_seconds: float = Field(
+        default=600, description="0..86400, at least initial_delay_seconds: the cap of a wait"
+    )
+    jitter: bool = Field(
+        default=False,
+        description="draw each wait uniformly in the upper half of its backoff (once, stored)",
+    )
+    on: list[Text] = Field(
+        default=["failed"],
+        description="the attempt endings that are retried, of failed, timed_out, lost; lost "
+        "only when its processes are proven gone",
+    )
+
+
+class RetryOut(BaseModel):
+    max_attempts: int
+    initial_delay_seconds: float
+    factor: float
+    max_delay_seconds: float
+    jitter: bool
+    on: list[RetryOn]
+
+
 class RevisionIn(_In):
     executor: Literal["local_process"] = "local_process"
     argv: list[Text] = Field(min_length=1)
@@ -101,6 +136,10 @@ class RevisionIn(_In):
             "absent: no per-task limit, only QL_MAX_RUNNING (docs/concurrency-budgets.md)."
         ),
     )
+    retry: RetryIn | None = Field(
+        default=None,
+        description="Run a new attempt after a failed one (docs/retries.md); absent: never.",
+    )
 
 
 class RevisionOut(BaseModel):
@@ -115,6 +154,7 @@ class RevisionOut(BaseModel):
     leftovers: Literal["kill", "keep"]
     run_as: str | None = None
     max_concurrent: int | None = None
+    retry: RetryOut | None = None
     digest: str
     created_at_ms: int
 
@@ -132,6 +172,7 @@ class RevisionOut(BaseModel):
             leftovers=r.leftovers,
             run_as=r.run_as,
             max_concurrent=r.max_concurrent,
+            retry=RetryOut.model_validate(r.retry.body()) if r.retry is not None else None,
             digest=r.digest,
             created_at_ms=r.created_at_ms,
         )
@@ -193,6 +234,12 @@ class LogOut(BaseModel):
         description="why bytes were dropped (the log quota, a full disk, another write "
         "error); known once the attempt ended, null otherwise",
     )
+    expired: bool = Field(
+        default=False,
+        description="retention removed the file (GET .../log answers 410 LOG_EXPIRED); "
+        "bytes is what it held",
+    )
+    expired_at_ms: int | None = None
 
 
 class CancelOut(BaseModel):
@@ -226,6 +273,8 @@ class LatestAttemptOut(BaseModel):
                 truncated=log.truncated if log else False,
                 dropped_bytes=log.dropped_bytes if log else 0,
                 truncation_reason=log.reason if log else None,
+                expired=log.expired if log else False,
+                expired_at_ms=log.expired_at_ms if log else None,
             ),
         }
 
@@ -238,6 +287,9 @@ class AttemptOut(LatestAttemptOut):
     id: str
     created_at_ms: int
     deadline_at_ms: int | None
+    not_before_ms: int | None = Field(
+        default=None, description="a retry: the attempt does not start before this instant"
+    )
 
     @classmethod
     def of(cls, a: Attempt) -> AttemptOut:
@@ -247,6 +299,7 @@ class AttemptOut(LatestAttemptOut):
                 "id": a.id,
                 "created_at_ms": a.created_at_ms,
                 "deadline_at_ms": a.deadline_at_ms,
+                "not_before_ms": a.not_before_ms,
             }
         )
 
@@ -260,6 +313,9 @@ class TriggerOut(BaseModel):
     kind: Literal["manual", "schedule"]
     schedule: str | None
     slot_ms: int | None
+    rerun_of: str | None = Field(
+        default=None, description="the run this one repeats (POST /api/v1/runs/{id}/rerun)"
+    )
 
 
 class RunOut(BaseModel):
@@ -275,6 +331,13 @@ class RunOut(BaseModel):
     cancel_requested: CancelOut | None
     latest_attempt: LatestAttemptOut | None
     trigger: TriggerOut
+    attempts: int = Field(description="how many attempts the run has had (retries included)")
+    next_attempt_at_ms: int | None = Field(
+        default=None, description="a retry waits in the queue: it does not start before this"
+    )
+    pinned: bool = Field(
+        default=False, description="kept against every retention policy (docs/retention.md)"
+    )
 
     @classmethod
     def of(cls, r: Run) -> RunOut:
@@ -296,7 +359,15 @@ class RunOut(BaseModel):
                 "latest_attempt": (
                     LatestAttemptOut.of(r.latest_attempt) if r.latest_attempt else None
                 ),
-                "trigger": TriggerOut(kind=r.trigger_kind, schedule=r.schedule, slot_ms=r.slot_ms),
+                "trigger": TriggerOut(
+                    kind=r.trigger_kind,
+                    schedule=r.schedule,
+                    slot_ms=r.slot_ms,
+                    rerun_of=r.rerun_of,
+                ),
+                "attempts": r.attempts,
+                "next_attempt_at_ms": r.next_attempt_at_ms,
+                "pinned": r.pinned,
             }
         )
 
@@ -462,3 +533,57 @@ class DecisionOut(BaseModel):
 class DecisionPage(BaseModel):
     items: list[DecisionOut]
     next_cursor: str | None
+
+
+# -- retention (docs/retention.md) ---------------------------------------------------------------
+
+NonNegInt = Annotated[int, Field(ge=0, le=2**62)]
+
+
+class RetentionIn(_In):
+    keep_runs: NonNegInt | None = Field(
+        default=None, description="the newest runs that keep their logs; null: the global value"
+    )
+    keep_days: Annotated[int, Field(ge=0, le=36_500)] | None = Field(
+        default=None, description="runs younger than this keep their logs (0: none by age)"
+    )
+    keep_rows: Annotated[int, Field(ge=1, le=2**62)] | None = Field(
+        default=None, description="the newest runs that keep their rows (more than keep_runs)"
+    )
+    task_log_bytes: NonNegInt | None = Field(
+        default=None, description="log bytes this task may keep"
+    )
+
+
+class RetentionPolicyOut(BaseModel):
+    keep_runs: int
+    keep_days: int
+    keep_rows: int
+    task_log_bytes: int | None
+
+
+class RetentionOut(BaseModel):
+    task: str
+    override: RetentionIn
+    effective: RetentionPolicyOut
+
+
+class SweepOut(BaseModel):
+    at_ms: int
+    duration_ms: int
+    expired_logs: int
+    finished_expiring: int
+    deleted_runs: int
+    freed_bytes: int
+
+
+class StorageOut(BaseModel):
+    retention_enabled: bool
+    log_bytes: int
+    logs_kept: int
+    logs_expired: int
+    runs_kept: int
+    free_bytes: int | None
+    reserve_bytes: int
+    total_log_bytes_budget: int | None
+    last_sweep: SweepOut | None

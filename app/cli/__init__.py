@@ -1,4 +1,9 @@
-"""The ``qinglong`` command line: one sub-command module per concern."""
+"""The ``qinglong`` command line: one sub-command module per concern.
+
+The client commands (``app/cli/client``: runs, tasks, schedules, login, logout) talk HTTP
+only; for them the service's own modules (storage, the api, the supervisor) are not
+imported at all, so a client command starts in a fraction of the time.
+"""
 
 from __future__ import annotations
 
@@ -7,33 +12,77 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from app.cli import admin, lease, receipts, secrets, serve, worker
-from app.domain.errors import DomainError, StorageUnavailable
-from app.storage.private_files import SERVICE_UMASK
-
 Handler = Callable[[argparse.Namespace], int]
 
+CLIENT_COMMANDS = frozenset({"runs", "tasks", "schedules", "login", "logout"})
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser; each module registers its own sub-commands."""
+
+def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
+    """The full argument parser; each module registers its own sub-commands.
+
+    ``client_only``: only the client commands (what ``main`` uses when one is named,
+    ``secrets list|set|delete`` included).
+    """
+    from app.cli import client
+
     parser = argparse.ArgumentParser(
         prog="qinglong", description="Run local tasks safely and record how they ended."
     )
     parser.add_argument("--data-dir", help="data directory (default $QL_DATA_DIR or ./.qinglong)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    admin.register(sub)
-    serve.register(sub)
-    secrets.register(sub)
-    receipts.register(sub)
-    worker.register(sub)
-    lease.register(sub)
+    if not client_only:
+        from app.cli import admin, lease, logs, receipts, secrets, serve, worker
+
+        admin.register(sub)
+        serve.register(sub)
+        secrets.register(sub)
+        receipts.register(sub)
+        logs.register(sub)
+        worker.register(sub)
+        lease.register(sub)
+    client.register(sub, with_secrets=client_only)
     return parser
+
+
+def _is_client_command(argv: Sequence[str]) -> bool:
+    """``argv`` names a client command (``--data-dir DIR`` skipped)."""
+    from app.cli.client import SECRET_ACTIONS
+
+    words: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--data-dir":
+            next(args, None)
+        elif not arg.startswith("-"):
+            words.append(arg)
+            if len(words) == 2:
+                break
+    if not words:
+        return False
+    if words[0] == "secrets":
+        return len(words) == 2 and words[1] in SECRET_ACTIONS
+    return words[0] in CLIENT_COMMANDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _is_client_command(argv):
+        client_args = build_parser(client_only=True).parse_args(argv)
+        try:
+            code: int = client_args.handler(client_args)
+        except KeyboardInterrupt:
+            return 130
+        return code
+    return _service_main(argv)
+
+
+def _service_main(argv: list[str]) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.domain.errors import DomainError, StorageUnavailable
+    from app.storage.private_files import SERVICE_UMASK
+
     # Every file and directory a role creates is private to the service's OS user (SQLite's
     # database and its -wal/-shm included); children (api workers, worker, shims) inherit it.
     os.umask(SERVICE_UMASK)

@@ -11,18 +11,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from app.cli.client import register_secret_actions
 from app.cli.common import database
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository
 
 
 def register(sub: Any) -> None:
-    """Add ``secrets rotate-key`` to the parser."""
-    secrets = sub.add_parser("secrets", help="manage secret encryption")
+    """Add ``secrets rotate-key`` (and the client's ``list|set|delete``) to the parser."""
+    secrets = sub.add_parser("secrets", help="set, list and delete secrets; rotate their key")
     ssub = secrets.add_subparsers(dest="secrets_command", metavar="ACTION", required=True)
     ssub.add_parser("rotate-key", help="re-encrypt every secret under a new key").set_defaults(
         handler=cmd_rotate_key
     )
+    register_secret_actions(ssub)  # over HTTP (docs/cli.md)
 
 
 def cmd_rotate_key(args: argparse.Namespace) -> int:

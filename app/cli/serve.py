@@ -13,6 +13,7 @@ from typing import Any
 from app.api import retirement
 from app.cli.admin import cmd_migrate
 from app.cli.common import private_settings
+from app.context.metrics import MULTIPROC_ENV, prepare_multiprocess_dir
 from app.context.worker_lease import EXIT_LEASE_HELD
 from app.settings import Settings
 from app.supervisor.stop_jobs import stop_active_jobs
@@ -185,6 +186,11 @@ def cmd_api(args: argparse.Namespace) -> int:
     # arguments, so the environment they inherit is the only way in: the one channel
     # ``Settings.to_env`` (``--data-dir`` included), read back by ``create_app``.
     os.environ.update(settings.to_env())
+    # Each uvicorn worker keeps its metric observations in its own file here and a scrape
+    # sums them (app/context/metrics.py); set before any worker imports prometheus-client.
+    metrics_dir = settings.data_dir / "metrics"
+    prepare_multiprocess_dir(metrics_dir)
+    os.environ[MULTIPROC_ENV] = str(metrics_dir)
     limits = settings.http
     _fd_room(limits.max_connections)
     uvicorn.run(

@@ -20,6 +20,7 @@ when fine or a short reason when not; all of them run concurrently under one dea
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -29,8 +30,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import BUDGET_POLL_S, build_execution
-from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade
+from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade, RetentionConfig
 from app.context.logs import LogStore
+from app.context.metrics import render as render_metrics
 from app.context.readiness import (
     DEFAULT_DEADLINE_S,
     ReadinessProbe,
@@ -39,10 +41,13 @@ from app.context.readiness import (
     disk_check,
 )
 from app.context.schedule_loop import ScheduleLoop
+from app.domain.ids import now_ms
+from app.domain.retention import GlobalBudgets
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine
 from app.storage.lease_repo import LeaseRepository, several_hosts
+from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.schedules_repo import ScheduleRepository
@@ -75,11 +80,15 @@ class Background:
         halt: Hook | None = None,
         soon: Callable[[], bool] | None = None,
         soon_interval_s: float = BUDGET_POLL_S,
+        next_due_s: Callable[[], float | None] | None = None,
     ) -> None:
         # ``soon``: while it answers True, ``periodic`` runs every ``soon_interval_s``
         # (the budget poll, docs/concurrency-budgets.md §4).
         self._soon = soon
         self._soon_interval_s = soon_interval_s
+        # ``next_due_s``: seconds until the earliest waiting retry may start (None: none);
+        # ``periodic`` runs then rather than at its next interval (docs/retries.md §2).
+        self._next_due_s = next_due_s
         self._on_enqueued = on_enqueued
         self._on_cancel_requested = on_cancel_requested
         self._periodic = periodic
@@ -141,9 +150,18 @@ class Background:
     def _timeout(self) -> float | None:
         if self._periodic is None:
             return None
+        timeout = self._interval_s
         if self._soon is not None and self._soon():
-            return min(self._soon_interval_s, self._interval_s)
-        return self._interval_s
+            timeout = min(self._soon_interval_s, self._interval_s)
+        if self._next_due_s is not None:
+            try:
+                due = self._next_due_s()
+            except Exception as exc:  # a read that failed: the interval is the fallback
+                log.warning("next retry read failed: %s", type(exc).__name__)
+                due = None
+            if due is not None:
+                timeout = min(timeout, max(due, 0.0))
+        return timeout
 
     @staticmethod
     def _run(hook: Hook | None) -> None:
@@ -195,6 +213,18 @@ class AppContext:
                 log.error("closing failed: %s", type(exc).__name__)
         if self.owns_engine:
             self.engine.dispose()
+
+
+def retry_wake(reader: RunReader) -> Callable[[], float | None]:
+    """Seconds until the earliest waiting retry's ``not_before_ms`` (one indexed read), so
+    the dispatch loop wakes for it and for nothing else (docs/retries.md §2)."""
+
+    def due() -> float | None:
+        now = now_ms()
+        at = reader.next_retry_at_ms(after_ms=now)
+        return None if at is None else (at - now) / 1000 + 0.001
+
+    return due
 
 
 def build_context(
@@ -256,6 +286,7 @@ def build_context(
             secrets=secrets,
             transitions=runs,
             settings_interval_s=periodic_interval_s,
+            promote_due=lambda limit: runs.promote_due_retries(limit=limit),
         )
         checks["worker"] = hooks.worker_ready
         closers.append(hooks.close)
@@ -276,11 +307,18 @@ def build_context(
         halt=halt,
         soon=soon,
         soon_interval_s=BUDGET_POLL_S,
+        next_due_s=retry_wake(reader) if execution else None,
     )
     schedule_repo = ScheduleRepository(engine, max_queued=settings.max_queued)
     several = several_hosts(engine)  # logs of other hosts' attempts (docs/several-hosts.md)
     # One timer per api process (docs/schedules.md §4); runs it creates kick the drain.
-    loop = ScheduleLoop(schedule_repo, on_fired=background.enqueued) if schedules else None
+    loop = None
+    if schedules:
+        loop = ScheduleLoop(
+            schedule_repo,
+            on_fired=background.enqueued,
+            on_cancel_requested=background.cancel_requested,
+        )
     facade = AppFacade(
         _definitions=definitions,
         _runs=runs,
@@ -299,6 +337,16 @@ def build_context(
         _schedule_hooks=loop if loop is not None else NO_SCHEDULE_HOOKS,
         own_instance_id=instance_id(settings.data_dir) if several else None,
         _leases=LeaseRepository(engine) if several else None,
+        _metrics=functools.partial(render_metrics, engine),
+        _retention=RetentionRepository(engine),
+        retention_config=RetentionConfig(
+            policy=settings.retention.policy(settings.profile),
+            budgets=GlobalBudgets(
+                total_log_bytes=settings.retention.total_log_bytes_of(settings.profile),
+                free_reserve_bytes=settings.profile.free_space_reserve_bytes,
+            ),
+            enabled=settings.retention.enabled,
+        ),
     )
     return AppContext(
         settings=settings,

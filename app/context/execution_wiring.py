@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.adapters.worker_client import WorkerClient
+from app.context.metrics import CREATED_TO_STARTED, DISPATCH_PASS
 from app.domain.errors import ErrorCode, WorkerUnavailable
 from app.domain.model import ProcessHandle, Run
 from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
@@ -197,10 +198,13 @@ def build_execution(
     client: WorkerClient | None = None,
     backoff: DispatchBackoff | None = None,
     settings_interval_s: float = 2.0,
+    promote_due: Callable[[int], int] | None = None,
 ) -> ExecutionHooks:
     """Build the worker client and the dispatcher; return the hooks that drive them.
 
     ``settings_interval_s`` is the slow loop's interval (the fallback while budget-blocked).
+    ``promote_due(limit)``: before a drain's passes, make retries whose instant passed
+    dispatch candidates again (``RunRepository.promote_due_retries``, docs/retries.md §2).
     """
     worker = client or WorkerClient(settings.socket_path, connect_timeout_s=1.0)
     pause = backoff or DispatchBackoff()
@@ -240,6 +244,11 @@ def build_execution(
         if not host.answered(answer):
             pause.unavailable()
             return
+        if promote_due is not None:
+            try:
+                promote_due(MAX_PASSES_PER_DRAIN)  # at most as many as a drain can start
+            except Exception as exc:  # the queue's other runs still dispatch; next drain again
+                log.warning("promoting due retries failed: %s", type(exc).__name__)
         blocked = threading.Event()
         if _drain_concurrently(dispatcher, drainers, halted=halted, blocked=blocked):
             pause.unavailable()
@@ -304,7 +313,7 @@ def _drain_concurrently(
     if drainers <= 1:
         _drain(dispatcher, unavailable, halted, blocked)
         return unavailable.is_set()
-    if not _log_pass(dispatcher.run_pass(), unavailable, blocked):
+    if not _log_pass(_timed_pass(dispatcher), unavailable, blocked):
         return unavailable.is_set()
     helpers = [
         threading.Thread(
@@ -346,8 +355,19 @@ def _drain(
     for _ in range(MAX_PASSES_PER_DRAIN):
         if halted.is_set() or unavailable.is_set():
             return
-        if not _log_pass(dispatcher.run_pass(), unavailable, blocked):
+        if not _log_pass(_timed_pass(dispatcher), unavailable, blocked):
             return
+
+
+def _timed_pass(dispatcher: Dispatcher) -> PassResult:
+    """One pass, observed for ``GET /metrics`` (docs/metrics.md)."""
+    began = time.perf_counter()
+    result = dispatcher.run_pass()
+    DISPATCH_PASS.observe(time.perf_counter() - began)
+    for outcome in result.outcomes:
+        if outcome.created_to_started_ms is not None:
+            CREATED_TO_STARTED.observe(outcome.created_to_started_ms / 1000)
+    return result
 
 
 def _log_pass(

@@ -7,6 +7,7 @@ tokens, argv of runs or environments (the domain values it returns carry none of
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -15,17 +16,17 @@ from typing import Protocol
 from app.adapters.log_proxy import FORWARDED_HEADER, RemoteLog, open_remote_log
 from app.context.logs import LogFile, LogStore
 from app.context.token_cache import TokenCache
+from app.domain.canonical import content_digest
 from app.domain.errors import (
     Conflict,
     ErrorCode,
-    InvalidSchedule,
+    Gone,
     LogHostUnavailable,
     NotFound,
     ValidationFailed,
 )
 from app.domain.ids import is_uuid7, now_ms
 from app.domain.model import (
-    OVERLAP_POLICIES,
     Attempt,
     Page,
     Recipe,
@@ -37,6 +38,8 @@ from app.domain.model import (
     SecretName,
     TaskRevision,
 )
+from app.domain.retention import GlobalBudgets, RetentionPolicy, TaskOverride
+from app.domain.retry import validate_retry
 from app.domain.states import RunStatus, is_terminal_run
 from app.domain.tokens import grants, looks_like_token
 from app.domain.validation import (
@@ -55,6 +58,7 @@ from app.domain.validation import (
 from app.schedule.slots import local_iso, slots_after, validate
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.lease_repo import LeaseRepository
+from app.storage.retention_repo import RetentionRepository, StorageFigures
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.schedules_repo import ScheduleRepository, spec_of
@@ -132,6 +136,35 @@ LOG_FORWARDED_HEADER = FORWARDED_HEADER
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRetention:
+    """A task's own retention fields (None: the global value) and what is in force."""
+
+    task: str
+    override: TaskOverride
+    effective: RetentionPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class StorageReport:
+    """GET /api/v1/system/storage: the database's figures and the logs' file system."""
+
+    figures: StorageFigures
+    free_bytes: int | None
+    reserve_bytes: int
+    total_log_bytes_budget: int | None
+    retention_enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    """What the api knows of retention: the global policy and budgets (docs/retention.md)."""
+
+    policy: RetentionPolicy
+    budgets: GlobalBudgets
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class AppFacade:
     """The only thing routes may call. Built by ``app.context.bootstrap.build_context``."""
 
@@ -158,6 +191,11 @@ class AppFacade:
     job_isolation: str = "same_user"
     # QL_MAX_QUEUED: enqueue beyond it is refused 429 QUEUE_FULL (docs/concurrency-budgets.md)
     max_queued: int | None = None
+    # GET /metrics: the exposition text (app/context/metrics.py, docs/metrics.md).
+    _metrics: Callable[[], bytes] | None = None
+    # Retention (docs/retention.md): policies, pins, the storage figures.
+    _retention: RetentionRepository | None = None
+    retention_config: RetentionConfig | None = None
     # Several hosts (PostgreSQL, docs/several-hosts.md §5): this host's instance id and the
     # leases naming every host's api; None on SQLite (one host holds every log).
     own_instance_id: str | None = None
@@ -190,6 +228,7 @@ class AppFacade:
         leftovers: str = "kill",
         run_as: str | None = None,
         max_concurrent: int | None = None,
+        retry: dict[str, object] | None = None,
     ) -> tuple[TaskRevision, bool]:
         """Append a task revision; ``(revision, created)``; Conflict when it differs."""
         validate_name(task, what="task name")
@@ -209,6 +248,7 @@ class AppFacade:
                 leftovers=validate_leftovers(leftovers),
                 run_as=validate_run_as(run_as, self.run_as_allowed),
                 max_concurrent=validate_max_concurrent(max_concurrent),
+                retry=validate_retry(retry),
             )
         except NotFound as exc:
             # A dangling reference in the body is bad input (422), not a missing resource.
@@ -286,11 +326,7 @@ class AppFacade:
             _check_revision(revision)
         if priority is not None:
             validate_priority(priority)
-        if idempotency_key is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
-            raise ValidationFailed(
-                ErrorCode.VALIDATION_FAILED,
-                "Idempotency-Key must be 1..255 visible ASCII characters",
-            )
+        _check_idempotency_key(idempotency_key)
         try:
             run, created = self._runs.enqueue_run(
                 task=task,
@@ -309,6 +345,26 @@ class AppFacade:
             self._intents.enqueued()
         return self._with_logs(run), created
 
+    def rerun(self, *, run_id: str, token_id: str, idempotency_key: str | None) -> tuple[Run, bool]:
+        """A new run of the same revision as ``run_id`` (``rerun_of`` it); kick dispatch."""
+        _check_run_id(run_id)
+        _check_idempotency_key(idempotency_key)
+        try:
+            run, created = self._runs.rerun(
+                run_id=run_id,
+                token_id=token_id,
+                idempotency_key=idempotency_key,
+                request_digest=content_digest({"rerun_of": run_id}),
+                max_queued=self.max_queued,
+            )
+        except Conflict as exc:
+            if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:
+                raise ValidationFailed(exc.code, exc.detail) from None
+            raise
+        if created:
+            self._intents.enqueued()
+        return self._with_logs(run), created
+
     def request_cancel(self, *, run_id: str) -> Run:
         """Record the user's cancel intent once; a queued run is cancelled at once."""
         _check_run_id(run_id)
@@ -316,6 +372,9 @@ class AppFacade:
         # A queued run ended in that commit; a started one is stopped by the worker's sweep.
         if not is_terminal_run(run.status):
             self._intents.cancel_requested()
+        elif run.trigger_kind == "schedule":
+            # A run of its schedule may have waited behind this one (docs/schedules.md §5).
+            self._intents.enqueued()
         return self._with_logs(run)
 
     def get_run(self, *, run_id: str) -> Run:
@@ -357,7 +416,70 @@ class AppFacade:
         _check_run_id(run_id)
         if not 1 <= number <= MAX_REVISION:
             raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "no such attempt")
-        return self._logs.open(self._reader.get_attempt(run_id, number))
+        attempt = self._reader.get_attempt(run_id, number)
+        _refuse_expired(attempt)
+        log = self._logs.open(attempt)
+        if log.missing and attempt.finished_at_ms is not None:
+            # The sweep may have removed it after the read: say so, not "empty".
+            again = self._reader.get_attempt(run_id, number)
+            if again.log is not None and again.log.expired:
+                log.close()
+                _refuse_expired(again)
+        return log
+
+    # -- retention (docs/retention.md) -------------------------------------------------------
+
+    def get_task_retention(self, *, task: str) -> TaskRetention:
+        """The task's retention fields and the policy in force (404 for an unknown task)."""
+        validate_name(task, what="task name")
+        self._definitions.latest_revision(task)  # TASK_NOT_FOUND
+        repo, config = self._retention_parts()
+        override = repo.get_override(task) or TaskOverride()
+        return TaskRetention(task, override, override.over(config.policy))
+
+    def put_task_retention(
+        self, *, task: str, override: TaskOverride
+    ) -> tuple[TaskRetention, bool]:
+        """Replace the task's retention fields; ``(retention, created)``."""
+        validate_name(task, what="task name")
+        repo, config = self._retention_parts()
+        effective = override.over(config.policy)  # VALIDATION_FAILED before any write
+        created = repo.put_override(task, override)
+        return TaskRetention(task, override, effective), created
+
+    def pin_run(self, *, run_id: str, pinned: bool) -> Run:
+        """Pin (or unpin) a run: a pinned run keeps its logs and rows against every policy."""
+        _check_run_id(run_id)
+        repo, _ = self._retention_parts()
+        repo.set_pinned(run_id, pinned)
+        return self._with_logs(self._reader.get_run(run_id))
+
+    def storage(self) -> StorageReport:
+        """Log bytes, runs kept, free space, the reserve, the last sweep."""
+        repo, config = self._retention_parts()
+        try:
+            st = os.statvfs(self._logs.root if self._logs.root.exists() else self._logs.root.parent)
+            free: int | None = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        return StorageReport(
+            figures=repo.figures(),
+            free_bytes=free,
+            reserve_bytes=config.budgets.free_reserve_bytes,
+            total_log_bytes_budget=config.budgets.total_log_bytes,
+            retention_enabled=config.enabled,
+        )
+
+    def _retention_parts(self) -> tuple[RetentionRepository, RetentionConfig]:
+        if self._retention is None or self.retention_config is None:
+            raise RuntimeError("this context was built without retention")
+        return self._retention, self.retention_config
+
+    def metrics(self) -> bytes:
+        """Prometheus exposition text: this service's observations and the database's counts."""
+        if self._metrics is None:
+            raise RuntimeError("metrics are not wired in this context")
+        return self._metrics()
 
     def log_host(self, *, run_id: str, number: int) -> tuple[str, str] | None:
         """Where the attempt's log lives when another host ran it: (its api's base URL, its
@@ -404,8 +526,6 @@ class AppFacade:
         validate_name(definition.task, what="task name")
         if definition.revision is not None:
             _check_revision(definition.revision)
-        if definition.overlap not in OVERLAP_POLICIES:
-            raise InvalidSchedule(f"overlap: {definition.overlap} is not available yet")
         validate(spec_of(definition))
         schedule, created = self._schedule_repo().put_schedule(
             name=name, definition=definition, paused=paused, if_match=if_match
@@ -471,9 +591,21 @@ class AppFacade:
         return replace(run, latest_attempt=self._logs.with_log_info(run.latest_attempt))
 
 
+def _refuse_expired(attempt: Attempt) -> None:
+    if attempt.log is not None and attempt.log.expired:
+        raise Gone(ErrorCode.LOG_EXPIRED, "retention removed this attempt's log")
+
+
 def _check_revision(revision: int) -> None:
     if not 1 <= revision <= MAX_REVISION:
         raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "revision must be 1..2147483647")
+
+
+def _check_idempotency_key(idempotency_key: str | None) -> None:
+    if idempotency_key is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+        raise ValidationFailed(
+            ErrorCode.VALIDATION_FAILED, "Idempotency-Key must be 1..255 visible ASCII characters"
+        )
 
 
 def _check_run_id(run_id: str) -> None:

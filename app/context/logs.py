@@ -19,8 +19,11 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 class LogFile:
     """An open, read-only log (or an empty stand-in before the file exists); close it."""
 
-    def __init__(self, *, attempt: Attempt, fd: int | None, size: int, truncated: bool) -> None:
+    def __init__(
+        self, *, attempt: Attempt, fd: int | None, size: int, truncated: bool, missing: bool = False
+    ) -> None:
         self.attempt = attempt
+        self.missing = missing  # no file at the derived path (not yet created, or removed)
         self.size = size  # a snapshot: reads never go past it, so a growing log stays consistent
         self.truncated = truncated
         self._fd = fd
@@ -63,7 +66,7 @@ class LogStore:
             except FileNotFoundError:
                 # Not a second stat by path: the attempt must report the size this LogFile has.
                 attempt = self._attach(attempt, 0, False)
-                return LogFile(attempt=attempt, fd=None, size=0, truncated=False)
+                return LogFile(attempt=attempt, fd=None, size=0, truncated=False, missing=True)
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 os.close(fd)

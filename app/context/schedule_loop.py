@@ -4,7 +4,9 @@ It sleeps until the earliest ``next_due_ms`` of any schedule (one indexed query)
 schedule changes (``schedule_changed``, the facade's ScheduleHooks), or at most
 ``max_sleep_s`` as the fallback for a change made by another process. Every api process runs
 one; the repository's cursor compare-and-set makes them decide each slot once between them
-(docs/schedules.md §2). After a fire that created runs it kicks the dispatcher's drain.
+(docs/schedules.md §2). After a fire that created runs it kicks the dispatcher's drain, and
+after one that recorded a cancel intent on a started run (overlap ``replace``) it wakes the
+worker's cancellation sweep.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ class ScheduleLoop:
         repo: ScheduleRepository,
         *,
         on_fired: Callable[[], None],
+        on_cancel_requested: Callable[[], None] = lambda: None,
         max_sleep_s: float = MAX_SLEEP_S,
     ) -> None:
         self._repo = repo
         self._on_fired = on_fired
+        self._on_cancel_requested = on_cancel_requested
         self._max_sleep_s = max_sleep_s
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -76,6 +80,8 @@ class ScheduleLoop:
     def pass_once(self) -> float:
         """Decide what is due now; the seconds to sleep before the next pass."""
         result = self._repo.fire_due()
+        if result.cancels_requested:
+            self._on_cancel_requested()
         if result.runs_created:
             self._on_fired()
         if result.page_full:

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, QueuePool
 
 from app.context.worker_lease import LeaseKeeper
 from app.domain.errors import NotMigrated
+from app.domain.retention import GlobalBudgets
 from app.execution.completion import CompletionService, ConsumeResult
 from app.execution.worker_recovery import WorkerRecovery
 from app.settings import Settings
@@ -24,12 +25,14 @@ from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.lease_repo import several_hosts
 from app.storage.migrate import current_revision, head_revision
+from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.cgroups import CgroupRoot, detect
 from app.worker.job_user import JobPolicy, job_policy
 from app.worker.launcher import IdentityController, ShimLauncher
 from app.worker.log_facts import LogFacts
+from app.worker.log_retention import LogSweep, RetentionLoop
 from app.worker.probe import HandleProbe
 from app.worker.receipts import ReceiptStore
 from app.worker.server import ControlServer
@@ -72,6 +75,7 @@ class WorkerProcess:
         self._stop = threading.Event()
         self.lease: LeaseKeeper | None = None
         self._cgroup_root: CgroupRoot | None = None
+        self.retention: RetentionLoop | None = None
 
     def start(self) -> WorkerParts:
         """Check the schema, build every part, re-arm live completion, open the socket."""
@@ -131,8 +135,13 @@ class WorkerProcess:
             # by the same rule as the passes' sweep; then the loop's first pass.
             self.parts.recovery.settle_backlog(threads=self._settle_threads())
             self.parts.recovery.start()
+            self.retention = self._retention(engine)
+            if self.retention is not None:
+                self.retention.start()
             server.start()
         except BaseException:
+            if self.retention is not None:
+                self.retention.stop()
             if self.parts is not None:
                 if self.parts.recovery is not None:
                     self.parts.recovery.stop()
@@ -169,6 +178,27 @@ class WorkerProcess:
             watch=p.watcher.add, may_run=self.lease.held if self.lease is not None else _always,
         )  # fmt: skip
 
+    def _retention(self, engine: Engine) -> RetentionLoop | None:
+        """The retention sweep (docs/retention.md §3), unless QL_RETENTION=off: the worker
+        runs it because it owns the log files (docs/design.md §2.3)."""
+        s = self.settings
+        if not s.retention.enabled:
+            return None
+        repo = RetentionRepository(engine)
+        d = s.profile.retention
+        sweep = LogSweep(
+            repo=repo,
+            logs_root=s.logs_dir,
+            policy=s.retention.policy(s.profile),
+            budgets=GlobalBudgets(
+                total_log_bytes=s.retention.total_log_bytes_of(s.profile),
+                free_reserve_bytes=s.profile.free_space_reserve_bytes,
+            ),
+            tasks_per_pass=d.tasks_per_pass,
+            files_per_pass=d.files_per_pass,
+        )
+        return RetentionLoop(sweep, repo=repo, interval_s=s.retention.interval_of(s.profile))
+
     def _wake(self, reconcile: bool) -> None:
         parts = self.parts
         if parts is not None and parts.recovery is not None:
@@ -177,7 +207,10 @@ class WorkerProcess:
     def _consume(self, run_id: str, attempt_id: str) -> ConsumeResult:
         parts = self.parts
         assert parts is not None and parts.recovery is not None
-        return parts.recovery.consume(run_id=run_id, attempt_id=attempt_id)
+        result = parts.recovery.consume(run_id=run_id, attempt_id=attempt_id)
+        if result.status == "applied" and self.retention is not None:
+            self.retention.kick(run_id)  # the run ended: its task may be over budget now
+        return result
 
     def _settle_threads(self) -> int:
         """0 (inline) on SQLite; else a few threads, never more than the pool holds."""
@@ -207,6 +240,8 @@ class WorkerProcess:
         parts.launcher.close()  # the shim zygote exits; shims and jobs keep running
         if parts.recovery is not None:
             parts.recovery.stop()
+        if self.retention is not None:
+            self.retention.stop()
         parts.watcher.stop()
         if self.lease is not None:
             self.lease.release()  # nothing touches runs any more: another may take over

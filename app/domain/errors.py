@@ -14,6 +14,7 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   │   ├── InvalidSchedule       a schedule definition (INVALID_SCHEDULE)       [422]
     │   │   └── InvalidTimezone       not an IANA zone (INVALID_TIMEZONE)            [422]
     │   ├── NotFound                  a referenced resource does not exist           [404]
+    │   ├── Gone                      it existed and retention removed it (LOG_EXPIRED) [410]
     │   ├── Conflict                  contradicts what is stored                     [409]
     │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
     │   ├── VersionConflict           a compare-and-set lost (VERSION_CONFLICT)      [409]
@@ -49,7 +50,9 @@ that built the adapter). They are listed here, not defined here:
   app/adapters/worker_client.py: _Broken; app/worker/job_user.py: JobUserUnavailable(ValueError)
   (the CLI's start-up);
 - app/api/problems.py: ApiProblem, DuplicateKey (HTTP answers); app/api/asgi.py:
-  _Disconnected; app/cli/receipts.py: AuditRefused.
+  _Disconnected; app/cli/receipts.py: AuditRefused; app/cli/client/api.py: ClientError,
+  Unreachable, ApiProblem (the HTTP client's one-line errors); app/cli/client/config.py:
+  ConfigRefused.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class ErrorCode(StrEnum):
     INVALID_NAME = "INVALID_NAME"
     INVALID_CWD = "INVALID_CWD"
     RUN_AS_NOT_ALLOWED = "RUN_AS_NOT_ALLOWED"
+    # A revision's ``retry`` object breaks a rule (docs/retries.md §1).
+    INVALID_RETRY_POLICY = "INVALID_RETRY_POLICY"
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
     REVISION_CONFLICT = "REVISION_CONFLICT"
     RECIPE_CONFLICT = "RECIPE_CONFLICT"
@@ -117,6 +122,8 @@ class ErrorCode(StrEnum):
     # The worker refuses a database that is not at the newest migration.
     NOT_MIGRATED = "NOT_MIGRATED"
     QUEUE_FULL = "QUEUE_FULL"
+    # Retention removed the attempt's log (docs/retention.md §4).
+    LOG_EXPIRED = "LOG_EXPIRED"
 
 
 class DomainError(Exception):
@@ -163,6 +170,10 @@ class PreconditionFailed(DomainError):
 
 class NotFound(DomainError):
     """A referenced resource does not exist."""
+
+
+class Gone(DomainError):
+    """The resource existed and retention removed it (docs/retention.md §4)."""
 
 
 class Conflict(DomainError):
@@ -291,7 +302,8 @@ class AdmissionRefused(Exception):
 
     Not a DomainError: nothing was refused for good and nothing reaches a client. ``scope``
     is ``global`` (QL_MAX_RUNNING: the pass stops) or ``task`` (the revision's
-    ``max_concurrent``: the pass goes on with the rest of its page).
+    ``max_concurrent``: the pass goes on with the rest of its page) or ``held`` (a schedule's
+    run still waiting behind an older run of its schedule: the pass goes on as well).
     """
 
     def __init__(self, scope: str) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from app.domain.execution import Leftovers
+from app.domain.retry import RetryPolicy
 
 T = TypeVar("T")
 
@@ -28,6 +29,8 @@ class TaskRevision:
     run_as: str | None = None  # a job user from QL_JOB_USERS (docs/job-user.md)
     # Runs of this task admitted at once (docs/concurrency-budgets.md §2); None: unlimited.
     max_concurrent: int | None = None
+    # Failed attempts followed by new ones (docs/retries.md); None: none (max_attempts 1).
+    retry: RetryPolicy | None = None
 
     def body(self) -> dict[str, Any]:
         """The canonical body whose digest identifies this revision."""
@@ -41,6 +44,7 @@ class TaskRevision:
             leftovers=self.leftovers,
             run_as=self.run_as,
             max_concurrent=self.max_concurrent,
+            retry=self.retry,
         )
 
 
@@ -55,12 +59,13 @@ def revision_body(
     leftovers: str = "kill",
     run_as: str | None = None,
     max_concurrent: int | None = None,
+    retry: RetryPolicy | None = None,
 ) -> dict[str, Any]:
     """The dict that is canonicalized and digested for a revision.
 
     ``leftovers`` enters the body only when it is not the default: a revision stored before
     the field existed keeps its digest, and re-putting it unchanged is still "the same".
-    ``run_as`` and ``max_concurrent`` likewise enter only when set.
+    ``run_as``, ``max_concurrent`` and ``retry`` likewise enter only when set.
     """
     body: dict[str, Any] = {
         "executor": executor,
@@ -76,6 +81,8 @@ def revision_body(
         body["run_as"] = run_as
     if max_concurrent is not None:
         body["max_concurrent"] = max_concurrent
+    if retry is not None:
+        body["retry"] = retry.body()
     return body
 
 
@@ -114,6 +121,9 @@ class LogInfo:
     dropped_bytes: int
     # Why bytes were dropped (TRUNCATION_REASONS), once the shim's fact says so.
     reason: str | None = None
+    # Retention removed the file (docs/retention.md §4): bytes are what it had.
+    expired: bool = False
+    expired_at_ms: int | None = None
 
 
 # The shim's truncation fact (api-schemas/launch-protocol.md §3 step 9).
@@ -141,6 +151,8 @@ class Attempt:
     log: LogInfo | None = None
     # The worker instance that launched it (docs/several-hosts.md); never exposed by the API.
     worker_instance_id: str | None = None
+    # A retry's attempt may not start before this instant (docs/retries.md); None: at once.
+    not_before_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +174,23 @@ class Run:
     trigger_kind: str = "manual"
     schedule: str | None = None
     slot_ms: int | None = None
+    # Kept against every retention policy (docs/retention.md §2).
+    pinned: bool = False
+    # A rerun (POST /runs/{id}/rerun) names the run it repeats (docs/retries.md §5).
+    rerun_of: str | None = None
+
+    @property
+    def attempts(self) -> int:
+        """How many attempts the run has had (its latest attempt's number)."""
+        return self.latest_attempt.number if self.latest_attempt is not None else 0
+
+    @property
+    def next_attempt_at_ms(self) -> int | None:
+        """When a retry waiting in the queue may start; None when none waits."""
+        latest = self.latest_attempt
+        if latest is None or latest.status != "claimed":
+            return None
+        return latest.not_before_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +277,7 @@ def plausible_handle(handle: object) -> bool:
     return isinstance(handle, ProcessHandle) and handle.is_stoppable()
 
 
-OVERLAP_POLICIES = ("skip", "allow")  # queue_one and replace: docs/schedules.md §6
+OVERLAP_POLICIES = ("skip", "allow", "queue_one", "replace")  # docs/schedules.md §5
 CATCHUP_POLICIES = ("latest", "all", "none")
 
 

@@ -16,6 +16,22 @@ class ProfileName(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionDefaults:
+    """What a profile keeps of finished runs (docs/retention.md §1); QL_RETENTION_* override."""
+
+    keep_runs: int  # the newest runs of a task that keep their logs
+    keep_days: int  # runs younger than this keep their logs (0: none by age)
+    keep_rows: int  # the newest runs of a task that keep their rows (more than keep_runs)
+    task_log_bytes: int  # log bytes per task
+    total_log_bytes: int  # log bytes of every task together
+    interval_s: float  # the sweep's cadence (it also runs when a run ends)
+    tasks_per_pass: int  # pages: tasks examined per pass
+    # Logs expired per pass, at most: each shard touched is fsynced once per pass, so larger
+    # passes cost fewer fsyncs per log (bench/README.md, retention).
+    files_per_pass: int
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """Resource budgets of one deployment profile."""
 
@@ -33,6 +49,7 @@ class Profile:
     # Attempts admitted at once (run dispatching or running), QL_MAX_RUNNING overrides it
     # (docs/concurrency-budgets.md §1): edge is sized for 2 cores.
     max_running: int
+    retention: RetentionDefaults
 
 
 EDGE = Profile(
@@ -48,6 +65,16 @@ EDGE = Profile(
     consumed_receipt_retention_s=120.0,
     quarantine_retention_s=300.0,
     max_running=2,
+    retention=RetentionDefaults(
+        keep_runs=10,
+        keep_days=3,
+        keep_rows=100,
+        task_log_bytes=64 * MIB,
+        total_log_bytes=256 * MIB,
+        interval_s=60.0,
+        tasks_per_pass=4,
+        files_per_pass=256,
+    ),
 )
 STANDALONE = Profile(
     name=ProfileName.STANDALONE,
@@ -62,6 +89,16 @@ STANDALONE = Profile(
     consumed_receipt_retention_s=60.0,
     quarantine_retention_s=3600.0,
     max_running=8,
+    retention=RetentionDefaults(
+        keep_runs=50,
+        keep_days=14,
+        keep_rows=1000,
+        task_log_bytes=1024 * MIB,
+        total_log_bytes=16 * 1024 * MIB,
+        interval_s=30.0,
+        tasks_per_pass=8,
+        files_per_pass=1024,
+    ),
 )
 PROFILES = {EDGE.name: EDGE, STANDALONE.name: STANDALONE}
 

@@ -79,6 +79,18 @@ ATTEMPT_TRANSITIONS: dict[AttemptStatus, frozenset[AttemptStatus]] = {
 MAX_UNAVAILABLE_ATTEMPTS = 5
 
 
+# A run goes back to ``queued`` for a retry (docs/retries.md) from wherever its attempt can
+# end: queued (failed before start), dispatching (a start failure) or running.
+RETRY_FROM = frozenset({RunStatus.QUEUED, RunStatus.DISPATCHING, RunStatus.RUNNING})
+
+
+def transition_run_to_retry(current: RunStatus) -> RunStatus:
+    """``queued`` if a run in ``current`` may wait for its next attempt; else InvalidTransition."""
+    if current not in RETRY_FROM:
+        raise InvalidTransition("run", current, RunStatus.QUEUED)
+    return RunStatus.QUEUED
+
+
 def is_terminal_run(status: str) -> bool:
     """True when a run in ``status`` can never change again."""
     return status in TERMINAL_RUN

@@ -16,6 +16,7 @@ SCOPES = frozenset(
         "runs:write",
         "logs:read",
         "secrets:write",
+        "metrics:read",
         ADMIN,
     }
 )

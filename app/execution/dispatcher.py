@@ -2,7 +2,9 @@
 
 Admission (docs/design.md §3.3 step 7, docs/concurrency-budgets.md §2): a pass that finds
 QL_MAX_RUNNING runs active reads no page; a candidate whose task is at its revision's
-``max_concurrent`` is skipped and the rest of the page examined.
+``max_concurrent`` is skipped and the rest of the page examined, and so is a candidate the
+source marks ``held`` (a schedule's queue_one/replace run waiting behind an older run of its
+schedule, docs/schedules.md §5), without a query, an event or a write.
 
 Uniqueness comes from compare-and-set in the database alone (docs/design.md §3.7): several processes
 may run passes at once. The dispatcher owns no timer, thread or queue; its only state is the
@@ -14,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 
 from app.domain.errors import (
     AdmissionRefused,
@@ -57,9 +59,12 @@ OutcomeKind = Literal[
     "artifact_refused",  # the log artifact could not be created safely; run stays queued
     "at_capacity",  # QL_MAX_RUNNING runs are active: run stays queued, the pass stopped
     "task_at_capacity",  # its task is at max_concurrent: run stays queued, the pass goes on
+    "held",  # waits behind an older run of its schedule: run stays queued, the pass goes on
     "error",  # an unexpected failure; the pass stopped
 ]
 _LAUNCHED = frozenset({"started", "start_failed", "lost", "ended", "unresolved", "requeued"})
+# Kept queued until some active run ends (the budget poll, docs/concurrency-budgets.md §4).
+_WAITING = frozenset({"task_at_capacity", "held"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,12 @@ class CandidateOutcome:
     kind: OutcomeKind
     error_code: str | None = None
     reason: str | None = None
+    created_to_started_ms: int | None = None  # a start that reached running (the metric)
+
+
+class _Ids(TypedDict):
+    run_id: str
+    attempt_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +96,7 @@ class PassResult:
     @property
     def budget_blocked(self) -> bool:
         """A budget kept a candidate queued: it may start once some active run ends."""
-        return self.at_capacity or any(o.kind == "task_at_capacity" for o in self.outcomes)
+        return self.at_capacity or any(o.kind in _WAITING for o in self.outcomes)
 
     @property
     def activated(self) -> CandidateOutcome | None:
@@ -113,6 +124,7 @@ class PassResult:
 
 
 CoordinatorFactory = Callable[[], StartCoordinator]
+_REFUSED: dict[str, OutcomeKind] = {"global": "at_capacity", "held": "held"}
 _RACES = (VersionConflict, InvalidTransition, CandidateGone)
 
 
@@ -157,6 +169,11 @@ class Dispatcher:
         for candidate in page.items:
             if (candidate.task, candidate.revision) in blocked:
                 continue
+            # A source that knows no hold (a test's fake) lists no held candidate.
+            if getattr(candidate, "held", False):
+                held = CandidateOutcome(candidate.run_id, candidate.attempt_id, kind="held")
+                outcomes.append(held)
+                continue
             if not self._take(candidate.attempt_id):
                 continue
             try:
@@ -187,7 +204,7 @@ class Dispatcher:
 
     def _one(self, candidate: DispatchCandidateLike) -> tuple[CandidateOutcome, bool]:
         """The outcome, and whether the pass must stop after it."""
-        ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
+        ids: _Ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
         try:
             command = self._materializer.materialize(candidate)
         except _RACES:
@@ -213,10 +230,10 @@ class Dispatcher:
         # At most one launch per pass (docs/design.md §3.3), whatever its outcome; a task
         # budget T1 refused launched nothing, so the pass goes on.
         outcome = self._start(candidate, command)
-        return outcome, outcome.kind != "task_at_capacity"
+        return outcome, outcome.kind not in _WAITING
 
     def _start(self, candidate: DispatchCandidateLike, command: StartCommand) -> CandidateOutcome:
-        ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
+        ids: _Ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
         try:
             result = self._coordinators().start(command)
         except Exception as exc:
@@ -225,7 +242,7 @@ class Dispatcher:
             # attempt, so the empty log we created is removed.
             self._materializer.discard_artifact(command)
             if isinstance(exc, AdmissionRefused):
-                kind: OutcomeKind = "at_capacity" if exc.scope == "global" else "task_at_capacity"
+                kind: OutcomeKind = _REFUSED.get(exc.scope, "task_at_capacity")
                 return CandidateOutcome(**ids, kind=kind)
             if isinstance(exc, (*_RACES, NotFound)):
                 return CandidateOutcome(**ids, kind="skipped_race")
@@ -237,12 +254,18 @@ class Dispatcher:
 
 def _outcome(result: StartResult) -> CandidateOutcome:
     kind: OutcomeKind = "started" if result.status == "running" else result.status
+    run = result.run
+    waited = None
+    # ``ended`` started too: the job ran and its ending was recorded before T2 committed.
+    if kind in ("started", "ended") and run is not None and run.started_at_ms is not None:
+        waited = max(0, run.started_at_ms - run.created_at_ms)
     return CandidateOutcome(
         run_id=result.run_id,
         attempt_id=result.attempt_id,
         kind=kind,
         error_code=result.error_code.value if result.error_code is not None else None,
         reason=result.reason,
+        created_to_started_ms=waited,
     )
 
 

@@ -26,6 +26,8 @@ from typing import Any
 import psycopg
 from sqlalchemy import Engine
 
+from app.domain.errors import NotMigrated
+from app.storage.engine import is_schema_missing
 from app.storage.one_statement import OneStatementRead
 
 APPLICATION_NAME = "qinglong-api-reads"  # how an operator tells these apart in pg_stat_activity
@@ -76,8 +78,10 @@ class AsyncReads:
                 except BaseException:
                     await _discard(conn)
                     raise
-            except BaseException:
+            except BaseException as exc:
                 await _discard(conn)  # mid-query (cancelled, or worse): never reuse it
+                if is_schema_missing(exc):
+                    raise NotMigrated() from exc  # as the sync engine says it (engine.py)
                 raise
             if self._closed:
                 await _discard(conn)

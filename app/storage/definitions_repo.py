@@ -13,6 +13,7 @@ from app.domain.errors import Conflict, ErrorCode, NotFound
 from app.domain.execution import Leftovers
 from app.domain.ids import now_ms
 from app.domain.model import Page, Recipe, TaskRevision, revision_body
+from app.domain.retry import RetryPolicy
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.tables import context_recipes, task_revisions
 from app.storage.uow import UnitOfWork
@@ -68,6 +69,7 @@ class DefinitionRepository:
         leftovers: Leftovers = "kill",
         run_as: str | None = None,
         max_concurrent: int | None = None,
+        retry: RetryPolicy | None = None,
     ) -> tuple[TaskRevision, bool]:
         """Append a revision; ``(revision, created)``; Conflict when the content differs."""
         body = revision_body(
@@ -80,6 +82,7 @@ class DefinitionRepository:
             leftovers=leftovers,
             run_as=run_as,
             max_concurrent=max_concurrent,
+            retry=retry,
         )
         digest = content_digest(body)
         try:
@@ -125,6 +128,7 @@ class DefinitionRepository:
             leftovers=leftovers,
             run_as=run_as,
             max_concurrent=max_concurrent,
+            retry=retry,
         )
         return stored, True
 
@@ -242,4 +246,11 @@ def _revision(row: Row[Any]) -> TaskRevision:
         leftovers=body.get("leftovers", "kill"),
         run_as=body.get("run_as"),
         max_concurrent=body.get("max_concurrent"),
+        retry=retry_of_body(body),
     )
+
+
+def retry_of_body(body: dict[str, Any]) -> RetryPolicy | None:
+    """The retry policy a stored revision body carries, if any."""
+    retry = body.get("retry")
+    return RetryPolicy.from_body(retry) if isinstance(retry, dict) else None

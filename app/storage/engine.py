@@ -12,6 +12,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import NullPool
 
+from app.domain.errors import NotMigrated
+
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 PING_AFTER_IDLE_S = 1.0
 WRITE = "ql_write"
@@ -44,7 +46,40 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
         connect_args={"connect_timeout": 5},
     )
     _ping_after_idle(engine)
+    _not_migrated_is_a_refusal(engine)
     return engine
+
+
+# PostgreSQL's undefined_table and undefined_column; SQLite says it in words only.
+_PG_SCHEMA_MISSING = frozenset({"42P01", "42703"})
+_SQLITE_SCHEMA_MISSING = ("no such table:", "no such column:", "has no column named")
+
+
+def is_schema_missing(exc: BaseException) -> bool:
+    """True when the driver refused a statement because a table or column does not exist:
+    the database was never migrated, or is older than this code."""
+    state = getattr(exc, "sqlstate", None)  # psycopg.Error, without importing psycopg here
+    if isinstance(state, str):
+        return state in _PG_SCHEMA_MISSING
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        return any(marker in text for marker in _SQLITE_SCHEMA_MISSING)
+    return False
+
+
+def _not_migrated_is_a_refusal(engine: Engine) -> None:
+    """A statement against a missing table raises NotMigrated, not a driver error.
+
+    ``qinglong api`` never migrates (systemd starts it beside ``qinglong migrate``): until the
+    schema is there every request would otherwise end in a bare 500; with this the api
+    answers 503 NOT_MIGRATED and the worker refuses with its one line (docs/operations.md).
+    """
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: Any) -> BaseException | None:
+        if is_schema_missing(context.original_exception):
+            return NotMigrated()
+        return None
 
 
 def _ping_after_idle(engine: Engine) -> None:
@@ -88,6 +123,8 @@ def _sqlite_engine(url: str) -> Engine:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
+
+    _not_migrated_is_a_refusal(engine)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:

@@ -8,12 +8,26 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Engine, Row, Select, and_, bindparam, func, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    Row,
+    Select,
+    and_,
+    bindparam,
+    case,
+    exists,
+    false,
+    func,
+    or_,
+    select,
+)
 
 from app.domain.errors import ErrorCode, NotFound
 from app.domain.events import attempt_event
+from app.domain.ids import now_ms
 from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle, Run, RunEvent
-from app.domain.states import AttemptStatus, RunStatus
+from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.one_statement import OneStatementRead
 from app.storage.tables import attempts, run_events, runs, task_revisions
@@ -36,6 +50,9 @@ class DispatchCandidate:
     priority: int
     created_at_ms: int
     attempt_created_at_ms: int
+    # Held behind an older run of its schedule that has not ended (docs/schedules.md §5):
+    # the dispatcher passes it over, as a task at its budget.
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +75,15 @@ class ActiveAttempt:
 def attempt_from_row(row: Row[Any]) -> Attempt:
     """Map an ``attempts`` row to the domain value (no handle, no digest)."""
     log = None
-    if row.log_bytes is not None:
+    expired = row.log_state is not None  # expiring or expired: the file is (being) removed
+    if row.log_bytes is not None or expired:
         log = LogInfo(
-            bytes=row.log_bytes,
+            bytes=row.log_bytes or 0,
             truncated=bool(row.log_truncated),
             dropped_bytes=row.log_dropped_bytes or 0,
             reason=row.log_truncation_reason,
+            expired=expired,
+            expired_at_ms=row.log_expired_at_ms,
         )
     return Attempt(
         id=row.id,
@@ -82,6 +102,7 @@ def attempt_from_row(row: Row[Any]) -> Attempt:
         callback_sequence=row.callback_sequence,
         log=log,
         worker_instance_id=getattr(row, "worker_instance_id", None),
+        not_before_ms=getattr(row, "not_before_ms", None),
     )
 
 
@@ -105,6 +126,8 @@ def run_from_rows(run_row: Row[Any], attempt_row: Row[Any] | None) -> Run:
         trigger_kind=run_row.trigger_kind or "manual",
         schedule=run_row.schedule_name,
         slot_ms=run_row.slot_ms,
+        rerun_of=getattr(run_row, "rerun_of", None),
+        pinned=bool(run_row.pinned),
     )
 
 
@@ -144,6 +167,12 @@ COUNT_TASK_ACTIVE = (
     .select_from(runs)
     .where(runs.c.task == bindparam("task"), runs.c.status.in_(ACTIVE_RUN))
 )
+_NEXT_RETRY = (
+    select(runs.c.not_before_ms)
+    .where(runs.c.status == RunStatus.QUEUED.value, runs.c.not_before_ms > bindparam("after"))
+    .order_by(runs.c.not_before_ms)
+    .limit(1)
+)
 COUNT_QUEUED = select(func.count()).select_from(runs).where(runs.c.status == RunStatus.QUEUED.value)
 # One host's share (docs/several-hosts.md §3): its attempts starting or running
 # (ix_attempts_worker_instance_id_status).
@@ -154,6 +183,22 @@ COUNT_HOST_ACTIVE = (
         attempts.c.worker_instance_id == bindparam("instance"),
         attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]),
     )
+)
+
+# A run with hold_from_slot_ms is held while a run of its schedule with a slot in
+# [hold_from_slot_ms, its slot) has not ended: a range of the unique index on (schedule_id,
+# slot_ms), a few rows (the runs that were active when it was created). Once false it stays
+# false: no run of the schedule can later take a slot before its own.
+_OLDER = runs.alias("older")
+HELD = case(
+    (runs.c.hold_from_slot_ms.is_(None), false()),
+    else_=exists().where(
+        _OLDER.c.schedule_id == runs.c.schedule_id,
+        _OLDER.c.slot_ms >= runs.c.hold_from_slot_ms,
+        _OLDER.c.slot_ms < runs.c.slot_ms,
+        # Equalities, not IN: an expanding IN is not compiled once (OneStatementRead).
+        or_(*(_OLDER.c.status == s.value for s in RunStatus if s not in TERMINAL_RUN)),
+    ),
 )
 
 
@@ -220,6 +265,7 @@ class RunReader:
                     attempts.c.id,
                     attempts.c.number,
                     attempts.c.created_at_ms,
+                    HELD.label("held"),
                 )
                 .select_from(_RUN_WITH_LATEST)
                 .join(
@@ -231,9 +277,17 @@ class RunReader:
                 )
                 .where(
                     runs.c.status == RunStatus.QUEUED.value,
+                    # Not waiting for a retry: walks ix_runs_ready_order (docs/retries.md §2).
+                    runs.c.not_before_ms.is_(None),
                     runs.c.cancel_reason.is_(None),
                     attempts.c.status == AttemptStatus.CLAIMED.value,
                     attempts.c.executor == "local_process",
+                    # And the attempt's own instant, on the row the page joins anyway (the
+                    # run's mark is cleared only once it passed; T1 checks it again).
+                    or_(
+                        attempts.c.not_before_ms.is_(None),
+                        attempts.c.not_before_ms <= bindparam("now"),
+                    ),
                 )
             )
             if after:
@@ -345,7 +399,7 @@ class RunReader:
         self, *, limit: int, cursor: str | None = None
     ) -> Page[DispatchCandidate]:
         """Queued runs without cancel intent whose latest attempt is claimed, in dispatch order."""
-        params: dict[str, Any] = {"limit": limit + 1}
+        params: dict[str, Any] = {"limit": limit + 1, "now": now_ms()}
         if cursor is not None:
             prio, created, att_created, att_id = decode_cursor(
                 "dispatch", cursor, (int, int, int, str)
@@ -364,6 +418,7 @@ class RunReader:
                 priority=priority,
                 created_at_ms=created_at_ms,
                 attempt_created_at_ms=attempt_created_at_ms,
+                held=bool(held),
             )
             for (
                 run_id,
@@ -375,6 +430,7 @@ class RunReader:
                 attempt_id,
                 number,
                 attempt_created_at_ms,
+                held,
             ) in rows[:limit]
         ]
         next_cursor = None
@@ -385,6 +441,14 @@ class RunReader:
                 [last.priority, last.created_at_ms, last.attempt_created_at_ms, last.attempt_id],
             )
         return Page(items=items, next_cursor=next_cursor)
+
+    def next_retry_at_ms(self, *, after_ms: int) -> int | None:
+        """The earliest ``not_before_ms`` of a run waiting for a retry, later than
+        ``after_ms``: one range lookup on ix_runs_ready_order, so the dispatch loop sleeps
+        until it (docs/retries.md §2) instead of polling."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            at = uow.conn.execute(_NEXT_RETRY, {"after": after_ms}).scalar()
+        return None if at is None else int(at)
 
     def active_attempts(self, *, limit: int, after_id: str | None = None) -> list[ActiveAttempt]:
         """Attempts in starting or running, by id, after ``after_id`` (a resume cursor)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -13,7 +14,9 @@ from sqlalchemy import (
     Engine,
     Row,
     Table,
+    and_,
     bindparam,
+    func,
     insert,
     select,
     text,
@@ -38,10 +41,11 @@ from app.domain.errors import (
     QueueFull,
     VersionConflict,
 )
-from app.domain.events import RUN_CANCEL_REQUESTED, attempt_event, run_event
+from app.domain.events import RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED, attempt_event, run_event
 from app.domain.execution import CompletionOutcome
 from app.domain.ids import now_ms, uuid7
 from app.domain.model import LogInfo, ProcessHandle, Run
+from app.domain.retry import retry_not_before_ms
 from app.domain.states import (
     MAX_UNAVAILABLE_ATTEMPTS,
     TERMINAL_RUN,
@@ -50,8 +54,9 @@ from app.domain.states import (
     ending_for,
     transition_attempt,
     transition_run,
+    transition_run_to_retry,
 )
-from app.storage.definitions_repo import revision_row
+from app.storage.definitions_repo import retry_of_body, revision_row
 from app.storage.journal_repo import mark_consumed_in
 from app.storage.lease_repo import lease_current_in
 from app.storage.run_reads import (
@@ -59,9 +64,10 @@ from app.storage.run_reads import (
     COUNT_HOST_ACTIVE,
     COUNT_QUEUED,
     COUNT_TASK_ACTIVE,
+    HELD,
     run_from_rows,
 )
-from app.storage.tables import attempts, idempotency_keys, run_events, runs
+from app.storage.tables import attempts, idempotency_keys, run_events, runs, task_revisions
 from app.storage.uow import UnitOfWork
 
 # Statements are built once: a statement built per call costs its construction and a
@@ -71,6 +77,40 @@ _RUN_BY_ID = select(runs).where(runs.c.id == bindparam("run_id"))
 _ATTEMPT_BY_ID = select(attempts).where(attempts.c.id == bindparam("attempt_id"))
 _ATTEMPT_BY_NUMBER = select(attempts).where(
     attempts.c.run_id == bindparam("run_id"), attempts.c.number == bindparam("number")
+)
+_HELD_BY_ID = select(HELD).where(runs.c.id == bindparam("run_id"))
+_REVISION_BODY = select(task_revisions.c.body).where(
+    task_revisions.c.task == bindparam("task"), task_revisions.c.revision == bindparam("revision")
+)
+# Attempts of a run that ended because no executor was there: they never ran, so a retry
+# policy does not count them (docs/retries.md §2).
+_UNAVAILABLE_COUNT = select(func.count()).where(
+    attempts.c.run_id == bindparam("run_id"),
+    attempts.c.error_code == ErrorCode.EXECUTOR_UNAVAILABLE.value,
+)
+_RECENT_CODES = (
+    select(attempts.c.error_code)
+    .where(
+        attempts.c.run_id == bindparam("run_id"),
+        attempts.c.number >= bindparam("first"),
+        attempts.c.number < bindparam("number"),
+    )
+    .order_by(attempts.c.number.desc())
+)
+_DUE = and_(
+    runs.c.status == RunStatus.QUEUED.value,
+    runs.c.not_before_ms <= bindparam("now"),
+)
+_ANY_DUE = select(runs.c.id).where(_DUE).limit(1)
+_PROMOTE_DUE = (
+    update(runs)
+    .where(
+        runs.c.id.in_(
+            select(runs.c.id).where(_DUE).order_by(runs.c.not_before_ms).limit(bindparam("limit"))
+        ),
+        _DUE,
+    )
+    .values(not_before_ms=None)
 )
 _IDEMPOTENCY = select(idempotency_keys.c.request_digest, idempotency_keys.c.run_id).where(
     idempotency_keys.c.token_id == bindparam("token_id"),
@@ -155,38 +195,85 @@ class RunRepository:
     ) -> tuple[Run, bool]:
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
-            if idempotency_key is not None:
-                previous = conn.execute(
-                    _IDEMPOTENCY, {"token_id": token_id or "", "key": idempotency_key}
-                ).first()
-                if previous is not None:
-                    if previous.request_digest != request_digest:
-                        raise Conflict(
-                            ErrorCode.IDEMPOTENCY_KEY_REUSED,
-                            "this Idempotency-Key was used with another request body",
-                        )
-                    return _load_run(conn, previous.run_id), False
+            replayed = _replay(conn, token_id, idempotency_key, request_digest)
+            if replayed is not None:
+                return replayed, False
             if max_queued is not None and not queue_has_room(conn, max_queued):
                 raise QueueFull(max_queued)
             at = now_ms()
             run_values, attempt_values = enqueue_in(
                 conn, task=task, revision=revision, priority=priority, at=at
             )
-            run_id = run_values["id"]
-            if idempotency_key is not None:
-                conn.execute(
-                    _INSERT_IDEMPOTENCY,
-                    {
-                        "token_id": token_id or "",
-                        "key": idempotency_key,
-                        "request_digest": request_digest or "",
-                        "run_id": run_id,
-                        "created_at_ms": at,
-                    },
-                )
+            _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
             uow.commit()
             # What was just inserted, without reading it back inside the writer lock.
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
+
+    def rerun(
+        self,
+        *,
+        run_id: str,
+        token_id: str | None = None,
+        idempotency_key: str | None = None,
+        request_digest: str | None = None,
+        max_queued: int | None = None,
+    ) -> tuple[Run, bool]:
+        """A new queued run of the same task revision and priority as ``run_id``, manual,
+        ``rerun_of`` it (docs/retries.md §5); ``(run, created)``, idempotent by key as
+        ``enqueue_run``. NotFound RUN_NOT_FOUND for an unknown run."""
+        for _ in range(3):
+            try:
+                return self._rerun_once(
+                    run_id=run_id, token_id=token_id, idempotency_key=idempotency_key,
+                    request_digest=request_digest, max_queued=max_queued,
+                )  # fmt: skip
+            except IntegrityError:
+                if idempotency_key is None:
+                    raise
+        raise VersionConflict("rerun")
+
+    def _rerun_once(
+        self,
+        *,
+        run_id: str,
+        token_id: str | None,
+        idempotency_key: str | None,
+        request_digest: str | None,
+        max_queued: int | None,
+    ) -> tuple[Run, bool]:
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            replayed = _replay(conn, token_id, idempotency_key, request_digest)
+            if replayed is not None:
+                return replayed, False
+            old = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
+            if old is None:
+                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+            if max_queued is not None and not queue_has_room(conn, max_queued):
+                raise QueueFull(max_queued)
+            at = now_ms()
+            run_values, attempt_values = enqueue_in(
+                conn, task=old.task, revision=old.revision, priority=old.priority, at=at,
+                rerun_of=old.id,
+            )  # fmt: skip
+            _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
+            uow.commit()
+            return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
+
+    def promote_due_retries(self, *, limit: int) -> int:
+        """Clear the waiting mark of up to ``limit`` queued runs whose retry instant passed,
+        so the dispatch walk (ix_runs_ready_order) finds them; how many. A read first: with
+        none due no write transaction is opened (docs/retries.md §2). Not a transition: the
+        run stays ``queued`` at the same version, and T1 still checks the attempt's own
+        instant."""
+        params = {"now": now_ms(), "limit": limit}
+        with UnitOfWork(self._engine, write=False) as uow:
+            if uow.conn.execute(_ANY_DUE, params).first() is None:
+                return 0
+        with UnitOfWork(self._engine) as uow:
+            count = uow.conn.execute(_PROMOTE_DUE, params).rowcount
+            uow.commit()
+        return int(count or 0)
 
     def queued_count(self) -> int:
         """How many runs are queued now (a read; ``queue_has_room`` is the atomic check)."""
@@ -216,6 +303,8 @@ class RunRepository:
         ``max_running`` runs are dispatching or running (on PostgreSQL with a
         ``worker_instance_id``: that many attempts of this host, docs/several-hosts.md §3),
         AdmissionRefused("task") when ``max_concurrent`` runs of this run's task are.
+        AdmissionRefused("held") when the run waits behind an older run of its schedule that
+        has not ended (docs/schedules.md §5).
 
         ``worker_instance_id`` and ``lease_epoch``: the worker this start launches through
         (docs/several-hosts.md §2), recorded on the attempt.
@@ -240,8 +329,19 @@ class RunRepository:
                     "attempt", attempt_row.status, AttemptStatus.STARTING,
                     reason="the attempt was already armed",
                 )  # fmt: skip
+            if (
+                run_row.hold_from_slot_ms is not None
+                and uow.conn.execute(_HELD_BY_ID, {"run_id": run_id}).scalar_one()
+            ):
+                raise AdmissionRefused("held")
             _admit(uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id)
             at = now_ms()
+            if attempt_row.not_before_ms is not None and at < attempt_row.not_before_ms:
+                # docs/retries.md §2: never before its instant, whatever listed it.
+                raise InvalidTransition(
+                    "attempt", attempt_row.status, AttemptStatus.STARTING,
+                    reason="the attempt waits for its retry time",
+                )  # fmt: skip
             host: dict[str, Any] = {}
             if worker_instance_id is not None:
                 host = {"worker_instance_id": worker_instance_id, "lease_epoch": lease_epoch}
@@ -281,7 +381,8 @@ class RunRepository:
                     "handle": json.dumps(handle.to_dict(), sort_keys=True),
                     "started_at_ms": started_at_ms,
                 },
-                run_values={"started_at_ms": started_at_ms},
+                # A retry's start keeps the run's first one (docs/retries.md §2).
+                run_values={"started_at_ms": run_row.started_at_ms or started_at_ms},
                 order="attempt_first",
             )
             uow.commit()
@@ -306,19 +407,16 @@ class RunRepository:
             if expected_version is not None and run_row.version != expected_version:
                 raise VersionConflict(run_id)
             at = now_ms()
-            run_to = RunStatus.LOST if lost else RunStatus.FAILED
-            attempt_to = AttemptStatus.LOST if lost else AttemptStatus.FAILED
-            written = _step(
+            written = end_attempt_in(
                 uow.conn,
                 run_row,
                 attempt_row,
                 at,
-                run_to=run_to,
-                attempt_to=attempt_to,
+                ending=AttemptStatus.LOST if lost else AttemptStatus.FAILED,
+                finished_at_ms=at,
                 attempt_values={"error_code": error_code.value, "finished_at_ms": at},
-                run_values={"finished_at_ms": at},
                 attempt_data={"error_code": error_code.value},
-                order="attempt_first",
+                error_code=error_code.value,
             )
             uow.commit()
         return written.run()
@@ -343,19 +441,19 @@ class RunRepository:
                 raise InvalidTransition("attempt", attempt_row.status, AttemptStatus.FAILED)
             transition_run(RunStatus(run_row.status), RunStatus.QUEUED)
             at = now_ms()
-            if run_row.cancel_reason is not None or attempt_row.number >= MAX_UNAVAILABLE_ATTEMPTS:
+            if run_row.cancel_reason is not None or _unavailable_in_a_row(conn, attempt_row):
                 ending, values = AttemptStatus.FAILED, {"error_code": code}
                 if run_row.cancel_reason is not None:
                     ending = ending_for(
                         exit_code=None, signal=None, cancel_reason=run_row.cancel_reason
                     )
                     values = {}
-                written = _step(
-                    conn, run_row, attempt_row, at,
-                    run_to=RunStatus(ending.value), attempt_to=ending,
-                    attempt_values={**values, "finished_at_ms": at},
-                    run_values={"finished_at_ms": at}, attempt_data=values,
-                    order="attempt_first",
+                # Through the retry rule like every ending (a timeout's intent may be
+                # retried; EXECUTOR_UNAVAILABLE never is: app/domain/retry.py).
+                written = end_attempt_in(
+                    conn, run_row, attempt_row, at, ending=ending, finished_at_ms=at,
+                    attempt_values={**values, "finished_at_ms": at}, attempt_data=values,
+                    error_code=values.get("error_code"),
                 )  # fmt: skip
                 uow.commit()
                 return written.run()
@@ -458,7 +556,7 @@ class RunRepository:
                     run_to=RunStatus.RUNNING,
                     attempt_to=AttemptStatus.RUNNING,
                     attempt_values={"started_at_ms": began},
-                    run_values={"started_at_ms": began},
+                    run_values={"started_at_ms": run_row.started_at_ms or began},
                     order="attempt_first",
                 ).rows()
             ending = decision.ending
@@ -478,22 +576,22 @@ class RunRepository:
             data = {"exit_code": decision.exit_code, "signal": decision.signal}
             if leftovers_stopped is not None:  # a count only (docs/leftovers.md)
                 data["leftovers_stopped"] = leftovers_stopped
-            _step(
+            written = end_attempt_in(
                 conn,
                 run_row,
                 attempt_row,
                 now_ms(),
-                run_to=RunStatus(ending.value),
-                attempt_to=ending,
+                ending=ending,
+                finished_at_ms=decision.finished_at_ms,
                 attempt_values=values,
-                run_values={"finished_at_ms": decision.finished_at_ms},
                 attempt_data=data,
-                order="attempt_first",
+                error_code=None,
             )
             if consume_receipt:
                 mark_consumed_in(conn, attempt_id)
             uow.commit()
-            return CompletionOutcome("applied", run_status=ending.value)
+            # ``queued`` when a retry follows: the run's one terminal event is still to come.
+            return CompletionOutcome("applied", run_status=written.run_values["status"])
 
     # -- intents -----------------------------------------------------------------------------
 
@@ -594,12 +692,15 @@ def enqueue_in(
     priority: int | None,
     at: int,
     trigger: ScheduleTrigger | None = None,
+    hold_from_slot_ms: int | None = None,
+    rerun_of: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Insert a queued run, its claimed attempt 1 and ``run.queued`` inside ``conn``'s
     transaction; the run's and attempt's inserted values.
 
     The one enqueue path: ``POST /api/v1/runs`` and a schedule's fire both come here, so a
-    scheduled run is the same run as a manual one but for its trigger columns.
+    scheduled run is the same run as a manual one but for its trigger columns (and, for a
+    schedule's queue_one/replace run, ``hold_from_slot_ms``: docs/schedules.md §5).
     """
     rev = revision_row(conn, task, revision)
     run_id = uuid7(at)
@@ -616,6 +717,8 @@ def enqueue_in(
         "schedule_id": None if trigger is None else trigger.schedule_id,
         "schedule_name": None if trigger is None else trigger.schedule_name,
         "slot_ms": None if trigger is None else trigger.slot_ms,
+        "hold_from_slot_ms": hold_from_slot_ms,
+        "rerun_of": rerun_of,
     }
     attempt_values = {
         "id": uuid7(at),
@@ -665,6 +768,160 @@ def cancel_in(
     _append_events(conn, run_row.id, run_row.version + 1, at, events)
     run_values = {"version": run_row.version + len(events), **intent}
     return _Written(run_row, attempt_row, run_values, attempt_values)
+
+
+def end_attempt_in(
+    conn: Connection,
+    run_row: Row[Any],
+    attempt_row: Row[Any],
+    at: int,
+    *,
+    ending: AttemptStatus,
+    finished_at_ms: int,
+    attempt_values: dict[str, Any],
+    attempt_data: dict[str, Any],
+    error_code: str | None,
+) -> _Written:
+    """Record an attempt's ending inside ``conn``'s transaction: the one place every path
+    that ends an attempt (completion, timeout, start failure, recovery) comes through.
+
+    When the revision's retry policy asks for another attempt (app/domain/retry.py), the
+    same transaction appends attempt n+1 ``claimed`` with its ``not_before_ms`` (jitter drawn
+    here, once, and stored), moves the run back to ``queued`` and clears the ended
+    attempt's own timeout intent (events ``attempt.<ending>``, ``run.retry_scheduled``,
+    ``attempt.claimed``). Otherwise run and attempt end together (docs/retries.md §2).
+    """
+    not_before = _retry_at(conn, run_row, attempt_row, ending, error_code, at)
+    if not_before is None:
+        return _step(
+            conn,
+            run_row,
+            attempt_row,
+            at,
+            run_to=RunStatus(ending.value),
+            attempt_to=ending,
+            attempt_values=attempt_values,
+            run_values={"finished_at_ms": finished_at_ms},
+            attempt_data=attempt_data,
+            order="attempt_first",
+        )
+    transition_attempt(AttemptStatus(attempt_row.status), ending)
+    transition_run_to_retry(RunStatus(run_row.status))
+    number = attempt_row.number + 1
+    fresh = {
+        "id": uuid7(at),
+        "run_id": run_row.id,
+        "number": number,
+        "status": AttemptStatus.CLAIMED.value,
+        "executor": attempt_row.executor,
+        "created_at_ms": at,
+        "callback_sequence": 0,
+        "not_before_ms": not_before,
+    }
+    run_values: dict[str, Any] = {
+        "status": RunStatus.QUEUED.value,
+        "latest_attempt": number,
+        "cancel_reason": None,
+        "cancel_requested_at_ms": None,
+        "not_before_ms": not_before,  # off the dispatch walk until promote_due_retries
+    }
+    # The run row first, as in _step (PostgreSQL lock order against a concurrent T1).
+    _cas_run(conn, run_row, 3, run_values)
+    _update_attempt(conn, attempt_row, ending, attempt_values)
+    conn.execute(_INSERT_ATTEMPT, fresh)
+    _append_events(
+        conn, run_row.id, run_row.version + 1, at,
+        [
+            _Event(attempt_event(ending), {"attempt": attempt_row.number, **attempt_data}),
+            _Event(RUN_RETRY_SCHEDULED, {"attempt": number, "not_before_ms": not_before}),
+            _Event(attempt_event(AttemptStatus.CLAIMED), {"attempt": number}),
+        ],
+    )  # fmt: skip
+    run_values["version"] = run_row.version + 3
+    return _Written(run_row, None, run_values, fresh)
+
+
+def _retry_at(
+    conn: Connection,
+    run_row: Row[Any],
+    attempt_row: Row[Any],
+    ending: AttemptStatus,
+    error_code: str | None,
+    at: int,
+) -> int | None:
+    if ending not in (AttemptStatus.FAILED, AttemptStatus.TIMED_OUT, AttemptStatus.LOST):
+        return None  # the common case (succeeded, cancelled) reads nothing more
+    body = conn.execute(
+        _REVISION_BODY, {"task": run_row.task, "revision": run_row.revision}
+    ).scalar()
+    policy = retry_of_body(json.loads(body)) if body is not None else None
+    if policy is None:
+        return None
+    tries = attempt_row.number
+    if tries > 1:
+        tries -= int(conn.execute(_UNAVAILABLE_COUNT, {"run_id": run_row.id}).scalar_one())
+    return retry_not_before_ms(
+        policy,
+        attempt=tries,
+        ending=ending.value,
+        error_code=error_code,
+        cancel_reason=run_row.cancel_reason,
+        ended_at_ms=at,
+        draw=random.random(),  # noqa: S311 (jitter, not a secret): drawn once, stored
+    )
+
+
+def _unavailable_in_a_row(conn: Connection, attempt_row: Row[Any]) -> bool:
+    """True when this unavailable start is the MAX_UNAVAILABLE_ATTEMPTS-th in a row: the
+    attempts before it were unavailable too (retries make attempt numbers no count of it)."""
+    number = attempt_row.number
+    if number < MAX_UNAVAILABLE_ATTEMPTS:
+        return False
+    codes = conn.execute(
+        _RECENT_CODES,
+        {"run_id": attempt_row.run_id, "first": number - MAX_UNAVAILABLE_ATTEMPTS + 1,
+         "number": number},
+    ).scalars().all()  # fmt: skip
+    return all(code == ErrorCode.EXECUTOR_UNAVAILABLE.value for code in codes)
+
+
+def _replay(
+    conn: Connection, token_id: str | None, key: str | None, request_digest: str | None
+) -> Run | None:
+    """The run an earlier request with this token's idempotency key made, if any; Conflict
+    IDEMPOTENCY_KEY_REUSED when that request was another one (docs/design.md §3.2)."""
+    if key is None:
+        return None
+    previous = conn.execute(_IDEMPOTENCY, {"token_id": token_id or "", "key": key}).first()
+    if previous is None:
+        return None
+    if previous.request_digest != request_digest:
+        raise Conflict(
+            ErrorCode.IDEMPOTENCY_KEY_REUSED,
+            "this Idempotency-Key was used with another request body",
+        )
+    return _load_run(conn, previous.run_id)
+
+
+def _remember(
+    conn: Connection,
+    token_id: str | None,
+    key: str | None,
+    request_digest: str | None,
+    run_id: str,
+    at: int,
+) -> None:
+    if key is not None:
+        conn.execute(
+            _INSERT_IDEMPOTENCY,
+            {
+                "token_id": token_id or "",
+                "key": key,
+                "request_digest": request_digest or "",
+                "run_id": run_id,
+                "created_at_ms": at,
+            },
+        )
 
 
 def _load_run(conn: Connection, run_id: str) -> Run:

@@ -20,6 +20,7 @@ from app.domain.errors import DomainError, ErrorCode, NotFound, PreconditionFail
 from app.domain.ids import now_ms, uuid7
 from app.domain.model import Page, Schedule, ScheduleDecision, ScheduleDefinition
 from app.domain.states import TERMINAL_RUN, RunStatus
+from app.schedule.overlap import ActiveRun, decide_overlap
 from app.schedule.slots import (
     CatchupPlan,
     SlotSpec,
@@ -42,7 +43,7 @@ _NON_TERMINAL = [s.value for s in RunStatus if s not in TERMINAL_RUN]
 _ACTIVE_RUNS = (
     select(runs)
     .where(runs.c.schedule_id == bindparam("schedule_id"), runs.c.status.in_(_NON_TERMINAL))
-    .order_by(runs.c.created_at_ms, runs.c.id)
+    .order_by(runs.c.slot_ms)
 )
 _QUEUED_RUNS = select(runs).where(
     runs.c.schedule_id == bindparam("schedule_id"), runs.c.status == RunStatus.QUEUED.value
@@ -60,6 +61,7 @@ FIRE_PAGE = 32
 # transaction or a short restart, not downtime.
 ON_TIME_GRACE_MS = 5_000
 DELETED_REASON = "schedule_deleted"
+REPLACED_REASON = "replaced"
 
 
 def spec_of(definition: ScheduleDefinition) -> SlotSpec:
@@ -108,6 +110,8 @@ class FireResult:
     runs_created: int
     schedules_decided: int
     page_full: bool
+    # Cancel intents recorded on started runs (overlap replace): the worker should stop them.
+    cancels_requested: int = 0
 
 
 class ScheduleRepository:
@@ -287,7 +291,7 @@ class ScheduleRepository:
         )
         with self._engine.connect() as conn:
             ids = conn.execute(due).scalars().all()
-        created = decided = 0
+        created = decided = cancels = 0
         for schedule_id in ids:
             try:
                 made = self._fire_one(schedule_id, at)
@@ -299,15 +303,20 @@ class ScheduleRepository:
                 log.error("schedule fire refused: %s", exc.code)
                 made = None
             if made is not None:
-                created += made
+                created += made[0]
+                cancels += made[1]
                 decided += 1
         return FireResult(
-            runs_created=created, schedules_decided=decided, page_full=len(ids) == page
+            runs_created=created,
+            schedules_decided=decided,
+            page_full=len(ids) == page,
+            cancels_requested=cancels,
         )
 
-    def _fire_one(self, schedule_id: str, at: int) -> int | None:
-        """One schedule's due slots in one transaction; runs created, None when another
-        loop decided them first (locked, or the cursor moved)."""
+    def _fire_one(self, schedule_id: str, at: int) -> tuple[int, int] | None:
+        """One schedule's due slots in one transaction; (runs created, cancel intents on
+        started runs), None when another loop decided them first (locked, or the cursor
+        moved)."""
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
             row = conn.execute(_locked(conn, _BY_ID, skip=True), {"id": schedule_id}).first()
@@ -337,17 +346,32 @@ class ScheduleRepository:
                         plan.missed_last_ms,
                     )
                 )
-            active = conn.execute(_ACTIVE_RUNS, {"schedule_id": row.id}).all()
-            active_ids = [r.id for r in active]
-            created = 0
+            created = cancels = 0
+            # The schedule's runs not ended, kept up to date through the pass (an earlier slot
+            # of catch-up "all" may create or cancel one): one read per pass.
+            rows: dict[str, Any] = {}
+            active: list[ActiveRun] = []
+            if fire:
+                for r in conn.execute(_ACTIVE_RUNS, {"schedule_id": row.id}):
+                    rows[r.id] = r
+                    active.append(ActiveRun(r.id, r.slot_ms, r.status, r.cancel_reason is not None))
             for slot in fire:
-                limit = definition.max_concurrent if definition.overlap == "allow" else 1
-                if len(active_ids) >= limit:
-                    decisions.append(_decision(row.id, slot, "skipped_overlap", at, active_ids[0]))
+                choice = decide_overlap(definition.overlap, definition.max_concurrent, active)
+                if not choice.creates:
+                    decisions.append(_decision(row.id, slot, choice.kind, at, choice.blocking_run))
                     continue
                 if self._max_queued is not None and not queue_has_room(conn, self._max_queued):
                     decisions.append(_decision(row.id, slot, "dropped_queue_full", at, None))
                     continue
+                for run_id in choice.cancel:  # the one cancel path (runs_repo.cancel_in)
+                    cancel_in(conn, rows[run_id], REPLACED_REASON, at)
+                    queued = rows[run_id].status == RunStatus.QUEUED.value
+                    cancels += not queued
+                    active = [
+                        a if a.id != run_id else ActiveRun(a.id, a.slot_ms, a.status, True)
+                        for a in active
+                        if not (a.id == run_id and queued)  # a queued one ended cancelled
+                    ]
                 run_values, _ = enqueue_in(
                     conn,
                     task=definition.task,
@@ -355,9 +379,11 @@ class ScheduleRepository:
                     priority=None,
                     at=at,
                     trigger=ScheduleTrigger(row.id, row.name, slot),
+                    hold_from_slot_ms=choice.hold_from_slot_ms,
                 )
-                active_ids.append(run_values["id"])
-                decisions.append(_decision(row.id, slot, "fired", at, run_values["id"]))
+                rows[run_values["id"]] = _Row(run_values)
+                active.append(ActiveRun(run_values["id"], slot, RunStatus.QUEUED.value, False))
+                decisions.append(_decision(row.id, slot, choice.kind, at, run_values["id"]))
                 created += 1
             if decisions:
                 conn.execute(_INSERT_DECISION, decisions)
@@ -373,7 +399,7 @@ class ScheduleRepository:
             if moved.rowcount != 1:
                 return None  # rolled back: another loop moved the cursor first
             uow.commit()
-            return created
+            return created, cancels
 
 
 def _plan(

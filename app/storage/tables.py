@@ -15,6 +15,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -86,14 +87,32 @@ runs = Table(
     Column("schedule_id", ID, nullable=True),
     Column("schedule_name", String(128), nullable=True),
     Column("slot_ms", MS, nullable=True),
+    # Overlap queue_one / replace (migration 0007, docs/schedules.md §5): not dispatched while
+    # a run of the schedule with a slot in [hold_from_slot_ms, slot_ms) has not ended.
+    Column("hold_from_slot_ms", MS, nullable=True),
+    # The run a rerun repeats (migration 0005, docs/retries.md §5); no foreign key, so a
+    # rerun outlives the deletion of the run it repeats.
+    Column("rerun_of", ID, nullable=True),
+    # Set while the run waits for a retry's instant (migration 0005, docs/retries.md §2);
+    # NULL once it is due (the dispatch drain clears it) and for every other run.
+    Column("not_before_ms", MS, nullable=True),
+    # A pinned run keeps its log and rows against every retention policy (migration 0006).
+    Column("pinned", Boolean, nullable=False, server_default=false()),
     # Dispatch order is priority DESC, created ASC: the index carries the same directions so
     # the planner walks it and sorts only ties (docs/design.md §3.3: no full scan of the queue).
     Index("ix_runs_dispatch_order", "status", text("priority DESC"), "created_at_ms"),
+    # The same order over runs that do not wait for a retry (not_before_ms IS NULL: an
+    # equality for the planner), so waiting retries never lengthen a dispatch page's walk;
+    # the range not_before_ms > now gives the earliest waiting one (docs/retries.md §2).
+    Index("ix_runs_ready_order", "status", "not_before_ms", text("priority DESC"), "created_at_ms"),
     Index("ix_runs_task_id", "task", "id"),
     Index("ix_runs_status_id", "status", "id"),
     Index("ix_runs_task_status_id", "task", "status", "id"),
     # One slot of a schedule can never have two runs (docs/schedules.md §2).
     Index("ix_runs_schedule_id_slot_ms", "schedule_id", "slot_ms", unique=True),
+    # A schedule's runs not ended, read by every fire inside the writer lock: without it the
+    # read walks every run the schedule ever had (86,400 a day for an every-second one).
+    Index("ix_runs_schedule_id_status", "schedule_id", "status"),
 )
 
 attempts = Table(
@@ -120,6 +139,12 @@ attempts = Table(
     Column("handle", Text, nullable=True),  # JSON durable identity; never exposed by the API
     # quota | disk_full | write_error, from the shim's truncation fact (migration 0003)
     Column("log_truncation_reason", String(16), nullable=True),
+    # A retry's attempt does not start before this (migration 0005, docs/retries.md).
+    Column("not_before_ms", MS, nullable=True),
+    # Retention (migration 0006, docs/retention.md §3): NULL while the log is there (or never
+    # was), "expiring" from before its unlink until it is durable, then "expired".
+    Column("log_state", String(16), nullable=True),
+    Column("log_expired_at_ms", MS, nullable=True),
     # The worker instance and lease epoch that launched it (migration 0008,
     # docs/several-hosts.md): only that instance's worker reconciles, times out or stops it.
     Column("worker_instance_id", ID, nullable=True),
@@ -128,6 +153,15 @@ attempts = Table(
     Index("ix_attempts_status_id", "status", "id"),
     Index("ix_attempts_status_deadline_at_ms", "status", "deadline_at_ms"),
     Index("ix_attempts_worker_instance_id_status", "worker_instance_id", "status"),
+    # Partial: only the few expiring/expired rows. A plain index on a column that is NULL for
+    # almost every row tempted PostgreSQL (before it had statistics on the new column) into
+    # bitmap-scanning it for every candidate of the sweep.
+    Index(
+        "ix_attempts_log_state",
+        "log_state",
+        postgresql_where=text("log_state IS NOT NULL"),
+        sqlite_where=text("log_state IS NOT NULL"),
+    ),
 )
 
 run_events = Table(
@@ -242,4 +276,31 @@ schedule_decisions = Table(
     Column("until_slot_ms", MS, nullable=True),
     Column("at_ms", MS, nullable=False),
     Index("ix_schedule_decisions_schedule_id_id", "schedule_id", text("id DESC")),
+)
+
+# Retention (docs/retention.md): a task's own policy fields (NULL: the global value), and the
+# last sweep's figures (one row per sweeper, ``logs``), read by GET /api/v1/system/storage.
+task_retention = Table(
+    "task_retention",
+    metadata,
+    Column("task", String(128), primary_key=True),
+    Column("keep_runs", Integer, nullable=True),
+    Column("keep_days", Integer, nullable=True),
+    Column("keep_rows", Integer, nullable=True),
+    Column("task_log_bytes", BigInteger, nullable=True),
+    Column("updated_at_ms", MS, nullable=False),
+)
+
+retention_sweeps = Table(
+    "retention_sweeps",
+    metadata,
+    Column("sweeper", String(16), primary_key=True),
+    Column("at_ms", MS, nullable=False),
+    Column("duration_ms", MS, nullable=False),
+    Column("expired_logs", Integer, nullable=False),
+    Column("finished_expiring", Integer, nullable=False),
+    Column("deleted_runs", Integer, nullable=False),
+    Column("freed_bytes", BigInteger, nullable=False),
+    Column("log_bytes", BigInteger, nullable=False),
+    Column("free_bytes", BigInteger, nullable=True),
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,43 @@ def job_policy(settings: JobUserSettings) -> JobPolicy:
                 f"run jobs as another user: it lacks ambient {', '.join(missing)} "
                 "(run as root or grant them, docs/job-user.md)"
             )
+    if users and settings.home is None:
+        for name, user in users.items():
+            problem = home_root_problem(settings.home_root, user)
+            if problem is not None:
+                raise JobUserUnavailable(
+                    f"QL_JOB_HOME_ROOT {settings.home_root} {problem} for job user {name!r}: "
+                    "each job's fresh HOME is created there as that user (docs/job-user.md)"
+                )
     default = users[settings.user] if settings.user else None
     allowed = {name: users[name] for name in settings.allowed}
     return JobPolicy(default, allowed, settings.umask, settings.home, settings.home_root)
+
+
+def home_root_problem(root: Path, user: JobUser) -> str | None:
+    """Why ``user`` could not create its per-job HOME in ``root``, or None.
+
+    Checked at start-up so that a wrong root refuses the worker with one line instead of
+    failing every job with HOME_FAILED. A root any user may write must be sticky (as /tmp
+    is): without the bit one job user could rename or remove another's HOME.
+    """
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return "does not exist"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    mode = st.st_mode
+    if st.st_uid == user.uid:
+        can = mode & stat.S_IWUSR and mode & stat.S_IXUSR
+    elif st.st_gid == user.gid:  # the shim clears supplementary groups: the primary only
+        can = mode & stat.S_IWGRP and mode & stat.S_IXGRP
+    else:
+        can = mode & stat.S_IWOTH and mode & stat.S_IXOTH
+    if not can:
+        return "is not writable"
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        return "is writable by anyone without the sticky bit"
+    return None

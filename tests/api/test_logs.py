@@ -91,6 +91,8 @@ def test_truncation_shows_in_the_header_and_the_run(
         "truncated": True,
         "dropped_bytes": 42,
         "truncation_reason": "disk_full",
+        "expired": False,
+        "expired_at_ms": None,
     }
 
 

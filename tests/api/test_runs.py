@@ -9,6 +9,7 @@ from tests.api.conftest import Client, MakeToken, assert_problem, make_running
 RUN_FIELDS = {
     "id", "task", "revision", "status", "priority", "version", "created_at_ms",
     "started_at_ms", "finished_at_ms", "cancel_requested", "latest_attempt", "trigger",
+    "attempts", "next_attempt_at_ms", "pinned",
 }  # fmt: skip
 ATTEMPT_FIELDS = {
     "number", "status", "exit_code", "signal", "error_code", "started_at_ms",
@@ -28,7 +29,12 @@ def test_enqueue_creates_a_queued_run_with_a_claimed_attempt(
     assert run["status"] == "queued" and run["revision"] == 1
     assert run["latest_attempt"]["status"] == "claimed"
     assert run["latest_attempt"]["log"] == {
-        "bytes": 0, "truncated": False, "dropped_bytes": 0, "truncation_reason": None
+        "bytes": 0,
+        "truncated": False,
+        "dropped_bytes": 0,
+        "truncation_reason": None,
+        "expired": False,
+        "expired_at_ms": None,
     }
     assert run["cancel_requested"] is None
 

@@ -135,7 +135,12 @@ def test_an_every_second_schedule_fires_runs_with_their_trigger_then_pause_and_d
     statuses = {r["status"] for r in client.get("/api/v1/runs", headers=admin).json()["items"]}
     assert statuses == {"cancelled"}  # no worker here: every queued run is cancelled
     manual = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin).json()
-    assert manual["trigger"] == {"kind": "manual", "schedule": None, "slot_ms": None}
+    assert manual["trigger"] == {
+        "kind": "manual",
+        "schedule": None,
+        "slot_ms": None,
+        "rerun_of": None,
+    }
 
 
 def test_a_cron_schedule_in_a_dst_zone_lists_its_next_fires_across_the_spring_gap(

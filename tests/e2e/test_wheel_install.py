@@ -4,11 +4,13 @@ Builds the wheel from a copy of exactly what the Dockerfile copies (pyproject.to
 app/), installs it into a new venv in tmp_path (dependencies from the pip cache / configured
 index), then from a cwd outside the checkout, without PYTHONPATH or any QL_ variable of this
 environment: ``qinglong migrate``, ``qinglong token bootstrap``, ``qinglong serve``, one run
-over HTTP, its log, and a SIGTERM stop that leaves nothing behind (docs/packaging.md).
+over HTTP, its log, the installed client's ``qinglong runs show`` of it, and a SIGTERM stop that
+leaves nothing behind (docs/packaging.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import REPO_ROOT, Served, free_port, spawn_served
@@ -36,6 +39,11 @@ PACKAGE_DATA = (
     "app/storage/migrations/script.py.mako",
     "app/storage/migrations/versions/0001_initial.py",
     "app/worker/shim.py",
+    # The web UI (docs/ui.md): tests/unit/test_ui_static.py holds every file to the globs.
+    "app/ui/static/index.html",
+    "app/ui/static/js/main.js",
+    "app/ui/static/js/pages/run.js",
+    "app/ui/static/i18n/zh-CN.json",
 )
 
 
@@ -147,6 +155,14 @@ def test_a_built_wheel_installed_outside_the_checkout_migrates_serves_and_runs_a
             run = wait_status(served, run_id, {"succeeded", "failed", "lost"}, timeout=60)
             assert run["status"] == "succeeded", run
             assert read_log(served, run_id) == b"hello-from-the-wheel\n"
+            # The client commands run from the install too (httpx is a runtime dependency).
+            shown = _run(
+                [str(qinglong), "runs", "show", run_id, "--json", "--url", served.base_url],
+                cwd=outside, env=env | {"QL_TOKEN": token},
+            )  # fmt: skip
+            assert json.loads(shown)["status"] == "succeeded"
+            ui = httpx.get(f"{served.base_url}/ui/js/main.js", timeout=10)
+            assert ui.status_code == 200 and "javascript" in ui.headers["content-type"]
         finally:
             code = served.stop()
         assert code == 0, served.log()

@@ -67,9 +67,9 @@ class Rig:
             recipe=None, timeout_seconds=None, priority=0,
         )
 
-    def arm(self, *, deadline_at_ms: int | None = None) -> Armed:
+    def arm(self, *, deadline_at_ms: int | None = None, task: str = "job") -> Armed:
         """Enqueue a run and commit T1 (dispatching/starting) with a deadline."""
-        run, _ = self.runs.enqueue_run(task="job", revision=1, priority=None)
+        run, _ = self.runs.enqueue_run(task=task, revision=1, priority=None)
         assert run.latest_attempt is not None
         token = new_callback_token()
         self.runs.begin_dispatch(

@@ -87,8 +87,11 @@ def test_an_unverifiable_handle_is_lost_without_any_signal(rig: Rig) -> None:
 
 
 def test_starting_without_a_journaled_spawn_is_fenced_then_requeued(rig: Rig) -> None:
-    a = rig.arm()  # T1 committed; the api died before it reached the worker
+    # The worker is up before T1, so the attempt's age at the first pass is the pass's own
+    # latency, not the worker's start-up time (which, on a loaded host, passed the grace).
     rig.worker.start()
+    a = rig.arm()  # T1 committed; the api died before it reached the worker
+    assert rig.worker.client.wake(reconcile=True)
     assert rig.run(a).status == "dispatching"  # young: the launch may still be on its way
     rig.past_start_grace(a)
     assert rig.worker.client.wake(reconcile=True)

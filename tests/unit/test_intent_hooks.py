@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -192,5 +193,35 @@ def test_the_slow_loop_ticks_at_the_budget_poll_pace_only_while_soon_says_so() -
         waiting.set()
         background.enqueued()  # the loop re-reads ``soon`` once it wakes
         assert all(ticks.acquire(timeout=5) for _ in range(3))
+    finally:
+        background.stop()
+
+
+def test_the_slow_loop_wakes_at_the_earliest_retry_and_not_before() -> None:
+    """docs/retries.md §2: interval 1 h; the loop sleeps until the next retry is due (read
+    again after every wake), and with none waiting it does not tick at all."""
+    ticks: list[float] = []
+    due: list[float | None] = [None]
+    ticked = threading.Event()
+    clock = threading.Event()
+
+    def periodic() -> None:
+        ticks.append(time.monotonic())
+        due[0] = None  # the retry started: nothing else waits
+        ticked.set()
+
+    background = Background(
+        on_enqueued=None, periodic=periodic, interval_s=3600.0,
+        next_due_s=lambda: due[0],
+    )  # fmt: skip
+    background.start()
+    try:
+        assert not clock.wait(0.3) and ticks == []  # no retry waiting: no tick, no poll
+        due[0] = 0.4
+        set_at = time.monotonic()
+        background.enqueued()  # any wake re-reads the earliest retry
+        assert ticked.wait(5)
+        assert ticks[0] - set_at >= 0.35  # not before its instant
+        assert not clock.wait(0.3) and len(ticks) == 1
     finally:
         background.stop()

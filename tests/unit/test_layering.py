@@ -34,5 +34,6 @@ def test_the_contracts_name_every_rule_of_the_design() -> None:
         "the api process never loads the supervisor",
         "the supervisor dispatches nothing",
         "the api reaches the worker through its socket only",
+        "the cli client talks HTTP only",
     ):
         assert rule in text

@@ -13,10 +13,11 @@ COMMITTED = Path(__file__).resolve().parents[2] / "api-schemas" / "openapi.json"
 OPERATION_IDS = {
     "tasks-put-revision", "tasks-list", "tasks-get", "tasks-list-revisions",
     "tasks-get-revision", "recipes-create", "recipes-get", "secrets-put", "secrets-list",
-    "secrets-delete", "runs-create", "runs-cancel", "runs-list", "runs-get",
-    "runs-list-attempts", "runs-list-events", "runs-get-log", "healthz", "readyz",
+    "secrets-delete", "runs-create", "runs-cancel", "runs-rerun", "runs-list", "runs-get",
+    "runs-list-attempts", "runs-list-events", "runs-get-log", "healthz", "readyz", "metrics",
     "schedules-put", "schedules-get", "schedules-list", "schedules-pause", "schedules-resume",
     "schedules-delete", "schedules-decisions",
+    "tasks-get-retention", "tasks-put-retention", "runs-pin", "runs-unpin", "system-storage",
 }  # fmt: skip
 
 

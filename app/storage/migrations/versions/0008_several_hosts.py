@@ -7,7 +7,7 @@ times out, cancels and sweeps only what its own host ran. All columns are nullab
 written before this revision belong to the single worker of that time.
 
 Revision ID: 0008
-Revises: 0004
+Revises: 0007
 Create Date: 2026-12-01
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0008"
-down_revision = "0004"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

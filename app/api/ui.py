@@ -1,0 +1,74 @@
+"""The web UI at ``/ui``: static files shipped in the package, and the security headers.
+
+The UI is one more client of the public REST API (docs/ui.md): plain HTML, CSS and
+JavaScript modules from ``app/ui/static`` (package data), no build step, nothing fetched from
+anywhere but this origin. Every response of the app carries ``X-Content-Type-Options:
+nosniff`` and ``Referrer-Policy: no-referrer``; those under ``/ui`` also carry a strict
+Content-Security-Policy (no inline script or style, ``frame-ancestors 'none'``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
+UI_PREFIX = "/ui"
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+_EVERY_RESPONSE = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
+_UI_RESPONSES = [
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    # Revalidate every time (ETag / Last-Modified answer 304): an upgrade shows at once.
+    (b"cache-control", b"no-cache"),
+]
+
+
+class SecurityHeaders:
+    """Adds the headers above to every HTTP response start (pure ASGI, streams untouched)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        extra = list(_EVERY_RESPONSE)
+        if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
+            extra += _UI_RESPONSES
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in extra}
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                message = {**message, "headers": [*kept, *extra]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def install_ui(app: FastAPI) -> None:
+    """Serve the UI at ``/ui/`` (``/ui`` redirects there); outside the OpenAPI document."""
+
+    async def ui_root(request: Request) -> RedirectResponse:
+        return RedirectResponse(f"{UI_PREFIX}/", status_code=308)
+
+    # A plain Starlette route, like the docs routes: API routes are all StrictJSONRoute.
+    app.add_route(UI_PREFIX, ui_root, methods=["GET", "HEAD"], include_in_schema=False)
+    app.mount(UI_PREFIX, StaticFiles(directory=STATIC_DIR, html=True), name="ui")

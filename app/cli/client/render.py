@@ -1,0 +1,242 @@
+"""Human-readable output of the client commands: tables, times, one-line messages.
+
+Pure functions (tests/unit/test_cli_client_render.py). Every string the server sends back
+(task names, details, error codes) is made safe for a terminal first: control characters
+would otherwise let a crafted name move the cursor or rewrite the screen.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+
+_ELLIPSIS = "…"
+
+
+def safe(text: object) -> str:
+    """``text`` with every control or format character shown as ``\\xNN`` / ``\\uNNNN``."""
+    out = []
+    for ch in str(text):
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def one_line(text: object, *, limit: int = 300) -> str:
+    """``text`` on one line (runs of whitespace become one space), safe, at most ``limit``."""
+    flat = safe(" ".join(str(text).split()))
+    return flat if len(flat) <= limit else flat[: limit - 1] + _ELLIPSIS
+
+
+def when(ms: int | None, *, tz: tzinfo | None = None) -> str:
+    """Epoch milliseconds as local ``YYYY-MM-DD HH:MM:SS`` (``-`` for none)."""
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC).astimezone(tz)
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def duration(start_ms: int | None, end_ms: int | None) -> str:
+    """``1h02m``, ``3m05s``, ``4.2s`` between two instants; ``-`` when either is missing."""
+    if start_ms is None or end_ms is None:
+        return "-"
+    seconds = max(0, end_ms - start_ms) / 1000
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, width: int = 40) -> str:
+    """Left-aligned columns separated by two spaces; cells cut at ``width`` characters."""
+    cells = [[one_line("-" if c is None else c, limit=width) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = [headers, *cells]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in lines
+    )
+
+
+def fields(pairs: Sequence[tuple[str, object]]) -> str:
+    """``key: value`` lines with the values aligned."""
+    pad = max((len(k) for k, _ in pairs), default=0)
+    return "\n".join(
+        f"{(k + ':' if k else '').ljust(pad + 1)} {one_line(v, limit=500)}" for k, v in pairs
+    )
+
+
+def attempt_outcome(attempt: Mapping[str, Any] | None) -> str:
+    """``exit 0``, ``signal 9``, ``EXECUTOR_START_FAILED`` or ``-`` for an attempt."""
+    if not attempt:
+        return "-"
+    parts = []
+    if attempt.get("exit_code") is not None:
+        parts.append(f"exit {attempt['exit_code']}")
+    if attempt.get("signal") is not None:
+        parts.append(f"signal {attempt['signal']}")
+    if attempt.get("error_code"):
+        parts.append(str(attempt["error_code"]))
+    return ", ".join(parts) or "-"
+
+
+def trigger(run: Mapping[str, Any]) -> str:
+    """``manual`` or ``schedule NAME``."""
+    trig = run.get("trigger") or {}
+    if trig.get("kind") == "schedule":
+        return f"schedule {trig.get('schedule') or '?'}"
+    return str(trig.get("kind") or "manual")
+
+
+def runs_table(runs: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
+    """The ``runs list`` table, in the API's order (newest first)."""
+    rows = [
+        (
+            r["id"],
+            r["task"],
+            r["revision"],
+            r["status"],
+            when(r.get("created_at_ms"), tz=tz),
+            duration(r.get("started_at_ms"), r.get("finished_at_ms")),
+            attempt_outcome(r.get("latest_attempt")),
+        )
+        for r in runs
+    ]
+    return table(("RUN", "TASK", "REV", "STATUS", "CREATED", "TOOK", "OUTCOME"), rows)
+
+
+def run_fields(run: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
+    """The ``runs show`` block of one run."""
+    attempt = run.get("latest_attempt") or {}
+    cancel = run.get("cancel_requested")
+    log = attempt.get("log") or {}
+    pairs: list[tuple[str, object]] = [
+        ("run", run["id"]),
+        ("task", f"{run['task']} (revision {run['revision']})"),
+        ("status", run["status"]),
+        ("trigger", trigger(run)),
+        ("priority", run.get("priority")),
+        ("created", when(run.get("created_at_ms"), tz=tz)),
+        ("started", when(run.get("started_at_ms"), tz=tz)),
+        ("finished", when(run.get("finished_at_ms"), tz=tz)),
+        ("took", duration(run.get("started_at_ms"), run.get("finished_at_ms"))),
+    ]
+    if cancel:
+        pairs.append(("cancel", f"{cancel.get('reason')} at {when(cancel.get('at_ms'), tz=tz)}"))
+    if attempt:
+        pairs.append(
+            ("attempt", f"{attempt['number']} {attempt['status']}: {attempt_outcome(attempt)}")
+        )
+        size = f"{log.get('bytes', 0)} bytes"
+        if log.get("truncated"):
+            reason = log.get("truncation_reason") or "quota"
+            size += f", truncated ({log.get('dropped_bytes', 0)} bytes dropped: {reason})"
+        pairs.append(("log", size))
+    return fields(pairs)
+
+
+def attempts_table(attempts: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
+    """The attempts of one run."""
+    rows = [
+        (
+            a["number"],
+            a["status"],
+            when(a.get("started_at_ms"), tz=tz),
+            duration(a.get("started_at_ms"), a.get("finished_at_ms")),
+            attempt_outcome(a),
+        )
+        for a in attempts
+    ]
+    return table(("ATTEMPT", "STATUS", "STARTED", "TOOK", "OUTCOME"), rows)
+
+
+def tasks_table(tasks: Sequence[Mapping[str, Any]]) -> str:
+    """The ``tasks list`` table."""
+    return table(("TASK", "LATEST"), [(t["task"], t["latest_revision"]) for t in tasks])
+
+
+def task_fields(task: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
+    """The ``tasks show`` block: the task and its latest revision."""
+    rev = task.get("latest") or {}
+    pairs: list[tuple[str, object]] = [
+        ("task", task["task"]),
+        ("latest revision", task["latest_revision"]),
+        ("argv", " ".join(_quote(a) for a in rev.get("argv", []))),
+        ("cwd", rev.get("cwd") or "-"),
+        ("recipe", rev.get("recipe") or "-"),
+        ("timeout", f"{rev['timeout_seconds']} s" if rev.get("timeout_seconds") else "-"),
+        ("priority", rev.get("priority", 0)),
+        ("leftovers", rev.get("leftovers", "kill")),
+        ("max concurrent", rev.get("max_concurrent") or "-"),
+        ("run as", rev.get("run_as") or "-"),
+        ("digest", rev.get("digest", "-")),
+        ("created", when(rev.get("created_at_ms"), tz=tz)),
+    ]
+    return fields(pairs)
+
+
+def every(schedule: Mapping[str, Any]) -> str:
+    """``every 60s`` or ``cron 0 * * * *`` for a schedule."""
+    if schedule.get("every_seconds"):
+        return f"every {schedule['every_seconds']}s"
+    return "cron " + " | ".join(schedule.get("cron") or [])
+
+
+def _next(schedule: Mapping[str, Any], tz: tzinfo | None) -> str:
+    fires = schedule.get("next_fires") or []
+    return when(fires[0]["at_ms"], tz=tz) if fires else "-"
+
+
+def schedules_table(schedules: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
+    """The ``schedules list`` table."""
+    rows = [
+        (
+            s["name"],
+            s["task"],
+            every(s),
+            s.get("timezone"),
+            "paused" if s.get("paused") else "active",
+            _next(s, tz),
+        )
+        for s in schedules
+    ]
+    return table(("SCHEDULE", "TASK", "WHEN", "ZONE", "STATE", "NEXT"), rows)
+
+
+def schedule_fields(schedule: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
+    """The ``schedules show`` block, with the next fire times in local time and the zone's."""
+    rev = schedule.get("revision")
+    pairs: list[tuple[str, object]] = [
+        ("schedule", schedule["name"]),
+        ("task", f"{schedule['task']} ({'latest' if rev is None else f'revision {rev}'})"),
+        ("when", every(schedule)),
+        ("zone", schedule.get("timezone")),
+        ("state", "paused" if schedule.get("paused") else "active"),
+        ("overlap", f"{schedule.get('overlap')} (max {schedule.get('max_concurrent')})"),
+        (
+            "catch-up",
+            f"{schedule.get('catchup')} within {schedule.get('catchup_window_seconds')} s",
+        ),
+        ("jitter", f"{schedule.get('jitter_seconds', 0)} s"),
+        ("version", schedule.get("version")),
+        ("updated", when(schedule.get("updated_at_ms"), tz=tz)),
+    ]
+    for i, fire in enumerate(schedule.get("next_fires") or []):
+        pairs.append(("next" if i == 0 else "", f"{when(fire['at_ms'], tz=tz)}  ({fire['local']})"))
+    return fields(pairs)
+
+
+def _quote(arg: str) -> str:
+    if arg and all(c.isalnum() or c in "-_./=:,+@%" for c in arg):
+        return arg
+    return "'" + arg.replace("'", "'\\''") + "'"

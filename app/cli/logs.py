@@ -1,0 +1,215 @@
+"""``qinglong logs audit``: bounded audit of log files no attempt row names (docs/retention.md §6).
+
+The sibling of ``qinglong receipts audit`` (docs/design.md §3.15), with the same bounds: a
+window of shards from an explicit cursor (default 8, at most 32), at most ``--per-shard``
+entries each (default 32, at most 64), incremental ``os.scandir``, file contents never read,
+database read-only. The retention sweep never lists a directory; files it cannot know of
+(a restored backup, a crash of a version before retention, rows deleted by hand) are this
+command's business.
+
+Classes: ``registered`` (the attempt's row says the log is there), ``expiring`` (the sweep
+is between its marks: it finishes the file itself), ``expired_leftover`` (the row says
+expired but the file is there: only a crash between the unlink and its fsync, replayed by a
+power cut, can leave one), ``orphan`` (no attempt row at all), ``young`` (unregistered but
+newer than ``--min-age-s``), ``other`` (a name that is no attempt's), ``unsafe`` (not a
+regular file). ``orphan``, ``expired_leftover`` and ``other`` older than the minimum age are
+*eligible*; only ``--quarantine`` moves them, by hard link + unlink into a private 0700
+``.orphan-quarantine``. It never deletes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from app.cli.common import database
+from app.cli.receipts import (
+    DEFAULT_MIN_AGE_S,
+    DEFAULT_PER_SHARD,
+    DEFAULT_SHARDS,
+    MAX_PER_SHARD,
+    MAX_SHARDS,
+    SHARD_COUNT,
+    AuditRefused,
+    AuditReport,
+    _checked_root,
+    _move,
+    _parse_shard,
+    _under_root,
+)
+from app.domain.artifacts import shard_of
+from app.domain.ids import UUID7_PATTERN
+from app.storage.tables import attempts
+
+# The log, its truncation fact and the fact's temp: all named by the attempt id.
+_LOG_FILE = re.compile(rf"^\.?({UUID7_PATTERN})\.log(\.truncated(\.tmp)?)?$")
+
+
+def register(sub: Any) -> None:
+    """Add ``logs audit`` to the parser."""
+    logs = sub.add_parser("logs", help="log file maintenance")
+    lsub = logs.add_subparsers(dest="logs_command", metavar="ACTION", required=True)
+    audit = lsub.add_parser("audit", help="bounded audit of log files no attempt names")
+    audit.add_argument(
+        "--quarantine",
+        action="store_true",
+        help="move eligible files into .orphan-quarantine (default: report only)",
+    )
+    audit.add_argument("--shard", default="00", help="first shard, two hex digits (cursor)")
+    audit.add_argument(
+        "--shards", type=int, default=DEFAULT_SHARDS, help=f"shards to audit (1..{MAX_SHARDS})"
+    )
+    audit.add_argument(
+        "--per-shard",
+        type=int,
+        default=DEFAULT_PER_SHARD,
+        help=f"entries per shard (1..{MAX_PER_SHARD})",
+    )
+    audit.add_argument(
+        "--min-age-s",
+        type=float,
+        default=DEFAULT_MIN_AGE_S,
+        help="only files older than this are eligible",
+    )
+    audit.set_defaults(handler=cmd_audit)
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Run one bounded audit window and print counts and the next shard cursor."""
+    start = _parse_shard(args.shard)
+    if not 1 <= args.shards <= MAX_SHARDS:
+        raise ValueError(f"--shards must be between 1 and {MAX_SHARDS}")
+    if not 1 <= args.per_shard <= MAX_PER_SHARD:
+        raise ValueError(f"--per-shard must be between 1 and {MAX_PER_SHARD}")
+    if not args.min_age_s >= 0:
+        raise ValueError("--min-age-s must be zero or more")
+    try:
+        with database(args) as (settings, engine):
+            report = audit(
+                root=settings.logs_dir,
+                engine=engine,
+                start=start,
+                shards=args.shards,
+                per_shard=args.per_shard,
+                min_age_s=args.min_age_s,
+                quarantine=args.quarantine,
+            )
+    except AuditRefused as exc:
+        print(f"qinglong: logs audit refused: {exc}", file=sys.stderr)
+        return 1
+    for name in sorted(report.counts):
+        print(f"{name}: {report.counts[name]}")
+    if args.quarantine:
+        print(f"moved: {report.moved}")
+    if report.overflow:
+        print(f"overflow shards: {' '.join(report.overflow)}")
+    print(f"next shard: {report.next_shard}")
+    return 0
+
+
+def audit(
+    *,
+    root: Path,
+    engine: Engine,
+    start: int,
+    shards: int,
+    per_shard: int,
+    min_age_s: float,
+    quarantine: bool,
+    now: float | None = None,
+) -> AuditReport:
+    """Classify (and optionally quarantine) one bounded window of log shards."""
+    report = AuditReport(counts=Counter(), next_shard=f"{(start + shards) % SHARD_COUNT:02x}")
+    real_root = _checked_root(root)
+    if real_root is None:
+        return report  # no logs yet
+    cutoff = (time.time() if now is None else now) - min_age_s
+    for i in range(shards):
+        shard = f"{(start + i) % SHARD_COUNT:02x}"
+        entries = _scan(real_root, shard, per_shard + 1)
+        if entries is None:
+            continue
+        overflow = len(entries) > per_shard
+        if overflow:
+            report.overflow.append(shard)
+            entries = entries[:per_shard]
+        states = _log_states(engine, {a for _, a, _ in entries if a is not None})
+        for name, attempt_id, st in entries:
+            verdict = _classify(attempt_id, st, states, cutoff)
+            report.counts[verdict] += 1
+            if verdict in _ELIGIBLE and st.st_mtime <= cutoff and quarantine and not overflow:
+                entry = _Entry(name, st.st_ino)
+                if _move(real_root, shard, entry):  # type: ignore[arg-type]
+                    report.moved += 1
+                else:
+                    report.counts["move_skipped"] += 1
+    return report
+
+
+_ELIGIBLE = frozenset({"orphan", "expired_leftover", "other"})
+
+
+class _Entry:
+    """What ``app.cli.receipts._move`` reads of an entry: its name and inode."""
+
+    def __init__(self, name: str, inode: int) -> None:
+        self.name = name
+        self.inode = inode
+
+
+def _scan(
+    real_root: Path, shard: str, limit: int
+) -> list[tuple[str, str | None, os.stat_result]] | None:
+    """At most ``limit`` (name, attempt id, lstat) of one shard, without reading any file."""
+    path = real_root / shard
+    if not _under_root(real_root, path):
+        return None
+    out: list[tuple[str, str | None, os.stat_result]] = []
+    with os.scandir(path) as it:
+        for dent in it:
+            st = dent.stat(follow_symlinks=False)
+            m = _LOG_FILE.match(dent.name)
+            attempt = m.group(1) if m and shard_of(m.group(1)) == shard else None
+            out.append((dent.name, attempt, st))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _log_states(engine: Engine, attempt_ids: set[str]) -> dict[str, str]:
+    """attempt id → ``present`` / ``expiring`` / ``expired`` for the ids that have a row."""
+    if not attempt_ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(attempts.c.id, attempts.c.log_state).where(
+                attempts.c.id.in_(sorted(attempt_ids))
+            )
+        ).all()
+    return {r.id: r.log_state or "present" for r in rows}
+
+
+def _classify(
+    attempt_id: str | None, st: os.stat_result, states: dict[str, str], cutoff: float
+) -> str:
+    if not stat.S_ISREG(st.st_mode):
+        return "unsafe"
+    if attempt_id is None:
+        return "other" if st.st_mtime <= cutoff else "young"
+    state = states.get(attempt_id)
+    if state == "present":
+        return "registered"
+    if state == "expiring":
+        return "expiring"  # the sweep finishes it: never moved here
+    if st.st_mtime > cutoff:
+        return "young"
+    return "expired_leftover" if state == "expired" else "orphan"

@@ -1,0 +1,117 @@
+"""Prometheus metrics for ``GET /metrics`` (docs/metrics.md).
+
+Two sources, so that the answer is the same whichever api process a scrape reaches:
+
+- **The database**, read at each scrape: runs by status, ended runs by error code, the queue,
+  attempts starting and running, journal entries by state, log bytes. Every api process
+  reads the same rows.
+- **Observations** made by the process that did the work: the dispatch pass duration and
+  created→started. Under ``qinglong api`` (several uvicorn workers) ``PROMETHEUS_MULTIPROC_DIR``
+  is set before any worker starts (app/cli/serve.py), so prometheus-client keeps each
+  process's histograms in its own file there and a scrape sums them all; without it (one
+  process, the in-process tests) they live in this process.
+
+Labels are statuses, stable error codes and journal states only: never a task name, argv,
+environment value or output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, values
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine
+
+from app.storage.metrics_reads import MetricsSnapshot, read_snapshot
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_PROCESS = CollectorRegistry(auto_describe=True)
+DISPATCH_PASS = Histogram(
+    "qinglong_dispatch_pass_seconds",
+    "Duration of one dispatch pass (one bounded page of queued runs, at most one launch).",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    registry=_PROCESS,
+)
+CREATED_TO_STARTED = Histogram(
+    "qinglong_created_to_started_seconds",
+    "From a run's creation to its attempt reaching running.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+    registry=_PROCESS,
+)
+
+
+def prepare_multiprocess_dir(path: Path) -> None:
+    """Empty (or create, 0700) the directory the api processes keep their histograms in.
+
+    Called once by ``qinglong api`` before uvicorn starts its workers: files of an earlier
+    service lifetime would otherwise be summed into this one's figures.
+    """
+    if path.is_symlink():
+        raise RuntimeError(f"{path} is a symlink; refusing to use it for metrics")
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(mode=0o700, parents=True)
+
+
+class _Database(Collector):
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        return _families(read_snapshot(self._engine))
+
+
+def _families(snap: MetricsSnapshot) -> list[Metric]:
+    runs = GaugeMetricFamily("qinglong_runs", "Runs by status.", labels=["status"])
+    for status, n in sorted(snap.runs_by_status.items()):
+        runs.add_metric([status], n)
+    queue = GaugeMetricFamily("qinglong_queue_depth", "Runs queued, waiting for dispatch.")
+    queue.add_metric([], snap.runs_by_status.get("queued", 0))
+    ended = GaugeMetricFamily(
+        "qinglong_runs_ended",
+        "Ended runs by status and the error code of their last attempt ('' when none).",
+        labels=["status", "error_code"],
+    )
+    for (status, code), n in sorted(snap.ended_by_code.items()):
+        ended.add_metric([status, code], n)
+    active = GaugeMetricFamily(
+        "qinglong_attempts_active",
+        "Attempts starting or running (each running attempt has one live shim).",
+        labels=["status"],
+    )
+    for status, n in sorted(snap.attempts_active.items()):
+        active.add_metric([status], n)
+    journal = GaugeMetricFamily(
+        "qinglong_journal_entries",
+        "Receipt journal entries not yet consumed, by state: spawned counts live shims and "
+        "receipts waiting for the worker; quarantined counts receipts set aside.",
+        labels=["state"],
+    )
+    for state, n in sorted(snap.journal_by_state.items()):
+        journal.add_metric([state], n)
+    log_bytes = GaugeMetricFamily("qinglong_log_bytes", "Bytes of job logs recorded.")
+    log_bytes.add_metric([], snap.log_bytes)
+    return [runs, queue, ended, active, journal, log_bytes]
+
+
+def render(engine: Engine) -> bytes:
+    """The exposition text: this service's observations, then the database's counts."""
+    observed = _PROCESS
+    path = os.environ.get(MULTIPROC_ENV)
+    # Only when this process's own values went to files: a process that imported
+    # prometheus-client before the variable was set (``qinglong api --workers 1`` serves in
+    # the process that set it) keeps them in memory and must report those.
+    if path and values.ValueClass is not values.MutexValue:
+        observed = CollectorRegistry()
+        MultiProcessCollector(observed, path=path)  # type: ignore[no-untyped-call]
+    database = CollectorRegistry(auto_describe=False)
+    database.register(_Database(engine))
+    return generate_latest(observed) + generate_latest(database)

@@ -1,0 +1,81 @@
+// Times, sizes, statuses and attempt endings in words.
+
+import { h, raw } from './dom.js';
+import { has, language, t } from './i18n.js';
+
+export const TERMINAL = new Set(['succeeded', 'failed', 'cancelled', 'timed_out', 'lost']);
+export const RUN_STATUSES = ['queued', 'dispatching', 'running', 'succeeded', 'failed', 'cancelled', 'timed_out', 'lost'];
+const STATUS_MARK = {
+  queued: '◌', dispatching: '◔', running: '▶', claimed: '◌', starting: '◔',
+  succeeded: '✓', failed: '✗', cancelled: '⊘', timed_out: '◷', lost: '?',
+};
+const SIGNALS = {
+  1: 'SIGHUP', 2: 'SIGINT', 3: 'SIGQUIT', 4: 'SIGILL', 6: 'SIGABRT', 7: 'SIGBUS', 8: 'SIGFPE',
+  9: 'SIGKILL', 10: 'SIGUSR1', 11: 'SIGSEGV', 12: 'SIGUSR2', 13: 'SIGPIPE', 14: 'SIGALRM',
+  15: 'SIGTERM', 24: 'SIGXCPU', 25: 'SIGXFSZ',
+};
+
+/** A status as a coloured badge that also reads as a word (and a mark for colour-blind eyes). */
+export function statusBadge(status) {
+  const label = has(`status.${status}`) ? t(`status.${status}`) : null;
+  return h('span', { class: `status status-${status}`, dataset: { status } },
+    h('span', { class: 'mark', 'aria-hidden': 'true' }, STATUS_MARK[status] || '•'),
+    ' ',
+    label === null ? raw(status) : label);
+}
+
+/** Local date and time for ms since the epoch. */
+export function localTime(ms) {
+  if (ms === null || ms === undefined) return '—';
+  return new Date(ms).toLocaleString(language(), { hour12: false });
+}
+
+/** UTC in ISO 8601, to the second. */
+export function utcTime(ms) {
+  if (ms === null || ms === undefined) return '—';
+  return new Date(ms).toISOString().replace(/\.\d{3}Z$/, 'Z');
+}
+
+/** A <time> with the local time shown and UTC on hover. */
+export function timeEl(ms) {
+  if (ms === null || ms === undefined) return h('span', { class: 'muted' }, '—');
+  return h('time', { datetime: new Date(ms).toISOString(), title: utcTime(ms) }, localTime(ms));
+}
+
+export function duration(startMs, endMs) {
+  if (!startMs) return '—';
+  const s = Math.max(0, Math.round(((endMs || Date.now()) - startMs) / 1000));
+  if (s < 60) return t('time.seconds', { n: s });
+  if (s < 3600) return t('time.minutes', { m: Math.floor(s / 60), s: s % 60 });
+  return t('time.hours', { h: Math.floor(s / 3600), m: Math.floor((s % 3600) / 60) });
+}
+
+export function bytes(n) {
+  if (n === null || n === undefined) return '—';
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let v = Number(n);
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return `${i === 0 ? v : v.toFixed(1)} ${units[i]}`;
+}
+
+/** How an attempt ended, in words: exit code, signal and error code each explained. */
+export function explainEnding(a) {
+  const parts = [];
+  if (a.exit_code !== null && a.exit_code !== undefined) {
+    parts.push(a.exit_code === 0 ? t('ending.exit_zero') : t('ending.exit_code', { code: a.exit_code }));
+  }
+  if (a.signal !== null && a.signal !== undefined) {
+    parts.push(t('ending.signal', { signal: a.signal, name: SIGNALS[a.signal] || '?' }));
+  }
+  if (a.error_code) {
+    const key = `code.${a.error_code}`;
+    parts.push(has(key) ? t(key) : t('ending.error_code'));
+  }
+  if (!parts.length) parts.push(TERMINAL.has(a.status) ? t('ending.none') : t('ending.not_yet'));
+  return parts.join(' ');
+}
+
+export function shortId(id) {
+  return id ? id.slice(-12) : '';
+}

@@ -1,0 +1,139 @@
+// Start-up, the hash router and the frame (navigation, language switch, sign-out).
+
+import { onUnauthorized, session } from './api.js';
+import { h, put } from './dom.js';
+import { LANGUAGES, language, loadLanguage, preferredLanguage, t } from './i18n.js';
+import { runsPage } from './pages/runs.js';
+import { runPage } from './pages/run.js';
+import { tasksPage, taskPage } from './pages/tasks.js';
+import { schedulesPage, schedulePage } from './pages/schedules.js';
+import { secretsPage } from './pages/secrets.js';
+import { systemPage } from './pages/system.js';
+import { signInPage } from './pages/signin.js';
+
+const ROUTES = [
+  [/^runs$/, runsPage, 'runs'],
+  [/^runs\/([^/]+)$/, runPage, 'runs'],
+  [/^tasks$/, tasksPage, 'tasks'],
+  [/^tasks\/([^/]+)$/, taskPage, 'tasks'],
+  [/^schedules$/, schedulesPage, 'schedules'],
+  [/^schedules\/([^/]+)$/, schedulePage, 'schedules'],
+  [/^secrets$/, secretsPage, 'secrets'],
+  [/^system$/, systemPage, 'system'],
+];
+const NAV = ['runs', 'tasks', 'schedules', 'secrets', 'system'];
+
+let stopPage = () => {};
+let signInMessage = null;
+let rendered = false;
+
+function parseHash() {
+  const hash = location.hash.replace(/^#\/?/, '');
+  const [p, q] = hash.split('?', 2);
+  return { path: p, params: new URLSearchParams(q || '') };
+}
+
+/** Go to a route of the UI, e.g. go('runs', {task: 'x'}). */
+export function go(where, params) {
+  const q = params ? new URLSearchParams(Object.entries(params).filter(([, v]) => v)).toString() : '';
+  const target = `#/${where}${q ? `?${q}` : ''}`;
+  if (location.hash === target) render();
+  else location.hash = target;
+}
+
+export function notify(text, kind = 'info') {
+  const box = document.getElementById('notice');
+  put(box, text ? h('p', { class: `notice notice-${kind}` }, text) : null);
+}
+
+function frame(active) {
+  const nav = document.getElementById('nav');
+  const signedIn = Boolean(session.token);
+  nav.hidden = !signedIn;
+  nav.setAttribute('aria-label', t('nav.label'));
+  put(nav, NAV.map((name) => h('a', {
+    href: `#/${name}`,
+    class: name === active ? 'active' : null,
+    'aria-current': name === active ? 'page' : null,
+  }, t(`nav.${name}`))));
+  const out = document.getElementById('signout');
+  out.hidden = !signedIn;
+  out.textContent = t('signin.signout');
+  document.getElementById('skip-link').textContent = t('nav.skip');
+  document.getElementById('lang-label').textContent = t('nav.language');
+  const select = document.getElementById('lang');
+  select.setAttribute('aria-label', t('nav.language'));
+  put(select, Object.entries(LANGUAGES).map(([code, name]) =>
+    h('option', { value: code, selected: code === language(), lang: code }, name)));
+}
+
+function render() {
+  stopPage();
+  stopPage = () => {};
+  const view = document.getElementById('view');
+  const { path, params } = parseHash();
+  if (!session.token || path === 'signin') {
+    frame(null);
+    document.title = `${t('signin.title')} · qinglong-control`;
+    const message = signInMessage;
+    signInMessage = null;
+    // Back to where the user was headed: the page asked for, or ?next= of #/signin.
+    const next = path === 'signin' ? params.get('next') : location.hash.replace(/^#\/?/, '');
+    view.setAttribute('aria-busy', 'false');
+    rendered = true;
+    signInPage(view, {
+      message,
+      onDone: () => {
+        const target = `#/${next || 'runs'}`;
+        if (location.hash === target) render();
+        else location.hash = target;
+      },
+    });
+    return;
+  }
+  for (const [re, page, section] of ROUTES) {
+    const m = re.exec(path);
+    if (!m) continue;
+    frame(section);
+    document.title = `${t(`nav.${section}`)} · qinglong-control`;
+    notify(null);
+    const controller = new AbortController();
+    const args = m.slice(1).map((s) => decodeURIComponent(s));
+    put(view, h('p', { class: 'loading' }, t('common.loading')));
+    // aria-busy until the page drew its first data (the browser tests wait for it too).
+    view.setAttribute('aria-busy', 'true');
+    const ready = () => { if (!controller.signal.aborted) view.setAttribute('aria-busy', 'false'); };
+    const stop = page(view, { args, params, signal: controller.signal, ready });
+    stopPage = () => { controller.abort(); if (typeof stop === 'function') stop(); };
+    // After a navigation the keyboard (and a screen reader) starts at the new content.
+    if (rendered) view.focus({ preventScroll: true });
+    rendered = true;
+    return;
+  }
+  go('runs');
+}
+
+async function start() {
+  await loadLanguage(preferredLanguage());
+  onUnauthorized(() => {
+    session.signOut();
+    signInMessage = t('signin.expired');
+    const { path } = parseHash();
+    location.hash = `#/signin${path && path !== 'signin' ? `?next=${encodeURIComponent(path)}` : ''}`;
+  });
+  document.getElementById('lang').addEventListener('change', async (ev) => {
+    await loadLanguage(ev.target.value, true);
+    render();
+  });
+  document.getElementById('signout').addEventListener('click', () => {
+    session.signOut();
+    stopPage();
+    stopPage = () => {};
+    notify(null);
+    location.hash = '#/signin';
+  });
+  window.addEventListener('hashchange', render);
+  render();
+}
+
+start();

@@ -1,0 +1,240 @@
+// One run: status, attempts with their endings in words, the event timeline, the live log,
+// download of the whole log, cancel and (where the server has it) re-run.
+
+import { api, call, features, path } from '../api.js';
+import { h, link, put, raw } from '../dom.js';
+import { has, t } from '../i18n.js';
+import { TERMINAL, bytes, duration, explainEnding, statusBadge, timeEl } from '../format.js';
+import { LogFollower } from '../log.js';
+import { go } from '../main.js';
+import { errorBox, every, facts, resultSlot } from './common.js';
+
+const POLL_MS = 1000;
+// The page shows at most this much of a log; the download has every byte.
+const SHOWN_CHARS = 2_000_000;
+
+export function runPage(view, { args: [runId], signal, ready }) {
+  const state = { run: null, attempts: [], events: [], follower: null, followed: null };
+  const head = h('div', { class: 'page-head' });
+  const summary = h('div', { class: 'card' });
+  const actions = h('div', { class: 'actions run-actions' });
+  const result = resultSlot();
+  const attemptsBody = h('tbody');
+  const timeline = h('ol', { class: 'timeline' });
+  const logState = h('span', { class: 'log-state', 'aria-live': 'polite' });
+  const truncation = h('p', { class: 'notice notice-warn truncation', hidden: true });
+  const logText = document.createTextNode('');
+  const logBox = h('pre', { class: 'log raw', tabindex: '0', 'aria-label': t('run.log'), id: 'log' }, logText);
+  const logTitle = h('span', {});
+  const download = h('button', { type: 'button', class: 'secondary', disabled: true, on: { click: onDownload } }, t('run.download'));
+  const problem = h('div');
+  let shownDropped = false;
+
+  put(view, h('section', { class: 'page' },
+    head, problem, summary, actions, result.el,
+    h('section', { class: 'log-section', 'aria-labelledby': 'log-title' },
+      h('div', { class: 'section-head' }, h('h2', { id: 'log-title' }, t('run.log'), ' ', logTitle),
+        h('div', { class: 'log-tools' }, logState, download)),
+      truncation, logBox),
+    h('section', {}, h('h2', {}, t('run.attempts')),
+      h('div', { class: 'table-wrap' }, h('table', { class: 'attempts' },
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col' }, t('run.attempt')),
+          h('th', { scope: 'col' }, t('runs.status')),
+          h('th', { scope: 'col' }, t('run.ending')),
+          h('th', { scope: 'col', class: 'wide' }, t('run.started')),
+          h('th', { scope: 'col', class: 'wide' }, t('runs.duration')),
+          h('th', { scope: 'col' }, t('run.log_size')))),
+        attemptsBody))),
+    h('section', {}, h('h2', {}, t('run.timeline')), timeline)));
+
+  setLogState('waiting');
+  signal.addEventListener('abort', () => { if (state.follower) state.follower.stop(); });
+
+  async function refresh() {
+    try {
+      const [run, attempts, events] = await Promise.all([
+        api.get(path('runs', runId), { scope: 'runs:read', signal }),
+        api.get(path('runs', runId, 'attempts'), { scope: 'runs:read', signal }),
+        allEvents(),
+      ]);
+      problem.replaceChildren();
+      state.run = run;
+      state.attempts = attempts.items;
+      state.events = events;
+      draw();
+    } catch (err) {
+      problem.replaceChildren(errorBox(err) || '');
+      throw err;
+    }
+  }
+
+  async function allEvents() {
+    const items = [];
+    let cursor = null;
+    do {
+      const q = cursor ? `?limit=200&cursor=${encodeURIComponent(cursor)}` : '?limit=200';
+      const page = await api.get(path('runs', runId, 'events') + q, { scope: 'runs:read', signal });
+      items.push(...page.items);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return items;
+  }
+
+  function draw() {
+    const run = state.run;
+    put(head, h('h1', {}, t('run.title'), ' ', raw(run.id, 'code')), statusBadge(run.status));
+    const cancel = run.cancel_requested;
+    put(summary, facts([
+      [t('runs.task'), link(['tasks', run.task], raw(run.task))],
+      [t('run.revision'), raw(run.revision)],
+      [t('runs.trigger'), run.trigger.kind === 'schedule'
+        ? [t('runs.by_schedule'), ' ', link(['schedules', run.trigger.schedule], raw(run.trigger.schedule))]
+        : t('runs.manual')],
+      [t('run.priority'), raw(run.priority)],
+      [t('runs.created'), timeEl(run.created_at_ms)],
+      [t('run.started'), timeEl(run.started_at_ms)],
+      [t('run.finished'), timeEl(run.finished_at_ms)],
+      [t('runs.duration'), duration(run.started_at_ms, run.finished_at_ms)],
+      cancel ? [t('run.cancel_requested'), [t(`cancel.${cancel.reason}`), ' · ', timeEl(cancel.at_ms)]] : null,
+    ]));
+    drawActions(run);
+    put(attemptsBody, state.attempts.map((a) => h('tr', {},
+      h('td', {}, raw(a.number)),
+      h('td', {}, statusBadge(a.status)),
+      h('td', {}, h('span', {}, explainEnding(a)),
+        a.error_code ? [' ', raw(a.error_code, 'code')] : null),
+      h('td', { class: 'wide' }, timeEl(a.started_at_ms)),
+      h('td', { class: 'wide' }, duration(a.started_at_ms, a.finished_at_ms)),
+      h('td', {}, bytes(a.log.bytes), a.log.truncated ? [' ', h('span', { class: 'tag warn' }, t('run.truncated_short'))] : null))));
+    if (!state.attempts.length) put(attemptsBody, h('tr', {}, h('td', { colspan: '6', class: 'empty' }, t('run.no_attempts'))));
+    put(timeline, state.events.map((e) => h('li', {},
+      timeEl(e.at_ms), ' ',
+      h('span', { class: 'event-type' }, has(`event.${e.type}`) ? t(`event.${e.type}`) : raw(e.type)),
+      ' ', raw(e.type, 'code'),
+      Object.keys(e.data || {}).length
+        ? h('span', { class: 'event-data' }, ' ', raw(Object.entries(e.data).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(' ')))
+        : null)));
+    followLatest();
+    drawTruncation();
+  }
+
+  let actionsFor = null;
+  async function drawActions(run) {
+    const key = `${run.status}|${Boolean(run.cancel_requested)}`;
+    if (actionsFor === key) return;
+    actionsFor = key;
+    const { rerun } = await features();
+    const buttons = [];
+    if (!TERMINAL.has(run.status)) {
+      buttons.push(h('button', { type: 'button', class: 'danger', id: 'cancel', disabled: Boolean(run.cancel_requested), on: { click: onCancel } },
+        run.cancel_requested ? t('run.cancelling') : t('run.cancel')));
+    }
+    // Re-run: shown only when the server's OpenAPI document has POST /api/v1/runs/{run_id}/rerun.
+    if (rerun) buttons.push(h('button', { type: 'button', id: 'rerun', on: { click: onRerun } }, t('run.rerun')));
+    buttons.push(link(['runs'], t('run.back')));
+    put(actions, buttons);
+  }
+
+  async function onCancel(ev) {
+    ev.target.disabled = true;
+    try {
+      await api.post(path('runs', runId, 'cancel'), undefined, { scope: 'runs:write' });
+      result.ok(t('run.cancel_sent'));
+      actionsFor = null;
+      await refresh();
+    } catch (err) {
+      result.fail(err);
+      ev.target.disabled = false;
+    }
+  }
+
+  async function onRerun(ev) {
+    ev.target.disabled = true;
+    try {
+      const run = await api.post(path('runs', runId, 'rerun'), undefined, { scope: 'runs:write' });
+      go(`runs/${encodeURIComponent(run.id)}`);
+    } catch (err) {
+      result.fail(err);
+      ev.target.disabled = false;
+    }
+  }
+
+  function followLatest() {
+    const latest = state.attempts[state.attempts.length - 1];
+    if (!latest || state.followed === latest.number) return;
+    if (state.follower) state.follower.stop();
+    state.followed = latest.number;
+    logText.data = '';
+    shownDropped = false;
+    logTitle.textContent = t('run.log_attempt', { n: latest.number });
+    download.disabled = false;
+    setLogState('connecting');
+    state.follower = new LogFollower(runId, latest.number, {
+      onText: appendLog,
+      onState: setLogState,
+      onEnd: (end) => { setLogState('ended', end.status); refresh().catch(() => {}); },
+      onError: (err) => { logState.replaceChildren(errorBox(err) || ''); },
+    }).start();
+    // A hook for the browser tests (tests/e2e/test_ui_browser.py): drop the connection.
+    window.qlLogFollower = state.follower;
+  }
+
+  function appendLog(text) {
+    const stick = logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 24;
+    logText.appendData(text);
+    if (logText.length > SHOWN_CHARS) {
+      logText.deleteData(0, logText.length - SHOWN_CHARS);
+      shownDropped = true;
+      drawTruncation();
+    }
+    if (stick) logBox.scrollTop = logBox.scrollHeight;
+  }
+
+  function setLogState(what, status) {
+    logState.className = `log-state log-${what}`;
+    logState.textContent = what === 'ended'
+      ? t('run.log_ended', { status: has(`status.${status}`) ? t(`status.${status}`) : status })
+      : t(`run.log_${what}`);
+  }
+
+  function drawTruncation() {
+    const a = state.attempts.find((x) => x.number === state.followed);
+    const lines = [];
+    if (a && a.log.truncated) {
+      lines.push(t('run.truncated', {
+        dropped: bytes(a.log.dropped_bytes),
+        reason: a.log.truncation_reason && has(`truncation.${a.log.truncation_reason}`) ? t(`truncation.${a.log.truncation_reason}`) : t('truncation.unknown'),
+      }));
+    }
+    if (shownDropped) lines.push(t('run.shown_tail'));
+    truncation.hidden = !lines.length;
+    truncation.textContent = lines.join(' ');
+  }
+
+  async function onDownload() {
+    const number = state.followed;
+    if (!number) return;
+    download.disabled = true;
+    try {
+      const r = await call('GET', path('runs', runId, 'attempts', number, 'log'), { raw: true, scope: 'logs:read' });
+      const blob = await r.blob();
+      const url = URL.createObjectURL(blob);
+      const a = h('a', { href: url, download: `${state.run.task}-${runId}-attempt-${number}.log`, hidden: true });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    } catch (err) {
+      result.fail(err);
+    } finally {
+      download.disabled = false;
+    }
+  }
+
+  refresh().catch(() => {}).finally(ready);
+  every(POLL_MS, signal, async () => {
+    if (state.run && TERMINAL.has(state.run.status) && (!state.follower || state.follower.stopped)) return;
+    await refresh();
+  });
+}

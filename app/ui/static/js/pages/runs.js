@@ -1,0 +1,107 @@
+// Runs: newest first, filters by task and status, keyset "load more", live status.
+
+import { api, path, query } from '../api.js';
+import { h, link, put, raw } from '../dom.js';
+import { t } from '../i18n.js';
+import { RUN_STATUSES, TERMINAL, duration, shortId, statusBadge, timeEl } from '../format.js';
+import { go } from '../main.js';
+import { errorBox, every, loadMore } from './common.js';
+
+const PAGE = 50;
+const POLL_MS = 2000;
+
+export function runsPage(view, { params, signal, ready }) {
+  const task = params.get('task') || '';
+  const status = params.get('status') || '';
+  const taskInput = h('input', { id: 'filter-task', name: 'task', value: task, autocomplete: 'off', spellcheck: 'false', placeholder: t('runs.any_task') });
+  const statusSelect = h('select', { id: 'filter-status', name: 'status' },
+    h('option', { value: '' }, t('runs.any_status')),
+    RUN_STATUSES.map((s) => h('option', { value: s, selected: s === status }, t(`status.${s}`))));
+  const filters = h('form', { class: 'filters', role: 'search', on: { submit: (ev) => { ev.preventDefault(); go('runs', { task: taskInput.value.trim(), status: statusSelect.value }); } } },
+    h('div', { class: 'field' }, h('label', { for: 'filter-task' }, t('runs.filter_task')), taskInput),
+    h('div', { class: 'field' }, h('label', { for: 'filter-status' }, t('runs.filter_status')), statusSelect),
+    h('div', { class: 'field actions' }, h('button', { type: 'submit' }, t('runs.apply')),
+      task || status ? h('a', { href: '#/runs', class: 'button secondary' }, t('runs.clear')) : null));
+  const body = h('tbody');
+  const table = h('div', { class: 'table-wrap' }, h('table', { class: 'runs' },
+    h('caption', { class: 'sr-only' }, t('runs.title')),
+    h('thead', {}, h('tr', {},
+      h('th', { scope: 'col' }, t('runs.status')),
+      h('th', { scope: 'col' }, t('runs.task')),
+      h('th', { scope: 'col' }, t('runs.run')),
+      h('th', { scope: 'col', class: 'wide' }, t('runs.trigger')),
+      h('th', { scope: 'col' }, t('runs.created')),
+      h('th', { scope: 'col', class: 'wide' }, t('runs.duration')))),
+    body));
+  const empty = h('p', { class: 'empty', hidden: true }, t('runs.empty'));
+  const problem = h('div');
+  const rows = new Map();
+  const more = loadMore(async (cursor) => {
+    const page = await fetchPage(cursor);
+    page.items.forEach((run) => upsert(run, false));
+    return page.next_cursor;
+  });
+  put(view, h('section', { class: 'page' },
+    h('div', { class: 'page-head' }, h('h1', {}, t('runs.title')),
+      h('a', { href: '#/tasks', class: 'button' }, t('runs.start_from_task'))),
+    filters, problem, table, empty, more.el));
+
+  function fetchPage(cursor) {
+    return api.get(`${path('runs')}${query({ task, status, limit: PAGE, cursor })}`, { scope: 'runs:read', signal });
+  }
+
+  function row(run) {
+    return h('tr', { dataset: { run: run.id } },
+      h('td', {}, statusBadge(run.status)),
+      h('td', {}, link(['tasks', run.task], raw(run.task))),
+      h('td', {}, link(['runs', run.id], raw(shortId(run.id), 'code'))),
+      h('td', { class: 'wide' }, run.trigger && run.trigger.kind === 'schedule'
+        ? [t('runs.by_schedule'), ' ', raw(run.trigger.schedule || '')] : t('runs.manual')),
+      h('td', {}, timeEl(run.created_at_ms)),
+      h('td', { class: 'wide' }, duration(run.started_at_ms, run.finished_at_ms)));
+  }
+
+  function upsert(run, atTop) {
+    const known = rows.get(run.id);
+    if (known) {
+      // In place: a focused link in the row keeps its focus while the status changes.
+      if (known.run.status !== run.status) known.el.cells[0].replaceChildren(statusBadge(run.status));
+      known.el.cells[5].textContent = duration(run.started_at_ms, run.finished_at_ms);
+      known.run = run;
+      return;
+    }
+    const fresh = row(run);
+    if (atTop) body.prepend(fresh);
+    else body.append(fresh);
+    rows.set(run.id, { el: fresh, run });
+    empty.hidden = rows.size > 0;
+  }
+
+  async function first() {
+    try {
+      const page = await fetchPage(null);
+      problem.replaceChildren();
+      // Newest first: insert the ones not shown yet above the rest, in their order.
+      const unseen = page.items.filter((r) => !rows.has(r.id));
+      unseen.reverse().forEach((r) => upsert(r, true));
+      page.items.filter((r) => rows.has(r.id)).forEach((r) => {
+        const known = rows.get(r.id);
+        if (known.run.status !== r.status || known.run.finished_at_ms !== r.finished_at_ms || !TERMINAL.has(r.status)) upsert(r, false);
+      });
+      if (!more.initialised) { more.set(page.next_cursor); more.initialised = true; }
+      empty.hidden = rows.size > 0;
+    } catch (err) {
+      problem.replaceChildren(errorBox(err) || '');
+      throw err;
+    }
+  }
+
+  async function refreshOlder() {
+    // Rows past the first page that were still going: one GET each (few, and cheap).
+    const live = [...rows.values()].filter((r) => !TERMINAL.has(r.run.status)).slice(PAGE);
+    for (const r of live) upsert(await api.get(path('runs', r.run.id), { scope: 'runs:read', signal }), false);
+  }
+
+  first().catch(() => {}).finally(ready);
+  every(POLL_MS, signal, async () => { await first(); await refreshOlder(); });
+}

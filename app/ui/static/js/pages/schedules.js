@@ -1,0 +1,152 @@
+// Schedules: the list, one schedule with its next fire times (local and UTC), pause and
+// resume, and the decision history (fired, skipped, missed, ...), newest first.
+
+import { api, path, query } from '../api.js';
+import { h, link, put, raw } from '../dom.js';
+import { has, t } from '../i18n.js';
+import { localTime, shortId, timeEl, utcTime } from '../format.js';
+import { errorBox, facts, loadMore, resultSlot } from './common.js';
+
+function cadence(s) {
+  if (s.every_seconds) return t('schedules.every', { n: s.every_seconds });
+  if (s.cron) return [t('schedules.cron'), ' ', raw((Array.isArray(s.cron) ? s.cron : [s.cron]).join(' | '), 'code')];
+  return '—';
+}
+
+function pausedTag(s) {
+  return s.paused
+    ? h('span', { class: 'status status-paused' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '‖'), ' ', t('schedules.paused'))
+    : h('span', { class: 'status status-active' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '▶'), ' ', t('schedules.active'));
+}
+
+export function schedulesPage(view, { signal, ready }) {
+  const body = h('tbody');
+  const problem = h('div');
+  const empty = h('p', { class: 'empty', hidden: true }, t('schedules.empty'));
+  const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
+  put(view, h('section', { class: 'page' },
+    h('div', { class: 'page-head' }, h('h1', {}, t('schedules.title'))),
+    problem,
+    h('div', { class: 'table-wrap' }, h('table', {},
+      h('thead', {}, h('tr', {},
+        h('th', { scope: 'col' }, t('schedules.name')),
+        h('th', { scope: 'col' }, t('runs.task')),
+        h('th', { scope: 'col', class: 'wide' }, t('schedules.cadence')),
+        h('th', { scope: 'col' }, t('schedules.state')),
+        h('th', { scope: 'col' }, t('schedules.next')))),
+      body)),
+    empty, more.el));
+
+  function fetchPage(cursor) {
+    return api.get(`${path('schedules')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
+  }
+  function add(page) {
+    for (const s of page.items) {
+      const next = s.next_fires && s.next_fires[0];
+      body.append(h('tr', {},
+        h('td', {}, link(['schedules', s.name], raw(s.name))),
+        h('td', {}, link(['tasks', s.task], raw(s.task))),
+        h('td', { class: 'wide' }, cadence(s)),
+        h('td', {}, pausedTag(s)),
+        h('td', {}, next ? timeEl(next.at_ms) : '—')));
+    }
+    empty.hidden = body.rows.length > 0;
+    return page.next_cursor;
+  }
+  fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || '')).finally(ready);
+}
+
+export function schedulePage(view, { args: [name], signal, ready }) {
+  const problem = h('div');
+  const result = resultSlot();
+  const head = h('div', { class: 'page-head' }, h('h1', {}, t('schedules.schedule'), ' ', raw(name)));
+  const info = h('div', { class: 'card' });
+  const actions = h('div', { class: 'actions' });
+  const fires = h('tbody');
+  const decisions = h('tbody');
+  const more = loadMore(async (cursor) => addDecisions(await fetchDecisions(cursor)));
+  put(view, h('section', { class: 'page' }, head, problem, actions, result.el, info,
+    h('section', {}, h('h2', {}, t('schedules.next_fires')),
+      h('div', { class: 'table-wrap' }, h('table', {},
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col' }, t('schedules.local_browser')),
+          h('th', { scope: 'col', class: 'wide' }, t('schedules.local_zone')),
+          h('th', { scope: 'col' }, t('schedules.utc')))),
+        fires))),
+    h('section', {}, h('h2', {}, t('schedules.decisions')),
+      h('div', { class: 'table-wrap' }, h('table', {},
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col' }, t('schedules.slot')),
+          h('th', { scope: 'col' }, t('schedules.decision')),
+          h('th', { scope: 'col' }, t('schedules.detail')))),
+        decisions)),
+      more.el)));
+
+  async function load() {
+    try {
+      draw(await api.get(path('schedules', name), { scope: 'definitions:read', signal }));
+      decisions.replaceChildren();
+      more.set(addDecisions(await fetchDecisions(null)));
+    } catch (err) {
+      problem.replaceChildren(errorBox(err) || '');
+    } finally {
+      ready();
+    }
+  }
+
+  function draw(s) {
+    put(head, h('h1', {}, t('schedules.schedule'), ' ', raw(s.name)), pausedTag(s));
+    put(info, facts([
+      [t('runs.task'), link(['tasks', s.task], raw(s.task))],
+      [t('run.revision'), s.revision ? raw(s.revision) : t('schedules.latest_revision')],
+      [t('schedules.cadence'), cadence(s)],
+      [t('schedules.timezone'), raw(s.timezone)],
+      [t('schedules.overlap'), raw(s.overlap, 'code')],
+      [t('schedules.catchup'), [raw(s.catchup, 'code'), ' · ', t('time.seconds', { n: s.catchup_window_seconds })]],
+      [t('schedules.updated'), timeEl(s.updated_at_ms)],
+    ]));
+    put(actions,
+      s.paused
+        ? h('button', { type: 'button', id: 'resume', on: { click: () => act('resume') } }, t('schedules.resume'))
+        : h('button', { type: 'button', id: 'pause', class: 'secondary', on: { click: () => act('pause') } }, t('schedules.pause')),
+      h('a', { href: `#/runs?task=${encodeURIComponent(s.task)}` }, t('tasks.see_runs')));
+    put(fires, (s.next_fires || []).map((f) => h('tr', {},
+      h('td', {}, localTime(f.at_ms)),
+      h('td', { class: 'wide' }, raw(f.local, 'code')),
+      h('td', {}, raw(utcTime(f.at_ms), 'code')))));
+  }
+
+  async function act(what) {
+    result.clear();
+    try {
+      draw(await api.post(path('schedules', name, what), undefined, { scope: 'definitions:write' }));
+      result.ok(t(`schedules.done_${what}`));
+    } catch (err) {
+      result.fail(err);
+    }
+  }
+
+  function fetchDecisions(cursor) {
+    return api.get(`${path('schedules', name, 'decisions')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
+  }
+
+  function addDecisions(page) {
+    for (const d of page.items) {
+      const label = has(`decision.${d.decision}`) ? t(`decision.${d.decision}`) : raw(d.decision);
+      let detail = '';
+      if (d.decision === 'missed') {
+        detail = t('schedules.missed_span', { n: d.count, until: localTime(d.until_slot_ms) });
+      } else if (d.run) {
+        detail = [t(d.decision === 'fired' ? 'schedules.fired_run' : 'schedules.blocking_run'), ' ', link(['runs', d.run], raw(shortId(d.run), 'code'))];
+      }
+      decisions.append(h('tr', { dataset: { decision: d.decision } },
+        h('td', {}, localTime(d.slot_ms), h('br'), raw(utcTime(d.slot_ms), 'small')),
+        h('td', {}, h('span', { class: `status decision decision-${d.decision}` }, label)),
+        h('td', {}, detail)));
+    }
+    if (!decisions.rows.length) decisions.append(h('tr', {}, h('td', { colspan: '3', class: 'empty' }, t('schedules.no_decisions'))));
+    return page.next_cursor;
+  }
+
+  load();
+}

@@ -1,0 +1,99 @@
+// Secrets: names and update times; set or replace through a write-only form; delete after
+// an in-page confirmation. No value is ever read back (the API has no way to).
+
+import { api, path, query } from '../api.js';
+import { h, put, raw } from '../dom.js';
+import { t } from '../i18n.js';
+import { timeEl } from '../format.js';
+import { errorBox, loadMore, resultSlot } from './common.js';
+
+export function secretsPage(view, { signal, ready }) {
+  const body = h('tbody');
+  const problem = h('div');
+  const result = resultSlot();
+  const empty = h('p', { class: 'empty', hidden: true }, t('secrets.empty'));
+  const name = h('input', { id: 'secret-name', name: 'name', required: true, autocomplete: 'off', spellcheck: 'false', pattern: '[a-z0-9][a-z0-9._\\-]{0,127}', 'aria-describedby': 'secret-name-help' });
+  const value = h('input', { id: 'secret-value', name: 'value', type: 'password', required: true, autocomplete: 'new-password', spellcheck: 'false' });
+  const save = h('button', { type: 'submit' }, t('secrets.save'));
+  const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
+  put(view, h('section', { class: 'page' },
+    h('div', { class: 'page-head' }, h('h1', {}, t('secrets.title'))),
+    h('form', { class: 'card secret-form', on: { submit: onSave } },
+      h('h2', {}, t('secrets.set')),
+      h('label', { for: 'secret-name' }, t('secrets.name')), name,
+      h('p', { id: 'secret-name-help', class: 'help' }, t('secrets.name_help')),
+      h('label', { for: 'secret-value' }, t('secrets.value')), value,
+      h('p', { class: 'help' }, t('secrets.write_only')),
+      h('div', { class: 'actions' }, save)),
+    result.el, problem,
+    h('div', { class: 'table-wrap' }, h('table', {},
+      h('thead', {}, h('tr', {},
+        h('th', { scope: 'col' }, t('secrets.name')),
+        h('th', { scope: 'col' }, t('secrets.updated')),
+        h('th', { scope: 'col' }, h('span', { class: 'sr-only' }, t('secrets.actions'))))),
+      body)),
+    empty, more.el));
+
+  function fetchPage(cursor) {
+    return api.get(`${path('secrets')}${query({ limit: 50, cursor })}`, { scope: 'secrets:write', signal });
+  }
+
+  function add(page) {
+    for (const s of page.items) body.append(row(s));
+    empty.hidden = body.rows.length > 0;
+    return page.next_cursor;
+  }
+
+  function row(s) {
+    const cell = h('td', { class: 'row-actions' });
+    const ask = () => put(cell,
+      h('span', { class: 'confirm-text' }, t('secrets.confirm', { name: s.name })), ' ',
+      h('button', { type: 'button', class: 'danger', on: { click: onDelete } }, t('secrets.confirm_delete')), ' ',
+      h('button', { type: 'button', class: 'secondary', on: { click: idle } }, t('secrets.keep')));
+    const idle = () => put(cell, h('button', { type: 'button', class: 'secondary', on: { click: () => { ask(); cell.querySelector('button').focus(); } } }, t('secrets.delete')));
+    idle();
+    const tr = h('tr', { dataset: { secret: s.name } }, h('td', {}, raw(s.name, 'code')), h('td', {}, timeEl(s.updated_at_ms)), cell);
+    async function onDelete() {
+      result.clear();
+      try {
+        await api.del(path('secrets', s.name), { scope: 'secrets:write' });
+        tr.remove();
+        empty.hidden = body.rows.length > 0;
+        result.ok(t('secrets.deleted', { name: s.name }));
+      } catch (err) {
+        result.fail(err);
+        idle();
+      }
+    }
+    return tr;
+  }
+
+  async function onSave(ev) {
+    ev.preventDefault();
+    result.clear();
+    save.disabled = true;
+    try {
+      await api.put(path('secrets', name.value.trim()), { value: value.value }, { scope: 'secrets:write' });
+      value.value = '';
+      result.ok(t('secrets.saved', { name: name.value.trim() }));
+      await reload();
+    } catch (err) {
+      result.fail(err);
+    } finally {
+      save.disabled = false;
+    }
+  }
+
+  async function reload() {
+    try {
+      const page = await fetchPage(null);
+      body.replaceChildren();
+      more.set(add(page));
+      problem.replaceChildren();
+    } catch (err) {
+      problem.replaceChildren(errorBox(err) || '');
+    }
+  }
+
+  reload().finally(ready);
+}

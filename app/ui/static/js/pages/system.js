@@ -1,0 +1,85 @@
+// System: readiness (database, disk, worker), version, job isolation, and storage figures
+// when the server has GET /api/v1/system/storage.
+
+import { call, features, session } from '../api.js';
+import { h, put, raw } from '../dom.js';
+import { has, t } from '../i18n.js';
+import { bytes, timeEl } from '../format.js';
+import { errorBox, every, facts } from './common.js';
+
+const CHECKS = ['database', 'disk', 'worker'];
+
+export function systemPage(view, { signal, ready: drawn }) {
+  const ready = h('div', { class: 'card' });
+  const about = h('div', { class: 'card' });
+  const storage = h('div', { class: 'card' });
+  put(view, h('section', { class: 'page' },
+    h('div', { class: 'page-head' }, h('h1', {}, t('system.title'))),
+    h('section', {}, h('h2', {}, t('system.readiness')), ready),
+    h('section', {}, h('h2', {}, t('system.about')), about),
+    h('section', {}, h('h2', {}, t('system.storage')), storage)));
+
+  async function readiness() {
+    const r = await call('GET', '/readyz', { raw: true, auth: false, signal });
+    const body = await r.json();
+    // 200: {"checks": {...}}; 503 NOT_READY: the detail names each failing check.
+    const checks = {};
+    if (r.ok) Object.assign(checks, body.checks || {});
+    else {
+      for (const part of (body.detail || '').split(', ')) {
+        const i = part.indexOf(': ');
+        if (i > 0) checks[part.slice(0, i)] = part.slice(i + 2);
+      }
+    }
+    const names = [...new Set([...CHECKS, ...Object.keys(checks)])];
+    put(ready,
+      h('p', {}, r.ok
+        ? h('span', { class: 'status status-succeeded' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '✓'), ' ', t('system.ready'))
+        : h('span', { class: 'status status-failed' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '✗'), ' ', t('system.not_ready'))),
+      h('ul', { class: 'checks' }, names.map((name) => {
+        const value = checks[name];
+        const ok = r.ok ? value === 'ok' || value === undefined : value === undefined;
+        return h('li', { dataset: { check: name } },
+          h('span', { class: `status ${ok ? 'status-succeeded' : 'status-failed'}` },
+            h('span', { class: 'mark', 'aria-hidden': 'true' }, ok ? '✓' : '✗'), ' ', ok ? t('system.ok') : t('system.failing')),
+          ' ', has(`system.check_${name}`) ? t(`system.check_${name}`) : raw(name),
+          !ok && value ? [' — ', raw(value)] : null);
+      })));
+    return body;
+  }
+
+  async function load() {
+    let body = {};
+    try { body = await readiness(); } catch (err) { put(ready, errorBox(err) || ''); }
+    const f = await features();
+    put(about, facts([
+      [t('system.version'), f.version ? raw(f.version) : t('system.unknown')],
+      [t('system.isolation'), body.isolation ? t(`system.isolation_${body.isolation}`) : t('system.unknown')],
+      [t('system.api'), raw(session.base || location.origin)],
+    ]));
+    if (!f.storage) {
+      put(storage, h('p', { class: 'muted' }, t('system.storage_absent')));
+      return;
+    }
+    try {
+      const figures = await call('GET', '/api/v1/system/storage', { scope: 'admin', signal });
+      put(storage, facts(Object.entries(figures).map(([k, v]) => [
+        has(`storage.${k}`) ? t(`storage.${k}`) : raw(k),
+        renderFigure(k, v),
+      ])));
+    } catch (err) {
+      put(storage, errorBox(err) || '');
+    }
+  }
+
+  function renderFigure(key, value) {
+    if (value === null || value === undefined) return '—';
+    if (typeof value === 'number' && /bytes$/.test(key)) return bytes(value);
+    if (typeof value === 'number' && /_ms$/.test(key)) return timeEl(value);
+    if (typeof value === 'object') return raw(JSON.stringify(value), 'code');
+    return raw(value);
+  }
+
+  load().finally(drawn);
+  every(5000, signal, readiness);
+}

@@ -1,0 +1,181 @@
+// Tasks: the list, one task with its revisions, a side-by-side diff of two revisions, the
+// recipe as environment keys and secret names (never values), and "start a run".
+
+import { api, path, query } from '../api.js';
+import { h, link, put, raw } from '../dom.js';
+import { t } from '../i18n.js';
+import { timeEl } from '../format.js';
+import { revisionLines, sideBySide } from '../diff.js';
+import { go } from '../main.js';
+import { errorBox, facts, loadMore, resultSlot } from './common.js';
+
+export function tasksPage(view, { signal, ready }) {
+  const body = h('tbody');
+  const problem = h('div');
+  const empty = h('p', { class: 'empty', hidden: true }, t('tasks.empty'));
+  const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
+  put(view, h('section', { class: 'page' },
+    h('div', { class: 'page-head' }, h('h1', {}, t('tasks.title'))),
+    problem,
+    h('div', { class: 'table-wrap' }, h('table', {},
+      h('thead', {}, h('tr', {},
+        h('th', { scope: 'col' }, t('runs.task')),
+        h('th', { scope: 'col' }, t('tasks.latest_revision')),
+        h('th', { scope: 'col' }, t('tasks.runs')))),
+      body)),
+    empty, more.el));
+
+  function fetchPage(cursor) {
+    return api.get(`${path('tasks')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
+  }
+  function add(page) {
+    for (const item of page.items) {
+      body.append(h('tr', {},
+        h('td', {}, link(['tasks', item.task], raw(item.task))),
+        h('td', {}, raw(item.latest_revision)),
+        h('td', {}, h('a', { href: `#/runs?task=${encodeURIComponent(item.task)}` }, t('tasks.see_runs')))));
+    }
+    empty.hidden = body.rows.length > 0;
+    return page.next_cursor;
+  }
+  fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || '')).finally(ready);
+}
+
+export function taskPage(view, { args: [task], signal, ready }) {
+  const problem = h('div');
+  const result = resultSlot();
+  const start = h('button', { type: 'button', id: 'start-run', on: { click: onStart } }, t('tasks.start_run'));
+  const latestBox = h('div', { class: 'card' });
+  const recipeBox = h('div', { class: 'card recipe' });
+  const revBody = h('tbody');
+  const left = h('select', { id: 'diff-left', 'aria-label': t('tasks.diff_left') });
+  const right = h('select', { id: 'diff-right', 'aria-label': t('tasks.diff_right') });
+  const diffBox = h('div', { class: 'diff-box' });
+  const revisions = new Map();
+  const more = loadMore(async (cursor) => addRevisions(await fetchRevisions(cursor)));
+  put(view, h('section', { class: 'page' },
+    h('div', { class: 'page-head' }, h('h1', {}, t('tasks.task'), ' ', raw(task)),
+      h('div', { class: 'actions' }, start,
+        h('a', { class: 'button secondary', href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs')))),
+    result.el, problem,
+    h('section', {}, h('h2', {}, t('tasks.latest')), latestBox),
+    h('section', {}, h('h2', {}, t('tasks.recipe')), recipeBox),
+    h('section', {}, h('h2', {}, t('tasks.revisions')),
+      h('div', { class: 'table-wrap' }, h('table', {},
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col' }, t('run.revision')),
+          h('th', { scope: 'col' }, t('runs.created')),
+          h('th', { scope: 'col', class: 'wide' }, t('tasks.digest')))),
+        revBody)),
+      more.el),
+    h('section', {}, h('h2', {}, t('tasks.diff')),
+      h('form', { class: 'filters', on: { submit: (ev) => { ev.preventDefault(); drawDiff(); } } },
+        h('div', { class: 'field' }, h('label', { for: 'diff-left' }, t('tasks.diff_left')), left),
+        h('div', { class: 'field' }, h('label', { for: 'diff-right' }, t('tasks.diff_right')), right),
+        h('div', { class: 'field actions' }, h('button', { type: 'submit', class: 'secondary' }, t('tasks.compare')))),
+      diffBox)));
+
+  async function load() {
+    try {
+      const info = await api.get(path('tasks', task), { scope: 'definitions:read', signal });
+      drawLatest(info.latest);
+      more.set(addRevisions(await fetchRevisions(null)));
+      await drawRecipe(info.latest.recipe);
+    } catch (err) {
+      problem.replaceChildren(errorBox(err) || '');
+    } finally {
+      ready();
+    }
+  }
+
+  function drawLatest(rev) {
+    put(latestBox, facts([
+      [t('run.revision'), raw(rev.revision)],
+      [t('tasks.argv'), h('ol', { class: 'argv' }, rev.argv.map((a) => h('li', {}, raw(a, 'code'))))],
+      [t('tasks.cwd'), rev.cwd ? raw(rev.cwd, 'code') : t('tasks.default')],
+      [t('tasks.timeout'), rev.timeout_seconds ? t('time.seconds', { n: rev.timeout_seconds }) : t('tasks.none')],
+      [t('run.priority'), raw(rev.priority)],
+      [t('tasks.leftovers'), t(`leftovers.${rev.leftovers}`)],
+      [t('tasks.max_concurrent'), rev.max_concurrent ? raw(rev.max_concurrent) : t('tasks.no_limit')],
+      rev.run_as ? [t('tasks.run_as'), raw(rev.run_as)] : null,
+      [t('runs.created'), timeEl(rev.created_at_ms)],
+    ]));
+  }
+
+  async function drawRecipe(recipeId) {
+    if (!recipeId) { put(recipeBox, h('p', { class: 'muted' }, t('tasks.no_recipe'))); return; }
+    try {
+      const recipe = await api.get(path('recipes', recipeId), { scope: 'definitions:read', signal });
+      // Keys and secret names only: the page never shows an environment value.
+      const envKeys = Object.keys(recipe.env).sort();
+      const secretKeys = Object.keys(recipe.secrets).sort();
+      put(recipeBox,
+        h('p', {}, t('tasks.recipe_id'), ' ', raw(recipe.id, 'code')),
+        h('h3', {}, t('tasks.env_keys')),
+        envKeys.length ? h('ul', { class: 'keys' }, envKeys.map((k) => h('li', {}, raw(k, 'code')))) : h('p', { class: 'muted' }, t('tasks.none')),
+        h('h3', {}, t('tasks.secret_refs')),
+        secretKeys.length
+          ? h('ul', { class: 'keys' }, secretKeys.map((k) => h('li', {}, raw(k, 'code'), ' ← ', t('tasks.secret'), ' ', raw(recipe.secrets[k], 'code'))))
+          : h('p', { class: 'muted' }, t('tasks.none')),
+        h('p', { class: 'help' }, t('tasks.values_hidden')));
+    } catch (err) {
+      put(recipeBox, errorBox(err) || '');
+    }
+  }
+
+  function fetchRevisions(cursor) {
+    return api.get(`${path('tasks', task, 'revisions')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
+  }
+
+  function addRevisions(page) {
+    for (const rev of page.items) {
+      revisions.set(rev.revision, rev);
+      revBody.append(h('tr', {},
+        h('td', {}, raw(rev.revision)),
+        h('td', {}, timeEl(rev.created_at_ms)),
+        h('td', { class: 'wide' }, raw(rev.digest, 'code'))));
+    }
+    const numbers = [...revisions.keys()].sort((x, y) => x - y);
+    const pick = (select, value) => put(select, numbers.map((n) => h('option', { value: String(n), selected: n === value }, t('tasks.revision_n', { n }))));
+    const newest = numbers[numbers.length - 1];
+    pick(left, numbers.length > 1 ? numbers[numbers.length - 2] : newest);
+    pick(right, newest);
+    drawDiff();
+    return page.next_cursor;
+  }
+
+  function drawDiff() {
+    const a = revisions.get(Number(left.value));
+    const b = revisions.get(Number(right.value));
+    if (!a || !b) { put(diffBox); return; }
+    const rows = sideBySide(revisionLines(a), revisionLines(b));
+    const changed = rows.filter((r) => r.kind !== 'same').length;
+    const leftMark = { changed: '~', removed: '−' };
+    const rightMark = { changed: '~', added: '+' };
+    const cell = (side, text, mark) => h('td', { class: side }, text === null ? '' : [
+      h('span', { class: 'diff-mark', 'aria-hidden': 'true' }, mark || ' '), raw(text, 'code')]);
+    put(diffBox,
+      h('p', { class: 'help' }, changed ? t('tasks.diff_count', { n: changed }) : t('tasks.diff_same')),
+      h('div', { class: 'table-wrap' }, h('table', { class: 'diff' },
+        h('thead', {}, h('tr', {},
+          h('th', { scope: 'col' }, t('tasks.revision_n', { n: a.revision })),
+          h('th', { scope: 'col' }, t('tasks.revision_n', { n: b.revision })))),
+        h('tbody', {}, rows.map((r) => h('tr', { class: `diff-${r.kind}` },
+          cell('old', r.left, leftMark[r.kind]),
+          cell('new', r.right, rightMark[r.kind])))))));
+  }
+
+  async function onStart() {
+    start.disabled = true;
+    result.clear();
+    try {
+      const run = await api.post(path('runs'), { task }, { scope: 'runs:write' });
+      go(`runs/${encodeURIComponent(run.id)}`);
+    } catch (err) {
+      result.fail(err);
+      start.disabled = false;
+    }
+  }
+
+  load();
+}

@@ -1,0 +1,48 @@
+"""Retention's routes: bad input is a clear problem, scopes are enforced (docs/api.md §10)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.settings import Settings
+from tests.api.conftest import Client, MakeToken, assert_problem
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_retention_routes_validate_refuse_and_enforce_their_scopes(
+    client: Client, admin: dict[str, str], make_token: MakeToken, task: str, settings: Settings
+) -> None:
+    url = f"/api/v1/tasks/{task}/retention"
+    body = client.get(url, headers=admin).json()
+    assert body["override"] == {
+        "keep_runs": None, "keep_days": None, "keep_rows": None, "task_log_bytes": None
+    }  # fmt: skip
+    default = settings.profile.retention
+    assert body["effective"]["keep_runs"] == default.keep_runs
+    assert_problem(client.put(url, json={"keep_runs": 5, "keep_rows": 5}, headers=admin), 422,
+                   "VALIDATION_FAILED")  # fmt: skip
+    assert_problem(client.put(url, json={"keep_days": -1}, headers=admin), 422, "VALIDATION_FAILED")
+    assert_problem(client.put(url, json={"keep_runs": "x"}, headers=admin), 422,
+                   "VALIDATION_FAILED")  # fmt: skip
+    assert_problem(client.put(url, json={"bogus": 1}, headers=admin), 422, "VALIDATION_FAILED")
+    assert_problem(client.put("/api/v1/tasks/nope/retention", json={}, headers=admin), 404,
+                   "TASK_NOT_FOUND")  # fmt: skip
+    assert client.put(url, json={"keep_runs": 3}, headers=admin).status_code == 201
+    again = client.put(url, json={"keep_runs": 4}, headers=admin)
+    assert again.status_code == 200 and again.json()["effective"]["keep_runs"] == 4
+
+    runs_reader = {"Authorization": f"Bearer {make_token('runs:read', 'definitions:read')}"}
+    assert_problem(client.put(url, json={}, headers=runs_reader), 403, "FORBIDDEN")
+    assert_problem(client.get("/api/v1/system/storage", headers=runs_reader), 403, "FORBIDDEN")
+    run = client.post("/api/v1/runs", json={"task": task}, headers=admin).json()
+    assert_problem(client.post(f"/api/v1/runs/{run['id']}/pin", headers=runs_reader), 403,
+                   "FORBIDDEN")  # fmt: skip
+    assert_problem(client.post("/api/v1/runs/not-a-run/pin", headers=admin), 404, "RUN_NOT_FOUND")
+    pinned = client.post(f"/api/v1/runs/{run['id']}/pin", headers=admin)
+    assert pinned.status_code == 200 and pinned.json()["pinned"] is True
+    assert client.get(f"/api/v1/runs/{run['id']}", headers=admin).json()["pinned"] is True
+
+    storage = client.get("/api/v1/system/storage", headers=admin).json()
+    assert storage["runs_kept"] == 1 and storage["logs_expired"] == 0
+    assert storage["reserve_bytes"] == settings.profile.free_space_reserve_bytes
+    assert storage["last_sweep"] is None  # no worker in this test

@@ -1,0 +1,79 @@
+"""The UI at /ui (docs/ui.md): served from the package with a strict CSP, and every answer of
+the app carries nosniff and a Referrer-Policy; QL_CORS_ORIGINS still works beside it."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from app.api.main import create_app
+from app.api.ui import CONTENT_SECURITY_POLICY
+from app.settings import Settings
+from tests.api.conftest import Client, MakeToken
+
+
+@pytest.fixture
+def db_url(sqlite_template: Path, tmp_path: Path) -> str:
+    """SQLite only: headers do not depend on the database (this overrides the PG variant)."""
+    path = tmp_path / "qinglong.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+def test_ui_files_carry_a_strict_csp_and_no_sniffing(client: Client) -> None:
+    assert client.get("/ui").status_code == 308
+    assert client.get("/ui").headers["location"] == "/ui/"
+    for path, media in (
+        ("/ui/", "text/html"),
+        ("/ui/js/main.js", "javascript"),
+        ("/ui/app.css", "text/css"),
+        ("/ui/i18n/zh-CN.json", "application/json"),
+    ):
+        r = client.get(path)
+        assert r.status_code == 200, path
+        assert media in r.headers["content-type"], (path, r.headers["content-type"])
+        csp = r.headers["content-security-policy"]
+        assert csp == CONTENT_SECURITY_POLICY
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["referrer-policy"] == "no-referrer"
+        assert r.headers["x-frame-options"] == "DENY"
+    # Nothing outside the static folder is reachable through it.
+    assert client.get("/ui/%2e%2e/%2e%2e/settings.py").status_code == 404
+    assert client.get("/ui/no-such-file.js").status_code == 404
+    assert not [p for p in client.get("/openapi.json").json()["paths"] if p.startswith("/ui")]
+
+
+def test_api_answers_carry_nosniff_and_cors_still_works(
+    settings: Settings, make_token: MakeToken
+) -> None:
+    origin = "http://panel.example"
+    client = Client(create_app(replace(settings, cors_origins=(origin,)), execution=False))
+    try:
+        denied = client.get("/api/v1/runs")
+        assert denied.status_code == 401
+        assert denied.headers["x-content-type-options"] == "nosniff"
+        assert denied.headers["referrer-policy"] == "no-referrer"
+        assert "content-security-policy" not in denied.headers  # /docs loads its own assets
+        preflight = client.request(
+            "OPTIONS",
+            "/api/v1/runs",
+            headers={
+                "Origin": origin,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type",
+            },
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == origin
+        token = {"Authorization": f"Bearer {make_token('runs:read')}", "Origin": origin}
+        listed = client.get("/api/v1/runs", headers=token)
+        assert listed.status_code == 200
+        assert listed.headers["access-control-allow-origin"] == origin
+        assert listed.headers["x-content-type-options"] == "nosniff"
+    finally:
+        client.close()

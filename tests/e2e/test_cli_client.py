@@ -1,0 +1,313 @@
+"""The CLI client against a real ``qinglong serve``, on SQLite and on PostgreSQL (docs/cli.md).
+
+One served instance per engine, one journey each (a start costs seconds): the commands a
+person types, run as real processes where the exit code, the streaming or the absence of a
+traceback is the point, and through ``app.cli.main`` in this process elsewhere (the same
+code, the same HTTP, without an interpreter start per command).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+from app.cli import main
+from app.domain.tokens import new_api_token
+from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.tokens_repo import TokenRepository
+from tests.conftest import private_pg_schema
+from tests.e2e.conftest import (
+    REPO_ROOT,
+    Served,
+    ServeFactory,
+    free_port,
+    proc_stat,
+    wait_until,
+)
+from tests.e2e.kit import get_run, put_task, wait_status
+from tests.worker.kit import kill_exact
+
+
+def gate(served: Served, name: str) -> Path:
+    """A file a job waits for (at most 30 s): what it printed before it must have reached
+    the client while the job still ran, however slow the machine."""
+    return Path(f"{served.data_dir}.gate-{name}")
+
+
+def wait_for(path: Path) -> str:
+    quoted = shlex.quote(str(path))
+    return f"i=0; while [ ! -e {quoted} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"
+
+
+def hello(served: Served) -> str:
+    return f"echo line 1; {wait_for(gate(served, 'hello'))}; echo line 2; echo line 3"
+
+
+def ql(served: Served | None, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m app ARGS`` as a user runs it, aimed at ``served`` through QL_URL/QL_TOKEN."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["HOME"] = str(REPO_ROOT / "no-such-home")  # no config file of the person running tests
+    if served is not None:
+        env |= {"QL_URL": served.base_url, "QL_TOKEN": token or served.token}
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], cwd=REPO_ROOT, env=env,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def run_main(
+    capsys: pytest.CaptureFixture[str], served: Served, *args: str, token: str | None = None
+) -> tuple[int, str, str]:
+    """``app.cli.main`` in this process; (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = main([*args, "--url", served.base_url, "--token", token or served.token])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class Follow(subprocess.Popen[str]):
+    """A ``runs start TASK --follow`` process with text pipes."""
+
+    stdout: IO[str]
+    stderr: IO[str]
+
+
+def start_follow(served: Served, task: str) -> Follow:
+    """``qinglong runs start TASK --follow`` against ``served``; use it in a ``with``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    return Follow(
+        [sys.executable, "-m", "app", "runs", "start", task, "--follow"], cwd=REPO_ROOT,
+        env=env | {"QL_URL": served.base_url, "QL_TOKEN": served.token},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def rest_of(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """The rest of ``proc``'s stdout and its stderr once it exited.
+
+    Not ``communicate()``: it reads the pipes' descriptors and would lose what a
+    ``readline()`` already buffered.
+    """
+    assert proc.stdout is not None and proc.stderr is not None
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    return out, err
+
+
+def one_error_line(stderr: str) -> str:
+    """The single ``error: ...`` line a failing command prints (no traceback)."""
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def cli_served(
+    request: pytest.FixtureRequest, module_serve_factory: ServeFactory
+) -> Iterator[Served]:
+    """One ``qinglong serve`` per engine for the module, with the journey's definitions."""
+    if request.param == "postgres":
+        with private_pg_schema("ql_cli") as url:
+            served = module_serve_factory(database_url=url)
+            try:
+                yield _define(served)
+            finally:
+                served.stop()  # before the schema goes
+    else:
+        yield _define(module_serve_factory())
+
+
+def _define(served: Served) -> Served:
+    put_task(served, "hello", hello(served))
+    put_task(served, "bad", "echo oops; exit 3")
+    put_task(served, "long", "echo started; exec sleep 60")
+    ticks = "echo tick 1; echo tick 2; echo tick 3"
+    put_task(served, "ticker", f"{ticks}; {wait_for(gate(served, 'ticker'))}; echo tick 4")
+    r = httpx.put(
+        f"{served.base_url}/api/v1/schedules/nightly",
+        json={"task": "hello", "cron": ["0 3 29 2 *"], "timezone": "Asia/Shanghai"},
+        headers=served.auth,
+    )
+    assert r.status_code == 201, r.text
+    return served
+
+
+def _read_only_token(database_url: str) -> str:
+    engine = make_engine(database_url)
+    try:
+        token = new_api_token()
+        TokenRepository(engine).create(
+            name=f"ro-{time.time_ns()}", scopes=frozenset({"runs:read", "logs:read"}), token=token
+        )
+    finally:
+        engine.dispose()
+    return token
+
+
+def test_the_cli_client_journey(
+    cli_served: Served,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    served = cli_served
+    # start --follow streams the log as it is written and ends with the status: exit 0.
+    with start_follow(served, "hello") as follow:
+        first = follow.stdout.readline()
+        runs = httpx.get(f"{served.base_url}/api/v1/runs?task=hello", headers=served.auth)
+        hello_id = runs.json()["items"][0]["id"]
+        assert first == "line 1\n"
+        assert get_run(served, hello_id)["status"] == "running"  # line 1 came while it ran
+        gate(served, "hello").touch()
+        out, err = rest_of(follow)
+    assert follow.returncode == 0, err
+    assert first + out == "line 1\nline 2\nline 3\n"
+    assert err.splitlines()[-1] == f"run {hello_id} succeeded (exit 0)"
+
+    # A failing job: its output, its status, exit 1.
+    bad = ql(served, "runs", "start", "bad", "--follow")
+    assert bad.returncode == 1
+    assert bad.stdout == "oops\n"
+    assert bad.stderr.splitlines()[-1].endswith(" failed (exit 3)")
+    assert "Traceback" not in bad.stderr
+
+    # list: table, filters, --json, keyset paging.
+    code, out, _ = run_main(capsys, served, "runs", "list")
+    assert code == 0
+    assert out.splitlines()[0].split()[:4] == ["RUN", "TASK", "REV", "STATUS"]
+    assert [line.split()[1] for line in out.splitlines()[1:]] == ["bad", "hello"]
+    code, out, _ = run_main(capsys, served, "runs", "list", "--status", "failed", "--json")
+    page = json.loads(out)
+    assert [r["task"] for r in page["items"]] == ["bad"] and page["next_cursor"] is None
+    bad_id = page["items"][0]["id"]
+    code, out, err = run_main(capsys, served, "runs", "list", "--limit", "1", "--json")
+    page = json.loads(out)
+    assert [r["id"] for r in page["items"]] == [bad_id]
+    code, out, err = run_main(capsys, served, "runs", "list", "--limit", "1")
+    assert err.startswith("more: qinglong runs list --limit 1 --cursor ")
+    cursor = err.split("--cursor ")[1].strip()
+    assert cursor == page["next_cursor"]
+    code, out, _ = run_main(capsys, served, "runs", "list", "--limit", "1", "--cursor", cursor, "--json")
+    assert [r["id"] for r in json.loads(out)["items"]] == [hello_id]
+
+    # show and logs.
+    code, out, _ = run_main(capsys, served, "runs", "show", bad_id)
+    assert code == 0 and "status:   failed" in out and "1 failed: exit 3" in out
+    code, out, _ = run_main(capsys, served, "runs", "show", hello_id, "--json")
+    assert json.loads(out)["latest_attempt"]["exit_code"] == 0
+    code, out, _ = run_main(capsys, served, "runs", "logs", hello_id, "--json")
+    assert json.loads(out)["text"] == "line 1\nline 2\nline 3\n"
+
+    # cancel: the intent, then 409 RUN_TERMINAL as one line with exit 3.
+    code, out, _ = run_main(capsys, served, "runs", "start", "long", "--json")
+    long_id = json.loads(out)["id"]
+    wait_status(served, long_id, {"running"})
+    code, out, _ = run_main(capsys, served, "runs", "cancel", long_id)
+    assert code == 0 and long_id in out
+    wait_status(served, long_id, {"cancelled"})
+    code, _, err = run_main(capsys, served, "runs", "cancel", long_id)
+    assert code == 3
+    assert one_error_line(err) == "error: 409 RUN_TERMINAL: the run already ended (cancelled)"
+
+    # tasks.
+    code, out, _ = run_main(capsys, served, "tasks", "list")
+    assert [line.split()[0] for line in out.splitlines()] == ["TASK", "bad", "hello", "long", "ticker"]
+    code, out, _ = run_main(capsys, served, "tasks", "show", "bad")
+    assert "argv:            /bin/sh -c 'echo oops; exit 3'" in out
+    code, out, _ = run_main(capsys, served, "tasks", "show", "hello", "--json")
+    assert json.loads(out)["latest"]["argv"] == ["/bin/sh", "-c", hello(served)]
+
+    # secrets: the value from stdin, never printed back; names listed; delete, then 404.
+    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cret-value\n"))
+    code, out, _ = run_main(capsys, served, "secrets", "set", "db-pass")
+    assert (code, out) == (0, "secret db-pass set\n")
+    code, out, _ = run_main(capsys, served, "secrets", "list")
+    assert out.splitlines()[1].split()[0] == "db-pass" and "s3cret" not in out
+    code, out, _ = run_main(capsys, served, "secrets", "delete", "db-pass")
+    assert code == 0
+    code, _, err = run_main(capsys, served, "secrets", "delete", "db-pass")
+    assert one_error_line(err) == "error: 404 SECRET_NOT_FOUND: no secret named db-pass"
+
+    # schedules: list, pause, show, resume.
+    code, out, _ = run_main(capsys, served, "schedules", "list")
+    assert out.splitlines()[1].split()[:6] == ["nightly", "hello", "cron", "0", "3", "29"]
+    assert "active" in out.splitlines()[1]
+    code, out, _ = run_main(capsys, served, "schedules", "pause", "nightly")
+    assert (code, out) == (0, "schedule nightly is paused\n")
+    code, out, _ = run_main(capsys, served, "schedules", "show", "nightly")
+    assert "state:    paused" in out and "+08:00" in out  # next fires in the schedule's zone
+    code, out, _ = run_main(capsys, served, "schedules", "resume", "nightly", "--json")
+    assert json.loads(out)["paused"] is False
+
+    # Problems are one line with their code: 404, 403 for a missing scope.
+    code, _, err = run_main(capsys, served, "runs", "show", "01a2fa14-0000-7000-8000-000000000000")
+    assert (code, one_error_line(err)) == (3, "error: 404 RUN_NOT_FOUND: no such run")
+    read_only = _read_only_token(Settings.from_env(served.env).database_url)
+    code, _, err = run_main(capsys, served, "runs", "start", "hello", token=read_only)
+    assert code == 3
+    assert one_error_line(err) == "error: 403 FORBIDDEN: this token lacks the runs:write scope"
+
+    # A bad token, as a real process: one line, exit 3, no traceback.
+    denied = ql(served, "runs", "list", token="ql_" + "A" * 43)
+    assert denied.returncode == 3
+    assert one_error_line(denied.stderr) == (
+        "error: 401 UNAUTHENTICATED: the token is unknown or revoked"
+    )
+
+    # login checks the token and writes the 0600 config file the other commands then read.
+    config = tmp_path / "home" / ".config" / "qinglong" / "client.toml"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("QL_URL", "QL_TOKEN", "QL_CLIENT_CONFIG", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    capsys.readouterr()
+    assert main(["login", "--url", served.base_url, "--token", "ql_" + "B" * 43]) == 3
+    assert not config.exists()  # a token the server refuses is not saved
+    assert main(["login", "--url", served.base_url, "--token", served.token]) == 0
+    assert config.stat().st_mode & 0o777 == 0o600
+    capsys.readouterr()
+    assert main(["tasks", "list", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["items"]) == 4
+    config.chmod(0o644)
+    assert main(["tasks", "list"]) == 2
+    assert "mode 0644, readable by others; run `chmod 600" in one_error_line(
+        capsys.readouterr().err
+    )
+    assert main(["logout"]) == 0 and not config.exists()
+
+    if served.env.get("QL_DATABASE_URL"):
+        return  # the resume is the client's own: SQLite shows it once
+    # The api is killed while a follow streams: the supervisor restarts it and the client
+    # resumes from its last offset (Last-Event-ID): every line once, in order, exit 0.
+    with start_follow(served, "ticker") as follow:
+        first = follow.stdout.readline()
+        api = served.service_pids()["api"]
+        stat = proc_stat(api)
+        assert stat is not None
+        kill_exact(api, stat[3])
+        wait_until("the api restarted", lambda: served.service_pids().get("api", api) != api, 30)
+        gate(served, "ticker").touch()
+        out, err = rest_of(follow)
+    assert follow.returncode == 0, err
+    assert first + out == "".join(f"tick {i}\n" for i in range(1, 5))
+
+
+def test_an_unreachable_server_is_one_line_and_exit_4() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = ql(None, "runs", "list", "--url", url, "--token", "ql_" + "A" * 43)
+    assert result.returncode == 4
+    assert one_error_line(result.stderr).startswith(f"error: cannot reach {url}: ")
+    assert result.stdout == ""

@@ -1,0 +1,300 @@
+"""The CLI client's pure parts: tables, one-line problems, SSE and its resume, the config file.
+
+The commands against a real ``qinglong serve`` are tests/e2e/test_cli_client.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cli import _is_client_command, main
+from app.cli.client import render
+from app.cli.client.api import (
+    EXIT_API_ERROR,
+    EXIT_USAGE,
+    ApiProblem,
+    Client,
+    ClientError,
+    LogChunk,
+    LogEnd,
+    parse_sse,
+    problem_message,
+    public_url,
+)
+from app.cli.client.config import ConfigRefused, config_path, read_config, resolve, write_config
+
+RUN = {
+    "id": "01a2-run",
+    "task": "hello",
+    "revision": 2,
+    "status": "failed",
+    "priority": 0,
+    "version": 5,
+    "created_at_ms": 0,
+    "started_at_ms": 1_000,
+    "finished_at_ms": 66_000,
+    "cancel_requested": None,
+    "trigger": {"kind": "schedule", "schedule": "nightly", "slot_ms": 0},
+    "latest_attempt": {
+        "number": 1,
+        "status": "failed",
+        "exit_code": 3,
+        "signal": None,
+        "error_code": None,
+        "started_at_ms": 1_000,
+        "finished_at_ms": 66_000,
+        "log": {"bytes": 10, "truncated": True, "dropped_bytes": 7, "truncation_reason": "quota"},
+    },
+}
+
+
+def test_runs_table_aligns_columns_and_shows_the_outcome() -> None:
+    other = RUN | {"id": "x", "task": "a-much-longer-task", "status": "queued"}
+    other |= {"started_at_ms": None, "finished_at_ms": None, "latest_attempt": None}
+    lines = render.runs_table([RUN, other], tz=UTC).splitlines()
+    assert lines[0].split() == ["RUN", "TASK", "REV", "STATUS", "CREATED", "TOOK", "OUTCOME"]
+    assert lines[1].split() == [
+        "01a2-run", "hello", "2", "failed", "1970-01-01", "00:00:00", "1m05s", "exit", "3",
+    ]  # fmt: skip
+    assert lines[2].split()[-2:] == ["-", "-"]
+    # Every column starts at the same place on every line.
+    col = lines[0].index("STATUS")
+    assert lines[1][col:].startswith("failed") and lines[2][col:].startswith("queued")
+
+
+def test_run_fields_say_trigger_truncation_and_outcome_in_words() -> None:
+    text = render.run_fields(RUN, tz=UTC)
+    assert "trigger:  schedule nightly" in text
+    assert "attempt:  1 failed: exit 3" in text
+    assert "truncated (7 bytes dropped: quota)" in text
+    assert "took:     1m05s" in text
+
+
+def test_user_strings_cannot_drive_the_terminal() -> None:
+    evil = "bad\x1b[2J\rname\u202e"
+    cell = render.table(["TASK"], [[evil]]).splitlines()[1]
+    assert "\x1b" not in cell and "\r" not in cell and "\u202e" not in cell
+    assert cell == "bad\\x1b[2J name\\u202e"  # a CR is whitespace: one space on one line
+    assert render.safe("a\rb\x07") == "a\\x0db\\x07"
+    assert render.one_line("a\n  b\tc") == "a b c"
+    assert len(render.one_line("x" * 500, limit=20)) == 20
+
+
+def test_durations_and_missing_times() -> None:
+    assert render.duration(0, 4_200) == "4.2s"
+    assert render.duration(0, 3_725_000) == "1h02m"
+    assert render.duration(None, 5) == "-"
+    assert render.when(None) == "-"
+
+
+def test_a_problem_becomes_one_line_with_status_code_and_detail() -> None:
+    body = json.dumps(
+        {"type": "urn:qinglong:problem:FORBIDDEN", "title": "Forbidden", "status": 403,
+         "detail": "this token lacks the runs:write scope", "code": "FORBIDDEN"}
+    ).encode()  # fmt: skip
+    problem = problem_message(403, "Forbidden", body, httpx.Headers())
+    assert problem.message == "403 FORBIDDEN: this token lacks the runs:write scope"
+    assert (problem.status, problem.code, problem.exit_code) == (403, "FORBIDDEN", EXIT_API_ERROR)
+    queue = json.dumps({"code": "QUEUE_FULL", "detail": "too many\nqueued"}).encode()
+    full = problem_message(429, "Too Many Requests", queue, httpx.Headers({"Retry-After": "5"}))
+    assert full.message == "429 QUEUE_FULL: too many queued (retry after 5 s)"
+
+
+def test_an_answer_that_is_not_problem_json_still_gets_one_line() -> None:
+    html = b"<html><body>502 Bad Gateway</body></html>"
+    problem = problem_message(502, "Bad Gateway", html, httpx.Headers())
+    assert problem.code is None
+    assert problem.message.startswith("502 Bad Gateway: the answer is not a problem+json")
+    assert "\n" not in problem.message
+
+
+def test_urls_in_messages_lose_their_user_info() -> None:
+    assert public_url("https://user:pw@host:8443/base?x=1") == "https://host:8443/base"
+
+
+def test_bad_urls_are_usage_errors() -> None:
+    for url in ("ftp://host", "http://[bad", "127.0.0.1:8000"):
+        with pytest.raises(ClientError) as caught:
+            Client(url, "t")
+        assert caught.value.exit_code == EXIT_USAGE
+
+
+def test_sse_parsing_skips_heartbeats_and_joins_data_lines() -> None:
+    lines = [": heartbeat", "", "event: chunk", "id: 4", 'data: {"offset": 0,', 'data: "text": "abc\\n"}', ""]
+    lines += ["event: end", 'data: {"status": "succeeded", "bytes": 4}']
+    events = list(parse_sse(iter(lines)))
+    assert events == [
+        ("chunk", '{"offset": 0,\n"text": "abc\\n"}', "4"),
+        ("end", '{"status": "succeeded", "bytes": 4}', None),
+    ]
+
+
+def _sse(*events: str) -> bytes:
+    return "".join(events).encode()
+
+
+def _chunk(offset: int, text: str) -> str:
+    after = offset + len(text.encode())
+    return f"event: chunk\nid: {after}\ndata: {json.dumps({'offset': offset, 'text': text})}\n\n"
+
+
+def test_a_follow_resumes_from_the_last_offset_after_the_stream_breaks() -> None:
+    seen: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("last-event-id"))
+        assert request.url.params["follow"] == "true"
+        if len(seen) == 1:  # the api went away after one chunk (no end event)
+            return httpx.Response(200, content=_sse(": heartbeat\n\n", _chunk(0, "one\n")))
+        if len(seen) == 2:  # restarting
+            raise httpx.ConnectError("connection refused")
+        if len(seen) == 3:
+            problem = {"code": "NOT_READY", "detail": "starting"}
+            return httpx.Response(503, json=problem)
+        end = 'event: end\ndata: {"status": "succeeded", "bytes": 8}\n\n'
+        return httpx.Response(200, content=_sse(_chunk(4, "two\n"), end))
+
+    client = Client("http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None)
+    items = list(client.follow("r1", 1))
+    assert items == [
+        LogChunk("one\n", 4), LogChunk("two\n", 8), LogEnd("succeeded", 8)
+    ]  # fmt: skip
+    assert seen == [None, "4", "4", "4"]
+
+
+def test_a_follow_ended_by_the_server_for_the_token_is_a_401_line() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        err = json.dumps({"code": "UNAUTHENTICATED", "detail": "the token is unknown or revoked"})
+        return httpx.Response(200, content=_sse(_chunk(0, "a"), f"event: error\ndata: {err}\n\n"))
+
+    client = Client("http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None)
+    with pytest.raises(ApiProblem) as caught:
+        list(client.follow("r1", 1))
+    assert caught.value.message.startswith("401 UNAUTHENTICATED: the token is unknown or revoked")
+
+
+def test_a_follow_stops_on_a_final_problem() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"code": "RUN_NOT_FOUND", "detail": "no such run"})
+
+    client = Client("http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None)
+    with pytest.raises(ApiProblem, match="404 RUN_NOT_FOUND: no such run"):
+        list(client.follow("r1", 1))
+
+
+# -- the config file (real files under tmp_path) --------------------------------------------
+
+
+def test_login_writes_a_0600_file_that_resolve_reads(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "qinglong" / "client.toml"
+    write_config(path, url="http://127.0.0.1:9", token='ql_abc"\\')
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(path.parent).st_mode & 0o777 == 0o700
+    env = {"QL_CLIENT_CONFIG": str(path)}
+    target = resolve(None, None, env)
+    assert (target.url, target.token) == ("http://127.0.0.1:9", 'ql_abc"\\')
+    # Flags beat the environment, which beats the file.
+    env |= {"QL_URL": "http://env:1", "QL_TOKEN": "ql_env"}
+    assert resolve(None, None, env).token == "ql_env"
+    assert resolve("http://flag:2", "ql_flag", env).url == "http://flag:2"
+
+
+def test_a_config_file_others_can_read_is_refused_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "client.toml"
+    write_config(path, url="http://127.0.0.1:9", token="ql_secret")
+    path.chmod(0o644)
+    with pytest.raises(ConfigRefused) as caught:
+        resolve(None, None, {"QL_CLIENT_CONFIG": str(path)})
+    assert caught.value.message == (
+        f"config file {path} has mode 0644, readable by others; run `chmod 600 {path}`"
+    )
+    assert "ql_secret" not in caught.value.message
+    assert caught.value.exit_code == EXIT_USAGE
+
+
+def test_a_symlinked_or_broken_config_file_is_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real.toml"
+    write_config(real, url="http://127.0.0.1:9", token="ql_x")
+    link = tmp_path / "link.toml"
+    link.symlink_to(real)
+    with pytest.raises(ConfigRefused, match="symlink"):
+        read_config(link)
+    real.write_text("token = [")
+    real.chmod(0o600)
+    with pytest.raises(ConfigRefused, match="not valid TOML"):
+        read_config(real)
+
+
+def test_no_token_anywhere_says_how_to_give_one(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    assert config_path(env) == tmp_path / ".config" / "qinglong" / "client.toml"
+    with pytest.raises(ClientError, match="pass --token, set QL_TOKEN or run `qinglong login`"):
+        resolve(None, None, env)
+    with pytest.raises(ClientError, match="pass --token"):
+        resolve(None, "  ", env)
+
+
+@pytest.mark.parametrize("token", ["ключ", "ql_a\nb", "ql_a b"])
+def test_a_token_that_cannot_be_a_header_is_refused_without_echoing_it(token: str) -> None:
+    with pytest.raises(ClientError) as caught:
+        resolve("http://127.0.0.1:9", token, {})
+    assert caught.value.exit_code == EXIT_USAGE
+    assert token not in caught.value.message and "non-ASCII" in caught.value.message
+
+
+def test_client_commands_are_told_from_the_service_commands() -> None:
+    assert _is_client_command(["runs", "list"])
+    assert _is_client_command(["--data-dir", "runs", "tasks", "list"])  # DIR is "runs"
+    assert _is_client_command(["--data-dir", "/d", "schedules", "show", "x"])
+    assert _is_client_command(["secrets", "set", "name"])
+    assert not _is_client_command(["secrets", "rotate-key"])
+    assert not _is_client_command(["secrets"])
+    assert not _is_client_command(["serve", "--port", "1"])
+    assert not _is_client_command([])
+
+
+def _main_against(
+    monkeypatch: pytest.MonkeyPatch, answer: httpx.Response, *args: str
+) -> int:
+    import app.cli.client as commands
+
+    def client(url: str, token: str) -> Client:
+        return Client(url, token, transport=httpx.MockTransport(lambda _: answer))
+
+    monkeypatch.setattr(commands, "Client", client)
+    return main([*args, "--url", "http://api.test", "--token", "ql_t"])
+
+
+@pytest.mark.parametrize(
+    ("answer", "line"),
+    [
+        (
+            httpx.Response(200, json={"items": [{"id": "r"}]}),  # no task, status, ...
+            "error: the server's answer is not what this client expects (KeyError); "
+            "is --url a qinglong api of this version?",
+        ),
+        (
+            httpx.Response(200, text="<html>a login page</html>"),
+            "error: http://api.test/api/v1/runs answered 200 without JSON",
+        ),
+        (
+            httpx.Response(502, text="<html>Bad Gateway</html>"),
+            "error: 502 Bad Gateway: the answer is not a problem+json document "
+            "(is --url the qinglong api?)",
+        ),
+    ],
+)
+def test_a_strange_answer_is_one_line_and_exit_3(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    answer: httpx.Response,
+    line: str,
+) -> None:
+    assert _main_against(monkeypatch, answer, "runs", "list") == 3
+    assert capsys.readouterr().err == line + "\n"

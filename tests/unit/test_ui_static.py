@@ -1,0 +1,99 @@
+"""The web UI's files (app/ui/static, docs/ui.md): one dictionary per language with the same
+keys, every label the code names in both, no HTML parsing of strings, no inline script or
+style, and every file covered by the package data the wheel is built from."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import tomllib
+from pathlib import Path
+
+from tests.browser import ZH_AS_IS_WORDS
+
+ROOT = Path(__file__).resolve().parents[2]
+STATIC = ROOT / "app" / "ui" / "static"
+LANGS = ("en", "zh-CN")
+_LABEL = re.compile(r"\bt\('([A-Za-z0-9_.-]+)'")
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+_WORD = re.compile(r"[A-Za-z][A-Za-z_:]+")
+# Ways a string could become markup or code.
+_UNSAFE_JS = re.compile(
+    r"\.innerHTML\b|\.outerHTML\b|insertAdjacentHTML|document\.write|\beval\(|new Function\("
+    r"|\.srcdoc\b|createContextualFragment|setAttribute\(\s*'on"
+)
+
+
+def _dict(lang: str) -> dict[str, str]:
+    data: dict[str, str] = json.loads((STATIC / "i18n" / f"{lang}.json").read_text("utf-8"))
+    return data
+
+
+def _scripts() -> list[Path]:
+    return sorted(STATIC.rglob("*.js"))
+
+
+def test_both_dictionaries_have_the_same_keys_and_placeholders() -> None:
+    en, zh = _dict("en"), _dict("zh-CN")
+    assert set(en) == set(zh), {
+        "only in en": sorted(set(en) - set(zh)),
+        "only in zh-CN": sorted(set(zh) - set(en)),
+    }
+    for key in en:
+        assert en[key].strip() and zh[key].strip(), key
+        assert set(_PLACEHOLDER.findall(en[key])) == set(_PLACEHOLDER.findall(zh[key])), key
+
+
+def test_every_zh_cn_label_is_chinese() -> None:
+    zh = {k: _PLACEHOLDER.sub("", v) for k, v in _dict("zh-CN").items()}
+    untranslated = {k: v for k, v in zh.items() if not _CJK.search(v) and v != "UTC"}
+    assert not untranslated, untranslated
+    latin = {k: w for k, v in zh.items() for w in _WORD.findall(v) if w not in ZH_AS_IS_WORDS}
+    assert not latin, f"Latin words in zh-CN labels (tests/browser.py ZH_AS_IS_WORDS): {latin}"
+
+
+def test_every_label_the_code_names_is_in_the_dictionary() -> None:
+    en = _dict("en")
+    used = {key for path in _scripts() for key in _LABEL.findall(path.read_text("utf-8"))}
+    assert used, "the scan found no t('...') call"
+    assert not used - set(en), sorted(used - set(en))
+
+
+def test_no_script_turns_a_string_into_markup() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in _scripts()
+        for n, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+        if _UNSAFE_JS.search(line) and not line.lstrip().startswith("//")
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_page_has_no_inline_script_style_or_handler() -> None:
+    html = (STATIC / "index.html").read_text("utf-8")
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), "inline <script>"
+    assert "<style" not in html and not re.search(r"\sstyle=", html)
+    assert not re.search(r"\son[a-z]+=", html), "inline event handler"
+    assert not re.search(r"(src|href)=\"(https?:)?//", html), "a resource from another origin"
+
+
+def test_every_static_file_is_package_data() -> None:
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"][
+        "package-data"
+    ]["app"]
+    files = [p.relative_to(ROOT / "app").as_posix() for p in STATIC.rglob("*") if p.is_file()]
+    # setuptools globs: "*" does not cross "/", so match segment by segment.
+    missing = [
+        f
+        for f in files
+        if not any(
+            len(f.split("/")) == len(p.split("/"))
+            and all(
+                fnmatch.fnmatchcase(a, b) for a, b in zip(f.split("/"), p.split("/"), strict=True)
+            )
+            for p in patterns
+        )
+    ]
+    assert not missing, f"not in [tool.setuptools.package-data] app: {missing}"
