@@ -184,7 +184,9 @@ class WorkerProcess:
         s = self.settings
         if not s.retention.enabled:
             return None
-        repo = RetentionRepository(engine)
+        # Several hosts: only the logs this host holds (docs/several-hosts.md §2).
+        own = self.lease.lease.instance_id if self.lease and several_hosts(engine) else None
+        repo = RetentionRepository(engine, worker_instance_id=own)
         d = s.profile.retention
         sweep = LogSweep(
             repo=repo,

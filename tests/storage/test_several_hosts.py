@@ -13,6 +13,7 @@ from app.domain.errors import LeaseLost
 from app.domain.model import Run
 from app.storage.hosts_repo import expire_vanished_hosts
 from app.storage.lease_repo import LeaseRepository
+from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from tests.storage.helpers import HANDLE, TOKEN, define_task, enqueue, event_types
@@ -96,3 +97,20 @@ def test_a_vanished_hosts_attempts_end_lost_and_its_epoch_is_superseded(engine: 
     with pytest.raises(LeaseLost) as lost:  # the partitioned worker comes back
         leases.renew(instance_id=b.instance_id, epoch=1, ttl_ms=TTL_MS)
     assert "superseded" in lost.value.detail
+
+
+def test_a_hosts_retention_sees_only_the_logs_that_host_holds(engine: Engine) -> None:
+    define_task(engine)
+    mine = _start_on(engine, enqueue(engine), "host-a", 1)
+    theirs = _start_on(engine, enqueue(engine), "host-b", 1)
+    for run in (mine, theirs):
+        assert run.latest_attempt is not None
+        RunRepository(engine).complete_attempt(
+            run_id=run.id, attempt_id=run.latest_attempt.id, token=TOKEN, callback_sequence=1,
+            exit_code=0, signal=None, finished_at_ms=run.created_at_ms + 1,
+        )  # fmt: skip
+    scoped = RetentionRepository(engine, worker_instance_id="host-a")
+    assert [c.run_id for _, c in scoped.global_candidates(limit=10)] == [mine.id]
+    assert [c.run_id for c in scoped.log_candidates("job", limit=10)] == [mine.id]
+    everyone = RetentionRepository(engine)  # SQLite, or the api's figures
+    assert {c.run_id for _, c in everyone.global_candidates(limit=10)} == {mine.id, theirs.id}
