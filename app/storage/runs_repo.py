@@ -613,18 +613,18 @@ class RunRepository:
 
 
 def lose_in(conn: Connection, *, run_id: str, attempt_id: str, code: ErrorCode, at: int) -> None:
-    """End an active attempt and its run ``lost`` with ``code`` inside ``conn``'s transaction
-    (the run row first, then the attempt, two events), as ``fail_attempt`` does.
+    """End an active attempt ``lost`` with ``code`` inside ``conn``'s transaction, through
+    ``end_attempt_in`` like every ending (a ``lost`` whose process may still live, such as
+    WORKER_LEASE_EXPIRED, is never retried: app/domain/retry.py).
 
     Raises: NotFound (not the run's latest attempt), InvalidTransition, VersionConflict.
     """
     run_row, attempt_row = _load_pair(conn, run_id, attempt_id)
-    _step(
-        conn, run_row, attempt_row, at,
-        run_to=RunStatus.LOST, attempt_to=AttemptStatus.LOST,
+    end_attempt_in(
+        conn, run_row, attempt_row, at, ending=AttemptStatus.LOST, finished_at_ms=at,
         attempt_values={"error_code": code.value, "finished_at_ms": at},
-        run_values={"finished_at_ms": at}, attempt_data={"error_code": code.value},
-        order="attempt_first",
+        attempt_data={"error_code": code.value},
+        error_code=code.value,
     )  # fmt: skip
 
 
