@@ -40,5 +40,6 @@ def browser_or_skip() -> str:
 # holds the dictionary to this list, tests/e2e/test_ui_browser.py the rendered pages).
 ZH_AS_IS_WORDS = frozenset({
     "HTTP", "QL_CORS_ORIGINS", "UTC", "admin", "qinglong", "token", "create",
+    "bin", "sh", "bash", "QL",  # /bin/sh, /bin/bash and the reserved QL3_ prefix
     "B", "KiB", "MiB", "GiB", "TiB",
 })  # fmt: skip

@@ -1,6 +1,6 @@
 """The ``qinglong`` command line: one sub-command module per concern.
 
-The client commands (``app/cli/client``: runs, tasks, schedules, login, logout) talk HTTP
+The client commands (``app/cli/client``: runs, tasks, schedules, system, login, logout) talk HTTP
 only; for them the service's own modules (storage, the api, the supervisor) are not
 imported at all, so a client command starts in a fraction of the time.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 Handler = Callable[[argparse.Namespace], int]
 
-CLIENT_COMMANDS = frozenset({"runs", "tasks", "schedules", "login", "logout"})
+CLIENT_COMMANDS = frozenset({"runs", "tasks", "schedules", "system", "login", "logout"})
 
 
 def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
@@ -68,7 +68,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if _is_client_command(argv):
-        client_args = build_parser(client_only=True).parse_args(argv)
+        # Everything after the first ``--`` is a job's argv (``tasks put TASK -- ARGV...``),
+        # kept verbatim: argparse would read its options as ours.
+        head, rest = argv, None
+        if "--" in argv:
+            cut = argv.index("--")
+            head, rest = argv[:cut], argv[cut + 1 :]
+        parser = build_parser(client_only=True)
+        client_args = parser.parse_args(head)
+        if rest is not None:
+            if not hasattr(client_args, "job_argv"):
+                parser.error(f"unrecognized arguments: -- {' '.join(rest)}")
+            client_args.job_argv = rest
         try:
             code: int = client_args.handler(client_args)
         except KeyboardInterrupt:

@@ -435,7 +435,7 @@ class AppFacade:
         self._definitions.latest_revision(task)  # TASK_NOT_FOUND
         repo, config = self._retention_parts()
         override = repo.get_override(task) or TaskOverride()
-        return TaskRetention(task, override, override.over(config.policy))
+        return TaskRetention(task, override, override.in_force(config.policy))
 
     def put_task_retention(
         self, *, task: str, override: TaskOverride

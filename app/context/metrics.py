@@ -97,7 +97,9 @@ def _families(snap: MetricsSnapshot) -> list[Metric]:
     )
     for state, n in sorted(snap.journal_by_state.items()):
         journal.add_metric([state], n)
-    log_bytes = GaugeMetricFamily("qinglong_log_bytes", "Bytes of job logs recorded.")
+    log_bytes = GaugeMetricFamily(
+        "qinglong_log_bytes", "Bytes of job logs still there (expired ones not counted)."
+    )
     log_bytes.add_metric([], snap.log_bytes)
     return [runs, queue, ended, active, journal, log_bytes]
 

@@ -89,6 +89,16 @@ class TaskOverride:
             policy = replace(policy, keep_rows=policy.keep_runs * 2 + 1)
         return policy.validated()
 
+    def in_force(self, base: RetentionPolicy) -> RetentionPolicy:
+        """The policy the sweep applies and GET shows: ``over``, or, when ``base`` (the
+        global settings) changed after this override was stored so that its ``keep_rows``
+        no longer exceeds ``keep_runs``, the same with ``keep_rows`` derived as if unset
+        (more rows kept, never fewer): a stored policy never fails a sweep pass."""
+        try:
+            return self.over(base)
+        except ValidationFailed:
+            return replace(self, keep_rows=None).over(base)
+
 
 @dataclass(frozen=True, slots=True)
 class GlobalBudgets:

@@ -62,7 +62,11 @@ class CancellationSweep:
             if attempt.cancel_reason is None:
                 # Deadline passed: persist the intent before any signal (docs/design.md §3.14).
                 try:
-                    self._intents.request_cancel(run_id=attempt.run_id, reason="timeout")
+                    # For this attempt only: once it ended, a retry may have followed it,
+                    # with its own deadline (docs/retries.md §2).
+                    self._intents.request_cancel(
+                        run_id=attempt.run_id, reason="timeout", attempt_id=attempt.attempt_id
+                    )
                 except DomainError:
                     continue  # it ended meanwhile (RUN_TERMINAL) or vanished: nothing to stop
             if attempt.status != "running" or not plausible_handle(attempt.handle):

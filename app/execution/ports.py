@@ -506,8 +506,11 @@ class ReceiptReservations(Protocol):
 class CancelIntents(Protocol):
     """Committing a cancel intent (the worker commits ``timeout``; the api ``user``)."""
 
-    def request_cancel(self, *, run_id: str, reason: Literal["user", "timeout"]) -> Run:
-        """Record the intent once; a queued run is cancelled at once.
+    def request_cancel(
+        self, *, run_id: str, reason: Literal["user", "timeout"], attempt_id: str | None = None
+    ) -> Run:
+        """Record the intent once; a queued run is cancelled at once. ``attempt_id`` (a
+        timeout): refused (InvalidTransition) unless it is still the run's active attempt.
 
         Raises: NotFound (RUN_NOT_FOUND), Conflict (RUN_TERMINAL: the run already ended),
         VersionConflict (a concurrent change won the CAS), StorageUnavailable.

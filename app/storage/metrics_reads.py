@@ -37,9 +37,7 @@ def read_snapshot(engine: Engine) -> MetricsSnapshot:
     latest = and_(attempts.c.run_id == runs.c.id, attempts.c.number == runs.c.latest_attempt)
     with UnitOfWork(engine, write=False) as uow:
         conn = uow.conn
-        by_status = conn.execute(
-            select(runs.c.status, func.count()).group_by(runs.c.status)
-        ).all()
+        by_status = conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status)).all()
         ended = conn.execute(
             select(runs.c.status, attempts.c.error_code, func.count())
             .select_from(runs.join(attempts, latest))
@@ -56,7 +54,12 @@ def read_snapshot(engine: Engine) -> MetricsSnapshot:
             .where(receipt_journal.c.state != CONSUMED)
             .group_by(receipt_journal.c.state)
         ).all()
-        log_bytes = conn.execute(select(func.coalesce(func.sum(attempts.c.log_bytes), 0))).scalar()
+        # Logs still there only (docs/retention.md §3): an expiring or expired log is freed.
+        log_bytes = conn.execute(
+            select(func.coalesce(func.sum(attempts.c.log_bytes), 0)).where(
+                attempts.c.log_state.is_(None)
+            )
+        ).scalar()
     statuses = {s.value: 0 for s in RunStatus}
     statuses.update({str(status): int(n) for status, n in by_status})
     return MetricsSnapshot(

@@ -48,6 +48,7 @@ from app.domain.model import LogInfo, ProcessHandle, Run
 from app.domain.retry import retry_not_before_ms
 from app.domain.states import (
     MAX_UNAVAILABLE_ATTEMPTS,
+    TERMINAL_ATTEMPT,
     TERMINAL_RUN,
     AttemptStatus,
     RunStatus,
@@ -334,7 +335,6 @@ class RunRepository:
                 and uow.conn.execute(_HELD_BY_ID, {"run_id": run_id}).scalar_one()
             ):
                 raise AdmissionRefused("held")
-            _admit(uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id)
             at = now_ms()
             if attempt_row.not_before_ms is not None and at < attempt_row.not_before_ms:
                 # docs/retries.md §2: never before its instant, whatever listed it.
@@ -342,6 +342,7 @@ class RunRepository:
                     "attempt", attempt_row.status, AttemptStatus.STARTING,
                     reason="the attempt waits for its retry time",
                 )  # fmt: skip
+            _admit(uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id)
             host: dict[str, Any] = {}
             if worker_instance_id is not None:
                 host = {"worker_instance_id": worker_instance_id, "lease_epoch": lease_epoch}
@@ -595,8 +596,15 @@ class RunRepository:
 
     # -- intents -----------------------------------------------------------------------------
 
-    def request_cancel(self, *, run_id: str, reason: Literal["user", "timeout"]) -> Run:
-        """Record a cancel intent once; a queued run is cancelled at once."""
+    def request_cancel(
+        self, *, run_id: str, reason: Literal["user", "timeout"], attempt_id: str | None = None
+    ) -> Run:
+        """Record a cancel intent once; a queued run is cancelled at once.
+
+        ``attempt_id`` (a timeout): the attempt whose deadline passed. InvalidTransition when
+        it is no longer the run's latest attempt or has ended: a retry that followed it has
+        its own deadline (docs/retries.md §2), so a stale read never times it out.
+        """
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
             run_row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
@@ -605,6 +613,13 @@ class RunRepository:
             if run_row.status in TERMINAL_RUN:
                 raise Conflict(ErrorCode.RUN_TERMINAL, f"the run already ended ({run_row.status})")
             attempt_row = _latest_attempt(conn, run_row)
+            if attempt_id is not None and (
+                attempt_row.id != attempt_id or attempt_row.status in TERMINAL_ATTEMPT
+            ):
+                raise InvalidTransition(
+                    "attempt", attempt_row.status, AttemptStatus.TIMED_OUT,
+                    reason="the attempt whose deadline passed already ended",
+                )  # fmt: skip
             if run_row.cancel_reason is not None:
                 return run_from_rows(run_row, attempt_row)
             written = cancel_in(conn, run_row, reason, now_ms(), attempt_row)

@@ -257,7 +257,7 @@ class LogSweep:
 
     def _policy_of(self, task: str, overrides: dict[str, TaskOverride]) -> RetentionPolicy:
         override = overrides.get(task)
-        return self._policy if override is None else override.over(self._policy)
+        return self._policy if override is None else override.in_force(self._policy)
 
 
 class RetentionLoop:

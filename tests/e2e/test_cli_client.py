@@ -288,6 +288,8 @@ def test_the_cli_client_journey(
     )
     assert main(["logout"]) == 0 and not config.exists()
 
+    _definitions_reruns_and_retention(served, capsys, monkeypatch, tmp_path)
+
     if served.env.get("QL_DATABASE_URL"):
         return  # the resume is the client's own: SQLite shows it once
     # The api is killed while a follow streams: the supervisor restarts it and the client
@@ -303,6 +305,102 @@ def test_the_cli_client_journey(
         out, err = rest_of(follow)
     assert follow.returncode == 0, err
     assert first + out == "".join(f"tick {i}\n" for i in range(1, 5))
+
+
+def _definitions_reruns_and_retention(
+    served: Served,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """tasks put (flags, then a file), start --follow, rerun, pin, retention, system."""
+    flags = ["--url", served.base_url, "--token", served.token]
+
+    def put(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        code = main(["tasks", "put", *flags, *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("pw-value"))
+    assert run_main(capsys, served, "secrets", "set", "greet-pw")[0] == 0
+    # The flag form: the recipe first (an env value, a secret by name), then revision 1.
+    script = 'echo "$GREETING ${#GREET_PW} $(pwd)"'
+    shaped = ["greet", "--cwd", "/tmp", "--timeout", "30", "--env", "GREETING=hi"]
+    shaped += ["--secret", "greet-pw", "--", "/bin/sh", "-c", script]
+    code, out, err = put(*shaped)
+    assert code == 0, err
+    recipe_line, rev_line = out.splitlines()
+    assert recipe_line.startswith("recipe localctx:sha256:") and "(GREETING, GREET_PW)" in recipe_line
+    assert rev_line.startswith("task greet revision 1 created: sha256:")
+    code, out, _ = put(*shaped)  # the same again: nothing new
+    assert code == 0 and "task greet revision 1 unchanged" in out
+    code, out, _ = run_main(capsys, served, "tasks", "show", "greet")
+    assert "env keys:        GREETING\n" in out and "secrets:         GREET_PW (greet-pw)" in out
+    assert "retry:           -" in out
+    # The file form, a flag changing one field: revision 2 (from stdin: `--file -`).
+    revision = {"argv": ["/bin/sh", "-c", "echo two"], "timeout_seconds": 30}
+    code, out, _ = put("greet", "--file", "-", "--priority", "7", stdin=json.dumps(revision))
+    assert code == 0 and "task greet revision 2 created" in out
+    code, out, _ = run_main(capsys, served, "tasks", "revisions", "greet", "--json")
+    revs = json.loads(out)["items"]
+    assert [(r["revision"], r["priority"]) for r in revs] == [(2, 7), (1, 0)]
+    assert revs[1]["cwd"] == "/tmp" and revs[1]["recipe"] == recipe_line.split()[1]
+    code, out, _ = run_main(capsys, served, "tasks", "revisions", "greet")
+    assert [line.split()[0] for line in out.splitlines()] == ["REV", "2", "1"]
+    # A command the api refuses: its 422 as one line, exit 3.
+    code, _, err = put("greet", "--", "relative/cmd")
+    assert code == 3
+    assert one_error_line(err) == (
+        "error: 422 INVALID_ARGV: argv[0] must be an absolute path to a program"
+    )
+
+    # start --follow the new task's revision 1: the recipe's env and secret reach the job.
+    code, out, err = run_main(capsys, served, "runs", "start", "greet", "--revision", "1", "-f")
+    assert (code, out) == (0, "hi 8 /tmp\n"), err
+    first = err.split()[1]
+    code, out, _ = run_main(capsys, served, "runs", "events", first)
+    types = [line.split()[3] for line in out.splitlines()[1:]]
+    assert types[0] == "run.queued" and types[-1] == "run.succeeded", out
+    # rerun --follow: a new run of the same revision, trigger.rerun_of the first.
+    code, out, err = run_main(capsys, served, "runs", "rerun", first, "--follow")
+    assert (code, out) == (0, "hi 8 /tmp\n"), err
+    assert f"(rerun of {first}, task greet revision 1)" in err.splitlines()[0]
+    again = err.split()[1]
+    code, out, _ = run_main(capsys, served, "runs", "show", again)
+    assert f"rerun of: {first}" in out and "pinned" not in out
+    # pin and unpin (idempotent).
+    code, out, _ = run_main(capsys, served, "runs", "pin", again)
+    assert (code, out) == (0, f"run {again} pinned: retention keeps its log and rows\n")
+    code, out, _ = run_main(capsys, served, "runs", "show", again)
+    assert "pinned:   yes" in out
+    code, out, _ = run_main(capsys, served, "runs", "unpin", again, "--json")
+    assert json.loads(out)["pinned"] is False
+
+    # retention: the table, then flags that change only what they name, then --clear.
+    code, out, _ = run_main(capsys, served, "tasks", "retention", "greet")
+    assert code == 0 and out.splitlines()[2].split()[:2] == ["keep-runs", "global"]
+    code, out, _ = run_main(
+        capsys, served, "tasks", "retention", "greet", "--keep-runs", "3", "--keep-rows", "10"
+    )
+    assert out.splitlines()[2].split() == ["keep-runs", "3", "3"]
+    code, out, _ = run_main(capsys, served, "tasks", "retention", "greet", "--keep-days", "2", "--json")
+    assert json.loads(out)["override"] == {
+        "keep_runs": 3, "keep_days": 2, "keep_rows": 10, "task_log_bytes": None
+    }  # fmt: skip
+    code, _, err = run_main(capsys, served, "tasks", "retention", "greet", "--keep-rows", "2")
+    assert code == 3 and one_error_line(err).startswith("error: 422 VALIDATION_FAILED: ")
+    code, out, _ = run_main(capsys, served, "tasks", "retention", "greet", "--clear", "--json")
+    assert set(json.loads(out)["override"].values()) == {None}
+
+    # system: storage (admin), ready (no token needed).
+    code, out, _ = run_main(capsys, served, "system", "storage")
+    assert code == 0 and "runs kept:" in out and "reserve:" in out
+    capsys.readouterr()
+    assert main(["system", "ready", "--url", served.base_url]) == 0  # no token anywhere
+    assert capsys.readouterr().out.startswith("ready: database ok, disk ok")
 
 
 def test_an_unreachable_server_is_one_line_and_exit_4() -> None:

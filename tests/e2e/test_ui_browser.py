@@ -44,6 +44,7 @@ class Site:
     shots: Path
     finished_run: str
     schedule: str
+    expiring_run: str
 
     @property
     def ui(self) -> str:
@@ -104,7 +105,9 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
     executable = browser_or_skip()
     from playwright.sync_api import sync_playwright
 
-    served = serve_factory(stop_jobs_on_exit=True)
+    # A 3 s retention cadence besides the kick of each ending: an ending the reconciler
+    # recorded kicks nothing, and the "fleeting" log must still expire within the flows.
+    served = serve_factory(stop_jobs_on_exit=True, extra_env={"QL_RETENTION_INTERVAL_S": "3"})
     gate_dir = Path(tempfile.mkdtemp(prefix="ql-ui"))
     gate = gate_dir / "go"
     auth = served.auth
@@ -133,6 +136,18 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
     put_task(served, "overlap", "sleep 2")
     finished = enqueue(served, "hello")
     wait_status(served, finished, {"succeeded"})
+    # Retention keeps one log of "fleeting": the older run's log expires (the sweep is kicked
+    # by the newer run's ending) while the flows before the run page's check go on.
+    put_task(served, "fleeting", "echo fleeting")
+    r = httpx.put(
+        f"{base}/api/v1/tasks/fleeting/retention",
+        json={"keep_runs": 1, "keep_days": 0},
+        headers=auth,
+    )
+    assert r.status_code == 201, r.text
+    expiring = enqueue(served, "fleeting")
+    wait_status(served, expiring, {"succeeded"})
+    enqueue(served, "fleeting")
     schedule = "every-second"
     r = httpx.put(
         f"{base}/api/v1/schedules/{schedule}",
@@ -153,6 +168,7 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
                 shots=shots,
                 finished_run=finished,
                 schedule=schedule,
+                expiring_run=expiring,
             )
         finally:
             browser.close()
@@ -270,11 +286,111 @@ def _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(
     assert page.errors == []
 
 
+def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -> None:
+    page = site.page()
+    site.sign_in(page, path="tasks")
+    page.click("#new-task")
+    page.wait_for_selector("main[aria-busy=false] #def-argv")
+    # A bad argv: the API's 422 problem detail is shown next to the form; nothing is stored.
+    page.fill("#def-task", "made-in-ui")
+    page.fill("#def-argv", "echo\nhi")
+    page.click("#def-save")
+    refused = page.inner_text("form.define-form .result .error-box")
+    assert "argv[0] must be an absolute path" in refused, refused
+    assert site.api("GET", "/api/v1/tasks/made-in-ui").status_code == 404
+    # One argument per line; a shell only because the user wrote /bin/sh and -c.
+    script = 'echo "made $GREETING"\necho "key ${#API_KEY}"'
+    page.fill("#def-argv", "/bin/sh\n-c\n" + script)
+    page.fill("#def-timeout", "30")
+    page.fill("#def-env", "GREETING=in the ui")
+    page.fill("#def-secrets", "API_KEY=demo-key")
+    page.click("#def-save")
+    page.wait_for_url(re.compile(r"#/tasks/made-in-ui$"))
+    page.wait_for_selector("#notice .notice-ok")
+    rev1 = site.api("GET", "/api/v1/tasks/made-in-ui/revisions/1").json()
+    assert rev1["argv"] == ["/bin/sh", "-c", script]
+    assert (rev1["timeout_seconds"], rev1["retry"]) == (30, None)
+    recipe = site.api("GET", f"/api/v1/recipes/{rev1['recipe']}").json()
+    assert recipe["env"] == {"GREETING": "in the ui"}
+    assert recipe["secrets"] == {"API_KEY": "demo-key"}
+    # A new revision starts from the latest, keeps its recipe (values never on the page).
+    page.click("#new-revision")
+    page.wait_for_selector("main[aria-busy=false] #def-keep-recipe:checked")
+    assert page.input_value("#def-argv") == "/bin/sh\n-c\n" + script
+    assert "in the ui" not in page.content()
+    page.check("#def-retry")
+    page.fill("#def-retry-max", "2")
+    page.check("#def-retry-on-timed_out")
+    page.fill("#def-max-concurrent", "2")
+    page.click("#def-save")
+    page.wait_for_selector("#notice .notice-ok")
+    rev2 = site.api("GET", "/api/v1/tasks/made-in-ui/revisions/2").json()
+    assert (rev2["recipe"], rev2["argv"]) == (rev1["recipe"], rev1["argv"])
+    assert rev2["max_concurrent"] == 2
+    assert rev2["retry"]["max_attempts"] == 2 and rev2["retry"]["on"] == ["failed", "timed_out"]
+    # Retention: the API's 422 (keep_rows must exceed keep_runs), then saved.
+    page.fill("#ret-keep_runs", "5")
+    page.fill("#ret-keep_rows", "3")
+    page.click("#retention-save")
+    assert "keep_rows" in page.inner_text(".retention-form .result .error-box")
+    page.fill("#ret-keep_rows", "50")
+    page.click("#retention-save")
+    page.wait_for_selector(".retention-form .result .notice-ok")
+    override = site.api("GET", "/api/v1/tasks/made-in-ui/retention").json()["override"]
+    assert override == {"keep_runs": 5, "keep_days": None, "keep_rows": 50, "task_log_bytes": None}
+    # Start it, re-run it, pin and unpin the new run.
+    page.click("#start-run")
+    first = _run_id(page)
+    page.wait_for_selector(".log-state.log-ended")
+    assert page.text_content("#log") == "made in the ui\nkey 11\n"
+    page.click("#rerun")
+    page.wait_for_url(lambda url: re.search(r"#/runs/[0-9a-f-]{36}$", url) and first not in url)
+    second = _run_id(page)
+    assert site.api("GET", f"/api/v1/runs/{second}").json()["trigger"]["rerun_of"] == first
+    page.click("#pin")
+    page.wait_for_selector("#pin[aria-pressed=true]:focus")
+    assert site.api("GET", f"/api/v1/runs/{second}").json()["pinned"] is True
+    page.keyboard.press("Enter")  # the same control, still focused, now unpins
+    page.wait_for_selector("#pin[aria-pressed=false]")
+    assert site.api("GET", f"/api/v1/runs/{second}").json()["pinned"] is False
+    # A log that retention removed reads "expired", not an error.
+    wait_until(
+        "the older fleeting log expired",
+        lambda: site.api("GET", f"/api/v1/runs/{site.expiring_run}").json()["latest_attempt"][
+            "log"
+        ]["expired"],
+        20,
+    )
+    site.visit(page, f"runs/{site.expiring_run}")
+    page.wait_for_selector(".log-state.log-expired")
+    assert page.is_visible("#log-expired") and page.query_selector(".error-box") is None
+    site.shot(page, "run-expired-desktop")
+    # The storage figures (an admin token here).
+    site.visit(page, "system")
+    page.wait_for_selector("text=Logs expired")
+    assert page.errors == []
+
+
 def _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site: Site) -> None:
     page = site.page()
     site.sign_in(page, site.read_only, path="tasks/hello")
     page.click("#start-run")
     assert "runs:write" in page.inner_text(".result .error-box")
+    page.click("#retention-save")
+    assert "definitions:write" in page.inner_text(".retention-form .result .error-box")
+    page.click("#new-revision")
+    page.wait_for_selector("main[aria-busy=false] #def-keep-recipe:checked")
+    page.click("#def-save")
+    assert "definitions:write" in page.inner_text(".define-form .result .error-box")
+    site.visit(page, f"runs/{site.finished_run}")
+    page.click("#rerun")
+    assert "runs:write" in page.inner_text(".result .error-box")
+    page.evaluate("document.querySelector('.result').replaceChildren()")
+    page.click("#pin")
+    assert "runs:write" in page.inner_text(".result .error-box")
+    site.visit(page, "system")
+    assert "admin" in page.inner_text(".error-box")
+    assert site.api("GET", "/api/v1/tasks/hello").json()["latest_revision"] == 2
     page.goto(site.ui + f"#/schedules/{site.schedule}")
     page.click("#pause, #resume")
     assert "definitions:write" in page.inner_text(".result .error-box")
@@ -337,6 +453,8 @@ def _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site: Sit
         "run": f"runs/{site.finished_run}",
         "tasks": "tasks",
         "task": "tasks/hello",
+        "new-task": "new-task",
+        "new-revision": "tasks/hello/new-revision",
         "schedules": "schedules",
         "schedule": f"schedules/{site.schedule}",
         "secrets": "secrets",
@@ -383,5 +501,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(site)
     _cancel_a_long_run_ends_cancelled(site)
     _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(site)
+    _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)

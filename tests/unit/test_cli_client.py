@@ -1,4 +1,5 @@
-"""The CLI client's pure parts: tables, one-line problems, SSE and its resume, the config file.
+"""The CLI client's pure parts: tables, one-line problems, SSE and its resume, the config file,
+the bodies of ``tasks put`` and ``tasks retention``.
 
 The commands against a real ``qinglong serve`` are tests/e2e/test_cli_client.py.
 """
@@ -14,7 +15,7 @@ import httpx
 import pytest
 
 from app.cli import _is_client_command, main
-from app.cli.client import render
+from app.cli.client import bodies, render
 from app.cli.client.api import (
     EXIT_API_ERROR,
     EXIT_USAGE,
@@ -298,3 +299,165 @@ def test_a_strange_answer_is_one_line_and_exit_3(
 ) -> None:
     assert _main_against(monkeypatch, answer, "runs", "list") == 3
     assert capsys.readouterr().err == line + "\n"
+
+
+# -- bodies of tasks put and tasks retention (app/cli/client/bodies.py) ---------------------
+
+
+def _flags(**given: object) -> dict[str, object]:
+    names = [*bodies.REVISION_FLAGS, *bodies.RETRY_FLAGS, "retry_no_jitter"]
+    return {name: None for name in names} | given
+
+
+def test_tasks_put_flags_become_the_revision_and_recipe_bodies() -> None:
+    flags = _flags(cwd="/srv", timeout=60, priority=0, max_concurrent=2, leftovers="keep")
+    flags |= {"retry_max_attempts": 3, "retry_delay": 0.0, "retry_on": ["failed", "lost"]}
+    body = bodies.revision_body(None, ["/bin/sh", "-c", "echo hi -- x"], flags, recipe="r1")
+    assert body == {
+        "argv": ["/bin/sh", "-c", "echo hi -- x"], "cwd": "/srv", "timeout_seconds": 60,
+        "priority": 0, "max_concurrent": 2, "leftovers": "keep", "recipe": "r1",
+        "retry": {"max_attempts": 3, "initial_delay_seconds": 0.0, "on": ["failed", "lost"]},
+    }  # fmt: skip
+    recipe = bodies.recipe_body(["MODE=a=b", "EMPTY="], ["db-password", "API=api.key", "x.y"])
+    assert recipe == {
+        "env": {"MODE": "a=b", "EMPTY": ""},
+        "secrets": {"DB_PASSWORD": "db-password", "API": "api.key", "X_Y": "x.y"},
+    }
+    assert bodies.recipe_body([], []) is None
+
+
+def test_a_revision_file_is_the_base_the_flags_change() -> None:
+    text = '{"argv": ["/usr/bin/env"], "priority": 5, "retry": {"max_attempts": 2}}'
+    base = bodies.load_revision_file(text, source="rev.json")
+    body = bodies.revision_body(base, [], _flags(priority=-1, retry_no_jitter=True))
+    assert body == {"argv": ["/usr/bin/env"], "priority": -1,
+                    "retry": {"max_attempts": 2, "jitter": False}}  # fmt: skip
+    assert bodies.revision_body(base, ["/bin/true"], _flags())["argv"] == ["/bin/true"]
+    with pytest.raises(ClientError, match="the file names another one"):
+        bodies.revision_body(base | {"recipe": "other"}, [], _flags(), recipe="mine")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: bodies.revision_body(None, [], {}), "no command: give it after --"),
+        (lambda: bodies.key_values(["NOEQUALS"], flag="--env"), "--env takes KEY=VALUE"),
+        (lambda: bodies.key_values(["=v"], flag="--env"), "--env takes KEY=VALUE"),
+        (lambda: bodies.key_values(["A=1", "A=2"], flag="--env"), "names the key A twice"),
+        (lambda: bodies.secret_refs(["9lives"]), "give it as --secret KEY=NAME"),
+        (lambda: bodies.secret_refs(["a-b", "A_B=c"]), "names the key A_B twice"),
+        (lambda: bodies.load_revision_file("[1]", source="stdin"), "stdin is not a JSON object"),
+        (lambda: bodies.load_revision_file("{", source="r.json"), "r.json is not JSON"),
+    ],
+)
+def test_what_cannot_be_sent_is_a_usage_error(build: object, message: str) -> None:
+    with pytest.raises(ClientError, match=message) as caught:
+        build()  # type: ignore[operator]
+    assert caught.value.exit_code == EXIT_USAGE
+
+
+def test_retention_flags_change_only_the_fields_they_name() -> None:
+    stored = {"keep_runs": 5, "keep_days": None, "keep_rows": 50, "task_log_bytes": None}
+    assert bodies.retention_body(stored, {"keep_days": 7, "keep_rows": None}, clear=False) == {
+        "keep_runs": 5, "keep_days": 7, "keep_rows": None, "task_log_bytes": None,
+    }  # fmt: skip
+    assert bodies.retention_body(stored, {"keep_runs": 1}, clear=True) == {
+        "keep_runs": 1, "keep_days": None, "keep_rows": None, "task_log_bytes": None,
+    }  # fmt: skip
+    assert bodies.retention_value("default") is None and bodies.retention_value("0") == 0
+    with pytest.raises(ValueError):
+        bodies.retention_value("-1")
+
+
+def _recording_main(
+    monkeypatch: pytest.MonkeyPatch, answers: dict[tuple[str, str], httpx.Response], *args: str
+) -> tuple[int, list[tuple[str, str, object]]]:
+    import app.cli.client as commands
+
+    seen: list[tuple[str, str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        seen.append((request.method, request.url.path, body))
+        return answers[(request.method, request.url.path)]
+
+    def client(url: str, token: str) -> Client:
+        return Client(url, token, transport=httpx.MockTransport(answer))
+
+    monkeypatch.setattr(commands, "Client", client)
+    return main(list(args)), seen
+
+
+REV = {"task": "t", "revision": 3, "digest": "sha256:ab", "argv": ["/bin/true"]}
+
+
+def test_tasks_put_takes_the_next_number_unless_the_latest_has_the_same_content(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = "/api/v1/tasks/t"
+    flags = ["tasks", "put", "t", "--url", "http://api.test", "--token", "ql_t", "--secret", "pw"]
+    conflict = httpx.Response(409, json={"code": "REVISION_CONFLICT", "detail": "other body"})
+    answers = {
+        ("POST", "/api/v1/recipes"): httpx.Response(
+            201, json={"id": "localctx:sha256:1", "env": {}, "secrets": {"PW": "pw"}}
+        ),
+        ("GET", base): httpx.Response(200, json={"task": "t", "latest_revision": 2}),
+        ("PUT", f"{base}/revisions/2"): conflict,
+        ("PUT", f"{base}/revisions/3"): httpx.Response(201, json=REV),
+    }
+    code, seen = _recording_main(monkeypatch, answers, *flags, "--", "/bin/true", "--", "-x")
+    assert code == 0
+    revision = {"argv": ["/bin/true", "--", "-x"], "recipe": "localctx:sha256:1"}
+    assert seen == [
+        ("POST", "/api/v1/recipes", {"env": {}, "secrets": {"PW": "pw"}}),
+        ("GET", base, None),
+        ("PUT", f"{base}/revisions/2", revision),
+        ("PUT", f"{base}/revisions/3", revision),
+    ]
+    assert capsys.readouterr().out.splitlines() == [
+        "recipe localctx:sha256:1 (PW)",
+        "task t revision 3 created: sha256:ab",
+    ]
+    # The latest has the same content: 200, nothing new. A new task starts at 1.
+    answers[("PUT", f"{base}/revisions/2")] = httpx.Response(200, json=REV | {"revision": 2})
+    code, seen = _recording_main(monkeypatch, answers, *flags, "--", "/bin/true")
+    assert code == 0 and [s[1] for s in seen][-1] == f"{base}/revisions/2"
+    assert "revision 2 unchanged" in capsys.readouterr().out
+    answers[("GET", base)] = httpx.Response(404, json={"code": "TASK_NOT_FOUND", "detail": "x"})
+    answers[("PUT", f"{base}/revisions/1")] = httpx.Response(201, json=REV | {"revision": 1})
+    code, seen = _recording_main(monkeypatch, answers, *flags, "--", "/bin/true")
+    assert code == 0 and [s[1] for s in seen][-2:] == [base, f"{base}/revisions/1"]
+
+
+def test_argv_after_double_dash_is_refused_by_commands_without_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["runs", "list", "--", "x"])
+    assert caught.value.code == EXIT_USAGE
+    assert "unrecognized arguments: -- x" in capsys.readouterr().err
+
+
+def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:
+    run = RUN | {"pinned": True, "trigger": {"kind": "manual", "rerun_of": "01a2-old"}}
+    text = render.run_fields(run, tz=UTC)
+    assert "rerun of: 01a2-old" in text and "pinned:   yes" in text
+    retry = {"max_attempts": 3, "initial_delay_seconds": 10.0, "factor": 2.0,
+             "max_delay_seconds": 600.0, "jitter": False, "on": ["failed", "lost"]}  # fmt: skip
+    assert render.retry_policy(retry) == (
+        "3 attempts on failed, lost; waits 10s x2 up to 600s"
+    )
+    assert render.retry_policy(None) == "-" == render.retry_policy({"max_attempts": 1})
+    assert render.size(512) == "512 bytes" and render.size(1536) == "1.5 KiB (1536 bytes)"
+    storage = {"retention_enabled": False, "log_bytes": 0, "free_bytes": None, "last_sweep": None}
+    text = render.storage_fields(storage)
+    assert "retention:    off" in text and "free:         -" in text and "none yet" in text
+    policy = {"task": "t", "override": {"keep_runs": 2},
+              "effective": {"keep_runs": 2, "keep_days": 30, "keep_rows": 9}}  # fmt: skip
+    events = [{"seq": 1, "type": "attempt.failed", "at_ms": 0, "data": {"exit_code": 3}}]
+    assert render.events_table(events, tz=UTC).splitlines()[1].split() == [
+        "1", "1970-01-01", "00:00:00", "attempt.failed", "exit_code=3",
+    ]  # fmt: skip
+    rows = [line.split() for line in render.retention_table(policy).splitlines()[2:]]
+    assert rows == [["keep-runs", "2", "2"], ["keep-days", "global", "30"],
+                    ["keep-rows", "global", "9"], ["task-log-bytes", "global", "no", "limit"]]  # fmt: skip

@@ -198,3 +198,29 @@ def test_settings_override_the_profile_and_refuse_contradictions() -> None:
     ):
         with pytest.raises(ValueError):
             Settings.from_env(bad, data_dir="/nonexistent-qinglong")
+
+
+def test_a_stored_override_the_global_settings_later_contradict_still_applies() -> None:
+    # Stored while the global keep_runs was 10 (keep_rows 50 > 10 passed the PUT); the
+    # operator then raised QL_RETENTION_KEEP_RUNS to 100. ``over`` refuses the pair, and a
+    # sweep that asked only ``over`` failed its whole pass (and the free-space reserve with
+    # it) at this task, every pass. The policy in force keeps more rows instead.
+    from pathlib import Path
+    from typing import Any, cast
+
+    from app.domain.retention import GlobalBudgets
+    from app.worker.log_retention import LogSweep
+
+    base = RetentionPolicy(keep_runs=100, keep_days=0, keep_rows=1000, task_log_bytes=None)
+    stored = TaskOverride(keep_rows=50)
+    with pytest.raises(ValidationFailed):
+        stored.over(base)  # a PUT of this pair now is still refused
+    assert stored.in_force(base) == base
+    narrow = RetentionPolicy(keep_runs=100, keep_days=0, keep_rows=101, task_log_bytes=None)
+    assert TaskOverride(keep_runs=200, keep_rows=150).in_force(narrow).keep_rows == 401
+    sweep = LogSweep(
+        repo=cast(Any, None), logs_root=Path("/nonexistent"), policy=base,
+        budgets=GlobalBudgets(total_log_bytes=None, free_reserve_bytes=0),
+        tasks_per_pass=1, files_per_pass=1,
+    )  # fmt: skip
+    assert sweep._policy_of("t", {"t": stored}) == base

@@ -1,9 +1,9 @@
 """Client commands of ``qinglong`` over the public REST API (docs/cli.md).
 
-``runs``, ``tasks``, ``schedules``, ``secrets list|set|delete``, ``login`` and ``logout``
-talk to a running service over HTTP only (never to its database): the same contract as any
-other client (docs/api.md). The import contract "the cli client talks HTTP only"
-(pyproject.toml) holds that.
+``runs``, ``tasks``, ``schedules``, ``system``, ``secrets list|set|delete``, ``login`` and
+``logout`` talk to a running service over HTTP only (never to its database): the same
+contract as any other client (docs/api.md). The import contract "the cli client talks HTTP
+only" (pyproject.toml) holds that.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 from urllib.parse import quote
 
-from app.cli.client import render
+from app.cli.client import bodies, render
 from app.cli.client.api import (
     EXIT_API_ERROR,
     EXIT_OK,
@@ -33,6 +33,7 @@ from app.cli.client.api import (
 )
 from app.cli.client.config import (
     DEFAULT_URL,
+    ConfigRefused,
     check_token,
     config_path,
     read_config,
@@ -59,6 +60,8 @@ Command = Callable[[Client, argparse.Namespace], int]
 
 
 SECRET_ACTIONS = frozenset({"list", "set", "delete"})
+# A retention flag not given (``--keep-runs default`` is None: the global value).
+_UNSET: Any = object()
 
 
 def _common() -> argparse.ArgumentParser:
@@ -79,7 +82,9 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     """
     common = _common()
 
-    runs = sub.add_parser("runs", help="start, list, show, follow and cancel runs (over HTTP)")
+    runs = sub.add_parser(
+        "runs", help="start, list, show, follow, cancel, rerun and pin runs (over HTTP)"
+    )
     rsub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
     start = rsub.add_parser("start", parents=[common], help="enqueue a run of TASK")
     start.add_argument("task")
@@ -108,8 +113,30 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     cancel = rsub.add_parser("cancel", parents=[common], help="request that a run stops")
     cancel.add_argument("run")
     cancel.set_defaults(handler=_client(cmd_runs_cancel))
+    events = rsub.add_parser("events", parents=[common], help="a run's events in order")
+    events.add_argument("run")
+    _paging(events)
+    events.set_defaults(handler=_client(cmd_runs_events))
+    rerun = rsub.add_parser(
+        "rerun", parents=[common], help="a new run of the same revision and priority"
+    )
+    rerun.add_argument("run")
+    rerun.add_argument("--idempotency-key", help="the same key returns the first rerun")
+    rerun.add_argument(
+        "--follow", "-f", action="store_true", help="stream the log, end with the run's status"
+    )
+    rerun.set_defaults(handler=_client(cmd_runs_rerun))
+    for action, what in (
+        ("pin", "keep a run's log and rows against every retention policy"),
+        ("unpin", "let retention treat a run like any other again"),
+    ):
+        one = rsub.add_parser(action, parents=[common], help=what)
+        one.add_argument("run")
+        one.set_defaults(handler=_client(cmd_runs_pin), pin_action=action)
 
-    tasks = sub.add_parser("tasks", help="list and show tasks (over HTTP)")
+    tasks = sub.add_parser(
+        "tasks", help="list, show and put tasks, their revisions and retention (over HTTP)"
+    )
     tsub = tasks.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
     tlist = tsub.add_parser("list", parents=[common], help="tasks and their latest revision")
     _paging(tlist)
@@ -117,6 +144,44 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     tshow = tsub.add_parser("show", parents=[common], help="a task's latest revision")
     tshow.add_argument("task")
     tshow.set_defaults(handler=_client(cmd_tasks_show))
+    _register_tasks_put(tsub, common)
+    trevs = tsub.add_parser("revisions", parents=[common], help="a task's revisions, newest first")
+    trevs.add_argument("task")
+    _paging(trevs)
+    trevs.set_defaults(handler=_client(cmd_tasks_revisions))
+    tret = tsub.add_parser(
+        "retention", parents=[common], help="show a task's retention; with flags, change it"
+    )
+    tret.add_argument("task")
+    for field, what in (
+        ("keep_runs", "the newest runs that keep their logs"),
+        ("keep_days", "runs younger than this many days keep their logs"),
+        ("keep_rows", "the newest runs that keep their rows (more than --keep-runs)"),
+        ("task_log_bytes", "log bytes the task may keep"),
+    ):
+        tret.add_argument(
+            "--" + field.replace("_", "-"),
+            dest=field,
+            type=_retention_value,
+            default=_UNSET,  # `default` gives None: the global value
+            metavar="N|default",
+            help=f"{what}; default: the global value",
+        )
+    tret.add_argument(
+        "--clear", action="store_true", help="every field the global value (then the flags)"
+    )
+    tret.set_defaults(handler=_client(cmd_tasks_retention))
+
+    system = sub.add_parser("system", help="readiness and storage figures (over HTTP)")
+    ysub = system.add_subparsers(dest="system_command", metavar="ACTION", required=True)
+    ready = ysub.add_parser(
+        "ready", parents=[common], help="is the service ready (database, disk, worker)"
+    )
+    ready.set_defaults(handler=_client(cmd_system_ready, token_needed=False))
+    storage = ysub.add_parser(
+        "storage", parents=[common], help="log bytes, runs kept, free space (admin)"
+    )
+    storage.set_defaults(handler=_client(cmd_system_storage))
 
     schedules = sub.add_parser("schedules", help="list, show, pause and resume schedules")
     ssub = schedules.add_subparsers(dest="schedules_command", metavar="ACTION", required=True)
@@ -161,6 +226,68 @@ def register_secret_actions(ssub: Any) -> None:
     sdel.set_defaults(handler=_client(cmd_secrets_delete))
 
 
+def _register_tasks_put(tsub: Any, common: argparse.ArgumentParser) -> None:
+    put = tsub.add_parser(
+        "put",
+        parents=[common],
+        help="add a revision of TASK: from --file, or from flags and the command after --",
+        usage="qinglong tasks put TASK [--revision N] [--file PATH|-] [flags] [-- ARGV...]",
+    )
+    put.add_argument("task")
+    put.add_argument(
+        "--revision", type=int, help="this number (default: the latest + 1, or 1 for a new task)"
+    )
+    put.add_argument(
+        "--file", help="the revision body as JSON (docs/api.md §4); - reads it from stdin"
+    )
+    put.add_argument("--cwd", help="the working directory (absolute)")
+    put.add_argument("--timeout", type=int, metavar="SECONDS", help="1..604800")
+    put.add_argument("--priority", type=int, help="-100..100 (default 0)")
+    put.add_argument("--max-concurrent", type=int, help="runs of the task at once (1..1000)")
+    put.add_argument("--leftovers", choices=("kill", "keep"), help="default kill")
+    put.add_argument("--run-as", metavar="USER", help="a user of QL_JOB_USERS")
+    put.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
+    put.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME|KEY=NAME",
+        help="repeatable; the job gets the secret's value as KEY (NAME upper-cased, - and . "
+        "as _); set values with `qinglong secrets set`",
+    )
+    put.add_argument("--retry-max-attempts", type=int, metavar="N", help="1..20 attempts in all")
+    put.add_argument("--retry-delay", type=float, metavar="SECONDS", help="the first wait")
+    put.add_argument("--retry-max-delay", type=float, metavar="SECONDS", help="the longest wait")
+    put.add_argument("--retry-factor", type=float, help="each wait is the previous times this")
+    put.add_argument(
+        "--retry-on",
+        action="append",
+        choices=("failed", "timed_out", "lost"),
+        help="repeatable; the endings that retry (default failed)",
+    )
+    put.add_argument("--retry-no-jitter", action="store_true", help="exact waits")
+    put.set_defaults(handler=_client(cmd_tasks_put), job_argv=[])
+
+
+def _retention_value(text: str) -> int | None:
+    try:
+        return bodies.retention_value(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a whole number >= 0, or default") from None
+
+
+def _url_and_maybe_token(args: argparse.Namespace) -> tuple[str, str]:
+    """The url as usual; the token if one is given anywhere, else none (``/readyz``)."""
+    try:
+        target = resolve(args.url, args.token)
+    except ConfigRefused:
+        raise
+    except ClientError:  # no token: fine for an unauthenticated endpoint
+        stored = read_config(config_path())
+        return args.url or _env("QL_URL") or stored.get("url") or DEFAULT_URL, ""
+    return target.url, target.token
+
+
 def _paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=_limit, default=20, help="items per page (1..200)")
     parser.add_argument("--cursor", help="the next page (printed after a full page)")
@@ -173,13 +300,17 @@ def _limit(text: str) -> int:
     return value
 
 
-def _client(command: Command) -> Callable[[argparse.Namespace], int]:
+def _client(command: Command, *, token_needed: bool = True) -> Callable[[argparse.Namespace], int]:
     """The handler: resolve the target, run ``command``, one line for every problem."""
 
     def handler(args: argparse.Namespace) -> int:
         try:
-            target = resolve(args.url, args.token)
-            with Client(target.url, target.token) as client:
+            if token_needed:
+                target = resolve(args.url, args.token)
+                url, token = target.url, target.token
+            else:
+                url, token = _url_and_maybe_token(args)
+            with Client(url, token) as client:
                 return command(client, args)
         except ClientError as exc:
             return _fail(exc)
@@ -316,6 +447,47 @@ def cmd_runs_cancel(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_runs_events(client: Client, args: argparse.Namespace) -> int:
+    """One page of a run's events in ``seq`` order."""
+    page = client.get(f"/runs/{_seg(args.run)}/events", limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _emit_json(page)
+        return EXIT_OK
+    print(render.events_table(page["items"]))
+    _more(args, page, f"runs events {args.run} --limit {args.limit}")
+    return EXIT_OK
+
+
+def cmd_runs_rerun(client: Client, args: argparse.Namespace) -> int:
+    """A new run of the same revision and priority; with --follow as ``runs start``."""
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    run = client.post(f"/runs/{_seg(args.run)}/rerun", headers=headers)
+    line = (
+        f"run {run['id']} {run['status']} (rerun of {render.safe(args.run)}, task "
+        f"{render.safe(run['task'])} revision {run['revision']})"
+    )
+    if args.follow:
+        print(line, file=sys.stderr)
+        return _follow_and_report(client, run, attempt=None, as_json=args.json)
+    if args.json:
+        _emit_json(run)
+    else:
+        print(line)
+    return EXIT_OK
+
+
+def cmd_runs_pin(client: Client, args: argparse.Namespace) -> int:
+    """Pin or unpin a run (idempotent)."""
+    run = client.post(f"/runs/{_seg(args.run)}/{args.pin_action}")
+    if args.json:
+        _emit_json(run)
+    elif run["pinned"]:
+        print(f"run {run['id']} pinned: retention keeps its log and rows")
+    else:
+        print(f"run {run['id']} unpinned")
+    return EXIT_OK
+
+
 def _follow_and_report(
     client: Client, run: dict[str, Any], *, attempt: int | None, as_json: bool
 ) -> int:
@@ -399,8 +571,133 @@ def cmd_tasks_show(client: Client, args: argparse.Namespace) -> int:
     task = client.get(f"/tasks/{_seg(args.task)}")
     if args.json:
         _emit_json(task)
+        return EXIT_OK
+    recipe_id = (task.get("latest") or {}).get("recipe")
+    recipe = client.get(f"/recipes/{_seg(recipe_id)}") if recipe_id else None
+    print(render.task_fields(task, recipe=recipe))
+    return EXIT_OK
+
+
+def cmd_tasks_put(client: Client, args: argparse.Namespace) -> int:
+    """Add a revision: the recipe first (``--env``/``--secret``), then the revision."""
+    base = None
+    if args.file is not None:
+        base = bodies.load_revision_file(_read_file(args.file), source=_file_name(args.file))
+    flags = vars(args)
+    body = bodies.revision_body(base, args.job_argv, flags)  # usage errors before any request
+    recipe_in = bodies.recipe_body(args.env, args.secret)
+    recipe = None
+    if recipe_in is not None:
+        recipe = client.post("/recipes", recipe_in)
+        body = bodies.revision_body(base, args.job_argv, flags, recipe=recipe["id"])
+    task = _seg(args.task)
+    if args.revision is not None:
+        status, rev = client.put(f"/tasks/{task}/revisions/{args.revision}", body)
     else:
-        print(render.task_fields(task))
+        status, rev = _put_next(client, task, body)
+    if args.json:
+        _emit_json(rev)
+        return EXIT_OK
+    if recipe is not None:
+        keys = ", ".join([*recipe["env"], *recipe["secrets"]])
+        print(f"recipe {recipe['id']} ({render.safe(keys)})")
+    what = "created" if status == 201 else "unchanged (the same content)"
+    print(f"task {render.safe(rev['task'])} revision {rev['revision']} {what}: {rev['digest']}")
+    return EXIT_OK
+
+
+def _put_next(client: Client, task: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """PUT ``body`` as the next revision; the latest itself when it has the same content.
+
+    The api answers 200 for a PUT of the same content and 409 for another one, so "the
+    same as the latest" is the server's own comparison (digests of canonical bodies).
+    A number another client took in between is a 409 too: read the latest again.
+    """
+    for _ in range(3):
+        try:
+            latest = int(client.get(f"/tasks/{task}")["latest_revision"])
+        except ApiProblem as exc:
+            if exc.code != "TASK_NOT_FOUND":
+                raise
+            latest = 0
+        try:
+            if latest:
+                return client.put(f"/tasks/{task}/revisions/{latest}", body)
+        except ApiProblem as exc:
+            if exc.code != "REVISION_CONFLICT":
+                raise
+        try:
+            return client.put(f"/tasks/{task}/revisions/{latest + 1}", body)
+        except ApiProblem as exc:
+            if exc.code != "REVISION_CONFLICT":
+                raise
+    raise ClientError("other clients keep adding revisions of this task; try again", EXIT_API_ERROR)
+
+
+def _read_file(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        with open(name, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise ClientError(f"cannot read {name}: {reason}", EXIT_USAGE) from None
+
+
+def _file_name(name: str) -> str:
+    return "stdin" if name == "-" else name
+
+
+def cmd_tasks_revisions(client: Client, args: argparse.Namespace) -> int:
+    """One page of a task's revisions, newest first."""
+    page = client.get(f"/tasks/{_seg(args.task)}/revisions", limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _emit_json(page)
+        return EXIT_OK
+    print(render.revisions_table(page["items"]))
+    _more(args, page, f"tasks revisions {args.task} --limit {args.limit}")
+    return EXIT_OK
+
+
+def cmd_tasks_retention(client: Client, args: argparse.Namespace) -> int:
+    """The task's retention; with flags, PUT the stored override changed by them."""
+    path = f"/tasks/{_seg(args.task)}/retention"
+    changes = {
+        f: value for f in bodies.RETENTION_FIELDS if (value := getattr(args, f)) is not _UNSET
+    }
+    policy = client.get(path)
+    if changes or args.clear:
+        body = bodies.retention_body(policy["override"], changes, clear=args.clear)
+        _, policy = client.put(path, body)
+    if args.json:
+        _emit_json(policy)
+    else:
+        print(render.retention_table(policy))
+    return EXIT_OK
+
+
+# -- system ----------------------------------------------------------------------------------
+
+
+def cmd_system_ready(client: Client, args: argparse.Namespace) -> int:
+    """``GET /readyz``: ready (exit 0) or 503 NOT_READY naming the failing checks (exit 3)."""
+    ready = client.get_root("/readyz")
+    if args.json:
+        _emit_json(ready)
+    else:
+        checks = ", ".join(f"{k} {v}" for k, v in sorted(ready["checks"].items()))
+        print(f"{render.safe(ready['status'])}: {render.safe(checks)}")
+    return EXIT_OK
+
+
+def cmd_system_storage(client: Client, args: argparse.Namespace) -> int:
+    """``GET /system/storage`` (admin): log bytes, runs kept, free space, the last sweep."""
+    storage = client.get("/system/storage")
+    if args.json:
+        _emit_json(storage)
+    else:
+        print(render.storage_fields(storage))
     return EXIT_OK
 
 

@@ -168,7 +168,8 @@ class Client:
             self._http = httpx.Client(
                 base_url=self.url,
                 headers={
-                    "Authorization": f"Bearer {token}",
+                    # No token: only the unauthenticated /readyz (`qinglong system ready`).
+                    **({"Authorization": f"Bearer {token}"} if token else {}),
                     "Accept": "application/json",
                     "User-Agent": "qinglong-cli",
                 },
@@ -220,6 +221,10 @@ class Client:
         """GET ``path`` under /api/v1; the decoded JSON."""
         return _json(self.request("GET", API + path, params=params))
 
+    def get_root(self, path: str) -> Any:
+        """GET ``path`` outside /api/v1 (``/readyz``); the decoded JSON."""
+        return _json(self.request("GET", path))
+
     def post(
         self,
         path: str,
@@ -229,6 +234,11 @@ class Client:
     ) -> Any:
         """POST ``path`` under /api/v1; the decoded JSON."""
         return _json(self.request("POST", API + path, body=body, headers=headers))
+
+    def put(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """PUT ``path`` under /api/v1; ``(status, decoded JSON)`` (201 new, 200 the same)."""
+        response = self.request("PUT", API + path, body=body)
+        return response.status_code, _json(response)
 
     def log_bytes(self, run_id: str, number: int) -> bytes:
         """The whole log of one attempt."""

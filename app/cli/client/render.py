@@ -131,6 +131,11 @@ def run_fields(run: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
         ("finished", when(run.get("finished_at_ms"), tz=tz)),
         ("took", duration(run.get("started_at_ms"), run.get("finished_at_ms"))),
     ]
+    rerun_of = (run.get("trigger") or {}).get("rerun_of")
+    if rerun_of:
+        pairs.insert(4, ("rerun of", rerun_of))
+    if run.get("pinned"):
+        pairs.append(("pinned", "yes: retention keeps its log and rows"))
     if cancel:
         pairs.append(("cancel", f"{cancel.get('reason')} at {when(cancel.get('at_ms'), tz=tz)}"))
     if attempt:
@@ -165,8 +170,14 @@ def tasks_table(tasks: Sequence[Mapping[str, Any]]) -> str:
     return table(("TASK", "LATEST"), [(t["task"], t["latest_revision"]) for t in tasks])
 
 
-def task_fields(task: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
-    """The ``tasks show`` block: the task and its latest revision."""
+def task_fields(
+    task: Mapping[str, Any],
+    *,
+    recipe: Mapping[str, Any] | None = None,
+    tz: tzinfo | None = None,
+) -> str:
+    """The ``tasks show`` block: the task and its latest revision (the recipe's env keys and
+    secret names, never a value)."""
     rev = task.get("latest") or {}
     pairs: list[tuple[str, object]] = [
         ("task", task["task"]),
@@ -174,14 +185,127 @@ def task_fields(task: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
         ("argv", " ".join(_quote(a) for a in rev.get("argv", []))),
         ("cwd", rev.get("cwd") or "-"),
         ("recipe", rev.get("recipe") or "-"),
+        *_recipe_pairs(recipe),
         ("timeout", f"{rev['timeout_seconds']} s" if rev.get("timeout_seconds") else "-"),
         ("priority", rev.get("priority", 0)),
         ("leftovers", rev.get("leftovers", "kill")),
         ("max concurrent", rev.get("max_concurrent") or "-"),
         ("run as", rev.get("run_as") or "-"),
+        ("retry", retry_policy(rev.get("retry"))),
         ("digest", rev.get("digest", "-")),
         ("created", when(rev.get("created_at_ms"), tz=tz)),
     ]
+    return fields(pairs)
+
+
+def _recipe_pairs(recipe: Mapping[str, Any] | None) -> list[tuple[str, object]]:
+    if recipe is None:
+        return []
+    env = ", ".join(recipe.get("env") or {}) or "-"
+    secrets = ", ".join(f"{k} ({v})" for k, v in (recipe.get("secrets") or {}).items()) or "-"
+    return [("env keys", env), ("secrets", secrets)]
+
+
+def events_table(events: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
+    """The ``runs events`` table: seq, time, type and the low-sensitivity data as k=v."""
+    rows = [
+        (
+            e["seq"],
+            when(e.get("at_ms"), tz=tz),
+            e["type"],
+            _data(e.get("data")),
+        )
+        for e in events
+    ]
+    return table(("SEQ", "AT", "TYPE", "DATA"), rows, width=80)
+
+
+def _data(data: Mapping[str, Any] | None) -> str:
+    pairs = [f"{k}={v}" for k, v in (data or {}).items() if v is not None]
+    return " ".join(pairs) or "-"
+
+
+def retry_policy(retry: Mapping[str, Any] | None) -> str:
+    """``3 attempts on failed, lost; waits 10s x2 up to 600s, jittered`` or ``-``."""
+    if not retry or int(retry.get("max_attempts") or 1) <= 1:
+        return "-"
+    on = ", ".join(retry.get("on") or ["failed"])
+    jitter = ", jittered" if retry.get("jitter", True) else ""
+    first, factor, cap = (
+        float(retry.get(k) or 0) for k in ("initial_delay_seconds", "factor", "max_delay_seconds")
+    )
+    return (
+        f"{retry['max_attempts']} attempts on {on}; waits {first:g}s x{factor:g} up to "
+        f"{cap:g}s{jitter}"
+    )
+
+
+def revisions_table(revisions: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
+    """The ``tasks revisions`` table, newest first (the digest cut to its first 12 hex)."""
+    rows = [
+        (
+            r["revision"],
+            when(r.get("created_at_ms"), tz=tz),
+            str(r.get("digest", "-"))[:19],
+            "yes" if r.get("recipe") else "-",
+            " ".join(_quote(a) for a in r.get("argv", [])),
+        )
+        for r in revisions
+    ]
+    return table(("REV", "CREATED", "DIGEST", "RECIPE", "ARGV"), rows, width=60)
+
+
+def retention_table(policy: Mapping[str, Any]) -> str:
+    """The ``tasks retention`` table: each field's own value (or global) and the one in force."""
+    override = policy.get("override") or {}
+    effective = policy.get("effective") or {}
+    rows = [
+        (
+            field.replace("_", "-"),
+            "global" if override.get(field) is None else override[field],
+            "no limit" if effective.get(field) is None else effective[field],
+        )
+        for field in ("keep_runs", "keep_days", "keep_rows", "task_log_bytes")
+    ]
+    return f"task {safe(policy['task'])}\n" + table(("FIELD", "TASK'S OWN", "IN FORCE"), rows)
+
+
+def size(n: int | None) -> str:
+    """``1.5 MiB (1572864 bytes)``; ``-`` for none."""
+    if n is None:
+        return "-"
+    value, unit = float(n), "bytes"
+    for name in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, name
+    return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit} ({n} bytes)"
+
+
+def storage_fields(storage: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
+    """The ``system storage`` block (docs/retention.md)."""
+    sweep = storage.get("last_sweep")
+    pairs: list[tuple[str, object]] = [
+        ("retention", "on" if storage.get("retention_enabled") else "off"),
+        ("log bytes", size(storage.get("log_bytes"))),
+        ("log budget", size(storage.get("total_log_bytes_budget"))),
+        ("logs kept", storage.get("logs_kept")),
+        ("logs expired", storage.get("logs_expired")),
+        ("runs kept", storage.get("runs_kept")),
+        ("free", size(storage.get("free_bytes"))),
+        ("reserve", size(storage.get("reserve_bytes"))),
+    ]
+    if sweep:
+        pairs.append(
+            (
+                "last sweep",
+                f"{when(sweep['at_ms'], tz=tz)} in {sweep['duration_ms']} ms: "
+                f"{sweep['expired_logs']} logs expired, {sweep['deleted_runs']} runs deleted, "
+                f"{size(sweep['freed_bytes'])} freed",
+            )
+        )
+    else:
+        pairs.append(("last sweep", "none yet"))
     return fields(pairs)
 
 

@@ -93,23 +93,12 @@ export function query(params) {
 }
 
 let featuresPromise = null;
-/**
- * What this server offers beyond the base contract, read once from its OpenAPI document:
- * re-run (POST /api/v1/runs/{run_id}/rerun) and storage figures (GET /api/v1/system/storage)
- * appear in the UI only when the server has them.
- */
+/** What the server says of itself in its OpenAPI document (read once): its version. */
 export function features() {
   if (!featuresPromise) {
     featuresPromise = call('GET', '/openapi.json', { auth: false })
-      .then((doc) => {
-        const paths = doc.paths || {};
-        return {
-          version: (doc.info && doc.info.version) || null,
-          rerun: Boolean(paths['/api/v1/runs/{run_id}/rerun'] && paths['/api/v1/runs/{run_id}/rerun'].post),
-          storage: Boolean(paths['/api/v1/system/storage'] && paths['/api/v1/system/storage'].get),
-        };
-      })
-      .catch(() => ({ version: null, rerun: false, storage: false }));
+      .then((doc) => ({ version: (doc.info && doc.info.version) || null }))
+      .catch(() => ({ version: null }));
   }
   return featuresPromise;
 }

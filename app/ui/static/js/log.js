@@ -103,7 +103,8 @@ export class LogFollower {
       return true;
     }
     if (event === 'error') {
-      this.handlers.onError(new ApiError(payload.code === 'FORBIDDEN' ? 403 : 401, payload, 'logs:read'));
+      const status = { FORBIDDEN: 403, LOG_EXPIRED: 410 }[payload.code] || 401;
+      this.handlers.onError(new ApiError(status, payload, 'logs:read'));
       this.stopped = true;
       return true;
     }

@@ -6,6 +6,7 @@ import { LANGUAGES, language, loadLanguage, preferredLanguage, t } from './i18n.
 import { runsPage } from './pages/runs.js';
 import { runPage } from './pages/run.js';
 import { tasksPage, taskPage } from './pages/tasks.js';
+import { definePage } from './pages/define.js';
 import { schedulesPage, schedulePage } from './pages/schedules.js';
 import { secretsPage } from './pages/secrets.js';
 import { systemPage } from './pages/system.js';
@@ -16,6 +17,8 @@ const ROUTES = [
   [/^runs\/([^/]+)$/, runPage, 'runs'],
   [/^tasks$/, tasksPage, 'tasks'],
   [/^tasks\/([^/]+)$/, taskPage, 'tasks'],
+  [/^new-task$/, definePage, 'tasks'],
+  [/^tasks\/([^/]+)\/new-revision$/, definePage, 'tasks'],
   [/^schedules$/, schedulesPage, 'schedules'],
   [/^schedules\/([^/]+)$/, schedulePage, 'schedules'],
   [/^secrets$/, secretsPage, 'secrets'],
@@ -25,6 +28,7 @@ const NAV = ['runs', 'tasks', 'schedules', 'secrets', 'system'];
 
 let stopPage = () => {};
 let signInMessage = null;
+let pendingNotice = null;
 let rendered = false;
 
 function parseHash() {
@@ -33,8 +37,9 @@ function parseHash() {
   return { path: p, params: new URLSearchParams(q || '') };
 }
 
-/** Go to a route of the UI, e.g. go('runs', {task: 'x'}). */
-export function go(where, params) {
+/** Go to a route of the UI, e.g. go('runs', {task: 'x'}); notice is shown on the new page. */
+export function go(where, params, notice) {
+  pendingNotice = notice ? [notice, 'ok'] : null;
   const q = params ? new URLSearchParams(Object.entries(params).filter(([, v]) => v)).toString() : '';
   const target = `#/${where}${q ? `?${q}` : ''}`;
   if (location.hash === target) render();
@@ -96,7 +101,8 @@ function render() {
     if (!m) continue;
     frame(section);
     document.title = `${t(`nav.${section}`)} · qinglong-control`;
-    notify(null);
+    notify(...(pendingNotice || [null]));
+    pendingNotice = null;
     const controller = new AbortController();
     const args = m.slice(1).map((s) => decodeURIComponent(s));
     put(view, h('p', { class: 'loading' }, t('common.loading')));

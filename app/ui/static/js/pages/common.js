@@ -21,6 +21,7 @@ export function resultSlot() {
     el: slot,
     ok(text) { slot.replaceChildren(h('p', { class: 'notice notice-ok' }, text)); },
     fail(err) { slot.replaceChildren(errorBox(err) || ''); },
+    message(text) { slot.replaceChildren(h('div', { class: 'error-box', role: 'alert' }, h('p', {}, text))); },
     clear() { slot.replaceChildren(); },
   };
 }

@@ -1,7 +1,8 @@
-// One run: status, attempts with their endings in words, the event timeline, the live log,
-// download of the whole log, cancel and (where the server has it) re-run.
+// One run: status, attempts with their endings in words, the event timeline, the live log
+// (or "expired" once retention removed it), download of the whole log, cancel, re-run, and
+// pin / unpin (a pinned run is kept against every retention policy).
 
-import { api, call, features, path } from '../api.js';
+import { api, call, path } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { TERMINAL, bytes, duration, explainEnding, statusBadge, timeEl } from '../format.js';
@@ -23,6 +24,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
   const timeline = h('ol', { class: 'timeline' });
   const logState = h('span', { class: 'log-state', 'aria-live': 'polite' });
   const truncation = h('p', { class: 'notice notice-warn truncation', hidden: true });
+  const expiredNote = h('p', { class: 'notice notice-info log-expired', id: 'log-expired', hidden: true });
   const logText = document.createTextNode('');
   const logBox = h('pre', { class: 'log raw', tabindex: '0', 'aria-label': t('run.log'), id: 'log' }, logText);
   const logTitle = h('span', {});
@@ -35,7 +37,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     h('section', { class: 'log-section', 'aria-labelledby': 'log-title' },
       h('div', { class: 'section-head' }, h('h2', { id: 'log-title' }, t('run.log'), ' ', logTitle),
         h('div', { class: 'log-tools' }, logState, download)),
-      truncation, logBox),
+      truncation, expiredNote, logBox),
     h('section', {}, h('h2', {}, t('run.attempts')),
       h('div', { class: 'table-wrap' }, h('table', { class: 'attempts' },
         h('thead', {}, h('tr', {},
@@ -96,6 +98,8 @@ export function runPage(view, { args: [runId], signal, ready }) {
       [t('run.started'), timeEl(run.started_at_ms)],
       [t('run.finished'), timeEl(run.finished_at_ms)],
       [t('runs.duration'), duration(run.started_at_ms, run.finished_at_ms)],
+      run.trigger.rerun_of ? [t('run.rerun_of'), link(['runs', run.trigger.rerun_of], raw(run.trigger.rerun_of, 'code'))] : null,
+      [t('run.pinned'), run.pinned ? t('run.pinned_yes') : t('run.pinned_no')],
       cancel ? [t('run.cancel_requested'), [t(`cancel.${cancel.reason}`), ' · ', timeEl(cancel.at_ms)]] : null,
     ]));
     drawActions(run);
@@ -106,7 +110,9 @@ export function runPage(view, { args: [runId], signal, ready }) {
         a.error_code ? [' ', raw(a.error_code, 'code')] : null),
       h('td', { class: 'wide' }, timeEl(a.started_at_ms)),
       h('td', { class: 'wide' }, duration(a.started_at_ms, a.finished_at_ms)),
-      h('td', {}, bytes(a.log.bytes), a.log.truncated ? [' ', h('span', { class: 'tag warn' }, t('run.truncated_short'))] : null))));
+      h('td', {}, bytes(a.log.bytes),
+        a.log.truncated ? [' ', h('span', { class: 'tag warn' }, t('run.truncated_short'))] : null,
+        a.log.expired ? [' ', h('span', { class: 'tag idle' }, t('run.expired_short'))] : null))));
     if (!state.attempts.length) put(attemptsBody, h('tr', {}, h('td', { colspan: '6', class: 'empty' }, t('run.no_attempts'))));
     put(timeline, state.events.map((e) => h('li', {},
       timeEl(e.at_ms), ' ',
@@ -120,20 +126,40 @@ export function runPage(view, { args: [runId], signal, ready }) {
   }
 
   let actionsFor = null;
-  async function drawActions(run) {
-    const key = `${run.status}|${Boolean(run.cancel_requested)}`;
+  function drawActions(run) {
+    const key = `${run.status}|${Boolean(run.cancel_requested)}|${run.pinned}`;
     if (actionsFor === key) return;
     actionsFor = key;
-    const { rerun } = await features();
     const buttons = [];
     if (!TERMINAL.has(run.status)) {
       buttons.push(h('button', { type: 'button', class: 'danger', id: 'cancel', disabled: Boolean(run.cancel_requested), on: { click: onCancel } },
         run.cancel_requested ? t('run.cancelling') : t('run.cancel')));
     }
-    // Re-run: shown only when the server's OpenAPI document has POST /api/v1/runs/{run_id}/rerun.
-    if (rerun) buttons.push(h('button', { type: 'button', id: 'rerun', on: { click: onRerun } }, t('run.rerun')));
+    buttons.push(h('button', { type: 'button', id: 'rerun', on: { click: onRerun } }, t('run.rerun')));
+    buttons.push(h('button', { type: 'button', class: 'secondary', id: 'pin', 'aria-pressed': String(Boolean(run.pinned)), on: { click: onPin } },
+      run.pinned ? t('run.unpin') : t('run.pin')));
     buttons.push(link(['runs'], t('run.back')));
+    const focused = actions.contains(document.activeElement) ? document.activeElement.id : null;
     put(actions, buttons);
+    // A redraw keeps the keyboard where it was (pin -> unpin is the same control).
+    if (focused) { const again = actions.querySelector(`#${focused}`); if (again) again.focus(); }
+  }
+
+  async function onPin(ev) {
+    const pinned = Boolean(state.run && state.run.pinned);
+    ev.target.disabled = true;
+    result.clear();
+    try {
+      state.run = await api.post(path('runs', runId, pinned ? 'unpin' : 'pin'), undefined, { scope: 'runs:write' });
+      result.ok(pinned ? t('run.unpinned') : t('run.pinned_done'));
+      draw();
+      // The button was disabled (and so lost the focus): give it back to its successor.
+      const again = actions.querySelector('#pin');
+      if (again) again.focus();
+    } catch (err) {
+      result.fail(err);
+      ev.target.disabled = false;
+    }
   }
 
   async function onCancel(ev) {
@@ -153,7 +179,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     ev.target.disabled = true;
     try {
       const run = await api.post(path('runs', runId, 'rerun'), undefined, { scope: 'runs:write' });
-      go(`runs/${encodeURIComponent(run.id)}`);
+      go(`runs/${encodeURIComponent(run.id)}`, null, t('run.rerun_done'));
     } catch (err) {
       result.fail(err);
       ev.target.disabled = false;
@@ -168,16 +194,34 @@ export function runPage(view, { args: [runId], signal, ready }) {
     logText.data = '';
     shownDropped = false;
     logTitle.textContent = t('run.log_attempt', { n: latest.number });
+    if (latest.log.expired) { showExpired(latest); return; }
+    expiredNote.hidden = true;
+    logBox.hidden = false;
     download.disabled = false;
     setLogState('connecting');
     state.follower = new LogFollower(runId, latest.number, {
       onText: appendLog,
       onState: setLogState,
       onEnd: (end) => { setLogState('ended', end.status); refresh().catch(() => {}); },
-      onError: (err) => { logState.replaceChildren(errorBox(err) || ''); },
+      onError: (err) => {
+        if (err.code === 'LOG_EXPIRED') { refresh().catch(() => {}); showExpired(latest); return; }
+        logState.replaceChildren(errorBox(err) || '');
+      },
     }).start();
     // A hook for the browser tests (tests/e2e/test_ui_browser.py): drop the connection.
     window.qlLogFollower = state.follower;
+  }
+
+  /** Retention removed this attempt's log (410 LOG_EXPIRED): say so, not an error. */
+  function showExpired(attempt) {
+    if (state.follower) state.follower.stop();
+    download.disabled = true;
+    setLogState('expired');
+    const a = state.attempts.find((x) => x.number === attempt.number) || attempt;
+    put(expiredNote, t('run.log_expired_note', { bytes: bytes(a.log.bytes) }),
+      a.log.expired_at_ms ? [' ', timeEl(a.log.expired_at_ms)] : null);
+    expiredNote.hidden = false;
+    logBox.hidden = true; // nothing will stream into it
   }
 
   function appendLog(text) {

@@ -1,5 +1,5 @@
-// System: readiness (database, disk, worker), version, job isolation, and storage figures
-// when the server has GET /api/v1/system/storage.
+// System: readiness (database, disk, worker), version, job isolation, and the storage
+// figures of GET /api/v1/system/storage (admin: any other token is told so).
 
 import { call, features, session } from '../api.js';
 import { h, put, raw } from '../dom.js';
@@ -57,25 +57,32 @@ export function systemPage(view, { signal, ready: drawn }) {
       [t('system.isolation'), body.isolation ? t(`system.isolation_${body.isolation}`) : t('system.unknown')],
       [t('system.api'), raw(session.base || location.origin)],
     ]));
-    if (!f.storage) {
-      put(storage, h('p', { class: 'muted' }, t('system.storage_absent')));
-      return;
-    }
     try {
       const figures = await call('GET', '/api/v1/system/storage', { scope: 'admin', signal });
-      put(storage, facts(Object.entries(figures).map(([k, v]) => [
-        has(`storage.${k}`) ? t(`storage.${k}`) : raw(k),
-        renderFigure(k, v),
-      ])));
+      const sweep = figures.last_sweep;
+      delete figures.last_sweep;
+      put(storage, figureList(figures),
+        h('h3', {}, t('storage.last_sweep')),
+        sweep ? figureList(sweep) : h('p', { class: 'muted' }, t('storage.no_sweep')));
     } catch (err) {
       put(storage, errorBox(err) || '');
     }
   }
 
+  // Known figures have a label; one the UI does not know yet is shown by its name.
+  function figureList(figures) {
+    return facts(Object.entries(figures).map(([k, v]) => [
+      has(`storage.${k}`) ? t(`storage.${k}`) : raw(k),
+      renderFigure(k, v),
+    ]));
+  }
+
   function renderFigure(key, value) {
-    if (value === null || value === undefined) return '—';
-    if (typeof value === 'number' && /bytes$/.test(key)) return bytes(value);
-    if (typeof value === 'number' && /_ms$/.test(key)) return timeEl(value);
+    if (value === null || value === undefined) return key === 'total_log_bytes_budget' ? t('tasks.no_limit') : '—';
+    if (typeof value === 'boolean') return value ? t('storage.yes') : t('storage.no');
+    if (typeof value === 'number' && /bytes/.test(key)) return bytes(value);
+    if (typeof value === 'number' && key === 'at_ms') return timeEl(value);
+    if (typeof value === 'number' && /_ms$/.test(key)) return t('storage.ms', { n: value });
     if (typeof value === 'object') return raw(JSON.stringify(value), 'code');
     return raw(value);
   }

@@ -1,10 +1,11 @@
 // Tasks: the list, one task with its revisions, a side-by-side diff of two revisions, the
-// recipe as environment keys and secret names (never values), and "start a run".
+// recipe as environment keys and secret names (never values), "start a run", links to the
+// new-task and new-revision forms (./define.js), and the task's retention policy.
 
 import { api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
-import { timeEl } from '../format.js';
+import { bytes, timeEl } from '../format.js';
 import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
 import { errorBox, facts, loadMore, resultSlot } from './common.js';
@@ -15,7 +16,8 @@ export function tasksPage(view, { signal, ready }) {
   const empty = h('p', { class: 'empty', hidden: true }, t('tasks.empty'));
   const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
   put(view, h('section', { class: 'page' },
-    h('div', { class: 'page-head' }, h('h1', {}, t('tasks.title'))),
+    h('div', { class: 'page-head' }, h('h1', {}, t('tasks.title')),
+      h('div', { class: 'actions' }, h('a', { class: 'button', id: 'new-task', href: '#/new-task' }, t('define.new_task')))),
     problem,
     h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {},
@@ -53,9 +55,11 @@ export function taskPage(view, { args: [task], signal, ready }) {
   const diffBox = h('div', { class: 'diff-box' });
   const revisions = new Map();
   const more = loadMore(async (cursor) => addRevisions(await fetchRevisions(cursor)));
+  const retention = retentionForm(task, signal);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('tasks.task'), ' ', raw(task)),
       h('div', { class: 'actions' }, start,
+        h('a', { class: 'button secondary', id: 'new-revision', href: `#/tasks/${encodeURIComponent(task)}/new-revision` }, t('define.new_revision')),
         h('a', { class: 'button secondary', href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs')))),
     result.el, problem,
     h('section', {}, h('h2', {}, t('tasks.latest')), latestBox),
@@ -73,14 +77,15 @@ export function taskPage(view, { args: [task], signal, ready }) {
         h('div', { class: 'field' }, h('label', { for: 'diff-left' }, t('tasks.diff_left')), left),
         h('div', { class: 'field' }, h('label', { for: 'diff-right' }, t('tasks.diff_right')), right),
         h('div', { class: 'field actions' }, h('button', { type: 'submit', class: 'secondary' }, t('tasks.compare')))),
-      diffBox)));
+      diffBox),
+    h('section', { 'aria-labelledby': 'retention-title' }, h('h2', { id: 'retention-title' }, t('retention.title')), retention.el)));
 
   async function load() {
     try {
       const info = await api.get(path('tasks', task), { scope: 'definitions:read', signal });
       drawLatest(info.latest);
       more.set(addRevisions(await fetchRevisions(null)));
-      await drawRecipe(info.latest.recipe);
+      await Promise.all([drawRecipe(info.latest.recipe), retention.load()]);
     } catch (err) {
       problem.replaceChildren(errorBox(err) || '');
     } finally {
@@ -97,6 +102,13 @@ export function taskPage(view, { args: [task], signal, ready }) {
       [t('run.priority'), raw(rev.priority)],
       [t('tasks.leftovers'), t(`leftovers.${rev.leftovers}`)],
       [t('tasks.max_concurrent'), rev.max_concurrent ? raw(rev.max_concurrent) : t('tasks.no_limit')],
+      [t('define.retry'), rev.retry ? t('tasks.retry_summary', {
+        n: rev.retry.max_attempts,
+        on: rev.retry.on.map((s) => t(`status.${s}`)).join(', '),
+        delay: rev.retry.initial_delay_seconds,
+        factor: rev.retry.factor,
+        cap: rev.retry.max_delay_seconds,
+      }) : t('tasks.no_retry')],
       rev.run_as ? [t('tasks.run_as'), raw(rev.run_as)] : null,
       [t('runs.created'), timeEl(rev.created_at_ms)],
     ]));
@@ -178,4 +190,68 @@ export function taskPage(view, { args: [task], signal, ready }) {
   }
 
   load();
+}
+
+const RETENTION_FIELDS = ['keep_runs', 'keep_days', 'keep_rows', 'task_log_bytes'];
+
+/**
+ * The task's retention (GET/PUT /api/v1/tasks/{task}/retention): each field empty is null,
+ * the global value; the help under it says what is in force.
+ */
+function retentionForm(task, signal) {
+  const result = resultSlot();
+  const inputs = {};
+  const helps = {};
+  const save = h('button', { type: 'submit', id: 'retention-save', class: 'secondary' }, t('retention.save'));
+  const fields = RETENTION_FIELDS.map((k) => {
+    inputs[k] = h('input', { id: `ret-${k}`, name: k, type: 'number', inputmode: 'numeric', min: '0', 'aria-describedby': `ret-${k}-help` });
+    helps[k] = h('p', { class: 'help', id: `ret-${k}-help` });
+    return h('div', { class: 'field' }, h('label', { for: `ret-${k}` }, t(`retention.${k}`)), inputs[k], helps[k]);
+  });
+  const problem = h('div');
+  const form = h('form', { class: 'card retention-form', novalidate: true, on: { submit: onSave } },
+    h('p', { class: 'help' }, t('retention.help')),
+    problem,
+    h('div', { class: 'form-grid' }, fields),
+    h('div', { class: 'actions' }, save),
+    result.el);
+
+  function draw(r) {
+    for (const k of RETENTION_FIELDS) {
+      const v = r.override[k];
+      inputs[k].value = v === null || v === undefined ? '' : String(v);
+      const e = r.effective[k];
+      const shown = e === null ? t('tasks.no_limit') : k === 'task_log_bytes' ? bytes(e) : String(e);
+      helps[k].textContent = t(v === null || v === undefined ? 'retention.global' : 'retention.own', { value: shown });
+    }
+  }
+
+  async function load() {
+    try {
+      draw(await api.get(path('tasks', task, 'retention'), { scope: 'definitions:read', signal }));
+    } catch (err) {
+      problem.replaceChildren(errorBox(err) || '');
+    }
+  }
+
+  async function onSave(ev) {
+    ev.preventDefault();
+    result.clear();
+    save.disabled = true;
+    const body = {};
+    for (const k of RETENTION_FIELDS) {
+      const v = inputs[k].value.trim();
+      body[k] = v === '' ? null : Number(v);
+    }
+    try {
+      draw(await api.put(path('tasks', task, 'retention'), body, { scope: 'definitions:write' }));
+      result.ok(t('retention.saved'));
+    } catch (err) {
+      result.fail(err);
+    } finally {
+      save.disabled = false;
+    }
+  }
+
+  return { el: form, load };
 }

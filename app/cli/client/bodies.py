@@ -1,0 +1,161 @@
+"""Request bodies the client commands build from their arguments (docs/cli.md §3).
+
+Pure functions (tests/unit/test_cli_client.py): flags and a revision file become the JSON
+documents of docs/api.md §4 and §10. The api checks every rule; these only shape the body
+and refuse what cannot be said at all (``KEY=VALUE`` without ``=``, a file that is not a
+JSON object), as usage errors before anything is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app.cli.client.api import EXIT_USAGE, ClientError
+
+# docs/api.md §1: env keys; a secret's derived key must be one too.
+_ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
+RETENTION_FIELDS = ("keep_runs", "keep_days", "keep_rows", "task_log_bytes")
+# The flags of `tasks put` and the revision field each sets.
+REVISION_FLAGS = {
+    "cwd": "cwd",
+    "timeout": "timeout_seconds",
+    "priority": "priority",
+    "max_concurrent": "max_concurrent",
+    "leftovers": "leftovers",
+    "run_as": "run_as",
+}
+RETRY_FLAGS = {
+    "retry_max_attempts": "max_attempts",
+    "retry_delay": "initial_delay_seconds",
+    "retry_max_delay": "max_delay_seconds",
+    "retry_factor": "factor",
+    "retry_on": "on",
+}
+
+
+def usage(message: str) -> ClientError:
+    """A usage problem (exit 2), reported before any request."""
+    return ClientError(message, EXIT_USAGE)
+
+
+def key_values(pairs: Sequence[str], *, flag: str) -> dict[str, str]:
+    """``["A=1", "B=x=y"]`` → ``{"A": "1", "B": "x=y"}``; a key given twice is refused."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise usage(f"{flag} takes KEY=VALUE (got one without a key or '=')")
+        if key in out:
+            raise usage(f"{flag} names the key {key} twice")
+        out[key] = value
+    return out
+
+
+def secret_refs(refs: Sequence[str]) -> dict[str, str]:
+    """``--secret`` values → the recipe's ``{"ENV_KEY": "secret-name"}``.
+
+    ``KEY=NAME`` maps a key to a secret; a bare ``NAME`` gets its key from the name
+    (``db-password`` → ``DB_PASSWORD``). Secret values never appear here (docs/api.md §5).
+    """
+    out: dict[str, str] = {}
+    for ref in refs:
+        key, sep, name = ref.partition("=")
+        if not sep:
+            name = ref
+            key = re.sub(r"[.-]", "_", ref.upper())
+            if not _ENV_KEY.fullmatch(key):
+                raise usage(
+                    f"--secret {ref}: no environment key follows from this name; "
+                    "give it as --secret KEY=NAME"
+                )
+        if not key or not name:
+            raise usage("--secret takes NAME or KEY=NAME")
+        if key in out:
+            raise usage(f"--secret names the key {key} twice")
+        out[key] = name
+    return out
+
+
+def recipe_body(env: Sequence[str], secrets: Sequence[str]) -> dict[str, Any] | None:
+    """The ``POST /recipes`` body for ``--env`` and ``--secret``; None when neither is given."""
+    if not env and not secrets:
+        return None
+    return {"env": key_values(env, flag="--env"), "secrets": secret_refs(secrets)}
+
+
+def load_revision_file(text: str, *, source: str) -> dict[str, Any]:
+    """A revision file's JSON object (docs/api.md §4)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise usage(f"{source} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValueError:
+        raise usage(f"{source} is not JSON") from None
+    if not isinstance(doc, dict):
+        raise usage(f"{source} is not a JSON object (a revision body, docs/api.md §4)")
+    return doc
+
+
+def revision_body(
+    base: Mapping[str, Any] | None,
+    argv: Sequence[str],
+    flags: Mapping[str, Any],
+    *,
+    recipe: str | None = None,
+) -> dict[str, Any]:
+    """The ``PUT /tasks/{task}/revisions/{n}`` body: ``base`` (a file), then the flags.
+
+    A flag that is given (not None) replaces the file's field; argv after ``--`` replaces
+    the file's argv; ``recipe`` (made from ``--env``/``--secret``) replaces its recipe.
+    """
+    body = dict(base or {})
+    if argv:
+        body["argv"] = list(argv)
+    if not body.get("argv"):
+        raise usage(
+            "no command: give it after -- (qinglong tasks put TASK -- /bin/sh -c '...') "
+            "or as argv in --file"
+        )
+    for flag, field in REVISION_FLAGS.items():
+        if flags.get(flag) is not None:
+            body[field] = flags[flag]
+    retry = {f: flags[k] for k, f in RETRY_FLAGS.items() if flags.get(k) is not None}
+    if flags.get("retry_no_jitter"):
+        retry["jitter"] = False
+    if retry:
+        base_retry = body.get("retry")
+        body["retry"] = (dict(base_retry) if isinstance(base_retry, dict) else {}) | retry
+    if recipe is not None:
+        if body.get("recipe") not in (None, recipe):
+            raise usage("--env/--secret make the recipe; the file names another one")
+        body["recipe"] = recipe
+    return body
+
+
+def retention_value(text: str) -> int | None:
+    """A retention flag's value: a whole number ≥ 0, or ``default`` (the global value)."""
+    if text == "default":
+        return None
+    if not text.isdigit():
+        raise ValueError(text)
+    return int(text)
+
+
+def retention_body(
+    current: Mapping[str, Any], changes: Mapping[str, Any], *, clear: bool
+) -> dict[str, Any]:
+    """The ``PUT /tasks/{task}/retention`` body: the stored override with ``changes``.
+
+    The PUT replaces every field, so the fields not named keep their stored value; ``clear``
+    starts from none (every field the global value). ``changes`` maps a field to its new
+    value (None: the global value); a field absent from it is unchanged.
+    """
+    body = {f: None if clear else current.get(f) for f in RETENTION_FIELDS}
+    for field, value in changes.items():
+        if field not in RETENTION_FIELDS:
+            raise usage(f"unknown retention field {field}")
+        body[field] = value
+    return body
