@@ -53,6 +53,19 @@ def lease_timing_from_env(env: Mapping[str, str]) -> tuple[float, float]:
     return ttl, renew
 
 
+def advertise_url_from_env(env: Mapping[str, str]) -> str | None:
+    """``QL_ADVERTISE_URL``: an ``http://`` or ``https://`` base URL without a path, or None."""
+    raw = (env.get("QL_ADVERTISE_URL") or "").strip().rstrip("/")
+    if not raw:
+        return None
+    scheme, sep, rest = raw.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or "/" in rest or len(raw) > 255:
+        raise ValueError(
+            f"QL_ADVERTISE_URL must be an http:// or https:// base URL without a path, not {raw!r}"
+        )
+    return raw
+
+
 def job_umask_from_env(env: Mapping[str, str]) -> int:
     """``QL_JOB_UMASK``: an octal umask for jobs run as the job user (default 077)."""
     raw = env.get("QL_JOB_UMASK")
@@ -272,6 +285,9 @@ class Settings:
     # (docs/concurrency-budgets.md).
     max_running_override: int | None = None
     max_queued: int = MAX_QUEUED
+    # QL_ADVERTISE_URL: this host's api as other hosts reach it (docs/several-hosts.md); the
+    # worker publishes it in its lease row. ``qinglong serve`` defaults it to its listen address.
+    advertise_url: str | None = None
     retention: RetentionSettings = RetentionSettings()
 
     @property
@@ -313,6 +329,7 @@ class Settings:
             http=HttpLimits.from_env(env),
             max_running_override=max_running,
             max_queued=_bounded_count(env, "QL_MAX_QUEUED", MAX_QUEUED, MAX_QUEUED_LIMIT),
+            advertise_url=advertise_url_from_env(env),
             retention=retention,
         )
 

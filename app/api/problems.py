@@ -15,6 +15,7 @@ from app.domain.errors import (
     Conflict,
     DomainError,
     Gone,
+    LogHostUnavailable,
     NotFound,
     NotMigrated,
     PreconditionFailed,
@@ -135,7 +136,7 @@ def status_for(exc: DomainError) -> int:
         return 429
     if isinstance(exc, PreconditionFailed):
         return 412
-    if isinstance(exc, NotMigrated):
+    if isinstance(exc, LogHostUnavailable | NotMigrated):
         return 503
     return 400
 

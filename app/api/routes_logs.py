@@ -28,10 +28,11 @@ from fastapi.responses import StreamingResponse
 from app.api.auth import LOGS_SCOPE, Ctx, LogsReader, authenticated, bearer_token
 from app.api.http import READ_ERRORS, problems
 from app.api.problems import FORBIDDEN, RANGE_NOT_SATISFIABLE, UNAUTHENTICATED, ApiProblem
+from app.api.schemas import Problem
 from app.api.strict_json import StrictJSONRoute
-from app.context.facade import AppFacade
+from app.context.facade import LOG_FORWARDED_HEADER, AppFacade
 from app.context.logs import LogFile
-from app.domain.errors import Gone
+from app.domain.errors import Gone, LogHostUnavailable
 from app.domain.states import TERMINAL_ATTEMPT
 
 router = APIRouter(prefix="/api/v1", tags=["logs"], route_class=StrictJSONRoute)
@@ -56,6 +57,13 @@ _CONTENT = {
         410,
         416,
         extra={
+            503: {
+                "model": Problem,
+                "description": (
+                    "the attempt ran on another host, whose api does not answer "
+                    "(LOG_HOST_UNAVAILABLE); or the database is unavailable (STORAGE_UNAVAILABLE)"
+                ),
+            },
             200: {
                 "description": "the log bytes, or an SSE stream with follow=true",
                 "content": _CONTENT,
@@ -78,7 +86,13 @@ async def get_log(
     range_header: Annotated[str | None, Header(alias="Range", max_length=256)] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> Response:
-    """Read an attempt's log (Range → 206, tail_bytes, follow=true → text/event-stream)."""
+    """Read an attempt's log (Range → 206, tail_bytes, follow=true → text/event-stream).
+
+    An attempt another host ran is read from that host (docs/several-hosts.md §5).
+    """
+    elsewhere = await run_in_threadpool(facade.log_host, run_id=run_id, number=number)
+    if elsewhere is not None:
+        return await _forward(facade, request, *elsewhere)
     log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
     if follow:
         start = 0
@@ -123,6 +137,18 @@ async def get_log(
     return StreamingResponse(
         _read(log, start, end), status_code=status, media_type=_LOG_MEDIA, headers=headers
     )
+
+
+async def _forward(facade: AppFacade, request: Request, base_url: str, host: str) -> Response:
+    """The same request, answered by the host that holds the log, streamed back unchanged."""
+    if request.headers.get(LOG_FORWARDED_HEADER):
+        # Forwarded here, yet not ours either: never forward again (a loop), say so.
+        raise LogHostUnavailable(host)
+    remote = await facade.open_remote_log(
+        base_url=base_url, host=host, path=request.url.path, query=request.url.query,
+        headers=request.headers,
+    )  # fmt: skip
+    return StreamingResponse(remote.body(), status_code=remote.status, headers=remote.headers)
 
 
 def _read(log: LogFile, start: int, end: int) -> Iterator[bytes]:

@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
     """Add ``lease`` to the parser."""
     lease = sub.add_parser("lease", help="the worker lease (docs/worker-lease.md)")
     lsub = lease.add_subparsers(dest="lease_command", metavar="ACTION", required=True)
-    lsub.add_parser("show", help="who holds the worker lease, and until when").set_defaults(
+    lsub.add_parser("show", help="who holds each worker lease, and until when").set_defaults(
         handler=cmd_lease_show
     )
     history = lsub.add_parser(
@@ -41,24 +41,27 @@ def _utc(ms: int) -> str:
 
 
 def cmd_lease_show(args: argparse.Namespace) -> int:
-    """One line: the holder, its epoch and times, and whether it is live now."""
+    """One line per lease (SQLite has one; PostgreSQL one per host's instance): the holder,
+    its epoch and times, its advertised api, and whether it is live now."""
     with database(args) as (_, engine):
-        lease = LeaseRepository(engine).current()
+        leases = LeaseRepository(engine).leases()
         with UnitOfWork(engine, write=False) as uow:
             now = db_now_ms(uow.conn)
-    if lease is None:
+    if not leases:
         print("no worker has taken the lease yet")
         return 0
-    if lease.released_at_ms is not None:
-        state = f"released at {_utc(lease.released_at_ms)}"
-    elif lease.live(now):
-        state = f"held, expires {_utc(lease.expires_at_ms)} unless renewed"
-    else:
-        state = f"expired at {_utc(lease.expires_at_ms)}"
-    print(
-        f"instance {lease.instance_id} host {lease.host} pid {lease.pid} epoch {lease.epoch} "
-        f"since {_utc(lease.acquired_at_ms)}: {state}"
-    )
+    for lease in leases:
+        if lease.released_at_ms is not None:
+            state = f"released at {_utc(lease.released_at_ms)}"
+        elif lease.live(now):
+            state = f"held, expires {_utc(lease.expires_at_ms)} unless renewed"
+        else:
+            state = f"expired at {_utc(lease.expires_at_ms)}"
+        api = f" api {lease.base_url}" if lease.base_url else ""
+        print(
+            f"instance {lease.instance_id} host {lease.host} pid {lease.pid} "
+            f"epoch {lease.epoch}{api} since {_utc(lease.acquired_at_ms)}: {state}"
+        )
     return 0
 
 

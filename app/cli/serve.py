@@ -106,9 +106,22 @@ def _check_listen(host: str, port: int) -> None:
             raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def child_env(settings: Settings) -> dict[str, str]:
-    """The services' environment: ours, with the resolved data dir (and socket) made explicit."""
-    return dict(os.environ) | settings.to_env()
+def child_env(settings: Settings, advertise_url: str | None = None) -> dict[str, str]:
+    """The services' environment: ours, with the resolved data dir (and socket) made explicit,
+    and ``QL_ADVERTISE_URL`` when it was not set (docs/several-hosts.md)."""
+    env = dict(os.environ) | settings.to_env()
+    if settings.advertise_url is None and advertise_url is not None:
+        env["QL_ADVERTISE_URL"] = advertise_url
+    return env
+
+
+def listen_url(host: str, port: int) -> str:
+    """The base URL other hosts reach this api at: a wildcard bind advertises the host name."""
+    if host in ("0.0.0.0", "::", ""):  # noqa: S104 - a wildcard bind: name the host instead
+        host = socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
 
 
 def _log_to_stderr(logger: logging.Logger) -> None:
@@ -138,7 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             fatal_exit_codes=frozenset({EXIT_LEASE_HELD}),
         ),
     ]
-    code = Supervisor(services=services, env=child_env(settings)).run()
+    env = child_env(settings, listen_url(args.host, args.port))
+    code = Supervisor(services=services, env=env).run()
     # A refused worker never held the lease: the active attempts belong to the worker that
     # does, so this instance must not touch them (docs/worker-lease.md).
     if args.stop_jobs_on_exit and code != EXIT_LEASE_HELD:

@@ -46,6 +46,7 @@ from app.domain.retention import GlobalBudgets
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine
+from app.storage.lease_repo import LeaseRepository, several_hosts
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -53,6 +54,7 @@ from app.storage.schedules_repo import ScheduleRepository
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository
 from app.storage.tokens_repo import TokenRepository
+from app.worker.instance import instance_id
 
 if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
     from app.storage.async_reads import AsyncReads
@@ -308,6 +310,7 @@ def build_context(
         next_due_s=retry_wake(reader) if execution else None,
     )
     schedule_repo = ScheduleRepository(engine, max_queued=settings.max_queued)
+    several = several_hosts(engine)  # logs of other hosts' attempts (docs/several-hosts.md)
     # One timer per api process (docs/schedules.md §4); runs it creates kick the drain.
     loop = None
     if schedules:
@@ -332,6 +335,8 @@ def build_context(
         max_queued=settings.max_queued,
         _schedules=schedule_repo,
         _schedule_hooks=loop if loop is not None else NO_SCHEDULE_HOOKS,
+        own_instance_id=instance_id(settings.data_dir) if several else None,
+        _leases=LeaseRepository(engine) if several else None,
         _metrics=functools.partial(render_metrics, engine),
         _retention=RetentionRepository(engine),
         retention_config=RetentionConfig(

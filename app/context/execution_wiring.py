@@ -11,10 +11,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.adapters.worker_client import WorkerClient
 from app.context.metrics import CREATED_TO_STARTED, DISPATCH_PASS
-from app.domain.errors import WorkerUnavailable
+from app.domain.errors import ErrorCode, WorkerUnavailable
+from app.domain.model import ProcessHandle, Run
 from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
 from app.execution.ports import (
     CandidateSource,
@@ -23,6 +25,7 @@ from app.execution.ports import (
     SecretSource,
 )
 from app.settings import Settings
+from app.worker.instance import instance_id
 
 log = logging.getLogger("qinglong.dispatch")
 
@@ -85,6 +88,89 @@ class DispatchBackoff:
         self._not_before = 0.0
 
 
+@dataclass
+class HostWorker:
+    """This host's worker as its last ping described it (docs/several-hosts.md §2): the
+    instance and lease epoch every start through it records on its attempt."""
+
+    own_instance_id: str
+    instance_id: str | None = None
+    epoch: int | None = None
+
+    def answered(self, ping: dict[str, Any] | None) -> bool:
+        """Take the ping's lease facts; False when the worker is another instance's (the
+        socket belongs to another data dir): then this api must not dispatch through it."""
+        if not isinstance(ping, dict):
+            return True  # a client double without an answer body: nothing to record
+        found, epoch = ping.get("instance_id"), ping.get("epoch")
+        if not isinstance(found, str) or type(epoch) is not int:
+            return True  # a worker older than the facts: nothing to record
+        if found != self.own_instance_id:
+            log.warning("the worker socket answers for another instance: dispatch waits")
+            return False
+        self.instance_id, self.epoch = found, epoch
+        return True
+
+
+class HostTransitions:
+    """The run transitions, with T1 recording this host's worker (and its per-host budget)."""
+
+    def __init__(self, inner: RunTransitions, host: HostWorker) -> None:
+        self._inner = inner
+        self._host = host
+
+    def begin_dispatch(
+        self,
+        *,
+        run_id: str,
+        attempt_id: str,
+        expected_version: int | None,
+        token_digest: str,
+        deadline_at_ms: int | None,
+        log_artifact_id: str,
+        max_running: int | None = None,
+        max_concurrent: int | None = None,
+        worker_instance_id: str | None = None,
+        lease_epoch: int | None = None,
+    ) -> Run:
+        """T1 with the instance and epoch of this host's worker (its last ping)."""
+        return self._inner.begin_dispatch(
+            run_id=run_id, attempt_id=attempt_id, expected_version=expected_version,
+            token_digest=token_digest, deadline_at_ms=deadline_at_ms,
+            log_artifact_id=log_artifact_id, max_running=max_running,
+            max_concurrent=max_concurrent,
+            worker_instance_id=worker_instance_id or self._host.instance_id,
+            lease_epoch=lease_epoch if lease_epoch is not None else self._host.epoch,
+        )  # fmt: skip
+
+    def record_running(
+        self, *, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
+    ) -> Run:
+        """T2, unchanged."""
+        return self._inner.record_running(
+            run_id=run_id, attempt_id=attempt_id, handle=handle, started_at_ms=started_at_ms
+        )
+
+    def fail_attempt(
+        self,
+        *,
+        run_id: str,
+        attempt_id: str,
+        error_code: ErrorCode,
+        lost: bool = False,
+        expected_version: int | None = None,
+    ) -> Run:
+        """Unchanged."""
+        return self._inner.fail_attempt(
+            run_id=run_id, attempt_id=attempt_id, error_code=error_code, lost=lost,
+            expected_version=expected_version,
+        )  # fmt: skip
+
+    def requeue_unspawned(self, *, run_id: str, attempt_id: str) -> Run:
+        """Unchanged."""
+        return self._inner.requeue_unspawned(run_id=run_id, attempt_id=attempt_id)
+
+
 @dataclass(frozen=True)
 class ExecutionHooks:
     """What the composition root plugs into the background thread and readiness."""
@@ -123,11 +209,17 @@ def build_execution(
     worker = client or WorkerClient(settings.socket_path, connect_timeout_s=1.0)
     pause = backoff or DispatchBackoff()
     drainers = drain_concurrency(settings.profile.dispatch_page_size)
+    # The api's data dir is its host's worker's: the same instance id (docs/several-hosts.md).
+    settings.ensure_data_dir()
+    host = HostWorker(own_instance_id=instance_id(settings.data_dir))
+    budget_per_host = getattr(candidates, "budget_per_host", None)
+    if budget_per_host is not None:
+        budget_per_host(host.own_instance_id)
     dispatcher = build_dispatcher(
         candidates=candidates,
         definitions=definitions,
         secrets=secrets,
-        transitions=transitions,
+        transitions=HostTransitions(transitions, host),
         launcher=worker,
         controller=worker,
         settings_like=settings,
@@ -145,8 +237,11 @@ def build_execution(
         if halted.is_set() or not pause.due():
             return
         try:
-            worker.ping(timeout_s=DRAIN_PING_TIMEOUT_S)
+            answer = worker.ping(timeout_s=DRAIN_PING_TIMEOUT_S)
         except WorkerUnavailable:
+            pause.unavailable()
+            return
+        if not host.answered(answer):
             pause.unavailable()
             return
         if promote_due is not None:

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from app.adapters.log_proxy import FORWARDED_HEADER, RemoteLog, open_remote_log
 from app.context.logs import LogFile, LogStore
 from app.context.token_cache import TokenCache
 from app.domain.canonical import content_digest
-from app.domain.errors import Conflict, ErrorCode, Gone, NotFound, ValidationFailed
+from app.domain.errors import (
+    Conflict,
+    ErrorCode,
+    Gone,
+    LogHostUnavailable,
+    NotFound,
+    ValidationFailed,
+)
 from app.domain.ids import is_uuid7, now_ms
 from app.domain.model import (
     Attempt,
@@ -49,6 +57,7 @@ from app.domain.validation import (
 )
 from app.schedule.slots import local_iso, slots_after, validate
 from app.storage.definitions_repo import DefinitionRepository
+from app.storage.lease_repo import LeaseRepository
 from app.storage.retention_repo import RetentionRepository, StorageFigures
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -122,6 +131,10 @@ class _NoScheduleHooks:
 NO_SCHEDULE_HOOKS: ScheduleHooks = _NoScheduleHooks()
 
 
+# A log read another api forwarded (docs/several-hosts.md §5): never forwarded again.
+LOG_FORWARDED_HEADER = FORWARDED_HEADER
+
+
 @dataclass(frozen=True, slots=True)
 class TaskRetention:
     """A task's own retention fields (None: the global value) and what is in force."""
@@ -183,6 +196,10 @@ class AppFacade:
     # Retention (docs/retention.md): policies, pins, the storage figures.
     _retention: RetentionRepository | None = None
     retention_config: RetentionConfig | None = None
+    # Several hosts (PostgreSQL, docs/several-hosts.md §5): this host's instance id and the
+    # leases naming every host's api; None on SQLite (one host holds every log).
+    own_instance_id: str | None = None
+    _leases: LeaseRepository | None = None
 
     # -- definitions ------------------------------------------------------------------------
 
@@ -463,6 +480,37 @@ class AppFacade:
         if self._metrics is None:
             raise RuntimeError("metrics are not wired in this context")
         return self._metrics()
+
+    def log_host(self, *, run_id: str, number: int) -> tuple[str, str] | None:
+        """Where the attempt's log lives when another host ran it: (its api's base URL, its
+        host name); None when it is this host's (or the database has one host).
+
+        Raises: NotFound (no such run or attempt), LogHostUnavailable (that host advertised
+        no api address).
+        """
+        if self.own_instance_id is None or self._leases is None:
+            return None
+        _check_run_id(run_id)
+        if not 1 <= number <= MAX_REVISION:
+            raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "no such attempt")
+        ran_on = self._reader.get_attempt(run_id, number).worker_instance_id
+        if ran_on is None or ran_on == self.own_instance_id:
+            return None
+        lease = self._leases.current(ran_on)
+        if lease is None or not lease.base_url:
+            raise LogHostUnavailable(None if lease is None else lease.host)
+        return lease.base_url, lease.host
+
+    async def open_remote_log(
+        self, *, base_url: str, host: str, path: str, query: str, headers: Mapping[str, str]
+    ) -> RemoteLog:
+        """Forward a log read to the host that holds the log (docs/several-hosts.md §5).
+
+        Raises: LogHostUnavailable (that host does not answer).
+        """
+        return await open_remote_log(
+            base_url=base_url, path=path, query=query, headers=headers, host=host
+        )
 
     def readiness(self) -> Readiness:
         """Database reachable and migrated, plus any pluggable checks."""

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.domain.errors import LaunchFailed, LeaseLost
+from app.domain.errors import DomainError, LaunchFailed, LeaseLost, StorageUnavailable
 from app.domain.execution import LaunchRequest
 from app.domain.lease import Lease
 from app.domain.model import ProcessHandle
 from app.settings import Settings
+from app.storage.hosts_repo import expire_vanished_hosts
 from app.storage.lease_repo import LeaseRepository
 from app.worker.instance import claimant, holder_alive
 from app.worker.server import WorkerLauncher
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 EXIT_LEASE_HELD = 75
 EXIT_LEASE_LOST = 76
 _JOIN_S = 5.0
+# Attempts of one vanished host ended per renewal (the next renewal takes the next page).
+EXPIRE_PAGE = 64
 
 
 def _clock() -> float:
@@ -84,6 +87,7 @@ class LeaseKeeper:
             claimant=claimant(settings.data_dir),
             ttl_ms=round(settings.lease_ttl_s * 1000),
             holder_alive=holder_alive,
+            base_url=settings.advertise_url,
         )
         keeper = cls(
             repo=repo,
@@ -101,6 +105,17 @@ class LeaseKeeper:
         """The lease was lost while this worker ran."""
         return self._lost
 
+    @property
+    def fence(self) -> tuple[str, int]:
+        """(slot, epoch) of the lease this worker holds: what its completions carry."""
+        return self._repo.slot_of(self.lease.instance_id), self.lease.epoch
+
+    def ping_facts(self) -> dict[str, object] | None:
+        """What ``ping`` tells the api: instance and epoch, or None when not surely held."""
+        if not self.held():
+            return None
+        return {"instance_id": self.lease.instance_id, "epoch": self.lease.epoch}
+
     def held(self) -> bool:
         """Surely still ours: not lost, and the last renewal is recent enough to act on."""
         return not self._lost and _clock() < self._valid_until - self._margin_s
@@ -116,7 +131,12 @@ class LeaseKeeper:
                 return
             started = _clock()
             if started >= self._valid_until:
-                self._lose(LeaseLost(epoch=self.lease.epoch, holder=self._holder_now()))
+                holder = self._holder_now()
+                self._lose(
+                    LeaseLost(
+                        epoch=self.lease.epoch, holder=holder, instance_id=self.lease.instance_id
+                    )
+                )
                 return
             try:
                 self.lease = self._repo.renew(
@@ -131,11 +151,31 @@ class LeaseKeeper:
                 log.warning("worker lease renewal failed (%s); retrying", type(exc).__name__)
                 continue
             self._valid_until = started + self._ttl_s
+            if not self._repo.single_slot:
+                self._expire_vanished()
+
+    def _expire_vanished(self) -> None:
+        """Several hosts: end the attempts of hosts whose lease expired (several-hosts.md §4)."""
+        me = self.lease
+        try:
+            ended = expire_vanished_hosts(
+                self._repo.engine, me_slot=self._repo.slot_of(me.instance_id),
+                me_instance_id=me.instance_id, me_host=me.host, limit=EXPIRE_PAGE,
+            )  # fmt: skip
+        except (SQLAlchemyError, DomainError, StorageUnavailable) as exc:  # next renewal retries
+            log.warning("vanished-host pass failed (%s)", type(exc).__name__)
+            return
+        for host in ended:
+            log.warning(
+                "the worker lease of host %s (instance %s, epoch %d) expired: %d of its "
+                "attempts ended lost WORKER_LEASE_EXPIRED; its epoch is now %d",
+                host.host, host.instance_id, host.old_epoch, host.lost, host.new_epoch,
+            )  # fmt: skip
 
     def _holder_now(self) -> Lease | None:
         """Who holds the lease now, to say so in the one line (None if unreadable)."""
         try:
-            return self._repo.current()
+            return self._repo.current(self.lease.instance_id)
         except SQLAlchemyError:
             return None
 

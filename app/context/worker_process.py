@@ -23,6 +23,7 @@ from app.execution.worker_recovery import WorkerRecovery
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
+from app.storage.lease_repo import several_hosts
 from app.storage.migrate import current_revision, head_revision
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
@@ -61,6 +62,10 @@ class WorkerParts:
     recovery: WorkerRecovery | None = None
 
 
+def _always() -> bool:
+    return True
+
+
 class WorkerProcess:
     """The running worker: start, serve until told to stop, stop without touching jobs."""
 
@@ -88,11 +93,18 @@ class WorkerProcess:
             self.lease = lease
             receipts = ReceiptStore(s.receipts_dir, logs_root=s.logs_dir)
             receipts.ensure_root()
-            journal = JournalRepository(engine)
-            runs = RunRepository(engine)
-            completion = CompletionService(
-                receipts=receipts, journal=journal, completions=runs, log_facts=LogFacts(s.logs_dir)
+            # Several hosts (PostgreSQL, docs/several-hosts.md): this worker reconciles, times
+            # out, stops and sweeps only what its own instance launched.
+            scoped = several_hosts(engine)
+            journal = JournalRepository(
+                engine, owner=lambda: (lease.lease.instance_id, lease.lease.epoch), scoped=scoped
             )
+            runs = RunRepository(engine)
+            own = lease.lease.instance_id if scoped else None
+            completion = CompletionService(
+                receipts=receipts, journal=journal, completions=runs,
+                log_facts=LogFacts(s.logs_dir), fence=lambda: lease.fence,
+            )  # fmt: skip
             watcher = ShimWatcher(lambda run_id, attempt_id: self._consume(run_id, attempt_id))
             self._cgroup_root = detect(s.cgroup_root)
             launcher = ShimLauncher(
@@ -104,12 +116,13 @@ class WorkerProcess:
                 launcher=lease.gate(launcher),
                 controller=IdentityController(cgroup_root=self._cgroup_root),
                 on_wake=self._wake,
+                lease_facts=lease.ping_facts,
             )
             self.parts = WorkerParts(
                 engine,
                 journal,
                 runs,
-                RunReader(engine),
+                RunReader(engine, worker_instance_id=own),
                 receipts,
                 completion,
                 watcher,
@@ -162,7 +175,7 @@ class WorkerProcess:
             intents=p.runs, probe=HandleProbe(),
             controller=IdentityController(cgroup_root=self._cgroup_root),
             quarantine_files=p.receipts, reservations=p.receipts, profile=self.settings.profile,
-            watch=p.watcher.add,
+            watch=p.watcher.add, may_run=self.lease.held if self.lease is not None else _always,
         )  # fmt: skip
 
     def _retention(self, engine: Engine) -> RetentionLoop | None:
@@ -171,7 +184,9 @@ class WorkerProcess:
         s = self.settings
         if not s.retention.enabled:
             return None
-        repo = RetentionRepository(engine)
+        # Several hosts: only the logs this host holds (docs/several-hosts.md §2).
+        own = self.lease.lease.instance_id if self.lease and several_hosts(engine) else None
+        repo = RetentionRepository(engine, worker_instance_id=own)
         d = s.profile.retention
         sweep = LogSweep(
             repo=repo,

@@ -22,7 +22,8 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   ├── NotMigrated               the schema is not the newest (NOT_MIGRATED)
     │   ├── QueueFull                 QL_MAX_QUEUED runs are queued (QUEUE_FULL)      [429]
     │   ├── LeaseHeld                 another live worker holds the lease
-    │   └── LeaseLost                 this worker lost the lease: it stops serving
+    │   ├── LeaseLost                 this worker lost the lease: it stops serving
+    │   └── LogHostUnavailable        the attempt's host does not answer its log     [503]
     ├── StorageUnavailable            the database cannot commit now, not a refusal  [503]
     ├── KeyUnavailable                a secret does not decrypt under the key ring
     ├── AdmissionRefused(scope)       a concurrency budget is used up: the run waits
@@ -87,6 +88,8 @@ class ErrorCode(StrEnum):
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
     ATTEMPT_NOT_FOUND = "ATTEMPT_NOT_FOUND"
     SECRET_NOT_FOUND = "SECRET_NOT_FOUND"
+    # This host's key ring does not decrypt a secret (docs/several-hosts.md §6).
+    SECRET_KEY_UNAVAILABLE = "SECRET_KEY_UNAVAILABLE"
     RUN_TERMINAL = "RUN_TERMINAL"
     IDEMPOTENCY_KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
     INVALID_TRANSITION = "INVALID_TRANSITION"
@@ -111,6 +114,11 @@ class ErrorCode(StrEnum):
     # The worker lease (docs/worker-lease.md).
     WORKER_LEASE_HELD = "WORKER_LEASE_HELD"
     WORKER_LEASE_LOST = "WORKER_LEASE_LOST"
+    # Several hosts (docs/several-hosts.md): a vanished host's attempts, a fenced completion,
+    # a log read whose host does not answer.
+    WORKER_LEASE_EXPIRED = "WORKER_LEASE_EXPIRED"
+    LEASE_EPOCH_SUPERSEDED = "LEASE_EPOCH_SUPERSEDED"
+    LOG_HOST_UNAVAILABLE = "LOG_HOST_UNAVAILABLE"
     # The worker refuses a database that is not at the newest migration.
     NOT_MIGRATED = "NOT_MIGRATED"
     QUEUE_FULL = "QUEUE_FULL"
@@ -206,14 +214,21 @@ def _utc(ms: int) -> str:
 class LeaseHeld(DomainError):
     """Another live worker holds the lease: this one must not start (one line to print)."""
 
-    def __init__(self, holder: Lease) -> None:
+    def __init__(self, holder: Lease, *, single_host: bool = False) -> None:
+        # ``single_host``: the one lease of a SQLite database, refused to another instance.
+        note = ""
+        if single_host:
+            note = (
+                "; SQLite runs one worker per database: several hosts need PostgreSQL "
+                "(docs/several-hosts.md)"
+            )
         super().__init__(
             ErrorCode.WORKER_LEASE_HELD,
             f"the worker lease on this database is held by instance {holder.instance_id} on "
             f"host {holder.host} (pid {holder.pid}, epoch {holder.epoch}) since "
             f"{_utc(holder.acquired_at_ms)}, expiring {_utc(holder.expires_at_ms)} unless "
             "renewed; to take over, stop that worker (an orderly stop releases the lease), "
-            "or, if its host is gone, start this one again after the expiry",
+            f"or, if its host is gone, start this one again after the expiry{note}",
         )
         self.holder = holder
 
@@ -221,9 +236,14 @@ class LeaseHeld(DomainError):
 class LeaseLost(DomainError):
     """This worker no longer holds the lease: it stops serving (fail closed)."""
 
-    def __init__(self, *, epoch: int, holder: Lease | None) -> None:
+    def __init__(self, *, epoch: int, holder: Lease | None, instance_id: str = "") -> None:
         if holder is None or holder.epoch == epoch:
             taken = "could not be renewed before it expired"
+        elif holder.instance_id == instance_id:
+            taken = (
+                f"expired and was superseded (epoch {holder.epoch}) by a worker of another "
+                "host, which ended this host's active attempts"
+            )
         else:
             taken = (
                 f"was taken over by instance {holder.instance_id} on host {holder.host} "
@@ -235,6 +255,18 @@ class LeaseLost(DomainError):
         )
         self.epoch = epoch
         self.holder = holder
+
+
+class LogHostUnavailable(DomainError):
+    """The attempt ran on another host, which did not answer the log read (or named no
+    address to ask): docs/several-hosts.md §5."""
+
+    def __init__(self, host: str | None) -> None:
+        where = f"host {host}" if host else "another host"
+        super().__init__(
+            ErrorCode.LOG_HOST_UNAVAILABLE,
+            f"this attempt ran on {where}, whose api does not answer; its log is kept there",
+        )
 
 
 class StorageUnavailable(Exception):

@@ -18,7 +18,9 @@ ReservationState = Literal["fenced", "shim_alive", "shim_gone", "empty", "unread
 # What happens to the rest of a job once its main process ended (docs/leftovers.md).
 Leftovers = Literal["kill", "keep"]
 LEFTOVERS: tuple[Leftovers, ...] = ("kill", "keep")
-CompletionStatus = Literal["applied", "already_terminal", "rejected"]
+# fenced: the completing worker's lease epoch is no longer current (docs/several-hosts.md §4):
+# nothing was written, and the receipt stays for the worker that holds the lease now.
+CompletionStatus = Literal["applied", "already_terminal", "rejected", "fenced"]
 
 
 @dataclass(frozen=True)

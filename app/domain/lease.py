@@ -1,9 +1,10 @@
-"""The worker lease (docs/worker-lease.md): who may run the worker on one database.
+"""The worker lease (docs/worker-lease.md, docs/several-hosts.md): who may run a worker.
 
-Until several execution hosts are supported, one worker at a time owns a database: it holds
-the lease row, renews it on a cadence, and every change of holder bumps the epoch. This
-module decides, from the row as read, whether a claimant may take the lease; the storage
-adapter applies the decision as one compare-and-set on the epoch.
+A worker holds a lease row, renews it on a cadence, and every change of holder bumps the
+epoch. On SQLite one row guards the whole database (one worker, one host); on PostgreSQL
+every instance (data dir, so every host) has its own row, and a second worker of the same
+instance is refused. This module decides, from the row as read, whether a claimant may take
+it; the storage adapter applies the decision as one compare-and-set on the epoch.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from dataclasses import dataclass
 WORKER_LEASE_ACQUIRED = "worker.lease_acquired"
 WORKER_LEASE_TAKEN_OVER = "worker.lease_taken_over"
 WORKER_LEASE_RELEASED = "worker.lease_released"
+# Another host's lease expired with attempts still active: a live worker superseded its
+# epoch and ended those attempts lost WORKER_LEASE_EXPIRED (docs/several-hosts.md §4).
+WORKER_LEASE_EXPIRED = "worker.lease_expired"
 SERVICE_EVENT_TYPES = frozenset(
-    {WORKER_LEASE_ACQUIRED, WORKER_LEASE_TAKEN_OVER, WORKER_LEASE_RELEASED}
+    {WORKER_LEASE_ACQUIRED, WORKER_LEASE_TAKEN_OVER, WORKER_LEASE_RELEASED, WORKER_LEASE_EXPIRED}
 )
 
 
@@ -44,6 +48,8 @@ class Lease:
     renewed_at_ms: int
     expires_at_ms: int
     released_at_ms: int | None
+    # The holder host's api as other hosts reach it (log reads), if it advertised one.
+    base_url: str | None = None
 
     def live(self, now_ms: int) -> bool:
         """Held: not released and not yet expired."""

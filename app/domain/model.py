@@ -149,6 +149,8 @@ class Attempt:
     log_artifact_id: str | None
     callback_sequence: int
     log: LogInfo | None = None
+    # The worker instance that launched it (docs/several-hosts.md); never exposed by the API.
+    worker_instance_id: str | None = None
     # A retry's attempt may not start before this instant (docs/retries.md); None: at once.
     not_before_ms: int | None = None
 

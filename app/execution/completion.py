@@ -16,6 +16,7 @@ exited) and by recovery alike. Order matters and is what makes crashes replay sa
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,7 +27,9 @@ from app.execution.ports import AttemptCompletions, LogFactSource, ReceiptFiles,
 
 log = logging.getLogger(__name__)
 
-ConsumeStatus = Literal["absent", "applied", "already_terminal", "quarantined"]
+# fenced: this worker's lease epoch is superseded (docs/several-hosts.md §4): nothing was
+# written, the receipt and its journal entry stay for the worker that holds the lease now.
+ConsumeStatus = Literal["absent", "applied", "already_terminal", "quarantined", "fenced"]
 _CAS_RETRIES = 3  # a concurrent cancel intent may bump the run version between read and CAS
 
 
@@ -49,7 +52,10 @@ class CompletionService:
         journal: ReceiptJournal,
         completions: AttemptCompletions,
         log_facts: LogFactSource,
+        fence: Callable[[], tuple[str, int]] | None = None,
     ) -> None:
+        # The lease (slot, epoch) this worker holds now; every completion carries it.
+        self._fence = fence
         self._receipts = receipts
         self._journal = journal
         self._completions = completions
@@ -67,14 +73,21 @@ class CompletionService:
         if receipt.attempt_id != attempt_id or receipt.run_id != run_id:
             return self._quarantine(attempt_id, "WRONG_IDS")
         outcome = self._complete(receipt)
+        if outcome.status == "fenced":
+            return ConsumeResult("fenced", reason=outcome.reason)
         if outcome.status == "rejected":
             return self._quarantine(attempt_id, outcome.reason or "REJECTED")
         # Committed with the journal's consumed mark: only now may the receipt go (§2.5).
         self._receipts.remove(attempt_id)
-        return ConsumeResult(outcome.status, run_status=outcome.run_status)
+        return ConsumeResult(
+            "applied" if outcome.status == "applied" else "already_terminal",
+            run_status=outcome.run_status,
+        )
 
     def _complete(self, receipt: Receipt) -> CompletionOutcome:
         log_info = self._log_facts.log_info(receipt.attempt_id)
+        # Only a worker with a lease carries a fence (a test double may not take one).
+        fenced = {} if self._fence is None else {"fence": self._fence()}
         for attempt in range(_CAS_RETRIES):
             try:
                 return self._completions.complete_attempt(
@@ -89,6 +102,7 @@ class CompletionService:
                     started_at_ms=receipt.started_at_ms,
                     consume_receipt=True,
                     leftovers_stopped=receipt.leftovers_stopped,
+                    **fenced,
                 )
             except VersionConflict:
                 if attempt == _CAS_RETRIES - 1:

@@ -20,6 +20,7 @@ from app.domain.errors import (
     Conflict,
     ErrorCode,
     InvalidTransition,
+    KeyUnavailable,
     NotFound,
     ValidationFailed,
     VersionConflict,
@@ -244,6 +245,10 @@ class Materializer:
             by_name = self._secrets.resolve(names)
         except NotFound:
             raise self._fail(candidate, ErrorCode.SECRET_NOT_FOUND) from None
+        except KeyUnavailable:
+            # This host's key ring cannot decrypt it (several hosts must share QL_SECRET_KEY,
+            # docs/several-hosts.md §6): a stable ending before any file or process exists.
+            raise self._fail(candidate, ErrorCode.SECRET_KEY_UNAVAILABLE) from None
         if not names <= by_name.keys():
             raise self._fail(candidate, ErrorCode.SECRET_NOT_FOUND)
         return {key: by_name[name] for key, name in recipe.secrets.items()}

@@ -101,9 +101,12 @@ class RunTransitions(Protocol):
         log_artifact_id: str,
         max_running: int | None = None,
         max_concurrent: int | None = None,
+        worker_instance_id: str | None = None,
+        lease_epoch: int | None = None,
     ) -> Run:
         """T1: run queued→dispatching, attempt claimed→starting with the callback digest,
-        admitted atomically against the budgets (docs/concurrency-budgets.md §2).
+        admitted atomically against the budgets (docs/concurrency-budgets.md §2), recording
+        the worker instance and lease epoch it launches through (docs/several-hosts.md §2).
 
         Raises: NotFound (no such run, or not its latest attempt), VersionConflict (the run
         is not at ``expected_version``, or a concurrent change won), InvalidTransition (not
@@ -291,8 +294,12 @@ class AttemptCompletions(Protocol):
         started_at_ms: int | None = None,
         consume_receipt: bool = False,
         leftovers_stopped: int | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> CompletionOutcome:
         """Apply the ending once; already_terminal or rejected otherwise.
+
+        ``fence``: the completing worker's lease (slot, epoch); ``fenced`` (nothing written)
+        when it is no longer current (docs/several-hosts.md §4).
 
         ``leftovers_stopped``: the receipt's content-free count of processes the shim killed
         after the main process ended; it goes into the attempt's terminal event.

@@ -291,6 +291,10 @@ class Reconciler:
         if result.status in ("applied", "already_terminal"):
             report.completed += 1
             return True
+        if result.status == "fenced":
+            # Our lease epoch is superseded: this worker decides nothing more (fail closed).
+            report.undecided += 1
+            return True
         return False  # absent, or quarantined (the run is untouched: decide from identity)
 
     def _requeue(self, attempt: ActiveAttemptView, report: PassReport) -> None:

@@ -32,7 +32,11 @@ class RecoveryLoop:
         interval_s: float,
         sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S,
         monotonic: Callable[[], float] = time.monotonic,
+        may_run: Callable[[], bool] = lambda: True,
     ) -> None:
+        # The worker's lease is surely held (docs/several-hosts.md §4): a worker whose lease
+        # may be superseded starts no pass and no sweep (fail closed) until it stops.
+        self._may_run = may_run
         self._reconciler = reconciler
         self._cancellation = cancellation
         self._interval_s = interval_s
@@ -65,6 +69,10 @@ class RecoveryLoop:
     def _loop(self) -> None:
         next_full = self._monotonic()
         while not self._stopping.is_set():
+            if not self._may_run():
+                self._event.wait(self._sweep_interval_s)
+                self._event.clear()
+                continue
             if self._full_requested.is_set() or self._monotonic() >= next_full:
                 self._full_requested.clear()
                 self._guard("reconcile", self._full_pass)

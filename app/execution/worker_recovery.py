@@ -11,6 +11,7 @@ a shim exited without a usable receipt. The worker's composition root
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from app.domain.profiles import Profile
 from app.execution.cancellation import CancellationSweep
@@ -49,6 +50,7 @@ class WorkerRecovery:
         reservations: ReceiptReservations,
         profile: Profile,
         watch: WatchCallback,
+        may_run: Callable[[], bool] = lambda: True,
     ) -> None:
         self._completion = completion
         self._reconciler = Reconciler(
@@ -60,8 +62,9 @@ class WorkerRecovery:
             attempts=attempts, intents=intents, controller=controller, profile=profile
         )
         self.loop = RecoveryLoop(
-            reconciler=self._reconciler, cancellation=sweep, interval_s=profile.reconcile_interval_s
-        )
+            reconciler=self._reconciler, cancellation=sweep,
+            interval_s=profile.reconcile_interval_s, may_run=may_run,
+        )  # fmt: skip
 
     def settle_backlog(self, *, threads: int = 0) -> SettleReport:
         """Settle the whole ``spawned`` backlog before serving (0 threads: inline)."""

@@ -14,6 +14,7 @@ is one committed transaction.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from sqlalchemy import (
     delete,
     insert,
     literal,
+    or_,
     select,
     update,
 )
@@ -76,25 +78,51 @@ _INSERT = insert(receipt_journal)
 # A reservation only for an attempt the database has in ``starting`` (T1 committed, no
 # ending since): a request that arrives after recovery requeued its attempt, even once the
 # fence row itself is purged, can never spawn.
-_RESERVE_STARTING = (
-    insert(receipt_journal)
-    .from_select(
-        ["attempt_id", "run_id", "state", "receipt_ref", "created_at_ms", "updated_at_ms"],
-        select(
-            attempts.c.id,
-            attempts.c.run_id,
-            literal(RESERVED, String),
-            bindparam("receipt_ref", type_=String),
-            bindparam("created_at_ms", type_=BigInteger),
-            bindparam("updated_at_ms", type_=BigInteger),
-        ).where(
-            attempts.c.id == bindparam("attempt_id"),
-            attempts.c.run_id == bindparam("run_id"),
-            attempts.c.status == "starting",
-        ),
+def _reserve_starting(owned: bool) -> Any:
+    # ``owned`` (several hosts, docs/several-hosts.md §2): only an attempt T1 gave to this
+    # instance (or to none), and the entry names the instance.
+    where = [
+        attempts.c.id == bindparam("attempt_id"),
+        attempts.c.run_id == bindparam("run_id"),
+        attempts.c.status == "starting",
+    ]
+    if owned:
+        where.append(
+            or_(
+                attempts.c.worker_instance_id.is_(None),
+                attempts.c.worker_instance_id == bindparam("worker_instance_id", type_=String),
+            )
+        )
+    return (
+        insert(receipt_journal)
+        .from_select(
+            [
+                "attempt_id", "run_id", "state", "receipt_ref", "created_at_ms",
+                "updated_at_ms", "worker_instance_id",
+            ],
+            select(
+                attempts.c.id,
+                attempts.c.run_id,
+                literal(RESERVED, String),
+                bindparam("receipt_ref", type_=String),
+                bindparam("created_at_ms", type_=BigInteger),
+                bindparam("updated_at_ms", type_=BigInteger),
+                bindparam("worker_instance_id", type_=String),
+            ).where(*where),
+        )
+        .returning(receipt_journal.c.attempt_id)
+    )  # an INSERT's rowcount is -1 on psycopg
+
+
+_RESERVE_STARTING = {owned: _reserve_starting(owned) for owned in (False, True)}
+# The worker that reserves stamps its own epoch on the attempt (the api's ping may be older).
+_STAMP_EPOCH = (
+    update(attempts)
+    .where(attempts.c.id == bindparam("where_id"), attempts.c.status == "starting")
+    .values(
+        worker_instance_id=bindparam("stamp_instance"), lease_epoch=bindparam("stamp_epoch")
     )
-    .returning(receipt_journal.c.attempt_id)
-)  # an INSERT's rowcount is -1 on psycopg
+)
 _BY_ATTEMPT = select(receipt_journal).where(receipt_journal.c.attempt_id == bindparam("attempt_id"))
 _MOVES = {
     target: update(receipt_journal).where(
@@ -153,8 +181,23 @@ def _entry(row: Row[Any]) -> JournalEntry:
 class JournalRepository:
     """Reads and writes ``receipt_journal``."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        owner: Callable[[], tuple[str, int]] | None = None,
+        scoped: bool = False,
+    ) -> None:
         self._engine = engine
+        # This worker's (instance id, lease epoch): its entries and its attempts name them.
+        # ``scoped`` (several hosts, docs/several-hosts.md §2): its pages list only its own
+        # entries (and those from before migration 0008, which name none).
+        self._owner = owner
+        self._own: list[Any] = []
+        if owner is not None and scoped:
+            me = owner()[0]
+            t = receipt_journal.c
+            self._own = [or_(t.worker_instance_id == me, t.worker_instance_id.is_(None))]
 
     def reserve(
         self, *, attempt_id: str, run_id: str, receipt_ref: str, only_if_starting: bool = False
@@ -173,12 +216,18 @@ class JournalRepository:
             "created_at_ms": at,
             "updated_at_ms": at,
         }
+        owner = self._owner() if self._owner is not None else None
+        values["worker_instance_id"] = None if owner is None else owner[0]
         try:
             with UnitOfWork(self._engine) as uow:
                 inserted = True
                 if only_if_starting:
                     del values["state"]
-                    inserted = uow.conn.execute(_RESERVE_STARTING, values).first() is not None
+                    statement = _RESERVE_STARTING[owner is not None]
+                    inserted = uow.conn.execute(statement, values).first() is not None
+                    if inserted and owner is not None:
+                        stamp = {"where_id": attempt_id, "stamp_instance": owner[0]}
+                        uow.conn.execute(_STAMP_EPOCH, stamp | {"stamp_epoch": owner[1]})
                 else:
                     uow.conn.execute(_INSERT, values)
                 uow.commit()
@@ -206,6 +255,7 @@ class JournalRepository:
             "receipt_ref": ref,
             "created_at_ms": at,
             "updated_at_ms": at,
+            "worker_instance_id": None if self._owner is None else self._owner()[0],
         }
         try:
             with UnitOfWork(self._engine) as uow:
@@ -253,7 +303,7 @@ class JournalRepository:
         if state not in STATES:
             raise ValueError(f"unknown journal state {state!r}")
         t = receipt_journal.c
-        query = select(receipt_journal).where(t.state == state)
+        query = select(receipt_journal).where(t.state == state, *self._own)
         if after is not None:
             at, attempt_id = after
             query = query.where(

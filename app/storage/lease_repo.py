@@ -1,4 +1,8 @@
-"""The worker lease row and the service event history (docs/worker-lease.md).
+"""The worker lease rows and the service event history (docs/worker-lease.md).
+
+On SQLite there is one row (slot ``worker``) for the whole database; on PostgreSQL every
+instance has its own row, its slot being its instance id's hex digits (docs/several-hosts.md), so
+several hosts hold leases at once while a second worker of one instance is still refused.
 
 Every write is one transaction whose UPDATE re-checks what the decision was based on (the
 epoch, and the expiry or the release it relied on): two takers racing for one lease both
@@ -33,7 +37,7 @@ from app.domain.lease import (
 from app.storage.tables import service_events, worker_leases
 from app.storage.uow import UnitOfWork
 
-SLOT = "worker"  # one lease per database until several execution hosts are supported
+SLOT = "worker"  # SQLite: one lease per database (one host)
 # Each retry means another taker committed first; the next read then sees its live lease.
 _TAKE_TRIES = 5
 _PG_NOW_MS = text("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)")
@@ -69,15 +73,42 @@ def _lease(row: Row[Any]) -> Lease:
         renewed_at_ms=row.renewed_at_ms,
         expires_at_ms=row.expires_at_ms,
         released_at_ms=row.released_at_ms,
+        base_url=row.base_url,
     )
 
 
-def _read(conn: Connection) -> Lease | None:
-    row = conn.execute(select(worker_leases).where(_L.slot == SLOT)).first()
+def _read(conn: Connection, slot: str) -> Lease | None:
+    row = conn.execute(select(worker_leases).where(_L.slot == slot)).first()
     return None if row is None else _lease(row)
 
 
-def _append(conn: Connection, kind: str, at_ms: int, data: dict[str, Any]) -> None:
+def several_hosts(engine_or_conn: Engine | Connection) -> bool:
+    """PostgreSQL: one lease per instance, several hosts; SQLite: one lease, one host."""
+    return engine_or_conn.dialect.name == "postgresql"
+
+
+def lease_current_in(conn: Connection, *, slot: str, epoch: int) -> bool:
+    """Inside the caller's transaction: the lease in ``slot`` is still at ``epoch``, not
+    released and not expired by the database's clock (the completion fence).
+
+    On PostgreSQL the row is read FOR SHARE: a concurrent supersede (another host ending
+    this host's attempts, docs/several-hosts.md §4) either committed before (then this
+    answers False) or waits until the caller's transaction ends.
+    """
+    query = select(_L.epoch, _L.released_at_ms, _L.expires_at_ms).where(_L.slot == slot)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(read=True)
+    row = conn.execute(query).first()
+    now = db_now_ms(conn)
+    return (
+        row is not None
+        and row.epoch == epoch
+        and row.released_at_ms is None
+        and now < row.expires_at_ms
+    )
+
+
+def append_service_event(conn: Connection, kind: str, at_ms: int, data: dict[str, Any]) -> None:
     conn.execute(
         insert(service_events).values(
             id=uuid7(), type=kind, at_ms=at_ms, data=canonical_json(data).decode("utf-8")
@@ -105,11 +136,24 @@ def _take_event(kind: Take, old: Lease | None, new: Lease) -> tuple[str, dict[st
 class LeaseRepository:
     """Take, renew and release the worker lease; read it and the service history."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, single_slot: bool | None = None) -> None:
         self._engine = engine
+        self.engine = engine
+        # SQLite's one lease for the database; PostgreSQL: one per instance (tests may
+        # force the single slot on PostgreSQL to exercise the same guard there).
+        self.single_slot = not several_hosts(engine) if single_slot is None else single_slot
+
+    def slot_of(self, instance_id: str) -> str:
+        """The row an instance's worker holds (the id's 32 hex digits fit the slot column)."""
+        return SLOT if self.single_slot else instance_id.replace("-", "")
 
     def take(
-        self, *, claimant: Claimant, ttl_ms: int, holder_alive: Callable[[Lease], bool]
+        self,
+        *,
+        claimant: Claimant,
+        ttl_ms: int,
+        holder_alive: Callable[[Lease], bool],
+        base_url: str | None = None,
     ) -> Lease:
         """Take the lease for ``claimant`` (epoch + 1) and record it in the history.
 
@@ -121,16 +165,21 @@ class LeaseRepository:
         for _ in range(_TAKE_TRIES):
             try:
                 with UnitOfWork(self._engine) as uow:
-                    taken = self._try_take(uow.conn, claimant, ttl_ms, holder_alive)
+                    taken = self._try_take(uow.conn, claimant, ttl_ms, holder_alive, base_url)
                     if taken is not None:
                         uow.commit()
                         return taken
             except IntegrityError:
                 pass  # a concurrent first taker inserted the row: read it again
         with UnitOfWork(self._engine, write=False) as uow:
-            current = _read(uow.conn)
+            current = _read(uow.conn, self.slot_of(claimant.instance_id))
         assert current is not None  # every retry follows somebody else's committed take
-        raise LeaseHeld(current)
+        raise self._held(current, claimant)
+
+    def _held(self, holder: Lease, me: Claimant) -> LeaseHeld:
+        return LeaseHeld(
+            holder, single_host=self.single_slot and holder.instance_id != me.instance_id
+        )
 
     def _try_take(
         self,
@@ -138,32 +187,34 @@ class LeaseRepository:
         me: Claimant,
         ttl_ms: int,
         holder_alive: Callable[[Lease], bool],
+        base_url: str | None,
     ) -> Lease | None:
         """The taken lease, or None when a concurrent taker won (nothing written)."""
+        slot = self.slot_of(me.instance_id)
         now = db_now_ms(conn)
-        old = _read(conn)
+        old = _read(conn, slot)
         alive = old is not None and holder_alive(old)
         kind = decide(old, me, now_ms=now, holder_alive=alive)
         if kind is Take.HELD:
             assert old is not None
-            raise LeaseHeld(old)
+            raise self._held(old, me)
         new = Lease(
             instance_id=me.instance_id, host=me.host, boot_id=me.boot_id, pid=me.pid,
             start_ticks=me.start_ticks, epoch=1 if old is None else old.epoch + 1,
             acquired_at_ms=now, renewed_at_ms=now, expires_at_ms=now + ttl_ms,
-            released_at_ms=None,
+            released_at_ms=None, base_url=base_url,
         )  # fmt: skip
         values = asdict(new)
         if old is None:
-            conn.execute(insert(worker_leases).values(slot=SLOT, **values))
+            conn.execute(insert(worker_leases).values(slot=slot, **values))
         else:
-            fence = [_L.slot == SLOT, _L.epoch == old.epoch]
+            fence = [_L.slot == slot, _L.epoch == old.epoch]
             if kind is Take.EXPIRED:  # a renewal that committed meanwhile keeps it held
                 fence += [_L.released_at_ms.is_(None), _L.expires_at_ms <= now]
             if conn.execute(update(worker_leases).where(*fence).values(**values)).rowcount != 1:
                 return None
         event, data = _take_event(kind, old, new)
-        _append(conn, event, now, data)
+        append_service_event(conn, event, now, data)
         return new
 
     def renew(self, *, instance_id: str, epoch: int, ttl_ms: int) -> Lease:
@@ -171,17 +222,18 @@ class LeaseRepository:
 
         Raises: LeaseLost (taken over, released, or expired before this renewal).
         """
+        slot = self.slot_of(instance_id)
         with UnitOfWork(self._engine) as uow:
             now = db_now_ms(uow.conn)
             held = [
-                _L.slot == SLOT, _L.instance_id == instance_id, _L.epoch == epoch,
+                _L.slot == slot, _L.instance_id == instance_id, _L.epoch == epoch,
                 _L.released_at_ms.is_(None), _L.expires_at_ms > now,
             ]  # fmt: skip
             stmt = update(worker_leases).where(*held)
             result = uow.conn.execute(stmt.values(renewed_at_ms=now, expires_at_ms=now + ttl_ms))
-            current = _read(uow.conn)
+            current = _read(uow.conn, slot)
             if result.rowcount != 1 or current is None:
-                raise LeaseLost(epoch=epoch, holder=current)
+                raise LeaseLost(epoch=epoch, holder=current, instance_id=instance_id)
             uow.commit()
         return current
 
@@ -189,19 +241,30 @@ class LeaseRepository:
         """Release a lease still held so another instance may take it at once; False if not."""
         with UnitOfWork(self._engine) as uow:
             now = db_now_ms(uow.conn)
-            held = [_L.slot == SLOT, _L.instance_id == instance_id, _L.epoch == epoch]
+            held = [
+                _L.slot == self.slot_of(instance_id), _L.instance_id == instance_id,
+                _L.epoch == epoch,
+            ]  # fmt: skip
             stmt = update(worker_leases).where(*held, _L.released_at_ms.is_(None))
             if uow.conn.execute(stmt.values(released_at_ms=now)).rowcount != 1:
                 return False
             facts = {"instance_id": instance_id, "epoch": epoch}
-            _append(uow.conn, WORKER_LEASE_RELEASED, now, facts)
+            append_service_event(uow.conn, WORKER_LEASE_RELEASED, now, facts)
             uow.commit()
         return True
 
-    def current(self) -> Lease | None:
-        """The lease row as it is now (held, released or expired), or None."""
+    def current(self, instance_id: str | None = None) -> Lease | None:
+        """The lease row as it is now (held, released or expired), or None: SQLite's one
+        row, or on PostgreSQL the row of ``instance_id``."""
+        slot = SLOT if instance_id is None else self.slot_of(instance_id)
         with UnitOfWork(self._engine, write=False) as uow:
-            return _read(uow.conn)
+            return _read(uow.conn, slot)
+
+    def leases(self) -> list[Lease]:
+        """Every lease row (one per instance that ever ran a worker; bounded by hosts)."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(select(worker_leases).order_by(_L.acquired_at_ms)).all()
+        return [_lease(r) for r in rows]
 
     def history(self, *, limit: int) -> list[ServiceEvent]:
         """The newest ``limit`` service events, oldest first."""

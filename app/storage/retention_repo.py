@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, func, insert, select, update
+from sqlalchemy import Engine, and_, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import ErrorCode, NotFound
@@ -75,8 +75,18 @@ _LOG_PRESENT = and_(attempts.c.log_artifact_id.is_not(None), attempts.c.log_stat
 class RetentionRepository:
     """Reads and writes for retention; each method is one unit of work."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, worker_instance_id: str | None = None) -> None:
         self._engine = engine
+        # A worker of several hosts (docs/several-hosts.md §2) expires only the logs its own
+        # host holds: attempts its instance launched (and those from before migration 0008).
+        self._own: list[Any] = []
+        if worker_instance_id is not None:
+            self._own = [
+                or_(
+                    attempts.c.worker_instance_id == worker_instance_id,
+                    attempts.c.worker_instance_id.is_(None),
+                )
+            ]
 
     # -- policies and pins (the api) ---------------------------------------------------------
 
@@ -199,6 +209,7 @@ class RetentionRepository:
                 runs.c.pinned.is_(False),
                 _LOG_PRESENT,
                 _settled(j.state),
+                *self._own,
             )
             .order_by(runs.c.id, attempts.c.number)
             .limit(limit)
@@ -231,6 +242,7 @@ class RetentionRepository:
                 runs.c.pinned.is_(False),
                 _LOG_PRESENT,
                 _settled(j.state),
+                *self._own,
             )
             .order_by(attempts.c.id)
             .limit(limit)
@@ -342,7 +354,7 @@ class RetentionRepository:
         with UnitOfWork(self._engine, write=False) as uow:
             rows = uow.conn.execute(
                 select(attempts.c.id)
-                .where(attempts.c.log_state == EXPIRING)
+                .where(attempts.c.log_state == EXPIRING, *self._own)
                 .order_by(attempts.c.id)
                 .limit(limit)
             ).all()

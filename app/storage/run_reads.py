@@ -101,6 +101,7 @@ def attempt_from_row(row: Row[Any]) -> Attempt:
         log_artifact_id=row.log_artifact_id,
         callback_sequence=row.callback_sequence,
         log=log,
+        worker_instance_id=getattr(row, "worker_instance_id", None),
         not_before_ms=getattr(row, "not_before_ms", None),
     )
 
@@ -173,6 +174,16 @@ _NEXT_RETRY = (
     .limit(1)
 )
 COUNT_QUEUED = select(func.count()).select_from(runs).where(runs.c.status == RunStatus.QUEUED.value)
+# One host's share (docs/several-hosts.md §3): its attempts starting or running
+# (ix_attempts_worker_instance_id_status).
+COUNT_HOST_ACTIVE = (
+    select(func.count())
+    .select_from(attempts)
+    .where(
+        attempts.c.worker_instance_id == bindparam("instance"),
+        attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]),
+    )
+)
 
 # A run with hold_from_slot_ms is held while a run of its schedule with a slot in
 # [hold_from_slot_ms, its slot) has not ended: a range of the unique index on (schedule_id,
@@ -194,9 +205,26 @@ HELD = case(
 class RunReader:
     """Read-only queries over runs, attempts and events."""
 
-    def __init__(self, engine: Engine, *, async_reads: AsyncReads | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        async_reads: AsyncReads | None = None,
+        worker_instance_id: str | None = None,
+    ) -> None:
         self._engine = engine
         self._async_reads = async_reads
+        # A worker of several hosts (docs/several-hosts.md §2) sees only the active attempts
+        # its instance launched (and those from before migration 0008, which name none).
+        self._host_budget: str | None = None  # see ``budget_per_host``
+        self._own: list[ColumnElement[bool]] = []
+        if worker_instance_id is not None:
+            self._own = [
+                or_(
+                    attempts.c.worker_instance_id == worker_instance_id,
+                    attempts.c.worker_instance_id.is_(None),
+                )
+            ]
         self._one_run = OneStatementRead(
             engine,
             select(runs, *_ATTEMPT_COLUMNS)
@@ -290,6 +318,12 @@ class RunReader:
             ).limit(bindparam("limit"))
             read = self._dispatch_pages.setdefault(after, OneStatementRead(self._engine, query))
         return read
+
+    def budget_per_host(self, worker_instance_id: str) -> None:
+        """``active_count()`` counts this host's active attempts (PostgreSQL, several hosts:
+        QL_MAX_RUNNING is per host, docs/several-hosts.md §3), as T1's check does."""
+        if self._engine.dialect.name == "postgresql":
+            self._host_budget = worker_instance_id
 
     def get_run(self, run_id: str) -> Run:
         """One run with its latest attempt; NotFound otherwise."""
@@ -433,6 +467,9 @@ class RunReader:
     def active_count(self, task: str | None = None) -> int:
         """Runs dispatching or running now (of ``task`` when given): a budget pre-check."""
         with UnitOfWork(self._engine, write=False) as uow:
+            if task is None and self._host_budget is not None:
+                params = {"instance": self._host_budget}
+                return int(uow.conn.execute(COUNT_HOST_ACTIVE, params).scalar_one())
             if task is None:
                 return int(uow.conn.execute(COUNT_ACTIVE).scalar_one())
             return int(uow.conn.execute(COUNT_TASK_ACTIVE, {"task": task}).scalar_one())
@@ -456,13 +493,13 @@ class RunReader:
         """Those of ``attempt_ids`` still starting or running, by id: one query for a page."""
         if not attempt_ids:
             return {}
-        found = self._active(_ACTIVE.where(attempts.c.id.in_(attempt_ids)))
+        found = self._active(_ACTIVE.where(attempts.c.id.in_(attempt_ids), *self._own))
         return {a.attempt_id: a for a in found}
 
     def _active_page(
         self, limit: int, after_id: str | None, *where: ColumnElement[bool]
     ) -> list[ActiveAttempt]:
-        query = _ACTIVE.where(*where).order_by(attempts.c.id).limit(limit)
+        query = _ACTIVE.where(*where, *self._own).order_by(attempts.c.id).limit(limit)
         if after_id is not None:
             query = query.where(attempts.c.id > after_id)
         return self._active(query)

@@ -59,8 +59,10 @@ from app.domain.states import (
 )
 from app.storage.definitions_repo import retry_of_body, revision_row
 from app.storage.journal_repo import mark_consumed_in
+from app.storage.lease_repo import lease_current_in
 from app.storage.run_reads import (
     COUNT_ACTIVE,
+    COUNT_HOST_ACTIVE,
     COUNT_QUEUED,
     COUNT_TASK_ACTIVE,
     HELD,
@@ -292,14 +294,21 @@ class RunRepository:
         log_artifact_id: str,
         max_running: int | None = None,
         max_concurrent: int | None = None,
+        worker_instance_id: str | None = None,
+        lease_epoch: int | None = None,
     ) -> Run:
         """T1: run queued→dispatching and attempt claimed→starting with the callback digest.
 
         The concurrency budgets are checked in this same transaction, after a lock that
         every T1 takes (docs/concurrency-budgets.md §2): AdmissionRefused("global") when
-        ``max_running`` runs are dispatching or running, AdmissionRefused("task") when
-        ``max_concurrent`` runs of this run's task are. AdmissionRefused("held") when the run
-        waits behind an older run of its schedule that has not ended (docs/schedules.md §5).
+        ``max_running`` runs are dispatching or running (on PostgreSQL with a
+        ``worker_instance_id``: that many attempts of this host, docs/several-hosts.md §3),
+        AdmissionRefused("task") when ``max_concurrent`` runs of this run's task are.
+        AdmissionRefused("held") when the run waits behind an older run of its schedule that
+        has not ended (docs/schedules.md §5).
+
+        ``worker_instance_id`` and ``lease_epoch``: the worker this start launches through
+        (docs/several-hosts.md §2), recorded on the attempt.
         """
         with UnitOfWork(self._engine) as uow:
             if max_running is not None or max_concurrent is not None:
@@ -333,7 +342,10 @@ class RunRepository:
                     "attempt", attempt_row.status, AttemptStatus.STARTING,
                     reason="the attempt waits for its retry time",
                 )  # fmt: skip
-            _admit(uow.conn, run_row.task, max_running, max_concurrent)
+            _admit(uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id)
+            host: dict[str, Any] = {}
+            if worker_instance_id is not None:
+                host = {"worker_instance_id": worker_instance_id, "lease_epoch": lease_epoch}
             written = _step(
                 uow.conn,
                 run_row,
@@ -345,6 +357,7 @@ class RunRepository:
                     "callback_token_digest": token_digest,
                     "deadline_at_ms": deadline_at_ms,
                     "log_artifact_id": log_artifact_id,
+                    **host,
                 },
                 order="run_first",
             )
@@ -491,8 +504,13 @@ class RunRepository:
         started_at_ms: int | None = None,
         consume_receipt: bool = False,
         leftovers_stopped: int | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> CompletionOutcome:
         """The one transaction that turns a process ending into a terminal state, once.
+
+        ``fence`` (slot, epoch): the completing worker's lease. When that lease is no longer
+        at this epoch, or released, or expired, nothing is written and the answer is
+        ``fenced`` (docs/several-hosts.md §4: a stale worker never records an ending).
 
         With ``consume_receipt``, an ``applied`` or ``already_terminal`` answer also moves
         the attempt's receipt journal entry to ``consumed`` in the same transaction: there is
@@ -506,6 +524,8 @@ class RunRepository:
         """
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
+            if fence is not None and not lease_current_in(conn, slot=fence[0], epoch=fence[1]):
+                return CompletionOutcome("fenced", reason=ErrorCode.LEASE_EPOCH_SUPERSEDED.value)
             attempt_row = conn.execute(_ATTEMPT_BY_ID, {"attempt_id": attempt_id}).first()
             refused = refuse_caller(attempt_row, run_id=run_id, token=token)
             if refused is not None:
@@ -607,6 +627,22 @@ class RunRepository:
         return written.run()
 
 
+def lose_in(conn: Connection, *, run_id: str, attempt_id: str, code: ErrorCode, at: int) -> None:
+    """End an active attempt ``lost`` with ``code`` inside ``conn``'s transaction, through
+    ``end_attempt_in`` like every ending (a ``lost`` whose process may still live, such as
+    WORKER_LEASE_EXPIRED, is never retried: app/domain/retry.py).
+
+    Raises: NotFound (not the run's latest attempt), InvalidTransition, VersionConflict.
+    """
+    run_row, attempt_row = _load_pair(conn, run_id, attempt_id)
+    end_attempt_in(
+        conn, run_row, attempt_row, at, ending=AttemptStatus.LOST, finished_at_ms=at,
+        attempt_values={"error_code": code.value, "finished_at_ms": at},
+        attempt_data={"error_code": code.value},
+        error_code=code.value,
+    )  # fmt: skip
+
+
 # -- budgets (docs/concurrency-budgets.md) --------------------------------------------------
 
 
@@ -629,14 +665,26 @@ def _lock(conn: Connection, key: int) -> None:
 
 
 def _admit(
-    conn: Connection, task: str, max_running: int | None, max_concurrent: int | None
+    conn: Connection,
+    task: str,
+    max_running: int | None,
+    max_concurrent: int | None,
+    worker_instance_id: str | None = None,
 ) -> None:
-    if max_running is not None and conn.execute(COUNT_ACTIVE).scalar_one() >= max_running:
+    if max_running is not None and _active(conn, worker_instance_id) >= max_running:
         raise AdmissionRefused("global")
     if max_concurrent is not None:
         active = conn.execute(COUNT_TASK_ACTIVE, {"task": task}).scalar_one()
         if active >= max_concurrent:
             raise AdmissionRefused("task")
+
+
+def _active(conn: Connection, worker_instance_id: str | None) -> int:
+    """What QL_MAX_RUNNING bounds: on PostgreSQL, with several hosts, the active attempts of
+    this host (docs/several-hosts.md §3); otherwise the database's active runs."""
+    if worker_instance_id is not None and conn.dialect.name == "postgresql":
+        return int(conn.execute(COUNT_HOST_ACTIVE, {"instance": worker_instance_id}).scalar_one())
+    return int(conn.execute(COUNT_ACTIVE).scalar_one())
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -145,9 +145,14 @@ attempts = Table(
     # was), "expiring" from before its unlink until it is durable, then "expired".
     Column("log_state", String(16), nullable=True),
     Column("log_expired_at_ms", MS, nullable=True),
+    # The worker instance and lease epoch that launched it (migration 0008,
+    # docs/several-hosts.md): only that instance's worker reconciles, times out or stops it.
+    Column("worker_instance_id", ID, nullable=True),
+    Column("lease_epoch", BigInteger, nullable=True),
     UniqueConstraint("run_id", "number"),
     Index("ix_attempts_status_id", "status", "id"),
     Index("ix_attempts_status_deadline_at_ms", "status", "deadline_at_ms"),
+    Index("ix_attempts_worker_instance_id_status", "worker_instance_id", "status"),
     # Partial: only the few expiring/expired rows. A plain index on a column that is NULL for
     # almost every row tempted PostgreSQL (before it had statistics on the new column) into
     # bitmap-scanning it for every candidate of the sweep.
@@ -181,6 +186,8 @@ receipt_journal = Table(
     Column("quarantine_reason", String(32), nullable=True),
     Column("created_at_ms", MS, nullable=False),
     Column("updated_at_ms", MS, nullable=False),
+    # The worker instance that wrote the entry (migration 0008): its host holds the files.
+    Column("worker_instance_id", ID, nullable=True),
     Index("ix_receipt_journal_state_updated_at_ms", "state", "updated_at_ms"),
 )
 
@@ -205,9 +212,10 @@ idempotency_keys = Table(
     Column("created_at_ms", MS, nullable=False),
 )
 
-# The worker lease (docs/worker-lease.md): one row per slot; until several execution hosts
-# are supported there is one slot, ``worker``. Every change of holder bumps ``epoch`` (the
-# compare-and-set fence). Times are the database's clock.
+# The worker lease (docs/worker-lease.md, docs/several-hosts.md): one row per slot. SQLite
+# has one slot, ``worker``; on PostgreSQL every instance has its own row (the slot is its
+# instance id). Every change of holder bumps ``epoch`` (the compare-and-set fence). Times
+# are the database's clock.
 worker_leases = Table(
     "worker_leases",
     metadata,
@@ -222,6 +230,8 @@ worker_leases = Table(
     Column("renewed_at_ms", MS, nullable=False),
     Column("expires_at_ms", MS, nullable=False),
     Column("released_at_ms", MS, nullable=True),
+    # The holder's api, for log reads from other hosts (migration 0008).
+    Column("base_url", String(255), nullable=True),
 )
 
 # Append-only history of the service itself (not of one run): lease acquisitions, takeovers

@@ -18,10 +18,12 @@ from app.domain.errors import DomainError
 from app.domain.model import ProcessHandle
 from app.settings import Settings
 from app.storage.engine import make_engine
+from app.storage.lease_repo import several_hosts
 from app.storage.run_reads import ActiveAttempt, RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.cgroups import CgroupRoot, detect
 from app.worker.identity import wait_exit
+from app.worker.instance import instance_id
 from app.worker.launcher import stop_handle
 from app.worker.watcher import shim_alive
 
@@ -35,7 +37,9 @@ def stop_active_jobs(settings: Settings) -> Counter[str]:
     engine = make_engine(settings.database_url)
     counts: Counter[str] = Counter()
     try:
-        reader, runs = RunReader(engine), RunRepository(engine)
+        # Several hosts (docs/several-hosts.md): only this host's attempts.
+        own = instance_id(settings.data_dir) if several_hosts(engine) else None
+        reader, runs = RunReader(engine, worker_instance_id=own), RunRepository(engine)
         active: list[ActiveAttempt] = []
         after: str | None = None
         while True:

@@ -5,7 +5,10 @@ peer's uid (SO_PEERCRED) must equal ours, otherwise the connection gets one FORB
 and is closed. Requests carry secrets (token, env, argv): they are never logged; errors
 carry stable codes only. Ops (``api-schemas/worker-socket.md``):
 
-* ``{"op":"ping"}`` → ``{"ok":true,"pid":..,"boot_id":..}``
+* ``{"op":"ping"}`` → ``{"ok":true,"pid":..,"boot_id":..,"instance_id":..,"epoch":..}`` (the
+  lease this worker holds), or ``{"ok":false,"error":"WORKER_LEASE_LOST"}`` once that lease
+  is no longer surely held (docs/several-hosts.md: an api dispatches only through a live
+  worker of its own host)
 * ``{"op":"launch", <LaunchRequest fields>}`` → ``{"ok":true,"handle":{..},"started_at_ms":..}``
   or ``{"ok":false,"error":"ALREADY_LAUNCHED"|"EXEC_FAILED"|"BAD_REQUEST"|..}``
 
@@ -175,8 +178,11 @@ class ControlServer:
         launcher: WorkerLauncher,
         controller: WorkerController,
         on_wake: Callable[[bool], None] | None = None,
+        lease_facts: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.path = Path(path)
+        # The held lease's instance and epoch for ``ping``; None while it is not surely held.
+        self._lease_facts = lease_facts
         self._on_wake = on_wake
         self._launcher = launcher
         self._controller = controller
@@ -287,7 +293,13 @@ class ControlServer:
             if op == "ping":
                 if self._refusing:
                     return dict(SHUTTING_DOWN)
-                return {"ok": True, "pid": os.getpid(), "boot_id": self._boot_id}
+                answer = {"ok": True, "pid": os.getpid(), "boot_id": self._boot_id}
+                if self._lease_facts is not None:
+                    facts = self._lease_facts()
+                    if facts is None:
+                        return {"ok": False, "error": "WORKER_LEASE_LOST"}
+                    answer |= facts
+                return answer
             if op == "launch":
                 return self._launch(parse_launch(req))
             if op == "stop":

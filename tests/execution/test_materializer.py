@@ -18,6 +18,8 @@ from app.execution.dispatcher import build_dispatcher
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.storage.secret_crypto import KeyRing, new_key
+from app.storage.secrets_repo import SecretRepository
 from tests.execution.kit import (
     FakeDisk,
     FakeSettings,
@@ -335,3 +337,17 @@ def test_an_empty_log_left_by_a_crash_before_t1_is_reclaimed_only_when_old(
     assert kit.run(run.id).status == "queued"
     second = kit.dispatcher.run_pass()
     assert (second.activated is not None) == (age_s >= 60)
+
+
+def test_a_secret_this_hosts_key_cannot_decrypt_fails_before_any_artifact_or_process(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """docs/several-hosts.md §6: another host stored it under a key this one lacks."""
+    SecretRepository(engine, KeyRing([new_key()])).put(name="k", value=SECRET_VALUE)
+    define(engine, secrets={"API_KEY": "k"})
+    run = enqueue(engine)
+    other_host = SecretRepository(engine, KeyRing([new_key()]))
+    kit = make_kit(engine, tmp_path / "logs", secrets=other_host)
+    _assert_failed_before_start(kit, run.id, "SECRET_KEY_UNAVAILABLE")
+    assert kit.disk.probed == []  # step 6 was never reached
+    assert SECRET_VALUE not in all_database_text(engine)

@@ -36,7 +36,7 @@ def alive(_lease: Lease) -> bool:
 
 
 def test_first_take_creates_epoch_one_and_records_it(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     me = claimant()
     lease = repo.take(claimant=me, ttl_ms=TTL_MS, holder_alive=alive)
     assert (lease.instance_id, lease.host, lease.pid, lease.epoch) == (
@@ -56,7 +56,7 @@ def test_first_take_creates_epoch_one_and_records_it(engine: Engine) -> None:
 
 
 def test_renew_pushes_the_expiry_and_keeps_the_epoch(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     lease = repo.take(claimant=claimant(), ttl_ms=TTL_MS, holder_alive=alive)
     time.sleep(0.01)
     renewed = repo.renew(instance_id=lease.instance_id, epoch=lease.epoch, ttl_ms=TTL_MS)
@@ -67,7 +67,7 @@ def test_renew_pushes_the_expiry_and_keeps_the_epoch(engine: Engine) -> None:
 
 
 def test_another_instance_is_refused_while_the_lease_is_live(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     first = repo.take(claimant=claimant(host="host-a", pid=4242), ttl_ms=TTL_MS, holder_alive=alive)
     with pytest.raises(LeaseHeld) as refused:
         repo.take(claimant=claimant(host="host-b"), ttl_ms=TTL_MS, holder_alive=dead)
@@ -82,7 +82,7 @@ def test_another_instance_is_refused_while_the_lease_is_live(engine: Engine) -> 
 
 
 def test_the_same_instance_re_takes_at_once_when_its_worker_is_gone(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     me = claimant()
     first = repo.take(claimant=me, ttl_ms=TTL_MS, holder_alive=alive)
     again = repo.take(claimant=claimant(me.instance_id, pid=101), ttl_ms=TTL_MS, holder_alive=dead)
@@ -101,7 +101,7 @@ def test_the_same_instance_re_takes_at_once_when_its_worker_is_gone(engine: Engi
 
 
 def test_the_same_instance_is_refused_while_its_worker_still_runs(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     me = claimant()
     repo.take(claimant=me, ttl_ms=TTL_MS, holder_alive=alive)
     with pytest.raises(LeaseHeld):
@@ -110,7 +110,7 @@ def test_the_same_instance_is_refused_while_its_worker_still_runs(engine: Engine
 
 
 def test_an_expired_lease_is_taken_over_only_after_expiry_and_recorded(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     old = repo.take(claimant=claimant(host="host-a"), ttl_ms=SHORT_TTL_MS, holder_alive=alive)
     new_me = claimant(host="host-b")
     with pytest.raises(LeaseHeld):  # before the expiry: held, even though nobody renews
@@ -133,7 +133,7 @@ def test_an_expired_lease_is_taken_over_only_after_expiry_and_recorded(engine: E
 
 
 def test_a_lease_expired_without_takeover_cannot_be_renewed(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     old = repo.take(claimant=claimant(), ttl_ms=SHORT_TTL_MS, holder_alive=alive)
     time.sleep(SHORT_TTL_MS / 1000 + 0.05)
     with pytest.raises(LeaseLost) as lost:
@@ -142,7 +142,7 @@ def test_a_lease_expired_without_takeover_cannot_be_renewed(engine: Engine) -> N
 
 
 def test_a_released_lease_is_taken_over_at_once(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     old = repo.take(claimant=claimant(), ttl_ms=TTL_MS, holder_alive=alive)
     assert repo.release(instance_id=old.instance_id, epoch=old.epoch)
     assert not repo.release(instance_id=old.instance_id, epoch=old.epoch)  # once
@@ -185,7 +185,7 @@ def _race(repo: LeaseRepository, takers: list[Claimant]) -> tuple[list[Lease], l
 
 
 def test_racing_takers_of_a_free_lease_one_wins(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     takers = 6
     for _ in range(10):
         with engine.begin() as conn:
@@ -198,7 +198,7 @@ def test_racing_takers_of_a_free_lease_one_wins(engine: Engine) -> None:
 
 
 def test_racing_takers_of_an_expired_lease_one_wins_and_one_event(engine: Engine) -> None:
-    repo = LeaseRepository(engine)
+    repo = LeaseRepository(engine, single_slot=True)
     takers = 6
     repo.take(claimant=claimant(), ttl_ms=TTL_MS, holder_alive=alive)
     for round_ in range(10):
@@ -211,3 +211,23 @@ def test_racing_takers_of_an_expired_lease_one_wins_and_one_event(engine: Engine
         assert repo.current() == won[0]
     takeovers = [e for e in repo.history(limit=100) if e.type == "worker.lease_taken_over"]
     assert [e.data["new_epoch"] for e in takeovers] == list(range(2, 12))
+
+
+def test_on_postgresql_every_instance_holds_its_own_lease(engine: Engine) -> None:
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite keeps one lease per database (docs/several-hosts.md)")
+    repo = LeaseRepository(engine)
+    a = repo.take(claimant=claimant(host="host-a"), ttl_ms=TTL_MS, holder_alive=alive)
+    b = repo.take(
+        claimant=claimant(host="host-b"), ttl_ms=TTL_MS, holder_alive=alive,
+        base_url="http://b:8000",
+    )  # fmt: skip
+    assert (a.epoch, b.epoch) == (1, 1)
+    with pytest.raises(LeaseHeld) as refused:  # a second worker of host a's data dir
+        repo.take(claimant=claimant(a.instance_id), ttl_ms=TTL_MS, holder_alive=alive)
+    assert "SQLite" not in refused.value.detail
+    repo.renew(instance_id=b.instance_id, epoch=1, ttl_ms=TTL_MS)
+    assert {lease.instance_id: lease.base_url for lease in repo.leases()} == {
+        a.instance_id: None, b.instance_id: "http://b:8000",
+    }  # fmt: skip
+    assert repo.current(a.instance_id) == a

@@ -68,7 +68,7 @@ def test_the_keeper_renews_past_the_ttl_and_releases_on_shutdown(
     try:
         time.sleep(2.0)  # two TTLs
         repo = LeaseRepository(engine)
-        current = repo.current()
+        current = repo.current(first.instance_id)
         assert current is not None and current.epoch == first.epoch
         assert current.expires_at_ms > first.expires_at_ms + 1000
         assert keeper.held() and not lost.is_set()
@@ -104,7 +104,7 @@ def test_a_takeover_is_noticed_launches_are_refused_and_nothing_is_released(
         keeper.release()
     repo = LeaseRepository(engine)
     assert [e.type for e in repo.history(limit=10)] == ["worker.lease_acquired"]
-    current = repo.current()
+    current = repo.current(keeper.lease.instance_id)
     assert current is not None and current.released_at_ms is None  # not ours to release
 
 

@@ -1,0 +1,100 @@
+"""A vanished host's attempts (docs/several-hosts.md §4), decided by a live worker elsewhere.
+
+On PostgreSQL every instance holds its own lease. Once another instance's lease has expired
+(by the database's clock) with attempts of it still starting or running, a live worker ends
+them: one transaction locks that lease row, checks it is still expired at the epoch read,
+bumps its epoch (so the vanished worker, should it come back, finds itself superseded: its
+renewal, its completions and its launches are refused), ends up to ``limit`` of its active
+attempts ``lost`` ``WORKER_LEASE_EXPIRED`` (compare-and-set on each run, with events) and
+appends a ``worker.lease_expired`` service event. A host with more attempts than ``limit``
+is superseded again by the next pass, page by page; one with none is never written.
+Nothing here touches a process or a file: they are on the other host, whose own worker
+stops what is left of them when it comes back (its journal sweep, docs/journal-settle.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, select, update
+
+from app.domain.errors import ErrorCode
+from app.domain.lease import WORKER_LEASE_EXPIRED
+from app.domain.states import AttemptStatus
+from app.storage.lease_repo import append_service_event, db_now_ms
+from app.storage.runs_repo import lose_in
+from app.storage.tables import attempts, worker_leases
+from app.storage.uow import UnitOfWork
+
+_L = worker_leases.c
+_ACTIVE = [AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredHost:
+    """One vanished host whose attempts a pass ended (content-free facts)."""
+
+    instance_id: str
+    host: str
+    old_epoch: int
+    new_epoch: int
+    lost: int
+
+
+def expire_vanished_hosts(
+    engine: Engine, *, me_slot: str, me_instance_id: str, me_host: str, limit: int
+) -> list[ExpiredHost]:
+    """End the active attempts of every other instance whose lease expired (bounded).
+
+    Raises: SQLAlchemyError (the database is unavailable; the next pass tries again),
+    VersionConflict (a run moved meanwhile: that host's transaction rolled back whole).
+    """
+    with UnitOfWork(engine, write=False) as uow:
+        now = db_now_ms(uow.conn)
+        expired = uow.conn.execute(
+            select(_L.slot, _L.epoch).where(
+                _L.slot != me_slot, _L.released_at_ms.is_(None), _L.expires_at_ms <= now
+            )
+        ).all()
+    done = []
+    for slot, epoch in expired:
+        found = _expire_one(engine, slot, epoch, me_instance_id, me_host, limit)
+        if found is not None:
+            done.append(found)
+    return done
+
+
+def _expire_one(
+    engine: Engine, slot: str, epoch: int, me_instance_id: str, me_host: str, limit: int
+) -> ExpiredHost | None:
+    with UnitOfWork(engine) as uow:
+        conn = uow.conn
+        now = db_now_ms(conn)
+        row = conn.execute(select(worker_leases).where(_L.slot == slot).with_for_update()).first()
+        if (
+            row is None or row.epoch != epoch or row.released_at_ms is not None
+            or row.expires_at_ms > now
+        ):  # fmt: skip
+            return None  # renewed, released or superseded meanwhile
+        page = conn.execute(
+            select(attempts.c.id, attempts.c.run_id)
+            .where(attempts.c.worker_instance_id == row.instance_id, attempts.c.status.in_(_ACTIVE))
+            .order_by(attempts.c.id)
+            .limit(limit)
+        ).all()
+        if not page:
+            return None  # nothing of it is active: the row stays as it is
+        conn.execute(update(worker_leases).where(_L.slot == slot).values(epoch=epoch + 1))
+        for attempt_id, run_id in page:
+            lose_in(
+                conn, run_id=run_id, attempt_id=attempt_id, code=ErrorCode.WORKER_LEASE_EXPIRED,
+                at=now,
+            )  # fmt: skip
+        facts = {
+            "instance_id": row.instance_id, "host": row.host, "old_epoch": epoch,
+            "new_epoch": epoch + 1, "expired_at_ms": row.expires_at_ms,
+            "by_instance_id": me_instance_id, "by_host": me_host, "attempts_lost": len(page),
+        }  # fmt: skip
+        append_service_event(conn, WORKER_LEASE_EXPIRED, now, facts)
+        uow.commit()
+    return ExpiredHost(row.instance_id, row.host, epoch, epoch + 1, len(page))

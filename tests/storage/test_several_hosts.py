@@ -1,0 +1,116 @@
+"""Several hosts on one database (docs/several-hosts.md): the completion fence, a vanished
+host's attempts ended lost, and a worker's view scoped to its own instance."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlalchemy import Engine
+
+from app.domain.canonical import sha256_digest
+from app.domain.errors import LeaseLost
+from app.domain.model import Run
+from app.storage.hosts_repo import expire_vanished_hosts
+from app.storage.lease_repo import LeaseRepository
+from app.storage.retention_repo import RetentionRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from tests.storage.helpers import HANDLE, TOKEN, define_task, enqueue, event_types
+from tests.storage.test_worker_lease import SHORT_TTL_MS, TTL_MS, alive, claimant
+
+
+def _start_on(engine: Engine, run: Run, instance_id: str, epoch: int) -> Run:
+    assert run.latest_attempt is not None
+    repo = RunRepository(engine)
+    run = repo.begin_dispatch(
+        run_id=run.id, attempt_id=run.latest_attempt.id, expected_version=run.version,
+        token_digest=sha256_digest(TOKEN.encode()), deadline_at_ms=None,
+        log_artifact_id="log:" + run.latest_attempt.id, worker_instance_id=instance_id,
+        lease_epoch=epoch,
+    )  # fmt: skip
+    assert run.latest_attempt is not None
+    return repo.record_running(
+        run_id=run.id, attempt_id=run.latest_attempt.id, handle=HANDLE,
+        started_at_ms=run.created_at_ms,
+    )  # fmt: skip
+
+
+def _complete(engine: Engine, run: Run, fence: tuple[str, int]) -> str:
+    assert run.latest_attempt is not None
+    return RunRepository(engine).complete_attempt(
+        run_id=run.id, attempt_id=run.latest_attempt.id, token=TOKEN, callback_sequence=1,
+        exit_code=0, signal=None, finished_at_ms=run.created_at_ms + 1, fence=fence,
+    ).status  # fmt: skip
+
+
+def test_a_completion_whose_lease_epoch_is_superseded_writes_nothing(engine: Engine) -> None:
+    leases = LeaseRepository(engine)
+    me = claimant()
+    first = leases.take(claimant=me, ttl_ms=TTL_MS, holder_alive=alive)
+    define_task(engine)
+    run = _start_on(engine, enqueue(engine), me.instance_id, first.epoch)
+    slot = leases.slot_of(me.instance_id)
+    # The same instance's next worker took the lease (epoch 2): the first one is stale.
+    leases.take(claimant=me, ttl_ms=TTL_MS, holder_alive=lambda _lease: False)
+    assert _complete(engine, run, (slot, first.epoch)) == "fenced"
+    assert RunReader(engine).get_run(run.id).status == "running"
+    assert _complete(engine, run, (slot, first.epoch + 1)) == "applied"
+    assert event_types(engine, run.id).count("run.succeeded") == 1
+
+
+def test_a_vanished_hosts_attempts_end_lost_and_its_epoch_is_superseded(engine: Engine) -> None:
+    if engine.dialect.name != "postgresql":
+        pytest.skip("several hosts need PostgreSQL (docs/several-hosts.md)")
+    leases = LeaseRepository(engine)
+    a, b = claimant(host="host-a"), claimant(host="host-b")
+    lease_a = leases.take(claimant=a, ttl_ms=TTL_MS, holder_alive=alive)
+    lease_b = leases.take(claimant=b, ttl_ms=SHORT_TTL_MS, holder_alive=alive)
+    define_task(engine)
+    on_a = _start_on(engine, enqueue(engine), a.instance_id, lease_a.epoch)
+    on_b = [_start_on(engine, enqueue(engine), b.instance_id, lease_b.epoch) for _ in range(3)]
+    reader_a = RunReader(engine, worker_instance_id=a.instance_id)
+    assert [x.run_id for x in reader_a.active_attempts(limit=10)] == [on_a.id]
+    me = {"me_slot": leases.slot_of(a.instance_id), "me_instance_id": a.instance_id}
+
+    assert expire_vanished_hosts(engine, **me, me_host="host-a", limit=2) == []  # b is live
+    time.sleep(SHORT_TTL_MS / 1000)
+    first = expire_vanished_hosts(engine, **me, me_host="host-a", limit=2)  # one page of 2
+    second = expire_vanished_hosts(engine, **me, me_host="host-a", limit=2)
+    third = expire_vanished_hosts(engine, **me, me_host="host-a", limit=2)  # nothing left
+
+    assert [(h.instance_id, h.old_epoch, h.new_epoch, h.lost) for h in first + second] == [
+        (b.instance_id, 1, 2, 2), (b.instance_id, 2, 3, 1),
+    ]  # fmt: skip
+    assert third == []
+    reader = RunReader(engine)
+    for run in on_b:
+        got = reader.get_run(run.id)
+        assert got.status == "lost" and got.latest_attempt is not None
+        assert got.latest_attempt.error_code == "WORKER_LEASE_EXPIRED"
+        assert [t for t in event_types(engine, run.id) if t.startswith("run.")][-1] == "run.lost"
+        assert _complete(engine, run, (leases.slot_of(b.instance_id), 1)) == "fenced"
+    assert reader.get_run(on_a.id).status == "running"  # the live host's run is untouched
+    history = [e for e in leases.history(limit=10) if e.type == "worker.lease_expired"]
+    assert [e.data["attempts_lost"] for e in history] == [2, 1]
+    assert history[0].data["by_instance_id"] == a.instance_id
+    with pytest.raises(LeaseLost) as lost:  # the partitioned worker comes back
+        leases.renew(instance_id=b.instance_id, epoch=1, ttl_ms=TTL_MS)
+    assert "superseded" in lost.value.detail
+
+
+def test_a_hosts_retention_sees_only_the_logs_that_host_holds(engine: Engine) -> None:
+    define_task(engine)
+    mine = _start_on(engine, enqueue(engine), "host-a", 1)
+    theirs = _start_on(engine, enqueue(engine), "host-b", 1)
+    for run in (mine, theirs):
+        assert run.latest_attempt is not None
+        RunRepository(engine).complete_attempt(
+            run_id=run.id, attempt_id=run.latest_attempt.id, token=TOKEN, callback_sequence=1,
+            exit_code=0, signal=None, finished_at_ms=run.created_at_ms + 1,
+        )  # fmt: skip
+    scoped = RetentionRepository(engine, worker_instance_id="host-a")
+    assert [c.run_id for _, c in scoped.global_candidates(limit=10)] == [mine.id]
+    assert [c.run_id for c in scoped.log_candidates("job", limit=10)] == [mine.id]
+    everyone = RetentionRepository(engine)  # SQLite, or the api's figures
+    assert {c.run_id for _, c in everyone.global_candidates(limit=10)} == {mine.id, theirs.id}
