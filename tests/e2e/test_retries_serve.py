@@ -47,10 +47,10 @@ def test_retries_backoff_cancel_restart_and_rerun(
         "flaky",
         f"n=$(cat {count} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {count}; "
         f'echo "attempt $n"; [ "$n" -ge 3 ]',
-        {"max_attempts": 3, "initial_delay_seconds": 3, "factor": 1, "on": ["failed"]},
+        {"max_attempts": 3, "initial_delay_seconds": 5, "factor": 1, "on": ["failed"]},
     )
     _put(served, "doomed", "exit 1", {"max_attempts": 5, "initial_delay_seconds": 600})
-    flaky, doomed = enqueue(served, "flaky"), enqueue(served, "doomed")
+    doomed = enqueue(served, "doomed")
 
     # Cancel during the backoff: cancelled at once, its one terminal event, no attempt 3.
     _waiting(served, doomed)
@@ -59,6 +59,9 @@ def test_retries_backoff_cancel_restart_and_rerun(
     assert terminal_events(served, doomed) == ["run.cancelled"]
 
     # The api SIGKILLed during the backoff: the retry starts at the same stored instant.
+    # Enqueued only now, so its 5 s backoff is still running when the test looks (the
+    # doomed run's steps took longer than a shorter one on a loaded host).
+    flaky = enqueue(served, "flaky")
     at = _waiting(served, flaky)["next_attempt_at_ms"]
     api = served.service_pids()["api"]
     stat = proc_stat(api)
