@@ -33,18 +33,14 @@ from sqlalchemy import Engine, select
 
 from app.cli.common import database
 from app.cli.receipts import (
-    DEFAULT_MIN_AGE_S,
-    DEFAULT_PER_SHARD,
-    DEFAULT_SHARDS,
-    MAX_PER_SHARD,
-    MAX_SHARDS,
     SHARD_COUNT,
     AuditRefused,
     AuditReport,
     _checked_root,
     _move,
-    _parse_shard,
     _under_root,
+    add_audit_flags,
+    audit_window,
 )
 from app.domain.artifacts import shard_of
 from app.domain.ids import UUID7_PATTERN
@@ -59,39 +55,13 @@ def register(sub: Any) -> None:
     logs = sub.add_parser("logs", help="log file maintenance")
     lsub = logs.add_subparsers(dest="logs_command", metavar="ACTION", required=True)
     audit = lsub.add_parser("audit", help="bounded audit of log files no attempt names")
-    audit.add_argument(
-        "--quarantine",
-        action="store_true",
-        help="move eligible files into .orphan-quarantine (default: report only)",
-    )
-    audit.add_argument("--shard", default="00", help="first shard, two hex digits (cursor)")
-    audit.add_argument(
-        "--shards", type=int, default=DEFAULT_SHARDS, help=f"shards to audit (1..{MAX_SHARDS})"
-    )
-    audit.add_argument(
-        "--per-shard",
-        type=int,
-        default=DEFAULT_PER_SHARD,
-        help=f"entries per shard (1..{MAX_PER_SHARD})",
-    )
-    audit.add_argument(
-        "--min-age-s",
-        type=float,
-        default=DEFAULT_MIN_AGE_S,
-        help="only files older than this are eligible",
-    )
+    add_audit_flags(audit)
     audit.set_defaults(handler=cmd_audit)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run one bounded audit window and print counts and the next shard cursor."""
-    start = _parse_shard(args.shard)
-    if not 1 <= args.shards <= MAX_SHARDS:
-        raise ValueError(f"--shards must be between 1 and {MAX_SHARDS}")
-    if not 1 <= args.per_shard <= MAX_PER_SHARD:
-        raise ValueError(f"--per-shard must be between 1 and {MAX_PER_SHARD}")
-    if not args.min_age_s >= 0:
-        raise ValueError("--min-age-s must be zero or more")
+    start = audit_window(args)
     try:
         with database(args) as (settings, engine):
             report = audit(

@@ -68,6 +68,12 @@ def register(sub: Any) -> None:
     receipts = sub.add_parser("receipts", help="receipt file maintenance")
     rsub = receipts.add_subparsers(dest="receipts_command", metavar="ACTION", required=True)
     audit = rsub.add_parser("audit", help="bounded audit of unindexed receipt files")
+    add_audit_flags(audit)
+    audit.set_defaults(handler=cmd_audit)
+
+
+def add_audit_flags(audit: Any) -> None:
+    """The flags of one bounded audit window, shared by ``receipts audit`` and ``logs audit``."""
     audit.add_argument(
         "--quarantine",
         action="store_true",
@@ -89,11 +95,10 @@ def register(sub: Any) -> None:
         default=DEFAULT_MIN_AGE_S,
         help="only files older than this are eligible",
     )
-    audit.set_defaults(handler=cmd_audit)
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
-    """Run one bounded audit window and print counts and the next shard cursor."""
+def audit_window(args: argparse.Namespace) -> int:
+    """The first shard of the window the flags name; ValueError names a flag out of bounds."""
     start = _parse_shard(args.shard)
     if not 1 <= args.shards <= MAX_SHARDS:
         raise ValueError(f"--shards must be between 1 and {MAX_SHARDS}")
@@ -101,6 +106,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise ValueError(f"--per-shard must be between 1 and {MAX_PER_SHARD}")
     if not args.min_age_s >= 0:
         raise ValueError("--min-age-s must be zero or more")
+    return start
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Run one bounded audit window and print counts and the next shard cursor."""
+    start = audit_window(args)
     try:
         with database(args) as (settings, engine):
             report = audit(
