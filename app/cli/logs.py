@@ -41,6 +41,7 @@ from app.cli.receipts import (
     _under_root,
     add_audit_flags,
     audit_window,
+    print_report,
 )
 from app.domain.artifacts import shard_of
 from app.domain.ids import UUID7_PATTERN
@@ -76,13 +77,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except AuditRefused as exc:
         print(f"qinglong: logs audit refused: {exc}", file=sys.stderr)
         return 1
-    for name in sorted(report.counts):
-        print(f"{name}: {report.counts[name]}")
-    if args.quarantine:
-        print(f"moved: {report.moved}")
-    if report.overflow:
-        print(f"overflow shards: {' '.join(report.overflow)}")
-    print(f"next shard: {report.next_shard}")
+    print_report(report, quarantine=args.quarantine)
     return 0
 
 

@@ -127,14 +127,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except AuditRefused as exc:
         print(f"qinglong: receipts audit refused: {exc}", file=sys.stderr)
         return 1
+    print_report(report, quarantine=args.quarantine)
+    return 0
+
+
+def print_report(report: AuditReport, *, quarantine: bool) -> None:
+    """One audit window's counts and the next shard cursor, as both audit commands print them."""
     for name in sorted(report.counts):
         print(f"{name}: {report.counts[name]}")
-    if args.quarantine:
+    if quarantine:
         print(f"moved: {report.moved}")
     if report.overflow:
         print(f"overflow shards: {' '.join(report.overflow)}")
     print(f"next shard: {report.next_shard}")
-    return 0
 
 
 def _parse_shard(text: str) -> int:
