@@ -28,7 +28,7 @@ from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from tests.execution.kit import FakeSettings, MemorySecrets
 from tests.recovery.kit import DEADLINE, TERMINAL, Armed, Rig, in_process_reconciler, wait_for
-from tests.worker.kit import launch_request, make_log
+from tests.worker.kit import launch_request, make_log, stop_outside_a_write
 
 RUN_ENDINGS = {f"run.{s}" for s in TERMINAL}
 
@@ -128,7 +128,9 @@ def test_a_worker_stalled_past_the_start_grace_gets_its_start_fenced_and_requeue
     first = run.latest_attempt.id
     client = WorkerClient(rig.worker.socket_path, connect_timeout_s=1.0, read_timeout_s=DEADLINE)
     results: list[PassResult] = []
-    os.kill(pid, signal.SIGSTOP)
+    # Frozen outside a write: frozen inside one it would hold SQLite's writer lock and T1
+    # could not commit at all (the stall this test is about is the launch, not the database).
+    stop_outside_a_write(rig.worker.proc, rig.engine)
     try:
         sender = threading.Thread(target=lambda: results.append(_dispatcher(rig, client).run_pass()))
         sender.start()

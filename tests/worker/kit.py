@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -11,8 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import pytest
 from sqlalchemy import Engine
 
 from app.adapters.worker_client import WorkerClient
@@ -264,3 +266,30 @@ class Worker:
             self.proc.kill()
             self.proc.wait(DEADLINE)
         self.proc = None
+
+
+def stop_outside_a_write(proc: subprocess.Popen[Any], engine: Engine) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no SQLite write transaction.
+
+    A process frozen inside one (a lease renewal, a retention pass) keeps the database's one
+    writer lock, and every other process waits on it: that is SQLite, not the lease. The
+    test's premise is a frozen holder that merely stops renewing.
+    """
+    if engine.dialect.name != "sqlite":
+        proc.send_signal(signal.SIGSTOP)  # PostgreSQL locks rows, not the whole database
+        return
+    path = engine.url.database
+    assert path
+    for _ in range(200):
+        proc.send_signal(signal.SIGSTOP)
+        probe = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            proc.send_signal(signal.SIGCONT)  # caught mid-write: let it finish, try again
+            time.sleep(0.02)
+        finally:
+            probe.close()
+    pytest.fail("the worker never left its write transactions")

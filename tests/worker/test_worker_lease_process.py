@@ -8,7 +8,6 @@ holder for longer than the lease's TTL.
 from __future__ import annotations
 
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from sqlalchemy import Engine
 from app.context.worker_lease import EXIT_LEASE_HELD, EXIT_LEASE_LOST
 from app.storage.lease_repo import LeaseRepository
 from app.worker.instance import INSTANCE_FILE
-from tests.worker.kit import DEADLINE, ROOT, Worker
+from tests.worker.kit import DEADLINE, ROOT, Worker, stop_outside_a_write
 
 TTL_S = 1.5
 
@@ -96,30 +95,6 @@ def test_the_same_instance_re_takes_its_lease_at_once_after_kill_9(
     )  # fmt: skip
 
 
-def _stop_outside_a_write(proc: subprocess.Popen[str], engine: Engine) -> None:
-    """SIGSTOP ``proc`` at a moment it holds no SQLite write transaction.
-
-    A process frozen inside one (a lease renewal, a retention pass) keeps the database's one
-    writer lock, and every other process waits on it: that is SQLite, not the lease. The
-    test's premise is a frozen holder that merely stops renewing.
-    """
-    path = engine.url.database
-    assert path
-    for _ in range(200):
-        proc.send_signal(signal.SIGSTOP)
-        probe = sqlite3.connect(path, timeout=0.05, isolation_level=None)
-        try:
-            probe.execute("BEGIN IMMEDIATE")
-            probe.execute("ROLLBACK")
-            return
-        except sqlite3.OperationalError:
-            proc.send_signal(signal.SIGCONT)  # caught mid-write: let it finish, try again
-            time.sleep(0.02)
-        finally:
-            probe.close()
-    pytest.fail("the holder never left its write transactions")
-
-
 # On PostgreSQL each host has its own lease (tests/e2e/test_several_hosts.py): SQLite only.
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_holder_stopped_past_its_ttl_is_taken_over_and_then_stops_serving(
@@ -128,7 +103,7 @@ def test_a_holder_stopped_past_its_ttl_is_taken_over_and_then_stops_serving(
     a, b = workers["a"], workers["b"]
     a.start()
     assert a.proc is not None
-    _stop_outside_a_write(a.proc, engine)  # a partitioned or frozen host: no renewals
+    stop_outside_a_write(a.proc, engine)  # a partitioned or frozen host: no renewals
     try:
         time.sleep(TTL_S + 0.5)
         b.start()  # takes over the expired lease
