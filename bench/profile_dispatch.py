@@ -23,6 +23,7 @@ from app.context.execution_wiring import build_execution
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine
+from app.storage.private_files import SERVICE_UMASK
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.secret_crypto import KeyRing
@@ -116,6 +117,7 @@ def main() -> None:
     parser.add_argument("--pg", default=None)
     parser.add_argument("--html", default=None)
     args = parser.parse_args()
+    os.umask(SERVICE_UMASK)  # the service's own files must be private, as under `qinglong`
     got = profile_drain(count=args.count, pg=args.pg, html=args.html)
     spawn_cpu = _spawn_cpu_ms(args.count)
     report = Report()
