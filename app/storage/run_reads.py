@@ -21,6 +21,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    true,
 )
 
 from app.domain.errors import ErrorCode, NotFound
@@ -251,71 +252,102 @@ class RunReader:
         return read
 
     def _dispatch_page(self, *, after: bool) -> OneStatementRead:
-        """The dispatch-candidates statement, first page or after a keyset cursor."""
+        """The dispatch-candidates statement, first page or after a keyset cursor.
+
+        The page is chosen from ``runs`` alone (ix_runs_ready_order gives its order), and
+        only its rows are joined to their latest attempt and revision. PostgreSQL plans a
+        join of the whole queue on statistics, and statistics that call the queue tiny (a
+        fresh database, a burst after a long history of ended runs) made it join and sort
+        every queued run for every page: 95 ms per page at 1,000 queued runs, and the
+        trivial-run bench fell from 50 to 22 runs/s (bench/README.md). The attempt's own
+        conditions come back as ``ready`` instead of filtering the join: a queued run's
+        latest attempt is claimed by construction (every path that queues a run inserts
+        it), so they only guard, and a row that fails them still moves the cursor.
+        """
         read = self._dispatch_pages.get(after)
         if read is None:
-            query = (
-                select(
-                    runs.c.id,
-                    runs.c.version,
-                    runs.c.task,
-                    runs.c.revision,
-                    runs.c.priority,
-                    runs.c.created_at_ms,
-                    attempts.c.id,
-                    attempts.c.number,
-                    attempts.c.created_at_ms,
-                    HELD.label("held"),
-                )
-                .select_from(_RUN_WITH_LATEST)
-                .join(
-                    task_revisions,
-                    and_(
-                        task_revisions.c.task == runs.c.task,
-                        task_revisions.c.revision == runs.c.revision,
-                    ),
-                )
-                .where(
-                    runs.c.status == RunStatus.QUEUED.value,
-                    # Not waiting for a retry: walks ix_runs_ready_order (docs/retries.md §2).
-                    runs.c.not_before_ms.is_(None),
-                    runs.c.cancel_reason.is_(None),
-                    attempts.c.status == AttemptStatus.CLAIMED.value,
-                    attempts.c.executor == "local_process",
-                    # And the attempt's own instant, on the row the page joins anyway (the
-                    # run's mark is cleared only once it passed; T1 checks it again).
-                    or_(
-                        attempts.c.not_before_ms.is_(None),
-                        attempts.c.not_before_ms <= bindparam("now"),
-                    ),
-                )
+            chosen = select(
+                runs.c.id,
+                runs.c.version,
+                runs.c.task,
+                runs.c.revision,
+                runs.c.priority,
+                runs.c.created_at_ms,
+                runs.c.latest_attempt,
+                HELD.label("held"),
+            ).where(
+                runs.c.status == RunStatus.QUEUED.value,
+                # Not waiting for a retry: walks ix_runs_ready_order (docs/retries.md §2).
+                runs.c.not_before_ms.is_(None),
+                runs.c.cancel_reason.is_(None),
             )
             if after:
                 prio: Any = bindparam("prio")
                 created: Any = bindparam("created")
-                query = query.where(
+                chosen = chosen.where(
                     or_(
                         runs.c.priority < prio,
                         and_(runs.c.priority == prio, runs.c.created_at_ms > created),
                         and_(
                             runs.c.priority == prio,
                             runs.c.created_at_ms == created,
-                            or_(
-                                attempts.c.created_at_ms > bindparam("att_created"),
-                                and_(
-                                    attempts.c.created_at_ms == bindparam("att_created"),
-                                    attempts.c.id > bindparam("att_id"),
-                                ),
-                            ),
+                            runs.c.id > bindparam("run_id"),
                         ),
                     )
                 )
-            query = query.order_by(
-                runs.c.priority.desc(),
-                runs.c.created_at_ms,
-                attempts.c.created_at_ms,
-                attempts.c.id,
-            ).limit(bindparam("limit"))
+            page = (
+                chosen.order_by(runs.c.priority.desc(), runs.c.created_at_ms, runs.c.id)
+                .limit(bindparam("limit"))
+                .subquery("page")
+            )
+            ready = case(
+                (
+                    and_(
+                        attempts.c.status == AttemptStatus.CLAIMED.value,
+                        attempts.c.executor == "local_process",
+                        task_revisions.c.task.is_not(None),
+                        # And the attempt's own instant (the run's mark is cleared only once
+                        # it passed; T1 checks it again).
+                        or_(
+                            attempts.c.not_before_ms.is_(None),
+                            attempts.c.not_before_ms <= bindparam("now"),
+                        ),
+                    ),
+                    true(),
+                ),
+                else_=false(),
+            )
+            query = (
+                select(
+                    page.c.id,
+                    page.c.version,
+                    page.c.task,
+                    page.c.revision,
+                    page.c.priority,
+                    page.c.created_at_ms,
+                    attempts.c.id,
+                    attempts.c.number,
+                    attempts.c.created_at_ms,
+                    page.c.held,
+                    ready.label("ready"),
+                )
+                .select_from(
+                    page.outerjoin(
+                        attempts,
+                        and_(
+                            attempts.c.run_id == page.c.id,
+                            attempts.c.number == page.c.latest_attempt,
+                        ),
+                    ).outerjoin(
+                        task_revisions,
+                        and_(
+                            task_revisions.c.task == page.c.task,
+                            task_revisions.c.revision == page.c.revision,
+                        ),
+                    )
+                )
+                .order_by(page.c.priority.desc(), page.c.created_at_ms, page.c.id)
+            )
             read = self._dispatch_pages.setdefault(after, OneStatementRead(self._engine, query))
         return read
 
@@ -401,11 +433,8 @@ class RunReader:
         """Queued runs without cancel intent whose latest attempt is claimed, in dispatch order."""
         params: dict[str, Any] = {"limit": limit + 1, "now": now_ms()}
         if cursor is not None:
-            prio, created, att_created, att_id = decode_cursor(
-                "dispatch", cursor, (int, int, int, str)
-            )
-            params |= {"prio": prio, "created": created, "att_created": att_created}
-            params["att_id"] = att_id
+            prio, created, run_id = decode_cursor("dispatch", cursor, (int, int, str))
+            params |= {"prio": prio, "created": created, "run_id": run_id}
         rows = self._dispatch_page(after=cursor is not None).rows(params)
         items = [
             DispatchCandidate(
@@ -431,15 +460,16 @@ class RunReader:
                 number,
                 attempt_created_at_ms,
                 held,
+                ready,
             ) in rows[:limit]
+            if ready
         ]
         next_cursor = None
         if len(rows) > limit:
-            last = items[-1]
-            next_cursor = encode_cursor(
-                "dispatch",
-                [last.priority, last.created_at_ms, last.attempt_created_at_ms, last.attempt_id],
-            )
+            # The page's last run, listed or not: the walk goes on past a run its guards
+            # left out.
+            last = rows[limit - 1]
+            next_cursor = encode_cursor("dispatch", [last[4], last[5], last[0]])
         return Page(items=items, next_cursor=next_cursor)
 
     def next_retry_at_ms(self, *, after_ms: int) -> int | None:
