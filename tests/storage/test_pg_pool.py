@@ -9,11 +9,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
 from app.storage import engine as engine_module
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
+from app.storage.tables import runs
+from app.storage.uow import UnitOfWork
 from tests.storage.helpers import define_task, enqueue
 
 
@@ -39,4 +41,33 @@ def test_an_idle_connection_cut_by_the_server_is_replaced(
             assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != backend
     finally:
         admin.dispose()
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_reads_keep_their_prepared_statements(postgres_url: str) -> None:
+    # psycopg drops a connection's prepared statements on ROLLBACK; a read unit of work
+    # therefore ends with COMMIT on PostgreSQL, so a hot read is prepared once and reused.
+    engine = make_engine(postgres_url, pool_size=1)
+    try:
+        define_task(engine, task="prepared")
+        run = enqueue(engine, task="prepared")
+        statement = select(runs.c.status).where(runs.c.id == run.id)
+        for _ in range(8):  # past psycopg's prepare threshold (5)
+            with UnitOfWork(engine, write=False) as uow:
+                assert uow.conn.execute(statement).scalar_one() == "queued"
+        with UnitOfWork(engine, write=False) as uow:
+            backend = uow.conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            prepared = uow.conn.execute(
+                text("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE :q"),
+                {"q": "SELECT runs.status%"},
+            ).scalar_one()
+        assert prepared == 1
+        with engine.connect() as conn:  # the same pooled connection served every read
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == backend
+        # A read that failed still rolls back (and so starts clean).
+        with pytest.raises(ZeroDivisionError), UnitOfWork(engine, write=False) as uow:
+            uow.conn.execute(statement)
+            raise ZeroDivisionError
+    finally:
         engine.dispose()
