@@ -199,7 +199,7 @@ class WorkerProcess:
             tasks_per_pass=d.tasks_per_pass,
             files_per_pass=d.files_per_pass,
         )
-        return RetentionLoop(sweep, repo=repo, interval_s=s.retention.interval_of(s.profile))
+        return RetentionLoop(sweep, interval_s=s.retention.interval_of(s.profile))
 
     def _wake(self, reconcile: bool) -> None:
         parts = self.parts
@@ -210,8 +210,8 @@ class WorkerProcess:
         parts = self.parts
         assert parts is not None and parts.recovery is not None
         result = parts.recovery.consume(run_id=run_id, attempt_id=attempt_id)
-        if result.status == "applied" and self.retention is not None:
-            self.retention.kick(run_id)  # the run ended: its task may be over budget now
+        if result.status == "applied" and result.task is not None and self.retention is not None:
+            self.retention.kick(result.task)  # the run ended: its task may be over budget now
         return result
 
     def _settle_threads(self) -> int:

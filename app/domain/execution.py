@@ -69,3 +69,4 @@ class CompletionOutcome:
     status: CompletionStatus
     run_status: str | None = None
     reason: str | None = None  # stable reason when rejected (never receipt content)
+    task: str | None = None  # the run's task when applied (the retention kick needs no read)

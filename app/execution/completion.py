@@ -40,6 +40,7 @@ class ConsumeResult:
     status: ConsumeStatus
     run_status: str | None = None
     reason: str | None = None
+    task: str | None = None  # the run's task when applied
 
 
 class CompletionService:
@@ -82,6 +83,7 @@ class CompletionService:
         return ConsumeResult(
             "applied" if outcome.status == "applied" else "already_terminal",
             run_status=outcome.run_status,
+            task=outcome.task,
         )
 
     def _complete(self, receipt: Receipt) -> CompletionOutcome:

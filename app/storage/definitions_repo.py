@@ -24,6 +24,10 @@ class DefinitionRepository:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        # Revisions are immutable and never deleted (a PUT of other content is a conflict),
+        # so one read is good for the process's life: the dispatcher reads the revision of
+        # every run it starts (three statements on PostgreSQL). Bounded; dict ops are atomic.
+        self._revisions: dict[tuple[str, int], TaskRevision] = {}
 
     def put_recipe(self, *, env: dict[str, str], secrets: dict[str, str]) -> tuple[Recipe, bool]:
         """Store a recipe by its content address; return ``(recipe, created)``."""
@@ -138,7 +142,14 @@ class DefinitionRepository:
 
     def get_revision(self, task: str, revision: int) -> TaskRevision:
         """One revision; NotFound with TASK_NOT_FOUND or REVISION_NOT_FOUND."""
-        return _revision(self._revision_row(task, revision))
+        key = (task, revision)
+        found = self._revisions.get(key)
+        if found is None:
+            found = _revision(self._revision_row(task, revision))
+            if len(self._revisions) >= _CACHED_REVISIONS:
+                self._revisions.clear()
+            self._revisions[key] = found
+        return found
 
     def latest_revision(self, task: str) -> TaskRevision:
         """The highest revision of a task."""
@@ -174,6 +185,8 @@ class DefinitionRepository:
         nxt = encode_cursor("tasks", [items[-1][0]]) if len(rows) > limit else None
         return Page(items=items, next_cursor=nxt)
 
+
+_CACHED_REVISIONS = 1024
 
 # Built once: enqueue resolves a revision inside the writer lock, and the dispatcher reads
 # one for every run it starts (runs_repo explains).

@@ -151,12 +151,6 @@ class RetentionRepository:
         with UnitOfWork(self._engine, write=False) as uow:
             return [r[0] for r in uow.conn.execute(query)]
 
-    def task_of(self, run_id: str) -> str | None:
-        """The task of a run (the kick after a run ended), or None."""
-        with UnitOfWork(self._engine, write=False) as uow:
-            row = uow.conn.execute(select(runs.c.task).where(runs.c.id == run_id)).first()
-        return None if row is None else str(row[0])
-
     def anchors(
         self, task: str, *, keep_runs: int, keep_rows: int
     ) -> tuple[TaskAnchors, str | None]:

@@ -162,11 +162,12 @@ def _split(row: Row[Any] | tuple[Any, ...]) -> tuple[Any, Any]:
 # (its attempt starting) or running; ix_runs_status_id and ix_runs_task_status_id serve the
 # counts, so they never scan the queue.
 ACTIVE_RUN = (RunStatus.DISPATCHING.value, RunStatus.RUNNING.value)
-COUNT_ACTIVE = select(func.count()).select_from(runs).where(runs.c.status.in_(ACTIVE_RUN))
+# Equalities, not IN: the counts are also one-statement reads, compiled once (an expanding
+# IN is compiled per call).
+_RUN_ACTIVE = or_(*(runs.c.status == s for s in ACTIVE_RUN))
+COUNT_ACTIVE = select(func.count()).select_from(runs).where(_RUN_ACTIVE)
 COUNT_TASK_ACTIVE = (
-    select(func.count())
-    .select_from(runs)
-    .where(runs.c.task == bindparam("task"), runs.c.status.in_(ACTIVE_RUN))
+    select(func.count()).select_from(runs).where(runs.c.task == bindparam("task"), _RUN_ACTIVE)
 )
 _NEXT_RETRY = (
     select(runs.c.not_before_ms)
@@ -182,7 +183,10 @@ COUNT_HOST_ACTIVE = (
     .select_from(attempts)
     .where(
         attempts.c.worker_instance_id == bindparam("instance"),
-        attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]),
+        or_(
+            attempts.c.status == AttemptStatus.STARTING.value,
+            attempts.c.status == AttemptStatus.RUNNING.value,
+        ),
     )
 )
 
@@ -234,6 +238,7 @@ class RunReader:
         )
         self._run_pages: dict[tuple[bool, bool, bool], OneStatementRead] = {}
         self._dispatch_pages: dict[bool, OneStatementRead] = {}
+        self._counts: dict[int, OneStatementRead] = {}  # by the module-level statement's id
 
     def _run_page(self, shape: tuple[bool, bool, bool]) -> OneStatementRead:
         """The list-page statement for one combination of (task, status, cursor) filters."""
@@ -495,14 +500,21 @@ class RunReader:
         )
 
     def active_count(self, task: str | None = None) -> int:
-        """Runs dispatching or running now (of ``task`` when given): a budget pre-check."""
-        with UnitOfWork(self._engine, write=False) as uow:
-            if task is None and self._host_budget is not None:
-                params = {"instance": self._host_budget}
-                return int(uow.conn.execute(COUNT_HOST_ACTIVE, params).scalar_one())
-            if task is None:
-                return int(uow.conn.execute(COUNT_ACTIVE).scalar_one())
-            return int(uow.conn.execute(COUNT_TASK_ACTIVE, {"task": task}).scalar_one())
+        """Runs dispatching or running now (of ``task`` when given): a budget pre-check.
+
+        One statement with no transaction around it (``OneStatementRead``): every dispatch
+        pass asks it once."""
+        if task is None and self._host_budget is not None:
+            return int(self._count(COUNT_HOST_ACTIVE).rows({"instance": self._host_budget})[0][0])
+        if task is None:
+            return int(self._count(COUNT_ACTIVE).rows({})[0][0])
+        return int(self._count(COUNT_TASK_ACTIVE).rows({"task": task})[0][0])
+
+    def _count(self, statement: Select[Any]) -> OneStatementRead:
+        read = self._counts.get(id(statement))
+        if read is None:
+            read = self._counts.setdefault(id(statement), OneStatementRead(self._engine, statement))
+        return read
 
     def starting_since_ms(self, run_id: str) -> int | None:
         """When the run's latest attempt entered ``starting`` (T1), from its event."""

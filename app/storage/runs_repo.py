@@ -592,7 +592,8 @@ class RunRepository:
                 mark_consumed_in(conn, attempt_id)
             uow.commit()
             # ``queued`` when a retry follows: the run's one terminal event is still to come.
-            return CompletionOutcome("applied", run_status=written.run_values["status"])
+            status = written.run_values["status"]
+            return CompletionOutcome("applied", run_status=status, task=run_row.task)
 
     # -- intents -----------------------------------------------------------------------------
 

@@ -267,12 +267,10 @@ class RetentionLoop:
         self,
         sweep: LogSweep,
         *,
-        repo: RetentionRepository,
         interval_s: float,
         min_gap_s: float = 1.0,
     ) -> None:
         self._sweep = sweep
-        self._repo = repo
         self._interval_s = interval_s
         self._min_gap_s = min_gap_s
         self._kicked: collections.deque[str] = collections.deque(maxlen=64)
@@ -286,10 +284,10 @@ class RetentionLoop:
         """Start the thread; its first pass runs at once (it finishes ``expiring`` logs)."""
         self._thread.start()
 
-    def kick(self, run_id: str) -> None:
-        """A run ended: sweep its task soon (never blocks)."""
+    def kick(self, task: str) -> None:
+        """A run of ``task`` ended: sweep that task soon (never blocks)."""
         with self._lock:
-            self._kicked.append(run_id)
+            self._kicked.append(task)
         self._event.set()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -309,8 +307,7 @@ class RetentionLoop:
                 self._kicked.clear()
             if full or kicked:
                 try:
-                    tasks = [t for t in (self._repo.task_of(r) for r in kicked) if t is not None]
-                    report = self._sweep.run_pass(first=tasks, full=full)
+                    report = self._sweep.run_pass(first=kicked, full=full)
                     self.passes += 1
                     if report.expired_logs or report.deleted_runs or report.finished_expiring:
                         log.info(
