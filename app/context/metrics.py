@@ -5,14 +5,15 @@ Two sources, so that the answer is the same whichever api process a scrape reach
 - **The database**, read at each scrape: runs by status, ended runs by error code, the queue,
   attempts starting and running, journal entries by state, log bytes. Every api process
   reads the same rows.
-- **Observations** made by the process that did the work: the dispatch pass duration and
-  created→started. Under ``qinglong api`` (several uvicorn workers) ``PROMETHEUS_MULTIPROC_DIR``
-  is set before any worker starts (app/cli/serve.py), so prometheus-client keeps each
-  process's histograms in its own file there and a scrape sums them all; without it (one
-  process, the in-process tests) they live in this process.
+- **Observations** made by the process that did the work: the dispatch pass duration,
+  created→started, and each schedule slot's fire lateness (the schedule loop of the api
+  process whose transaction decided it). Under ``qinglong api`` (several uvicorn workers)
+  ``PROMETHEUS_MULTIPROC_DIR`` is set before any worker starts (app/cli/serve.py), so
+  prometheus-client keeps each process's histograms in its own file there and a scrape sums
+  them all; without it (one process, the in-process tests) they live in this process.
 
-Labels are statuses, stable error codes and journal states only: never a task name, argv,
-environment value or output.
+Labels are statuses, stable error codes, journal states and whether a slot was on time only:
+never a task or schedule name, argv, environment value or output.
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ CREATED_TO_STARTED = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
     registry=_PROCESS,
 )
+# A fire is a few ms late; a slot caught up after downtime minutes to hours: one histogram,
+# ``slot`` on_time | caught_up keeps the second from swamping the first's quantiles.
+_FIRE_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    15.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0,
+)  # fmt: skip
+FIRE_LATENESS = Histogram(
+    "qinglong_schedule_fire_lateness_seconds",
+    "From a schedule slot's due instant (the slot plus its jitter) to the commit of the "
+    "transaction that decided it; slot=on_time when decided within the 5 s grace, else "
+    "caught_up (a backlog after downtime or a resume).",
+    labelnames=["slot"],
+    buckets=_FIRE_BUCKETS,
+    registry=_PROCESS,
+)
+SLOT_ON_TIME, SLOT_CAUGHT_UP = "on_time", "caught_up"
+for _slot in (SLOT_ON_TIME, SLOT_CAUGHT_UP):
+    FIRE_LATENESS.labels(slot=_slot)  # both series exist, at 0, before the first fire
 
 
 def prepare_multiprocess_dir(path: Path) -> None:

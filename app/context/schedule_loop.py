@@ -6,7 +6,8 @@ schedule changes (``schedule_changed``, the facade's ScheduleHooks), or at most
 one; the repository's cursor compare-and-set makes them decide each slot once between them
 (docs/schedules.md §2). After a fire that created runs it kicks the dispatcher's drain, and
 after one that recorded a cancel intent on a started run (overlap ``replace``) it wakes the
-worker's cancellation sweep.
+worker's cancellation sweep. Each decided slot's lateness goes to ``GET /metrics``
+(``qinglong_schedule_fire_lateness_seconds``, docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from app.context.metrics import FIRE_LATENESS, SLOT_CAUGHT_UP, SLOT_ON_TIME
 from app.domain.ids import now_ms
 from app.storage.schedules_repo import ScheduleRepository
 
@@ -80,6 +82,9 @@ class ScheduleLoop:
     def pass_once(self) -> float:
         """Decide what is due now; the seconds to sleep before the next pass."""
         result = self._repo.fire_due()
+        for late in result.lateness:
+            slot = SLOT_ON_TIME if late.on_time else SLOT_CAUGHT_UP
+            FIRE_LATENESS.labels(slot=slot).observe(late.seconds)
         if result.cancels_requested:
             self._on_cancel_requested()
         if result.runs_created:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +105,21 @@ def _due_after(
 
 
 @dataclass(frozen=True, slots=True)
+class SlotLateness:
+    """How late one slot's decision was committed (``GET /metrics``, docs/metrics.md).
+
+    ``seconds`` runs from the slot's due instant (the slot plus its jitter, what the loop
+    sleeps until) to the commit of the transaction that decided it, 0 when that was earlier
+    (a backlog slot fires at once, before its own jitter). ``on_time`` when the pass decided
+    it within ``ON_TIME_GRACE_MS`` of that instant, the rule that makes a slot on time rather
+    than backlog (docs/schedules.md §3).
+    """
+
+    seconds: float
+    on_time: bool
+
+
+@dataclass(frozen=True, slots=True)
 class FireResult:
     """What one ``fire_due`` call did."""
 
@@ -112,6 +128,9 @@ class FireResult:
     page_full: bool
     # Cancel intents recorded on started runs (overlap replace): the worker should stop them.
     cancels_requested: int = 0
+    # One per slot decided and committed by this call (fired, queued, replaced, skipped or
+    # dropped; the collapsed ``missed`` record is none of them), in no particular order.
+    lateness: tuple[SlotLateness, ...] = ()
 
 
 class ScheduleRepository:
@@ -283,6 +302,7 @@ class ScheduleRepository:
     def fire_due(self, now: int | None = None, *, page: int = FIRE_PAGE) -> FireResult:
         """Decide every due slot of up to ``page`` due schedules, one transaction each."""
         at = now_ms() if now is None else now
+        began = time.perf_counter()  # a commit's instant is ``at`` plus the time since
         due = (
             select(schedules.c.id)
             .where(schedules.c.next_due_ms <= at)
@@ -292,9 +312,10 @@ class ScheduleRepository:
         with self._engine.connect() as conn:
             ids = conn.execute(due).scalars().all()
         created = decided = cancels = 0
+        lateness: list[SlotLateness] = []
         for schedule_id in ids:
             try:
-                made = self._fire_one(schedule_id, at)
+                made = self._fire_one(schedule_id, at, began)
             except IntegrityError:
                 made = None  # another loop inserted the slot's run first: its commit decided
             except DomainError as exc:
@@ -305,18 +326,22 @@ class ScheduleRepository:
             if made is not None:
                 created += made[0]
                 cancels += made[1]
+                lateness.extend(made[2])
                 decided += 1
         return FireResult(
             runs_created=created,
             schedules_decided=decided,
             page_full=len(ids) == page,
             cancels_requested=cancels,
+            lateness=tuple(lateness),
         )
 
-    def _fire_one(self, schedule_id: str, at: int) -> tuple[int, int] | None:
+    def _fire_one(
+        self, schedule_id: str, at: int, began: float
+    ) -> tuple[int, int, list[SlotLateness]] | None:
         """One schedule's due slots in one transaction; (runs created, cancel intents on
-        started runs), None when another loop decided them first (locked, or the cursor
-        moved)."""
+        started runs, each decided slot's lateness at the commit), None when another loop
+        decided them first (locked, or the cursor moved)."""
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
             row = conn.execute(_locked(conn, _BY_ID, skip=True), {"id": schedule_id}).first()
@@ -399,7 +424,13 @@ class ScheduleRepository:
             if moved.rowcount != 1:
                 return None  # rolled back: another loop moved the cursor first
             uow.commit()
-            return created, cancels
+            committed = at + (time.perf_counter() - began) * 1000
+            lateness = []
+            for slot in fire:
+                due = slot + jitter_ms(row.id, slot, definition.jitter_seconds)
+                late_s = max(committed - due, 0.0) / 1000
+                lateness.append(SlotLateness(late_s, at - due <= ON_TIME_GRACE_MS))
+            return created, cancels, lateness
 
 
 def _plan(

@@ -1,5 +1,6 @@
 """/metrics through a real ``qinglong serve --workers 2``: every scrape, whichever uvicorn
-worker answers it, reports the same figures (docs/metrics.md)."""
+worker answers it, reports the same figures, those of the schedule loops too
+(docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import ServeFactory, wait_until
+from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import enqueue, put_task, wait_status
 from tests.e2e.test_supervisor import uvicorn_workers
 
 pytestmark = pytest.mark.e2e
 RUNS = 4
 SCRAPES = 10
+LATE = "qinglong_schedule_fire_lateness_seconds"
 
 
 def _figures(text: str) -> dict[str, float]:
@@ -23,6 +25,17 @@ def _figures(text: str) -> dict[str, float]:
             key = s.name + "".join(f"|{k}={v}" for k, v in sorted(s.labels.items()))
             out[key] = s.value
     return out
+
+
+def _scrape(served: Served) -> dict[str, float]:
+    with httpx.Client(base_url=served.base_url, headers=served.auth, timeout=10) as fresh:
+        r = fresh.get("/metrics")  # a new connection: any worker may accept it
+    assert r.status_code == 200, r.text
+    return _figures(r.text)
+
+
+def _fires(got: dict[str, float]) -> float:
+    return got[f"{LATE}_count|slot=on_time"] + got[f"{LATE}_count|slot=caught_up"]
 
 
 def test_every_api_worker_scrapes_the_same_sums(serve_factory: ServeFactory, db_url: str) -> None:
@@ -42,12 +55,35 @@ def test_every_api_worker_scrapes_the_same_sums(serve_factory: ServeFactory, db_
         30,
     )
     for _ in range(SCRAPES):
-        with httpx.Client(base_url=served.base_url, headers=served.auth, timeout=10) as fresh:
-            r = fresh.get("/metrics")  # a new connection: any worker may accept it
-        assert r.status_code == 200, r.text
-        got = _figures(r.text)
+        got = _scrape(served)
         assert got["qinglong_created_to_started_seconds_count"] == RUNS
         assert got["qinglong_runs|status=failed"] == RUNS
         assert got["qinglong_runs_ended|error_code=|status=failed"] == RUNS
         assert got["qinglong_queue_depth"] == 0
         assert got["qinglong_dispatch_pass_seconds_count"] >= RUNS
+
+    # Both workers run a schedule loop; each slot is decided by one of them and its lateness
+    # observed in that process's file (the one the PUT woke, mostly: the other sleeps up to
+    # 30 s before it sees the new schedule). The count grows with the slots, and a scrape
+    # answered by either worker reports every slot decided.
+    assert _fires(got) == 0
+    url = f"{served.base_url}/api/v1/schedules/every-second"
+    body = {"task": "m", "every_seconds": 1, "overlap": "allow", "max_concurrent": 10}
+    assert httpx.put(url, json=body, headers=served.auth, timeout=5).status_code == 201
+    wait_until("three slots in the fire lateness count", lambda: _fires(_scrape(served)) >= 3, 30)
+    assert httpx.post(f"{url}/pause", headers=served.auth, timeout=5).status_code == 200
+    page = httpx.get(f"{url}/decisions?limit=200", headers=served.auth, timeout=5).json()
+    decided = [d for d in page["items"] if d["decision"] != "missed"]
+    assert len(decided) >= 3 and page["next_cursor"] is None
+    # Lateness runs to the commit, which follows the decision's at_ms (its pass's clock).
+    at_least = sum(d["at_ms"] - d["slot_ms"] for d in decided) / 1000 - 0.001 * len(decided)
+    # A slot's decision is visible once committed; its loop observes it just after.
+    wait_until("the last slot observed", lambda: _fires(_scrape(served)) == len(decided), 10)
+    for _ in range(SCRAPES):
+        got = _scrape(served)
+        assert _fires(got) == len(decided)
+        assert got[f"{LATE}_count|slot=on_time"] >= 1
+        assert at_least <= got[f"{LATE}_sum|slot=on_time"] + got[f"{LATE}_sum|slot=caught_up"]
+    assert "every-second" not in httpx.get(
+        f"{served.base_url}/metrics", headers=served.auth, timeout=10
+    ).text  # no schedule name in a label

@@ -111,6 +111,34 @@ def test_an_on_time_slot_fires_even_with_a_zero_catchup_window(engine: Engine) -
     assert slots_of_runs(engine) == [T0 + 60_000]
 
 
+def test_each_decided_slot_reports_its_lateness_at_the_commit_and_whether_on_time(
+    engine: Engine,
+) -> None:
+    # Down from T0 to T0 + 10 s under catch-up "all": slots 1..10 s all fire, each as late as
+    # its age plus the transaction; within the 5 s grace they are on time, the rest backlog.
+    repo = make(engine, every(1, catchup="all", overlap="allow", max_concurrent=20))
+    result = repo.fire_due(T0 + 10_000)
+    assert result.runs_created == 10
+    got = sorted(result.lateness, key=lambda late: late.seconds)
+    for age, late in zip(range(10), got, strict=True):
+        assert age <= late.seconds < age + 2.0  # + the commit, on a loaded machine
+        assert late.on_time == (age * 1000 <= ON_TIME_GRACE_MS)
+    assert repo.fire_due(T0 + 10_000).lateness == ()  # nothing decided, nothing reported
+
+
+def test_a_jittered_slot_is_late_from_its_jittered_instant(engine: Engine) -> None:
+    repo = make(engine, every(10, jitter_seconds=5))
+    slot = T0 + 10_000
+    due = slot + jitter_ms(repo.get(name="tick").id, slot, 5)
+    (late,) = repo.fire_due(due + 300).lateness
+    assert 0.3 <= late.seconds < 2.3 and late.on_time
+    # A skipped slot is decided too, and so reported.
+    nxt = T0 + 20_000
+    (skipped,) = repo.fire_due(nxt + jitter_ms(repo.get(name="tick").id, nxt, 5) + 6000).lateness
+    assert 6.0 <= skipped.seconds < 8.0 and not skipped.on_time
+    assert repo.decisions(name="tick", limit=1, cursor=None).items[0].decision == "skipped_overlap"
+
+
 def test_overlap_skip_records_the_blocking_run(engine: Engine) -> None:
     repo = make(engine, every(1))
     repo.fire_due(T0 + 1000)

@@ -6,9 +6,10 @@ import threading
 import time
 from typing import Any, cast
 
+from app.context.metrics import FIRE_LATENESS
 from app.context.schedule_loop import NOTHING_DECIDED_S, ScheduleLoop
 from app.domain.ids import now_ms
-from app.storage.schedules_repo import FireResult, ScheduleRepository
+from app.storage.schedules_repo import FireResult, ScheduleRepository, SlotLateness
 
 
 class FakeRepo:
@@ -56,6 +57,41 @@ def test_runs_created_kick_the_drain_and_none_do_not() -> None:
     loop_of(FakeRepo(None, FireResult(2, 1, page_full=False)), fired).pass_once()
     loop_of(FakeRepo(None, FireResult(0, 1, page_full=False)), fired).pass_once()
     assert fired == [1]
+
+
+def _lateness_samples() -> dict[tuple[str, str, str], float]:
+    """This process's fire lateness samples: (name, slot, le) -> value."""
+    return {
+        (s.name, s.labels["slot"], s.labels.get("le", "")): s.value
+        for family in FIRE_LATENESS.collect()
+        for s in family.samples
+    }
+
+
+def test_each_decided_slot_is_observed_in_the_fire_lateness_histogram_by_on_time() -> None:
+    before = _lateness_samples()
+    name = "qinglong_schedule_fire_lateness_seconds"
+    count, total, bucket = f"{name}_count", f"{name}_sum", f"{name}_bucket"
+    result = FireResult(
+        3, 3, page_full=False,
+        lateness=(SlotLateness(0.004, True), SlotLateness(0.003, True), SlotLateness(7200.0, False)),
+    )  # fmt: skip
+    loop_of(FakeRepo(None, result)).pass_once()
+    after = _lateness_samples()
+
+    def grew(key: tuple[str, str, str]) -> float:
+        return after[key] - before.get(key, 0.0)
+
+    assert grew((count, "on_time", "")) == 2 and grew((count, "caught_up", "")) == 1
+    assert abs(grew((total, "on_time", "")) - 0.007) < 1e-9
+    assert grew((total, "caught_up", "")) == 7200.0
+    # A fire a few ms late lands in the ms buckets; two hours late in the hours ones.
+    assert grew((bucket, "on_time", "0.0025")) == 0 and grew((bucket, "on_time", "0.005")) == 2
+    assert grew((bucket, "caught_up", "3600.0")) == 0
+    assert grew((bucket, "caught_up", "21600.0")) == 1
+    # Nothing decided: nothing observed.
+    loop_of(FakeRepo(None, FireResult(0, 0, page_full=False))).pass_once()
+    assert _lateness_samples() == after
 
 
 def test_a_schedule_change_wakes_the_sleeping_loop() -> None:
