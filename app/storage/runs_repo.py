@@ -80,6 +80,30 @@ _ATTEMPT_BY_NUMBER = select(attempts).where(
     attempts.c.run_id == bindparam("run_id"), attempts.c.number == bindparam("number")
 )
 _HELD_BY_ID = select(HELD).where(runs.c.id == bindparam("run_id"))
+# A run and an attempt read together: in READ COMMITTED each statement sees its own
+# snapshot, so two SELECTs could straddle a concurrent commit (the attempt before
+# record_running committed, the run after it) and a decision made on that torn pair raised
+# InvalidTransition where a CAS retry would have found the truth. One statement is one
+# snapshot, and one round trip.
+_RUN_NAMES = tuple(c.name for c in runs.c)
+_ATTEMPT_NAMES = tuple(c.name for c in attempts.c)
+_RUN_COLUMNS = [c.label(f"r_{c.name}") for c in runs.c]
+_ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c]
+_PAIR_BY_LATEST = (
+    select(*_RUN_COLUMNS, *_ATTEMPT_COLUMNS)
+    .select_from(
+        runs.outerjoin(
+            attempts,
+            and_(attempts.c.run_id == runs.c.id, attempts.c.number == runs.c.latest_attempt),
+        )
+    )
+    .where(runs.c.id == bindparam("run_id"))
+)
+_ATTEMPT_AND_RUN = (
+    select(*_RUN_COLUMNS, *_ATTEMPT_COLUMNS)
+    .select_from(attempts.outerjoin(runs, runs.c.id == bindparam("run_id")))
+    .where(attempts.c.id == bindparam("attempt_id"))
+)
 _REVISION_BODY = select(task_revisions.c.body).where(
     task_revisions.c.task == bindparam("task"), task_revisions.c.revision == bindparam("revision")
 )
@@ -526,12 +550,14 @@ class RunRepository:
             conn = uow.conn
             if fence is not None and not lease_current_in(conn, slot=fence[0], epoch=fence[1]):
                 return CompletionOutcome("fenced", reason=ErrorCode.LEASE_EPOCH_SUPERSEDED.value)
-            attempt_row = conn.execute(_ATTEMPT_BY_ID, {"attempt_id": attempt_id}).first()
+            pair = conn.execute(_ATTEMPT_AND_RUN, {"attempt_id": attempt_id, "run_id": run_id})
+            found = pair.first()
+            run_row, attempt_row = (None, None) if found is None else _split_pair(found)
             refused = refuse_caller(attempt_row, run_id=run_id, token=token)
             if refused is not None:
                 return CompletionOutcome("rejected", reason=refused.reason)
             assert attempt_row is not None  # refuse_caller refuses a missing attempt
-            run_row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).one()
+            assert run_row is not None  # the attempt's own run (refuse_caller checked the id)
             decision = decide_completion(
                 attempt_row,
                 run_row,
@@ -953,14 +979,27 @@ def _latest_attempt(conn: Connection, run_row: Row[Any]) -> Row[Any]:
     ).one()
 
 
-def _load_pair(conn: Connection, run_id: str, attempt_id: str) -> tuple[Row[Any], Row[Any]]:
-    run_row = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
-    if run_row is None:
+def _load_pair(conn: Connection, run_id: str, attempt_id: str) -> tuple[Any, Any]:
+    """The run and its latest attempt, one snapshot; NotFound unless that is ``attempt_id``."""
+    row = conn.execute(_PAIR_BY_LATEST, {"run_id": run_id}).first()
+    if row is None:
         raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
-    attempt_row = _latest_attempt(conn, run_row)
-    if attempt_row.id != attempt_id:
+    run_row, attempt_row = _split_pair(row)
+    if attempt_row is None or attempt_row.id != attempt_id:
         raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "the attempt is not the run's latest")
     return run_row, attempt_row
+
+
+def _split_pair(row: Row[Any]) -> tuple[Any, Any]:
+    """(run, attempt) of a pair statement's row, each None when its side is missing."""
+    values = tuple(row)
+    cut = len(_RUN_COLUMNS)
+    run_row = SimpleNamespace(**dict(zip(_RUN_NAMES, values[:cut], strict=True)))
+    attempt_row = SimpleNamespace(**dict(zip(_ATTEMPT_NAMES, values[cut:], strict=True)))
+    return (
+        None if run_row.id is None else run_row,
+        None if attempt_row.id is None else attempt_row,
+    )
 
 
 def _cas_run(conn: Connection, run_row: Row[Any], steps: int, values: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 
 from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
 from app.storage.run_reads import RunReader
@@ -345,3 +345,65 @@ def test_cancel_racing_t1_on_a_queued_run_is_a_clean_cas_loss_never_a_deadlock(
     final = RunReader(engine).get_run(run.id)
     assert final.status in ("cancelled", "dispatching")
     assert final.version == len(RunReader(engine).list_events(run.id).items)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_completion_reads_its_run_and_attempt_in_one_snapshot(engine: Engine) -> None:
+    # A trivial job's ending often reaches the worker while the api is still recording it
+    # running. Under READ COMMITTED each statement has its own snapshot: the completion
+    # read the attempt, record_running committed, then it read the run, and the torn pair
+    # (attempt starting, run running) made it raise InvalidTransition: the live completion
+    # failed and the run waited for the reconciler. Here record_running commits right
+    # after the completion's first read; the completion must lose a CAS at most, and
+    # record the ending once.
+    define_task(engine)
+    repo = RunRepository(engine)
+    run = dispatch(engine, enqueue(engine))
+    assert run.latest_attempt is not None
+    attempt_id = run.latest_attempt.id
+    completing = threading.local()
+    committed = threading.Event()
+    go = threading.Event()
+
+    def after_read(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if getattr(completing, "first", False) and statement.lstrip().startswith("SELECT"):
+            completing.first = False
+            go.set()
+            assert committed.wait(10)
+
+    def running() -> None:
+        assert go.wait(10)
+        repo.record_running(run_id=run.id, attempt_id=attempt_id, handle=HANDLE, started_at_ms=1)
+        committed.set()
+
+    other = threading.Thread(target=running)
+    other.start()
+    event.listen(engine, "after_cursor_execute", after_read)
+    try:
+        outcomes = []
+        for round_ in range(3):  # the CAS retry of CompletionService
+            completing.first = round_ == 0
+            try:
+                outcomes.append(
+                    repo.complete_attempt(
+                        run_id=run.id,
+                        attempt_id=attempt_id,
+                        token=TOKEN,
+                        callback_sequence=1,
+                        exit_code=0,
+                        signal=None,
+                        finished_at_ms=2,
+                        started_at_ms=1,
+                    )  # fmt: skip
+                )
+                break
+            except VersionConflict:
+                continue
+    finally:
+        event.remove(engine, "after_cursor_execute", after_read)
+        other.join(10)
+    assert committed.is_set()
+    assert [o.status for o in outcomes] == ["applied"]
+    assert RunReader(engine).get_run(run.id).status == "succeeded"
+    assert event_types(engine, run.id).count("run.succeeded") == 1
