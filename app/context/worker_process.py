@@ -105,7 +105,10 @@ class WorkerProcess:
                 receipts=receipts, journal=journal, completions=runs,
                 log_facts=LogFacts(s.logs_dir), fence=lambda: lease.fence,
             )  # fmt: skip
-            watcher = ShimWatcher(lambda run_id, attempt_id: self._consume(run_id, attempt_id))
+            watcher = ShimWatcher(
+                lambda run_id, attempt_id: self._consume(run_id, attempt_id),
+                lanes=_parallel_lanes(engine),
+            )
             self._cgroup_root = detect(s.cgroup_root)
             launcher = ShimLauncher(
                 journal=journal, receipts=receipts, on_spawned=watcher.add, mode=s.shim_mode,
@@ -217,10 +220,7 @@ class WorkerProcess:
     def _settle_threads(self) -> int:
         """0 (inline) on SQLite; else a few threads, never more than the pool holds."""
         assert self.parts is not None
-        engine = self.parts.engine
-        if engine.dialect.name == "sqlite" or not isinstance(engine.pool, QueuePool):
-            return 0
-        return max(1, min(_SETTLE_THREADS, engine.pool.size()))
+        return _parallel_lanes(self.parts.engine)
 
     def request_stop(self) -> None:
         """Ask ``serve_forever`` to return (safe from a signal handler)."""
@@ -248,3 +248,12 @@ class WorkerProcess:
         if self.lease is not None:
             self.lease.release()  # nothing touches runs any more: another may take over
         parts.engine.dispose()
+
+
+def _parallel_lanes(engine: Engine) -> int:
+    """Threads for independent completions (the start-up backlog, live endings): 0 (inline)
+    on SQLite, whose one writer serializes them anyway; else a few, never more than the
+    pool holds."""
+    if engine.dialect.name == "sqlite" or not isinstance(engine.pool, QueuePool):
+        return 0
+    return max(1, min(_SETTLE_THREADS, engine.pool.size()))

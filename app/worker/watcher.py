@@ -6,6 +6,12 @@ opening it, so the fd can only ever refer to our shim, never to a process that r
 pid. The shim exits only after it published the receipt (or failed to), so its exit is the
 moment to consume. Missed or failed notifications are the reconciler's business
 (docs/design.md §3.13): this is the fast path, never the only path.
+
+With ``lanes`` (PostgreSQL), the callbacks run on that many threads instead of the watcher's
+own: a completion there is a dozen round trips and a WAL flush, and one thread doing them
+in turn kept every run active (and so counted by QL_MAX_RUNNING) until the endings before
+it were recorded. Each shim exits once and its fd is dropped before the callback is queued,
+so no attempt is handed out twice; exactly-once is the completion transaction's anyway.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import select
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from app.domain.model import ProcessHandle
 from app.worker.identity import current_boot_id, read_identity, wait_pidfd
@@ -38,8 +45,13 @@ def shim_alive(handle: ProcessHandle) -> bool:
 class ShimWatcher:
     """Calls ``on_shim_exit(run_id, attempt_id)`` once per watched shim when it exits."""
 
-    def __init__(self, on_shim_exit: ShimExitCallback) -> None:
+    def __init__(self, on_shim_exit: ShimExitCallback, *, lanes: int = 0) -> None:
         self._on_exit = on_shim_exit
+        self._lanes = (
+            ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="ql-complete")
+            if lanes > 0
+            else None
+        )
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._epoll.register(self._wake_r, select.EPOLLIN)
@@ -92,6 +104,9 @@ class ShimWatcher:
         self._wake()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self._lanes is not None:
+            # Callbacks in progress finish; queued ones are dropped (the reconciler's).
+            self._lanes.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             for fd in list(self._by_fd):
                 os.close(fd)
@@ -128,7 +143,13 @@ class ShimWatcher:
                 exited += self._pending
                 self._pending = []
             for run_id, attempt_id in exited:
-                try:
-                    self._on_exit(run_id, attempt_id)
-                except Exception as exc:  # the reconciler will retry; never content in logs
-                    log.warning("completion after shim exit failed: %s", type(exc).__name__)
+                if self._lanes is None:
+                    self._exited(run_id, attempt_id)
+                else:
+                    self._lanes.submit(self._exited, run_id, attempt_id)
+
+    def _exited(self, run_id: str, attempt_id: str) -> None:
+        try:
+            self._on_exit(run_id, attempt_id)
+        except Exception as exc:  # the reconciler will retry; never content in logs
+            log.warning("completion after shim exit failed: %s", type(exc).__name__)
