@@ -395,7 +395,7 @@ def test_a_completion_reads_its_run_and_attempt_in_one_snapshot(engine: Engine) 
                         signal=None,
                         finished_at_ms=2,
                         started_at_ms=1,
-                    )  # fmt: skip
+                    )
                 )
                 break
             except VersionConflict:
