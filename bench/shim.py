@@ -4,6 +4,9 @@ The shim is started exactly as the worker starts it, without the worker or a dat
 only the shim is measured: one-shot (``python -I -S shim.py``, spec on stdin, status line on
 stdout) and forked by the zygote (``shim.py --zygote``, the worker's default). The zygote's
 fd count and VmRSS are read before and after 500 launches (it must keep nothing per launch).
+Where the host has a writable cgroup v2 hierarchy, start-up with a job cgroup too: the job
+born there by clone3, beside the fallback that moves the shim in and back (the spec's
+``no_clone3`` test hook) and beside no cgroup, interleaved and spaced out (docs/leftovers.md).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.domain.ids import uuid7
+from app.worker.cgroups import AUTO, detect
 from app.worker.identity import wait_exit
 from app.worker.launcher import SHIM_PATH, read_status
 from app.worker.zygote import Zygote
@@ -27,6 +31,9 @@ from bench.report import Figure, Report, median
 from bench.trivial import bare_spawn_ms
 
 STATUS_TIMEOUT_S = 10.0  # a launch that says nothing by then fails the bench, never hangs it
+# Between the cgroup start-up launches: a cgroup migration waits out an RCU grace period,
+# which back-to-back migrations share, so only spaced launches show what one launch pays.
+CGROUP_SPACING_S = 0.05
 
 
 class _Shims:
@@ -36,7 +43,7 @@ class _Shims:
         self.receipts.mkdir(mode=0o700)
         self.n = 0
 
-    def spec(self, argv: list[str], quota: int) -> dict[str, Any]:
+    def spec(self, argv: list[str], quota: int, **over: Any) -> dict[str, Any]:
         self.n += 1
         log = self.root / f"job{self.n}.log"
         os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -46,12 +53,14 @@ class _Shims:
             "token": secrets.token_urlsafe(32), "argv": argv, "cwd": None,
             "env": {"PATH": "/usr/bin:/bin"}, "log_path": str(log), "log_quota_bytes": quota,
             "receipt_dir": str(self.receipts), "receipt_name": f"{attempt}.json",
-            "leftovers": "kill", "cgroup_root": None,
+            "leftovers": "kill", "cgroup_root": None, **over,
         }  # fmt: skip
 
-    def launch(self, argv: list[str], quota: int = 1 << 20) -> tuple[float, dict[str, Any]]:
-        """(ms until the status line, status) of one shim launch."""
-        payload = json.dumps(self.spec(argv, quota)).encode()
+    def launch(
+        self, argv: list[str], quota: int = 1 << 20, **over: Any
+    ) -> tuple[float, dict[str, Any]]:
+        """(ms until the status line, status) of one shim launch (``over``: spec keys)."""
+        payload = json.dumps(self.spec(argv, quota, **over)).encode()
         t0 = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", SHIM_PATH], stdin=subprocess.PIPE,
@@ -125,6 +134,34 @@ def _zygote_figures(report: Report, shims: _Shims, count: int, exec_ms: float) -
         _shim_uss_pss(report, shims, zygote)
     finally:
         zygote.close()
+
+
+def _cgroup_figures(report: Report, shims: _Shims, count: int) -> None:
+    """One-shot start-up with a job cgroup: clone3 against the fallback and against none."""
+    root = detect(AUTO)
+    if root is None:
+        print("no writable cgroup v2 hierarchy here: no job-cgroup start-up figures")
+        return
+    ways: list[tuple[str, dict[str, Any]]] = [
+        ("clone3", {"cgroup_root": str(root.path)}),
+        ("migrate", {"cgroup_root": str(root.path), "test_hook": "no_clone3"}),
+        ("none", {}),
+    ]
+    samples: dict[str, list[float]] = {way: [] for way, _ in ways}
+    for i in range(count):
+        for way, over in ways[i % 3 :] + ways[: i % 3]:  # each way first in turn
+            ms, status = shims.launch(["/bin/true"], **over)
+            if (status["cgroup"] is None) != (way == "none"):
+                raise RuntimeError(f"{way}: unexpected job cgroup {status['cgroup']}")
+            samples[way].append(ms)
+            wait_exit(status["shim_pid"], 10)  # the job's cgroup is removed by then
+            time.sleep(CGROUP_SPACING_S)
+    clone3 = median(samples["clone3"])
+    report.add(Figure("shim start-up, job cgroup by clone3", clone3, "ms",
+                      "the same, shim moved in and back", median(samples["migrate"]), False,
+                      extra={"n": count, "spacing_s": CGROUP_SPACING_S}))
+    report.add(Figure("shim start-up, job cgroup by clone3", clone3, "ms",
+                      "the same without a job cgroup", median(samples["none"]), False))
 
 
 def _rollup_kb(pid: int) -> dict[str, int]:
@@ -204,6 +241,7 @@ def run_shim(report: Report, *, count: int, drain_bytes: int) -> None:
         report.add(Figure("shim start-up (spawn -> status line)", median(startup), "ms",
                           "posix_spawn /bin/true + wait", bare, False, extra={"n": count}))
         _zygote_figures(report, shims, count, median(startup))
+        _cgroup_figures(report, shims, count)
 
         _, status = shims.launch(["/bin/sleep", "5"])
         try:

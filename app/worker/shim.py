@@ -46,12 +46,22 @@ RECEIPT_RESERVE_BYTES = 4096
 # long as the shim lives. The ending stays here meanwhile and the attempt stays running.
 PUBLISH_RETRY_FIRST_S = 0.05
 PUBLISH_RETRY_MAX_S = 5.0
-TEST_HOOKS = ("exit_before_receipt", "exit_after_temp_write", "stop_after_temp_write")
+# "no_clone3": start the job the fallback way (enter the cgroup, spawn, leave), for tests.
+TEST_HOOKS = (
+    "exit_before_receipt", "exit_after_temp_write", "stop_after_temp_write", "no_clone3",
+)  # fmt: skip
 # After the job's main process ended (leftovers "kill"): how long the shim waits for the rest
 # of the job to die before it gives up and publishes anyway (docs/leftovers.md).
 LEFTOVER_WAIT_SECONDS = 2.0
 LEFTOVER_POLL_SECONDS = 0.005
 CGROUP_PREFIX = "ql-"
+# clone3(2) with CLONE_INTO_CGROUP (Linux >= 5.7): the job is born in its cgroup without the
+# shim migrating there and back (each cgroup.procs write waits out an RCU grace period).
+# 435 is clone3 on these machines only (asm-generic numbering and x86_64 alike).
+SYS_CLONE3 = 435
+CLONE3_MACHINES = ("x86_64", "aarch64")
+CLONE_INTO_CGROUP = 0x200000000
+_CLONE_ARGS_WORDS = 11  # struct clone_args up to .cgroup (CLONE_ARGS_SIZE_VER2, 88 bytes)
 LEFTOVERS = ("kill", "keep")
 HOOK_EXIT_CODE = 70
 _SPEC_KEYS = frozenset(
@@ -336,6 +346,66 @@ def _capset() -> Any:
     return _CAPSET[0]
 
 
+class _Clone3Refused(Exception):
+    """clone3 did not start a child (old kernel, seccomp, refused flag or cgroup): the caller
+    falls back to migrating the shim. Not an OSError, so a fork failure is not mistaken for it."""
+
+
+_CLONE3: list[Any] = []  # like prctl: resolved once, in the zygote before it forks
+
+
+def _clone3() -> Any:
+    """``fork_into(dir_fd)``: clone3(CLONE_INTO_CGROUP) through ``syscall(3)``, fork semantics
+    (0 in the child, the pid in the parent) with the child born in the cgroup of ``dir_fd``;
+    raises _Clone3Refused when no child was made. None where it cannot be had at all."""
+    if not _CLONE3:
+        try:
+            if sys.platform != "linux" or os.uname().machine not in CLONE3_MACHINES:
+                raise ImportError("clone3 is not syscall 435 here")
+            import _ctypes
+
+            class _CLong(_ctypes._SimpleCData):  # type: ignore[type-arg]
+                _type_ = "l"
+
+            class _U64(_ctypes._SimpleCData):  # type: ignore[type-arg]
+                _type_ = "Q"
+
+            class _Args(_ctypes.Array):  # type: ignore[type-arg]
+                _type_ = _U64
+                _length_ = _CLONE_ARGS_WORDS
+
+            class _Syscall(_ctypes.CFuncPtr):
+                _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+                _restype_ = _CLong
+
+            func = _Syscall(_ctypes.dlsym(_ctypes.dlopen(None), "syscall"))  # type: ignore[arg-type]
+            number, size = _CLong(SYS_CLONE3), _CLong(_CLONE_ARGS_WORDS * 8)
+            get_errno = _ctypes.get_errno
+
+            def fork_into(dir_fd: int) -> int:
+                args = _Args()
+                args[0] = CLONE_INTO_CGROUP  # flags; pidfd, child_tid, parent_tid unused
+                args[4] = signal.SIGCHLD  # exit_signal: a plain child, as fork() makes
+                args[10] = dir_fd  # cgroup; stack, tls, set_tid stay 0 (fork semantics)
+                pid = func(number, args, size)
+                if pid < 0:
+                    raise _Clone3Refused(get_errno())
+                return int(pid)
+
+            _CLONE3.append(fork_into)
+        except (OSError, AttributeError, ImportError, TypeError):
+            _CLONE3.append(None)
+    return _CLONE3[0]
+
+
+def _single_threaded() -> bool:
+    """The raw clone3 child skips CPython's after-fork hooks: only safe with no other thread."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
 def _set_dumpable_off() -> None:
     """No core dump, and /proc/<shim>/fd, environ, mem become root's: a job of another user
     cannot look into the shim's open files (the log, the receipt directory)."""
@@ -412,9 +482,8 @@ def _resolve(argv0: str, env: dict[str, str]) -> str:
 
 
 def _spawn(spec: dict[str, Any], write_fd: int, home: str | None = None) -> int:
-    job = spec.get("job")
-    if job is not None:
-        return _spawn_as(spec, write_fd, job, home)
+    if spec.get("job") is not None:  # fork, switch to the job user, exec
+        return _fork_exec(spec, write_fd, home, os.fork)
     cwd = spec["cwd"] or "/"
     try:
         os.chdir(cwd)
@@ -444,28 +513,64 @@ def _spawn(spec: dict[str, Any], write_fd: int, home: str | None = None) -> int:
         os.chdir("/")
 
 
-def _spawn_as(spec: dict[str, Any], write_fd: int, job: dict[str, Any], home: str | None) -> int:
-    """Fork the job, switch it to the job user, exec it; a failure before ``execve`` comes back
-    on a close-on-exec pipe as "CODE errno" (EOF alone means the exec happened).
+def _spawn_into(spec: dict[str, Any], write_fd: int, home: str | None, cgroup: str) -> int | None:
+    """Start the job born in ``cgroup`` by clone3(CLONE_INTO_CGROUP), the shim staying where
+    it is; None when that cannot be had here (the caller migrates the shim instead)."""
+    fork_into = _clone3()
+    if fork_into is None or spec.get("test_hook") == "no_clone3" or not _single_threaded():
+        return None
+    try:
+        dir_fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _fork_exec(spec, write_fd, home, lambda: fork_into(dir_fd))
+    except _Clone3Refused:
+        return None
+    finally:
+        os.close(dir_fd)
 
-    The same file actions as ``posix_spawn`` (stdin /dev/null, stdout and stderr the pipe,
-    own process group, default signals, empty mask), plus: identity, umask, the job's HOME
-    created as the job user, ``cwd`` and the executable looked up as the job user.
-    """
-    env = dict(spec["env"])
+
+def _job_env(spec: dict[str, Any], home: str | None) -> dict[str, str]:
+    """Exactly the spec's env; with a job user, HOME set (configured or per-job) unless named."""
+    env: dict[str, str] = spec["env"]
+    job = spec.get("job")
+    if job is None:
+        return env
+    env = dict(env)
     if job["home"] is not None:
         env.setdefault("HOME", job["home"])
     elif home is not None:
         env.setdefault("HOME", home)
+    return env
+
+
+def _fork_exec(
+    spec: dict[str, Any], write_fd: int, home: str | None, fork: Callable[[], int]
+) -> int:
+    """Start the job with ``fork`` (``os.fork`` or clone3 into the job's cgroup) and ``execve``;
+    a failure before ``execve`` comes back on a close-on-exec pipe as "CODE errno" (EOF alone
+    means the exec happened). An exception from ``fork`` other than OSError is passed on.
+
+    The same file actions as ``posix_spawn`` (stdin /dev/null, stdout and stderr the pipe,
+    own process group, default signals, empty mask, ``cwd``, the executable looked up in the
+    job env's PATH). With a job user, also: identity, umask, the job's HOME created as the job
+    user, ``cwd`` and the lookup as the job user. The child runs only the statements below
+    (the shim is single-threaded) and always ends in ``execve`` or ``os._exit``.
+    """
+    job = spec.get("job")
+    env = _job_env(spec, home)
     err_r, err_w = os.pipe()
     try:
-        pid = os.fork()
-    except OSError as exc:
+        pid = fork()
+    except BaseException as exc:
         os.close(err_r)
         os.close(err_w)
-        raise ShimError("EXEC_FAILED", exc.errno) from None
+        if isinstance(exc, OSError):
+            raise ShimError("EXEC_FAILED", exc.errno) from None
+        raise
     if pid == 0:
-        code, err = "JOB_USER_FAILED", 0
+        code, err = ("EXEC_FAILED" if job is None else "JOB_USER_FAILED"), 0
         try:
             os.close(err_r)
             os.setpgid(0, 0)
@@ -481,11 +586,12 @@ def _spawn_as(spec: dict[str, Any], write_fd: int, job: dict[str, Any], home: st
                         signal.signal(sig, signal.SIG_DFL)
                     except (OSError, ValueError):
                         pass  # signals the C library keeps for itself
-            _become(job)
-            os.umask(job["umask"])
-            if home is not None and env.get("HOME") == home:
-                code = "HOME_FAILED"
-                os.mkdir(home, 0o700)
+            if job is not None:
+                _become(job)
+                os.umask(job["umask"])
+                if home is not None and env.get("HOME") == home:
+                    code = "HOME_FAILED"
+                    os.mkdir(home, 0o700)
             code = "CWD_INVALID"
             os.chdir(spec["cwd"] or "/")
             code = "EXEC_FAILED"
@@ -749,10 +855,9 @@ def _in_cgroup(pid: int, name: bytes) -> bool:
     return any(line.startswith(b"0::") and line.endswith(b"/" + name) for line in lines)
 
 
-def _enter_cgroup(spec: dict[str, Any]) -> str | None:
-    """Create the job's own cgroup, named after the attempt, and move the shim into it so the
-    job is born there; None when there is no cgroup root or the cgroup cannot be had (the
-    process tree is then the only net)."""
+def _make_cgroup(spec: dict[str, Any]) -> str | None:
+    """Create the job's own cgroup, named after the attempt; None when there is no cgroup root
+    or the cgroup cannot be had (the process tree is then the only net)."""
     root, attempt = spec["cgroup_root"], spec["attempt_id"]
     if root is None or spec["leftovers"] != "kill" or attempt.strip("0123456789abcdef-"):
         return None
@@ -763,13 +868,23 @@ def _enter_cgroup(spec: dict[str, Any]) -> str | None:
         return None  # exists already (never ours to reuse) or not writable
     try:
         # Checked before use: still the directory just created, not a symlink planted since.
-        if os.lstat(path).st_mode & 0o170000 != 0o040000:
-            return None
+        if os.lstat(path).st_mode & 0o170000 == 0o040000:
+            return path
+    except OSError:
+        pass
+    _remove_cgroup(path)
+    return None
+
+
+def _enter_cgroup(path: str) -> bool:
+    """The fallback where clone3 cannot start the job inside: move the shim into the job's
+    cgroup so that the job is born there (False, and the cgroup removed, when refused)."""
+    try:
         _cgroup_write(path + "/cgroup.procs", b"0")
     except OSError:
         _remove_cgroup(path)
-        return None
-    return path
+        return False
+    return True
 
 
 def _leave_cgroup(spec: dict[str, Any]) -> bool:
@@ -962,17 +1077,23 @@ def _run_shim(
             raise ShimError("RECEIPT_RESERVE_FAILED", exc.errno) from None
         read_fd, write_fd = os.pipe()  # both close-on-exec; the job gets dup2 copies
         started_at_ms = _now_ms()
-        cgroup = _enter_cgroup(spec)
+        cgroup = _make_cgroup(spec)
         home = _job_home(spec)
+        moved = False  # the shim went into the job's cgroup (the fallback) and must leave
         try:
-            job_pid = _spawn(spec, write_fd, home)
+            job_pid = None if cgroup is None else _spawn_into(spec, write_fd, home, cgroup)
+            if job_pid is None:
+                if cgroup is not None and not _enter_cgroup(cgroup):
+                    cgroup = None
+                moved = cgroup is not None
+                job_pid = _spawn(spec, write_fd, home)
         except ShimError:
-            if cgroup is not None and _leave_cgroup(spec):
+            if cgroup is not None and (not moved or _leave_cgroup(spec)):
                 _remove_cgroup(cgroup)
             if home is not None:
                 _remove_home(spec["job"], home)
             raise
-        shim_inside = cgroup is not None and not _leave_cgroup(spec)
+        shim_inside = moved and not _leave_cgroup(spec)
         os.close(write_fd)
         pgid, start_ticks = _proc_stat(job_pid)
         status_line = {
@@ -1178,7 +1299,7 @@ def serve() -> int:
     for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's signals are for the worker
         signal.signal(sig, signal.SIG_IGN)
     _mark_cloexec()
-    _prctl(), _capset(), _boot_id()  # once here instead of in every forked shim
+    _prctl(), _capset(), _clone3(), _boot_id()  # once here instead of in every forked shim
     released: set[int] = set()
     poller = select.poll()
     poller.register(0, select.POLLIN)

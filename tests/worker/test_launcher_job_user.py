@@ -2,8 +2,10 @@
 
 Root-only (``nobody`` as the job user, tests/jobuser.py). The job's identity, groups, umask
 and HOME are the job user's; the shim stays the service's user; a job of another uid is still
-stopped by exact identity (and its cgroup with it where the host has one); a ``run_as`` the
-worker was not configured for is refused before anything is journaled or spawned.
+stopped by exact identity (and its cgroup with it where the host has one, the job born in it
+by clone3 or, with the shim's ``no_clone3`` test hook, by the fallback that moves the shim in
+and out); a ``run_as`` the worker was not configured for is refused before anything is
+journaled or spawned.
 """
 
 from __future__ import annotations
@@ -46,14 +48,16 @@ def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.mark.parametrize("start", ["clone3", "migrate"])
 @pytest.mark.parametrize("via", ["default", "run_as"])
 def test_a_job_runs_as_the_job_user_and_is_still_stopped_by_identity(
-    engine: Engine, tmp_path: Path, procs: Processes, mode: str, via: str
+    engine: Engine, tmp_path: Path, procs: Processes, mode: str, via: str, start: str
 ) -> None:
     root = detect(AUTO)
     launcher = ShimLauncher(
         journal=JournalRepository(engine), receipts=ReceiptStore(tmp_path / "receipts"),
         mode=mode, cgroup_root=root, job_policy=_policy(default=via == "default"),
+        spec_extra={"test_hook": "no_clone3"} if start == "migrate" else None,
     )  # fmt: skip
     try:
         armed = armed_run(engine)
@@ -72,7 +76,8 @@ def test_a_job_runs_as_the_job_user_and_is_still_stopped_by_identity(
         assert os.stat(f"/proc/{handle.pid}").st_uid == JOB_UID
         cgroup = None if root is None else root.job_dir(handle.cgroup)
         if cgroup is not None:  # the job keeps its own cgroup under another uid
-            assert str(handle.pid) in (cgroup / "cgroup.procs").read_text().split()
+            members = (cgroup / "cgroup.procs").read_text().split()
+            assert str(handle.pid) in members and str(handle.shim_pid) not in members
         controller = IdentityController(cgroup_root=root)
         assert controller.stop(handle, grace_seconds=5.0) == "stopped"
         assert wait_exit(handle.shim_pid, DEADLINE)
