@@ -16,6 +16,7 @@ existing directory directly inside the root, not a symlink.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -140,8 +141,17 @@ def detect(setting: str) -> CgroupRoot | None:
 
 
 def _populated(path: Path) -> bool:
-    """True while any process lives in ``path`` (FileNotFoundError once it was removed)."""
-    for line in (path / "cgroup.events").read_text().splitlines():
+    """True while any process lives in ``path`` (FileNotFoundError once it was removed).
+
+    A cgroup removed between the open and the read of its file answers ENODEV, not
+    ENOENT: that is "removed" too (seen on Linux 6.18)."""
+    try:
+        text = (path / "cgroup.events").read_text()
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            raise FileNotFoundError(errno.ENOENT, "cgroup removed", str(path)) from None
+        raise
+    for line in text.splitlines():
         if line.startswith("populated "):
             return line != "populated 0"
     return bool((path / "cgroup.procs").read_text().split())

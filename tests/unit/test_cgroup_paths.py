@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+from typing import Any
 
-from app.worker.cgroups import _auto_candidate, cgroup2_mounts, own_cgroup
+import pytest
+
+from app.worker.cgroups import _auto_candidate, cgroup2_mounts, own_cgroup, settle
 
 HYBRID = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -40,3 +44,21 @@ def test_the_workers_own_cgroup_is_the_default_root() -> None:
     assert _auto_candidate(sub, "/other") is None
     assert _auto_candidate(mounts, None) is None
     assert _auto_candidate([], unit) is None
+
+
+def test_a_cgroup_removed_mid_read_counts_as_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cgroupfs answers ENODEV, not ENOENT, for a file of a cgroup removed after its open.
+    job = tmp_path / "ql-job"
+    job.mkdir()
+    (job / "cgroup.events").write_text("populated 1\n")
+    real = Path.read_text
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self.name == "cgroup.events":
+            raise OSError(errno.ENODEV, "No such device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert settle(job, patience=0.0, timeout=0.1) is True
