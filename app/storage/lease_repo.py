@@ -19,7 +19,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    bindparam,
+    insert,
+    literal_column,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json
@@ -42,6 +52,19 @@ SLOT = "worker"  # SQLite: one lease per database (one host)
 _TAKE_TRIES = 5
 _PG_NOW_MS = text("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)")
 _L = worker_leases.c
+_FENCE = select(_L.epoch, _L.released_at_ms, _L.expires_at_ms).where(_L.slot == bindparam("slot"))
+_FENCE_PG = (
+    select(
+        _L.epoch,
+        _L.released_at_ms,
+        _L.expires_at_ms,
+        literal_column("CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)").label(
+            "now_ms"
+        ),
+    )
+    .where(_L.slot == bindparam("slot"))
+    .with_for_update(read=True)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +118,13 @@ def lease_current_in(conn: Connection, *, slot: str, epoch: int) -> bool:
     this host's attempts, docs/several-hosts.md §4) either committed before (then this
     answers False) or waits until the caller's transaction ends.
     """
-    query = select(_L.epoch, _L.released_at_ms, _L.expires_at_ms).where(_L.slot == slot)
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(read=True)
-    row = conn.execute(query).first()
-    now = db_now_ms(conn)
-    return (
-        row is not None
-        and row.epoch == epoch
-        and row.released_at_ms is None
-        and now < row.expires_at_ms
-    )
+    pg = conn.dialect.name == "postgresql"
+    row = conn.execute(_FENCE_PG if pg else _FENCE, {"slot": slot}).first()
+    if row is None:
+        return False
+    # On PostgreSQL the database's clock comes with the row: one round trip per completion.
+    now = row.now_ms if pg else now_ms()
+    return row.epoch == epoch and row.released_at_ms is None and now < row.expires_at_ms
 
 
 def append_service_event(conn: Connection, kind: str, at_ms: int, data: dict[str, Any]) -> None:
