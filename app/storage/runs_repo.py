@@ -223,13 +223,13 @@ class RunRepository:
             replayed = _replay(conn, token_id, idempotency_key, request_digest)
             if replayed is not None:
                 return replayed, False
-            if max_queued is not None and not queue_has_room(conn, max_queued):
-                raise QueueFull(max_queued)
             at = now_ms()
             run_values, attempt_values = enqueue_in(
                 conn, task=task, revision=revision, priority=priority, at=at
             )
             _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
+            if max_queued is not None and not queue_within_cap(conn, max_queued):
+                raise QueueFull(max_queued)  # the insert is rolled back
             uow.commit()
             # What was just inserted, without reading it back inside the writer lock.
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
@@ -274,14 +274,14 @@ class RunRepository:
             old = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
             if old is None:
                 raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
-            if max_queued is not None and not queue_has_room(conn, max_queued):
-                raise QueueFull(max_queued)
             at = now_ms()
             run_values, attempt_values = enqueue_in(
                 conn, task=old.task, revision=old.revision, priority=old.priority, at=at,
                 rerun_of=old.id,
             )  # fmt: skip
             _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
+            if max_queued is not None and not queue_within_cap(conn, max_queued):
+                raise QueueFull(max_queued)  # the insert is rolled back
             uow.commit()
             return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
 
@@ -335,8 +335,6 @@ class RunRepository:
         (docs/several-hosts.md §2), recorded on the attempt.
         """
         with UnitOfWork(self._engine) as uow:
-            if max_running is not None or max_concurrent is not None:
-                _lock(uow.conn, _ADMISSION_LOCK)
             run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
             if expected_version is not None and run_row.version != expected_version:
                 raise VersionConflict(run_id)
@@ -366,7 +364,6 @@ class RunRepository:
                     "attempt", attempt_row.status, AttemptStatus.STARTING,
                     reason="the attempt waits for its retry time",
                 )  # fmt: skip
-            _admit(uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id)
             host: dict[str, Any] = {}
             if worker_instance_id is not None:
                 host = {"worker_instance_id": worker_instance_id, "lease_epoch": lease_epoch}
@@ -385,6 +382,13 @@ class RunRepository:
                 },
                 order="run_first",
             )
+            if max_running is not None or max_concurrent is not None:
+                # The budget check comes last, so the lock every T1 takes is held for one
+                # count and the commit only (it was held across the whole T1, and T1s of a
+                # burst queued behind it on PostgreSQL). The count is taken after the lock,
+                # in a fresh snapshot, and includes this start.
+                _lock(uow.conn, _ADMISSION_LOCK)
+                _admit(uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id)
             uow.commit()
         return written.run()
 
@@ -686,6 +690,18 @@ def queue_has_room(conn: Connection, max_queued: int) -> bool:
     return int(conn.execute(COUNT_QUEUED).scalar_one()) < max_queued
 
 
+def queue_within_cap(conn: Connection, max_queued: int) -> bool:
+    """Inside a write transaction that has just inserted one queued run, right before its
+    commit: True when that run is within ``max_queued``.
+
+    ``queue_has_room`` before the insert held the queue lock across the whole enqueue, and
+    concurrent POSTs queued behind it on PostgreSQL; taken last, it is held for one count
+    and the commit. The count, in a fresh snapshot after the lock, includes this run.
+    """
+    _lock(conn, _QUEUE_LOCK)
+    return int(conn.execute(COUNT_QUEUED).scalar_one()) <= max_queued
+
+
 def _lock(conn: Connection, key: int) -> None:
     if conn.dialect.name == "postgresql":
         conn.execute(_ADVISORY_LOCK, {"key": key})
@@ -698,11 +714,12 @@ def _admit(
     max_concurrent: int | None,
     worker_instance_id: str | None = None,
 ) -> None:
-    if max_running is not None and _active(conn, worker_instance_id) >= max_running:
+    """After this T1's own writes: the counts include the start being admitted."""
+    if max_running is not None and _active(conn, worker_instance_id) > max_running:
         raise AdmissionRefused("global")
     if max_concurrent is not None:
         active = conn.execute(COUNT_TASK_ACTIVE, {"task": task}).scalar_one()
-        if active >= max_concurrent:
+        if active > max_concurrent:
             raise AdmissionRefused("task")
 
 
