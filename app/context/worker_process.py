@@ -211,7 +211,10 @@ class WorkerProcess:
 
     def _consume(self, run_id: str, attempt_id: str) -> ConsumeResult:
         parts = self.parts
-        assert parts is not None and parts.recovery is not None
+        if parts is None or parts.recovery is None:
+            # Shutting down (or not started): the ending is the reconciler's at the next
+            # start, from the receipt the shim left.
+            return ConsumeResult("absent")
         result = parts.recovery.consume(run_id=run_id, attempt_id=attempt_id)
         if result.status == "applied" and result.task is not None and self.retention is not None:
             self.retention.kick(result.task)  # the run ended: its task may be over budget now

@@ -19,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import select
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from app.domain.model import ProcessHandle
 from app.worker.identity import current_boot_id, read_identity, wait_pidfd
@@ -47,11 +48,11 @@ class ShimWatcher:
 
     def __init__(self, on_shim_exit: ShimExitCallback, *, lanes: int = 0) -> None:
         self._on_exit = on_shim_exit
-        self._lanes = (
-            ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="ql-complete")
-            if lanes > 0
-            else None
-        )
+        self._endings: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._lanes = [
+            threading.Thread(target=self._lane, name=f"ql-complete-{i}", daemon=True)
+            for i in range(lanes)
+        ]
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._epoll.register(self._wake_r, select.EPOLLIN)
@@ -63,7 +64,9 @@ class ShimWatcher:
         self._thread = threading.Thread(target=self._loop, name="shim-watcher", daemon=True)
 
     def start(self) -> None:
-        """Start the watcher thread."""
+        """Start the watcher thread (and its lanes)."""
+        for lane in self._lanes:
+            lane.start()
         self._thread.start()
 
     def watching(self) -> int:
@@ -98,15 +101,25 @@ class ShimWatcher:
         return pidfd
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop watching (shims and jobs keep running) and join the thread."""
+        """Stop watching (shims and jobs keep running) and join the threads, all within
+        ``timeout``: an ending queued and not begun is left to the reconciler, one in
+        progress may finish meanwhile (a completion stuck on the database never holds the
+        worker's shutdown, and so its lease, past the timeout)."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             self._stopping = True
         self._wake()
+        for _ in self._lanes:
+            self._endings.put(None)
+        threads = [self._thread, *self._lanes]
+        for thread in threads:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self._lanes is not None:
-            # Callbacks in progress finish; queued ones are dropped (the reconciler's).
-            self._lanes.shutdown(wait=True, cancel_futures=True)
+            # Still polling: closing the epoll under it would make it raise. The fds go
+            # with the process, which is shutting down.
+            log.warning("shim watcher did not stop in time")
+            return
         with self._lock:
             for fd in list(self._by_fd):
                 os.close(fd)
@@ -115,6 +128,14 @@ class ShimWatcher:
         self._epoll.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+    def _lane(self) -> None:
+        while True:
+            ending = self._endings.get()
+            if ending is None:
+                return
+            if not self._stopping:  # after stop() only the sentinel matters
+                self._exited(*ending)
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError):  # a full pipe means already awake
@@ -143,10 +164,10 @@ class ShimWatcher:
                 exited += self._pending
                 self._pending = []
             for run_id, attempt_id in exited:
-                if self._lanes is None:
-                    self._exited(run_id, attempt_id)
+                if self._lanes:
+                    self._endings.put((run_id, attempt_id))
                 else:
-                    self._lanes.submit(self._exited, run_id, attempt_id)
+                    self._exited(run_id, attempt_id)
 
     def _exited(self, run_id: str, attempt_id: str) -> None:
         try:

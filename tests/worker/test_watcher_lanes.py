@@ -62,3 +62,32 @@ def test_endings_are_handled_side_by_side_only_with_lanes(lanes: int, side_by_si
                 proc.wait()
     assert sorted(a for a, _ in seen) == ["attempt-0", "attempt-1", "attempt-2"]  # once each
     assert all(met for _, met in seen) is side_by_side
+
+
+@pytest.mark.parametrize("lanes", [0, 2])
+def test_stop_is_bounded_by_its_timeout_even_with_a_completion_stuck(lanes: int) -> None:
+    # A completion stuck on the database must not hold the worker's shutdown (and so the
+    # release of its lease) past the stop's timeout, on lanes or on the watcher's thread.
+    entered = threading.Event()
+    release = threading.Event()
+
+    def on_exit(run_id: str, attempt_id: str) -> None:
+        entered.set()
+        release.wait(10)
+
+    proc = subprocess.Popen(["sleep", "0.1"])
+    watcher = ShimWatcher(on_exit, lanes=lanes)
+    watcher.start()
+    try:
+        watcher.add("run", "attempt", _handle(proc))
+        proc.wait(5)
+        assert entered.wait(5)
+        began = time.monotonic()
+        watcher.stop(timeout=1.0)
+        took = time.monotonic() - began
+    finally:
+        release.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert took < 2.0
