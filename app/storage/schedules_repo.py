@@ -429,7 +429,8 @@ class ScheduleRepository:
             for slot in fire:
                 due = slot + jitter_ms(row.id, slot, definition.jitter_seconds)
                 late_s = max(committed - due, 0.0) / 1000
-                lateness.append(SlotLateness(late_s, at - due <= ON_TIME_GRACE_MS))
+                # A backlog slot fired before its jittered instant is caught up, not on time.
+                lateness.append(SlotLateness(late_s, 0 <= at - due <= ON_TIME_GRACE_MS))
             return created, cancels, lateness
 
 

@@ -127,13 +127,15 @@ def test_each_decided_slot_reports_its_lateness_at_the_commit_and_whether_on_tim
 
 
 def test_a_jittered_slot_is_late_from_its_jittered_instant(engine: Engine) -> None:
-    repo = make(engine, every(10, jitter_seconds=5))
-    slot = T0 + 10_000
+    # Every 20 s with up to 5 s of jitter: the second fire below (at most 11 s after its
+    # slot) can never reach the slot after it, whatever jitter the schedule's id draws.
+    repo = make(engine, every(20, jitter_seconds=5))
+    slot = T0 + 20_000
     due = slot + jitter_ms(repo.get(name="tick").id, slot, 5)
     (late,) = repo.fire_due(due + 300).lateness
     assert 0.3 <= late.seconds < 2.3 and late.on_time
     # A skipped slot is decided too, and so reported.
-    nxt = T0 + 20_000
+    nxt = T0 + 40_000
     (skipped,) = repo.fire_due(nxt + jitter_ms(repo.get(name="tick").id, nxt, 5) + 6000).lateness
     assert 6.0 <= skipped.seconds < 8.0 and not skipped.on_time
     assert repo.decisions(name="tick", limit=1, cursor=None).items[0].decision == "skipped_overlap"
@@ -259,5 +261,27 @@ def test_a_slot_that_finds_the_queue_full_is_dropped_not_queued(engine: Engine) 
         repo.fire_due(T0 + second * 1000)
     assert slots_of_runs(engine) == [T0 + 1000, T0 + 2000]  # the two the cap admits
     newest = repo.decisions(name="tick", limit=1, cursor=None).items[0]
-    assert (newest.decision, newest.slot_ms, newest.run_id) == ("dropped_queue_full", T0 + 3000, None)
+    assert (newest.decision, newest.slot_ms, newest.run_id) == (
+        "dropped_queue_full",
+        T0 + 3000,
+        None,
+    )
     assert repo.get(name="tick").cursor_ms == T0 + 3000  # decided: never fired later
+
+
+def test_a_backlog_slot_fired_before_its_jittered_instant_counts_as_caught_up(
+    engine: Engine,
+) -> None:
+    # Every minute, jitter up to 10 minutes, down for 20 minutes, catchup all: the backlog
+    # fires at once, some slots before their jittered instant; none of them is on time.
+    repo = make(
+        engine,
+        every(60, catchup="all", overlap="allow", max_concurrent=50, jitter_seconds=600),
+    )
+    sid, at = repo.get(name="tick").id, T0 + 1_200_000
+    slots = [T0 + 60_000 * k for k in range(1, 21)]
+    early = [s for s in slots[:-1] if s + jitter_ms(sid, s, 600) > at]
+    result = repo.fire_due(at)
+    assert result.runs_created >= 19 and early
+    on_time = [late for late in result.lateness if late.on_time]
+    assert len(on_time) <= 1  # at most the newest slot, if its own jitter has passed
