@@ -60,6 +60,7 @@ from app.domain.states import (
 from app.storage.definitions_repo import retry_of_body, revision_row
 from app.storage.journal_repo import mark_consumed_in
 from app.storage.lease_repo import lease_current_in
+from app.storage.one_statement import OneStatementRead
 from app.storage.run_reads import (
     COUNT_ACTIVE,
     COUNT_HOST_ACTIVE,
@@ -171,6 +172,8 @@ class RunRepository:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        # Every drain asks it first (docs/retries.md §2): one statement, no transaction.
+        self._any_due = OneStatementRead(engine, _ANY_DUE)
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -292,9 +295,8 @@ class RunRepository:
         run stays ``queued`` at the same version, and T1 still checks the attempt's own
         instant."""
         params = {"now": now_ms(), "limit": limit}
-        with UnitOfWork(self._engine, write=False) as uow:
-            if uow.conn.execute(_ANY_DUE, params).first() is None:
-                return 0
+        if not self._any_due.rows(params):
+            return 0
         with UnitOfWork(self._engine) as uow:
             count = uow.conn.execute(_PROMOTE_DUE, params).rowcount
             uow.commit()
