@@ -46,7 +46,7 @@ that built the adapter). They are listed here, not defined here:
   (the CLI's start-up check);
 - app/worker/zygote.py: ZygoteUnavailable, NotReceived, Uncertain, ForkFailed (caught by
   the launcher); app/worker/server.py: BadRequest, SocketInUse(RuntimeError) (the CLI's
-  start-up); app/worker/shim.py: ShimError (the shim imports nothing from app);
+  start-up); app/worker/shim.py: ShimError, _Clone3Refused (the shim imports nothing from app);
   app/adapters/worker_client.py: _Broken; app/worker/job_user.py: JobUserUnavailable(ValueError)
   (the CLI's start-up);
 - app/api/problems.py: ApiProblem, DuplicateKey (HTTP answers); app/api/asgi.py:
