@@ -114,8 +114,10 @@ def _fds(out: str, spec: dict[str, Any]) -> None:
     assert targets[1] == targets[2] and targets[1].startswith("pipe:")
 
 
-# glibc's posix_spawn leaves its own two internal signals (32, 33) ignored in the child;
-# the shim's fork + exec child resets everything.
+# glibc's own two internal signals (32, 33): posix_spawn leaves them ignored in the child,
+# and the shim's clone3 child cannot reset them either (glibc's sigaction refuses them), so
+# they stay ignored when the shim inherited them so (a process tree with a posix_spawn in
+# its ancestry: CI's is one). Harmless: a glibc program installs its own handlers for them.
 _GLIBC_INTERNAL = (1 << 31) | (1 << 32)
 
 
@@ -124,7 +126,6 @@ def _signals(out: str, spec: dict[str, Any]) -> None:  # nothing blocked, nothin
     assert int(masks["SigBlk"], 16) == 0
     ignored = int(masks["SigIgn"], 16)
     assert ignored & ~_GLIBC_INTERNAL == 0, masks
-    assert ignored == 0 or spec.get("test_hook") == "no_clone3", masks
 
 
 def _env(out: str, spec: dict[str, Any]) -> None:
