@@ -327,8 +327,8 @@ class AppFacade:
         if priority is not None:
             validate_priority(priority)
         _check_idempotency_key(idempotency_key)
-        try:
-            run, created = self._runs.enqueue_run(
+        return self._queued(
+            lambda: self._runs.enqueue_run(
                 task=task,
                 revision=revision,
                 priority=priority,
@@ -337,26 +337,27 @@ class AppFacade:
                 request_digest=request_digest,
                 max_queued=self.max_queued,
             )
-        except Conflict as exc:
-            if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:  # docs/api.md §6: a client error, 422
-                raise ValidationFailed(exc.code, exc.detail) from None
-            raise
-        if created:
-            self._intents.enqueued()
-        return self._with_logs(run), created
+        )
 
     def rerun(self, *, run_id: str, token_id: str, idempotency_key: str | None) -> tuple[Run, bool]:
         """A new run of the same revision as ``run_id`` (``rerun_of`` it); kick dispatch."""
         _check_run_id(run_id)
         _check_idempotency_key(idempotency_key)
-        try:
-            run, created = self._runs.rerun(
+        return self._queued(
+            lambda: self._runs.rerun(
                 run_id=run_id,
                 token_id=token_id,
                 idempotency_key=idempotency_key,
                 request_digest=content_digest({"rerun_of": run_id}),
                 max_queued=self.max_queued,
             )
+        )
+
+    def _queued(self, enqueue: Callable[[], tuple[Run, bool]]) -> tuple[Run, bool]:
+        """Run an enqueue; a reused Idempotency-Key is a client error (422, docs/api.md §6);
+        a new run kicks dispatch."""
+        try:
+            run, created = enqueue()
         except Conflict as exc:
             if exc.code is ErrorCode.IDEMPOTENCY_KEY_REUSED:
                 raise ValidationFailed(exc.code, exc.detail) from None

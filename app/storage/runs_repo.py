@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -193,49 +193,14 @@ class RunRepository:
         With ``max_queued``, QueueFull when that many runs are queued already; a replay of an
         idempotency key still returns its run (docs/concurrency-budgets.md §3).
         """
-        for _ in range(3):
-            try:
-                return self._enqueue_once(
-                    task=task,
-                    revision=revision,
-                    priority=priority,
-                    token_id=token_id,
-                    idempotency_key=idempotency_key,
-                    request_digest=request_digest,
-                    max_queued=max_queued,
-                )
-            except IntegrityError:
-                # A concurrent request inserted the same idempotency key first; read it.
-                if idempotency_key is None:
-                    raise
-        raise VersionConflict("enqueue")
 
-    def _enqueue_once(
-        self,
-        *,
-        task: str,
-        revision: int | None,
-        priority: int | None,
-        token_id: str | None,
-        idempotency_key: str | None,
-        request_digest: str | None,
-        max_queued: int | None,
-    ) -> tuple[Run, bool]:
-        with UnitOfWork(self._engine) as uow:
-            conn = uow.conn
-            replayed = _replay(conn, token_id, idempotency_key, request_digest)
-            if replayed is not None:
-                return replayed, False
-            at = now_ms()
-            run_values, attempt_values = enqueue_in(
-                conn, task=task, revision=revision, priority=priority, at=at
-            )
-            _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
-            if max_queued is not None and not queue_within_cap(conn, max_queued):
-                raise QueueFull(max_queued)  # the insert is rolled back
-            uow.commit()
-            # What was just inserted, without reading it back inside the writer lock.
-            return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
+        def fields(conn: Connection) -> dict[str, Any]:
+            return {"task": task, "revision": revision, "priority": priority}
+
+        return self._enqueue_keyed(
+            "enqueue", fields, token_id=token_id, idempotency_key=idempotency_key,
+            request_digest=request_digest, max_queued=max_queued,
+        )  # fmt: skip
 
     def rerun(
         self,
@@ -249,44 +214,54 @@ class RunRepository:
         """A new queued run of the same task revision and priority as ``run_id``, manual,
         ``rerun_of`` it (docs/retries.md §5); ``(run, created)``, idempotent by key as
         ``enqueue_run``. NotFound RUN_NOT_FOUND for an unknown run."""
-        for _ in range(3):
-            try:
-                return self._rerun_once(
-                    run_id=run_id, token_id=token_id, idempotency_key=idempotency_key,
-                    request_digest=request_digest, max_queued=max_queued,
-                )  # fmt: skip
-            except IntegrityError:
-                if idempotency_key is None:
-                    raise
-        raise VersionConflict("rerun")
 
-    def _rerun_once(
+        def fields(conn: Connection) -> dict[str, Any]:
+            old = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
+            if old is None:
+                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+            return {
+                "task": old.task, "revision": old.revision, "priority": old.priority,
+                "rerun_of": old.id,
+            }  # fmt: skip
+
+        return self._enqueue_keyed(
+            "rerun", fields, token_id=token_id, idempotency_key=idempotency_key,
+            request_digest=request_digest, max_queued=max_queued,
+        )  # fmt: skip
+
+    def _enqueue_keyed(
         self,
+        what: str,
+        fields: Callable[[Connection], dict[str, Any]],
         *,
-        run_id: str,
         token_id: str | None,
         idempotency_key: str | None,
         request_digest: str | None,
         max_queued: int | None,
     ) -> tuple[Run, bool]:
-        with UnitOfWork(self._engine) as uow:
-            conn = uow.conn
-            replayed = _replay(conn, token_id, idempotency_key, request_digest)
-            if replayed is not None:
-                return replayed, False
-            old = conn.execute(_RUN_BY_ID, {"run_id": run_id}).first()
-            if old is None:
-                raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
-            at = now_ms()
-            run_values, attempt_values = enqueue_in(
-                conn, task=old.task, revision=old.revision, priority=old.priority, at=at,
-                rerun_of=old.id,
-            )  # fmt: skip
-            _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
-            if max_queued is not None and not queue_within_cap(conn, max_queued):
-                raise QueueFull(max_queued)  # the insert is rolled back
-            uow.commit()
-            return run_from_rows(_row_of(runs, run_values), _row_of(attempts, attempt_values)), True
+        """One enqueue transaction (``enqueue_in`` with ``fields(conn)``), idempotent by key:
+        a replay returns the key's run; a concurrent request that inserted the same key
+        first (IntegrityError) is read back on the next try."""
+        for _ in range(3):
+            try:
+                with UnitOfWork(self._engine) as uow:
+                    conn = uow.conn
+                    replayed = _replay(conn, token_id, idempotency_key, request_digest)
+                    if replayed is not None:
+                        return replayed, False
+                    at = now_ms()
+                    run_values, attempt_values = enqueue_in(conn, at=at, **fields(conn))
+                    _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
+                    if max_queued is not None and not queue_within_cap(conn, max_queued):
+                        raise QueueFull(max_queued)  # the insert is rolled back
+                    uow.commit()
+                # What was just inserted, without reading it back inside the writer lock.
+                run_row, attempt_row = _row_of(runs, run_values), _row_of(attempts, attempt_values)
+                return run_from_rows(run_row, attempt_row), True
+            except IntegrityError:
+                if idempotency_key is None:
+                    raise
+        raise VersionConflict(what)
 
     def promote_due_retries(self, *, limit: int) -> int:
         """Clear the waiting mark of up to ``limit`` queued runs whose retry instant passed,
