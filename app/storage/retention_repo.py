@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Engine, Select, and_, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import ErrorCode, NotFound
@@ -181,9 +181,25 @@ class RetentionRepository:
         """The task's oldest logs still there, of terminal unpinned runs whose attempt's
         receipt is settled (the hard protections are filters here and checks again in
         app/domain/retention.py)."""
+        query = self._present_logs(runs.c.task == task).order_by(runs.c.id, attempts.c.number)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query.limit(limit)).all()
+        return [_candidate(row, log_present=True) for row in rows]
+
+    def global_candidates(self, *, limit: int) -> list[tuple[str, Candidate]]:
+        """The oldest logs still there over every task: (task, candidate), oldest run first."""
+        query = self._present_logs().order_by(attempts.c.id)
+        with UnitOfWork(self._engine, write=False) as uow:
+            rows = uow.conn.execute(query.limit(limit)).all()
+        return [(row.task, _candidate(row, log_present=True)) for row in rows]
+
+    def _present_logs(self, *where: Any) -> Select[Any]:
+        """Logs still there that retention may expire: of terminal, unpinned runs (this
+        host's, with several hosts) whose attempt's receipt is settled; ``where`` narrows."""
         j = receipt_journal.c
-        query = (
+        return (
             select(
+                runs.c.task,
                 runs.c.id,
                 attempts.c.id.label("attempt_id"),
                 runs.c.created_at_ms,
@@ -198,52 +214,14 @@ class RetentionRepository:
                 )
             )
             .where(
-                runs.c.task == task,
                 runs.c.status.in_(_TERMINAL),
                 runs.c.pinned.is_(False),
                 _LOG_PRESENT,
                 _settled(j.state),
                 *self._own,
+                *where,
             )
-            .order_by(runs.c.id, attempts.c.number)
-            .limit(limit)
         )
-        with UnitOfWork(self._engine, write=False) as uow:
-            rows = uow.conn.execute(query).all()
-        return [_candidate(row, log_present=True) for row in rows]
-
-    def global_candidates(self, *, limit: int) -> list[tuple[str, Candidate]]:
-        """The oldest logs still there over every task: (task, candidate), oldest run first."""
-        j = receipt_journal.c
-        query = (
-            select(
-                runs.c.task,
-                runs.c.id,
-                attempts.c.id.label("attempt_id"),
-                runs.c.created_at_ms,
-                runs.c.status,
-                runs.c.pinned,
-                j.state.label("journal_state"),
-                attempts.c.log_bytes,
-            )
-            .select_from(
-                attempts.join(runs, attempts.c.run_id == runs.c.id).outerjoin(
-                    receipt_journal, j.attempt_id == attempts.c.id
-                )
-            )
-            .where(
-                runs.c.status.in_(_TERMINAL),
-                runs.c.pinned.is_(False),
-                _LOG_PRESENT,
-                _settled(j.state),
-                *self._own,
-            )
-            .order_by(attempts.c.id)
-            .limit(limit)
-        )
-        with UnitOfWork(self._engine, write=False) as uow:
-            rows = uow.conn.execute(query).all()
-        return [(row.task, _candidate(row, log_present=True)) for row in rows]
 
     def row_candidates(self, task: str, *, before_id: str, limit: int) -> list[Candidate]:
         """The task's oldest runs older than ``before_id`` (past the row budget) that are
