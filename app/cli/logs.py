@@ -23,7 +23,6 @@ import argparse
 import os
 import re
 import stat
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,17 +30,14 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
-from app.cli.common import database
 from app.cli.receipts import (
     SHARD_COUNT,
-    AuditRefused,
     AuditReport,
     _checked_root,
     _move,
     _under_root,
     add_audit_flags,
-    audit_window,
-    print_report,
+    run_audit,
 )
 from app.domain.artifacts import shard_of
 from app.domain.ids import UUID7_PATTERN
@@ -62,23 +58,19 @@ def register(sub: Any) -> None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run one bounded audit window and print counts and the next shard cursor."""
-    start = audit_window(args)
-    try:
-        with database(args) as (settings, engine):
-            report = audit(
-                root=settings.logs_dir,
-                engine=engine,
-                start=start,
-                shards=args.shards,
-                per_shard=args.per_shard,
-                min_age_s=args.min_age_s,
-                quarantine=args.quarantine,
-            )
-    except AuditRefused as exc:
-        print(f"qinglong: logs audit refused: {exc}", file=sys.stderr)
-        return 1
-    print_report(report, quarantine=args.quarantine)
-    return 0
+    return run_audit(
+        args,
+        "logs",
+        lambda settings, engine, start: audit(
+            root=settings.logs_dir,
+            engine=engine,
+            start=start,
+            shards=args.shards,
+            per_shard=args.per_shard,
+            min_age_s=args.min_age_s,
+            quarantine=args.quarantine,
+        ),
+    )
 
 
 def audit(

@@ -21,13 +21,17 @@ import stat
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from app.cli.common import database
 from app.domain.artifacts import RECEIPT_SUFFIX, published_by_temp, shard_of
 from app.domain.ids import UUID7_PATTERN
+from app.settings import Settings
 from app.storage.durable import move_by_link
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
@@ -111,21 +115,33 @@ def audit_window(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run one bounded audit window and print counts and the next shard cursor."""
+    return run_audit(
+        args,
+        "receipts",
+        lambda settings, engine, start: audit(
+            root=settings.receipts_dir,
+            journal=JournalRepository(engine),
+            reader=RunReader(engine),
+            start=start,
+            shards=args.shards,
+            per_shard=args.per_shard,
+            min_age_s=args.min_age_s,
+            quarantine=args.quarantine,
+        ),
+    )
+
+
+def run_audit(
+    args: argparse.Namespace, what: str, window: Callable[[Settings, Engine, int], AuditReport]
+) -> int:
+    """Both audit commands: check the window's flags, audit it (``window(settings, engine,
+    first shard)``) on the service's database, print the report; 1 when refused."""
     start = audit_window(args)
     try:
         with database(args) as (settings, engine):
-            report = audit(
-                root=settings.receipts_dir,
-                journal=JournalRepository(engine),
-                reader=RunReader(engine),
-                start=start,
-                shards=args.shards,
-                per_shard=args.per_shard,
-                min_age_s=args.min_age_s,
-                quarantine=args.quarantine,
-            )
+            report = window(settings, engine, start)
     except AuditRefused as exc:
-        print(f"qinglong: receipts audit refused: {exc}", file=sys.stderr)
+        print(f"qinglong: {what} audit refused: {exc}", file=sys.stderr)
         return 1
     print_report(report, quarantine=args.quarantine)
     return 0
