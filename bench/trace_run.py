@@ -7,6 +7,8 @@ events, its attempt's times, the POST as the client saw it), the p50 and max of 
 in ms from the run's ``created_at_ms``. ``--env QL_CGROUP_ROOT=off`` passes a setting to the
 stack's processes (a same-run baseline: run it twice). The first five runs warm up and are
 not counted. Timestamps are the database's milliseconds, so steps under 1 ms apart tie.
+Each step is printed beside two baselines measured in the same run: one small INSERT +
+COMMIT on the same database, and a bare ``posix_spawn`` + ``waitpid`` of ``/bin/true``.
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ import bench.stack as stack_module
 from app.storage.engine import make_engine
 from app.storage.private_files import SERVICE_UMASK
 from bench.stack import running_stack
-from bench.trivial import define_task
+from bench.trivial import bare_spawn_ms, commit_rate, define_task
 
 WARM_UP = 5
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 
 
-def trace(pg: str | None, runs: int, gap_s: float) -> dict[str, list[float]]:
-    """Offsets (ms from created_at_ms) of each recorded step, per counted run."""
+def trace(pg: str | None, runs: int, gap_s: float) -> tuple[dict[str, list[float]], float]:
+    """Offsets (ms from created_at_ms) of each recorded step, per counted run, and the ms of
+    one commit on the same database, measured after the runs."""
     offsets: dict[str, list[float]] = collections.defaultdict(list)
     with running_stack(pg) as stack:
         define_task(stack)
@@ -50,9 +53,10 @@ def trace(pg: str | None, runs: int, gap_s: float) -> dict[str, list[float]]:
             with engine.connect() as conn:
                 for run_id, sent, answered in posted[WARM_UP:]:
                     _collect(conn, run_id, sent, answered, offsets)
+            commit_ms = 1000 / commit_rate(stack.url, 200)
         finally:
             engine.dispose()
-    return offsets
+    return offsets, commit_ms
 
 
 def _wait_terminal(engine: Engine, run_id: str) -> None:
@@ -101,9 +105,18 @@ def main() -> None:
             return base_env(data, url) | extra
 
         stack_module.env_for = env_for
-    offsets = trace(args.pg, args.runs, args.gap)
+    offsets, commit_ms = trace(args.pg, args.runs, args.gap)
+    spawn_ms = statistics.median(bare_spawn_ms(200))
+    print(
+        f"same-run baselines: one INSERT+COMMIT {commit_ms:.2f} ms, "
+        f"posix_spawn+waitpid /bin/true {spawn_ms:.2f} ms"
+    )
     for step, values in sorted(offsets.items(), key=lambda kv: statistics.median(kv[1])):
-        print(f"{step:<56} p50 {statistics.median(values):7.1f} ms   max {max(values):7.1f} ms")
+        p50 = statistics.median(values)
+        print(
+            f"{step:<56} p50 {p50:7.1f} ms   max {max(values):7.1f} ms"
+            f"   = {p50 / commit_ms:6.1f} commits, {p50 / spawn_ms:6.1f} spawns"
+        )
 
 
 if __name__ == "__main__":
