@@ -136,7 +136,7 @@ class WorkerProcess:
             watcher.start()
             # The start-up backlog, settled back to back before serving (journal_settle.py),
             # by the same rule as the passes' sweep; then the loop's first pass.
-            self.parts.recovery.settle_backlog(threads=self._settle_threads())
+            self.parts.recovery.settle_backlog(threads=_parallel_lanes(engine))
             self.parts.recovery.start()
             self.retention = self._retention(engine)
             if self.retention is not None:
@@ -219,11 +219,6 @@ class WorkerProcess:
         if result.status == "applied" and result.task is not None and self.retention is not None:
             self.retention.kick(result.task)  # the run ended: its task may be over budget now
         return result
-
-    def _settle_threads(self) -> int:
-        """0 (inline) on SQLite; else a few threads, never more than the pool holds."""
-        assert self.parts is not None
-        return _parallel_lanes(self.parts.engine)
 
     def request_stop(self) -> None:
         """Ask ``serve_forever`` to return (safe from a signal handler)."""
