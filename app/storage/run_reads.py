@@ -238,7 +238,10 @@ class RunReader:
         )
         self._run_pages: dict[tuple[bool, bool, bool], OneStatementRead] = {}
         self._dispatch_pages: dict[bool, OneStatementRead] = {}
-        self._counts: dict[int, OneStatementRead] = {}  # by the module-level statement's id
+        # The budget counts every dispatch pass asks: one statement each, no transaction.
+        self._count_active = OneStatementRead(engine, COUNT_ACTIVE)
+        self._count_task_active = OneStatementRead(engine, COUNT_TASK_ACTIVE)
+        self._count_host_active = OneStatementRead(engine, COUNT_HOST_ACTIVE)
 
     def _run_page(self, shape: tuple[bool, bool, bool]) -> OneStatementRead:
         """The list-page statement for one combination of (task, status, cursor) filters."""
@@ -500,21 +503,14 @@ class RunReader:
         )
 
     def active_count(self, task: str | None = None) -> int:
-        """Runs dispatching or running now (of ``task`` when given): a budget pre-check.
-
-        One statement with no transaction around it (``OneStatementRead``): every dispatch
-        pass asks it once."""
+        """Runs dispatching or running now (of ``task`` when given): a budget pre-check."""
         if task is None and self._host_budget is not None:
-            return int(self._count(COUNT_HOST_ACTIVE).rows({"instance": self._host_budget})[0][0])
-        if task is None:
-            return int(self._count(COUNT_ACTIVE).rows({})[0][0])
-        return int(self._count(COUNT_TASK_ACTIVE).rows({"task": task})[0][0])
-
-    def _count(self, statement: Select[Any]) -> OneStatementRead:
-        read = self._counts.get(id(statement))
-        if read is None:
-            read = self._counts.setdefault(id(statement), OneStatementRead(self._engine, statement))
-        return read
+            rows = self._count_host_active.rows({"instance": self._host_budget})
+        elif task is None:
+            rows = self._count_active.rows({})
+        else:
+            rows = self._count_task_active.rows({"task": task})
+        return int(rows[0][0])
 
     def starting_since_ms(self, run_id: str) -> int | None:
         """When the run's latest attempt entered ``starting`` (T1), from its event."""
