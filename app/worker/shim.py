@@ -545,6 +545,19 @@ def _job_env(spec: dict[str, Any], home: str | None) -> dict[str, str]:
     return env
 
 
+def _kept_by_exec() -> list[int]:
+    """The signals whose disposition ``execve`` would keep and the job must not inherit:
+    ignored ones, and any Python does not know (None: set outside Python, maybe ignored).
+    A caught signal is reset to its default by ``execve`` itself."""
+    kept = []
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            handler = signal.getsignal(sig)
+            if handler is None or handler == signal.SIG_IGN:
+                kept.append(sig)
+    return kept
+
+
 def _fork_exec(
     spec: dict[str, Any], write_fd: int, home: str | None, fork: Callable[[], int]
 ) -> int:
@@ -560,6 +573,7 @@ def _fork_exec(
     """
     job = spec.get("job")
     env = _job_env(spec, home)
+    resets = _kept_by_exec()
     err_r, err_w = os.pipe()
     try:
         pid = fork()
@@ -580,12 +594,11 @@ def _fork_exec(
             os.dup2(write_fd, 2)
             if null > 2:
                 os.close(null)
-            for sig in signal.valid_signals():
-                if sig not in (signal.SIGKILL, signal.SIGSTOP):
-                    try:  # noqa: SIM105
-                        signal.signal(sig, signal.SIG_DFL)
-                    except (OSError, ValueError):
-                        pass  # signals the C library keeps for itself
+            for sig in resets:
+                try:  # noqa: SIM105
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass  # signals the C library keeps for itself
             if job is not None:
                 _become(job)
                 os.umask(job["umask"])
@@ -1164,13 +1177,9 @@ def _mark_cloexec() -> None:
                 pass
 
 
-def run(raw: bytes, status_fd: int) -> NoReturn:
-    """One launch from the spec bytes: both the one-shot ``main`` and a zygote child end here.
-
-    Everything after the spec is read is the same in both modes: validate, open the log and
-    the receipt directory, own session, fork, the long-lived shim reports on ``status_fd``.
-    """
-    _mark_cloexec()
+def _prepare(raw: bytes, status_fd: int) -> tuple[dict[str, Any], int, int, int]:
+    """§3 steps 1 and 2 after the fds are marked: the validated spec, the log, its directory and
+    the receipt directory, opened; a failure is reported on ``status_fd`` and ends us."""
     try:
         spec = _parse_spec(raw)
     except ShimError as exc:
@@ -1189,6 +1198,18 @@ def run(raw: bytes, status_fd: int) -> NoReturn:
         dir_fd = os.open(spec["receipt_dir"], dir_flags)
     except OSError as exc:
         _fail(status_fd, "SPEC_INVALID", exc.errno)
+    return spec, log_fd, log_dir_fd, dir_fd
+
+
+def run(raw: bytes, status_fd: int) -> NoReturn:
+    """One launch from the spec bytes: the one-shot ``main`` and a zygote child without a
+    spare end here (a spare runs the same steps, its session and fork made beforehand).
+
+    Everything after the spec is read is the same in both modes: validate, open the log and
+    the receipt directory, own session, fork, the long-lived shim reports on ``status_fd``.
+    """
+    _mark_cloexec()
+    spec, log_fd, log_dir_fd, dir_fd = _prepare(raw, status_fd)
     if os.getsid(0) != os.getpid():
         os.setsid()
     if os.fork() != 0:
@@ -1262,13 +1283,18 @@ def _recv_request(sock: Any, rights: int, space: int, flags: int) -> tuple[bytes
     return data[:1], int.from_bytes(data[1:5], "big"), fds
 
 
+def _to_devnull(sock: Any) -> None:
+    """In a zygote child: fd 0 (the zygote's socket) becomes /dev/null; 1 and 2 already are."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)  # replaces (closes) the zygote's socket
+    if null > 2:
+        os.close(null)
+    sock.detach()
+
+
 def _zygote_child(sock: Any, raw: bytes, status_fd: int) -> NoReturn:
     try:
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)  # replaces (closes) the zygote's socket; fds 1 and 2 are /dev/null
-        if null > 2:
-            os.close(null)
-        sock.detach()
+        _to_devnull(sock)
         # SIGINT/SIGHUP stay ignored until the long-lived shim ignores them itself; the
         # job gets every disposition reset by posix_spawn (step 5).
         run(raw, status_fd)
@@ -1287,12 +1313,82 @@ def _fork_child(sock: Any, raw: bytes, status_fd: int) -> bytes:
     return b"P" + pid.to_bytes(4, "big")
 
 
+class _Spare:
+    """A shim forked before its launch (§8 "Spare"): the first process ``pid`` made its own
+    session and forked the long-lived shim, which waits on ``sock`` for a spec."""
+
+    def __init__(self, pid: int, sock: Any) -> None:
+        self.pid: int = pid
+        self.sock = sock
+
+
+def _spare_child(ctl: Any, ours: Any, theirs: Any, rights: int, space: int, flags: int) -> NoReturn:
+    """The first process of a spare, then (after its fork) the waiting long-lived shim."""
+    try:
+        _to_devnull(ctl)
+        ours.close()
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)  # pinned unreaped by the zygote until the worker releases it
+        _mark_cloexec()
+        try:
+            kind, length, fds = _recv_request(theirs, rights, space, flags)
+            if kind != b"L" or len(fds) != 1:
+                os._exit(0)  # the zygote went away (or discarded us): no launch is ours
+            raw = _recv_body(theirs, length)
+        except (EOFError, OSError):
+            os._exit(0)
+        theirs.close()
+        spec, log_fd, log_dir_fd, dir_fd = _prepare(raw, fds[0])
+        _run_shim(spec, log_fd, log_dir_fd, dir_fd, fds[0])
+    finally:
+        os._exit(1)
+
+
+def _new_spare(
+    ctl: Any, family: int, kind: int, rights: int, space: int, flags: int
+) -> _Spare | None:
+    """Fork a spare; None when that fails now (the next launch forks its shim itself)."""
+    import _socket
+
+    try:
+        ours, theirs = _socket.socketpair(family, kind)
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        ours.close()
+        theirs.close()
+        return None
+    if pid == 0:
+        _spare_child(ctl, ours, theirs, rights, space, flags)
+    theirs.close()
+    return _Spare(pid, ours)
+
+
+def _hand_over(spare: _Spare, raw: bytes, status_fd: int, rights: int, level: int) -> bytes | None:
+    """Send the spec and status fd to the spare; the reply for the worker, or None when the
+    spare is gone (then no complete spec reached it, and nothing of this launch started)."""
+    import array  # a built-in module, imported by ``serve`` before the first launch
+
+    message = b"L" + len(raw).to_bytes(4, "big") + raw
+    try:
+        sent = spare.sock.sendmsg([message], [(level, rights, array.array("i", [status_fd]))])
+        if sent < len(message):
+            spare.sock.sendall(message[sent:])
+    except OSError:
+        return None
+    return b"P" + spare.pid.to_bytes(4, "big")
+
+
 def serve() -> int:
     """The zygote loop: one request at a time, single-threaded, until EOF on fd 0."""
     import _socket  # the C module: ``socket`` would pull in enum, selectors, ...
+    import array  # noqa: F401 - for ``_hand_over``, before the first launch
 
     sock = _socket.socket(fileno=0)
-    rights = _socket.SCM_RIGHTS
+    rights, level = _socket.SCM_RIGHTS, _socket.SOL_SOCKET
     space = _socket.CMSG_SPACE(4 * 4)
     flags = _socket.MSG_CMSG_CLOEXEC
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -1300,6 +1396,11 @@ def serve() -> int:
         signal.signal(sig, signal.SIG_IGN)
     _mark_cloexec()
     _prctl(), _capset(), _clone3(), _boot_id()  # once here instead of in every forked shim
+
+    def spare_now() -> _Spare | None:
+        return _new_spare(sock, _socket.AF_UNIX, _socket.SOCK_STREAM, rights, space, flags)
+
+    spare = spare_now()
     released: set[int] = set()
     poller = select.poll()
     poller.register(0, select.POLLIN)
@@ -1316,12 +1417,21 @@ def serve() -> int:
             elif kind == b"L" and len(fds) == 1:
                 try:
                     raw = _recv_body(sock, value)
-                    reply = _fork_child(sock, raw, fds[0])
+                    reply = None
+                    if spare is not None:
+                        reply = _hand_over(spare, raw, fds[0], rights, level)
+                        if reply is None:
+                            released.add(spare.pid)  # a dead spare: only its first process
+                        spare.sock.close()
+                        spare = None
+                    if reply is None:
+                        reply = _fork_child(sock, raw, fds[0])
                     sock.sendall(reply)
                 except (EOFError, OSError):
                     return 0
                 finally:
                     os.close(fds[0])
+                spare = spare_now()  # after the reply: off the launch's path
             else:
                 for fd in fds:
                     os.close(fd)

@@ -30,6 +30,7 @@ from tests.integration.kit import (
     STATUS_KEYS,
     fd_targets,
     make_spec,
+    poll_until,
     ppid,
     read_status,
     receipt_path,
@@ -176,7 +177,8 @@ def test_quota_truncates_log_and_keeps_exit_code(
     assert receipt.exit_code == 7
     assert os.stat(spec["log_path"]).st_size == quota
     assert Path(spec["log_path"] + ".truncated").read_bytes() == (
-        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}' % (5_000_000 - quota, quota)
+        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}'
+        % (5_000_000 - quota, quota)
     )
 
 
@@ -217,9 +219,104 @@ def test_zygote_keeps_no_fds_or_memory_per_launch(
     assert zygote.pid == pid  # the same zygote served every launch
     assert _fd_count(pid) == fds
     assert _rss_kb(pid) - rss < 2048, (rss, _rss_kb(pid))
-    # Every released first shim process was reaped: the zygote has no children left.
+    # Every released first shim process was reaped: the zygote's one child left is the
+    # first process of its spare, exited (a zombie pinning the spare's session id).
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    assert children == []
+    assert len(children) == 1, children
+    assert _state(int(children[0])) == "Z"
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def _session_members(sid: int) -> list[int]:
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[3]) == sid and int(name) != sid:
+                members.append(int(name))
+    return members
+
+
+def _spare(zygote: Zygote) -> tuple[int, int]:
+    """(first process, waiting shim) of the zygote's spare, once it is ready."""
+    pid = zygote.pid
+    assert pid is not None
+    found: list[tuple[int, int]] = []
+
+    def ready() -> bool:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        firsts = [int(c) for c in children if _state(int(c)) == "Z"]
+        shims = [m for f in firsts for m in _session_members(f)]
+        if len(firsts) == 1 and len(shims) == 1:
+            found.append((firsts[0], shims[0]))
+        return bool(found)
+
+    poll_until(ready)
+    return found[0]
+
+
+def test_the_next_launch_is_served_by_a_spare_forked_before_it(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    (tmp_path / "a").mkdir()
+    zrun(zygote, tmp_path / "a", ["/bin/true"], launched)
+    first, shim = _spare(zygote)
+    assert ppid(shim) != zygote.pid and os.getsid(shim) == first != os.getsid(0)
+    fds = {int(n): os.readlink(f"/proc/{shim}/fd/{n}") for n in os.listdir(f"/proc/{shim}/fd")}
+    assert fds[0] == fds[1] == fds[2] == "/dev/null"
+    assert [t for fd, t in fds.items() if fd > 2 and not t.startswith("socket:")] == [], fds
+    (tmp_path / "b").mkdir()
+    spec = make_spec(tmp_path / "b", ["/bin/sh", "-c", "exit 6"])
+    read_fd, write_fd = os.pipe()
+    try:
+        assert zygote.spawn(json.dumps(spec).encode(), write_fd) == first
+    finally:
+        os.close(write_fd)
+    try:
+        status = json.loads(read_status(read_fd, time.monotonic() + DEADLINE))
+    finally:
+        os.close(read_fd)
+        zygote.release(first)
+    launched.track_status(status)
+    assert status["ok"] is True and status["shim_pid"] == shim
+    wait_shim_done(status)
+    assert decode_receipt(receipt_path(spec).read_bytes()).exit_code == 6
+
+
+def test_a_dead_spare_is_replaced_and_the_launch_goes_on(
+    tmp_path: Path, launched: Launched, zygote: Zygote
+) -> None:
+    (tmp_path / "a").mkdir()
+    zrun(zygote, tmp_path / "a", ["/bin/true"], launched)
+    first, shim = _spare(zygote)
+    pidfd = os.pidfd_open(shim)  # not our child: pinned by its pidfd before the signal
+    try:
+        assert os.getsid(shim) == first
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+    assert wait_exit(shim, DEADLINE)
+    (tmp_path / "b").mkdir()
+    _spec, status, receipt = zrun(zygote, tmp_path / "b", ["/bin/sh", "-c", "exit 4"], launched)
+    assert receipt.exit_code == 4 and status["shim_pid"] != shim
+    assert _spare(zygote)[0] != first  # a fresh spare, and the dead one's first was reaped
+    pid = zygote.pid
+    assert pid is not None
+    poll_until(lambda: str(first) not in Path(f"/proc/{pid}/task/{pid}/children").read_text())
+
+
+def test_the_spare_ends_with_the_zygote(tmp_path: Path, launched: Launched, zygote: Zygote) -> None:
+    zrun(zygote, tmp_path, ["/bin/true"], launched)
+    _first, shim = _spare(zygote)
+    zygote.close()
+    assert wait_exit(shim, DEADLINE), "the spare outlived its zygote"
 
 
 def test_zygote_exits_on_eof_and_running_shims_go_on(

@@ -26,9 +26,7 @@ from app.storage.journal_repo import (
 )
 from app.worker.receipts import ReceiptStore
 
-HANDLE = ProcessHandle(
-    boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4
-)
+HANDLE = ProcessHandle(boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4)
 
 
 def _mode(path: Path) -> int:
