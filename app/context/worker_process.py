@@ -93,6 +93,7 @@ class WorkerProcess:
             self.lease = lease
             receipts = ReceiptStore(s.receipts_dir, logs_root=s.logs_dir)
             receipts.ensure_root()
+            receipts.ensure_shards()  # a launch then never fsyncs the root for its shard
             # Several hosts (PostgreSQL, docs/several-hosts.md): this worker reconciles, times
             # out, stops and sweeps only what its own instance launched.
             scoped = several_hosts(engine)

@@ -35,6 +35,7 @@ from app.storage.durable import fsync_dir, move_by_link
 from app.worker.identity import current_boot_id, read_identity
 
 DIR_MODE = 0o700
+SHARDS = 256  # the two hex digits of ``shard_of``
 # What recovery writes into the receipt's temp name when it takes it first: no shim ever
 # writes this (a shim writes its identity, then the receipt), so a pass that crashed after
 # taking the name recognises its own fence.
@@ -69,6 +70,13 @@ class ReceiptStore:
         if _private_dir(self.root):
             fsync_dir(self.root.parent)
         if _private_dir(self.root / ".quarantine"):
+            fsync_dir(self.root)
+
+    def ensure_shards(self) -> None:
+        """Create every shard directory (0700) at once, with one fsync of the root, so that a
+        launch finds its shard made (``ensure_shard`` then syncs nothing)."""
+        created = [_private_dir(self.root / f"{n:02x}") for n in range(SHARDS)]
+        if any(created):
             fsync_dir(self.root)
 
     def path_of(self, attempt_id: str) -> Path:

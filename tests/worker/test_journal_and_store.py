@@ -24,6 +24,7 @@ from app.storage.journal_repo import (
     AlreadyReserved,
     JournalRepository,
 )
+from app.worker import receipts as receipts_module
 from app.worker.receipts import ReceiptStore
 
 HANDLE = ProcessHandle(boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4)
@@ -92,6 +93,25 @@ def test_store_dirs_are_private_and_reads_are_bounded(tmp_path: Path) -> None:
     shard = store.ensure_shard(uuid7())
     assert _mode(store.root) == 0o700 and _mode(shard) == 0o700
     assert _mode(store.root / ".quarantine") == 0o700
+
+
+def test_every_shard_is_made_at_once_and_a_launch_then_syncs_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ReceiptStore(tmp_path / "receipts")
+    store.ensure_root()
+    (store.root / "0a").mkdir(mode=0o755)  # one already there, too wide: narrowed
+    synced: list[Path] = []
+    monkeypatch.setattr(receipts_module, "fsync_dir", lambda path: synced.append(Path(path)))
+    store.ensure_shards()
+    assert synced == [store.root]
+    shards = sorted(p.name for p in store.root.iterdir() if p.name != ".quarantine")
+    assert shards == [f"{n:02x}" for n in range(256)]
+    assert {_mode(store.root / name) for name in shards} == {0o700}
+    store.ensure_shards()  # nothing new: nothing synced
+    for _ in range(20):
+        assert store.ensure_shard(uuid7()).parent == store.root
+    assert synced == [store.root]
 
 
 def test_store_refuses_symlinks_and_non_regular_files(tmp_path: Path) -> None:
