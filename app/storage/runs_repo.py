@@ -90,20 +90,32 @@ _RUN_NAMES = tuple(c.name for c in runs.c)
 _ATTEMPT_NAMES = tuple(c.name for c in attempts.c)
 _RUN_COLUMNS = [c.label(f"r_{c.name}") for c in runs.c]
 _ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c]
+#
+# Both lock the two rows on PostgreSQL, the run's first (FOR UPDATE; SQLite's BEGIN
+# IMMEDIATE already holds the one write lock): a transition that meets a concurrent one (T2
+# and a fast job's completion, the classic pair) waits for it and then reads both rows as it
+# committed them (READ COMMITTED re-fetches the newest version of every locked row), instead
+# of reading the old version, failing its CAS after the wait and doing it all again. Every
+# transition reads through one of these first, so all of them lock the run before its
+# attempt: one order, no deadlock between them. Inner joins, because a lock cannot take the
+# missing side of an outer join: a run always has its latest attempt, and no row means the
+# caller's ids do not name a run and attempt (NotFound, or the completion's WRONG_ATTEMPT).
 _PAIR_BY_LATEST = (
     select(*_RUN_COLUMNS, *_ATTEMPT_COLUMNS)
     .select_from(
-        runs.outerjoin(
+        runs.join(
             attempts,
             and_(attempts.c.run_id == runs.c.id, attempts.c.number == runs.c.latest_attempt),
         )
     )
     .where(runs.c.id == bindparam("run_id"))
+    .with_for_update()
 )
 _ATTEMPT_AND_RUN = (
     select(*_RUN_COLUMNS, *_ATTEMPT_COLUMNS)
-    .select_from(attempts.outerjoin(runs, runs.c.id == bindparam("run_id")))
-    .where(attempts.c.id == bindparam("attempt_id"))
+    .select_from(runs.join(attempts, attempts.c.id == bindparam("attempt_id")))
+    .where(runs.c.id == bindparam("run_id"))
+    .with_for_update()
 )
 _REVISION_BODY = select(task_revisions.c.body).where(
     task_revisions.c.task == bindparam("task"), task_revisions.c.revision == bindparam("revision")
