@@ -137,18 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes (under a minute)")
     mode.add_argument("--full", action="store_true", help="full sizes (the README table)")
-    parser.add_argument(
-        "--only",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="run only these groups (repeatable)",
-    )
-    parser.add_argument(
-        "--postgres",
-        default=os.environ.get("QL_TEST_POSTGRES_URL"),
-        help="PostgreSQL URL (default $QL_TEST_POSTGRES_URL)",
-    )
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="run only these groups (repeatable)")
+    parser.add_argument("--postgres", default=os.environ.get("QL_TEST_POSTGRES_URL"),
+                        help="PostgreSQL URL (default $QL_TEST_POSTGRES_URL)")
     args = parser.parse_args(argv)
     # The bench prepares databases for the api and the worker, which refuse files group or
     # others can read (app/storage/private_files.py): make them as the service would.
@@ -161,10 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(groups)}")
     chosen = args.only or [name for name in groups if name not in FULL_ONLY or args.full]
     report = Report()
-    print(
-        f"bench --{label}: {', '.join(chosen)}"
-        f" (postgres: {'yes' if args.postgres else 'no'}; {os.cpu_count()} cpus)"
-    )
+    print(f"bench --{label}: {', '.join(chosen)}"
+          f" (postgres: {'yes' if args.postgres else 'no'}; {os.cpu_count()} cpus)")
     t0 = time.perf_counter()
     try:
         for name in chosen:

@@ -127,37 +127,10 @@ def run_api_reads(report: Report, *, pg: str | None, seconds: float, runs: int =
         fig = _median_of(samples)
         extra = {"generator": generator, "rounds": len(samples), "errors": fig["errors"],
                  "baseline_errors": base["errors"]}  # fmt: skip
-        report.add(
-            Figure(
-                f"{label} {name} req/s",
-                fig["rps"],
-                "req/s",
-                "GET /healthz req/s",
-                base["rps"],
-                True,
-                target=">= 0.5x" if name == "GET one run" else "",
-                extra=extra,
-            )
-        )
-        report.add(
-            Figure(
-                f"{label} {name} p50",
-                fig["p50"],
-                "ms",
-                "GET /healthz p50",
-                base["p50"],
-                False,
-                extra=extra,
-            )
-        )
-        report.add(
-            Figure(
-                f"{label} {name} p99",
-                fig["p99"],
-                "ms",
-                "GET /healthz p99",
-                base["p99"],
-                False,
-                extra=extra,
-            )
-        )
+        report.add(Figure(f"{label} {name} req/s", fig["rps"], "req/s", "GET /healthz req/s",
+                          base["rps"], True,
+                          target=">= 0.5x" if name == "GET one run" else "", extra=extra))
+        report.add(Figure(f"{label} {name} p50", fig["p50"], "ms", "GET /healthz p50",
+                          base["p50"], False, extra=extra))
+        report.add(Figure(f"{label} {name} p99", fig["p99"], "ms", "GET /healthz p99",
+                          base["p99"], False, extra=extra))

@@ -49,7 +49,6 @@ def run_launch(report: Report, *, count: int) -> None:
     client = WorkerClient(data / "worker.sock")
     shims: list[int] = []
     try:
-
         def one(launch: Callable[[LaunchRequest], ProcessHandle]) -> float:
             armed = armed_run(engine)
             log = make_log(data / "logs", armed.attempt_id)
@@ -81,59 +80,19 @@ def run_launch(report: Report, *, count: int) -> None:
             subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
             python_ms.append((time.perf_counter() - t0) * 1000)
         base = median(bare_ms)
-        report.add(
-            Figure(
-                "launch via worker socket, median",
-                median(socket_ms),
-                "ms",
-                "posix_spawn /bin/true + wait, median",
-                base,
-                False,
-                extra={"p95": percentile(socket_ms, 95), "n": count},
-            )
-        )
-        report.add(
-            Figure(
-                "launch in-process (no socket), median",
-                median(local_ms),
-                "ms",
-                "posix_spawn /bin/true + wait, median",
-                base,
-                False,
-                extra={"p95": percentile(local_ms, 95), "n": count},
-            )
-        )
-        report.add(
-            Figure(
-                "  of which: journal reserve+spawned commits",
-                median(journal_ms),
-                "ms",
-                "posix_spawn /bin/true + wait, median",
-                base,
-                False,
-            )
-        )
+        report.add(Figure("launch via worker socket, median", median(socket_ms), "ms",
+                          "posix_spawn /bin/true + wait, median", base, False,
+                          extra={"p95": percentile(socket_ms, 95), "n": count}))
+        report.add(Figure("launch in-process (no socket), median", median(local_ms), "ms",
+                          "posix_spawn /bin/true + wait, median", base, False,
+                          extra={"p95": percentile(local_ms, 95), "n": count}))
+        report.add(Figure("  of which: journal reserve+spawned commits", median(journal_ms), "ms",
+                          "posix_spawn /bin/true + wait, median", base, False))
         two_commits = 2 * 1000 / commit_rate(url, count)  # its own table in the same database
-        report.add(
-            Figure(
-                "  journal reserve+spawned commits",
-                median(journal_ms),
-                "ms",
-                "2 db commits (1 INSERT+COMMIT each)",
-                two_commits,
-                False,
-            )
-        )
-        report.add(
-            Figure(
-                "  of which: bare `python -I -S` start+exit",
-                median(python_ms),
-                "ms",
-                "posix_spawn /bin/true + wait, median",
-                base,
-                False,
-            )
-        )
+        report.add(Figure("  journal reserve+spawned commits", median(journal_ms), "ms",
+                          "2 db commits (1 INSERT+COMMIT each)", two_commits, False))
+        report.add(Figure("  of which: bare `python -I -S` start+exit", median(python_ms), "ms",
+                          "posix_spawn /bin/true + wait, median", base, False))
     finally:
         for pid in shims:
             wait_exit(pid, 10.0)

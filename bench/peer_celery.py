@@ -181,28 +181,10 @@ def run_peer(report: Report, *, pg: str | None, count: int, idle_count: int) -> 
     celery = measure_celery(count, idle_count)
     extra = {"n": count, "idle_n": idle_count, "celery_rss_mb": round(celery["rss_mb"], 1)}
     for label, got in ours.items():
-        report.add(
-            Figure(
-                f"{label} trivial runs to completion",
-                got["runs_per_s"],
-                "runs/s",
-                f"celery prefork c={CONCURRENCY} (redis)",
-                celery["runs_per_s"],
-                True,
-                target=">= 1.1x celery" if label == "sqlite" else "",
-                extra=extra,
-            )
-        )
-        report.add(
-            Figure(
-                f"{label} idle created->started p50",
-                got["idle_p50"],
-                "ms",
-                "celery idle enqueue->start p50",
-                celery["idle_p50"],
-                False,
-                target="<= 5 ms" if label == "sqlite" else "<= 8 ms",
-                extra=extra,
-            )
-        )
+        report.add(Figure(f"{label} trivial runs to completion", got["runs_per_s"], "runs/s",
+                          f"celery prefork c={CONCURRENCY} (redis)", celery["runs_per_s"], True,
+                          target=">= 1.1x celery" if label == "sqlite" else "", extra=extra))
+        report.add(Figure(f"{label} idle created->started p50", got["idle_p50"], "ms",
+                          "celery idle enqueue->start p50", celery["idle_p50"], False,
+                          target="<= 5 ms" if label == "sqlite" else "<= 8 ms", extra=extra))
     print(f"   celery worker idle RSS (main process + pool): {celery['rss_mb']:.1f} MB", flush=True)

@@ -121,32 +121,14 @@ def main() -> None:
     got = profile_drain(count=args.count, pg=args.pg, html=args.html)
     spawn_cpu = _spawn_cpu_ms(args.count)
     report = Report()
-    report.add(
-        Figure(
-            "dispatcher drain per run (profiled)",
-            got["drain_ms_per_run"],
-            "ms",
-            "posix_spawn+waitpid /bin/true",
-            1000 / spawn_rate(args.count),
-            False,
-            extra={"machine_busy_pct": got["machine_busy_pct"]},
-        )
-    )
-    for name, key in (
-        ("this process (dispatch)", "self_cpu_ms_per_run"),
-        ("the worker", "worker_cpu_ms_per_run"),
-        ("the worker's reaped children", "worker_children_cpu_ms_per_run"),
-    ):
-        report.add(
-            Figure(
-                f"CPU per run: {name}",
-                got[key],
-                "ms",
-                "CPU of posix_spawn+waitpid /bin/true",
-                spawn_cpu,
-                False,
-            )
-        )
+    report.add(Figure("dispatcher drain per run (profiled)", got["drain_ms_per_run"], "ms",
+                      "posix_spawn+waitpid /bin/true", 1000 / spawn_rate(args.count), False,
+                      extra={"machine_busy_pct": got["machine_busy_pct"]}))
+    for name, key in (("this process (dispatch)", "self_cpu_ms_per_run"),
+                      ("the worker", "worker_cpu_ms_per_run"),
+                      ("the worker's reaped children", "worker_children_cpu_ms_per_run")):
+        report.add(Figure(f"CPU per run: {name}", got[key], "ms",
+                          "CPU of posix_spawn+waitpid /bin/true", spawn_cpu, False))
 
 
 def _spawn_cpu_ms(count: int) -> float:

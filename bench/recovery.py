@@ -69,26 +69,8 @@ def run_recovery(report: Report, *, pg: str | None, count: int) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     extra = {"n": count, "all_terminal": done, "statuses": statuses}
-    report.add(
-        Figure(
-            f"{label} recover {count} receipts (worker start->all terminal)",
-            elapsed,
-            "s",
-            "worker start-up, nothing to recover",
-            idle_s,
-            False,
-            target="<= 5 s" if pg is None else "",
-            extra=extra,
-        )
-    )
-    report.add(
-        Figure(
-            f"{label} recover {count} receipts",
-            elapsed,
-            "s",
-            f"{count} db commits",
-            count / commits,
-            False,
-            extra=extra,
-        )
-    )
+    report.add(Figure(f"{label} recover {count} receipts (worker start->all terminal)", elapsed,
+                      "s", "worker start-up, nothing to recover", idle_s, False,
+                      target="<= 5 s" if pg is None else "", extra=extra))
+    report.add(Figure(f"{label} recover {count} receipts", elapsed, "s",
+                      f"{count} db commits", count / commits, False, extra=extra))

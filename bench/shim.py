@@ -80,6 +80,7 @@ class _Shims:
             raise RuntimeError(f"shim failed: {status}")
         return elapsed, status
 
+
     def zygote_launch(self, zygote: Zygote, argv: list[str]) -> tuple[float, dict[str, Any]]:
         """(ms until the status line, status) of one launch forked by ``zygote``."""
         payload = json.dumps(self.spec(argv, 1 << 20)).encode()
@@ -122,38 +123,14 @@ def _zygote_figures(report: Report, shims: _Shims, count: int, exec_ms: float) -
             _, status = shims.zygote_launch(zygote, ["/bin/true"])
             wait_exit(status["shim_pid"], 10)
         fds1, rss1 = len(os.listdir(f"/proc/{pid}/fd")), _proc_kb(pid, "VmRSS")
-        report.add(
-            Figure(
-                "shim start-up via zygote (request -> status line)",
-                median(samples),
-                "ms",
-                "one-shot shim start-up (this run)",
-                exec_ms,
-                False,
-                extra={"n": count},
-            )
-        )
-        report.add(
-            Figure(
-                "zygote VmRSS after 500 more launches",
-                rss1 / 1024,
-                "MiB",
-                "zygote VmRSS before",
-                rss0 / 1024,
-                False,
-                extra={"fds_before": fds0, "fds_after": fds1},
-            )
-        )
-        report.add(
-            Figure(
-                "zygote open fds after 500 more launches",
-                fds1,
-                "fds",
-                "zygote open fds before",
-                fds0,
-                False,
-            )
-        )
+        report.add(Figure("shim start-up via zygote (request -> status line)", median(samples),
+                          "ms", "one-shot shim start-up (this run)", exec_ms, False,
+                          extra={"n": count}))
+        report.add(Figure("zygote VmRSS after 500 more launches", rss1 / 1024, "MiB",
+                          "zygote VmRSS before", rss0 / 1024, False,
+                          extra={"fds_before": fds0, "fds_after": fds1}))
+        report.add(Figure("zygote open fds after 500 more launches", fds1, "fds",
+                          "zygote open fds before", fds0, False))
         _shim_uss_pss(report, shims, zygote)
     finally:
         zygote.close()
@@ -180,27 +157,11 @@ def _cgroup_figures(report: Report, shims: _Shims, count: int) -> None:
             wait_exit(status["shim_pid"], 10)  # the job's cgroup is removed by then
             time.sleep(CGROUP_SPACING_S)
     clone3 = median(samples["clone3"])
-    report.add(
-        Figure(
-            "shim start-up, job cgroup by clone3",
-            clone3,
-            "ms",
-            "the same, shim moved in and back",
-            median(samples["migrate"]),
-            False,
-            extra={"n": count, "spacing_s": CGROUP_SPACING_S},
-        )
-    )
-    report.add(
-        Figure(
-            "shim start-up, job cgroup by clone3",
-            clone3,
-            "ms",
-            "the same without a job cgroup",
-            median(samples["none"]),
-            False,
-        )
-    )
+    report.add(Figure("shim start-up, job cgroup by clone3", clone3, "ms",
+                      "the same, shim moved in and back", median(samples["migrate"]), False,
+                      extra={"n": count, "spacing_s": CGROUP_SPACING_S}))
+    report.add(Figure("shim start-up, job cgroup by clone3", clone3, "ms",
+                      "the same without a job cgroup", median(samples["none"]), False))
 
 
 def _rollup_kb(pid: int) -> dict[str, int]:
@@ -235,28 +196,11 @@ def _shim_uss_pss(report: Report, shims: _Shims, zygote: Zygote) -> None:
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
-    report.add(
-        Figure(
-            "zygote-forked shim USS (running job)",
-            shim["uss"] / 1024,
-            "MiB",
-            "/bin/sh -c 'sleep; true' USS",
-            sh["uss"] / 1024,
-            False,
-            target="<= 2 MiB",
-            extra={"shim_kB": shim, "sh_kB": sh},
-        )
-    )
-    report.add(
-        Figure(
-            "zygote-forked shim PSS (running job)",
-            shim["pss"] / 1024,
-            "MiB",
-            "/bin/sh -c 'sleep; true' PSS",
-            sh["pss"] / 1024,
-            False,
-        )
-    )
+    report.add(Figure("zygote-forked shim USS (running job)", shim["uss"] / 1024, "MiB",
+                      "/bin/sh -c 'sleep; true' USS", sh["uss"] / 1024, False,
+                      target="<= 2 MiB", extra={"shim_kB": shim, "sh_kB": sh}))
+    report.add(Figure("zygote-forked shim PSS (running job)", shim["pss"] / 1024, "MiB",
+                      "/bin/sh -c 'sleep; true' PSS", sh["pss"] / 1024, False))
 
 
 def _timed_run(argv: list[str]) -> float:
@@ -292,28 +236,10 @@ def run_shim(report: Report, *, count: int, drain_bytes: int) -> None:
             wait_exit(status["shim_pid"], 10)
         sh = median([_timed_run(["/bin/sh", "-c", "true"]) for _ in range(count)])
         bare = median(bare_spawn_ms(count))
-        report.add(
-            Figure(
-                "shim start-up (spawn -> status line)",
-                median(startup),
-                "ms",
-                "/bin/sh -c true start+exit",
-                sh,
-                False,
-                extra={"n": count},
-            )
-        )
-        report.add(
-            Figure(
-                "shim start-up (spawn -> status line)",
-                median(startup),
-                "ms",
-                "posix_spawn /bin/true + wait",
-                bare,
-                False,
-                extra={"n": count},
-            )
-        )
+        report.add(Figure("shim start-up (spawn -> status line)", median(startup), "ms",
+                          "/bin/sh -c true start+exit", sh, False, extra={"n": count}))
+        report.add(Figure("shim start-up (spawn -> status line)", median(startup), "ms",
+                          "posix_spawn /bin/true + wait", bare, False, extra={"n": count}))
         _zygote_figures(report, shims, count, median(startup))
         _cgroup_figures(report, shims, count)
 
@@ -326,53 +252,24 @@ def run_shim(report: Report, *, count: int, drain_bytes: int) -> None:
             wait_exit(status["shim_pid"], 10)
         sh_kb = _rss_of_running(["/bin/sh", "-c", "sleep 5; true"])
         bare_kb = _rss_of_running(["/bin/sleep", "5"])
-        report.add(
-            Figure(
-                "long-lived shim VmHWM",
-                shim_kb / 1024,
-                "MiB",
-                "/bin/sh -c 'sleep; true' VmHWM",
-                sh_kb / 1024,
-                False,
-                target="next to /bin/sh",
-                extra={"shim_kB": shim_kb, "sh_kB": sh_kb},
-            )
-        )
-        report.add(
-            Figure(
-                "long-lived shim VmHWM",
-                shim_kb / 1024,
-                "MiB",
-                "bare posix_spawn /bin/sleep VmHWM",
-                bare_kb / 1024,
-                False,
-            )
-        )
+        report.add(Figure("long-lived shim VmHWM", shim_kb / 1024, "MiB",
+                          "/bin/sh -c 'sleep; true' VmHWM", sh_kb / 1024, False,
+                          target="next to /bin/sh", extra={"shim_kB": shim_kb, "sh_kB": sh_kb}))
+        report.add(Figure("long-lived shim VmHWM", shim_kb / 1024, "MiB",
+                          "bare posix_spawn /bin/sleep VmHWM", bare_kb / 1024, False))
 
         mb = drain_bytes / 1e6
         t0 = time.perf_counter()
-        _, status = shims.launch(
-            ["/usr/bin/head", "-c", str(drain_bytes), "/dev/zero"], quota=drain_bytes + (1 << 20)
-        )
+        _, status = shims.launch(["/usr/bin/head", "-c", str(drain_bytes), "/dev/zero"],
+                                 quota=drain_bytes + (1 << 20))
         wait_exit(status["shim_pid"], 120)
         shim_s = time.perf_counter() - t0
         out = root / "shell.out"
-        shell_s = (
-            _timed_run(
-                ["/bin/sh", "-c", f"cat /dev/zero | head -c {drain_bytes} > {out}; sync -f {out}"]
-            )
-            / 1000
-        )
-        report.add(
-            Figure(
-                "shim log drain (under quota, fsync)",
-                mb / shim_s,
-                "MB/s",
-                "cat /dev/zero | head -c > file; sync",
-                mb / shell_s,
-                True,
-                extra={"bytes": drain_bytes},
-            )
-        )
+        shell_s = _timed_run(
+            ["/bin/sh", "-c", f"cat /dev/zero | head -c {drain_bytes} > {out}; sync -f {out}"]
+        ) / 1000
+        report.add(Figure("shim log drain (under quota, fsync)", mb / shim_s, "MB/s",
+                          "cat /dev/zero | head -c > file; sync", mb / shell_s, True,
+                          extra={"bytes": drain_bytes}))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -134,7 +134,9 @@ def enqueue_and_finish(stack: Stack, count: int, clients: int) -> dict[str, floa
         done = wait_terminal(engine, count, timeout_s=max(60.0, count / 5))
         elapsed = time.perf_counter() - t0
         with engine.connect() as conn:
-            rows = conn.execute(text("SELECT status, created_at_ms, started_at_ms FROM runs")).all()
+            rows = conn.execute(
+                text("SELECT status, created_at_ms, started_at_ms FROM runs")
+            ).all()
     finally:
         engine.dispose()
     lag = [float(r.started_at_ms - r.created_at_ms) for r in rows if r.started_at_ms]
@@ -236,105 +238,31 @@ def run_trivial(
     spawns = spawn_rate(count)
     extra = {"n": count, "clients": clients, "repeats": repeats} | got
     extra["runs_per_s_each"] = [round(b["runs_per_s"], 1) for b in bursts]
-    report.add(
-        Figure(
-            f"{label} trivial runs to completion",
-            got["runs_per_s"],
-            "runs/s",
-            "posix_spawn+waitpid /bin/true",
-            spawns,
-            True,
-            target=">= 100 runs/s (sqlite)" if pg is None else "",
-            extra=extra,
-        )
-    )
-    report.add(
-        Figure(
-            f"{label} trivial runs to completion",
-            got["runs_per_s"],
-            "runs/s",
-            "db commits (1 INSERT+COMMIT)",
-            commits,
-            True,
-            extra=extra,
-        )
-    )
-    sqlite_runs = [f.value for f in report.figures if f.name == "sqlite trivial runs to completion"]
+    report.add(Figure(f"{label} trivial runs to completion", got["runs_per_s"], "runs/s",
+                      "posix_spawn+waitpid /bin/true", spawns, True,
+                      target=">= 100 runs/s (sqlite)" if pg is None else "", extra=extra))
+    report.add(Figure(f"{label} trivial runs to completion", got["runs_per_s"], "runs/s",
+                      "db commits (1 INSERT+COMMIT)", commits, True, extra=extra))
+    sqlite_runs = [f.value for f in report.figures
+                   if f.name == "sqlite trivial runs to completion"]
     if pg is not None and sqlite_runs:  # issue 18: PostgreSQL as fast as SQLite
-        report.add(
-            Figure(
-                "postgresql trivial runs to completion",
-                got["runs_per_s"],
-                "runs/s",
-                "sqlite trivial runs to completion",
-                sqlite_runs[0],
-                True,
-                target=">= 0.8x sqlite",
-                extra=extra,
-            )
-        )
-    report.add(
-        Figure(
-            f"{label} enqueue over HTTP ({clients} clients)",
-            got["enqueue_per_s"],
-            "runs/s",
-            "db commits (1 INSERT+COMMIT)",
-            commits,
-            True,
-        )
-    )
-    report.add(
-        Figure(
-            f"{label} created->started p50, {count:,} at once (queueing)",
-            got["p50"],
-            "ms",
-            "1 / db commit rate",
-            1000 / commits,
-            False,
-        )
-    )
-    report.add(
-        Figure(
-            f"{label} created->started p99, {count:,} at once (queueing)",
-            got["p99"],
-            "ms",
-            "1 / db commit rate",
-            1000 / commits,
-            False,
-        )
-    )
-    report.add(
-        Figure(
-            f"{label} created->started p50, {PACED_RATE:g} runs/s arriving",
-            percentile(paced, 50),
-            "ms",
-            "1 / db commit rate",
-            1000 / commits,
-            False,
-            target="<= 15 ms" if pg is None else "<= 20 ms",
-            extra={"n": len(paced), "rate": PACED_RATE},
-        )
-    )
-    report.add(
-        Figure(
-            f"{label} created->started p99, {PACED_RATE:g} runs/s arriving",
-            percentile(paced, 99),
-            "ms",
-            "1 / db commit rate",
-            1000 / commits,
-            False,
-            extra={"n": len(paced), "rate": PACED_RATE},
-        )
-    )
-    report.add(
-        Figure(
-            f"{label} created->started p50, one run at a time",
-            percentile(idle, 50),
-            "ms",
-            "1 / db commit rate",
-            1000 / commits,
-            False,
-            target="<= 5 ms" if pg is None else "<= 8 ms",
-            extra={"n": len(idle), "p99": percentile(idle, 99)},
-        )
-    )
+        report.add(Figure("postgresql trivial runs to completion", got["runs_per_s"], "runs/s",
+                          "sqlite trivial runs to completion", sqlite_runs[0], True,
+                          target=">= 0.8x sqlite", extra=extra))
+    report.add(Figure(f"{label} enqueue over HTTP ({clients} clients)", got["enqueue_per_s"],
+                      "runs/s", "db commits (1 INSERT+COMMIT)", commits, True))
+    report.add(Figure(f"{label} created->started p50, {count:,} at once (queueing)",
+                      got["p50"], "ms", "1 / db commit rate", 1000 / commits, False))
+    report.add(Figure(f"{label} created->started p99, {count:,} at once (queueing)",
+                      got["p99"], "ms", "1 / db commit rate", 1000 / commits, False))
+    report.add(Figure(f"{label} created->started p50, {PACED_RATE:g} runs/s arriving",
+                      percentile(paced, 50), "ms", "1 / db commit rate", 1000 / commits, False,
+                      target="<= 15 ms" if pg is None else "<= 20 ms",
+                      extra={"n": len(paced), "rate": PACED_RATE}))
+    report.add(Figure(f"{label} created->started p99, {PACED_RATE:g} runs/s arriving",
+                      percentile(paced, 99), "ms", "1 / db commit rate", 1000 / commits, False,
+                      extra={"n": len(paced), "rate": PACED_RATE}))
+    report.add(Figure(f"{label} created->started p50, one run at a time", percentile(idle, 50),
+                      "ms", "1 / db commit rate", 1000 / commits, False,
+                      target="<= 5 ms" if pg is None else "<= 8 ms",
+                      extra={"n": len(idle), "p99": percentile(idle, 99)}))

@@ -93,7 +93,8 @@ class WorkerProcess:
             self.lease = lease
             receipts = ReceiptStore(s.receipts_dir, logs_root=s.logs_dir)
             receipts.ensure_root()
-            receipts.ensure_shards()  # a launch then never fsyncs the root for its shard
+            if receipts.ensure_shards():  # a launch then never fsyncs the root for its shard
+                log.warning("receipt shards not directories: their launches will fail")
             # Several hosts (PostgreSQL, docs/several-hosts.md): this worker reconciles, times
             # out, stops and sweeps only what its own instance launched.
             scoped = several_hosts(engine)

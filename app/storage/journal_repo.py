@@ -75,8 +75,6 @@ _FROM: dict[str, frozenset[str]] = {
 }
 # Built once (see runs_repo): SET columns come from the parameters of each execution.
 _INSERT = insert(receipt_journal)
-
-
 # A reservation only for an attempt the database has in ``starting`` (T1 committed, no
 # ending since): a request that arrives after recovery requeued its attempt, even once the
 # fence row itself is purged, can never spawn.
@@ -99,13 +97,8 @@ def _reserve_starting(owned: bool) -> Any:
         insert(receipt_journal)
         .from_select(
             [
-                "attempt_id",
-                "run_id",
-                "state",
-                "receipt_ref",
-                "created_at_ms",
-                "updated_at_ms",
-                "worker_instance_id",
+                "attempt_id", "run_id", "state", "receipt_ref", "created_at_ms",
+                "updated_at_ms", "worker_instance_id",
             ],
             select(
                 attempts.c.id,
@@ -126,7 +119,9 @@ _RESERVE_STARTING = {owned: _reserve_starting(owned) for owned in (False, True)}
 _STAMP_EPOCH = (
     update(attempts)
     .where(attempts.c.id == bindparam("where_id"), attempts.c.status == "starting")
-    .values(worker_instance_id=bindparam("stamp_instance"), lease_epoch=bindparam("stamp_epoch"))
+    .values(
+        worker_instance_id=bindparam("stamp_instance"), lease_epoch=bindparam("stamp_epoch")
+    )
 )
 _BY_ATTEMPT = select(receipt_journal).where(receipt_journal.c.attempt_id == bindparam("attempt_id"))
 _MOVES = {

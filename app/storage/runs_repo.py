@@ -96,10 +96,12 @@ _ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c]
 # and a fast job's completion, the classic pair) waits for it and then reads both rows as it
 # committed them (READ COMMITTED re-fetches the newest version of every locked row), instead
 # of reading the old version, failing its CAS after the wait and doing it all again. Every
-# transition reads through one of these first, so all of them lock the run before its
-# attempt: one order, no deadlock between them. Inner joins, because a lock cannot take the
-# missing side of an outer join: a run always has its latest attempt, and no row means the
-# caller's ids do not name a run and attempt (NotFound, or the completion's WRONG_ATTEMPT).
+# transition that reads a run with its attempt reads through one of these, so each locks the
+# run before the attempt (a cancel reads the run alone, unlocked, and still updates the run
+# first): one order, no deadlock. Inner joins, because a lock cannot take the missing side
+# of an outer join; a run always has its latest attempt. A locked read can still come back
+# empty: the transaction it waited for moved ``latest_attempt`` (a retry appended attempt
+# n+1), the re-check of the join failed, and ``_load_pair`` reads once more.
 _PAIR_BY_LATEST = (
     select(*_RUN_COLUMNS, *_ATTEMPT_COLUMNS)
     .select_from(
@@ -113,7 +115,12 @@ _PAIR_BY_LATEST = (
 )
 _ATTEMPT_AND_RUN = (
     select(*_RUN_COLUMNS, *_ATTEMPT_COLUMNS)
-    .select_from(runs.join(attempts, attempts.c.id == bindparam("attempt_id")))
+    .select_from(
+        runs.join(
+            attempts,
+            and_(attempts.c.id == bindparam("attempt_id"), attempts.c.run_id == runs.c.id),
+        )
+    )
     .where(runs.c.id == bindparam("run_id"))
     .with_for_update()
 )
@@ -988,6 +995,10 @@ def _latest_attempt(conn: Connection, run_row: Row[Any]) -> Row[Any]:
 def _load_pair(conn: Connection, run_id: str, attempt_id: str) -> tuple[Any, Any]:
     """The run and its latest attempt, one snapshot; NotFound unless that is ``attempt_id``."""
     row = conn.execute(_PAIR_BY_LATEST, {"run_id": run_id}).first()
+    if row is None:
+        # Empty after waiting on the lock when the winner moved latest_attempt: a fresh
+        # statement sees the run as it is now (the lock is held since).
+        row = conn.execute(_PAIR_BY_LATEST, {"run_id": run_id}).first()
     if row is None:
         raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
     run_row, attempt_row = _split_pair(row)

@@ -72,12 +72,22 @@ class ReceiptStore:
         if _private_dir(self.root / ".quarantine"):
             fsync_dir(self.root)
 
-    def ensure_shards(self) -> None:
+    def ensure_shards(self) -> int:
         """Create every shard directory (0700) at once, with one fsync of the root, so that a
-        launch finds its shard made (``ensure_shard`` then syncs nothing)."""
-        created = [_private_dir(self.root / f"{n:02x}") for n in range(SHARDS)]
-        if any(created):
+        launch finds its shard made (``ensure_shard`` then syncs nothing). A shard that cannot
+        be made here (a file or symlink in its place) is left to ``ensure_shard``, which fails
+        only the launches that hash to it (``RECEIPT_DIR_FAILED``), as before; the count of
+        such shards is returned."""
+        created = False
+        refused = 0
+        for n in range(SHARDS):
+            try:
+                created = _private_dir(self.root / f"{n:02x}") or created
+            except OSError:
+                refused += 1
+        if created:
             fsync_dir(self.root)
+        return refused
 
     def path_of(self, attempt_id: str) -> Path:
         """Absolute path of the attempt's receipt."""

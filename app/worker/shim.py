@@ -1232,10 +1232,12 @@ def main() -> NoReturn:
 # ``shim.py --zygote``: started once by the worker with an AF_UNIX stream socket on fd 0 and
 # /dev/null on 1 and 2 (api-schemas/launch-protocol.md §8). Per launch the worker sends
 # ``b"L" + u32 length + spec`` with the write end of a fresh status pipe attached
-# (SCM_RIGHTS); the zygote forks, answers ``b"P" + u32 pid`` (``b"F" + u32 errno`` if the fork
-# failed), and the child runs ``run(spec, status_fd)`` exactly as the one-shot shim does.
-# The child stays unreaped (pinning its pid, which is its session id) until the worker
-# sends ``b"R" + u32 pid``. EOF on the socket ends the zygote; running shims are untouched.
+# (SCM_RIGHTS); the zygote hands both to its spare (a shim forked ahead, waiting in its own
+# session), or forks a child that runs ``run(spec, status_fd)`` exactly as the one-shot shim
+# does when no spare takes them, and answers ``b"P" + u32 pid`` with the first shim process
+# (``b"F" + u32 errno`` if the fork failed). That process stays unreaped (pinning its pid,
+# which is its session id) until the worker sends ``b"R" + u32 pid``. EOF on the socket ends
+# the zygote, and so a waiting spare; running shims are untouched.
 
 ZYGOTE_READY = b"Z1"
 
@@ -1421,7 +1423,9 @@ def serve() -> int:
                     if spare is not None:
                         reply = _hand_over(spare, raw, fds[0], rights, level)
                         if reply is None:
-                            released.add(spare.pid)  # a dead spare: only its first process
+                            # Gone, or refused the message (ENOBUFS...): reap its first
+                            # process; a live spare ends on the EOF of the close below.
+                            released.add(spare.pid)
                         spare.sock.close()
                         spare = None
                     if reply is None:

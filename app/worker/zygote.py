@@ -5,8 +5,9 @@ the spec and the write end of its status pipe and gets back the pid of the first
 (the zygote's child, its session leader), which stays unreaped in the zygote until
 ``release``: while the launcher may still kill that session, its id cannot be reused.
 
-Access is serialized by a lock: one request/reply is a fork in the zygote (well under a
-millisecond of the lock), and the status line is read outside it, so launches overlap.
+Access is serialized by a lock: one request/reply is the hand-over of the spec to the
+zygote's spare (a fork when none is ready; either well under a millisecond of the lock for a
+spec of a few KiB), and the status line is read outside it, so launches overlap.
 """
 
 from __future__ import annotations

@@ -58,8 +58,7 @@ def test_audit_classifies_and_only_quarantine_moves_eligible_files(
     root = data / "receipts"
     journaled = armed_run(engine)
     JournalRepository(engine).reserve(
-        attempt_id=journaled.attempt_id,
-        run_id=journaled.run_id,
+        attempt_id=journaled.attempt_id, run_id=journaled.run_id,
         receipt_ref=receipt_relpath(journaled.attempt_id),
     )
     active = armed_run(engine)  # starting, not journaled (an upgrade leftover)

@@ -55,9 +55,7 @@ def hello(served: Served) -> str:
     return f"echo line 1; {wait_for(gate(served, 'hello'))}; echo line 2; echo line 3"
 
 
-def ql(
-    served: Served | None, *args: str, token: str | None = None
-) -> subprocess.CompletedProcess[str]:
+def ql(served: Served | None, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m app ARGS`` as a user runs it, aimed at ``served`` through QL_URL/QL_TOKEN."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     env["HOME"] = str(REPO_ROOT / "no-such-home")  # no config file of the person running tests
@@ -203,9 +201,7 @@ def test_the_cli_client_journey(
     assert err.startswith("more: qinglong runs list --limit 1 --cursor ")
     cursor = err.split("--cursor ")[1].strip()
     assert cursor == page["next_cursor"]
-    code, out, _ = run_main(
-        capsys, served, "runs", "list", "--limit", "1", "--cursor", cursor, "--json"
-    )
+    code, out, _ = run_main(capsys, served, "runs", "list", "--limit", "1", "--cursor", cursor, "--json")
     assert [r["id"] for r in json.loads(out)["items"]] == [hello_id]
 
     # show and logs.
@@ -229,13 +225,7 @@ def test_the_cli_client_journey(
 
     # tasks.
     code, out, _ = run_main(capsys, served, "tasks", "list")
-    assert [line.split()[0] for line in out.splitlines()] == [
-        "TASK",
-        "bad",
-        "hello",
-        "long",
-        "ticker",
-    ]
+    assert [line.split()[0] for line in out.splitlines()] == ["TASK", "bad", "hello", "long", "ticker"]
     code, out, _ = run_main(capsys, served, "tasks", "show", "bad")
     assert "argv:            /bin/sh -c 'echo oops; exit 3'" in out
     code, out, _ = run_main(capsys, served, "tasks", "show", "hello", "--json")
@@ -343,9 +333,7 @@ def _definitions_reruns_and_retention(
     code, out, err = put(*shaped)
     assert code == 0, err
     recipe_line, rev_line = out.splitlines()
-    assert (
-        recipe_line.startswith("recipe localctx:sha256:") and "(GREETING, GREET_PW)" in recipe_line
-    )
+    assert recipe_line.startswith("recipe localctx:sha256:") and "(GREETING, GREET_PW)" in recipe_line
     assert rev_line.startswith("task greet revision 1 created: sha256:")
     code, out, _ = put(*shaped)  # the same again: nothing new
     assert code == 0 and "task greet revision 1 unchanged" in out
@@ -398,9 +386,7 @@ def _definitions_reruns_and_retention(
         capsys, served, "tasks", "retention", "greet", "--keep-runs", "3", "--keep-rows", "10"
     )
     assert out.splitlines()[2].split() == ["keep-runs", "3", "3"]
-    code, out, _ = run_main(
-        capsys, served, "tasks", "retention", "greet", "--keep-days", "2", "--json"
-    )
+    code, out, _ = run_main(capsys, served, "tasks", "retention", "greet", "--keep-days", "2", "--json")
     assert json.loads(out)["override"] == {
         "keep_runs": 3, "keep_days": 2, "keep_rows": 10, "task_log_bytes": None
     }  # fmt: skip

@@ -84,7 +84,6 @@ def test_every_api_worker_scrapes_the_same_sums(serve_factory: ServeFactory, db_
         assert _fires(got) == len(decided)
         assert got[f"{LATE}_count|slot=on_time"] >= 1
         assert at_least <= got[f"{LATE}_sum|slot=on_time"] + got[f"{LATE}_sum|slot=caught_up"]
-    assert (
-        "every-second"
-        not in httpx.get(f"{served.base_url}/metrics", headers=served.auth, timeout=10).text
-    )  # no schedule name in a label
+    assert "every-second" not in httpx.get(
+        f"{served.base_url}/metrics", headers=served.auth, timeout=10
+    ).text  # no schedule name in a label

@@ -25,8 +25,8 @@ ROLL_TIMEOUT_S = 60.0
 
 def replaced(api: int, before: dict[int, int]) -> Callable[[], bool]:
     """True once none of ``before`` lives and the manager has its two workers again."""
-    return lambda: (
-        not any(alive(p, t) for p, t in before.items()) and (len(uvicorn_workers(api)) == 2)
+    return lambda: not any(alive(p, t) for p, t in before.items()) and (
+        len(uvicorn_workers(api)) == 2
     )
 
 

@@ -61,7 +61,9 @@ def stack(
     )
     served = None
     try:
-        served = serve_factory(data_dir=data_dir, database_url=db_url, extra_env=env)
+        served = serve_factory(
+            data_dir=data_dir, database_url=db_url, extra_env=env
+        )
         yield Stack(served, db_url, logs, job_user)
     finally:
         if served is not None:

@@ -182,9 +182,7 @@ def test_kill9_every_api_worker_and_the_worker_while_five_jobs_run(
     # By exact identity: a uvicorn worker may already be gone once its manager died.
     for pid, start_ticks in victims.items():
         kill_exact(pid, start_ticks)
-    wait_until(
-        "the killed services are gone", lambda: not any(alive(p, t) for p, t in victims.items()), 20
-    )
+    wait_until("the killed services are gone", lambda: not any(alive(p, t) for p, t in victims.items()), 20)
     gate.touch()  # the jobs write their second line only after every service process died
 
     wait_until("the api and worker are back", lambda: served.service_pids().keys() == {"api", "worker"}

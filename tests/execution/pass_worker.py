@@ -31,11 +31,7 @@ class AppendingLauncher:
     def launch(self, request: LaunchRequest) -> ProcessHandle:
         os.write(self._fd, (request.attempt_id + "\n").encode())
         return ProcessHandle(
-            boot_id="b",
-            pid=os.getpid(),
-            pgid=os.getpid(),
-            start_ticks=1,
-            shim_pid=1,
+            boot_id="b", pid=os.getpid(), pgid=os.getpid(), start_ticks=1, shim_pid=1,
             shim_start_ticks=1,
         )
 

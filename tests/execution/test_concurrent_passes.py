@@ -81,14 +81,8 @@ def test_passes_in_several_processes_launch_each_attempt_exactly_once(
     launch_log = tmp_path / "launches.txt"
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.execution.pass_worker",
-                db_url,
-                str(tmp_path / "logs"),
-                str(launch_log),
-            ],
+            [sys.executable, "-m", "tests.execution.pass_worker", db_url,
+             str(tmp_path / "logs"), str(launch_log)],
             cwd=ROOT,
             stderr=subprocess.PIPE,
         )

@@ -148,11 +148,8 @@ def test_unknown_stop_leaves_dispatching_starting_for_recovery(
     define(engine)
     run = enqueue(engine)
     controller = FakeController(
-        OSError("controller unavailable")
-        if stop_result == "raises"
-        else "unknown"
-        if stop_result == "unknown"
-        else "stopped"
+        OSError("controller unavailable") if stop_result == "raises"
+        else "unknown" if stop_result == "unknown" else "stopped"
     )
     transitions = FlakyTransitions(engine, fail_t2=True)
     transitions.fail_fail = stop_result == "compensation_write_fails"

@@ -89,9 +89,7 @@ def test_a_fenced_launch_records_no_second_ending(
         repo.requeue_unspawned(run_id=run.id, attempt_id=run.latest_attempt.id)  # type: ignore[union-attr]
         raise LaunchRejected(reason)
 
-    kit = make_kit(
-        engine, tmp_path / "logs", launcher=FakeLauncher(engine, handle=requeued_meanwhile)
-    )  # type: ignore[arg-type]
+    kit = make_kit(engine, tmp_path / "logs", launcher=FakeLauncher(engine, handle=requeued_meanwhile))  # type: ignore[arg-type]
     result = kit.dispatcher.run_pass()
     outcome = result.activated
     assert outcome is not None and (outcome.kind, outcome.reason) == ("unresolved", reason)
@@ -151,9 +149,7 @@ def test_a_cancel_intent_ends_a_start_that_found_no_worker(engine: Engine, tmp_p
         repo.request_cancel(run_id=run.id, reason="user")
         raise LaunchUnavailable("WORKER_UNAVAILABLE")
 
-    kit = make_kit(
-        engine, tmp_path / "logs", launcher=FakeLauncher(engine, handle=cancelled_meanwhile)
-    )  # type: ignore[arg-type]
+    kit = make_kit(engine, tmp_path / "logs", launcher=FakeLauncher(engine, handle=cancelled_meanwhile))  # type: ignore[arg-type]
     result = kit.dispatcher.run_pass()
     assert result.activated is not None and result.activated.kind == "ended"
     assert kit.run(run.id).status == "cancelled"

@@ -193,7 +193,9 @@ def test_real_candidate_goes_through_coordinator_and_activation_race_makes_no_se
     assert a.launcher.calls == 1
 
 
-def test_resume_cursor_moves_past_a_page_without_activation(engine: Engine, tmp_path: Path) -> None:
+def test_resume_cursor_moves_past_a_page_without_activation(
+    engine: Engine, tmp_path: Path
+) -> None:
     """Stuck candidates cannot starve the queue behind a full page."""
     define(engine)
     stuck = [enqueue(engine, priority=5) for _ in range(EDGE.dispatch_page_size)]

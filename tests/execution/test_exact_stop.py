@@ -125,8 +125,7 @@ def test_mismatched_identity_gets_no_signal(
         tmp_path / "logs",
         profile=PROFILE,
         launcher=FakeLauncher(
-            engine,
-            handle=_spawner(jobs, "echo ready; exec sleep 30", wrong_ticks=True),  # type: ignore[arg-type]
+            engine, handle=_spawner(jobs, "echo ready; exec sleep 30", wrong_ticks=True)  # type: ignore[arg-type]
         ),
         controller=controller,
         transitions=FlakyTransitions(engine, fail_t2=True),

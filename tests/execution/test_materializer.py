@@ -68,9 +68,7 @@ def test_missing_recipe_fails_before_any_artifact_or_process(
     run = enqueue(engine)
     secrets = MemorySecrets({"k": "v"})
     kit = make_kit(
-        engine,
-        tmp_path / "logs",
-        secrets=secrets,
+        engine, tmp_path / "logs", secrets=secrets,
         definitions=HidingDefinitions(engine, hide_recipe=True),
     )
     _assert_failed_before_start(kit, run.id, "RECIPE_NOT_FOUND")
@@ -286,11 +284,7 @@ def test_revision_without_recipe_runs_with_only_ql3_ids(engine: Engine, tmp_path
     kit.dispatcher.run_pass()
     request = kit.launcher.observed[0].request
     assert sorted(request.env) == [
-        "QL3_ATTEMPT_ID",
-        "QL3_ATTEMPT_NUMBER",
-        "QL3_REVISION",
-        "QL3_RUN_ID",
-        "QL3_TASK",
+        "QL3_ATTEMPT_ID", "QL3_ATTEMPT_NUMBER", "QL3_REVISION", "QL3_RUN_ID", "QL3_TASK",
     ]
     assert request.deadline_at_ms is None
     assert kit.run(run.id).status == "running"
@@ -305,14 +299,8 @@ def test_immutable_definitions_replay_idempotently_and_secret_plaintext_stays_ou
     again, created_again = repo.put_recipe(env={"MODE": "x"}, secrets={"TOKEN": "api"})
     assert created and not created_again and again.id == recipe.id
     body: dict[str, Any] = {
-        "task": "job",
-        "revision": 1,
-        "executor": "local_process",
-        "argv": ["/bin/true"],
-        "cwd": None,
-        "recipe": recipe.id,
-        "timeout_seconds": None,
-        "priority": 0,
+        "task": "job", "revision": 1, "executor": "local_process", "argv": ["/bin/true"],
+        "cwd": None, "recipe": recipe.id, "timeout_seconds": None, "priority": 0,
     }
     assert repo.put_revision(**body)[1] is True
     assert repo.put_revision(**body)[1] is False

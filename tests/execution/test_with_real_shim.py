@@ -51,10 +51,8 @@ def launcher(engine: Engine, tmp_path: Path) -> Iterator[TrackingLauncher]:
         for pid in (h.pid, h.shim_pid):
             ident = read_identity(pid)
             if ident is not None:
-                stop_identity(
-                    ProcessIdentity(ident.boot_id, pid, ident.pgid, ident.start_ticks),
-                    grace_seconds=1.0,
-                )
+                stop_identity(ProcessIdentity(ident.boot_id, pid, ident.pgid, ident.start_ticks),
+                              grace_seconds=1.0)
 
 
 def test_real_job_sees_exactly_the_recipe_values_secrets_and_ql3_ids(
@@ -64,14 +62,8 @@ def test_real_job_sees_exactly_the_recipe_values_secrets_and_ql3_ids(
     repo = DefinitionRepository(engine)
     rid = repo.put_recipe(env={"MODE": "fast"}, secrets={"TOKEN": "api"})[0].id
     repo.put_revision(
-        task="envdump",
-        revision=1,
-        executor="local_process",
-        argv=["/usr/bin/env"],
-        cwd=None,
-        recipe=rid,
-        timeout_seconds=60,
-        priority=0,
+        task="envdump", revision=1, executor="local_process", argv=["/usr/bin/env"],
+        cwd=None, recipe=rid, timeout_seconds=60, priority=0,
     )
     run = enqueue(engine, task="envdump")
     logs = tmp_path / "logs"

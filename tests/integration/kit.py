@@ -16,15 +16,8 @@ from app.worker.identity import stat_fields, wait_exit
 SHIM = str(Path(__file__).resolve().parents[2] / "app" / "worker" / "shim.py")
 DEADLINE = 20.0
 STATUS_KEYS = {
-    "ok",
-    "boot_id",
-    "shim_pid",
-    "shim_start_ticks",
-    "pid",
-    "pgid",
-    "start_ticks",
-    "started_at_ms",
-    "cgroup",
+    "ok", "boot_id", "shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks",
+    "started_at_ms", "cgroup",
 }
 
 

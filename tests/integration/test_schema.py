@@ -53,9 +53,7 @@ def _index_sql(engine: Engine, table: str) -> list[str]:
         if engine.dialect.name == "sqlite":
             query = "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name=:t AND sql IS NOT NULL"
         else:
-            query = (
-                "SELECT indexdef FROM pg_indexes WHERE tablename=:t AND schemaname=current_schema()"
-            )
+            query = "SELECT indexdef FROM pg_indexes WHERE tablename=:t AND schemaname=current_schema()"
         rows = conn.execute(text(query), {"t": table}).scalars().all()
     schema_prefix = re.compile(r"\bON \w+\.")  # PostgreSQL names the (per-test) schema
     return sorted(schema_prefix.sub("ON ", " ".join(str(r).replace('"', "").split())) for r in rows)

@@ -119,8 +119,7 @@ def test_quota_truncates_log_and_keeps_exit_code(tmp_path: Path, launched: Launc
     fact_path = Path(spec["log_path"] + ".truncated")
     assert fact_path.stat().st_mode & 0o777 == 0o600
     assert fact_path.read_bytes() == (
-        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}'
-        % (20_000_000 - quota, quota)
+        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}' % (20_000_000 - quota, quota)
     )
 
 
@@ -156,7 +155,9 @@ def test_bare_command_is_resolved_with_the_job_path(tmp_path: Path, launched: La
 
 
 def test_job_has_only_stdio_fds(tmp_path: Path, launched: Launched) -> None:
-    spec, _status, receipt = run_to_receipt(tmp_path, ["/bin/ls", "-l", "/proc/self/fd/"], launched)
+    spec, _status, receipt = run_to_receipt(
+        tmp_path, ["/bin/ls", "-l", "/proc/self/fd/"], launched
+    )
     assert receipt.exit_code == 0
     targets = fd_targets(spec["log_path"])
     # fd 3 is the directory ls itself opened to list /proc/self/fd.

@@ -61,7 +61,9 @@ def test_a_job_ending_on_a_full_disk_is_published_with_its_exit_code_once_space_
         f"head -c {THEN} /dev/zero; touch wrote; while [ ! -e exit ]; do sleep 0.01; done; exit 7"
     )
     with mounted_tmpfs(tmp_path / "disk") as disk:
-        spec = make_spec(disk, ["/bin/sh", "-c", script], cwd=str(gates), log_quota_bytes=64 * MIB)
+        spec = make_spec(
+            disk, ["/bin/sh", "-c", script], cwd=str(gates), log_quota_bytes=64 * MIB
+        )
         status = _launch(spec)
         assert status["ok"] is True, status
         shim_pid = int(status["shim_pid"])  # type: ignore[call-overload]

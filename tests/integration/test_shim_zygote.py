@@ -177,8 +177,7 @@ def test_quota_truncates_log_and_keeps_exit_code(
     assert receipt.exit_code == 7
     assert os.stat(spec["log_path"]).st_size == quota
     assert Path(spec["log_path"] + ".truncated").read_bytes() == (
-        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}'
-        % (5_000_000 - quota, quota)
+        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}' % (5_000_000 - quota, quota)
     )
 
 
@@ -219,15 +218,22 @@ def test_zygote_keeps_no_fds_or_memory_per_launch(
     assert zygote.pid == pid  # the same zygote served every launch
     assert _fd_count(pid) == fds
     assert _rss_kb(pid) - rss < 2048, (rss, _rss_kb(pid))
+
     # Every released first shim process was reaped: the zygote's one child left is the
     # first process of its spare, exited (a zombie pinning the spare's session id).
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    assert len(children) == 1, children
-    assert _state(int(children[0])) == "Z"
+    def only_the_spare() -> bool:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return len(children) == 1 and _state(int(children[0])) == "Z"
+
+    poll_until(only_the_spare)
 
 
 def _state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    """The process state letter, "" once the process is gone (reaped meanwhile)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
     return stat[stat.rindex(")") + 2]
 
 
@@ -271,9 +277,13 @@ def test_the_next_launch_is_served_by_a_spare_forked_before_it(
     assert ppid(shim) != zygote.pid and os.getsid(shim) == first != os.getsid(0)
     fds = {int(n): os.readlink(f"/proc/{shim}/fd/{n}") for n in os.listdir(f"/proc/{shim}/fd")}
     assert fds[0] == fds[1] == fds[2] == "/dev/null"
-    assert [t for fd, t in fds.items() if fd > 2 and not t.startswith("socket:")] == [], fds
+    assert [t for fd, t in fds.items() if fd > 2] == [fds[max(fds)]], fds
+    assert fds[max(fds)].startswith("socket:")  # one: its end of the zygote's socketpair
     (tmp_path / "b").mkdir()
-    spec = make_spec(tmp_path / "b", ["/bin/sh", "-c", "exit 6"])
+    gate = tmp_path / "b" / "go"
+    spec = make_spec(
+        tmp_path / "b", ["/bin/sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done; exit 6"]
+    )
     read_fd, write_fd = os.pipe()
     try:
         assert zygote.spawn(json.dumps(spec).encode(), write_fd) == first
@@ -286,6 +296,9 @@ def test_the_next_launch_is_served_by_a_spare_forked_before_it(
         zygote.release(first)
     launched.track_status(status)
     assert status["ok"] is True and status["shim_pid"] == shim
+    held = [os.readlink(f"/proc/{shim}/fd/{n}") for n in os.listdir(f"/proc/{shim}/fd")]
+    assert not [t for t in held if t.startswith("socket:")], held  # the spec's socket closed
+    gate.touch()
     wait_shim_done(status)
     assert decode_receipt(receipt_path(spec).read_bytes()).exit_code == 6
 

@@ -43,14 +43,8 @@ from tests.worker.kit import (
 )
 
 __all__ = [
-    "DEADLINE",
-    "TERMINAL",
-    "Armed",
-    "HaltingWorker",
-    "Rig",
-    "in_process_reconciler",
-    "terminal_events",
-    "wait_for",
+    "DEADLINE", "TERMINAL", "Armed", "HaltingWorker", "Rig", "in_process_reconciler",
+    "terminal_events", "wait_for",
 ]
 
 
@@ -69,14 +63,8 @@ class Rig:
         self.journal = JournalRepository(engine)
         self.store = ReceiptStore(data_dir / "receipts")
         DefinitionRepository(engine).put_revision(
-            task="job",
-            revision=1,
-            executor="local_process",
-            argv=["true"],
-            cwd=None,
-            recipe=None,
-            timeout_seconds=None,
-            priority=0,
+            task="job", revision=1, executor="local_process", argv=["true"], cwd=None,
+            recipe=None, timeout_seconds=None, priority=0,
         )
 
     def arm(self, *, deadline_at_ms: int | None = None, task: str = "job") -> Armed:
@@ -85,11 +73,8 @@ class Rig:
         assert run.latest_attempt is not None
         token = new_callback_token()
         self.runs.begin_dispatch(
-            run_id=run.id,
-            attempt_id=run.latest_attempt.id,
-            expected_version=None,
-            token_digest=sha256_digest(token.encode("utf-8")),
-            deadline_at_ms=deadline_at_ms,
+            run_id=run.id, attempt_id=run.latest_attempt.id, expected_version=None,
+            token_digest=sha256_digest(token.encode("utf-8")), deadline_at_ms=deadline_at_ms,
             log_artifact_id=log_artifact_id(run.latest_attempt.id),
         )
         return Armed(run.id, run.latest_attempt.id, token)
@@ -106,9 +91,7 @@ class Rig:
         """Launch and commit T2, as the coordinator does."""
         handle = self.spawn(armed, script)
         self.runs.record_running(
-            run_id=armed.run_id,
-            attempt_id=armed.attempt_id,
-            handle=handle,
+            run_id=armed.run_id, attempt_id=armed.attempt_id, handle=handle,
             started_at_ms=now_ms(),
         )
         return handle
@@ -193,12 +176,8 @@ class HaltingWorker(Worker):
         log = open(self.data_dir / "worker.stderr", "ab")  # noqa: SIM115 (closed by Popen owner)
         with log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.recovery.crash_worker", "worker"],
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                [sys.executable, "-m", "tests.recovery.crash_worker", "worker"], cwd=ROOT,
+                env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             )
         self.rig.procs.track_pid(self.proc.pid)
         wait_for(self._answers, "the halting worker to answer a ping")
@@ -251,14 +230,7 @@ def in_process_reconciler(engine: Engine, store: ReceiptStore, clock: list[int])
         receipts=store, journal=journal, completions=runs, log_facts=LogFacts(store.root)
     )
     return Reconciler(
-        attempts=RunReader(engine),
-        journal=journal,
-        completion=completion,
-        transitions=runs,
-        probe=HandleProbe(),
-        controller=IdentityController(),
-        quarantine_files=store,
-        reservations=store,
-        profile=EDGE,
-        clock=lambda: clock[0],
+        attempts=RunReader(engine), journal=journal, completion=completion, transitions=runs,
+        probe=HandleProbe(), controller=IdentityController(), quarantine_files=store,
+        reservations=store, profile=EDGE, clock=lambda: clock[0],
     )

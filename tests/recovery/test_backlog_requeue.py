@@ -54,9 +54,7 @@ def _enqueue(rig: Rig) -> Run:
 
 
 def _run_endings(rig: Rig, run_id: str) -> list[str]:
-    return [
-        e.type for e in rig.reader.list_events(run_id, limit=1000).items if e.type in RUN_ENDINGS
-    ]
+    return [e.type for e in rig.reader.list_events(run_id, limit=1000).items if e.type in RUN_ENDINGS]
 
 
 def _log_of(rig: Rig, attempt_id: str) -> bytes:
@@ -134,9 +132,7 @@ def test_a_worker_stalled_past_the_start_grace_gets_its_start_fenced_and_requeue
     # could not commit at all (the stall this test is about is the launch, not the database).
     stop_outside_a_write(rig.worker.proc, rig.engine)
     try:
-        sender = threading.Thread(
-            target=lambda: results.append(_dispatcher(rig, client).run_pass())
-        )
+        sender = threading.Thread(target=lambda: results.append(_dispatcher(rig, client).run_pass()))
         sender.start()
         wait_for(lambda: rig.reader.get_run(run.id).status == "dispatching", "T1")
         rig.past_start_grace(Armed(run.id, first, token=""))
@@ -148,10 +144,7 @@ def test_a_worker_stalled_past_the_start_grace_gets_its_start_fenced_and_requeue
     sender.join(DEADLINE)
     assert not sender.is_alive() and results
     outcome = results[0].activated
-    assert outcome is not None and (outcome.kind, outcome.reason) == (
-        "unresolved",
-        "ATTEMPT_FENCED",
-    )
+    assert outcome is not None and (outcome.kind, outcome.reason) == ("unresolved", "ATTEMPT_FENCED")
     entry = rig.journal.get(first)
     assert entry is not None and entry.state == FENCED  # the late launch never reserved
     assert _log_of(rig, first) == b""

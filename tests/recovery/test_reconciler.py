@@ -47,11 +47,8 @@ def test_identity_mismatch_is_never_signalled(rig: Rig) -> None:
         assert real is not None and real.pgid == bystander.pid
         # A durable handle whose pid was reused by an unrelated process (start ticks differ).
         forged = ProcessHandle(
-            boot_id=current_boot_id(),
-            pid=real.pid,
-            pgid=real.pgid,
-            start_ticks=real.start_ticks + 1,
-            shim_pid=real.pid,
+            boot_id=current_boot_id(), pid=real.pid, pgid=real.pgid,
+            start_ticks=real.start_ticks + 1, shim_pid=real.pid,
             shim_start_ticks=real.start_ticks + 1,
         )
         a = rig.arm()
@@ -74,12 +71,8 @@ def test_an_unverifiable_handle_is_lost_without_any_signal(rig: Rig) -> None:
         real = read_identity(bystander.pid)
         assert real is not None
         odd = ProcessHandle(
-            boot_id=current_boot_id(),
-            pid=real.pid,
-            pgid=real.pgid,
-            start_ticks=real.start_ticks,
-            shim_pid=real.pid,
-            shim_start_ticks=real.start_ticks,
+            boot_id=current_boot_id(), pid=real.pid, pgid=real.pgid,
+            start_ticks=real.start_ticks, shim_pid=real.pid, shim_start_ticks=real.start_ticks,
         )
         a = rig.arm()
         rig.runs.record_running(
@@ -157,6 +150,8 @@ def test_an_ended_attempt_whose_process_still_runs_is_stopped(rig: Rig) -> None:
 def _journal_state(rig: Rig, a: Armed) -> str | None:
     entry = rig.journal.get(a.attempt_id)
     return None if entry is None else entry.state
+
+
 
 
 def test_a_dead_shims_job_that_ended_leaves_nothing_of_its_cgroup(rig: Rig) -> None:

@@ -53,19 +53,8 @@ class _Probe:
         time.sleep(0.02)  # a pass that takes time, so wakes arrive while it runs
         self.passes += 1
         self._leave()
-        return type(
-            "R",
-            (),
-            {
-                "lost": 0,
-                "failed": 0,
-                "stopped": 0,
-                "undecided": 0,
-                "purged": 0,
-                "examined": 0,
-                "completed": 0,
-            },
-        )()
+        return type("R", (), {"lost": 0, "failed": 0, "stopped": 0, "undecided": 0,
+                              "purged": 0, "examined": 0, "completed": 0})()
 
     def run_once(self) -> int:
         self._enter()

@@ -30,16 +30,13 @@ def _journaled(engine: Engine, *, end: bool) -> str:
     armed = armed_run(engine)
     journal = JournalRepository(engine)
     journal.reserve(
-        attempt_id=armed.attempt_id,
-        run_id=armed.run_id,
+        attempt_id=armed.attempt_id, run_id=armed.run_id,
         receipt_ref=receipt_relpath(armed.attempt_id),
     )
     journal.record_spawned(attempt_id=armed.attempt_id, handle=HANDLE)
     if end:
         RunRepository(engine).fail_attempt(
-            run_id=armed.run_id,
-            attempt_id=armed.attempt_id,
-            error_code=ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED,
+            run_id=armed.run_id, attempt_id=armed.attempt_id, error_code=ErrorCode.RECOVERY_IDENTITY_UNSUPPORTED,
             lost=True,
         )
     return armed.attempt_id

@@ -65,9 +65,7 @@ def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig
 def test_crash_after_the_transaction_before_cleanup_records_nothing_twice(rig: Rig) -> None:
     a = rig.ended_while_down("exit 7")
     dying = CompletionService(
-        receipts=CrashAfterCommit(rig.store),
-        journal=rig.journal,
-        completions=rig.runs,
+        receipts=CrashAfterCommit(rig.store), journal=rig.journal, completions=rig.runs,
         log_facts=LogFacts(rig.data_dir / "logs"),
     )
     try:
@@ -99,8 +97,7 @@ def test_bad_receipt_found_after_restart_is_quarantined_and_the_run_is_lost(rig:
     run = rig.wait_status(a)
     assert run.latest_attempt is not None
     assert (run.status, run.latest_attempt.error_code) == (
-        "lost",
-        "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT",
+        "lost", "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
     )
     assert _state(rig.journal, a.attempt_id) == QUARANTINED
     assert not path.exists()

@@ -18,9 +18,7 @@ from app.storage.runs_repo import RunRepository
 from app.storage.tables import attempts
 from tests.storage.helpers import define_task, dispatch, enqueue, event_types, start
 
-TERMINAL_RUN_EVENTS = {
-    f"run.{s}" for s in ("succeeded", "failed", "cancelled", "timed_out", "lost")
-}
+TERMINAL_RUN_EVENTS = {f"run.{s}" for s in ("succeeded", "failed", "cancelled", "timed_out", "lost")}
 
 
 def _requeue(engine: Engine, run_id: str) -> object:
@@ -121,8 +119,7 @@ def test_concurrent_requeues_of_one_start_have_exactly_one_winner(engine: Engine
         try:
             results.append(
                 RunRepository(engine).requeue_unspawned(
-                    run_id=run.id,
-                    attempt_id=run.latest_attempt.id,  # type: ignore[union-attr]
+                    run_id=run.id, attempt_id=run.latest_attempt.id  # type: ignore[union-attr]
                 )
             )
         except DomainError as exc:

@@ -60,9 +60,7 @@ def test_a_completion_whose_lease_epoch_is_superseded_writes_nothing(engine: Eng
 
 
 # Several hosts need PostgreSQL (docs/several-hosts.md): no SQLite variant to skip.
-@pytest.mark.parametrize(
-    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
-)
+@pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
 def test_a_vanished_hosts_attempts_end_lost_and_its_epoch_is_superseded(engine: Engine) -> None:
     leases = LeaseRepository(engine)
     a, b = claimant(host="host-a"), claimant(host="host-b")

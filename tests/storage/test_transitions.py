@@ -10,6 +10,8 @@ import pytest
 from sqlalchemy import Engine, event, func, select
 
 from app.domain.errors import Conflict, ErrorCode, InvalidTransition, NotFound, VersionConflict
+from app.domain.retry import RetryPolicy
+from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.tables import run_events
@@ -406,3 +408,55 @@ def test_a_completion_meeting_record_running_waits_for_it_and_applies_at_the_fir
     assert final.status == "succeeded"
     types = event_types(engine, run.id)
     assert types.count("run.running") == 1 and types.count("run.succeeded") == 1
+
+
+def test_a_transition_that_waited_for_a_retry_being_scheduled_finds_the_attempt_superseded(
+    engine: Engine,
+) -> None:
+    # The locked pair read waits for the completion, which ends attempt 1 and appends the
+    # retry's attempt 2. On PostgreSQL the re-check of the join (attempt number = the run's
+    # latest) then drops the row: read once more, T2 must learn that its attempt is no
+    # longer the latest (ATTEMPT_NOT_FOUND), not that the run does not exist.
+    DefinitionRepository(engine).put_revision(
+        task="job", revision=1, executor="local_process", argv=["/bin/true"], cwd=None,
+        recipe=None, timeout_seconds=None, priority=0,
+        retry=RetryPolicy(max_attempts=2, initial_delay_seconds=0, max_delay_seconds=0),
+    )  # fmt: skip
+    repo = RunRepository(engine)
+    run = dispatch(engine, enqueue(engine))
+    assert run.latest_attempt is not None
+    attempt_id = run.latest_attempt.id
+    in_completion = threading.local()
+    stalled, release = threading.Event(), threading.Event()
+
+    def after_read(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if getattr(in_completion, "on", False) and statement.lstrip().startswith("SELECT"):
+            in_completion.on = False
+            stalled.set()
+            assert release.wait(10)
+
+    def completing() -> None:
+        in_completion.on = True
+        repo.complete_attempt(
+            run_id=run.id, attempt_id=attempt_id, token=TOKEN, callback_sequence=1,
+            exit_code=1, signal=None, finished_at_ms=2, started_at_ms=1,
+        )  # fmt: skip
+
+    event.listen(engine, "after_cursor_execute", after_read)
+    completion = threading.Thread(target=completing)
+    try:
+        completion.start()
+        assert stalled.wait(10)
+        threading.Timer(0.3, release.set).start()
+        with pytest.raises(NotFound) as info:
+            repo.record_running(
+                run_id=run.id, attempt_id=attempt_id, handle=HANDLE, started_at_ms=1
+            )
+        completion.join(10)
+    finally:
+        release.set()
+        event.remove(engine, "after_cursor_execute", after_read)
+    assert info.value.code is ErrorCode.ATTEMPT_NOT_FOUND
+    after = RunReader(engine).get_run(run.id)
+    assert after.status == "queued" and after.latest_attempt is not None
+    assert after.latest_attempt.number == 2

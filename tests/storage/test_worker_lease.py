@@ -214,9 +214,7 @@ def test_racing_takers_of_an_expired_lease_one_wins_and_one_event(engine: Engine
 
 
 # Several hosts need PostgreSQL (docs/several-hosts.md): no SQLite variant to skip.
-@pytest.mark.parametrize(
-    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
-)
+@pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
 def test_on_postgresql_every_instance_holds_its_own_lease(engine: Engine) -> None:
     repo = LeaseRepository(engine)
     a = repo.take(claimant=claimant(host="host-a"), ttl_ms=TTL_MS, holder_alive=alive)

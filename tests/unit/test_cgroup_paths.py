@@ -35,9 +35,7 @@ def test_own_cgroup_is_the_v2_line() -> None:
 def test_the_workers_own_cgroup_is_the_default_root() -> None:
     mounts = cgroup2_mounts(UNIFIED)
     unit = "/system.slice/qinglong-worker.service"
-    assert _auto_candidate(mounts, unit) == Path(
-        "/sys/fs/cgroup/system.slice/qinglong-worker.service"
-    )
+    assert _auto_candidate(mounts, unit) == Path("/sys/fs/cgroup/system.slice/qinglong-worker.service")
     assert _auto_candidate(cgroup2_mounts(HYBRID), "/") == Path("/sys/fs/cgroup/unified")
     # A mount of a subtree (e.g. a container's view): the path is taken relative to it.
     sub = [("/jobs", Path("/mnt/cg"))]

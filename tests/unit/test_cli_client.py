@@ -127,15 +127,7 @@ def test_bad_urls_are_usage_errors() -> None:
 
 
 def test_sse_parsing_skips_heartbeats_and_joins_data_lines() -> None:
-    lines = [
-        ": heartbeat",
-        "",
-        "event: chunk",
-        "id: 4",
-        'data: {"offset": 0,',
-        'data: "text": "abc\\n"}',
-        "",
-    ]
+    lines = [": heartbeat", "", "event: chunk", "id: 4", 'data: {"offset": 0,', 'data: "text": "abc\\n"}', ""]
     lines += ["event: end", 'data: {"status": "succeeded", "bytes": 4}']
     events = list(parse_sse(iter(lines)))
     assert events == [
@@ -169,9 +161,7 @@ def test_a_follow_resumes_from_the_last_offset_after_the_stream_breaks() -> None
         end = 'event: end\ndata: {"status": "succeeded", "bytes": 8}\n\n'
         return httpx.Response(200, content=_sse(_chunk(4, "two\n"), end))
 
-    client = Client(
-        "http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None
-    )
+    client = Client("http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None)
     items = list(client.follow("r1", 1))
     assert items == [
         LogChunk("one\n", 4), LogChunk("two\n", 8), LogEnd("succeeded", 8)
@@ -184,9 +174,7 @@ def test_a_follow_ended_by_the_server_for_the_token_is_a_401_line() -> None:
         err = json.dumps({"code": "UNAUTHENTICATED", "detail": "the token is unknown or revoked"})
         return httpx.Response(200, content=_sse(_chunk(0, "a"), f"event: error\ndata: {err}\n\n"))
 
-    client = Client(
-        "http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None
-    )
+    client = Client("http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None)
     with pytest.raises(ApiProblem) as caught:
         list(client.follow("r1", 1))
     assert caught.value.message.startswith("401 UNAUTHENTICATED: the token is unknown or revoked")
@@ -196,9 +184,7 @@ def test_a_follow_stops_on_a_final_problem() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(404, json={"code": "RUN_NOT_FOUND", "detail": "no such run"})
 
-    client = Client(
-        "http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None
-    )
+    client = Client("http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None)
     with pytest.raises(ApiProblem, match="404 RUN_NOT_FOUND: no such run"):
         list(client.follow("r1", 1))
 
@@ -274,7 +260,9 @@ def test_client_commands_are_told_from_the_service_commands() -> None:
     assert not _is_client_command([])
 
 
-def _main_against(monkeypatch: pytest.MonkeyPatch, answer: httpx.Response, *args: str) -> int:
+def _main_against(
+    monkeypatch: pytest.MonkeyPatch, answer: httpx.Response, *args: str
+) -> int:
     import app.cli.client as commands
 
     def client(url: str, token: str) -> Client:
@@ -456,7 +444,9 @@ def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:
     assert "rerun of: 01a2-old" in text and "pinned:   yes" in text
     retry = {"max_attempts": 3, "initial_delay_seconds": 10.0, "factor": 2.0,
              "max_delay_seconds": 600.0, "jitter": False, "on": ["failed", "lost"]}  # fmt: skip
-    assert render.retry_policy(retry) == ("3 attempts on failed, lost; waits 10s x2 up to 600s")
+    assert render.retry_policy(retry) == (
+        "3 attempts on failed, lost; waits 10s x2 up to 600s"
+    )
     assert render.retry_policy(None) == "-" == render.retry_policy({"max_attempts": 1})
     assert render.size(512) == "512 bytes" and render.size(1536) == "1.5 KiB (1536 bytes)"
     storage = {"retention_enabled": False, "log_bytes": 0, "free_bytes": None, "last_sweep": None}

@@ -230,7 +230,9 @@ def test_an_ended_attempt_whose_job_exited_meanwhile_is_settled(how: str) -> Non
 
 @pytest.mark.parametrize("how", WALKS)
 @pytest.mark.parametrize("job", [False, True])
-def test_a_live_shim_of_an_ended_attempt_is_watched_and_its_entry_kept(how: str, job: bool) -> None:
+def test_a_live_shim_of_an_ended_attempt_is_watched_and_its_entry_kept(
+    how: str, job: bool
+) -> None:
     rig = Rig()
     e = rig.entry(job=job, shim=True)
     report = rig.walk(how)
@@ -333,7 +335,9 @@ def test_the_drain_settles_a_backlog_of_many_pages_in_one_call(threads: int) -> 
     left = [e for e in rig.journal.entries.values() if e.state == "spawned"]
     active_absent = [e for i, e in enumerate(list(rig.journal.entries.values())[10:])
                      if i % 3 == 0 and i % 2 == 1]  # fmt: skip
-    assert sorted(e.attempt_id for e in left) == sorted(e.attempt_id for e in kept + active_absent)
+    assert sorted(e.attempt_id for e in left) == sorted(
+        e.attempt_id for e in kept + active_absent
+    )
     if threads:
         assert len(rig.completion.threads) > 1
         assert all(name.startswith("ql-resume") for name in rig.completion.threads)

@@ -158,16 +158,8 @@ def test_field_violations(over: dict[str, Any], reason: str) -> None:
 
 @pytest.mark.parametrize(
     "key",
-    [
-        "schemaVersion",
-        "runId",
-        "attemptId",
-        "callbackSequence",
-        "token",
-        "startedAtMs",
-        "finishedAtMs",
-        "exitCode",
-    ],
+    ["schemaVersion", "runId", "attemptId", "callbackSequence", "token", "startedAtMs",
+     "finishedAtMs", "exitCode"],
 )
 def test_missing_key(key: str) -> None:
     obj = _wire()

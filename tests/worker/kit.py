@@ -42,7 +42,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "lost"}
 
-TERMINAL_EVENTS = frozenset(f"{kind}.{state}" for kind in ("run", "attempt") for state in TERMINAL)
+TERMINAL_EVENTS = frozenset(
+    f"{kind}.{state}"
+    for kind in ("run", "attempt")
+    for state in TERMINAL
+)
 
 
 @dataclass(frozen=True)
@@ -58,14 +62,8 @@ def armed_run(engine: Engine, *, task: str = "job") -> Armed:
     """Enqueue a run of a local_process task and arm it with begin_dispatch (T1)."""
     defs = DefinitionRepository(engine)
     defs.put_revision(
-        task=task,
-        revision=1,
-        executor="local_process",
-        argv=["true"],
-        cwd=None,
-        recipe=None,
-        timeout_seconds=None,
-        priority=0,
+        task=task, revision=1, executor="local_process", argv=["true"], cwd=None,
+        recipe=None, timeout_seconds=None, priority=0,
     )
     runs = RunRepository(engine)
     run, _ = runs.enqueue_run(task=task, revision=1, priority=None)
@@ -236,12 +234,8 @@ class Worker:
         log = open(self.data_dir / "worker.stderr", "ab")  # noqa: SIM115 (closed by Popen owner)
         with log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app", "worker"],
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                [sys.executable, "-m", "app", "worker"], cwd=ROOT, env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             )
         deadline = time.monotonic() + DEADLINE
         while True:

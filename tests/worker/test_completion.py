@@ -39,24 +39,19 @@ class Env:
         self.runs = RunRepository(engine)
         self.logs = root / "logs"
         self.service = CompletionService(
-            receipts=self.store,
-            journal=self.journal,
-            completions=self.runs,
+            receipts=self.store, journal=self.journal, completions=self.runs,
             log_facts=LogFacts(self.logs),
         )
 
     def running(self) -> Armed:
         armed = armed_run(self.engine)
         self.journal.reserve(
-            attempt_id=armed.attempt_id,
-            run_id=armed.run_id,
+            attempt_id=armed.attempt_id, run_id=armed.run_id,
             receipt_ref=receipt_relpath(armed.attempt_id),
         )
         self.journal.record_spawned(attempt_id=armed.attempt_id, handle=HANDLE)
         self.runs.record_running(
-            run_id=armed.run_id,
-            attempt_id=armed.attempt_id,
-            handle=HANDLE,
+            run_id=armed.run_id, attempt_id=armed.attempt_id, handle=HANDLE,
             started_at_ms=now_ms(),
         )
         return armed
@@ -65,13 +60,8 @@ class Env:
         self.store.ensure_shard(armed.attempt_id)
         at = now_ms()
         fields: dict[str, Any] = {
-            "run_id": armed.run_id,
-            "attempt_id": armed.attempt_id,
-            "callback_sequence": 1,
-            "token": armed.token,
-            "started_at_ms": at,
-            "finished_at_ms": at,
-            "exit_code": 0,
+            "run_id": armed.run_id, "attempt_id": armed.attempt_id, "callback_sequence": 1,
+            "token": armed.token, "started_at_ms": at, "finished_at_ms": at, "exit_code": 0,
         } | over
         path = self.store.path_of(armed.attempt_id)
         path.write_bytes(body if body is not None else encode_receipt(Receipt(**fields)))
@@ -94,11 +84,8 @@ def test_absent_receipt_changes_nothing(env: Env) -> None:
 
 @pytest.mark.parametrize(
     ("over", "status", "exit_code", "signal"),
-    [
-        ({"exit_code": 0}, "succeeded", 0, None),
-        ({"exit_code": 3}, "failed", 3, None),
-        ({"exit_code": 137, "signal": 9}, "failed", None, 9),
-    ],
+    [({"exit_code": 0}, "succeeded", 0, None), ({"exit_code": 3}, "failed", 3, None),
+     ({"exit_code": 137, "signal": 9}, "failed", None, 9)],
 )
 def test_receipt_applies_once_and_is_cleaned(
     env: Env, over: dict[str, Any], status: str, exit_code: int | None, signal: int | None
@@ -199,7 +186,9 @@ def test_the_journal_mark_is_part_of_the_terminal_transaction(
 
 def _bad_bodies(armed: Armed) -> dict[str, bytes]:
     good = json.loads(
-        encode_receipt(Receipt(armed.run_id, armed.attempt_id, 1, armed.token, 1, 2, 0))
+        encode_receipt(
+            Receipt(armed.run_id, armed.attempt_id, 1, armed.token, 1, 2, 0)
+        )
     )
     raw = json.dumps(good)
     return {
@@ -216,17 +205,8 @@ def _bad_bodies(armed: Armed) -> dict[str, bytes]:
 
 @pytest.mark.parametrize(
     "kind",
-    [
-        "UNKNOWN_KEY",
-        "DUPLICATE_KEY",
-        "NOT_INTEGER",
-        "OUT_OF_RANGE",
-        "OVERSIZE",
-        "NOT_JSON",
-        "WRONG_TOKEN",
-        "WRONG_SEQUENCE",
-        "WRONG_IDS",
-    ],
+    ["UNKNOWN_KEY", "DUPLICATE_KEY", "NOT_INTEGER", "OUT_OF_RANGE", "OVERSIZE", "NOT_JSON",
+     "WRONG_TOKEN", "WRONG_SEQUENCE", "WRONG_IDS"],
 )
 def test_bad_receipts_are_quarantined_and_the_run_is_untouched(env: Env, kind: str) -> None:
     armed = env.running()

@@ -27,7 +27,9 @@ from app.storage.journal_repo import (
 from app.worker import receipts as receipts_module
 from app.worker.receipts import ReceiptStore
 
-HANDLE = ProcessHandle(boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4)
+HANDLE = ProcessHandle(
+    boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4
+)
 
 
 def _mode(path: Path) -> int:
@@ -103,15 +105,28 @@ def test_every_shard_is_made_at_once_and_a_launch_then_syncs_no_directory(
     (store.root / "0a").mkdir(mode=0o755)  # one already there, too wide: narrowed
     synced: list[Path] = []
     monkeypatch.setattr(receipts_module, "fsync_dir", lambda path: synced.append(Path(path)))
-    store.ensure_shards()
+    assert store.ensure_shards() == 0
     assert synced == [store.root]
     shards = sorted(p.name for p in store.root.iterdir() if p.name != ".quarantine")
     assert shards == [f"{n:02x}" for n in range(256)]
     assert {_mode(store.root / name) for name in shards} == {0o700}
-    store.ensure_shards()  # nothing new: nothing synced
+    assert store.ensure_shards() == 0  # nothing new: nothing synced
     for _ in range(20):
         assert store.ensure_shard(uuid7()).parent == store.root
     assert synced == [store.root]
+
+
+def test_a_shard_that_is_not_a_directory_fails_its_launches_only(tmp_path: Path) -> None:
+    store = ReceiptStore(tmp_path / "receipts")
+    store.ensure_root()
+    (store.root / "ff").write_bytes(b"")  # a file where the shard belongs
+    assert store.ensure_shards() == 1
+    assert (store.root / "fe").is_dir() and (store.root / "ff").is_file()
+    attempt = uuid7()
+    while not attempt.endswith("ff"):
+        attempt = uuid7()
+    with pytest.raises(NotADirectoryError):
+        store.ensure_shard(attempt)
 
 
 def test_store_refuses_symlinks_and_non_regular_files(tmp_path: Path) -> None:

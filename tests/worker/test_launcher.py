@@ -42,8 +42,6 @@ def shim_mode(request: pytest.FixtureRequest) -> Iterator[str]:
     finally:
         while _BEDS:
             _BEDS.pop().launcher.close()
-
-
 GATED = "echo started >> {spawns}; while [ ! -e {gate} ]; do sleep 0.01; done; exit 0"
 
 

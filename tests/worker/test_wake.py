@@ -20,22 +20,17 @@ def test_wake_reaches_the_loop_and_bad_flags_are_refused() -> None:
     calls: list[bool] = []
     unused = _Unused()
     server = ControlServer(
-        path=Path("/nonexistent"),
-        launcher=unused,
-        controller=unused,  # type: ignore[arg-type]
+        path=Path("/nonexistent"), launcher=unused, controller=unused,  # type: ignore[arg-type]
         on_wake=calls.append,
     )
     assert server.handle_line(b'{"op":"wake"}') == {"ok": True}
     assert server.handle_line(b'{"op":"wake","reconcile":true}') == {"ok": True}
     assert server.handle_line(b'{"op":"wake","reconcile":1}') == {
-        "ok": False,
-        "error": "BAD_REQUEST",
+        "ok": False, "error": "BAD_REQUEST"
     }
     assert calls == [False, True]
     plain = ControlServer(
-        path=Path("/nonexistent"),
-        launcher=unused,
-        controller=unused,  # type: ignore[arg-type]
+        path=Path("/nonexistent"), launcher=unused, controller=unused,  # type: ignore[arg-type]
     )
     assert plain.handle_line(b'{"op":"wake"}') == {"ok": False, "error": "UNSUPPORTED"}
 

@@ -73,7 +73,9 @@ def test_a_second_live_worker_refuses_with_one_line_naming_the_holder(
         assert ("SQLite runs one worker per database" in line) == (worker is b)
         assert not worker.socket_path.exists()  # refused before it served anything
     assert a.client.ping()["pid"] == a.proc.pid  # the holder is untouched
-    assert [e.type for e in LeaseRepository(engine).history(limit=10)] == ["worker.lease_acquired"]
+    assert [e.type for e in LeaseRepository(engine).history(limit=10)] == [
+        "worker.lease_acquired"
+    ]
 
 
 def test_the_same_instance_re_takes_its_lease_at_once_after_kill_9(

@@ -55,9 +55,7 @@ class Setup:
         )
         handle = procs.track(self.worker.client.launch(request))
         self.runs.record_running(
-            run_id=armed.run_id,
-            attempt_id=armed.attempt_id,
-            handle=handle,
+            run_id=armed.run_id, attempt_id=armed.attempt_id, handle=handle,
             started_at_ms=now_ms(),
         )
         return handle
@@ -95,20 +93,16 @@ def gated(gate: str, then: str) -> str:
 
 @pytest.mark.parametrize(
     ("then", "status", "exit_code", "sig"),
-    [
-        ("exit 3", "failed", 3, None),
-        ("exit 0", "succeeded", 0, None),
-        ("kill -KILL $$", "failed", None, 9),
-    ],
+    [("exit 3", "failed", 3, None), ("exit 0", "succeeded", 0, None),
+     ("kill -KILL $$", "failed", None, 9)],
 )
 def test_live_completion_records_the_exact_ending_once(
-    setup: Setup,
-    procs: Processes,
-    then: str,
-    status: str,
-    exit_code: int | None,
+    setup: Setup, procs: Processes, then: str, status: str, exit_code: int | None,
     sig: int | None,
 ) -> None:
+    # The worker made every receipt shard when it started (no launch syncs the root).
+    shards = [p for p in setup.store.root.iterdir() if p.name != ".quarantine"]
+    assert len(shards) == 256 and all(p.is_dir() for p in shards)
     armed = armed_run(setup.engine)
     handle = setup.launch(armed, gated("gate", then), procs)
     assert setup.run(armed).status == "running"
@@ -192,12 +186,8 @@ def test_worker_refuses_an_unmigrated_database(tmp_path: Path, short_dir: Path) 
     data_dir = tmp_path / "fresh"
     worker = Worker(data_dir, f"sqlite:///{tmp_path / 'empty.db'}", short_dir / "w.sock")
     done = subprocess.run(
-        [sys.executable, "-m", "app", "worker"],
-        cwd=ROOT,
-        env=worker.env,
-        capture_output=True,
-        timeout=DEADLINE,
-        check=False,
+        [sys.executable, "-m", "app", "worker"], cwd=ROOT, env=worker.env,
+        capture_output=True, timeout=DEADLINE, check=False,
     )
     assert done.returncode == 1
     assert b"qinglong migrate" in done.stderr
