@@ -268,12 +268,16 @@ def _spare(zygote: Zygote) -> tuple[int, int]:
     return found[0]
 
 
+def _spare_after_a_launch(zygote: Zygote, tmp_path: Path, launched: Launched) -> tuple[int, int]:
+    (tmp_path / "a").mkdir()
+    zrun(zygote, tmp_path / "a", ["/bin/true"], launched)
+    return _spare(zygote)
+
+
 def test_the_next_launch_is_served_by_a_spare_forked_before_it(
     tmp_path: Path, launched: Launched, zygote: Zygote
 ) -> None:
-    (tmp_path / "a").mkdir()
-    zrun(zygote, tmp_path / "a", ["/bin/true"], launched)
-    first, shim = _spare(zygote)
+    first, shim = _spare_after_a_launch(zygote, tmp_path, launched)
     assert ppid(shim) != zygote.pid and os.getsid(shim) == first != os.getsid(0)
     fds = {int(n): os.readlink(f"/proc/{shim}/fd/{n}") for n in os.listdir(f"/proc/{shim}/fd")}
     assert fds[0] == fds[1] == fds[2] == "/dev/null"
@@ -284,18 +288,8 @@ def test_the_next_launch_is_served_by_a_spare_forked_before_it(
     spec = make_spec(
         tmp_path / "b", ["/bin/sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done; exit 6"]
     )
-    read_fd, write_fd = os.pipe()
-    try:
-        assert zygote.spawn(json.dumps(spec).encode(), write_fd) == first
-    finally:
-        os.close(write_fd)
-    try:
-        status = json.loads(read_status(read_fd, time.monotonic() + DEADLINE))
-    finally:
-        os.close(read_fd)
-        zygote.release(first)
-    launched.track_status(status)
-    assert status["ok"] is True and status["shim_pid"] == shim
+    status = zlaunch(zygote, spec, launched)
+    assert status["ok"] is True and status["shim_pid"] == shim  # the spare, in its session
     held = [os.readlink(f"/proc/{shim}/fd/{n}") for n in os.listdir(f"/proc/{shim}/fd")]
     assert not [t for t in held if t.startswith("socket:")], held  # the spec's socket closed
     gate.touch()
@@ -306,9 +300,7 @@ def test_the_next_launch_is_served_by_a_spare_forked_before_it(
 def test_a_dead_spare_is_replaced_and_the_launch_goes_on(
     tmp_path: Path, launched: Launched, zygote: Zygote
 ) -> None:
-    (tmp_path / "a").mkdir()
-    zrun(zygote, tmp_path / "a", ["/bin/true"], launched)
-    first, shim = _spare(zygote)
+    first, shim = _spare_after_a_launch(zygote, tmp_path, launched)
     pidfd = os.pidfd_open(shim)  # not our child: pinned by its pidfd before the signal
     try:
         assert os.getsid(shim) == first
@@ -326,8 +318,7 @@ def test_a_dead_spare_is_replaced_and_the_launch_goes_on(
 
 
 def test_the_spare_ends_with_the_zygote(tmp_path: Path, launched: Launched, zygote: Zygote) -> None:
-    zrun(zygote, tmp_path, ["/bin/true"], launched)
-    _first, shim = _spare(zygote)
+    _first, shim = _spare_after_a_launch(zygote, tmp_path, launched)
     zygote.close()
     assert wait_exit(shim, DEADLINE), "the spare outlived its zygote"
 

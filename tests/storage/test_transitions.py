@@ -349,6 +349,32 @@ def test_cancel_racing_t1_on_a_queued_run_is_a_clean_cas_loss_never_a_deadlock(
     assert final.version == len(RunReader(engine).list_events(run.id).items)
 
 
+class _StallAfterRead:
+    """Stalls the first SELECT of the thread that calls ``arm()`` until ``release``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._armed = threading.local()
+        self.stalled, self.release = threading.Event(), threading.Event()
+
+    def arm(self) -> None:
+        self._armed.on = True
+
+    def _after(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if getattr(self._armed, "on", False) and statement.lstrip().startswith("SELECT"):
+            self._armed.on = False
+            self.stalled.set()
+            assert self.release.wait(10)
+
+    def __enter__(self) -> _StallAfterRead:
+        event.listen(self._engine, "after_cursor_execute", self._after)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        event.remove(self._engine, "after_cursor_execute", self._after)
+
+
 def test_a_completion_meeting_record_running_waits_for_it_and_applies_at_the_first_try(
     engine: Engine,
 ) -> None:
@@ -364,18 +390,11 @@ def test_a_completion_meeting_record_running_waits_for_it_and_applies_at_the_fir
     run = dispatch(engine, enqueue(engine))
     assert run.latest_attempt is not None
     attempt_id = run.latest_attempt.id
-    in_t2 = threading.local()
-    stalled, release = threading.Event(), threading.Event()
+    stall = _StallAfterRead(engine)
     done: list[Any] = []
 
-    def after_read(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if getattr(in_t2, "on", False) and statement.lstrip().startswith("SELECT"):
-            in_t2.on = False
-            stalled.set()
-            assert release.wait(10)
-
     def running() -> None:
-        in_t2.on = True
+        stall.arm()
         repo.record_running(run_id=run.id, attempt_id=attempt_id, handle=HANDLE, started_at_ms=1)
 
     def completing() -> None:
@@ -388,21 +407,17 @@ def test_a_completion_meeting_record_running_waits_for_it_and_applies_at_the_fir
         except Exception as exc:  # a VersionConflict here is the defect this test is for
             done.append(exc)
 
-    event.listen(engine, "after_cursor_execute", after_read)
     t2 = threading.Thread(target=running)
     completion = threading.Thread(target=completing)
-    try:
+    with stall:
         t2.start()
-        assert stalled.wait(10)
+        assert stall.stalled.wait(10)
         completion.start()
         completion.join(0.3)
         assert done == []  # waiting for T2, not deciding on the version T2 is replacing
-        release.set()
+        stall.release.set()
         completion.join(10)
         t2.join(10)
-    finally:
-        release.set()
-        event.remove(engine, "after_cursor_execute", after_read)
     assert [getattr(o, "status", o) for o in done] == ["applied"]
     final = RunReader(engine).get_run(run.id)
     assert final.status == "succeeded"
@@ -426,36 +441,25 @@ def test_a_transition_that_waited_for_a_retry_being_scheduled_finds_the_attempt_
     run = dispatch(engine, enqueue(engine))
     assert run.latest_attempt is not None
     attempt_id = run.latest_attempt.id
-    in_completion = threading.local()
-    stalled, release = threading.Event(), threading.Event()
-
-    def after_read(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if getattr(in_completion, "on", False) and statement.lstrip().startswith("SELECT"):
-            in_completion.on = False
-            stalled.set()
-            assert release.wait(10)
+    stall = _StallAfterRead(engine)
 
     def completing() -> None:
-        in_completion.on = True
+        stall.arm()
         repo.complete_attempt(
             run_id=run.id, attempt_id=attempt_id, token=TOKEN, callback_sequence=1,
             exit_code=1, signal=None, finished_at_ms=2, started_at_ms=1,
         )  # fmt: skip
 
-    event.listen(engine, "after_cursor_execute", after_read)
     completion = threading.Thread(target=completing)
-    try:
+    with stall:
         completion.start()
-        assert stalled.wait(10)
-        threading.Timer(0.3, release.set).start()
+        assert stall.stalled.wait(10)
+        threading.Timer(0.3, stall.release.set).start()
         with pytest.raises(NotFound) as info:
             repo.record_running(
                 run_id=run.id, attempt_id=attempt_id, handle=HANDLE, started_at_ms=1
             )
         completion.join(10)
-    finally:
-        release.set()
-        event.remove(engine, "after_cursor_execute", after_read)
     assert info.value.code is ErrorCode.ATTEMPT_NOT_FOUND
     after = RunReader(engine).get_run(run.id)
     assert after.status == "queued" and after.latest_attempt is not None
