@@ -61,15 +61,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return run_audit(
         args,
         "logs",
-        lambda settings, engine, start: audit(
-            root=settings.logs_dir,
-            engine=engine,
-            start=start,
-            shards=args.shards,
-            per_shard=args.per_shard,
-            min_age_s=args.min_age_s,
-            quarantine=args.quarantine,
-        ),
+        lambda settings, engine, window: audit(root=settings.logs_dir, engine=engine, **window),
     )
 
 

@@ -118,28 +118,30 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return run_audit(
         args,
         "receipts",
-        lambda settings, engine, start: audit(
+        lambda settings, engine, window: audit(
             root=settings.receipts_dir,
             journal=JournalRepository(engine),
             reader=RunReader(engine),
-            start=start,
-            shards=args.shards,
-            per_shard=args.per_shard,
-            min_age_s=args.min_age_s,
-            quarantine=args.quarantine,
+            **window,
         ),
     )
 
 
 def run_audit(
-    args: argparse.Namespace, what: str, window: Callable[[Settings, Engine, int], AuditReport]
+    args: argparse.Namespace,
+    what: str,
+    audit_one: Callable[[Settings, Engine, dict[str, Any]], AuditReport],
 ) -> int:
-    """Both audit commands: check the window's flags, audit it (``window(settings, engine,
-    first shard)``) on the service's database, print the report; 1 when refused."""
-    start = audit_window(args)
+    """Both audit commands: check the window's flags, audit it on the service's database
+    (``audit_one(settings, engine, window)``, the window being the keyword arguments start,
+    shards, per_shard, min_age_s and quarantine), print the report; 1 when refused."""
+    window = {
+        "start": audit_window(args), "shards": args.shards, "per_shard": args.per_shard,
+        "min_age_s": args.min_age_s, "quarantine": args.quarantine,
+    }  # fmt: skip
     try:
         with database(args) as (settings, engine):
-            report = window(settings, engine, start)
+            report = audit_one(settings, engine, window)
     except AuditRefused as exc:
         print(f"qinglong: {what} audit refused: {exc}", file=sys.stderr)
         return 1
