@@ -23,7 +23,7 @@ from app.domain.errors import (
     LaunchRejected,
     WorkerUnavailable,
 )
-from app.domain.execution import LaunchRequest, StopResult
+from app.domain.execution import Launched, LaunchRequest, StopResult
 from app.domain.model import ProcessHandle
 
 MAX_RESPONSE_BYTES = 1 << 20
@@ -82,7 +82,12 @@ class WorkerClient:
         return resp
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
-        """Launch through the worker.
+        """Launch through the worker; the handle of ``launch_recording``."""
+        return self.launch_recording(request).handle
+
+    def launch_recording(self, request: LaunchRequest) -> Launched:
+        """Launch through the worker: the handle, the job's start as its shim reported it,
+        and whether the worker committed T2 with it (docs/design.md §3.7).
 
         Raises: WorkerUnavailable (nothing was delivered, or the worker refused it unjournaled:
         nothing spawned), LaunchRejected (the attempt is journaled or fenced already),
@@ -112,9 +117,13 @@ class WorkerClient:
                 continue
             if resp.get("ok") is True:
                 try:
-                    return ProcessHandle.from_dict(resp["handle"])
+                    handle = ProcessHandle.from_dict(resp["handle"])
                 except (KeyError, TypeError, ValueError):
                     raise LaunchOutcomeUnknown("BAD_RESPONSE") from None
+                started = resp.get("started_at_ms")
+                if type(started) is not int or started <= 0:
+                    started = None
+                return Launched(handle, started, resp.get("running") is True)
             error = str(resp.get("error") or "INTERNAL")
             if error == SHUTTING_DOWN:
                 if repeated:  # our first try may have been journaled before the refusal

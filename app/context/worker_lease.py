@@ -22,9 +22,8 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.domain.errors import DomainError, LaunchFailed, LeaseLost, StorageUnavailable
-from app.domain.execution import LaunchRequest
+from app.domain.execution import Launched, LaunchRequest
 from app.domain.lease import Lease
-from app.domain.model import ProcessHandle
 from app.settings import Settings
 from app.storage.hosts_repo import expire_vanished_hosts
 from app.storage.lease_repo import LeaseRepository
@@ -209,7 +208,7 @@ class _GatedLauncher:
         self._launcher = launcher
         self._keeper = keeper
 
-    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+    def launch_started(self, request: LaunchRequest) -> Launched:
         """Refuse with ``WORKER_LEASE_LOST`` before any file or process exists."""
         if not self._keeper.held():
             raise LaunchFailed("WORKER_LEASE_LOST")

@@ -114,7 +114,7 @@ class WorkerProcess:
             self._cgroup_root = detect(s.cgroup_root)
             launcher = ShimLauncher(
                 journal=journal, receipts=receipts, on_spawned=watcher.add, mode=s.shim_mode,
-                cgroup_root=self._cgroup_root, job_policy=policy,
+                cgroup_root=self._cgroup_root, job_policy=policy, running=runs,
             )  # fmt: skip
             server = ControlServer(
                 path=s.socket_path,

@@ -8,7 +8,10 @@ They live in the domain so that both ``app.execution`` (ports, services) and ``a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from app.domain.model import ProcessHandle
 
 StopResult = Literal["stopped", "already_exited", "unknown"]
 # Who holds an attempt's receipt reservation name when recovery tries to take it
@@ -60,6 +63,18 @@ class LaunchRequest:
         if self.run_as is not None:
             fields["run_as"] = self.run_as
         return fields
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """What a launch answers: the durable handle, the job's start as its shim reported it
+    (None when the handle is the one an earlier launch of the attempt journaled), and
+    whether the worker committed T2 with the handle (docs/design.md §3.7): then the caller
+    writes nothing more for this start."""
+
+    handle: ProcessHandle
+    started_at_ms: int | None
+    running: bool = False
 
 
 @dataclass(frozen=True, slots=True)

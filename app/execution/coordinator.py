@@ -6,7 +6,7 @@ to the worker; the database holds its SHA-256 digest. No result or exception car
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from app.domain.canonical import sha256_digest
@@ -17,12 +17,14 @@ from app.domain.states import is_terminal_run
 from app.domain.tokens import new_callback_token
 from app.execution.materializer import StartCommand
 from app.execution.ports import (
+    Launched,
     Launcher,
     LaunchFailed,
     LaunchOutcomeUnknown,
     LaunchRejected,
     LaunchUnavailable,
     ProcessController,
+    RecordingLauncher,
     RunLookup,
     RunTransitions,
 )
@@ -48,6 +50,8 @@ class StartResult:
     error_code: ErrorCode | None = None
     reason: str | None = None  # stable and content-free (a launcher reason or stop result)
     run: Run | None = None  # the committed aggregate, when this call knows it
+    # created→started of a start whose T2 the worker committed (``run`` is then not read).
+    waited_ms: int | None = None
 
 
 class StartCoordinator:
@@ -78,7 +82,7 @@ class StartCoordinator:
         self._used = True
         token = new_callback_token()
         # docs/design.md §3.7: authority (digest, deadline, log) is committed before any spawn.
-        self._transitions.begin_dispatch(
+        dispatched = self._transitions.begin_dispatch(
             run_id=command.run_id,
             attempt_id=command.attempt_id,
             expected_version=command.expected_version,
@@ -89,7 +93,7 @@ class StartCoordinator:
             max_concurrent=command.max_concurrent,
         )
         try:
-            handle = self._launcher.launch(command.launch_request(token))
+            launched = self._launch(command, token)
         except LaunchRejected as exc:
             # The worker already journaled (or recovery fenced) this attempt: a process may
             # exist, or recovery is requeueing the run; either way the ending is not ours to
@@ -110,15 +114,22 @@ class StartCoordinator:
             return _result("unresolved", command, reason=LAUNCH_OUTCOME_UNKNOWN)
         finally:
             del token
+        handle = launched.handle
         if not plausible_handle(handle):
             # A handle we cannot trust can never be stopped by identity: leave it to recovery.
             return _result("unresolved", command, reason="INVALID_HANDLE")
+        started_at_ms = launched.started_at_ms
+        if launched.running:
+            # The worker committed T2 with its spawn record: nothing is left to write here.
+            waited = None if started_at_ms is None else started_at_ms - dispatched.created_at_ms
+            result = _result("running", command)
+            return replace(result, waited_ms=None if waited is None else max(0, waited))
         try:
             run = self._transitions.record_running(
                 run_id=command.run_id,
                 attempt_id=command.attempt_id,
                 handle=handle,
-                started_at_ms=now_ms(),
+                started_at_ms=started_at_ms or now_ms(),
             )
         except Exception:
             # Broad on purpose: a process was spawned, so whatever kept T2 from committing (a
@@ -130,6 +141,12 @@ class StartCoordinator:
                 return _result("ended", command, run=ended)
             return self._compensate_after_spawn(command, handle)
         return _result("running", command, run=run)
+
+    def _launch(self, command: StartCommand, token: str) -> Launched:
+        request = command.launch_request(token)
+        if isinstance(self._launcher, RecordingLauncher):
+            return self._launcher.launch_recording(request)
+        return Launched(self._launcher.launch(request), None)
 
     def _start_failed(self, command: StartCommand, reason: str) -> StartResult:
         # docs/design.md §3.8: no handle, so the launcher already stopped anything it spawned.

@@ -259,6 +259,8 @@ def _outcome(result: StartResult) -> CandidateOutcome:
     # ``ended`` started too: the job ran and its ending was recorded before T2 committed.
     if kind in ("started", "ended") and run is not None and run.started_at_ms is not None:
         waited = max(0, run.started_at_ms - run.created_at_ms)
+    elif kind == "started":
+        waited = result.waited_ms  # T2 committed by the worker: the run was not read back
     return CandidateOutcome(
         run_id=result.run_id,
         attempt_id=result.attempt_id,

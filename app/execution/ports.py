@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from app.domain.errors import (
     ErrorCode,
@@ -22,7 +22,13 @@ from app.domain.errors import (
     LaunchRejected,
     LaunchUnavailable,
 )
-from app.domain.execution import CompletionOutcome, LaunchRequest, ReservationState, StopResult
+from app.domain.execution import (
+    CompletionOutcome,
+    Launched,
+    LaunchRequest,
+    ReservationState,
+    StopResult,
+)
 from app.domain.model import (
     LogInfo,
     ProcessHandle,
@@ -42,6 +48,19 @@ class Launcher(Protocol):
         refused before journaling), LaunchRejected (the attempt is journaled or fenced
         already), LaunchFailed (the spawn failed, nothing left running), LaunchOutcomeUnknown
         (the request may have arrived and no answer came: a process may exist).
+        """
+        ...
+
+
+@runtime_checkable
+class RecordingLauncher(Protocol):
+    """A launcher whose worker may commit T2 itself, with the spawn record (the worker client)."""
+
+    def launch_recording(self, request: LaunchRequest) -> Launched:
+        """``Launcher.launch``, answering whether T2 is already committed.
+
+        Raises: LaunchUnavailable, LaunchRejected, LaunchFailed, LaunchOutcomeUnknown (each
+        as for ``Launcher.launch``).
         """
         ...
 
@@ -547,6 +566,7 @@ __all__ = [
     "LaunchRejected",
     "LaunchRequest",
     "LaunchUnavailable",
+    "Launched",
     "Launcher",
     "LogFactSource",
     "LogInfo",
@@ -555,6 +575,7 @@ __all__ = [
     "QuarantineFiles",
     "ReceiptFiles",
     "ReceiptJournal",
+    "RecordingLauncher",
     "RunLookup",
     "RunTransitions",
     "SecretSource",

@@ -63,6 +63,7 @@ __all__ = [
     "JournalRepository",
     "NotStarting",
     "mark_consumed_in",
+    "mark_spawned_in",
 ]
 # From which states each target may be reached; anything else is refused (no row changes).
 _FROM: dict[str, frozenset[str]] = {
@@ -276,9 +277,10 @@ class JournalRepository:
 
     def record_spawned(self, *, attempt_id: str, handle: ProcessHandle) -> bool:
         """reserved → spawned with the handle; False if the entry was not reserved."""
-        return self._move(
-            attempt_id, SPAWNED, {"handle": json.dumps(handle.to_dict(), sort_keys=True)}
-        )
+        with UnitOfWork(self._engine) as uow:
+            moved = mark_spawned_in(uow.conn, attempt_id, handle)
+            uow.commit()
+        return moved
 
     def record_spawn_failed(self, *, attempt_id: str) -> bool:
         """reserved → spawn_failed; False if the entry was not reserved."""
@@ -331,6 +333,12 @@ class JournalRepository:
             moved = _move_in(uow.conn, attempt_id, target, values)
             uow.commit()
         return moved
+
+
+def mark_spawned_in(conn: Connection, attempt_id: str, handle: ProcessHandle) -> bool:
+    """reserved → spawned with the handle inside the caller's transaction (the worker's T2)."""
+    values = {"handle": json.dumps(handle.to_dict(), sort_keys=True)}
+    return _move_in(conn, attempt_id, SPAWNED, values)
 
 
 def mark_consumed_in(conn: Connection, attempt_id: str) -> bool:

@@ -58,7 +58,7 @@ from app.domain.states import (
     transition_run_to_retry,
 )
 from app.storage.definitions_repo import retry_of_body, revision_row
-from app.storage.journal_repo import mark_consumed_in
+from app.storage.journal_repo import mark_consumed_in, mark_spawned_in
 from app.storage.lease_repo import lease_current_in
 from app.storage.one_statement import OneStatementRead
 from app.storage.run_reads import (
@@ -393,25 +393,40 @@ class RunRepository:
     ) -> Run:
         """T2: attempt starting→running with its durable handle, run dispatching→running."""
         with UnitOfWork(self._engine) as uow:
-            run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
-            at = now_ms()
-            written = _step(
-                uow.conn,
-                run_row,
-                attempt_row,
-                at,
-                run_to=RunStatus.RUNNING,
-                attempt_to=AttemptStatus.RUNNING,
-                attempt_values={
-                    "handle": json.dumps(handle.to_dict(), sort_keys=True),
-                    "started_at_ms": started_at_ms,
-                },
-                # A retry's start keeps the run's first one (docs/retries.md §2).
-                run_values={"started_at_ms": run_row.started_at_ms or started_at_ms},
-                order="attempt_first",
-            )
+            written = _running_in(uow.conn, run_id, attempt_id, handle, started_at_ms)
             uow.commit()
         return written.run()
+
+    def record_spawned_running(
+        self, *, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
+    ) -> Literal["running", "spawned", "not_reserved"]:
+        """The worker's spawn record and T2 in one transaction (docs/design.md §3.7).
+
+        ``running``: the journal entry is ``spawned`` with the handle and the attempt and run
+        are ``running``, committed together. ``spawned``: T2 was refused (the pair is not
+        ``dispatching``/``starting`` any more, or not found): only the journal entry was
+        written, and the caller's T2 meets the same refusal and compensates as it always did.
+        ``not_reserved``: the entry was not ``reserved``; nothing was written.
+        """
+        with UnitOfWork(self._engine) as uow:
+            if not mark_spawned_in(uow.conn, attempt_id, handle):
+                return "not_reserved"
+            try:
+                # Refusals are raised before the first write (the pair read, then the
+                # transition rules), so what stands in the transaction is the journal's move.
+                _running_in(uow.conn, run_id, attempt_id, handle, started_at_ms)
+            except (NotFound, InvalidTransition):
+                uow.commit()
+                return "spawned"
+            except VersionConflict:
+                pass  # a CAS lost after the read (never under the locks): start again below
+            else:
+                uow.commit()
+                return "running"
+        with UnitOfWork(self._engine) as uow:
+            moved = mark_spawned_in(uow.conn, attempt_id, handle)
+            uow.commit()
+        return "spawned" if moved else "not_reserved"
 
     def fail_attempt(
         self,
@@ -575,17 +590,7 @@ class RunRepository:
                 return CompletionOutcome("already_terminal", run_status=decision.run_status)
             began = decision.catch_up_started_at_ms
             if began is not None:
-                run_row, attempt_row = _step(
-                    conn,
-                    run_row,
-                    attempt_row,
-                    now_ms(),
-                    run_to=RunStatus.RUNNING,
-                    attempt_to=AttemptStatus.RUNNING,
-                    attempt_values={"started_at_ms": began},
-                    run_values={"started_at_ms": run_row.started_at_ms or began},
-                    order="attempt_first",
-                ).rows()
+                run_row, attempt_row = _to_running(conn, run_row, attempt_row, began).rows()
             ending = decision.ending
             values: dict[str, Any] = {
                 "exit_code": decision.exit_code,
@@ -990,6 +995,37 @@ def _latest_attempt(conn: Connection, run_row: Row[Any]) -> Row[Any]:
     return conn.execute(
         _ATTEMPT_BY_NUMBER, {"run_id": run_row.id, "number": run_row.latest_attempt}
     ).one()
+
+
+def _running_in(
+    conn: Connection, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
+) -> _Written:
+    """T2's writes inside the caller's transaction; refusals raise before any write."""
+    run_row, attempt_row = _load_pair(conn, run_id, attempt_id)
+    handle_json = json.dumps(handle.to_dict(), sort_keys=True)
+    return _to_running(conn, run_row, attempt_row, started_at_ms, {"handle": handle_json})
+
+
+def _to_running(
+    conn: Connection,
+    run_row: Any,
+    attempt_row: Any,
+    started_at_ms: int,
+    attempt_values: dict[str, Any] | None = None,
+) -> _Written:
+    """Attempt and run ``running`` from ``started_at_ms`` (T2, or a completion's catch-up)."""
+    return _step(
+        conn,
+        run_row,
+        attempt_row,
+        now_ms(),
+        run_to=RunStatus.RUNNING,
+        attempt_to=AttemptStatus.RUNNING,
+        attempt_values={"started_at_ms": started_at_ms, **(attempt_values or {})},
+        # A retry's start keeps the run's first one (docs/retries.md §2).
+        run_values={"started_at_ms": run_row.started_at_ms or started_at_ms},
+        order="attempt_first",
+    )
 
 
 def _load_pair(conn: Connection, run_id: str, attempt_id: str) -> tuple[Any, Any]:

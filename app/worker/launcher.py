@@ -11,7 +11,11 @@ Order of one launch, each step only after the previous one succeeded:
    forked by the zygote (``QL_SHIM_MODE=zygote``, the default; §8) or as a fresh
    interpreter given the spec on stdin (``exec``, and the fallback when no zygote starts);
 4. one status line is read, bounded by a deadline;
-5. ``journal.record_spawned`` stores the handle, and only then is the handle returned.
+5. ``journal.record_spawned`` stores the handle, and only then is the handle returned. With
+   ``running`` (the worker's composition), the same transaction also writes T2: the attempt
+   and run ``running`` with the handle and the job's start as the shim reported it
+   (docs/design.md §3.7); when T2 is refused there, the entry is ``spawned`` alone and the
+   caller writes T2 as before.
 
 Any failure before the handle is durable leaves nothing running: the shim's session is
 killed (the session id is pinned because the first shim process is still unreaped: our
@@ -33,11 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from app.domain.artifacts import receipt_name, receipt_relpath
 from app.domain.errors import LaunchFailed, LaunchRejected
-from app.domain.execution import LaunchRequest, StopResult
+from app.domain.execution import Launched, LaunchRequest, StopResult
 from app.domain.ids import is_uuid7
 from app.domain.model import ProcessHandle
 from app.settings import SHIM_MODES
@@ -70,6 +74,14 @@ _STATUS_INT_KEYS = ("shim_pid", "shim_start_ticks", "pid", "pgid", "start_ticks"
 SpawnedCallback = Callable[[str, str, ProcessHandle], None]
 
 
+class RunningRecorder(Protocol):
+    """The journal's spawn record and T2 in one transaction (RunRepository)."""
+
+    def record_spawned_running(
+        self, *, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
+    ) -> Literal["running", "spawned", "not_reserved"]: ...
+
+
 @dataclass
 class _Started:
     """A first shim process whose status line is awaited on ``status_fd``."""
@@ -97,11 +109,13 @@ class ShimLauncher:
         mode: str = SHIM_MODES[0],
         cgroup_root: CgroupRoot | None = None,
         job_policy: JobPolicy | None = None,
+        running: RunningRecorder | None = None,
     ) -> None:
         """Settings arrive explicitly from the worker's composition root (``Settings``):
         ``mode`` is QL_SHIM_MODE, ``job_policy`` the checked QL_JOB_USER* (None: jobs run as
         the service's user); nothing here reads the environment."""
         self._journal = journal
+        self._running = running  # None: the journal entry alone; the caller writes T2
         self._receipts = receipts
         self._on_spawned = on_spawned
         self._status_timeout_s = status_timeout_s
@@ -118,11 +132,11 @@ class ShimLauncher:
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
         """Start the attempt once and return its durable handle, or raise LaunchFailed."""
-        return self.launch_started(request)[0]
+        return self.launch_started(request).handle
 
-    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+    def launch_started(self, request: LaunchRequest) -> Launched:
         """``launch``, plus the job's start time as its shim reported it (None when the handle
-        is the one of an earlier launch of this attempt)."""
+        is the one of an earlier launch of this attempt) and whether T2 was written here."""
         if not (is_uuid7(request.run_id) and is_uuid7(request.attempt_id)):
             raise LaunchFailed("BAD_REQUEST")
         job = self._job_spec(request.run_as)  # before the journal: a refusal spawns nothing
@@ -140,7 +154,7 @@ class ShimLauncher:
             entry = exc.entry
             same_run = entry.run_id == request.run_id
             if entry.state == SPAWNED and entry.handle is not None and same_run:
-                return entry.handle, None
+                return Launched(entry.handle, None)
             if entry.state == FENCED:
                 raise LaunchRejected("ATTEMPT_FENCED") from None  # recovery requeues it
             in_flight = entry.state == RESERVED and same_run
@@ -153,8 +167,18 @@ class ShimLauncher:
         if self._before_spawn is not None:
             self._before_spawn(request)
         handle, started_at_ms = self._spawn(request, shard, job)
+        running = False
         try:
-            recorded = self._journal.record_spawned(attempt_id=request.attempt_id, handle=handle)
+            if self._running is None:
+                recorded = self._journal.record_spawned(
+                    attempt_id=request.attempt_id, handle=handle
+                )
+            else:
+                written = self._running.record_spawned_running(
+                    run_id=request.run_id, attempt_id=request.attempt_id, handle=handle,
+                    started_at_ms=started_at_ms,
+                )  # fmt: skip
+                recorded, running = written != "not_reserved", written == "running"
         except Exception:
             recorded = False
         if not recorded:
@@ -166,7 +190,7 @@ class ShimLauncher:
                 self._on_spawned(request.run_id, request.attempt_id, handle)
             except Exception:
                 log.exception("on_spawned callback failed")
-        return handle, started_at_ms
+        return Launched(handle, started_at_ms, running)
 
     @property
     def zygote_pid(self) -> int | None:

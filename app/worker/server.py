@@ -10,6 +10,7 @@ carry stable codes only. Ops (``api-schemas/worker-socket.md``):
   is no longer surely held (docs/several-hosts.md: an api dispatches only through a live
   worker of its own host)
 * ``{"op":"launch", <LaunchRequest fields>}`` → ``{"ok":true,"handle":{..},"started_at_ms":..}``
+  plus ``"running":true`` when the worker committed T2 with the handle (docs/design.md §3.7)
   or ``{"ok":false,"error":"ALREADY_LAUNCHED"|"EXEC_FAILED"|"BAD_REQUEST"|..}``
 
 Once the worker has begun shutting down (``close``), ping and launch answer
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.domain.errors import LaunchFailed, LaunchRejected
-from app.domain.execution import LEFTOVERS, LaunchRequest, Leftovers, StopResult
+from app.domain.execution import LEFTOVERS, Launched, LaunchRequest, Leftovers, StopResult
 from app.domain.model import ProcessHandle
 from app.worker.identity import current_boot_id
 
@@ -53,8 +54,9 @@ SHUTTING_DOWN = {"ok": False, "error": "WORKER_SHUTTING_DOWN"}
 class WorkerLauncher(Protocol):
     """What the server needs from the launcher."""
 
-    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
-        """Start once or raise LaunchFailed; the handle and the shim-reported start time."""
+    def launch_started(self, request: LaunchRequest) -> Launched:
+        """Start once or raise LaunchFailed; the handle, the shim-reported start time, and
+        whether T2 was committed with the handle."""
         ...
 
 
@@ -317,12 +319,16 @@ class ControlServer:
         if self._refusing:
             return dict(SHUTTING_DOWN)  # before the journal: provably nothing spawned
         try:
-            handle, started = self._launcher.launch_started(request)
+            launched = self._launcher.launch_started(request)
         except LaunchRejected as exc:
             return {"ok": False, "error": "ALREADY_LAUNCHED", "reason": exc.reason}
         except LaunchFailed as exc:
             return {"ok": False, "error": exc.reason}
-        return {"ok": True, "handle": handle.to_dict(), "started_at_ms": started}
+        answer = {"ok": True, "handle": launched.handle.to_dict()}
+        answer["started_at_ms"] = launched.started_at_ms
+        if launched.running:
+            answer["running"] = True  # T2 is committed: the caller writes nothing more
+        return answer
 
     def _wake(self, req: dict[str, Any]) -> dict[str, Any]:
         reconcile = req.get("reconcile", False)

@@ -50,8 +50,9 @@ PATTERN = ("api", "worker", "api", "api")
 OFFSETS_MS = (3, 8, 15, 30, 60, 120, 250, 500)
 SETTLE_S = 120.0
 # The only endings a kill may leave (docs/crash-windows.md): a start the worker never
-# journaled is requeued (that attempt failed EXECUTOR_UNAVAILABLE, the run goes on); an api
-# killed between the launch and T2 leaves the run lost RECOVERY_START_INTERRUPTED.
+# journaled is requeued (that attempt failed EXECUTOR_UNAVAILABLE, the run goes on); a start
+# journaled ``spawned`` without T2 is lost RECOVERY_START_INTERRUPTED (the worker now commits
+# T2 with ``spawned``, so a kill no longer leaves one; still allowed, never required).
 FINAL = {("succeeded", None), ("lost", "RECOVERY_START_INTERRUPTED")}
 EARLIER = {("failed", "EXECUTOR_UNAVAILABLE")}
 

@@ -8,11 +8,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from app.domain.artifacts import log_artifact_id
+from app.domain.artifacts import log_artifact_id, receipt_relpath
 from app.domain.canonical import sha256_digest
 from app.domain.errors import DomainError
+from app.domain.execution import Launched, LaunchRequest
+from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle
+from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
 from tests.execution.kit import (
     FakeController,
     FakeLauncher,
@@ -204,3 +208,58 @@ def test_second_start_of_same_attempt_is_rejected(engine: Engine, tmp_path: Path
     assert kit.launcher.calls == 1
     after = kit.run(run.id)
     assert after.version == run.version + 4
+
+
+class WorkerT2Launcher(FakeLauncher):
+    """Journals and commits T2 on the real database, as the worker's launcher does, and
+    answers ``running`` (``running=False``: the journal entry alone, T2 left to the caller)."""
+
+    def __init__(self, engine: Engine, *, running: bool = True) -> None:
+        super().__init__(engine)
+        self._journal = JournalRepository(engine)
+        self._runs = RunRepository(engine)
+        self._running = running
+
+    def launch_recording(self, request: LaunchRequest) -> Launched:
+        handle = self.launch(request)
+        self._journal.reserve(
+            attempt_id=request.attempt_id, run_id=request.run_id,
+            receipt_ref=receipt_relpath(request.attempt_id), only_if_starting=True,
+        )  # fmt: skip
+        started = now_ms()
+        if not self._running:
+            assert self._journal.record_spawned(attempt_id=request.attempt_id, handle=handle)
+            return Launched(handle, started)
+        written = self._runs.record_spawned_running(
+            run_id=request.run_id, attempt_id=request.attempt_id, handle=handle,
+            started_at_ms=started,
+        )  # fmt: skip
+        return Launched(handle, started, running=written == "running")
+
+
+@pytest.mark.parametrize("worker_t2", [True, False])
+def test_a_start_whose_worker_committed_t2_writes_nothing_more(
+    engine: Engine, tmp_path: Path, worker_t2: bool
+) -> None:
+    define(engine)
+    run = enqueue(engine)
+    transitions = FlakyTransitions(engine)
+    kit = make_kit(
+        engine, tmp_path / "logs", launcher=WorkerT2Launcher(engine, running=worker_t2),
+        transitions=transitions,
+    )  # fmt: skip
+    result = kit.dispatcher.run_pass()
+    assert transitions.t2_calls == (0 if worker_t2 else 1)  # one T2 either way, never two
+    after = kit.run(run.id)
+    assert after.latest_attempt is not None
+    assert (after.status, after.latest_attempt.status) == ("running", "running")
+    assert after.version == run.version + 4
+    assert [e.type for e in kit.events(run.id)[1:]] == [
+        "run.dispatching", "attempt.starting", "attempt.running", "run.running",
+    ]  # fmt: skip
+    started = result.activated
+    assert started is not None and started.kind == "started"
+    # created→started is measured either way (the metric): from the run read back by T2, or
+    # from T1's run and the shim's start time when the worker wrote T2.
+    assert after.started_at_ms is not None
+    assert started.created_to_started_ms == after.started_at_ms - after.created_at_ms

@@ -1,7 +1,8 @@
 """The api's execution wiring, halted at one named point of a start, to be SIGKILLed there.
 
-``QLTEST_CRASH_AT``: ``after_t1`` (T1 committed, the launch not sent) or ``before_t2`` (the
-worker launched and journaled the job, T2 not committed). At that point the dispatching
+``QLTEST_CRASH_AT``: ``after_t1`` (T1 committed, the launch not sent), ``after_launch`` (the
+worker's answer received: it committed T2 with the spawn record) or ``before_t2`` (a worker
+that leaves T2 to the api launched and journaled the job, T2 not committed). At that point the dispatching
 thread touches ``QLTEST_CRASH_MARK`` and blocks forever. Everything else is the api process's
 own composition (``build_context`` from the ``QL_*`` environment, its background drain and
 its worker client); HTTP adds nothing to these windows, so none is served. Run as
@@ -14,6 +15,7 @@ import os
 import threading
 from typing import Any
 
+from app.adapters.worker_client import WorkerClient
 from app.context.bootstrap import build_context
 from app.settings import Settings
 from app.storage.runs_repo import RunRepository
@@ -29,6 +31,14 @@ def _install(point: str) -> None:
             halt()
 
         RunRepository.begin_dispatch = begin_then_halt  # type: ignore[method-assign]
+    elif point == "after_launch":
+        launch = WorkerClient.launch_recording
+
+        def launch_then_halt(self: WorkerClient, request: Any) -> Any:
+            launch(self, request)  # answered: whatever the worker committed stands
+            halt()
+
+        WorkerClient.launch_recording = launch_then_halt  # type: ignore[method-assign]
     elif point == "before_t2":
 
         def halt_instead(self: RunRepository, **kwargs: Any) -> Any:

@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from app.domain.artifacts import log_artifact_id
 from app.domain.canonical import sha256_digest
 from app.domain.errors import ErrorCode, WorkerUnavailable
+from app.domain.execution import Launched
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle, Run
 from app.domain.profiles import EDGE
@@ -80,21 +81,30 @@ class Rig:
         return Armed(run.id, run.latest_attempt.id, token)
 
     def spawn(self, armed: Armed, script: str) -> ProcessHandle:
-        """Launch through the worker socket (journal, shim) without T2."""
+        """Launch through the worker socket (journal, shim) without T2: the worker must have
+        been started with ``t2=False``."""
+        launched = self._launch(armed, script)
+        assert not launched.running, "start the worker with t2=False to hold T2 back"
+        return launched.handle
+
+    def launch(self, armed: Armed, script: str) -> ProcessHandle:
+        """Launch with T2 committed: by the worker, or (``t2=False``) here, as the api would."""
+        launched = self._launch(armed, script)
+        if not launched.running:
+            self.runs.record_running(
+                run_id=armed.run_id, attempt_id=armed.attempt_id, handle=launched.handle,
+                started_at_ms=now_ms(),
+            )  # fmt: skip
+        return launched.handle
+
+    def _launch(self, armed: Armed, script: str) -> Launched:
         log = make_log(self.data_dir / "logs", armed.attempt_id)
         request = launch_request(
             armed, argv=["/bin/sh", "-c", script], log_path=log, cwd=str(self.data_dir)
         )
-        return self.procs.track(self.worker.client.launch(request))
-
-    def launch(self, armed: Armed, script: str) -> ProcessHandle:
-        """Launch and commit T2, as the coordinator does."""
-        handle = self.spawn(armed, script)
-        self.runs.record_running(
-            run_id=armed.run_id, attempt_id=armed.attempt_id, handle=handle,
-            started_at_ms=now_ms(),
-        )
-        return handle
+        launched = self.worker.client.launch_recording(request)
+        self.procs.track(launched.handle)
+        return launched
 
     def ended_while_down(self, then: str) -> Armed:
         """Start the worker, launch a gated job, SIGKILL the worker, let the job end.

@@ -1,6 +1,7 @@
-"""kill -9 of the api inside a start, at the two windows of the coordinator (docs/design.md §3.7):
-T1 committed but the launch never sent, and the job launched and journaled but T2 never
-committed.
+"""kill -9 of the api inside a start, at the windows of the coordinator (docs/design.md §3.7):
+T1 committed but the launch never sent; the launch answered (the worker committed T2 with
+its spawn record); and, with a worker that leaves T2 to the api, the job launched and
+journaled but T2 never committed.
 
 The api is a real process with the api's own execution wiring (``crash_api.py``: its
 context, background drain, dispatcher, coordinator and worker client), halted at the named
@@ -10,14 +11,19 @@ worker's own reconciler, woken once the start grace has really passed.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 
+from sqlalchemy import select
+
 from app.domain.errors import ErrorCode
+from app.domain.model import ProcessHandle
 from app.storage.definitions_repo import DefinitionRepository
+from app.storage.tables import attempts
 from app.worker.identity import wait_exit
-from tests.recovery.kit import DEADLINE, ROOT, Armed, Rig, gated, wait_for
+from tests.recovery.kit import DEADLINE, ROOT, Armed, Rig, gated, terminal_events, wait_for
 
 
 def _killed_inside_a_start(rig: Rig, point: str, argv: list[str]) -> Armed:
@@ -58,7 +64,9 @@ def test_api_killed_after_t1_before_the_launch(rig: Rig) -> None:
 
 
 def test_api_killed_after_the_launch_before_t2(rig: Rig) -> None:
-    rig.worker.start()
+    # A worker that leaves T2 to the api, as every worker did before T2 moved into its spawn
+    # transaction: what such a start left behind (say, before an upgrade) is still settled.
+    rig.worker.start(t2=False)
     a = _killed_inside_a_start(rig, "before_t2", ["/bin/sh", "-c", gated("never", then="exit 0")])
     wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
     entry = rig.journal.get(a.attempt_id)
@@ -70,3 +78,28 @@ def test_api_killed_after_the_launch_before_t2(rig: Rig) -> None:
     # Never a clean ending while the process may still run: stopped by identity, then lost.
     rig.assert_ended(a, ErrorCode.RECOVERY_START_INTERRUPTED)
     assert wait_exit(entry.handle.pid, DEADLINE) and wait_exit(entry.handle.shim_pid, DEADLINE)
+
+
+def test_api_killed_after_the_launch_answered_the_run_runs_to_its_ending(rig: Rig) -> None:
+    # The worker commits T2 with its spawn record (docs/design.md §3.7): an api killed once
+    # the launch answered leaves a running run, never one for recovery to stop.
+    rig.worker.start()
+    a = _killed_inside_a_start(rig, "after_launch", ["/bin/sh", "-c", gated("go", then="exit 0")])
+    wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
+    entry = rig.journal.get(a.attempt_id)
+    assert entry is not None and entry.state == "spawned" and entry.handle is not None
+    rig.procs.track(entry.handle)
+    run = rig.run(a)
+    assert run.status == "running" and run.latest_attempt is not None
+    assert run.latest_attempt.status == "running"
+    with rig.engine.connect() as conn:
+        stored = conn.execute(
+            select(attempts.c.handle).where(attempts.c.id == a.attempt_id)
+        ).scalar_one()
+    assert ProcessHandle.from_dict(json.loads(stored)) == entry.handle  # T2's, from the worker
+    assert rig.worker.client.wake(reconcile=True)  # a running run: nothing for recovery
+    assert rig.run(a).status == "running"
+    rig.gate("go").touch()
+    run = rig.wait_status(a)
+    assert run.status == "succeeded"
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.succeeded", "run.succeeded"]

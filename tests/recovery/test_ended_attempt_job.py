@@ -48,11 +48,11 @@ def _assert_one_ending(rig: Rig, a: Armed) -> None:
 
 
 def test_found_at_start_up_the_job_is_stopped_before_the_worker_serves(rig: Rig) -> None:
-    rig.worker.start()
+    rig.worker.start(t2=False)
     a, h = _spawned_then_given_up(rig)
     rig.kill_worker()
     _end_and_kill_the_shim(rig, a, h)
-    rig.worker.start()  # returns once the socket answers: after the start-up drain
+    rig.worker.start(t2=False)  # returns once the socket answers: after the start-up drain
     assert not HandleProbe().job_alive(h)  # stopped by the drain, not left to a later pass
     assert _journal_state(rig, a) == "consumed"
     assert rig.worker.client.wake(reconcile=True)  # a pass after it changes nothing
@@ -60,7 +60,7 @@ def test_found_at_start_up_the_job_is_stopped_before_the_worker_serves(rig: Rig)
 
 
 def test_found_by_the_periodic_sweep_the_job_is_stopped(rig: Rig) -> None:
-    rig.worker.start()
+    rig.worker.start(t2=False)
     a, h = _spawned_then_given_up(rig)
     assert rig.worker.proc is not None
     pid = rig.worker.proc.pid

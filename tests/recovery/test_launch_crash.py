@@ -128,7 +128,7 @@ def test_a_shim_that_comes_after_the_fence_starts_nothing(rig: Rig) -> None:
     # The shim's O_EXCL reservation is the claim recovery races: whichever comes second
     # loses. Here recovery won; the launch that arrives later must spawn nothing and leave
     # the fence in place (a refused reservation never removes a file it did not create).
-    rig.worker.start()
+    rig.worker.start(t2=False)
     a = rig.arm()
     assert rig.store.claim_reservation(a.attempt_id) == "fenced"
     marker = rig.gate("ran")

@@ -99,7 +99,7 @@ def test_starting_without_a_journaled_spawn_is_fenced_then_requeued(rig: Rig) ->
 
 
 def test_starting_with_a_journaled_spawn_is_stopped_then_lost(rig: Rig) -> None:
-    rig.worker.start()
+    rig.worker.start(t2=False)
     a = rig.arm()
     h = rig.spawn(a, gated("never", then="exit 0"))  # T2 never comes: the api was killed
     wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
@@ -114,7 +114,7 @@ def test_starting_with_a_journaled_spawn_is_stopped_then_lost(rig: Rig) -> None:
 def test_a_start_after_a_long_queue_wait_is_left_alone(rig: Rig) -> None:
     # The grace counts from T1, not from enqueue: a run that waited a minute in the queue
     # and is now between its spawn and T2 must not be stopped as an interrupted start.
-    rig.worker.start()
+    rig.worker.start(t2=False)
     a = rig.arm()
     with rig.engine.begin() as conn:
         conn.execute(
@@ -134,7 +134,7 @@ def test_a_start_after_a_long_queue_wait_is_left_alone(rig: Rig) -> None:
 
 
 def test_an_ended_attempt_whose_process_still_runs_is_stopped(rig: Rig) -> None:
-    rig.worker.start()
+    rig.worker.start(t2=False)
     a = rig.arm()
     h = rig.spawn(a, gated("never", then="exit 0"))
     # The coordinator gave up (e.g. the launch answer was lost) and recorded an ending.

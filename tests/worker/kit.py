@@ -230,11 +230,14 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.client = WorkerClient(socket_path, read_timeout_s=DEADLINE)
 
-    def start(self) -> None:
+    def start(self, *, t2: bool = True) -> None:
+        """Start it; ``t2=False``: a worker that journals a spawn but leaves T2 to the caller
+        (``worker_without_t2.py``), so a test can hold the window before T2 open."""
         log = open(self.data_dir / "worker.stderr", "ab")  # noqa: SIM115 (closed by Popen owner)
+        module = "app" if t2 else "tests.worker.worker_without_t2"
         with log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app", "worker"], cwd=ROOT, env=self.env,
+                [sys.executable, "-m", module, "worker"], cwd=ROOT, env=self.env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             )
         deadline = time.monotonic() + DEADLINE

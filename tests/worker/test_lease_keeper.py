@@ -11,8 +11,7 @@ from sqlalchemy import Engine, select, update
 
 from app.context.worker_lease import LeaseKeeper
 from app.domain.errors import LaunchFailed
-from app.domain.execution import LaunchRequest
-from app.domain.model import ProcessHandle
+from app.domain.execution import Launched, LaunchRequest
 from app.settings import Settings
 from app.storage.lease_repo import LeaseRepository
 from app.storage.tables import worker_leases
@@ -39,9 +38,9 @@ class CountingLauncher:
     def __init__(self) -> None:
         self.calls = 0
 
-    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+    def launch_started(self, request: LaunchRequest) -> Launched:
         self.calls += 1
-        return HANDLE, None
+        return Launched(HANDLE, None)
 
 
 def settings(db_url: str, data_dir: Path, ttl_s: float = 1.0, renew_s: float = 0.1) -> Settings:

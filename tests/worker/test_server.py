@@ -16,7 +16,7 @@ import pytest
 
 from app.adapters.worker_client import WorkerClient
 from app.domain.errors import LaunchFailed, LaunchOutcomeUnknown, LaunchRejected, WorkerUnavailable
-from app.domain.execution import LaunchRequest, StopResult
+from app.domain.execution import Launched, LaunchRequest, StopResult
 from app.domain.ids import uuid7
 from app.domain.model import ProcessHandle
 from app.worker.identity import current_boot_id
@@ -39,12 +39,13 @@ class FakeLauncher:
     def __init__(self) -> None:
         self.calls: list[LaunchRequest] = []
         self.outcome: dict[str, Exception] = {}
+        self.running: set[str] = set()  # attempts whose T2 the fake "committed"
 
-    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+    def launch_started(self, request: LaunchRequest) -> Launched:
         self.calls.append(request)
         if request.attempt_id in self.outcome:
             raise self.outcome[request.attempt_id]
-        return HANDLE, 123
+        return Launched(HANDLE, 123, running=request.attempt_id in self.running)
 
 
 class FakeController:
@@ -205,6 +206,11 @@ def test_client_maps_launch_outcomes(server: ControlServer) -> None:
     with pytest.raises(LaunchFailed) as info:
         client.launch(failed)
     assert info.value.reason == "EXEC_FAILED" and not isinstance(info.value, LaunchRejected)
+    # The reply says when the worker committed T2 itself, and the shim's start time.
+    assert client.launch_recording(_request()) == Launched(HANDLE, 123, running=False)
+    recorded = _request()
+    launcher.running.add(recorded.attempt_id)
+    assert client.launch_recording(recorded) == Launched(HANDLE, 123, running=True)
     assert client.stop(HANDLE, grace_seconds=0.5) == "already_exited"
     controller: FakeController = server._controller  # type: ignore[assignment]
     assert controller.calls == [(HANDLE, 0.5)]
@@ -287,7 +293,7 @@ class GatedLauncher(FakeLauncher):
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def launch_started(self, request: LaunchRequest) -> tuple[ProcessHandle, int | None]:
+    def launch_started(self, request: LaunchRequest) -> Launched:
         self.entered.set()
         assert self.release.wait(10)
         return super().launch_started(request)

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle, Run
 from app.storage.journal_repo import CONSUMED, JournalRepository
 from app.storage.run_reads import RunReader
@@ -53,11 +52,9 @@ class Setup:
         request = launch_request(
             armed, argv=["/bin/sh", "-c", script], log_path=log, cwd=str(self.data_dir)
         )
-        handle = procs.track(self.worker.client.launch(request))
-        self.runs.record_running(
-            run_id=armed.run_id, attempt_id=armed.attempt_id, handle=handle,
-            started_at_ms=now_ms(),
-        )
+        launched = self.worker.client.launch_recording(request)
+        handle = procs.track(launched.handle)
+        assert launched.running  # the worker committed T2 with its spawn record
         return handle
 
     def run(self, armed: Armed) -> Run:
