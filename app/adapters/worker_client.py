@@ -97,6 +97,7 @@ class WorkerClient:
             "op": "launch",
             **request.wire_fields(),
             "deadline_at_ms": request.deadline_at_ms,
+            "t2": "worker",  # this api writes no T2 when the answer says ``running``
         }
         repeated = False
         deadline = time.monotonic() + self._read_timeout

@@ -208,8 +208,8 @@ class _GatedLauncher:
         self._launcher = launcher
         self._keeper = keeper
 
-    def launch_started(self, request: LaunchRequest) -> Launched:
+    def launch_started(self, request: LaunchRequest, *, t2: bool = False) -> Launched:
         """Refuse with ``WORKER_LEASE_LOST`` before any file or process exists."""
         if not self._keeper.held():
             raise LaunchFailed("WORKER_LEASE_LOST")
-        return self._launcher.launch_started(request)
+        return self._launcher.launch_started(request, t2=t2)

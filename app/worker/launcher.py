@@ -134,9 +134,10 @@ class ShimLauncher:
         """Start the attempt once and return its durable handle, or raise LaunchFailed."""
         return self.launch_started(request).handle
 
-    def launch_started(self, request: LaunchRequest) -> Launched:
+    def launch_started(self, request: LaunchRequest, *, t2: bool = False) -> Launched:
         """``launch``, plus the job's start time as its shim reported it (None when the handle
-        is the one of an earlier launch of this attempt) and whether T2 was written here."""
+        is the one of an earlier launch of this attempt) and whether T2 was written here:
+        only with ``t2`` (the caller leaves T2 to the worker) and a ``running`` recorder."""
         if not (is_uuid7(request.run_id) and is_uuid7(request.attempt_id)):
             raise LaunchFailed("BAD_REQUEST")
         job = self._job_spec(request.run_as)  # before the journal: a refusal spawns nothing
@@ -169,7 +170,7 @@ class ShimLauncher:
         handle, started_at_ms = self._spawn(request, shard, job)
         running = False
         try:
-            if self._running is None:
+            if self._running is None or not t2:
                 recorded = self._journal.record_spawned(
                     attempt_id=request.attempt_id, handle=handle
                 )

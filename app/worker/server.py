@@ -9,8 +9,9 @@ carry stable codes only. Ops (``api-schemas/worker-socket.md``):
   lease this worker holds), or ``{"ok":false,"error":"WORKER_LEASE_LOST"}`` once that lease
   is no longer surely held (docs/several-hosts.md: an api dispatches only through a live
   worker of its own host)
-* ``{"op":"launch", <LaunchRequest fields>}`` → ``{"ok":true,"handle":{..},"started_at_ms":..}``
-  plus ``"running":true`` when the worker committed T2 with the handle (docs/design.md §3.7)
+* ``{"op":"launch", <LaunchRequest fields>[,"t2":"worker"]}`` →
+  ``{"ok":true,"handle":{..},"started_at_ms":..}``, plus ``"running":true`` when the request
+  asked for it and the worker committed T2 with the handle (docs/design.md §3.7)
   or ``{"ok":false,"error":"ALREADY_LAUNCHED"|"EXEC_FAILED"|"BAD_REQUEST"|..}``
 
 Once the worker has begun shutting down (``close``), ping and launch answer
@@ -54,9 +55,9 @@ SHUTTING_DOWN = {"ok": False, "error": "WORKER_SHUTTING_DOWN"}
 class WorkerLauncher(Protocol):
     """What the server needs from the launcher."""
 
-    def launch_started(self, request: LaunchRequest) -> Launched:
+    def launch_started(self, request: LaunchRequest, *, t2: bool = False) -> Launched:
         """Start once or raise LaunchFailed; the handle, the shim-reported start time, and
-        whether T2 was committed with the handle."""
+        whether T2 was committed with the handle (only when ``t2``: the caller asked)."""
         ...
 
 
@@ -303,7 +304,9 @@ class ControlServer:
                     answer |= facts
                 return answer
             if op == "launch":
-                return self._launch(parse_launch(req))
+                # ``"t2":"worker"``: the api leaves T2 to us (an older one writes it itself,
+                # and a T2 written here too would make it stop the job as a failed T2).
+                return self._launch(parse_launch(req), t2=req.get("t2") == "worker")
             if op == "stop":
                 return self._stop(req)
             if op == "wake":
@@ -315,11 +318,11 @@ class ControlServer:
             log.error("control request failed: %s", type(exc).__name__)
             return {"ok": False, "error": "INTERNAL"}
 
-    def _launch(self, request: LaunchRequest) -> dict[str, Any]:
+    def _launch(self, request: LaunchRequest, *, t2: bool) -> dict[str, Any]:
         if self._refusing:
             return dict(SHUTTING_DOWN)  # before the journal: provably nothing spawned
         try:
-            launched = self._launcher.launch_started(request)
+            launched = self._launcher.launch_started(request, t2=t2)
         except LaunchRejected as exc:
             return {"ok": False, "error": "ALREADY_LAUNCHED", "reason": exc.reason}
         except LaunchFailed as exc:

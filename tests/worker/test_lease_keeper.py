@@ -38,7 +38,7 @@ class CountingLauncher:
     def __init__(self) -> None:
         self.calls = 0
 
-    def launch_started(self, request: LaunchRequest) -> Launched:
+    def launch_started(self, request: LaunchRequest, *, t2: bool = False) -> Launched:
         self.calls += 1
         return Launched(HANDLE, None)
 

@@ -40,12 +40,14 @@ class FakeLauncher:
         self.calls: list[LaunchRequest] = []
         self.outcome: dict[str, Exception] = {}
         self.running: set[str] = set()  # attempts whose T2 the fake "committed"
+        self.t2: list[bool] = []  # whether each request left T2 to the worker
 
-    def launch_started(self, request: LaunchRequest) -> Launched:
+    def launch_started(self, request: LaunchRequest, *, t2: bool = False) -> Launched:
         self.calls.append(request)
+        self.t2.append(t2)
         if request.attempt_id in self.outcome:
             raise self.outcome[request.attempt_id]
-        return Launched(HANDLE, 123, running=request.attempt_id in self.running)
+        return Launched(HANDLE, 123, running=t2 and request.attempt_id in self.running)
 
 
 class FakeController:
@@ -211,6 +213,12 @@ def test_client_maps_launch_outcomes(server: ControlServer) -> None:
     recorded = _request()
     launcher.running.add(recorded.attempt_id)
     assert client.launch_recording(recorded) == Launched(HANDLE, 123, running=True)
+    assert launcher.t2[-1] is True  # this client leaves T2 to the worker
+    # A request without "t2" (an api that writes T2 itself) is never answered "running".
+    line = {"op": "launch", **recorded.wire_fields(), "deadline_at_ms": None}
+    answer = _raw(server.path, json.dumps(line).encode() + b"\n")
+    assert answer[0]["ok"] is True and "running" not in answer[0]
+    assert launcher.t2[-1] is False
     assert client.stop(HANDLE, grace_seconds=0.5) == "already_exited"
     controller: FakeController = server._controller  # type: ignore[assignment]
     assert controller.calls == [(HANDLE, 0.5)]
@@ -293,10 +301,10 @@ class GatedLauncher(FakeLauncher):
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def launch_started(self, request: LaunchRequest) -> Launched:
+    def launch_started(self, request: LaunchRequest, *, t2: bool = False) -> Launched:
         self.entered.set()
         assert self.release.wait(10)
-        return super().launch_started(request)
+        return super().launch_started(request, t2=t2)
 
 
 def test_a_closing_worker_refuses_new_launches_and_answers_the_one_in_progress(
