@@ -121,7 +121,9 @@ class StartCoordinator:
         started_at_ms = launched.started_at_ms
         if launched.running:
             # The worker committed T2 with its spawn record: nothing is left to write here.
-            waited = None if started_at_ms is None else started_at_ms - dispatched.created_at_ms
+            # As T2 stores it: a retry's run keeps its first start (docs/retries.md §2).
+            began = dispatched.started_at_ms or started_at_ms
+            waited = None if began is None else began - dispatched.created_at_ms
             result = _result("running", command)
             return replace(result, waited_ms=None if waited is None else max(0, waited))
         try:
@@ -139,6 +141,12 @@ class StartCoordinator:
                 # The job ended before T2 and the completion service already recorded its
                 # whole history (running, then the ending): nothing is left to stop.
                 return _result("ended", command, run=ended)
+            running = self._running_run(command)
+            if running is not None:
+                # T2 is already committed, by the worker: a repeated launch request (the
+                # connection broke after the first) is answered from the journal without
+                # ``running``. The job is healthy; stopping it would fake a failure.
+                return _result("running", command, run=running)
             return self._compensate_after_spawn(command, handle)
         return _result("running", command, run=run)
 
@@ -201,6 +209,19 @@ class StartCoordinator:
             # The durable starting fact stays; recovery finishes the job (docs/design.md §3.8).
             return _result("unresolved", command, error_code=code, reason=stopped)
         return _result("lost", command, error_code=code, reason=stopped, run=run)
+
+    def _running_run(self, command: StartCommand) -> Run | None:
+        """The run when its latest attempt is this command's and ``running`` (T2 committed)."""
+        if self._runs is None:
+            return None
+        try:
+            run = self._runs.get_run(command.run_id)
+        except Exception:  # only a hint, as in _terminal_run
+            return None
+        attempt = run.latest_attempt
+        if attempt is None or attempt.id != command.attempt_id or attempt.status != "running":
+            return None
+        return run
 
     def _terminal_run(self, run_id: str) -> Run | None:
         if self._runs is None:

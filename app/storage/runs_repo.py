@@ -409,13 +409,24 @@ class RunRepository:
         ``not_reserved``: the entry was not ``reserved``; nothing was written.
         """
         with UnitOfWork(self._engine) as uow:
-            if not mark_spawned_in(uow.conn, attempt_id, handle):
-                return "not_reserved"
+            conn = uow.conn
+            # The pair first (on PostgreSQL its read locks the run and attempt rows), then the
+            # journal row: the order of the completion, which consumes the entry after them.
             try:
-                # Refusals are raised before the first write (the pair read, then the
-                # transition rules), so what stands in the transaction is the journal's move.
-                _running_in(uow.conn, run_id, attempt_id, handle, started_at_ms)
-            except (NotFound, InvalidTransition):
+                pair: tuple[Any, Any] | None = _load_pair(conn, run_id, attempt_id)
+            except NotFound:
+                pair = None
+            if not mark_spawned_in(conn, attempt_id, handle):
+                return "not_reserved"
+            if pair is None:
+                uow.commit()
+                return "spawned"
+            try:
+                # Refusals are raised before T2's first write (the transition rules), so what
+                # stands in the transaction is the journal's move.
+                handle_json = json.dumps(handle.to_dict(), sort_keys=True)
+                _to_running(conn, *pair, started_at_ms, {"handle": handle_json})
+            except InvalidTransition:
                 uow.commit()
                 return "spawned"
             except VersionConflict:

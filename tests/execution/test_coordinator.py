@@ -214,11 +214,12 @@ class WorkerT2Launcher(FakeLauncher):
     """Journals and commits T2 on the real database, as the worker's launcher does, and
     answers ``running`` (``running=False``: the journal entry alone, T2 left to the caller)."""
 
-    def __init__(self, engine: Engine, *, running: bool = True) -> None:
+    def __init__(self, engine: Engine, *, running: bool = True, repeat: bool = False) -> None:
         super().__init__(engine)
         self._journal = JournalRepository(engine)
         self._runs = RunRepository(engine)
         self._running = running
+        self._repeat = repeat  # answer as a repeated request is: from the journal, no flag
 
     def launch_recording(self, request: LaunchRequest) -> Launched:
         handle = self.launch(request)
@@ -234,6 +235,8 @@ class WorkerT2Launcher(FakeLauncher):
             run_id=request.run_id, attempt_id=request.attempt_id, handle=handle,
             started_at_ms=started,
         )  # fmt: skip
+        if self._repeat:
+            return Launched(handle, None)
         return Launched(handle, started, running=written == "running")
 
 
@@ -263,3 +266,29 @@ def test_a_start_whose_worker_committed_t2_writes_nothing_more(
     # from T1's run and the shim's start time when the worker wrote T2.
     assert after.started_at_ms is not None
     assert started.created_to_started_ms == after.started_at_ms - after.created_at_ms
+
+
+def test_a_repeated_launch_answered_without_running_leaves_the_job_alone(
+    engine: Engine, tmp_path: Path
+) -> None:
+    # The worker committed T2 for the first request; the repeat (the connection broke after
+    # it was sent) is answered from the journal without "running". The api's own T2 is then
+    # refused, and the job must not be stopped as a failed T2.
+    define(engine)
+    run = enqueue(engine)
+    transitions = FlakyTransitions(engine)
+    kit = make_kit(
+        engine, tmp_path / "logs", launcher=WorkerT2Launcher(engine, repeat=True),
+        transitions=transitions,
+    )  # fmt: skip
+    result = kit.dispatcher.run_pass()
+    assert transitions.t2_calls == 1  # tried, and refused
+    assert kit.controller.calls == []  # nothing stopped
+    started = result.activated
+    assert started is not None and started.kind == "started"
+    after = kit.run(run.id)
+    assert after.latest_attempt is not None
+    assert (after.status, after.latest_attempt.status) == ("running", "running")
+    assert [e.type for e in kit.events(run.id)[1:]] == [
+        "run.dispatching", "attempt.starting", "attempt.running", "run.running",
+    ]  # fmt: skip
