@@ -6,7 +6,7 @@ to the worker; the database holds its SHA-256 digest. No result or exception car
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from app.domain.canonical import sha256_digest
@@ -123,9 +123,8 @@ class StartCoordinator:
             # The worker committed T2 with its spawn record: nothing is left to write here.
             # As T2 stores it: a retry's run keeps its first start (docs/retries.md §2).
             began = dispatched.started_at_ms or started_at_ms
-            waited = None if began is None else began - dispatched.created_at_ms
-            result = _result("running", command)
-            return replace(result, waited_ms=None if waited is None else max(0, waited))
+            waited = None if began is None else max(0, began - dispatched.created_at_ms)
+            return _result("running", command, waited_ms=waited)
         try:
             run = self._transitions.record_running(
                 run_id=command.run_id,
@@ -240,5 +239,8 @@ def _result(
     error_code: ErrorCode | None = None,
     reason: str | None = None,
     run: Run | None = None,
+    waited_ms: int | None = None,
 ) -> StartResult:
-    return StartResult(status, command.run_id, command.attempt_id, error_code, reason, run)
+    return StartResult(
+        status, command.run_id, command.attempt_id, error_code, reason, run, waited_ms
+    )

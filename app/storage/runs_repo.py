@@ -393,7 +393,8 @@ class RunRepository:
     ) -> Run:
         """T2: attempt starting→running with its durable handle, run dispatching→running."""
         with UnitOfWork(self._engine) as uow:
-            written = _running_in(uow.conn, run_id, attempt_id, handle, started_at_ms)
+            pair = _load_pair(uow.conn, run_id, attempt_id)
+            written = _to_running(uow.conn, *pair, started_at_ms, handle)
             uow.commit()
         return written.run()
 
@@ -424,8 +425,7 @@ class RunRepository:
             try:
                 # Refusals are raised before T2's first write (the transition rules), so what
                 # stands in the transaction is the journal's move.
-                handle_json = json.dumps(handle.to_dict(), sort_keys=True)
-                _to_running(conn, *pair, started_at_ms, {"handle": handle_json})
+                _to_running(conn, *pair, started_at_ms, handle)
             except InvalidTransition:
                 uow.commit()
                 return "spawned"
@@ -1008,23 +1008,18 @@ def _latest_attempt(conn: Connection, run_row: Row[Any]) -> Row[Any]:
     ).one()
 
 
-def _running_in(
-    conn: Connection, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
-) -> _Written:
-    """T2's writes inside the caller's transaction; refusals raise before any write."""
-    run_row, attempt_row = _load_pair(conn, run_id, attempt_id)
-    handle_json = json.dumps(handle.to_dict(), sort_keys=True)
-    return _to_running(conn, run_row, attempt_row, started_at_ms, {"handle": handle_json})
-
-
 def _to_running(
     conn: Connection,
     run_row: Any,
     attempt_row: Any,
     started_at_ms: int,
-    attempt_values: dict[str, Any] | None = None,
+    handle: ProcessHandle | None = None,
 ) -> _Written:
-    """Attempt and run ``running`` from ``started_at_ms`` (T2, or a completion's catch-up)."""
+    """Attempt and run ``running`` from ``started_at_ms``: T2 with the durable ``handle``, or
+    a completion's catch-up (no handle). Refusals raise before any write."""
+    attempt_values: dict[str, Any] = {"started_at_ms": started_at_ms}
+    if handle is not None:
+        attempt_values["handle"] = json.dumps(handle.to_dict(), sort_keys=True)
     return _step(
         conn,
         run_row,
@@ -1032,7 +1027,7 @@ def _to_running(
         now_ms(),
         run_to=RunStatus.RUNNING,
         attempt_to=AttemptStatus.RUNNING,
-        attempt_values={"started_at_ms": started_at_ms, **(attempt_values or {})},
+        attempt_values=attempt_values,
         # A retry's start keeps the run's first one (docs/retries.md §2).
         run_values={"started_at_ms": run_row.started_at_ms or started_at_ms},
         order="attempt_first",

@@ -13,7 +13,8 @@ from app.domain.canonical import sha256_digest
 from app.domain.errors import DomainError
 from app.domain.execution import Launched, LaunchRequest
 from app.domain.ids import now_ms
-from app.domain.model import ProcessHandle
+from app.domain.model import ProcessHandle, Run
+from app.execution.dispatcher import CandidateOutcome
 from app.storage.journal_repo import JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -21,6 +22,7 @@ from tests.execution.kit import (
     FakeController,
     FakeLauncher,
     FlakyTransitions,
+    Kit,
     all_database_text,
     define,
     enqueue,
@@ -240,19 +242,16 @@ class WorkerT2Launcher(FakeLauncher):
         return Launched(handle, started, running=written == "running")
 
 
-@pytest.mark.parametrize("worker_t2", [True, False])
-def test_a_start_whose_worker_committed_t2_writes_nothing_more(
-    engine: Engine, tmp_path: Path, worker_t2: bool
-) -> None:
+def _one_start_through(
+    engine: Engine, tmp_path: Path, launcher: WorkerT2Launcher
+) -> tuple[Kit, FlakyTransitions, Run, CandidateOutcome]:
+    """One pass through ``launcher``; the run must end the pass ``running`` with one T2 and
+    the usual four steps. The kit, its transitions, the run after, the started outcome."""
     define(engine)
     run = enqueue(engine)
     transitions = FlakyTransitions(engine)
-    kit = make_kit(
-        engine, tmp_path / "logs", launcher=WorkerT2Launcher(engine, running=worker_t2),
-        transitions=transitions,
-    )  # fmt: skip
+    kit = make_kit(engine, tmp_path / "logs", launcher=launcher, transitions=transitions)
     result = kit.dispatcher.run_pass()
-    assert transitions.t2_calls == (0 if worker_t2 else 1)  # one T2 either way, never two
     after = kit.run(run.id)
     assert after.latest_attempt is not None
     assert (after.status, after.latest_attempt.status) == ("running", "running")
@@ -262,6 +261,16 @@ def test_a_start_whose_worker_committed_t2_writes_nothing_more(
     ]  # fmt: skip
     started = result.activated
     assert started is not None and started.kind == "started"
+    return kit, transitions, after, started
+
+
+@pytest.mark.parametrize("worker_t2", [True, False])
+def test_a_start_whose_worker_committed_t2_writes_nothing_more(
+    engine: Engine, tmp_path: Path, worker_t2: bool
+) -> None:
+    launcher = WorkerT2Launcher(engine, running=worker_t2)
+    _, transitions, after, started = _one_start_through(engine, tmp_path, launcher)
+    assert transitions.t2_calls == (0 if worker_t2 else 1)  # one T2 either way, never two
     # created→started is measured either way (the metric): from the run read back by T2, or
     # from T1's run and the shim's start time when the worker wrote T2.
     assert after.started_at_ms is not None
@@ -274,21 +283,7 @@ def test_a_repeated_launch_answered_without_running_leaves_the_job_alone(
     # The worker committed T2 for the first request; the repeat (the connection broke after
     # it was sent) is answered from the journal without "running". The api's own T2 is then
     # refused, and the job must not be stopped as a failed T2.
-    define(engine)
-    run = enqueue(engine)
-    transitions = FlakyTransitions(engine)
-    kit = make_kit(
-        engine, tmp_path / "logs", launcher=WorkerT2Launcher(engine, repeat=True),
-        transitions=transitions,
-    )  # fmt: skip
-    result = kit.dispatcher.run_pass()
+    launcher = WorkerT2Launcher(engine, repeat=True)
+    kit, transitions, _, _ = _one_start_through(engine, tmp_path, launcher)
     assert transitions.t2_calls == 1  # tried, and refused
     assert kit.controller.calls == []  # nothing stopped
-    started = result.activated
-    assert started is not None and started.kind == "started"
-    after = kit.run(run.id)
-    assert after.latest_attempt is not None
-    assert (after.status, after.latest_attempt.status) == ("running", "running")
-    assert [e.type for e in kit.events(run.id)[1:]] == [
-        "run.dispatching", "attempt.starting", "attempt.running", "run.running",
-    ]  # fmt: skip
