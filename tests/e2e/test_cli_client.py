@@ -36,7 +36,7 @@ from tests.e2e.conftest import (
     proc_stat,
     wait_until,
 )
-from tests.e2e.kit import get_run, put_task, wait_status
+from tests.e2e.kit import put_task, wait_status
 from tests.worker.kit import kill_exact
 
 
@@ -171,7 +171,10 @@ def test_the_cli_client_journey(
         runs = httpx.get(f"{served.base_url}/api/v1/runs?task=hello", headers=served.auth)
         hello_id = runs.json()["items"][0]["id"]
         assert first == "line 1\n"
-        assert get_run(served, hello_id)["status"] == "running"  # line 1 came while it ran
+        # line 1 came while the job ran: it waits for the gate, so its run reaches running
+        # and stays there. The job can print before T2 is committed, so the status is
+        # awaited, not read once.
+        wait_status(served, hello_id, {"running"}, timeout=10)
         gate(served, "hello").touch()
         out, err = rest_of(follow)
     assert follow.returncode == 0, err
