@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
+from app.cli.serve import GRACEFUL_SHUTDOWN_S, WORKER_READY_S
 from tests.e2e.conftest import ServeFactory, alive, wait_until
 from tests.e2e.kit import enqueue, put_task, wait_status
 from tests.e2e.load import KeepAliveLoad
@@ -20,7 +21,10 @@ from tests.e2e.test_supervisor import uvicorn_workers
 pytestmark = pytest.mark.e2e
 
 RELOADS = 3
-ROLL_TIMEOUT_S = 60.0
+# What the design allows one SIGHUP on a busy host: two replacements, each a new worker that
+# may take WORKER_READY_S to serve and an old one that may take the graceful bound to exit,
+# plus its lifespan's shutdown. 60 s was under it and failed once under the full suite.
+ROLL_TIMEOUT_S = 2.0 * (WORKER_READY_S + GRACEFUL_SHUTDOWN_S + 5)
 
 
 def replaced(api: int, before: dict[int, int]) -> Callable[[], bool]:

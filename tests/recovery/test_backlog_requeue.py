@@ -134,7 +134,12 @@ def test_a_worker_stalled_past_the_start_grace_gets_its_start_fenced_and_requeue
     try:
         sender = threading.Thread(target=lambda: results.append(_dispatcher(rig, client).run_pass()))
         sender.start()
-        wait_for(lambda: rig.reader.get_run(run.id).status == "dispatching", "T1")
+        # The pass must stay in the launch (the worker is frozen): one that already ended
+        # never committed T1, and its outcome says why (a flake seen once under load).
+        wait_for(
+            lambda: rig.reader.get_run(run.id).status == "dispatching" or bool(results), "T1"
+        )
+        assert not results, f"the pass ended before the launch: {results[0].outcomes}"
         rig.past_start_grace(Armed(run.id, first, token=""))
         # The worker's recovery, as its reconciler would run once it continues.
         report = in_process_reconciler(rig.engine, rig.store, [now_ms()]).run_pass()
