@@ -8,6 +8,7 @@ line naming the ``chmod`` that fixes it (app/storage/private_files.py).
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -38,10 +39,11 @@ def mode_of(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    """A data dir made by ``qinglong migrate`` from a loose umask, with its key file."""
-    root = tmp_path / "data"
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir made by ``qinglong migrate`` from a loose umask, with its key file: made
+    once (two interpreter starts), copied with its modes for each test."""
+    root = tmp_path_factory.mktemp("file-modes") / "data"
     done = ql("migrate", data_dir=root)
     assert done.returncode == 0, done.stderr
     done = ql("secrets", "rotate-key", data_dir=root)  # creates the key file on first use
@@ -49,10 +51,16 @@ def data_dir(tmp_path: Path) -> Path:
     return root
 
 
-def test_migrate_from_a_loose_umask_creates_only_private_files(data_dir: Path) -> None:
-    assert mode_of(data_dir) == 0o700
-    assert mode_of(data_dir / "qinglong.db") == 0o600
-    assert mode_of(data_dir / "secret.key") == 0o600
+@pytest.fixture
+def data_dir(made: Path, tmp_path: Path) -> Path:
+    """A private copy of ``made``: copytree keeps every file's and the dir's mode."""
+    return Path(shutil.copytree(made, tmp_path / "data"))
+
+
+def test_migrate_from_a_loose_umask_creates_only_private_files(made: Path) -> None:
+    assert mode_of(made) == 0o700
+    assert mode_of(made / "qinglong.db") == 0o600
+    assert mode_of(made / "secret.key") == 0o600
 
 
 def _role_argv(role: str) -> list[str]:
