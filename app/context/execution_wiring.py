@@ -299,7 +299,8 @@ def _drain_concurrently(
     halted: threading.Event | None = None,
     blocked: threading.Event | None = None,
 ) -> bool:
-    """Drain; only when the first pass activated a run, add ``drainers - 1`` helper threads.
+    """Drain; only when the first pass activated a run and its page held more candidates,
+    add ``drainers - 1`` helper threads.
 
     The slow loop ticks every few seconds with usually nothing queued: one pass in this
     thread answers that without starting any thread. True when a pass found the worker
@@ -391,4 +392,7 @@ def _log_pass(
         blocked.set()
     if result.at_capacity:
         return False  # nothing may start until a run ends: the budget poll watches for it
-    return result.activated is not None or result.truncated
+    # After a launch, another pass only where the page showed more: a queue of one run (a
+    # run posted to an idle service, the paced load) ends its drain with this pass, instead
+    # of helpers and a last pass each paying a count and a page read to find nothing.
+    return result.truncated or (result.activated is not None and result.more_in_page)

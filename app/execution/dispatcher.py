@@ -92,6 +92,10 @@ class PassResult:
     truncated: bool
     # The pass found QL_MAX_RUNNING runs active before (or while) examining its page.
     at_capacity: bool = False
+    # The page held candidates after the one the pass stopped at: another pass may take one.
+    # Without them (and not truncated) the queue held nothing more when the page was read,
+    # and a run enqueued since kicks a drain of its own.
+    more_in_page: bool = False
 
     @property
     def budget_blocked(self) -> bool:
@@ -166,7 +170,8 @@ class Dispatcher:
         # (task, revision) found at max_concurrent in this pass: their other candidates in
         # the page are passed over without a query, an event or a write.
         blocked: set[tuple[str, int]] = set()
-        for candidate in page.items:
+        more_in_page = False
+        for index, candidate in enumerate(page.items):
             if (candidate.task, candidate.revision) in blocked:
                 continue
             # A source that knows no hold (a test's fake) lists no held candidate.
@@ -185,6 +190,7 @@ class Dispatcher:
             if outcome.kind == "task_at_capacity":
                 blocked.add((candidate.task, candidate.revision))
             if stop:
+                more_in_page = index + 1 < len(page.items)
                 break
         truncated = page.next_cursor is not None
         at_capacity = bool(outcomes) and outcomes[-1].kind == "at_capacity"
@@ -192,7 +198,12 @@ class Dispatcher:
             # Resume past a page that yielded nothing; start from the top after any launch,
             # after a stop, or when the end of the queue was reached.
             self._cursor = page.next_cursor if truncated and not stop else None
-        return PassResult(outcomes=tuple(outcomes), truncated=truncated, at_capacity=at_capacity)
+        return PassResult(
+            outcomes=tuple(outcomes),
+            truncated=truncated,
+            at_capacity=at_capacity,
+            more_in_page=more_in_page,
+        )
 
     def _take(self, attempt_id: str) -> bool:
         """Claim the hint for ``attempt_id``; False when another pass here already has it."""

@@ -58,9 +58,9 @@ class _Exploding:
             first = self.calls == 1
         if threading.current_thread().name == "ql-drain":
             raise RuntimeError("boom")
-        if first:  # an activation, so the drain fans out
+        if first:  # an activation with more in its page, so the drain fans out
             started = CandidateOutcome(run_id="r", attempt_id="a", kind="started")
-            return PassResult(outcomes=(started,), truncated=False)
+            return PassResult(outcomes=(started,), truncated=False, more_in_page=True)
         return PassResult(outcomes=(), truncated=False)
 
 
@@ -80,6 +80,45 @@ def test_an_idle_tick_runs_one_pass_and_starts_no_thread(drainers: int) -> None:
     _drain_concurrently(fake, drainers, threading.Event())  # type: ignore[arg-type]
     assert fake.calls == 2  # one pass, for the edge profile's single drainer too
     assert threading.active_count() == before
+
+
+def test_a_launch_from_a_page_of_one_ends_the_drain_without_helpers(
+    engine: Engine, tmp_path: Path
+) -> None:
+    # One run posted to an idle service: the pass that launched it saw nothing else, so no
+    # helper starts and no last pass reads the queue again (a count and a page each).
+    define(engine)
+    only = enqueue(engine)
+    launcher = FakeLauncher(engine)
+    kit = make_kit(engine, tmp_path / "logs", launcher=launcher)
+    passes: list[PassResult] = []
+    run_pass = kit.dispatcher.run_pass
+
+    def counted() -> PassResult:
+        result = run_pass()
+        passes.append(result)
+        return result
+
+    kit.dispatcher.run_pass = counted  # type: ignore[method-assign]
+    before = threading.active_count()
+    _drain_concurrently(kit.dispatcher, 4, threading.Event())
+    assert threading.active_count() == before
+    assert len(passes) == 1 and not passes[0].more_in_page
+    assert passes[0].activated is not None and passes[0].activated.run_id == only.id
+    assert RunReader(engine).get_run(only.id).status == "running"
+
+
+def test_a_launch_from_a_page_with_more_fans_out_and_starts_them_all(
+    engine: Engine, tmp_path: Path
+) -> None:
+    define(engine)
+    run_ids = [enqueue(engine).id for _ in range(3)]
+    kit = make_kit(engine, tmp_path / "logs", launcher=FakeLauncher(engine))
+    first = kit.dispatcher.run_pass()
+    assert first.activated is not None and first.more_in_page  # two more stood behind it
+    _drain_concurrently(kit.dispatcher, 4, threading.Event())
+    reader = RunReader(engine)
+    assert [reader.get_run(r).status for r in run_ids] == ["running"] * 3
 
 
 def test_an_overlapping_pass_skips_the_candidate_another_pass_has_in_hand(
