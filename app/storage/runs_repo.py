@@ -61,6 +61,7 @@ from app.storage.definitions_repo import retry_of_body, revision_row
 from app.storage.journal_repo import mark_consumed_in, mark_spawned_in
 from app.storage.lease_repo import lease_current_in
 from app.storage.one_statement import OneStatementRead
+from app.storage.one_step import write_step
 from app.storage.run_reads import (
     COUNT_ACTIVE,
     COUNT_HOST_ACTIVE,
@@ -1091,10 +1092,10 @@ def _update_attempt(
         raise VersionConflict(attempt_row.run_id)
 
 
-def _append_events(
-    conn: Connection, run_id: str, first_seq: int, at: int, events: Iterable[_Event]
-) -> None:
-    rows = [
+def _event_rows(
+    run_id: str, first_seq: int, at: int, events: Iterable[_Event]
+) -> list[dict[str, Any]]:
+    return [
         {
             "run_id": run_id,
             "seq": first_seq + offset,
@@ -1104,7 +1105,12 @@ def _append_events(
         }
         for offset, event in enumerate(events)
     ]
-    conn.execute(_INSERT_EVENTS, rows)
+
+
+def _append_events(
+    conn: Connection, run_id: str, first_seq: int, at: int, events: Iterable[_Event]
+) -> None:
+    conn.execute(_INSERT_EVENTS, _event_rows(run_id, first_seq, at, events))
 
 
 def _step(
@@ -1127,14 +1133,29 @@ def _step(
     """
     transition_run(RunStatus(run_row.status), run_to)
     transition_attempt(AttemptStatus(attempt_row.status), attempt_to)
-    _cas_run(conn, run_row, 2, {"status": run_to.value, **(run_values or {})})
-    _update_attempt(conn, attempt_row, attempt_to, attempt_values or {})
     run_ev = _Event(run_event(run_to), {})
     att_ev = _Event(
         attempt_event(attempt_to), {"attempt": attempt_row.number, **(attempt_data or {})}
     )
     events = [run_ev, att_ev] if order == "run_first" else [att_ev, run_ev]
-    _append_events(conn, run_row.id, run_row.version + 1, at, events)
+    run_set = {"status": run_to.value, **(run_values or {})}
+    if conn.dialect.name == "postgresql":
+        # One round trip instead of three (app/storage/one_step.py).
+        if not write_step(
+            conn,
+            run_id=run_row.id,
+            run_version=run_row.version,
+            run_values={**run_set, "version": run_row.version + 2},
+            attempt_id=attempt_row.id,
+            attempt_status=attempt_row.status,
+            attempt_values={"status": attempt_to.value, **(attempt_values or {})},
+            event_rows=_event_rows(run_row.id, run_row.version + 1, at, events),
+        ):
+            raise VersionConflict(run_row.id)
+    else:
+        _cas_run(conn, run_row, 2, run_set)
+        _update_attempt(conn, attempt_row, attempt_to, attempt_values or {})
+        _append_events(conn, run_row.id, run_row.version + 1, at, events)
     return _Written(
         run_row,
         attempt_row,

@@ -15,6 +15,7 @@ from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.tables import run_events
+from tests.kit.crash import crash_in_step
 from tests.storage.helpers import (
     HANDLE,
     TOKEN,
@@ -196,13 +197,8 @@ def test_crash_inside_a_transaction_leaves_nothing_half_written(
 ) -> None:
     define_task(engine)
     run = enqueue(engine)
-    import app.storage.runs_repo as runs_repo
-
-    def crash(*_args: object, **_kwargs: object) -> None:
-        raise RuntimeError("injected crash after the CAS updates, before the events")
-
-    # The run and attempt rows were already updated in this transaction when this raises.
-    monkeypatch.setattr(runs_repo, "_append_events", crash)
+    # Run and attempt rows (and on PostgreSQL the events) are written when this raises.
+    crash_in_step(monkeypatch, engine, "injected crash inside T1, before its commit")
     with pytest.raises(RuntimeError, match="injected"):
         dispatch(engine, run)
     monkeypatch.undo()
@@ -308,17 +304,20 @@ def test_cancel_racing_t1_on_a_queued_run_is_a_clean_cas_loss_never_a_deadlock(
     local = threading.local()
 
     def after_first_write(write: Any) -> Any:
-        def wrapped(*args: Any) -> None:
-            write(*args)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            written = write(*args, **kwargs)
             if not getattr(local, "wrote", False):
                 local.wrote = True
                 with contextlib.suppress(threading.BrokenBarrierError):
                     barrier.wait()
+            return written
 
         return wrapped
 
     monkeypatch.setattr(runs_repo, "_cas_run", after_first_write(runs_repo._cas_run))
     monkeypatch.setattr(runs_repo, "_update_attempt", after_first_write(runs_repo._update_attempt))
+    # PostgreSQL's T1 writes run, attempt and events in one statement (one_step.py).
+    monkeypatch.setattr(runs_repo, "write_step", after_first_write(runs_repo.write_step))
     results: dict[str, object] = {}
 
     def contend(name: str, action: Any) -> None:

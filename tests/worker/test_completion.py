@@ -26,6 +26,7 @@ from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.worker.log_facts import LogFacts
 from app.worker.receipts import ReceiptStore
+from tests.kit.crash import crash_in_step
 from tests.worker.kit import Armed, CrashAfterCommit, armed_run, make_log, terminal_events
 
 HANDLE = ProcessHandle(boot_id="b", pid=10, pgid=10, start_ticks=5, shim_pid=9, shim_start_ticks=4)
@@ -116,19 +117,14 @@ def test_crash_inside_the_transaction_replays_to_one_ending(
 ) -> None:
     armed = env.running()
     path = env.publish(armed, exit_code=3)
-    real = runs_repo_module._append_events
-
-    def crash(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("injected crash inside the terminal transaction")
-
-    monkeypatch.setattr(runs_repo_module, "_append_events", crash)
+    crash_in_step(monkeypatch, env.engine, "injected crash inside the terminal transaction")
     with pytest.raises(RuntimeError):
         env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
     assert env.run(armed).status == "running"  # rolled back: nothing committed
     assert path.exists()  # never deleted before the commit
     entry = env.journal.get(armed.attempt_id)
     assert entry is not None and entry.state == "spawned"
-    monkeypatch.setattr(runs_repo_module, "_append_events", real)
+    monkeypatch.undo()
     result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
     assert (result.status, result.run_status) == ("applied", "failed")
     assert terminal_events(env.engine, armed.run_id) == ["attempt.failed", "run.failed"]

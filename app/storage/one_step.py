@@ -1,0 +1,123 @@
+"""A transition's three writes as one PostgreSQL statement (docs/design.md §3.7).
+
+Every transition that moves a run and its attempt together writes three things: the run's
+compare-and-set on ``version``, the attempt's on ``status``, and the events. On PostgreSQL
+each was a round trip of its own (the events already one executemany); here they are one
+statement of data-modifying CTEs:
+
+    WITH r AS (UPDATE runs ... WHERE id = ? AND version = ? RETURNING id),
+         a AS (UPDATE attempts ... WHERE id = ? AND status = ? AND EXISTS (SELECT FROM r)
+               RETURNING id),
+         e AS (INSERT INTO run_events ... SELECT ... WHERE EXISTS (SELECT FROM a)
+               RETURNING seq)
+    SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM a)
+
+The attempt is written only if the run's CAS took, and the events only if both did, so a
+lost CAS writes what the three statements wrote before it raised: at most the run row,
+rolled back with the caller's transaction. The run row is still written first (the
+uncorrelated EXISTS runs before the attempt's scan), the order every transaction that
+writes both keeps. Callers have read and, on PostgreSQL, locked both rows already.
+
+SQLite has no data-modifying CTE: it keeps the three statements (no round trip there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Select,
+    bindparam,
+    exists,
+    func,
+    insert,
+    select,
+    union_all,
+    update,
+)
+
+from app.storage.tables import attempts, run_events, runs
+
+_EVENT_COLUMNS = ("run_id", "seq", "type", "at_ms", "data")
+_STATEMENTS: dict[tuple[tuple[str, ...], tuple[str, ...], int], Select[Any]] = {}
+
+
+def _statement(
+    run_keys: tuple[str, ...], attempt_keys: tuple[str, ...], events: int
+) -> Select[Any]:
+    """The statement for these SET columns and this many events (built once per shape)."""
+    key = (run_keys, attempt_keys, events)
+    found = _STATEMENTS.get(key)
+    if found is not None:
+        return found
+    run_cte = (
+        update(runs)
+        .where(runs.c.id == bindparam("r_where_id"), runs.c.version == bindparam("r_where_version"))
+        .values({k: bindparam(f"r_{k}", type_=runs.c[k].type) for k in run_keys})
+        .returning(runs.c.id)
+        .cte("r")
+    )
+    attempt_cte = (
+        update(attempts)
+        .where(
+            attempts.c.id == bindparam("a_where_id"),
+            attempts.c.status == bindparam("a_where_status"),
+            exists(select(run_cte.c.id)),
+        )
+        .values({k: bindparam(f"a_{k}", type_=attempts.c[k].type) for k in attempt_keys})
+        .returning(attempts.c.id)
+        .cte("a")
+    )
+    rows = [
+        select(
+            *(bindparam(f"e{i}_{c}", type_=run_events.c[c].type).label(c) for c in _EVENT_COLUMNS)
+        ).where(exists(select(attempt_cte.c.id)))
+        for i in range(events)
+    ]
+    source = rows[0] if len(rows) == 1 else union_all(*rows)
+    events_cte = (
+        insert(run_events)
+        .from_select(list(_EVENT_COLUMNS), source)
+        .returning(run_events.c.seq)
+        .cte("e")
+    )
+    statement = select(
+        select(func.count()).select_from(run_cte).scalar_subquery(),
+        select(func.count()).select_from(attempt_cte).scalar_subquery(),
+        select(func.count()).select_from(events_cte).scalar_subquery(),
+    )
+    _STATEMENTS[key] = statement
+    return statement
+
+
+def write_step(
+    conn: Connection,
+    *,
+    run_id: str,
+    run_version: int,
+    run_values: dict[str, Any],
+    attempt_id: str,
+    attempt_status: str,
+    attempt_values: dict[str, Any],
+    event_rows: list[dict[str, Any]],
+) -> bool:
+    """Run CAS, attempt CAS and events in one statement; False (nothing kept but, at most,
+    the run row, for the caller to roll back) when either CAS found its row moved."""
+    if not event_rows:
+        raise ValueError("a step appends its events")
+    run_keys = tuple(sorted(run_values))
+    attempt_keys = tuple(sorted(attempt_values))
+    params: dict[str, Any] = {
+        "r_where_id": run_id,
+        "r_where_version": run_version,
+        "a_where_id": attempt_id,
+        "a_where_status": attempt_status,
+    }
+    params.update({f"r_{k}": v for k, v in run_values.items()})
+    params.update({f"a_{k}": v for k, v in attempt_values.items()})
+    for i, row in enumerate(event_rows):
+        params.update({f"e{i}_{c}": row[c] for c in _EVENT_COLUMNS})
+    statement = _statement(run_keys, attempt_keys, len(event_rows))
+    ran, moved, appended = conn.execute(statement, params).one()
+    return bool(ran == 1 and moved == 1 and appended == len(event_rows))
