@@ -121,3 +121,63 @@ def write_step(
     statement = _statement(run_keys, attempt_keys, len(event_rows))
     ran, moved, appended = conn.execute(statement, params).one()
     return bool(ran == 1 and moved == 1 and appended == len(event_rows))
+
+
+_INSERTS: dict[tuple[tuple[str, ...], tuple[str, ...]], Select[Any]] = {}
+
+
+def _insert_statement(run_keys: tuple[str, ...], attempt_keys: tuple[str, ...]) -> Select[Any]:
+    """A new run, its attempt 1 and its one event: the enqueue's three inserts."""
+    key = (run_keys, attempt_keys)
+    found = _INSERTS.get(key)
+    if found is not None:
+        return found
+    run_cte = (
+        insert(runs)
+        .values({k: bindparam(f"r_{k}", type_=runs.c[k].type) for k in run_keys})
+        .returning(runs.c.id)
+        .cte("r")
+    )
+    attempt_row = select(
+        *(bindparam(f"a_{k}", type_=attempts.c[k].type).label(k) for k in attempt_keys)
+    ).where(exists(select(run_cte.c.id)))
+    attempt_cte = (
+        insert(attempts)
+        .from_select(list(attempt_keys), attempt_row)
+        .returning(attempts.c.id)
+        .cte("a")
+    )
+    event_row = select(
+        *(bindparam(f"e0_{c}", type_=run_events.c[c].type).label(c) for c in _EVENT_COLUMNS)
+    ).where(exists(select(attempt_cte.c.id)))
+    events_cte = (
+        insert(run_events)
+        .from_select(list(_EVENT_COLUMNS), event_row)
+        .returning(run_events.c.seq)
+        .cte("e")
+    )
+    statement = select(
+        select(func.count()).select_from(run_cte).scalar_subquery(),
+        select(func.count()).select_from(attempt_cte).scalar_subquery(),
+        select(func.count()).select_from(events_cte).scalar_subquery(),
+    )
+    _INSERTS[key] = statement
+    return statement
+
+
+def insert_run(
+    conn: Connection,
+    *,
+    run_values: dict[str, Any],
+    attempt_values: dict[str, Any],
+    event_row: dict[str, Any],
+) -> None:
+    """The run, its first attempt and its first event in one statement. A key or foreign
+    key violation raises as the three inserts did (IntegrityError), and nothing is kept."""
+    params: dict[str, Any] = {f"r_{k}": v for k, v in run_values.items()}
+    params.update({f"a_{k}": v for k, v in attempt_values.items()})
+    params.update({f"e0_{c}": event_row[c] for c in _EVENT_COLUMNS})
+    statement = _insert_statement(tuple(sorted(run_values)), tuple(sorted(attempt_values)))
+    counts = tuple(conn.execute(statement, params).one())
+    if counts != (1, 1, 1):  # an INSERT without a conflict clause inserts or raises
+        raise RuntimeError(f"the enqueue's insert wrote {counts}")

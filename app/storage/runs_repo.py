@@ -61,7 +61,7 @@ from app.storage.definitions_repo import retry_of_body, revision_row
 from app.storage.journal_repo import mark_consumed_in, mark_spawned_in
 from app.storage.lease_repo import lease_current_in
 from app.storage.one_statement import OneStatementRead
-from app.storage.one_step import write_step
+from app.storage.one_step import insert_run, write_step
 from app.storage.run_reads import (
     COUNT_ACTIVE,
     COUNT_HOST_ACTIVE,
@@ -801,9 +801,15 @@ def enqueue_in(
         "created_at_ms": at,
         "callback_sequence": 0,
     }
-    conn.execute(_INSERT_RUN, run_values)
-    conn.execute(_INSERT_ATTEMPT, attempt_values)
-    _append_events(conn, run_id, 1, at, [_Event(run_event(RunStatus.QUEUED), {"attempt": 1})])
+    queued = [_Event(run_event(RunStatus.QUEUED), {"attempt": 1})]
+    if conn.dialect.name == "postgresql":
+        # One round trip instead of three (app/storage/one_step.py).
+        (row,) = _event_rows(run_id, 1, at, queued)
+        insert_run(conn, run_values=run_values, attempt_values=attempt_values, event_row=row)
+    else:
+        conn.execute(_INSERT_RUN, run_values)
+        conn.execute(_INSERT_ATTEMPT, attempt_values)
+        _append_events(conn, run_id, 1, at, queued)
     return run_values, attempt_values
 
 
