@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     Connection,
     Select,
     bindparam,
@@ -69,6 +70,13 @@ def _statement(
         .returning(attempts.c.id)
         .cte("a")
     )
+    statement = _counts(run_cte, attempt_cte, _events_after(attempt_cte, events))
+    _STATEMENTS[key] = statement
+    return statement
+
+
+def _events_after(attempt_cte: CTE, events: int) -> CTE:
+    """The events insert, run only when ``attempt_cte`` wrote its row."""
     rows = [
         select(
             *(bindparam(f"e{i}_{c}", type_=run_events.c[c].type).label(c) for c in _EVENT_COLUMNS)
@@ -76,19 +84,17 @@ def _statement(
         for i in range(events)
     ]
     source = rows[0] if len(rows) == 1 else union_all(*rows)
-    events_cte = (
+    return (
         insert(run_events)
         .from_select(list(_EVENT_COLUMNS), source)
         .returning(run_events.c.seq)
         .cte("e")
     )
-    statement = select(
-        select(func.count()).select_from(run_cte).scalar_subquery(),
-        select(func.count()).select_from(attempt_cte).scalar_subquery(),
-        select(func.count()).select_from(events_cte).scalar_subquery(),
-    )
-    _STATEMENTS[key] = statement
-    return statement
+
+
+def _counts(*ctes: CTE) -> Select[Any]:
+    """The rows each CTE wrote; naming them also makes each one part of the statement."""
+    return select(*(select(func.count()).select_from(c).scalar_subquery() for c in ctes))
 
 
 def write_step(
@@ -147,20 +153,7 @@ def _insert_statement(run_keys: tuple[str, ...], attempt_keys: tuple[str, ...]) 
         .returning(attempts.c.id)
         .cte("a")
     )
-    event_row = select(
-        *(bindparam(f"e0_{c}", type_=run_events.c[c].type).label(c) for c in _EVENT_COLUMNS)
-    ).where(exists(select(attempt_cte.c.id)))
-    events_cte = (
-        insert(run_events)
-        .from_select(list(_EVENT_COLUMNS), event_row)
-        .returning(run_events.c.seq)
-        .cte("e")
-    )
-    statement = select(
-        select(func.count()).select_from(run_cte).scalar_subquery(),
-        select(func.count()).select_from(attempt_cte).scalar_subquery(),
-        select(func.count()).select_from(events_cte).scalar_subquery(),
-    )
+    statement = _counts(run_cte, attempt_cte, _events_after(attempt_cte, 1))
     _INSERTS[key] = statement
     return statement
 
