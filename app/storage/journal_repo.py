@@ -26,6 +26,8 @@ from sqlalchemy import (
     String,
     bindparam,
     delete,
+    exists,
+    func,
     insert,
     literal,
     or_,
@@ -124,6 +126,68 @@ _STAMP_EPOCH = (
         worker_instance_id=bindparam("stamp_instance"), lease_epoch=bindparam("stamp_epoch")
     )
 )
+
+
+def _reserve_and_stamp() -> Any:
+    """PostgreSQL: the owned reserve and the epoch stamp as one statement (one round trip
+    less before the spawn; app/storage/one_step.py has the same shape). The stamp runs only
+    when the entry was inserted; the answer's first column is how many entries were."""
+    # Every value a named parameter, none named like a column: SQLAlchemy turns a parameter
+    # named like a column of a DML statement into one more SET or VALUES entry, also when the
+    # statement is nested as a CTE ("a value is required for bind parameter").
+    owned = or_(
+        attempts.c.worker_instance_id.is_(None),
+        attempts.c.worker_instance_id == bindparam("j_worker_instance_id", type_=String),
+    )
+    reserved = (
+        insert(receipt_journal)
+        .from_select(
+            [
+                "attempt_id", "run_id", "state", "receipt_ref", "created_at_ms",
+                "updated_at_ms", "worker_instance_id",
+            ],
+            select(
+                attempts.c.id,
+                attempts.c.run_id,
+                bindparam("j_reserved_state", type_=String),
+                bindparam("j_receipt_ref", type_=String),
+                bindparam("j_created_at_ms", type_=BigInteger),
+                bindparam("j_updated_at_ms", type_=BigInteger),
+                bindparam("j_worker_instance_id", type_=String),
+            ).where(
+                attempts.c.id == bindparam("j_attempt_id"),
+                attempts.c.run_id == bindparam("j_run_id"),
+                attempts.c.status == bindparam("j_starting_status", type_=String),
+                owned,
+            ),
+        )
+        .returning(receipt_journal.c.attempt_id)
+        .cte("j")
+    )  # fmt: skip
+    stamped = (
+        update(attempts)
+        .where(
+            attempts.c.id == bindparam("j_where_id"),
+            attempts.c.status == bindparam("j_starting_status", type_=String),
+            exists(select(reserved.c.attempt_id)),
+        )
+        .values(
+            worker_instance_id=bindparam("j_stamp_instance", type_=String),
+            lease_epoch=bindparam("j_stamp_epoch", type_=BigInteger),
+        )
+        .returning(attempts.c.id)
+        .cte("s")
+    )
+    # Both counted, so both are part of the statement; the stamp's count is not asked for,
+    # as the separate UPDATE's rowcount was not.
+    return select(
+        select(func.count()).select_from(reserved).scalar_subquery(),
+        select(func.count()).select_from(stamped).scalar_subquery(),
+    )
+
+
+_RESERVE_AND_STAMP = _reserve_and_stamp()
+_RESERVE_CONSTANTS = {"j_reserved_state": RESERVED, "j_starting_status": "starting"}
 _BY_ATTEMPT = select(receipt_journal).where(receipt_journal.c.attempt_id == bindparam("attempt_id"))
 _MOVES = {
     target: update(receipt_journal).where(
@@ -224,11 +288,20 @@ class JournalRepository:
                 inserted = True
                 if only_if_starting:
                     del values["state"]
-                    statement = _RESERVE_STARTING[owner is not None]
-                    inserted = uow.conn.execute(statement, values).first() is not None
-                    if inserted and owner is not None:
+                    stamp: dict[str, Any] = {}
+                    if owner is not None:
                         stamp = {"where_id": attempt_id, "stamp_instance": owner[0]}
-                        uow.conn.execute(_STAMP_EPOCH, stamp | {"stamp_epoch": owner[1]})
+                        stamp["stamp_epoch"] = owner[1]
+                    if stamp and uow.conn.dialect.name == "postgresql":
+                        named = values | stamp
+                        params = {f"j_{k}": v for k, v in named.items()} | _RESERVE_CONSTANTS
+                        counts = uow.conn.execute(_RESERVE_AND_STAMP, params).one()
+                        inserted = counts[0] == 1
+                    else:
+                        statement = _RESERVE_STARTING[owner is not None]
+                        inserted = uow.conn.execute(statement, values).first() is not None
+                        if inserted and stamp:
+                            uow.conn.execute(_STAMP_EPOCH, stamp)
                 else:
                     uow.conn.execute(_INSERT, values)
                 uow.commit()

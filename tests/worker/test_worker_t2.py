@@ -9,7 +9,7 @@ from sqlalchemy import Engine, select
 
 from app.domain.artifacts import receipt_relpath
 from app.domain.errors import ErrorCode, InvalidTransition
-from app.storage.journal_repo import SPAWNED, JournalRepository
+from app.storage.journal_repo import SPAWNED, AlreadyReserved, JournalRepository, NotStarting
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.tables import attempts, receipt_journal
@@ -94,3 +94,47 @@ def test_an_entry_not_reserved_writes_nothing(engine: Engine) -> None:
     state, journal_handle, attempt_handle = _stored(engine, armed)
     assert (state, journal_handle, attempt_handle) == ("fenced", None, None)
     assert [e.type for e in events(engine, armed.run_id)] == before
+
+
+def test_an_owned_reserve_stamps_the_attempt_with_its_instance_and_epoch(engine: Engine) -> None:
+    # On PostgreSQL the reserve and the stamp are one statement (journal_repo
+    # ``_RESERVE_AND_STAMP``); on SQLite two. Both: stamped once, never for a refused reserve.
+    armed = armed_run(engine)
+    journal = JournalRepository(engine, owner=lambda: ("inst-1", 7))
+    ref = receipt_relpath(armed.attempt_id)
+    entry = journal.reserve(
+        attempt_id=armed.attempt_id, run_id=armed.run_id, receipt_ref=ref, only_if_starting=True
+    )
+    assert entry.state == "reserved"
+    query = select(attempts.c.worker_instance_id, attempts.c.lease_epoch, attempts.c.status)
+    with engine.connect() as conn:
+        row = conn.execute(query.where(attempts.c.id == armed.attempt_id)).one()
+        stored = conn.execute(
+            select(receipt_journal.c.worker_instance_id).where(
+                receipt_journal.c.attempt_id == armed.attempt_id
+            )
+        ).scalar_one()
+    assert tuple(row) == ("inst-1", 7, "starting") and stored == "inst-1"
+    with pytest.raises(AlreadyReserved):
+        JournalRepository(engine, owner=lambda: ("inst-1", 8)).reserve(
+            attempt_id=armed.attempt_id, run_id=armed.run_id, receipt_ref=ref,
+            only_if_starting=True,
+        )  # fmt: skip
+    with engine.connect() as conn:
+        assert conn.execute(
+            select(attempts.c.lease_epoch).where(attempts.c.id == armed.attempt_id)
+        ).scalar_one() == 7  # the refused reserve stamped nothing
+
+    queued, _ = RunRepository(engine).enqueue_run(task="job", revision=1, priority=None)
+    assert queued.latest_attempt is not None
+    claimed = queued.latest_attempt.id  # not starting: no T1
+    with pytest.raises(NotStarting):
+        journal.reserve(
+            attempt_id=claimed, run_id=queued.id, receipt_ref=receipt_relpath(claimed),
+            only_if_starting=True,
+        )  # fmt: skip
+    with engine.connect() as conn:
+        assert conn.execute(
+            select(attempts.c.lease_epoch).where(attempts.c.id == claimed)
+        ).scalar_one() is None
+    assert journal.get(claimed) is None
