@@ -81,19 +81,26 @@ _INSERT = insert(receipt_journal)
 # A reservation only for an attempt the database has in ``starting`` (T1 committed, no
 # ending since): a request that arrives after recovery requeued its attempt, even once the
 # fence row itself is purged, can never spawn.
-def _reserve_starting(owned: bool) -> Any:
+def _reserve_starting(owned: bool, prefix: str = "") -> Any:
     # ``owned`` (several hosts, docs/several-hosts.md §2): only an attempt T1 gave to this
-    # instance (or to none), and the entry names the instance.
+    # instance (or to none), and the entry names the instance. ``prefix``: every value a
+    # parameter named ``prefix + name``, the constants too (``_RESERVE_CONSTANTS``), for the
+    # statement nested as a CTE (``_reserve_and_stamp``).
+    def param(name: str, type_: Any = None) -> Any:
+        return bindparam(f"{prefix}{name}", type_=type_)
+
+    state = param("reserved_state", String) if prefix else literal(RESERVED, String)
+    starting = param("starting_status", String) if prefix else "starting"
     where = [
-        attempts.c.id == bindparam("attempt_id"),
-        attempts.c.run_id == bindparam("run_id"),
-        attempts.c.status == "starting",
+        attempts.c.id == param("attempt_id"),
+        attempts.c.run_id == param("run_id"),
+        attempts.c.status == starting,
     ]
     if owned:
         where.append(
             or_(
                 attempts.c.worker_instance_id.is_(None),
-                attempts.c.worker_instance_id == bindparam("worker_instance_id", type_=String),
+                attempts.c.worker_instance_id == param("worker_instance_id", String),
             )
         )
     return (
@@ -106,11 +113,11 @@ def _reserve_starting(owned: bool) -> Any:
             select(
                 attempts.c.id,
                 attempts.c.run_id,
-                literal(RESERVED, String),
-                bindparam("receipt_ref", type_=String),
-                bindparam("created_at_ms", type_=BigInteger),
-                bindparam("updated_at_ms", type_=BigInteger),
-                bindparam("worker_instance_id", type_=String),
+                state,
+                param("receipt_ref", String),
+                param("created_at_ms", BigInteger),
+                param("updated_at_ms", BigInteger),
+                param("worker_instance_id", String),
             ).where(*where),
         )
         .returning(receipt_journal.c.attempt_id)
@@ -135,35 +142,7 @@ def _reserve_and_stamp() -> Any:
     # Every value a named parameter, none named like a column: SQLAlchemy turns a parameter
     # named like a column of a DML statement into one more SET or VALUES entry, also when the
     # statement is nested as a CTE ("a value is required for bind parameter").
-    owned = or_(
-        attempts.c.worker_instance_id.is_(None),
-        attempts.c.worker_instance_id == bindparam("j_worker_instance_id", type_=String),
-    )
-    reserved = (
-        insert(receipt_journal)
-        .from_select(
-            [
-                "attempt_id", "run_id", "state", "receipt_ref", "created_at_ms",
-                "updated_at_ms", "worker_instance_id",
-            ],
-            select(
-                attempts.c.id,
-                attempts.c.run_id,
-                bindparam("j_reserved_state", type_=String),
-                bindparam("j_receipt_ref", type_=String),
-                bindparam("j_created_at_ms", type_=BigInteger),
-                bindparam("j_updated_at_ms", type_=BigInteger),
-                bindparam("j_worker_instance_id", type_=String),
-            ).where(
-                attempts.c.id == bindparam("j_attempt_id"),
-                attempts.c.run_id == bindparam("j_run_id"),
-                attempts.c.status == bindparam("j_starting_status", type_=String),
-                owned,
-            ),
-        )
-        .returning(receipt_journal.c.attempt_id)
-        .cte("j")
-    )  # fmt: skip
+    reserved = _reserve_starting(True, prefix="j_").cte("j")
     stamped = (
         update(attempts)
         .where(
