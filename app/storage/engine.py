@@ -32,14 +32,20 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database).absolute()
 
 
-def make_engine(url: str, *, pool_size: int = 5) -> Engine:
-    """Create an engine with the transaction discipline the repositories rely on."""
+def make_engine(url: str, *, connections: int = 10) -> Engine:
+    """Create an engine with the transaction discipline the repositories rely on.
+
+    On PostgreSQL at most ``connections`` at once, every one kept open once made: no
+    overflow connection is opened for a moment of load and closed at its checkin. Each one
+    closed took its server process and its prepared statements with it, and the next burst
+    paid for a new one (figures: bench/README.md, "Figures behind choices").
+    """
     if is_sqlite(url):
         return _sqlite_engine(url)
     engine = create_engine(
         url,
-        pool_size=pool_size,
-        max_overflow=pool_size,
+        pool_size=connections,
+        max_overflow=0,
         # READ COMMITTED: each CAS UPDATE re-checks `version` after waiting for a concurrent
         # writer (PostgreSQL re-evaluates the WHERE clause on the newest row version).
         isolation_level="READ COMMITTED",

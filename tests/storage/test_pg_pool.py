@@ -6,6 +6,7 @@ ping still happens where it matters, against a real server that really closed th
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -48,7 +49,7 @@ def test_an_idle_connection_cut_by_the_server_is_replaced(
 def test_reads_keep_their_prepared_statements(postgres_url: str) -> None:
     # psycopg drops a connection's prepared statements on ROLLBACK; a read unit of work
     # therefore ends with COMMIT on PostgreSQL, so a hot read is prepared once and reused.
-    engine = make_engine(postgres_url, pool_size=1)
+    engine = make_engine(postgres_url, connections=1)
     try:
         define_task(engine, task="prepared")
         run = enqueue(engine, task="prepared")
@@ -69,5 +70,34 @@ def test_reads_keep_their_prepared_statements(postgres_url: str) -> None:
         with pytest.raises(ZeroDivisionError), UnitOfWork(engine, write=False) as uow:
             uow.conn.execute(statement)
             raise ZeroDivisionError
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_burst_wider_than_the_pool_reuses_its_connections(postgres_url: str) -> None:
+    # More threads than connections: they wait for one instead of opening a short-lived
+    # extra one (a new server process, its prepared statements lost at its checkin).
+    engine = make_engine(postgres_url, connections=3)
+    backends: set[int] = set()
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(15):
+            with UnitOfWork(engine, write=False) as uow:
+                pid = uow.conn.execute(text("SELECT pg_backend_pid(), pg_sleep(0.002)")).first()
+            with lock:
+                backends.add(pid[0])
+
+    try:
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(backends) == 3  # all three used, none more ever made
+        assert engine.pool.checkedin() == 3  # and all three still open in the pool
     finally:
         engine.dispose()
