@@ -20,7 +20,7 @@ from bench.report import Figure, Report, percentile
 from bench.stack import Stack, running_stack
 
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
-PACED_RATE = 50.0  # half the SQLite throughput target: a steady load the system keeps up with
+PACED_RATE = 50.0  # issue 18's arrival rate for PostgreSQL: a steady load it keeps up with
 
 
 def bare_spawn_ms(count: int) -> list[float]:
@@ -239,8 +239,8 @@ def run_trivial(
     extra = {"n": count, "clients": clients, "repeats": repeats} | got
     extra["runs_per_s_each"] = [round(b["runs_per_s"], 1) for b in bursts]
     report.add(Figure(f"{label} trivial runs to completion", got["runs_per_s"], "runs/s",
-                      "posix_spawn+waitpid /bin/true", spawns, True,
-                      target=">= 100 runs/s (sqlite)" if pg is None else "", extra=extra))
+                      "posix_spawn+waitpid /bin/true", spawns, True, extra=extra))
+    # Issue 18's targets only: SQLite's runs/s is judged against Celery in the peer group.
     report.add(Figure(f"{label} trivial runs to completion", got["runs_per_s"], "runs/s",
                       "db commits (1 INSERT+COMMIT)", commits, True, extra=extra))
     sqlite_runs = [f.value for f in report.figures
@@ -257,7 +257,7 @@ def run_trivial(
                       got["p99"], "ms", "1 / db commit rate", 1000 / commits, False))
     report.add(Figure(f"{label} created->started p50, {PACED_RATE:g} runs/s arriving",
                       percentile(paced, 50), "ms", "1 / db commit rate", 1000 / commits, False,
-                      target="<= 15 ms" if pg is None else "<= 20 ms",
+                      target="" if pg is None else "<= 20 ms",
                       extra={"n": len(paced), "rate": PACED_RATE}))
     report.add(Figure(f"{label} created->started p99, {PACED_RATE:g} runs/s arriving",
                       percentile(paced, 99), "ms", "1 / db commit rate", 1000 / commits, False,
