@@ -24,7 +24,11 @@ def test_the_trivial_burst_ends_every_run_and_reports_each_figure() -> None:
     assert (burst["succeeded"], burst["all_terminal"]) == (20, 1.0)
     assert figures["sqlite created->started p50, one run at a time"].extra["n"] == 3
     paced = figures[f"sqlite created->started p50, {PACED_RATE:g} runs/s arriving"]
-    assert paced.extra["n"] == 5 and paced.target == "<= 15 ms"
+    assert paced.extra["n"] == 5
+    # Only issue 18's targets: on SQLite the one-at-a-time p50; its runs/s is judged against
+    # Celery (the peer group) and the arrival-rate target is PostgreSQL's.
+    targets = {f.name: f.target for f in report.figures if f.target}
+    assert targets == {"sqlite created->started p50, one run at a time": "<= 5 ms"}
     assert all(f.value == f.value and f.baseline > 0 for f in report.figures)  # no NaN
 
 
