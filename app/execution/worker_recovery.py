@@ -88,12 +88,11 @@ class WorkerRecovery:
             # Recovery is stopping this attempt to record ``lost``; it consumes afterwards.
             return ConsumeResult("absent")
         result = self._completion.consume(run_id=run_id, attempt_id=attempt_id)
-        # An ending recorded is the usual case, counted by /metrics: one line per run in the
-        # worker's log was noise there and ~4% of the worker's CPU in a burst (bench/README.md).
-        if result.status in ("applied", "already_terminal"):
-            log.debug("attempt completion: %s", result.status)
-        else:
-            log.info("attempt completion: %s", result.status)
+        # An ending recorded is the usual case (/metrics counts ended runs): one info line per
+        # run was noise in the worker's log and a share of its CPU in a burst (figures:
+        # bench/README.md, "Figures behind choices").
+        usual = result.status in ("applied", "already_terminal")
+        log.log(logging.DEBUG if usual else logging.INFO, "attempt completion: %s", result.status)
         if result.status in ("absent", "quarantined"):
             # The shim exited without a usable receipt: let the reconciler decide now
             # (grace, then lost) instead of at the next cadence.

@@ -81,15 +81,16 @@ def test_a_burst_wider_than_the_pool_reuses_its_connections(postgres_url: str) -
     engine = make_engine(postgres_url, connections=3)
     backends: set[int] = set()
     lock = threading.Lock()
-    start = threading.Barrier(8)
+    start = threading.Barrier(8, timeout=30)
 
     def work() -> None:
         start.wait()
         for _ in range(15):
             with UnitOfWork(engine, write=False) as uow:
-                pid = uow.conn.execute(text("SELECT pg_backend_pid(), pg_sleep(0.002)")).first()
+                backend = uow.conn.execute(text("SELECT pg_backend_pid(), pg_sleep(0.002)"))
+                pid = backend.scalar_one()
             with lock:
-                backends.add(pid[0])
+                backends.add(pid)
 
     try:
         threads = [threading.Thread(target=work) for _ in range(8)]
