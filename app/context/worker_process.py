@@ -40,9 +40,9 @@ from app.worker.watcher import ShimWatcher
 
 log = logging.getLogger(__name__)
 
-# Start-up settling on PostgreSQL: each receipt costs several serial round trips and a
-# commit, so a few threads (each on its own pooled connection) overlap them. SQLite has one
-# writer at a time: there the backlog is settled inline, on the starting thread.
+# Start-up settling and live endings: on PostgreSQL each receipt costs several serial round
+# trips and a commit, so a few threads (each on its own pooled connection) overlap them; on
+# SQLite they take the one writer in turn and share its synced commits (group commit).
 _SETTLE_THREADS = 4
 
 
@@ -251,9 +251,10 @@ class WorkerProcess:
 
 
 def _parallel_lanes(engine: Engine) -> int:
-    """Threads for independent completions (the start-up backlog, live endings): 0 (inline)
-    on SQLite, whose one writer serializes them anyway; else a few, never more than the
-    pool holds."""
-    if engine.dialect.name == "sqlite" or not isinstance(engine.pool, QueuePool):
+    """Threads for independent completions (the start-up backlog, live endings): a few,
+    never more than the pool holds. On SQLite too: its one writer still takes them one at
+    a time, but endings that meet at its gate share one synced commit (group commit,
+    app/storage/uow.py), which a single thread recording them in turn never lets happen."""
+    if not isinstance(engine.pool, QueuePool):
         return 0
     return max(1, min(_SETTLE_THREADS, engine.pool.size()))

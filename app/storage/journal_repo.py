@@ -263,7 +263,7 @@ class JournalRepository:
         owner = self._owner() if self._owner is not None else None
         values["worker_instance_id"] = None if owner is None else owner[0]
         try:
-            with UnitOfWork(self._engine) as uow:
+            with UnitOfWork(self._engine, grouped=True) as uow:
                 inserted = True
                 if only_if_starting:
                     del values["state"]

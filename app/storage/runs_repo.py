@@ -264,7 +264,7 @@ class RunRepository:
         first (IntegrityError) is read back on the next try."""
         for _ in range(3):
             try:
-                with UnitOfWork(self._engine) as uow:
+                with UnitOfWork(self._engine, grouped=True) as uow:
                     conn = uow.conn
                     replayed = _replay(conn, token_id, idempotency_key, request_digest)
                     if replayed is not None:
@@ -331,7 +331,7 @@ class RunRepository:
         ``worker_instance_id`` and ``lease_epoch``: the worker this start launches through
         (docs/several-hosts.md §2), recorded on the attempt.
         """
-        with UnitOfWork(self._engine) as uow:
+        with UnitOfWork(self._engine, grouped=True) as uow:
             run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
             if expected_version is not None and run_row.version != expected_version:
                 raise VersionConflict(run_id)
@@ -393,7 +393,7 @@ class RunRepository:
         self, *, run_id: str, attempt_id: str, handle: ProcessHandle, started_at_ms: int
     ) -> Run:
         """T2: attempt starting→running with its durable handle, run dispatching→running."""
-        with UnitOfWork(self._engine) as uow:
+        with UnitOfWork(self._engine, grouped=True) as uow:
             pair = _load_pair(uow.conn, run_id, attempt_id)
             written = _to_running(uow.conn, *pair, started_at_ms, handle)
             uow.commit()
@@ -410,7 +410,7 @@ class RunRepository:
         written, and the caller's T2 meets the same refusal and compensates as it always did.
         ``not_reserved``: the entry was not ``reserved``; nothing was written.
         """
-        with UnitOfWork(self._engine) as uow:
+        with UnitOfWork(self._engine, grouped=True) as uow:
             conn = uow.conn
             # The pair first (on PostgreSQL its read locks the run and attempt rows), then the
             # journal row: the order of the completion, which consumes the entry after them.
@@ -435,7 +435,7 @@ class RunRepository:
             else:
                 uow.commit()
                 return "running"
-        with UnitOfWork(self._engine) as uow:
+        with UnitOfWork(self._engine, grouped=True) as uow:
             moved = mark_spawned_in(uow.conn, attempt_id, handle)
             uow.commit()
         return "spawned" if moved else "not_reserved"
@@ -573,7 +573,7 @@ class RunRepository:
         from the rows read here; this method reads them, asks, and writes the decision in the
         same transaction.
         """
-        with UnitOfWork(self._engine) as uow:
+        with UnitOfWork(self._engine, grouped=True) as uow:
             conn = uow.conn
             if fence is not None and not lease_current_in(conn, slot=fence[0], epoch=fence[1]):
                 return CompletionOutcome("fenced", reason=ErrorCode.LEASE_EPOCH_SUPERSEDED.value)

@@ -3,10 +3,18 @@
 Every repository transaction goes through here, so this is the one place where a database
 that cannot take writes (disk full, read-only; app.storage.unavailable) becomes
 StorageUnavailable, which the api answers with 503 (app/api/problems.py).
+
+On SQLite, write units of work of one process take turns on an in-process gate, and the ones
+that meet there share one transaction and one synced commit (group commit, docs/design.md
+§5.3): each runs inside its own SAVEPOINT of the open transaction, so its rollback undoes
+its writes alone, and its ``commit()`` returns only once the whole group is committed. No
+caller acts on its write before that, so a crash before the commit loses the whole group
+exactly as it would have lost each of them alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from types import TracebackType
@@ -17,34 +25,87 @@ from app.domain.errors import StorageUnavailable
 from app.storage.engine import WRITE
 from app.storage.unavailable import WRITE_HEALTH, is_storage_unavailable
 
-# SQLite has one writer at a time, and a writer that finds the lock taken sleeps in SQLite's
-# busy handler (1, 2, 5, 10... ms) instead of waking when it is free. Threads of one process
-# therefore queue for it here, on a lock that hands over at once; other processes still
-# meet the busy timeout. Profiled in bench/profile_dispatch.py (BEGIN IMMEDIATE waits).
-_SQLITE_WRITERS: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+# How many units of work one SQLite transaction carries at most: the writer lock is held
+# across the whole group, and the other process's writers wait for it meanwhile.
+MAX_GROUP = 16
+_MEMBER = "ql_member"  # the savepoint of the member running now (one at a time)
+
+
+class GroupCommitFailed(Exception):
+    """The shared commit of a group failed for a reason other than storage: nothing of this
+    unit of work was committed (the driver's error is the ``__cause__``)."""
+
+
+class _Group:
+    """One open SQLite write transaction and the members it carries."""
+
+    __slots__ = ("broken", "conn", "done", "error", "members")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.members = 0  # released savepoints that wait for the commit
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.broken: BaseException | None = None  # SQLite ended the transaction itself
+
+
+class _Gate:
+    """SQLite has one writer at a time, and a writer that finds the lock taken sleeps in
+    SQLite's busy handler (1, 2, 5, 10... ms) instead of waking when it is free. Threads of
+    one process therefore queue for it here, on a lock that hands over at once; other
+    processes still meet the busy timeout. Profiled in bench/profile_dispatch.py (BEGIN
+    IMMEDIATE waits)."""
+
+    __slots__ = ("counter", "group", "holder", "lock", "waiting")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counter = threading.Lock()
+        self.waiting = 0  # grouped units of work waiting for ``lock``
+        self.group: _Group | None = None
+        self.holder: int | None = None  # the thread running a member now
+
+
+_GATES: weakref.WeakKeyDictionary[Engine, _Gate] = weakref.WeakKeyDictionary()
 _GATES_LOCK = threading.Lock()
 
 
-def _writer_gate(engine: Engine) -> threading.RLock | None:
-    """The in-process writer lock of a SQLite engine; None for PostgreSQL (row locks)."""
+def _writer_gate(engine: Engine) -> _Gate | None:
+    """The in-process writer gate of a SQLite engine; None for PostgreSQL (row locks)."""
     if engine.dialect.name != "sqlite":
         return None
     with _GATES_LOCK:
-        gate = _SQLITE_WRITERS.get(engine)
+        gate = _GATES.get(engine)
         if gate is None:
-            gate = _SQLITE_WRITERS[engine] = threading.RLock()
+            gate = _GATES[engine] = _Gate()
         return gate
 
 
-class UnitOfWork:
-    """One transaction. Leaving the block without ``commit()`` rolls it back."""
+def _another_may_join(gate: _Gate, group: _Group) -> bool:
+    """A grouped unit of work waits for the gate and the group has room for it."""
+    return gate.waiting > 0 and group.members < MAX_GROUP
 
-    def __init__(self, engine: Engine, *, write: bool = True) -> None:
+
+class UnitOfWork:
+    """One transaction. Leaving the block without ``commit()`` rolls it back.
+
+    ``grouped`` (SQLite writes only): when another grouped unit of work waits at the gate as
+    this one commits, leave the transaction open for it and wait for the group's commit
+    instead of committing alone. For the short transactions on a run's path; a long one
+    (retention, migrations) stays ungrouped so it never holds a finished one back. Any
+    write may find a group open when it gets the gate; it then joins, and commits the group
+    when it ends.
+    """
+
+    def __init__(self, engine: Engine, *, write: bool = True, grouped: bool = False) -> None:
         self._engine = engine
         self._write = write
         self._conn: Connection | None = None
         self._committed = False
         self._gate = _writer_gate(engine) if write else None
+        self._grouped = grouped and self._gate is not None
+        self._group: _Group | None = None
+        self._savepoint = False
         # A read that ended without error commits on PostgreSQL: psycopg drops every
         # prepared statement of the connection on ROLLBACK (and sends DEALLOCATE ALL), so
         # rolled-back reads kept the hot statements from ever being prepared: each was
@@ -61,7 +122,7 @@ class UnitOfWork:
 
     def __enter__(self) -> UnitOfWork:
         if self._gate is not None:
-            self._gate.acquire()
+            return self._join(self._gate)
         try:
             conn = self._engine.connect()
             if self._write:
@@ -72,18 +133,21 @@ class UnitOfWork:
                 conn.close()
                 raise
         except BaseException as exc:
-            if self._gate is not None:
-                self._gate.release()
-            if is_storage_unavailable(exc):
-                WRITE_HEALTH.refused(self._engine)
-                raise StorageUnavailable() from exc
+            self._refused(exc)
             raise
         self._conn = conn
         self._committed = False
         return self
 
     def commit(self) -> None:
-        """Commit the transaction; the block may not write afterwards."""
+        """Commit the transaction; the block may not write afterwards.
+
+        In a group, this returns once the group's commit did; it raises StorageUnavailable
+        (or GroupCommitFailed) when that commit failed, and nothing of this unit was kept.
+        """
+        if self._group is not None:
+            self._commit_member(self._group)
+            return
         self.conn.commit()
         self._committed = True
         if self._write:
@@ -95,6 +159,9 @@ class UnitOfWork:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._group is not None:
+            self._leave_member(self._group, exc)
+            return
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -105,11 +172,139 @@ class UnitOfWork:
                 else:
                     conn.rollback()
         finally:
-            try:
-                conn.close()
-            finally:
-                if self._gate is not None:
-                    self._gate.release()
-        if exc is not None and is_storage_unavailable(exc):
+            conn.close()
+        if exc is not None:
+            self._refused(exc)
+
+    def _refused(self, exc: BaseException) -> None:
+        if is_storage_unavailable(exc):
             WRITE_HEALTH.refused(self._engine)
             raise StorageUnavailable() from exc
+
+    # -- SQLite: the gate and its group ------------------------------------------------------
+
+    def _join(self, gate: _Gate) -> UnitOfWork:
+        if gate.holder == threading.get_ident():
+            # It would wait for its own group's commit: a write inside a write is a bug.
+            raise RuntimeError("a write unit of work opened inside another on one thread")
+        if self._grouped:
+            with gate.counter:
+                gate.waiting += 1
+        try:
+            gate.lock.acquire()
+        finally:
+            if self._grouped:
+                with gate.counter:
+                    gate.waiting -= 1
+        group = gate.group
+        if group is None:
+            try:
+                conn = self._engine.connect().execution_options(**{WRITE: True})
+                try:
+                    conn.begin()  # BEGIN IMMEDIATE (app/storage/engine.py)
+                except BaseException:
+                    conn.close()
+                    raise
+            except BaseException as exc:
+                gate.lock.release()
+                self._refused(exc)
+                raise
+            group = gate.group = _Group(conn)
+        gate.holder = threading.get_ident()
+        # The first member is the transaction alone: its rollback is the transaction's.
+        self._savepoint = group.members > 0
+        if self._savepoint:
+            try:
+                group.conn.exec_driver_sql(f"SAVEPOINT {_MEMBER}")
+            except BaseException as exc:
+                self._end_group(gate, group, broken=exc)
+                self._refused(exc)
+                raise
+        self._group, self._conn = group, group.conn
+        self._committed = False
+        return self
+
+    def _commit_member(self, group: _Group) -> None:
+        gate = self._gate
+        assert gate is not None
+        self._conn = None  # the connection is the group's from here on
+        if self._savepoint:
+            try:
+                group.conn.exec_driver_sql(f"RELEASE {_MEMBER}")
+            except BaseException as exc:
+                self._group = None
+                self._end_group(gate, group, broken=exc)
+                self._refused(exc)
+                raise
+        group.members += 1
+        self._group = None
+        self._committed = True
+        if self._grouped and _another_may_join(gate, group):
+            gate.holder = None
+            gate.lock.release()  # a waiting unit joins; the last one commits for all
+            group.done.wait()
+        else:
+            self._end_group(gate, group)
+        if group.error is not None:
+            self._committed = False
+            self._raise_group_error(group.error)
+        WRITE_HEALTH.committed(self._engine)
+
+    def _leave_member(self, group: _Group, exc: BaseException | None) -> None:
+        gate = self._gate
+        assert gate is not None
+        self._group, self._conn = None, None
+        broken: BaseException | None = None
+        # The first member (no savepoint) is rolled back with the transaction below.
+        if self._savepoint:
+            raw = group.conn.connection.dbapi_connection
+            if raw is None or not raw.in_transaction:
+                # SQLite rolled the whole transaction back itself (a full disk, an I/O
+                # error): the members before this one lost their writes too.
+                broken = exc or RuntimeError("the group's transaction ended")
+            else:
+                try:
+                    group.conn.exec_driver_sql(f"ROLLBACK TO {_MEMBER}")
+                    group.conn.exec_driver_sql(f"RELEASE {_MEMBER}")
+                except BaseException as rollback_exc:
+                    broken = rollback_exc
+        if broken is None and group.members > 0 and _another_may_join(gate, group):
+            gate.holder = None
+            gate.lock.release()  # the members before it commit with the next one
+        else:
+            self._end_group(gate, group, broken=broken)
+        if exc is not None:
+            self._refused(exc)
+
+    def _end_group(
+        self, gate: _Gate, group: _Group, *, broken: BaseException | None = None
+    ) -> None:
+        """Commit the group (roll it back when ``broken`` or nobody is in it), wake its
+        members and hand the gate on. Called with the gate held."""
+        try:
+            if broken is not None:
+                group.error = broken
+                group.conn.rollback()
+            elif group.members == 0:
+                group.conn.rollback()
+            else:
+                group.conn.commit()
+        except BaseException as exc:
+            group.error = group.error or exc
+            with contextlib.suppress(Exception):  # closing below discards it anyway
+                group.conn.rollback()
+        finally:
+            try:
+                group.conn.close()
+            finally:
+                gate.group = None
+                gate.holder = None
+                group.done.set()
+                gate.lock.release()
+        if group.error is not None and is_storage_unavailable(group.error):
+            WRITE_HEALTH.refused(self._engine)
+
+    def _raise_group_error(self, error: BaseException) -> None:
+        if is_storage_unavailable(error):
+            raise StorageUnavailable() from error
+        raise GroupCommitFailed("the shared commit failed; nothing of it was kept") from error

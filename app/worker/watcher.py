@@ -7,11 +7,13 @@ pid. The shim exits only after it published the receipt (or failed to), so its e
 moment to consume. Missed or failed notifications are the reconciler's business
 (docs/design.md §3.13): this is the fast path, never the only path.
 
-With ``lanes`` (PostgreSQL), the callbacks run on that many threads instead of the watcher's
-own: a completion there is a dozen round trips and a WAL flush, and one thread doing them
+With ``lanes``, the callbacks run on that many threads instead of the watcher's own: on
+PostgreSQL a completion is a dozen round trips and a WAL flush, and one thread doing them
 in turn kept every run active (and so counted by QL_MAX_RUNNING) until the endings before
-it were recorded. Each shim exits once and its fd is dropped before the callback is queued,
-so no attempt is handed out twice; exactly-once is the completion transaction's anyway.
+it were recorded; on SQLite endings that meet share one synced commit (group commit,
+app/storage/uow.py), which one thread taking them in turn never allows. Each shim exits
+once and its fd is dropped before the callback is queued, so no attempt is handed out
+twice; exactly-once is the completion transaction's anyway.
 """
 
 from __future__ import annotations
