@@ -39,14 +39,14 @@ class GroupCommitFailed(Exception):
 class _Group:
     """One open SQLite write transaction and the members it carries."""
 
-    __slots__ = ("broken", "conn", "done", "error", "members")
+    __slots__ = ("conn", "done", "error", "joined", "members")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.joined = 0  # members that ran in it, committed or not (the bound counts these)
         self.members = 0  # released savepoints that wait for the commit
         self.done = threading.Event()
         self.error: BaseException | None = None
-        self.broken: BaseException | None = None  # SQLite ended the transaction itself
 
 
 class _Gate:
@@ -56,12 +56,13 @@ class _Gate:
     processes still meet the busy timeout. Profiled in bench/profile_dispatch.py (BEGIN
     IMMEDIATE waits)."""
 
-    __slots__ = ("counter", "group", "holder", "lock", "waiting")
+    __slots__ = ("counter", "group", "holder", "lock", "others", "waiting")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.counter = threading.Lock()
         self.waiting = 0  # grouped units of work waiting for ``lock``
+        self.others = 0  # ungrouped ones waiting for it
         self.group: _Group | None = None
         self.holder: int | None = None  # the thread running a member now
 
@@ -82,8 +83,15 @@ def _writer_gate(engine: Engine) -> _Gate | None:
 
 
 def _another_may_join(gate: _Gate, group: _Group) -> bool:
-    """A grouped unit of work waits for the gate and the group has room for it."""
-    return gate.waiting > 0 and group.members < MAX_GROUP
+    """A grouped unit of work waits for the gate, no ungrouped one does (it may be long and
+    would hold the group's members back), and the group has room."""
+    return gate.waiting > 0 and gate.others == 0 and group.joined < MAX_GROUP
+
+
+def _transaction_open(group: _Group) -> bool:
+    """False once SQLite ended the group's transaction itself (a full disk, an I/O error)."""
+    raw = group.conn.connection.dbapi_connection
+    return raw is not None and bool(raw.in_transaction)
 
 
 class UnitOfWork:
@@ -92,9 +100,9 @@ class UnitOfWork:
     ``grouped`` (SQLite writes only): when another grouped unit of work waits at the gate as
     this one commits, leave the transaction open for it and wait for the group's commit
     instead of committing alone. For the short transactions on a run's path; a long one
-    (retention, migrations) stays ungrouped so it never holds a finished one back. Any
-    write may find a group open when it gets the gate; it then joins, and commits the group
-    when it ends.
+    (retention, migrations) stays ungrouped, and a group is committed at once while one
+    waits, so it does not hold finished members back. Any write may still find a group open
+    when it gets the gate; it then joins, and commits the group when it ends.
     """
 
     def __init__(self, engine: Engine, *, write: bool = True, grouped: bool = False) -> None:
@@ -187,15 +195,19 @@ class UnitOfWork:
         if gate.holder == threading.get_ident():
             # It would wait for its own group's commit: a write inside a write is a bug.
             raise RuntimeError("a write unit of work opened inside another on one thread")
-        if self._grouped:
-            with gate.counter:
+        with gate.counter:
+            if self._grouped:
                 gate.waiting += 1
+            else:
+                gate.others += 1
         try:
             gate.lock.acquire()
         finally:
-            if self._grouped:
-                with gate.counter:
+            with gate.counter:
+                if self._grouped:
                     gate.waiting -= 1
+                else:
+                    gate.others -= 1
         group = gate.group
         if group is None:
             try:
@@ -211,7 +223,9 @@ class UnitOfWork:
                 raise
             group = gate.group = _Group(conn)
         gate.holder = threading.get_ident()
-        # The first member is the transaction alone: its rollback is the transaction's.
+        group.joined += 1
+        # The first member is the transaction alone: its rollback is the transaction's. A
+        # later one sees the uncommitted writes of those before it.
         self._savepoint = group.members > 0
         if self._savepoint:
             try:
@@ -227,54 +241,59 @@ class UnitOfWork:
     def _commit_member(self, group: _Group) -> None:
         gate = self._gate
         assert gate is not None
-        self._conn = None  # the connection is the group's from here on
-        if self._savepoint:
-            try:
+        self._group, self._conn = None, None  # the connection is the group's from here on
+        try:
+            if not _transaction_open(group):
+                # SQLite ended the transaction under this member (a caller went on after a
+                # full disk): its writes, and those before it, are gone.
+                raise RuntimeError("the group's transaction ended before its commit")
+            if self._savepoint:
                 group.conn.exec_driver_sql(f"RELEASE {_MEMBER}")
-            except BaseException as exc:
-                self._group = None
-                self._end_group(gate, group, broken=exc)
-                self._refused(exc)
-                raise
+        except BaseException as exc:
+            self._end_group(gate, group, broken=exc)
+            self._refused(exc)
+            raise
         group.members += 1
-        self._group = None
         self._committed = True
-        if self._grouped and _another_may_join(gate, group):
-            gate.holder = None
-            gate.lock.release()  # a waiting unit joins; the last one commits for all
-            group.done.wait()
-        else:
-            self._end_group(gate, group)
+        self._hand_on(gate, group, may_stay_open=self._grouped)
         if group.error is not None:
             self._committed = False
             self._raise_group_error(group.error)
         WRITE_HEALTH.committed(self._engine)
 
     def _leave_member(self, group: _Group, exc: BaseException | None) -> None:
+        """Leave without committing: undo this member's writes. One that ran after others
+        (a savepoint) may have decided on their uncommitted writes (a replayed key, an
+        ending already recorded), so it returns only once the group's commit did, and
+        raises when that commit failed."""
         gate = self._gate
         assert gate is not None
         self._group, self._conn = None, None
-        broken: BaseException | None = None
-        # The first member (no savepoint) is rolled back with the transaction below.
-        if self._savepoint:
-            raw = group.conn.connection.dbapi_connection
-            if raw is None or not raw.in_transaction:
-                # SQLite rolled the whole transaction back itself (a full disk, an I/O
-                # error): the members before this one lost their writes too.
-                broken = exc or RuntimeError("the group's transaction ended")
-            else:
-                try:
-                    group.conn.exec_driver_sql(f"ROLLBACK TO {_MEMBER}")
-                    group.conn.exec_driver_sql(f"RELEASE {_MEMBER}")
-                except BaseException as rollback_exc:
-                    broken = rollback_exc
-        if broken is None and group.members > 0 and _another_may_join(gate, group):
-            gate.holder = None
-            gate.lock.release()  # the members before it commit with the next one
-        else:
+        try:
+            if self._savepoint:
+                if not _transaction_open(group):
+                    raise exc or RuntimeError("the group's transaction ended")
+                group.conn.exec_driver_sql(f"ROLLBACK TO {_MEMBER}")
+                group.conn.exec_driver_sql(f"RELEASE {_MEMBER}")
+        except BaseException as broken:
+            # The members before it lost their writes too: end the group with the error.
             self._end_group(gate, group, broken=broken)
+        else:
+            # The first member is the transaction alone: ending the group rolls it back.
+            self._hand_on(gate, group, may_stay_open=self._savepoint)
         if exc is not None:
             self._refused(exc)
+        elif self._savepoint and group.error is not None:
+            self._raise_group_error(group.error)
+
+    def _hand_on(self, gate: _Gate, group: _Group, *, may_stay_open: bool) -> None:
+        """Leave the group open for a waiting member and wait for its commit, or end it."""
+        if may_stay_open and group.members > 0 and _another_may_join(gate, group):
+            gate.holder = None
+            gate.lock.release()  # a waiting unit joins; the last one commits for all
+            group.done.wait()
+        else:
+            self._end_group(gate, group)
 
     def _end_group(
         self, gate: _Gate, group: _Group, *, broken: BaseException | None = None

@@ -69,8 +69,8 @@ def _visible(engine: Engine) -> list[int]:
         conn.close()
 
 
-def _until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
+def _until(check: Callable[[], bool], what: str, within_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + within_s
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -99,12 +99,25 @@ def _insert(uow: UnitOfWork, value: int, pad: bytes = b"") -> None:
     uow.conn.execute(text("INSERT INTO t (v, pad) VALUES (:v, :p)"), {"v": value, "p": pad})
 
 
-class _Member(threading.Thread):
-    """One grouped write in its own thread: ``body(uow)``, then ``commit()``."""
+def _inserting(value: int) -> Callable[[UnitOfWork], None]:
+    return lambda uow: _insert(uow, value)
 
-    def __init__(self, engine: Engine, body: Callable[[UnitOfWork], None]) -> None:
+
+def _held(engine: Engine) -> bool:
+    """A member is running now (its thread holds the gate)."""
+    gate = _writer_gate(engine)
+    return gate is not None and gate.holder is not None
+
+
+class _Member(threading.Thread):
+    """One grouped write in its own thread: ``body(uow)``, then ``commit()`` (or, with
+    ``commit=False``, leave the block without committing and without an error)."""
+
+    def __init__(
+        self, engine: Engine, body: Callable[[UnitOfWork], object], *, commit: bool = True
+    ) -> None:
         super().__init__(daemon=True)
-        self.engine, self.body = engine, body
+        self.engine, self.body, self.commit = engine, body, commit
         self.committing = threading.Event()
         self.returned = threading.Event()
         self.error: BaseException | None = None
@@ -114,7 +127,8 @@ class _Member(threading.Thread):
             with UnitOfWork(self.engine, grouped=True) as uow:
                 self.body(uow)
                 self.committing.set()
-                uow.commit()
+                if self.commit:
+                    uow.commit()
             self.returned.set()
         except BaseException as exc:
             self.error = exc
@@ -145,7 +159,7 @@ def test_writes_that_meet_at_the_gate_share_one_commit_and_return_after_it(
 
     second = _Member(sqlite_engine, second_body)
     first.start()
-    _until(lambda: _writer_gate(sqlite_engine).holder is not None, "the first member's body")  # type: ignore[union-attr]
+    _until(lambda: _held(sqlite_engine), "the first member's body")
     second.start()
     _until(first.committing.is_set, "the first member's commit()")
     time.sleep(0.2)  # the second member is inside its body, holding the group open
@@ -170,7 +184,7 @@ def test_a_member_that_rolls_back_takes_only_its_own_writes(sqlite_engine: Engin
 
     second = _Member(sqlite_engine, failing)
     first.start()
-    _until(lambda: _writer_gate(sqlite_engine).holder is not None, "the first member's body")  # type: ignore[union-attr]
+    _until(lambda: _held(sqlite_engine), "the first member's body")
     second.start()
     first.join(WAIT_S)
     second.join(WAIT_S)
@@ -181,24 +195,99 @@ def test_a_member_that_rolls_back_takes_only_its_own_writes(sqlite_engine: Engin
 
 
 def test_a_member_refused_by_a_constraint_leaves_the_group_whole(sqlite_engine: Engine) -> None:
+    commits = _count_commits(sqlite_engine)
+    gate = _writer_gate(sqlite_engine)
+    assert gate is not None
     first = _first_waits_for_a_second(sqlite_engine, 1)
 
     def duplicate_then_more(uow: UnitOfWork) -> None:
         _insert(uow, 3)
-        _insert(uow, 1)  # the first member's value: UNIQUE refuses it
+        _until(lambda: gate.waiting > 0, "the third writer at the gate")
+        _insert(uow, 1)  # the first member's uncommitted value: UNIQUE refuses it
 
     second = _Member(sqlite_engine, duplicate_then_more)
     third = _Member(sqlite_engine, lambda uow: _insert(uow, 4))
     first.start()
-    _until(lambda: _writer_gate(sqlite_engine).holder is not None, "the first member's body")  # type: ignore[union-attr]
+    _until(lambda: gate.holder is not None, "the first member's body")
     second.start()
-    _until(lambda: first.committing.is_set() or second.error is not None, "the group")
+    _until(first.committing.is_set, "the first member's commit()")
     third.start()
     for member in (first, second, third):
         member.join(WAIT_S)
     assert isinstance(second.error, IntegrityError)
     assert first.error is None and third.error is None
     assert _visible(sqlite_engine) == [1, 4]  # 3 went with its member's rollback
+    assert commits == [4]  # one COMMIT: the refused member did not end the group
+
+
+def test_a_member_that_decided_on_uncommitted_writes_returns_only_after_the_commit(
+    sqlite_engine: Engine,
+) -> None:
+    # The second member reads the first's uncommitted row and leaves without committing
+    # (a replayed key, an ending already recorded): what it answers rests on that row, so it
+    # must not return while a third member still holds the group open.
+    gate = _writer_gate(sqlite_engine)
+    assert gate is not None
+    hold = threading.Event()
+    first = _first_waits_for_a_second(sqlite_engine, 1)
+    seen: list[int] = []
+
+    def read(uow: UnitOfWork) -> None:
+        seen.extend(v for (v,) in uow.conn.execute(text("SELECT v FROM t")))
+        _until(lambda: gate.waiting > 0, "the third writer at the gate")
+
+    def third_body(uow: UnitOfWork) -> None:
+        _insert(uow, 3)
+        hold.wait(WAIT_S)
+
+    reader = _Member(sqlite_engine, read, commit=False)
+    third = _Member(sqlite_engine, third_body)
+    first.start()
+    _until(lambda: gate.holder is not None, "the first member's body")
+    reader.start()
+    _until(first.committing.is_set, "the first member's commit()")
+    _until(lambda: seen == [1], "the reader's read of the uncommitted row")
+    third.start()
+    _until(lambda: third.committing.is_set() or gate.waiting == 0, "the third member")
+    time.sleep(0.2)
+    assert not reader.returned.is_set()  # it waits for the group, as the committers do
+    assert _visible(sqlite_engine) == []
+    hold.set()
+    for member in (first, reader, third):
+        member.join(WAIT_S)
+    assert reader.error is None and reader.returned.is_set()
+    assert _visible(sqlite_engine) == [1, 3]
+
+
+def test_members_that_roll_back_count_toward_the_bound(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stream of members that never commit (a 429 flood, replays) must not keep a group,
+    # and SQLite's write lock, open past the bound.
+    monkeypatch.setattr(uow_module, "MAX_GROUP", 2)
+    commits = _count_commits(sqlite_engine)
+    gate = _writer_gate(sqlite_engine)
+    assert gate is not None
+    first = _first_waits_for_a_second(sqlite_engine, 0)
+
+    def refused(uow: UnitOfWork) -> None:
+        _insert(uow, 1)
+        _until(lambda: gate.waiting >= 2, "two more writers at the gate")
+        raise ValueError("refused")
+
+    second = _Member(sqlite_engine, refused)
+    rest = [_Member(sqlite_engine, _inserting(v)) for v in (2, 3)]
+    first.start()
+    _until(lambda: gate.holder is not None, "the first member's body")
+    second.start()
+    _until(first.committing.is_set, "the first member's commit()")
+    for member in rest:
+        member.start()
+    for member in (first, second, *rest):
+        member.join(WAIT_S)
+    assert isinstance(second.error, ValueError)
+    assert _visible(sqlite_engine) == [0, 2, 3]
+    assert commits == [2, 2]  # the refused member closed the first group (it ran in it)
 
 
 def test_a_group_never_carries_more_than_max_group(
@@ -214,7 +303,7 @@ def test_a_group_never_carries_more_than_max_group(
         _until(lambda: gate.waiting >= 7, "seven writers at the gate")
 
     members = [_Member(sqlite_engine, first_body)]
-    members += [_Member(sqlite_engine, lambda uow, v=v: _insert(uow, v)) for v in range(1, 8)]
+    members += [_Member(sqlite_engine, _inserting(v)) for v in range(1, 8)]
     members[0].start()
     _until(lambda: gate.holder is not None, "the first member's body")
     for member in members[1:]:
@@ -250,14 +339,27 @@ def test_a_shared_commit_that_fails_on_a_full_disk_fails_every_member(tmp_path: 
             pad = os.urandom(256 * 1024)  # each member's pages only fit in the page cache
             first = _first_waits_for_a_second(engine, 1)
             first.body = _padded(first.body, pad)
-            second = _Member(engine, lambda uow: _insert(uow, 2, pad))
+            gate = _writer_gate(engine)
+            assert gate is not None
+
+            def second_body(uow: UnitOfWork) -> None:
+                _insert(uow, 2, pad)
+                _until(lambda: gate.waiting > 0, "the reader at the gate")
+
+            second = _Member(engine, second_body)
+            # A member that only reads what the others wrote and leaves without commit():
+            # the failed commit takes what it read, so it fails too.
+            reader = _Member(engine, _read_all, commit=False)
             first.start()
-            _until(lambda: _writer_gate(engine).holder is not None, "the first member")  # type: ignore[union-attr]
+            _until(lambda: gate.holder is not None, "the first member")
             second.start()
-            first.join(WAIT_S)
-            second.join(WAIT_S)
+            _until(first.committing.is_set, "the first member's commit()")
+            reader.start()
+            for member in (first, second, reader):
+                member.join(WAIT_S)
             assert isinstance(first.error, StorageUnavailable), first.error
             assert isinstance(second.error, StorageUnavailable), second.error
+            assert isinstance(reader.error, StorageUnavailable), reader.error
             assert not first.returned.is_set() and not second.returned.is_set()
             assert _visible(engine) == [0]  # nothing of the group was kept
             filler.unlink()
@@ -269,7 +371,11 @@ def test_a_shared_commit_that_fails_on_a_full_disk_fails_every_member(tmp_path: 
             engine.dispose()
 
 
-def _padded(body: Callable[[UnitOfWork], None], pad: bytes) -> Callable[[UnitOfWork], None]:
+def _read_all(uow: UnitOfWork) -> object:
+    return uow.conn.execute(text("SELECT v FROM t")).all()
+
+
+def _padded(body: Callable[[UnitOfWork], object], pad: bytes) -> Callable[[UnitOfWork], None]:
     def with_pad(uow: UnitOfWork) -> None:
         uow.conn.execute(text("INSERT INTO t (v, pad) VALUES (-1, :p)"), {"p": pad})
         body(uow)
@@ -326,7 +432,8 @@ def test_kill_9_while_a_group_is_open_loses_it_whole_and_no_member_acted(
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     try:
-        _until(lambda: (marks / "second-in-body").exists(), "the second member's body")
+        # A child interpreter imports the app first: generous on a loaded CI machine.
+        _until(lambda: (marks / "second-in-body").exists(), "the second member's body", 60.0)
         assert (marks / "first-committing").exists()
         time.sleep(0.1)
         os.kill(child.pid, signal.SIGKILL)
