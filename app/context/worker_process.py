@@ -40,9 +40,10 @@ from app.worker.watcher import ShimWatcher
 
 log = logging.getLogger(__name__)
 
-# Start-up settling and live endings: on PostgreSQL each receipt costs several serial round
-# trips and a commit, so a few threads (each on its own pooled connection) overlap them; on
-# SQLite they take the one writer in turn and share its synced commits (group commit).
+# Start-up settling on PostgreSQL: each receipt costs several serial round trips and a
+# commit, so a few threads (each on its own pooled connection) overlap them. SQLite has one
+# writer at a time: there the backlog is settled inline, on the starting thread (on threads
+# with group commit it measured no faster: bench/README.md, "Figures behind choices").
 _SETTLE_THREADS = 4
 
 
@@ -138,7 +139,7 @@ class WorkerProcess:
             watcher.start()
             # The start-up backlog, settled back to back before serving (journal_settle.py),
             # by the same rule as the passes' sweep; then the loop's first pass.
-            self.parts.recovery.settle_backlog(threads=_parallel_lanes(engine))
+            self.parts.recovery.settle_backlog(threads=_settle_threads(engine))
             self.parts.recovery.start()
             self.retention = self._retention(engine)
             if self.retention is not None:
@@ -251,10 +252,15 @@ class WorkerProcess:
 
 
 def _parallel_lanes(engine: Engine) -> int:
-    """Threads for independent completions (the start-up backlog, live endings): a few,
-    never more than the pool holds. On SQLite too: its one writer still takes them one at
-    a time, but endings that meet at its gate share one synced commit (group commit,
-    app/storage/uow.py), which a single thread recording them in turn never lets happen."""
+    """Threads for live endings: a few, never more than the pool holds. On SQLite too: its
+    one writer still takes them one at a time, but endings that meet at its gate share one
+    synced commit (group commit, app/storage/uow.py), which a single thread recording them
+    in turn never lets happen."""
     if not isinstance(engine.pool, QueuePool):
         return 0
     return max(1, min(_SETTLE_THREADS, engine.pool.size()))
+
+
+def _settle_threads(engine: Engine) -> int:
+    """Threads for the start-up backlog: 0 (inline) on SQLite, else the lanes'."""
+    return 0 if engine.dialect.name == "sqlite" else _parallel_lanes(engine)
