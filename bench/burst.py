@@ -1,30 +1,72 @@
-"""One trivial burst, for comparing two checkouts in turn (an A/B on one host).
+"""A/B of trivial bursts: this checkout against another, in interleaved rounds on one host.
 
-``python -m bench.burst [--runs N] [--pg URL]`` starts a fresh stack of *this* checkout,
-posts N `/bin/true` runs over 4 keep-alive clients, waits until all are terminal and prints
-runs/s. Run it from the two checkouts one after the other, several rounds: the host's speed
-moves by more than most changes (bench/README.md), so only interleaved rounds compare.
+``python -m bench.burst --against DIR [--rounds 3] [--runs 600] [--pg URL]``: each round runs
+one burst of DIR's code, then one of this checkout's, each on a fresh stack of its own
+(N `/bin/true` runs posted over 4 keep-alive clients, until all are terminal), and prints
+both runs/s; at the end the medians and their ratio, this checkout / DIR. The host's speed
+moves by more than most changes (bench/README.md), so only interleaved rounds compare: the
+other checkout is the same-run baseline. DIR is typically a ``git worktree`` of the commit
+before the change.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
 
-from app.storage.private_files import SERVICE_UMASK
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# The child: one burst of the checkout it runs in. Only `bench.stack` and `bench.trivial`,
+# which older checkouts have too (this module may not exist there).
+_ONE_BURST = """
+import os, sys
 from bench.stack import running_stack
 from bench.trivial import enqueue_and_finish
+runs, pg = int(sys.argv[1]), sys.argv[2] or None
+os.umask(0o077)  # the data dir must be private, as the service makes it
+with running_stack(pg) as stack:
+    got = enqueue_and_finish(stack, runs, 4)
+if got["succeeded"] != runs:
+    sys.exit(f"only {int(got['succeeded'])} of {runs} runs succeeded")
+print(got["runs_per_s"])
+"""
+
+
+def burst_in(checkout: Path, runs: int, pg: str | None) -> float:
+    """runs/s of one burst of ``checkout``'s code, in a process of its own (its modules)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["PYTHONPATH"] = str(checkout)
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_BURST, str(runs), pg or ""],
+        cwd=checkout, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"burst in {checkout} failed: {done.stderr[-2000:]}")
+    return float(done.stdout.split()[0])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--against", type=Path, help="the other checkout (the baseline)")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=600)
     parser.add_argument("--pg", default=None, help="a PostgreSQL URL (default: SQLite)")
     args = parser.parse_args()
-    os.umask(SERVICE_UMASK)  # the data dir must be private, as the service makes it
-    with running_stack(args.pg) as stack:
-        got = enqueue_and_finish(stack, args.runs, 4)
-    print(f"{got['runs_per_s']:.1f} runs/s, {int(got['succeeded'])} of {args.runs} succeeded")
+    if args.against is None:
+        parser.error("--against DIR is required: the baseline is the other checkout")
+    base: list[float] = []
+    ours: list[float] = []
+    for i in range(args.rounds):
+        base.append(burst_in(args.against.resolve(), args.runs, args.pg))
+        ours.append(burst_in(ROOT, args.runs, args.pg))
+        print(f"round {i + 1}: {args.against} {base[-1]:.1f}, this checkout {ours[-1]:.1f} runs/s")
+    b, o = statistics.median(base), statistics.median(ours)
+    print(f"median runs/s: this checkout {o:.1f} | {args.against} {b:.1f} | ratio {o / b:.3f}")
 
 
 if __name__ == "__main__":

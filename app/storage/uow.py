@@ -89,9 +89,13 @@ def _another_may_join(gate: _Gate, group: _Group) -> bool:
 
 
 def _transaction_open(group: _Group) -> bool:
-    """False once SQLite ended the group's transaction itself (a full disk, an I/O error)."""
-    raw = group.conn.connection.dbapi_connection
-    return raw is not None and bool(raw.in_transaction)
+    """False once SQLite ended the group's transaction itself (a full disk, an I/O error),
+    or the connection can no longer say (it was invalidated)."""
+    try:
+        raw = group.conn.connection.dbapi_connection
+        return raw is not None and bool(raw.in_transaction)
+    except Exception:
+        return False
 
 
 class UnitOfWork:
@@ -132,20 +136,26 @@ class UnitOfWork:
         if self._gate is not None:
             return self._join(self._gate)
         try:
-            conn = self._engine.connect()
-            if self._write:
-                conn = conn.execution_options(**{WRITE: True})
-            try:
-                conn.begin()
-            except BaseException:
-                conn.close()
-                raise
+            conn = self._open()
         except BaseException as exc:
             self._refused(exc)
             raise
         self._conn = conn
         self._committed = False
         return self
+
+    def _open(self) -> Connection:
+        """A connection with its transaction begun (BEGIN IMMEDIATE for a SQLite write,
+        app/storage/engine.py)."""
+        conn = self._engine.connect()
+        if self._write:
+            conn = conn.execution_options(**{WRITE: True})
+        try:
+            conn.begin()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def commit(self) -> None:
         """Commit the transaction; the block may not write afterwards.
@@ -211,12 +221,7 @@ class UnitOfWork:
         group = gate.group
         if group is None:
             try:
-                conn = self._engine.connect().execution_options(**{WRITE: True})
-                try:
-                    conn.begin()  # BEGIN IMMEDIATE (app/storage/engine.py)
-                except BaseException:
-                    conn.close()
-                    raise
+                conn = self._open()
             except BaseException as exc:
                 gate.lock.release()
                 self._refused(exc)
@@ -249,7 +254,7 @@ class UnitOfWork:
                 raise RuntimeError("the group's transaction ended before its commit")
             if self._savepoint:
                 group.conn.exec_driver_sql(f"RELEASE {_MEMBER}")
-        except BaseException as exc:
+        except BaseException as exc:  # the members before it lose their writes too
             self._end_group(gate, group, broken=exc)
             self._refused(exc)
             raise
@@ -269,18 +274,22 @@ class UnitOfWork:
         gate = self._gate
         assert gate is not None
         self._group, self._conn = None, None
-        try:
-            if self._savepoint:
-                if not _transaction_open(group):
-                    raise exc or RuntimeError("the group's transaction ended")
+        broken: BaseException | None = None
+        if self._savepoint and not _transaction_open(group):
+            broken = exc or RuntimeError("the group's transaction ended")
+        elif self._savepoint:
+            try:
                 group.conn.exec_driver_sql(f"ROLLBACK TO {_MEMBER}")
                 group.conn.exec_driver_sql(f"RELEASE {_MEMBER}")
-        except BaseException as broken:
+            except BaseException as rollback_exc:
+                broken = rollback_exc
+        if broken is not None:
             # The members before it lost their writes too: end the group with the error.
             self._end_group(gate, group, broken=broken)
         else:
-            # The first member is the transaction alone: ending the group rolls it back.
-            self._hand_on(gate, group, may_stay_open=self._savepoint)
+            # The first member is the transaction alone: ending the group rolls it back. An
+            # ungrouped one ends the group rather than wait for a writer after it.
+            self._hand_on(gate, group, may_stay_open=self._savepoint and self._grouped)
         if exc is not None:
             self._refused(exc)
         elif self._savepoint and group.error is not None:

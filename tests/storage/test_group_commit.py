@@ -109,6 +109,15 @@ def _held(engine: Engine) -> bool:
     return gate is not None and gate.holder is not None
 
 
+def _open_group(engine: Engine, first: _Member, second: threading.Thread) -> None:
+    """Start ``first`` (which commits once a second writer waits), then ``second`` once
+    ``first`` runs; return when ``first`` is in its ``commit()``: the group is open."""
+    first.start()
+    _until(lambda: _held(engine), "the first member's body")
+    second.start()
+    _until(first.committing.is_set, "the first member's commit()")
+
+
 class _Member(threading.Thread):
     """One grouped write in its own thread: ``body(uow)``, then ``commit()`` (or, with
     ``commit=False``, leave the block without committing and without an error)."""
@@ -158,10 +167,7 @@ def test_writes_that_meet_at_the_gate_share_one_commit_and_return_after_it(
         hold.wait(WAIT_S)
 
     second = _Member(sqlite_engine, second_body)
-    first.start()
-    _until(lambda: _held(sqlite_engine), "the first member's body")
-    second.start()
-    _until(first.committing.is_set, "the first member's commit()")
+    _open_group(sqlite_engine, first, second)
     time.sleep(0.2)  # the second member is inside its body, holding the group open
     assert not first.returned.is_set()  # its commit() waits for the group's COMMIT
     assert _visible(sqlite_engine) == []  # and nothing is committed yet
@@ -183,9 +189,7 @@ def test_a_member_that_rolls_back_takes_only_its_own_writes(sqlite_engine: Engin
         raise ValueError("the caller's own refusal")
 
     second = _Member(sqlite_engine, failing)
-    first.start()
-    _until(lambda: _held(sqlite_engine), "the first member's body")
-    second.start()
+    _open_group(sqlite_engine, first, second)
     first.join(WAIT_S)
     second.join(WAIT_S)
     assert first.error is None and first.returned.is_set()
@@ -207,10 +211,7 @@ def test_a_member_refused_by_a_constraint_leaves_the_group_whole(sqlite_engine: 
 
     second = _Member(sqlite_engine, duplicate_then_more)
     third = _Member(sqlite_engine, lambda uow: _insert(uow, 4))
-    first.start()
-    _until(lambda: gate.holder is not None, "the first member's body")
-    second.start()
-    _until(first.committing.is_set, "the first member's commit()")
+    _open_group(sqlite_engine, first, second)
     third.start()
     for member in (first, second, third):
         member.join(WAIT_S)
@@ -242,10 +243,7 @@ def test_a_member_that_decided_on_uncommitted_writes_returns_only_after_the_comm
 
     reader = _Member(sqlite_engine, read, commit=False)
     third = _Member(sqlite_engine, third_body)
-    first.start()
-    _until(lambda: gate.holder is not None, "the first member's body")
-    reader.start()
-    _until(first.committing.is_set, "the first member's commit()")
+    _open_group(sqlite_engine, first, reader)
     _until(lambda: seen == [1], "the reader's read of the uncommitted row")
     third.start()
     _until(lambda: third.committing.is_set() or gate.waiting == 0, "the third member")
@@ -277,10 +275,7 @@ def test_members_that_roll_back_count_toward_the_bound(
 
     second = _Member(sqlite_engine, refused)
     rest = [_Member(sqlite_engine, _inserting(v)) for v in (2, 3)]
-    first.start()
-    _until(lambda: gate.holder is not None, "the first member's body")
-    second.start()
-    _until(first.committing.is_set, "the first member's commit()")
+    _open_group(sqlite_engine, first, second)
     for member in rest:
         member.start()
     for member in (first, second, *rest):
@@ -350,10 +345,7 @@ def test_a_shared_commit_that_fails_on_a_full_disk_fails_every_member(tmp_path: 
             # A member that only reads what the others wrote and leaves without commit():
             # the failed commit takes what it read, so it fails too.
             reader = _Member(engine, _read_all, commit=False)
-            first.start()
-            _until(lambda: gate.holder is not None, "the first member")
-            second.start()
-            _until(first.committing.is_set, "the first member's commit()")
+            _open_group(engine, first, second)
             reader.start()
             for member in (first, second, reader):
                 member.join(WAIT_S)
