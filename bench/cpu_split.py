@@ -8,9 +8,9 @@ read from ``/proc`` before and after the burst:
 - ``api``, ``worker``: the service's own processes (their threads included);
 - ``zygote``: the shim fork server, with the first shim processes it reaped;
 - ``reaped by pid 1``: the long-lived shims and their jobs. A shim's parent exits before it,
-  so init reaps it and the CPU of the shim and its job reaches pid 1's children's times (a
-  subreaper between them would hide it: then the line is missing and the machine's total says
-  what no process accounts for);
+  so init reaps it and the CPU of the shim and its job reaches pid 1's children's times (read
+  once pid 1 has no zombie child left, as it may reap late; a subreaper between them would
+  hide it: then the machine's total says what no process accounts for);
 - ``database``: the PostgreSQL server's backends (nothing with SQLite);
 - ``bench client``: this process posting the runs.
 
@@ -23,19 +23,34 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import resource
+import time
 from pathlib import Path
 
+from app.worker.identity import stat_fields
+from bench.profile_dispatch import cpu_jiffies, spawn_cpu_ms
 from bench.stack import running_stack
 from bench.trivial import enqueue_and_finish
 
 _HZ = os.sysconf("SC_CLK_TCK")
+# Init reaps exited shims when it gets to it; until then their CPU is in no process's times.
+REAP_WAIT_S = 10.0
 
 
-def _machine_busy() -> int:
-    """Busy jiffies of the whole machine (/proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields) - fields[3] - fields[4]
+def _wait_reaped_by_init(timeout_s: float) -> None:
+    """Until pid 1 has no zombie child (bounded; a warning when some are left)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        zombies = 0
+        for name in os.listdir("/proc"):
+            fields = stat_fields(int(name)) if name.isdigit() else None
+            zombies += fields is not None and fields[0] == b"Z" and fields[1] == b"1"
+        if not zombies:
+            return
+        if time.monotonic() > deadline:
+            print(f"warning: {zombies} exited processes still unreaped by pid 1: "
+                  "their CPU is missing from the split")  # fmt: skip
+            return
+        time.sleep(0.05)
 
 
 def _processes() -> dict[int, tuple[int, int, str]]:
@@ -44,15 +59,14 @@ def _processes() -> dict[int, tuple[int, int, str]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        fields = stat_fields(int(name))
         try:
-            stat = Path(f"/proc/{name}/stat").read_text()
             cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue  # gone, or not ours to read
-        fields = stat[stat.rindex(")") + 2 :].split()
-        own = int(fields[11]) + int(fields[12])
-        children = int(fields[13]) + int(fields[14])
-        seen[int(name)] = (own, children, cmdline or stat[stat.index("(") + 1 : stat.rindex(")")])
+        if fields is not None:
+            own, children = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+            seen[int(name)] = (own, children, cmdline)
     return seen
 
 
@@ -73,9 +87,10 @@ def _role(pid: int, cmdline: str) -> str | None:
 def split(runs: int, pg: str | None) -> tuple[dict[str, float], dict[str, float]]:
     """(ms of CPU per run by role, the burst's figures)."""
     with running_stack(pg) as stack:
-        before, busy0 = _processes(), _machine_busy()
+        before, (busy0, _) = _processes(), cpu_jiffies()
         got = enqueue_and_finish(stack, runs, 4)
-        after, busy1 = _processes(), _machine_busy()
+        _wait_reaped_by_init(REAP_WAIT_S)
+        after, (busy1, _) = _processes(), cpu_jiffies()
     ticks: collections.Counter[str] = collections.Counter()
     for pid, (own, children, cmdline) in after.items():
         own0, children0, _ = before.get(pid, (0, 0, ""))
@@ -88,20 +103,6 @@ def split(runs: int, pg: str | None) -> tuple[dict[str, float], dict[str, float]
     per_run = {role: 1000.0 * t / _HZ / runs for role, t in ticks.items()}
     per_run["machine busy"] = 1000.0 * (busy1 - busy0) / _HZ / runs
     return per_run, got
-
-
-def spawn_cpu_ms(count: int) -> float:
-    """CPU ms (ours and the child's) of one bare ``posix_spawn`` + ``waitpid`` of /bin/true."""
-
-    def used() -> float:
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-    start = used()
-    for _ in range(count):
-        os.waitpid(os.posix_spawn("/bin/true", ["/bin/true"], {}), 0)
-    return 1000.0 * (used() - start) / count
 
 
 def main() -> None:

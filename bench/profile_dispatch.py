@@ -34,14 +34,14 @@ from bench.stack import database, start_worker, stop
 from bench.trivial import bare_spawn_ms, spawn_rate, wait_terminal
 
 
-def _cpu_jiffies() -> tuple[int, int]:
+def cpu_jiffies() -> tuple[int, int]:
     """(busy, total) jiffies of the whole machine from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]
     return sum(fields) - idle, sum(fields)
 
 
-def _proc_cpu(pid: int) -> tuple[int, int]:
+def proc_cpu(pid: int) -> tuple[int, int]:
     """(utime+stime, cutime+cstime) of ``pid`` in clock ticks."""
     f = stat_fields(pid)
     assert f is not None, f"no process {pid}"
@@ -75,8 +75,8 @@ def profile_drain(*, count: int, pg: str | None, html: str | None) -> dict[str, 
                     secrets=SecretRepository(engine, ring), transitions=runs,
                 )  # fmt: skip
                 profiler = Profiler(interval=0.0005)
-                w0 = _proc_cpu(worker.pid)
-                cpu0 = _cpu_jiffies()
+                w0 = proc_cpu(worker.pid)
+                cpu0 = cpu_jiffies()
                 self0 = os.times()
                 t0 = time.perf_counter()
                 profiler.start()
@@ -84,13 +84,13 @@ def profile_drain(*, count: int, pg: str | None, html: str | None) -> dict[str, 
                 profiler.stop()
                 drained = time.perf_counter() - t0
                 self1 = os.times()
-                busy, total = (b - a for a, b in zip(cpu0, _cpu_jiffies(), strict=True))
+                busy, total = (b - a for a, b in zip(cpu0, cpu_jiffies(), strict=True))
                 own = self1.user + self1.system - self0.user - self0.system
                 wait_terminal(engine, count, timeout_s=60)
                 with engine.connect() as conn:
                     query = text("SELECT status, count(*) FROM runs GROUP BY status")
                     statuses: dict[str, int] = {r[0]: r[1] for r in conn.execute(query)}
-                w1 = _proc_cpu(worker.pid)
+                w1 = proc_cpu(worker.pid)
                 tick = os.sysconf("SC_CLK_TCK")
                 print(f"run statuses after the drain: {statuses}")
                 hooks.close()
@@ -119,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     os.umask(SERVICE_UMASK)  # the service's own files must be private, as under `qinglong`
     got = profile_drain(count=args.count, pg=args.pg, html=args.html)
-    spawn_cpu = _spawn_cpu_ms(args.count)
+    spawn_cpu = spawn_cpu_ms(args.count)
     report = Report()
     report.add(Figure("dispatcher drain per run (profiled)", got["drain_ms_per_run"], "ms",
                       "posix_spawn+waitpid /bin/true", 1000 / spawn_rate(args.count), False,
@@ -131,7 +131,7 @@ def main() -> None:
                           "CPU of posix_spawn+waitpid /bin/true", spawn_cpu, False))
 
 
-def _spawn_cpu_ms(count: int) -> float:
+def spawn_cpu_ms(count: int) -> float:
     """CPU (this process and its reaped children) per bare posix_spawn+waitpid of /bin/true."""
     t0 = os.times()
     bare_spawn_ms(count)
