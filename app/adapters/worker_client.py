@@ -31,8 +31,10 @@ _POOL_MAX = 4
 _STOP_EXTRA_S = 15.0  # the worker's stop may take grace + its own bounded kill wait
 
 
-# The worker's refusal of a launch it did not journal (it has begun shutting down).
+# The worker's refusals of a launch it did not journal: it has begun shutting down, or it
+# does not surely hold its lease (docs/worker-lease.md). Nothing was spawned: unavailable.
 SHUTTING_DOWN = "WORKER_SHUTTING_DOWN"
+LEASE_LOST = "WORKER_LEASE_LOST"
 
 
 class _Broken(Exception):
@@ -126,7 +128,7 @@ class WorkerClient:
                     started = None
                 return Launched(handle, started, resp.get("running") is True)
             error = str(resp.get("error") or "INTERNAL")
-            if error == SHUTTING_DOWN:
+            if error in (SHUTTING_DOWN, LEASE_LOST):
                 if repeated:  # our first try may have been journaled before the refusal
                     raise LaunchOutcomeUnknown("WORKER_NO_ANSWER")
                 raise WorkerUnavailable(error)

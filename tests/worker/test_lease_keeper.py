@@ -5,17 +5,26 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, update
 
+from app.adapters.worker_client import WorkerClient
+from app.context.execution_wiring import PING_FRESH_S, DispatchBackoff, build_execution
 from app.context.worker_lease import LeaseKeeper
 from app.domain.errors import LaunchFailed
-from app.domain.execution import Launched, LaunchRequest
+from app.domain.execution import Launched, LaunchRequest, StopResult
+from app.domain.model import ProcessHandle
 from app.settings import Settings
+from app.storage.definitions_repo import DefinitionRepository
 from app.storage.lease_repo import LeaseRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
 from app.storage.tables import worker_leases
 from app.storage.uow import UnitOfWork
+from app.worker.server import ControlServer
+from tests.execution.kit import MemorySecrets, define, enqueue
 from tests.storage.helpers import HANDLE
 
 REQUEST = LaunchRequest(
@@ -130,3 +139,68 @@ def test_a_worker_cut_off_from_the_database_for_a_ttl_stops_launching_before_exp
         assert keeper.lost
     finally:
         keeper.release()
+
+
+def test_a_lease_lost_within_a_fresh_ping_requeues_the_run_and_launches_nothing(
+    engine: Engine, db_url: str, tmp_path: Path, short_dir: Path
+) -> None:
+    """The drain skips its ping within PING_FRESH_S of an answered one (docs/backlog-requeue.md,
+    "The ping"). A lease lost inside that second is met by the launch itself: the worker
+    refuses it before the journal, the client calls that unavailable, and the run goes back to
+    the queue (attempt 1 EXECUTOR_UNAVAILABLE), never failed. The next drain pings again."""
+    now = [0.0]
+    pause = DispatchBackoff(clock=lambda: now[0])
+    config = settings(db_url, tmp_path / "a")
+    lost = threading.Event()
+    keeper = LeaseKeeper.take(settings=config, engine=engine, on_lost=lost.set)
+    inner = CountingLauncher()
+    server = ControlServer(
+        path=short_dir / "w.sock", launcher=keeper.gate(inner), controller=_NoStops(),
+        lease_facts=keeper.ping_facts,
+    )  # fmt: skip
+    server.start()
+    client = _CountingClient(server.path)
+    hooks = build_execution(
+        config, candidates=RunReader(engine), definitions=DefinitionRepository(engine),
+        secrets=MemorySecrets(), transitions=RunRepository(engine), client=client, backoff=pause,
+    )  # fmt: skip
+    try:
+        hooks.drain()  # nothing queued: the ping is answered, nothing launched
+        assert (client.pings, inner.calls) == (1, 0) and not pause.ping_due()
+        with engine.begin() as conn:  # another worker took the lease over
+            conn.execute(update(worker_leases).values(epoch=worker_leases.c.epoch + 1))
+        assert lost.wait(5), "the keeper did not notice the new epoch"
+        define(engine)
+        run = enqueue(engine)
+        now[0] += PING_FRESH_S / 2
+        hooks.drain()  # within the fresh second: no ping, the launch meets the refusal
+        assert (client.pings, inner.calls) == (1, 0)
+        after = RunReader(engine).get_run(run.id)
+        first = RunReader(engine).get_attempt(run.id, 1)
+        assert after.status == "queued" and first.error_code == "EXECUTOR_UNAVAILABLE"
+        assert pause.delay_s > 0 and pause.ping_due()
+        now[0] += pause.delay_s
+        hooks.drain()  # the episode's next drain asks first, and is refused there
+        assert (client.pings, inner.calls) == (2, 0)
+        assert RunReader(engine).get_run(run.id).status == "queued"
+    finally:
+        hooks.close()
+        server.close()
+        keeper.release()
+
+
+class _NoStops:
+    def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
+        raise AssertionError("nothing was launched, so nothing is stopped")
+
+
+class _CountingClient(WorkerClient):
+    """The real client; counts pings."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, connect_timeout_s=0.5)
+        self.pings = 0
+
+    def ping(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        self.pings += 1
+        return super().ping(timeout_s=timeout_s)
