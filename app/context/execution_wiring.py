@@ -38,12 +38,6 @@ READY_PING_TIMEOUT_S = 0.4
 # The drain's ping before a pass: a stalled worker counts as unavailable (dispatch backs off)
 # instead of holding the background thread, and so a shutdown's halt, for 30 s.
 DRAIN_PING_TIMEOUT_S = 2.0
-# How long an answered drain ping stands for the worker. Within it a drain launches without
-# asking again: the launch is itself the probe (a worker gone or shutting down makes it an
-# unavailability, so the drain backs off and asks again), and the worker's journal checks the
-# instance and stamps its own epoch (docs/several-hosts.md §2). Saves a socket round trip,
-# about 0.6 ms, on each drain but the first in a second.
-PING_FRESH_S = 1.0
 # While a budget keeps runs queued, the slow loop looks this often whether an active run
 # ended (one count query) and drains at once when one did (docs/concurrency-budgets.md §4).
 BUDGET_POLL_S = 0.05
@@ -72,25 +66,12 @@ class DispatchBackoff:
     base_s: float = 0.25
     cap_s: float = 5.0
     clock: Callable[[], float] = time.monotonic
-    # A ping answered this recently still stands for the worker: a drain within it does not
-    # ask again (docs/backlog-requeue.md, "The ping"). Any unavailability ends it.
-    fresh_s: float = PING_FRESH_S
     delay_s: float = field(default=0.0, init=False)
     _not_before: float = field(default=0.0, init=False)
-    _pinged_at: float | None = field(default=None, init=False)
 
     def due(self) -> bool:
         """True when a drain may ping and launch now."""
         return self.clock() >= self._not_before
-
-    def ping_due(self) -> bool:
-        """True when the drain must ping first: no answered ping within ``fresh_s``."""
-        at = self._pinged_at
-        return at is None or self.clock() - at >= self.fresh_s
-
-    def pinged(self) -> None:
-        """A ping was answered by this host's worker, holding its lease."""
-        self._pinged_at = self.clock()
 
     def unavailable(self) -> None:
         """The worker did not answer or refused: wait longer before the next try."""
@@ -98,7 +79,6 @@ class DispatchBackoff:
             log.warning("worker unavailable: dispatch backs off, runs stay queued")
         self.delay_s = min(self.cap_s, max(self.base_s, self.delay_s * 2))
         self._not_before = self.clock() + self.delay_s
-        self._pinged_at = None  # the next drain asks again before it launches
 
     def answered(self) -> None:
         """A drain reached the worker without unavailability: no more waiting."""
@@ -256,16 +236,14 @@ def build_execution(
         # asked at a growing interval, never in a loop.
         if halted.is_set() or not pause.due():
             return
-        if pause.ping_due():
-            try:
-                answer = worker.ping(timeout_s=DRAIN_PING_TIMEOUT_S)
-            except WorkerUnavailable:
-                pause.unavailable()
-                return
-            if not host.answered(answer):
-                pause.unavailable()
-                return
-            pause.pinged()
+        try:
+            answer = worker.ping(timeout_s=DRAIN_PING_TIMEOUT_S)
+        except WorkerUnavailable:
+            pause.unavailable()
+            return
+        if not host.answered(answer):
+            pause.unavailable()
+            return
         if promote_due is not None:
             try:
                 promote_due(MAX_PASSES_PER_DRAIN)  # at most as many as a drain can start

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from app.adapters.worker_client import WorkerClient
-from app.context.execution_wiring import PING_FRESH_S, DispatchBackoff, build_execution
+from app.context.execution_wiring import DispatchBackoff, build_execution
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
@@ -38,22 +38,6 @@ def test_the_delay_grows_to_its_cap_and_resets_when_the_worker_answers() -> None
     assert pause.delay_s == 0.0 and pause.due()
     pause.unavailable()
     assert pause.delay_s == 0.25  # a new episode starts from the base again
-
-
-def test_an_answered_ping_stands_for_a_second_and_any_unavailability_forgets_it() -> None:
-    now = [100.0]
-    pause = DispatchBackoff(base_s=0.25, cap_s=2.0, clock=lambda: now[0])
-    assert pause.ping_due()  # never asked yet
-    pause.pinged()
-    now[0] += PING_FRESH_S - 0.01
-    assert not pause.ping_due()
-    now[0] += 0.01
-    assert pause.ping_due()
-    pause.pinged()
-    pause.unavailable()  # e.g. the launch met a worker gone meanwhile
-    assert pause.ping_due()  # the next drain asks first, once the delay has run
-    now[0] += pause.delay_s
-    assert pause.due() and pause.ping_due()
 
 
 class CountingClient(WorkerClient):

@@ -175,8 +175,8 @@ def test_while_the_running_budget_is_used_up_a_tick_drains_only_once_a_run_ended
     hooks.tick()  # nothing ended: no ping, no page
     assert (worker.calls, queue.pages) == (["ping"], 0)
     queue.active -= 1
-    hooks.tick()  # a run ended: a real drain (its ping still fresh), finds the queue empty
-    assert (worker.calls, queue.pages, hooks.budget_wait()) == (["ping"], 1, False)
+    hooks.tick()  # a run ended: a real drain, which finds the queue empty and unblocks
+    assert (worker.calls, queue.pages, hooks.budget_wait()) == (["ping", "ping"], 1, False)
 
 
 def test_the_slow_loop_ticks_at_the_budget_poll_pace_only_while_soon_says_so() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, select, update
 
 from app.adapters.worker_client import WorkerClient
-from app.context.execution_wiring import PING_FRESH_S, DispatchBackoff, build_execution
+from app.context.execution_wiring import DispatchBackoff, build_execution
 from app.context.worker_lease import LeaseKeeper
 from app.domain.errors import LaunchFailed
 from app.domain.execution import Launched, LaunchRequest, StopResult
@@ -141,13 +142,14 @@ def test_a_worker_cut_off_from_the_database_for_a_ttl_stops_launching_before_exp
         keeper.release()
 
 
-def test_a_lease_lost_within_a_fresh_ping_requeues_the_run_and_launches_nothing(
+def test_a_lease_lost_after_the_drains_ping_requeues_the_run_and_launches_nothing(
     engine: Engine, db_url: str, tmp_path: Path, short_dir: Path
 ) -> None:
-    """The drain skips its ping within PING_FRESH_S of an answered one (docs/backlog-requeue.md,
-    "The ping"). A lease lost inside that second is met by the launch itself: the worker
-    refuses it before the journal, the client calls that unavailable, and the run goes back to
-    the queue (attempt 1 EXECUTOR_UNAVAILABLE), never failed. The next drain pings again."""
+    """The crash window between the drain's ping and its launch: the ping was answered with
+    the lease, then another worker took the lease over. The worker refuses the launch before
+    the journal (WORKER_LEASE_LOST), the client calls that unavailable, and the run goes back
+    to the queue (attempt 1 EXECUTOR_UNAVAILABLE), never failed. The next drain's ping is
+    refused, and nothing is launched."""
     now = [0.0]
     pause = DispatchBackoff(clock=lambda: now[0])
     config = settings(db_url, tmp_path / "a")
@@ -159,30 +161,32 @@ def test_a_lease_lost_within_a_fresh_ping_requeues_the_run_and_launches_nothing(
         lease_facts=keeper.ping_facts,
     )  # fmt: skip
     server.start()
-    client = _CountingClient(server.path)
+
+    def take_over() -> None:  # right after the first ping was answered
+        with engine.begin() as conn:
+            conn.execute(update(worker_leases).values(epoch=worker_leases.c.epoch + 1))
+        assert lost.wait(5), "the keeper did not notice the new epoch"
+
+    client = _CountingClient(server.path, after_first_ping=take_over)
     hooks = build_execution(
         config, candidates=RunReader(engine), definitions=DefinitionRepository(engine),
         secrets=MemorySecrets(), transitions=RunRepository(engine), client=client, backoff=pause,
     )  # fmt: skip
     try:
-        hooks.drain()  # nothing queued: the ping is answered, nothing launched
-        assert (client.pings, inner.calls) == (1, 0) and not pause.ping_due()
-        with engine.begin() as conn:  # another worker took the lease over
-            conn.execute(update(worker_leases).values(epoch=worker_leases.c.epoch + 1))
-        assert lost.wait(5), "the keeper did not notice the new epoch"
         define(engine)
         run = enqueue(engine)
-        now[0] += PING_FRESH_S / 2
-        hooks.drain()  # within the fresh second: no ping, the launch meets the refusal
+        hooks.drain()  # the ping is answered, then the launch meets the refusal
         assert (client.pings, inner.calls) == (1, 0)
         after = RunReader(engine).get_run(run.id)
         first = RunReader(engine).get_attempt(run.id, 1)
         assert after.status == "queued" and first.error_code == "EXECUTOR_UNAVAILABLE"
-        assert pause.delay_s > 0 and pause.ping_due()
+        assert pause.delay_s > 0  # the drain backs off, as for any unavailability
         now[0] += pause.delay_s
-        hooks.drain()  # the episode's next drain asks first, and is refused there
+        hooks.drain()  # the next drain's ping is refused: nothing launched, nothing requeued
         assert (client.pings, inner.calls) == (2, 0)
-        assert RunReader(engine).get_run(run.id).status == "queued"
+        after = RunReader(engine).get_run(run.id)
+        assert after.status == "queued" and after.latest_attempt is not None
+        assert after.latest_attempt.number == 2
     finally:
         hooks.close()
         server.close()
@@ -195,12 +199,17 @@ class _NoStops:
 
 
 class _CountingClient(WorkerClient):
-    """The real client; counts pings."""
+    """The real client; counts pings, and runs ``after_first_ping`` once the first answered."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, after_first_ping: Callable[[], None]) -> None:
         super().__init__(path, connect_timeout_s=0.5)
         self.pings = 0
+        self._after_first_ping: Callable[[], None] | None = after_first_ping
 
     def ping(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         self.pings += 1
-        return super().ping(timeout_s=timeout_s)
+        answer = super().ping(timeout_s=timeout_s)
+        hook, self._after_first_ping = self._after_first_ping, None
+        if hook is not None:
+            hook()
+        return answer
