@@ -8,7 +8,9 @@ in ms from the run's ``created_at_ms``. ``--env QL_CGROUP_ROOT=off`` passes a se
 stack's processes (a same-run baseline: run it twice). The first five runs warm up and are
 not counted. Timestamps are the database's milliseconds, so steps under 1 ms apart tie.
 Each step is printed beside two baselines measured in the same run: one small INSERT +
-COMMIT on the same database, and a bare ``posix_spawn`` + ``waitpid`` of ``/bin/true``.
+COMMIT on the same database, and a bare ``posix_spawn`` + ``waitpid`` of ``/bin/true``; the
+same spawn is also timed after sleeping ``--gap`` each time, as each run here meets an idle
+host (on a virtual machine the first work after idle can be several times slower).
 """
 
 from __future__ import annotations
@@ -107,9 +109,11 @@ def main() -> None:
         stack_module.env_for = env_for
     offsets, commit_ms = trace(args.pg, args.runs, args.gap)
     spawn_ms = statistics.median(bare_spawn_ms(200))
+    cold_ms = statistics.median(bare_spawn_ms(50, idle_s=args.gap))
     print(
         f"same-run baselines: one INSERT+COMMIT {commit_ms:.2f} ms, "
-        f"posix_spawn+waitpid /bin/true {spawn_ms:.2f} ms"
+        f"posix_spawn+waitpid /bin/true {spawn_ms:.2f} ms "
+        f"({cold_ms:.2f} ms each after {args.gap * 1000:g} ms asleep, as the runs here)"
     )
     for step, values in sorted(offsets.items(), key=lambda kv: statistics.median(kv[1])):
         p50 = statistics.median(values)

@@ -23,10 +23,13 @@ TERMINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 PACED_RATE = 50.0  # issue 18's arrival rate for PostgreSQL: a steady load it keeps up with
 
 
-def bare_spawn_ms(count: int) -> list[float]:
-    """ms of each of ``count`` bare ``posix_spawn('/bin/true')`` + ``waitpid``, one by one."""
+def bare_spawn_ms(count: int, *, idle_s: float = 0.0) -> list[float]:
+    """ms of each of ``count`` bare ``posix_spawn('/bin/true')`` + ``waitpid``, one by one,
+    each after ``idle_s`` seconds asleep (a host's cold start after idle, bench/README.md)."""
     samples = []
     for _ in range(count):
+        if idle_s:
+            time.sleep(idle_s)
         t0 = time.perf_counter()
         pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
         os.waitpid(pid, 0)
