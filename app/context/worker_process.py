@@ -96,6 +96,7 @@ class WorkerProcess:
             receipts.ensure_root()
             if receipts.ensure_shards():  # a launch then never fsyncs the root for its shard
                 log.warning("receipt shards not directories: their launches will fail")
+            receipts.sweep_spares()  # reservations made ahead by spares that died waiting
             # Several hosts (PostgreSQL, docs/several-hosts.md): this worker reconciles, times
             # out, stops and sweeps only what its own instance launched.
             scoped = several_hosts(engine)

@@ -123,7 +123,13 @@ class ShimLauncher:
         if mode not in SHIM_MODES:
             raise ValueError(f"shim mode must be one of {', '.join(SHIM_MODES)}, not {mode!r}")
         self._zygote = (
-            Zygote(argv=self._argv, reply_timeout_s=status_timeout_s) if mode == "zygote" else None
+            Zygote(
+                argv=self._argv,
+                reply_timeout_s=status_timeout_s,
+                receipts_root=str(receipts.root.absolute()),
+            )
+            if mode == "zygote"
+            else None
         )
         self._before_spawn = before_spawn  # test hook: observe state right before the spawn
         self._spec_extra = dict(spec_extra or {})  # test hook: e.g. the shim's test_hook

@@ -8,7 +8,9 @@ is fsynced (removing a consumed receipt keeps none: see ``remove``).
 Files are found by attempt id only: this store never lists a directory. That includes the
 shim's temp files (its reserved receipt, its truncation fact's temp beside the log): their
 names derive from the attempt id, so whoever settles the journal entry removes what a shim
-killed mid-publication left behind (docs/design.md §3.11).
+killed mid-publication left behind (docs/design.md §3.11). The one exception is the root's
+own ``.spare-*.tmp`` files, the reservations spares make ahead of their launch
+(launch-protocol.md §8), which ``sweep_spares`` removes once their shim is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -223,6 +226,33 @@ class ReceiptStore:
             os.close(fd)
         return "fenced"
 
+    def sweep_spares(self) -> int:
+        """Remove the root's ``.spare-*.tmp`` files whose shim no longer lives (a spare
+        killed before its launch, or between linking its reservation into place and
+        removing its own name); how many. A live spare's file is kept: it removes its own."""
+        removed = 0
+        try:
+            names = [n for n in os.listdir(self.root) if _SPARE.fullmatch(n)]
+        except OSError:
+            return 0
+        for name in names:
+            path = self.root / name
+            try:
+                raw = _read_head(path)
+            except OSError:
+                continue  # gone meanwhile, or a symlink: not ours to judge
+            if raw is None:
+                continue  # not a plain file: not a spare's
+            claim = _shim_claim(raw)
+            if claim is not None and _alive(*claim):
+                continue
+            # Dead, or still empty (a spare that died, or one writing it now: it then
+            # finds its name gone at its launch and reserves the ordinary way).
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed += 1
+        return removed
+
     def _holder(self, path: Path) -> ReservationState:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
         try:
@@ -246,14 +276,34 @@ class ReceiptStore:
         claim = _shim_claim(raw)
         if claim is None:
             return "unreadable"
-        boot_id, pid, start_ticks = claim
-        current = read_identity(pid)
-        alive = (
-            boot_id == current_boot_id()
-            and current is not None
-            and current.start_ticks == start_ticks
-        )
-        return "shim_alive" if alive else "shim_gone"
+        return "shim_alive" if _alive(*claim) else "shim_gone"
+
+
+# A spare's reservation made ahead: ``.spare-<pid>-<start ticks>.tmp`` (shim.py).
+_SPARE = re.compile(r"\.spare-[0-9]+-[0-9]+\.tmp")
+
+
+def _read_head(path: Path) -> bytes | None:
+    """A regular file's bytes up to the receipt limit, trailing zeros dropped; None for
+    anything else. OSError when it cannot be opened (gone, a symlink)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.pread(fd, RECEIPT_MAX_BYTES, 0).rstrip(b"\0")
+    finally:
+        os.close(fd)
+
+
+def _alive(boot_id: str, pid: int, start_ticks: int) -> bool:
+    """That exact shim (this boot, its pid, its start ticks) lives."""
+    current = read_identity(pid)
+    return (
+        boot_id == current_boot_id()
+        and current is not None
+        and current.start_ticks == start_ticks
+    )
 
 
 def _shim_claim(raw: bytes) -> tuple[str, int, int] | None:

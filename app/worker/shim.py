@@ -170,7 +170,7 @@ def _status(status_fd: int, payload: dict[str, Any]) -> None:
 
 def _fail(status_fd: int, code: str, errno: int | None = None) -> NoReturn:
     _status(status_fd, {"ok": False, "error": code, "errno": errno})
-    os._exit(1)
+    _exit_unused(1)
 
 
 def _is_int(value: object) -> bool:
@@ -953,6 +953,69 @@ def _stop_leftovers(cgroup: str | None, shim_inside: bool) -> int:
     return stopped
 
 
+class _Ahead:
+    """A receipt reservation a spare made before its spec came (§8): the shim's claim and the
+    space, in the receipts root under a name of this spare's own, for ``_Published.adopt``."""
+
+    def __init__(self, dir_fd: int, name: str, fd: int, claim: dict[str, Any]) -> None:
+        self.dir_fd, self.name, self.fd, self.claim = dir_fd, name, fd, claim
+
+    def take(self) -> int:
+        """The file's fd, now the caller's; our name for it is removed."""
+        fd, self.fd = self.fd, -1
+        self.drop()
+        return fd
+
+    def drop(self) -> None:
+        """Remove our name and close what is still ours (best effort: the worker sweeps a
+        name left by a spare that died, ``ReceiptStore.sweep_spares``)."""
+        if self.name and self.dir_fd >= 0:
+            try:  # noqa: SIM105
+                os.unlink(self.name, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+        self.name = ""
+        for fd in (self.fd, self.dir_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.dir_fd = -1
+
+
+def _claim() -> dict[str, Any]:
+    """This shim's identity, the head of its receipt reservation (docs/reserved-launch.md)."""
+    pid = os.getpid()
+    return {"boot_id": _boot_id(), "shim_pid": pid, "shim_start_ticks": _proc_stat(pid)[1]}
+
+
+def _reserve_ahead(root: str | None) -> _Ahead | None:
+    """In a spare, before its spec: ``.spare-<pid>-<start ticks>.tmp`` in the receipts root,
+    holding this shim's claim and the receipt's space, as ``_Published.reserve`` writes them,
+    so that the launch links it instead of creating a file on its way (a file creation can
+    cost most of a millisecond: figures in bench/README.md). None when there is no root or
+    any step fails (the launch then reserves as usual)."""
+    if root is None:
+        return None
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        dir_fd = os.open(root, flags)
+    except OSError:
+        return None
+    ahead = _Ahead(dir_fd, "", -1, {})
+    try:
+        ahead.claim = _claim()
+        ahead.name = f".spare-{ahead.claim['shim_pid']}-{ahead.claim['shim_start_ticks']}.tmp"
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        ahead.fd = os.open(ahead.name, flags, 0o600, dir_fd=dir_fd)
+        head = _canonical(ahead.claim)
+        _pwrite_all(ahead.fd, head + bytes(RECEIPT_RESERVE_BYTES - len(head)))
+    except OSError:
+        if ahead.fd < 0:
+            ahead.name = ""  # not ours: never remove a name this spare did not create
+        ahead.drop()
+        return None
+    return ahead
+
+
 class _Published:
     """One file published by temp + ``link()`` (docs/design.md §3.11), one step at a time.
 
@@ -984,6 +1047,23 @@ class _Published:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         self.fd = os.open(self.tmp, flags, 0o600, dir_fd=self.dir_fd)
         _pwrite_all(self.fd, head + bytes(size - len(head)))
+
+    def adopt(self, ahead: _Ahead) -> bool:
+        """Take a reservation the spare made ahead (§8 "Reservation made ahead") under the temp
+        name: ``link()`` never replaces, so, as with O_EXCL, a name already there (recovery's
+        fence) refuses it (FileExistsError: RECEIPT_RESERVE_FAILED, no job). False when it
+        cannot be linked here for another reason: then ``reserve`` makes one as usual. The
+        spare's own name is removed either way."""
+        try:
+            os.link(ahead.name, self.tmp, src_dir_fd=ahead.dir_fd, dst_dir_fd=self.dir_fd,
+                    follow_symlinks=False)  # fmt: skip
+        except OSError as exc:
+            ahead.drop()
+            if isinstance(exc, FileExistsError):
+                raise
+            return False
+        self.fd = ahead.take()
+        return True
 
     def publish(self, body: bytes, hook: str | None = None) -> None:
         """Write ``body``, link it to the final name, drop the temp, fsync the directory."""
@@ -1068,9 +1148,14 @@ def _publish_truncation(log_dir_fd: int, log_name: str, drain: _Drain, quota: in
 
 
 def _run_shim(
-    spec: dict[str, Any], log_fd: int, log_dir_fd: int, dir_fd: int, status_fd: int
+    spec: dict[str, Any],
+    log_fd: int,
+    log_dir_fd: int,
+    dir_fd: int,
+    status_fd: int,
+    ahead: _Ahead | None = None,
 ) -> NoReturn:
-    """The long-lived shim (grandchild of the worker)."""
+    """The long-lived shim (grandchild of the worker); ``ahead``: a spare's reservation."""
     _set_subreaper()
     _set_dumpable_off()
     for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
@@ -1078,14 +1163,10 @@ def _run_shim(
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would auto-reap the job
     receipt_file = _Published(dir_fd, spec["receipt_name"])
     try:
-        shim_pid = os.getpid()
-        claim = {
-            "boot_id": _boot_id(),
-            "shim_pid": shim_pid,
-            "shim_start_ticks": _proc_stat(shim_pid)[1],
-        }
+        claim = _claim() if ahead is None else ahead.claim
         try:  # the receipt's space, before any job exists; the claim names this shim
-            receipt_file.reserve(RECEIPT_RESERVE_BYTES, _canonical(claim))
+            if ahead is None or not receipt_file.adopt(ahead):
+                receipt_file.reserve(RECEIPT_RESERVE_BYTES, _canonical(claim))
         except OSError as exc:
             raise ShimError("RECEIPT_RESERVE_FAILED", exc.errno) from None
         read_fd, write_fd = os.pipe()  # both close-on-exec; the job gets dup2 copies
@@ -1229,9 +1310,10 @@ def main() -> NoReturn:
 
 
 # ---- zygote (fork server) mode --------------------------------------------------------
-# ``shim.py --zygote``: started once by the worker with an AF_UNIX stream socket on fd 0 and
-# /dev/null on 1 and 2 (api-schemas/launch-protocol.md §8). Per launch the worker sends
-# ``b"L" + u32 length + spec`` with the write end of a fresh status pipe attached
+# ``shim.py --zygote [RECEIPTS_ROOT]``: started once by the worker with an AF_UNIX stream
+# socket on fd 0 and /dev/null on 1 and 2 (api-schemas/launch-protocol.md §8); with the
+# receipts root, each spare makes its receipt reservation there ahead. Per launch the
+# worker sends ``b"L" + u32 length + spec`` with the write end of a fresh status pipe attached
 # (SCM_RIGHTS); the zygote hands both to its spare (a shim forked ahead, waiting in its own
 # session), or forks a child that runs ``run(spec, status_fd)`` exactly as the one-shot shim
 # does when no spare takes them, and answers ``b"P" + u32 pid`` with the first shim process
@@ -1324,8 +1406,11 @@ class _Spare:
         self.sock = sock
 
 
-def _spare_child(ctl: Any, ours: Any, theirs: Any, rights: int, space: int, flags: int) -> NoReturn:
-    """The first process of a spare, then (after its fork) the waiting long-lived shim."""
+def _spare_child(
+    ctl: Any, ours: Any, theirs: Any, rights: int, space: int, flags: int, root: str | None
+) -> NoReturn:
+    """The first process of a spare, then (after its fork) the waiting long-lived shim, with
+    its receipt reservation made ahead in ``root`` (the receipts root) when it can be."""
     try:
         _to_devnull(ctl)
         ours.close()
@@ -1333,22 +1418,35 @@ def _spare_child(ctl: Any, ours: Any, theirs: Any, rights: int, space: int, flag
         if os.fork() != 0:
             os._exit(0)  # pinned unreaped by the zygote until the worker releases it
         _mark_cloexec()
+        ahead = _reserve_ahead(root)
+        if ahead is not None:
+            _UNUSED.append(ahead)  # dropped by _fail and every exit below unless taken
         try:
             kind, length, fds = _recv_request(theirs, rights, space, flags)
             if kind != b"L" or len(fds) != 1:
-                os._exit(0)  # the zygote went away (or discarded us): no launch is ours
+                _exit_unused(0)  # the zygote went away (or discarded us): no launch is ours
             raw = _recv_body(theirs, length)
         except (EOFError, OSError):
-            os._exit(0)
+            _exit_unused(0)
         theirs.close()
         spec, log_fd, log_dir_fd, dir_fd = _prepare(raw, fds[0])
-        _run_shim(spec, log_fd, log_dir_fd, dir_fd, fds[0])
+        _run_shim(spec, log_fd, log_dir_fd, dir_fd, fds[0], ahead)
     finally:
-        os._exit(1)
+        _exit_unused(1)
+
+
+_UNUSED: list[_Ahead] = []  # a spare's reservation made ahead, until a launch takes it
+
+
+def _exit_unused(code: int) -> NoReturn:
+    """Exit, removing a reservation made ahead that no launch took."""
+    for ahead in _UNUSED:
+        ahead.drop()
+    os._exit(code)
 
 
 def _new_spare(
-    ctl: Any, family: int, kind: int, rights: int, space: int, flags: int
+    ctl: Any, family: int, kind: int, rights: int, space: int, flags: int, root: str | None
 ) -> _Spare | None:
     """Fork a spare; None when that fails now (the next launch forks its shim itself)."""
     import _socket
@@ -1364,7 +1462,7 @@ def _new_spare(
         theirs.close()
         return None
     if pid == 0:
-        _spare_child(ctl, ours, theirs, rights, space, flags)
+        _spare_child(ctl, ours, theirs, rights, space, flags, root)
     theirs.close()
     return _Spare(pid, ours)
 
@@ -1384,8 +1482,12 @@ def _hand_over(spare: _Spare, raw: bytes, status_fd: int, rights: int, level: in
     return b"P" + spare.pid.to_bytes(4, "big")
 
 
-def serve() -> int:
-    """The zygote loop: one request at a time, single-threaded, until EOF on fd 0."""
+def serve(args: list[str] | None = None) -> int:
+    """The zygote loop: one request at a time, single-threaded, until EOF on fd 0.
+
+    ``args``: empty, or the receipts root (an absolute path) where each spare makes its
+    receipt reservation ahead (§8 "Reservation made ahead")."""
+    root = args[0] if args and len(args) == 1 and os.path.isabs(args[0]) else None
     import _socket  # the C module: ``socket`` would pull in enum, selectors, ...
     import array  # noqa: F401 - for ``_hand_over``, before the first launch
 
@@ -1400,7 +1502,7 @@ def serve() -> int:
     _prctl(), _capset(), _clone3(), _boot_id()  # once here instead of in every forked shim
 
     def spare_now() -> _Spare | None:
-        return _new_spare(sock, _socket.AF_UNIX, _socket.SOCK_STREAM, rights, space, flags)
+        return _new_spare(sock, _socket.AF_UNIX, _socket.SOCK_STREAM, rights, space, flags, root)
 
     spare = spare_now()
     released: set[int] = set()
@@ -1450,4 +1552,4 @@ def serve() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve() if sys.argv[1:] == ["--zygote"] else main())
+    sys.exit(serve(sys.argv[2:]) if sys.argv[1:2] == ["--zygote"] else main())

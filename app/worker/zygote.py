@@ -44,8 +44,12 @@ class ForkFailed(Exception):
 class Zygote:
     """A lazily started shim fork server, restarted on demand, closed with the launcher."""
 
-    def __init__(self, *, argv: list[str], reply_timeout_s: float) -> None:
-        self._argv = [*argv, "--zygote"]
+    def __init__(
+        self, *, argv: list[str], reply_timeout_s: float, receipts_root: str | None = None
+    ) -> None:
+        # With the receipts root, each spare makes its receipt reservation there ahead of its
+        # launch (launch-protocol.md §8 "Reservation made ahead").
+        self._argv = [*argv, "--zygote", *([receipts_root] if receipts_root else [])]
         self._reply_timeout_s = reply_timeout_s
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None

@@ -77,7 +77,7 @@ def test_no_reply_after_the_request_means_failure_not_a_second_spawn(
     # forked"). As a one-shot shim it would leave a marker: it must never be used then.
     fake.write_text(
         "import os, sys\n"
-        "if sys.argv[1:] == ['--zygote']:\n"
+        "if sys.argv[1:2] == ['--zygote']:\n"
         "    os.write(0, b'Z1')\n"
         "    os.read(0, 1 << 16)\n"
         "    os._exit(0)\n"
@@ -97,9 +97,9 @@ def test_a_zygote_that_cannot_start_falls_back_to_one_shot_shims(
 ) -> None:
     fake = tmp_path / "no_zygote_shim.py"
     real = Path(SHIM_PATH).read_text()
-    serve = 'sys.exit(serve() if sys.argv[1:] == ["--zygote"] else main())'
+    serve = 'sys.exit(serve(sys.argv[2:]) if sys.argv[1:2] == ["--zygote"] else main())'
     assert serve in real
-    fake.write_text(real.replace(serve, 'sys.exit(1 if sys.argv[1:] == ["--zygote"] else main())'))
+    fake.write_text(real.replace(serve, 'sys.exit(1 if sys.argv[1:2] == ["--zygote"] else main())'))
     launcher = kit.launcher(shim_path=str(fake))
     for _ in range(2):
         _a, handle = kit.launch(launcher, ["/bin/true"])

@@ -7,6 +7,7 @@ nothing depends on timing; every wait is a bounded poll of a real condition.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from app.domain.model import ProcessHandle, Run
 from app.storage.journal_repo import CONSUMED, JournalRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.identity import read_identity, wait_exit
+from app.worker.identity import current_boot_id, read_identity, wait_exit
 from app.worker.receipts import ReceiptStore
 from tests.worker.kit import (
     DEADLINE,
@@ -189,3 +190,23 @@ def test_worker_refuses_an_unmigrated_database(tmp_path: Path, short_dir: Path) 
     assert done.returncode == 1
     assert b"qinglong migrate" in done.stderr
     assert not (short_dir / "w.sock").exists()
+
+
+def test_a_starting_worker_removes_the_reservations_of_spares_that_died(
+    setup: Setup, procs: Processes
+) -> None:
+    """A spare killed while it waited leaves its receipt reservation made ahead in the
+    receipts root (api-schemas/launch-protocol.md §8); the next worker start removes it,
+    and launches go on (the zygote's new spares make their own)."""
+    assert setup.worker.signal(signal.SIGTERM) == 0
+    dead = subprocess.Popen(["/bin/true"])
+    dead.wait()  # reaped: its pid names no process now (and its start ticks never match)
+    claim = {"boot_id": current_boot_id(), "shim_pid": dead.pid, "shim_start_ticks": 1}
+    stale = setup.store.root / f".spare-{dead.pid}-1.tmp"
+    stale.write_bytes(json.dumps(claim, separators=(",", ":")).encode().ljust(4096, b"\0"))
+    setup.worker.start()
+    assert not stale.exists()
+    armed = armed_run(setup.engine)
+    handle = setup.launch(armed, "exit 0", procs)
+    assert setup.wait_terminal(armed).status == "succeeded"
+    assert wait_exit(handle.shim_pid, DEADLINE)
