@@ -1,7 +1,8 @@
 """``qinglong receipts audit``: bounded audit of receipt files the journal does not index.
 
-docs/design.md §3.15. The runtime never lists the receipt directory; this separate maintenance
-command does, within hard bounds: a window of shards from an explicit cursor (default 8,
+docs/design.md §3.15. The runtime never lists the receipt shards (only the root, once at the
+worker's start, for spares' reservations made ahead); this separate maintenance command does,
+within hard bounds: a window of shards from an explicit cursor (default 8,
 at most 32), at most ``--per-shard`` entries each (default 32, at most 64), incremental
 ``os.scandir``, file contents never read, database read-only. A receipt the journal knows
 or whose attempt is still active is never moved. Unregistered receipts, temp files and

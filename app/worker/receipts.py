@@ -310,7 +310,7 @@ def _shim_claim(raw: bytes) -> tuple[str, int, int] | None:
     """(boot id, shim pid, shim start ticks) of a shim's reservation, or None."""
     try:
         data: Any = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or set(data) != {"boot_id", "shim_pid", "shim_start_ticks"}:
         return None

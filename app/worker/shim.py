@@ -47,8 +47,11 @@ RECEIPT_RESERVE_BYTES = 4096
 PUBLISH_RETRY_FIRST_S = 0.05
 PUBLISH_RETRY_MAX_S = 5.0
 # "no_clone3": start the job the fallback way (enter the cgroup, spawn, leave), for tests.
+# "stop_after_reserve_link": SIGSTOP between linking a spare's reservation and removing the
+# spare's own name (a test SIGKILLs it there).
 TEST_HOOKS = (
     "exit_before_receipt", "exit_after_temp_write", "stop_after_temp_write", "no_clone3",
+    "stop_after_reserve_link",
 )  # fmt: skip
 # After the job's main process ended (leftovers "kill"): how long the shim waits for the rest
 # of the job to die before it gives up and publishes anyway (docs/leftovers.md).
@@ -1048,7 +1051,7 @@ class _Published:
         self.fd = os.open(self.tmp, flags, 0o600, dir_fd=self.dir_fd)
         _pwrite_all(self.fd, head + bytes(size - len(head)))
 
-    def adopt(self, ahead: _Ahead) -> bool:
+    def adopt(self, ahead: _Ahead, hook: str | None = None) -> bool:
         """Take a reservation the spare made ahead (§8 "Reservation made ahead") under the temp
         name: ``link()`` never replaces, so, as with O_EXCL, a name already there (recovery's
         fence) refuses it (FileExistsError: RECEIPT_RESERVE_FAILED, no job). False when it
@@ -1061,6 +1064,21 @@ class _Published:
             ahead.drop()
             if isinstance(exc, FileExistsError):
                 raise
+            return False
+        if hook == "stop_after_reserve_link":
+            os.kill(os.getpid(), signal.SIGSTOP)  # the test SIGKILLs us right here
+        try:  # the name linked is the file we hold (nothing swapped the spare's name)
+            linked = os.stat(self.tmp, dir_fd=self.dir_fd, follow_symlinks=False)
+            held = os.fstat(ahead.fd)
+            same = (linked.st_dev, linked.st_ino) == (held.st_dev, held.st_ino)
+        except OSError:
+            same = False
+        if not same:
+            try:  # noqa: SIM105 - the name is ours (this link made it); contextlib costs start-up
+                os.unlink(self.tmp, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+            ahead.drop()
             return False
         self.fd = ahead.take()
         return True
@@ -1165,7 +1183,7 @@ def _run_shim(
     try:
         claim = _claim() if ahead is None else ahead.claim
         try:  # the receipt's space, before any job exists; the claim names this shim
-            if ahead is None or not receipt_file.adopt(ahead):
+            if ahead is None or not receipt_file.adopt(ahead, spec.get("test_hook")):
                 receipt_file.reserve(RECEIPT_RESERVE_BYTES, _canonical(claim))
         except OSError as exc:
             raise ShimError("RECEIPT_RESERVE_FAILED", exc.errno) from None

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from app.domain.artifacts import shard_of
 from app.domain.receipt import decode_receipt
 from app.worker.identity import wait_exit
 from app.worker.receipts import FENCE_MARK, ReceiptStore
@@ -176,7 +177,12 @@ def test_an_unused_spare_removes_its_reservation_and_the_sweep_takes_a_dead_ones
     assert ahead.exists()  # left behind
     (root / ".spare-not-ours.tmp").write_bytes(b"")  # not a spare's name: never touched
     _warm(zygote, tmp_path, root, launched)  # the dead spare is replaced by a live one
-    poll_until(lambda: len([p for p in _spares(root) if p != pid]) == 1)
+
+    def live_written() -> bool:  # its claim written: a file still empty would be swept too
+        live = [path for p, path in _spares(root).items() if p != pid]
+        return len(live) == 1 and bool(live[0].read_bytes().rstrip(b"\0"))
+
+    poll_until(live_written)
     live_pid = next(p for p in _spares(root) if p != pid)
     assert ReceiptStore(root).sweep_spares() == 1
     assert not ahead.exists() and live_pid in _spares(root)
@@ -184,3 +190,85 @@ def test_an_unused_spare_removes_its_reservation_and_the_sweep_takes_a_dead_ones
     zygote.close()  # EOF: the waiting spare ends and removes its own reservation
     assert wait_exit(live_pid, DEADLINE)
     assert _spares(root) == {}
+
+
+def test_a_spare_that_refuses_its_spec_removes_its_reservation(
+    tmp_path: Path, root: Path, zygote: Zygote, launched: Launched
+) -> None:
+    _warm(zygote, tmp_path, root, launched)
+    pid, ahead = _one_spare(root)
+    spec = _spec(tmp_path, root, ["/bin/true"])
+    spec["log_path"] = str(tmp_path / "no-such-log")  # the shim opens, never creates, it
+    status = _launch(zygote, spec, launched)
+    assert status["ok"] is False and status["error"] == "LOG_OPEN_FAILED"
+    assert wait_exit(pid, DEADLINE)
+    assert not ahead.exists()
+    assert not (root / "01" / f".{spec['receipt_name']}.tmp").exists()
+
+
+def test_the_sweep_judges_only_plain_files_named_like_a_spares(tmp_path: Path, root: Path) -> None:
+    """Worker start must survive whatever lies in the root: only plain files with a spare's
+    name and no live shim's claim go; directories, symlinks and other names stay."""
+    store = ReceiptStore(root)
+    (root / ".spare-1-1.tmp").write_bytes(b"")  # never written: a spare that died at once
+    (root / ".spare-2-2.tmp").write_bytes(b"not json")
+    (root / ".spare-3-3.tmp").write_bytes(b"[" * 5000)  # deep nesting: no RecursionError
+    (root / ".spare-4-4.tmp").mkdir()
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"x")
+    (root / ".spare-5-5.tmp").symlink_to(target)
+    (root / ".spare-x-6.tmp").write_bytes(b"")  # not a spare's name
+    assert store.sweep_spares() == 3
+    left = sorted(p.name for p in root.iterdir() if p.name.startswith(".spare"))
+    assert left == [".spare-4-4.tmp", ".spare-5-5.tmp", ".spare-x-6.tmp"]
+    assert target.read_bytes() == b"x"
+
+
+def test_a_spare_killed_between_linking_and_dropping_its_name_started_nothing(
+    tmp_path: Path, root: Path, zygote: Zygote, launched: Launched
+) -> None:
+    """The crash window inside the link: both names hold the claim, no job was started.
+    Recovery reads the temp as a dead shim's claim (``shim_gone``: fail closed, as for any
+    shim that died after reserving), and the worker's sweep removes the spare's name only."""
+    _warm(zygote, tmp_path, root, launched)
+    pid, ahead = _one_spare(root)
+    marker = tmp_path / "ran"
+    spec = _spec(tmp_path, root, ["/bin/sh", "-c", f"touch {marker}"])
+    shard = root / shard_of(spec["attempt_id"])
+    shard.mkdir(mode=0o700, exist_ok=True)
+    spec["receipt_dir"] = str(shard)
+    spec["test_hook"] = "stop_after_reserve_link"
+    temp = shard / f".{spec['receipt_name']}.tmp"
+    read_fd, write_fd = os.pipe()
+    try:
+        first = zygote.spawn(json.dumps(spec).encode(), write_fd)
+    finally:
+        os.close(write_fd)
+    try:
+        poll_until(lambda: _state(pid) == "T")  # stopped by the hook, right after the link
+        assert temp.stat().st_ino == ahead.stat().st_ino and temp.stat().st_nlink == 2
+        pidfd = os.pidfd_open(pid)
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        finally:
+            os.close(pidfd)
+        assert wait_exit(pid, DEADLINE)
+        assert read_status(read_fd, time.monotonic() + DEADLINE) == b""  # no status line
+    finally:
+        os.close(read_fd)
+        zygote.release(first)
+    store = ReceiptStore(root)
+    assert store.claim_reservation(spec["attempt_id"]) == "shim_gone"
+    assert store.sweep_spares() == 1
+    assert not ahead.exists() and temp.stat().st_nlink == 1
+    assert json.loads(temp.read_bytes().rstrip(b"\0"))["shim_pid"] == pid
+    time.sleep(0.2)
+    assert not marker.exists()
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2]
