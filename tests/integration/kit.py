@@ -1,8 +1,10 @@
 """Shared by the shim's integration tests (one-shot and zygote): the spec, the status channel,
-the receipt's place and the job's open descriptors as ``ls -l /proc/self/fd`` lists them."""
+a launch through the zygote, the receipt's place and the job's open descriptors as
+``ls -l /proc/self/fd`` lists them."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import select
@@ -12,6 +14,8 @@ from typing import Any
 
 from app.domain.ids import uuid7
 from app.worker.identity import stat_fields, wait_exit
+from app.worker.zygote import Zygote
+from tests.integration.conftest import Launched
 
 SHIM = str(Path(__file__).resolve().parents[2] / "app" / "worker" / "shim.py")
 DEADLINE = 20.0
@@ -93,3 +97,40 @@ def ppid(pid: int) -> int:
     fields = stat_fields(pid)
     assert fields is not None, f"no process {pid}"
     return int(fields[1])
+
+
+def zspawn(zygote: Zygote, spec: dict[str, Any] | bytes) -> tuple[int, int]:
+    """Hand ``spec`` to the zygote: (its first shim process, the status pipe's read end)."""
+    payload = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
+    read_fd, write_fd = os.pipe()
+    try:
+        first = zygote.spawn(payload, write_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    return first, read_fd
+
+
+def zlaunch(zygote: Zygote, spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
+    """One launch through the zygote; the parsed status line (read to EOF)."""
+    first, read_fd = zspawn(zygote, spec)
+    try:
+        raw = read_status(read_fd, time.monotonic() + DEADLINE)
+    finally:
+        os.close(read_fd)
+        zygote.release(first)
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 1, raw
+    status: dict[str, Any] = json.loads(raw)
+    launched.track_status(status)
+    return status
+
+
+def proc_state(pid: int) -> str:
+    """The process state letter, "" once the process is gone (reaped meanwhile)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2]

@@ -27,7 +27,17 @@ from app.worker.identity import wait_exit
 from app.worker.receipts import FENCE_MARK, ReceiptStore
 from app.worker.zygote import Zygote
 from tests.integration.conftest import Launched
-from tests.integration.kit import DEADLINE, SHIM, make_spec, poll_until, read_status, wait_shim_done
+from tests.integration.kit import (
+    DEADLINE,
+    SHIM,
+    make_spec,
+    poll_until,
+    proc_state,
+    read_status,
+    wait_shim_done,
+    zlaunch,
+    zspawn,
+)
 
 
 @pytest.fixture
@@ -55,22 +65,6 @@ def _spec(tmp_path: Path, root: Path, argv: list[str]) -> dict[str, Any]:
     spec = make_spec(work, argv)
     spec["receipt_dir"] = str(root / "01")
     return spec
-
-
-def _launch(zygote: Zygote, spec: dict[str, Any], launched: Launched) -> dict[str, Any]:
-    read_fd, write_fd = os.pipe()
-    try:
-        first = zygote.spawn(json.dumps(spec).encode(), write_fd)
-    finally:
-        os.close(write_fd)
-    try:
-        raw = read_status(read_fd, time.monotonic() + DEADLINE)
-    finally:
-        os.close(read_fd)
-        zygote.release(first)
-    status: dict[str, Any] = json.loads(raw)
-    launched.track_status(status)
-    return status
 
 
 def _spares(root: Path) -> dict[int, Path]:
@@ -101,7 +95,7 @@ def _one_spare(root: Path) -> tuple[int, Path]:
 
 def _warm(zygote: Zygote, tmp_path: Path, root: Path, launched: Launched) -> None:
     """One launch, so that the zygote (and so its spare) runs."""
-    status = _launch(zygote, _spec(tmp_path, root, ["/bin/true"]), launched)
+    status = zlaunch(zygote, _spec(tmp_path, root, ["/bin/true"]), launched)
     assert status["ok"] is True, status
     wait_shim_done(status)
 
@@ -117,7 +111,7 @@ def test_the_launch_links_the_spares_reservation_into_place(
     inode = ahead.stat().st_ino
     gate = tmp_path / "go"
     spec = _spec(tmp_path, root, ["/bin/sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done"])
-    status = _launch(zygote, spec, launched)
+    status = zlaunch(zygote, spec, launched)
     assert status["ok"] is True and status["shim_pid"] == pid
     # The reservation under the attempt's temp name is the very file made ahead, the claim
     # already in it; the spare's own name for it is gone.
@@ -141,7 +135,7 @@ def test_a_taken_name_refuses_the_reservation_made_ahead_and_nothing_runs(
     spec = _spec(tmp_path, root, ["/bin/sh", "-c", f"touch {marker}"])
     temp = root / "01" / f".{spec['receipt_name']}.tmp"
     temp.write_bytes(FENCE_MARK)  # recovery fenced the attempt before any shim reserved it
-    status = _launch(zygote, spec, launched)
+    status = zlaunch(zygote, spec, launched)
     assert status == {"ok": False, "error": "RECEIPT_RESERVE_FAILED", "errno": 17}
     assert temp.read_bytes() == FENCE_MARK  # never replaced, never removed by the shim
     assert not ahead.exists()  # the spare removed its own reservation
@@ -157,7 +151,7 @@ def test_a_reservation_made_ahead_that_vanished_is_made_again_on_the_way(
     pid, ahead = _one_spare(root)
     ahead.unlink()  # e.g. a sweep took it while it was still empty
     spec = _spec(tmp_path, root, ["/bin/sh", "-c", "exit 3"])
-    status = _launch(zygote, spec, launched)
+    status = zlaunch(zygote, spec, launched)
     assert status["ok"] is True and status["shim_pid"] == pid
     wait_shim_done(status)
     assert decode_receipt((root / "01" / spec["receipt_name"]).read_bytes()).exit_code == 3
@@ -199,7 +193,7 @@ def test_a_spare_that_refuses_its_spec_removes_its_reservation(
     pid, ahead = _one_spare(root)
     spec = _spec(tmp_path, root, ["/bin/true"])
     spec["log_path"] = str(tmp_path / "no-such-log")  # the shim opens, never creates, it
-    status = _launch(zygote, spec, launched)
+    status = zlaunch(zygote, spec, launched)
     assert status["ok"] is False and status["error"] == "LOG_OPEN_FAILED"
     assert wait_exit(pid, DEADLINE)
     assert not ahead.exists()
@@ -239,13 +233,9 @@ def test_a_spare_killed_between_linking_and_dropping_its_name_started_nothing(
     spec["receipt_dir"] = str(shard)
     spec["test_hook"] = "stop_after_reserve_link"
     temp = shard / f".{spec['receipt_name']}.tmp"
-    read_fd, write_fd = os.pipe()
+    first, read_fd = zspawn(zygote, spec)
     try:
-        first = zygote.spawn(json.dumps(spec).encode(), write_fd)
-    finally:
-        os.close(write_fd)
-    try:
-        poll_until(lambda: _state(pid) == "T")  # stopped by the hook, right after the link
+        poll_until(lambda: proc_state(pid) == "T")  # stopped by the hook, right after the link
         assert temp.stat().st_ino == ahead.stat().st_ino and temp.stat().st_nlink == 2
         pidfd = os.pidfd_open(pid)
         try:
@@ -266,9 +256,3 @@ def test_a_spare_killed_between_linking_and_dropping_its_name_started_nothing(
     assert not marker.exists()
 
 
-def _state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat[stat.rindex(")") + 2]

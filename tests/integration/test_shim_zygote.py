@@ -32,9 +32,10 @@ from tests.integration.kit import (
     make_spec,
     poll_until,
     ppid,
-    read_status,
+    proc_state,
     receipt_path,
     wait_shim_done,
+    zlaunch,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,25 +48,6 @@ def zygote() -> Iterator[Zygote]:
         yield server
     finally:
         server.close()
-
-
-def zlaunch(zygote: Zygote, spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
-    """One launch through the zygote; the parsed status line (read to EOF)."""
-    payload = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
-    read_fd, write_fd = os.pipe()
-    try:
-        first = zygote.spawn(payload, write_fd)
-    finally:
-        os.close(write_fd)
-    try:
-        raw = read_status(read_fd, time.monotonic() + DEADLINE)
-    finally:
-        os.close(read_fd)
-        zygote.release(first)
-    assert raw.endswith(b"\n") and raw.count(b"\n") == 1, raw
-    status: dict[str, Any] = json.loads(raw)
-    launched.track_status(status)
-    return status
 
 
 def zrun(zygote: Zygote, tmp_path: Path, argv: list[str], launched: Launched, **over: Any) -> Any:
@@ -223,18 +205,11 @@ def test_zygote_keeps_no_fds_or_memory_per_launch(
     # first process of its spare, exited (a zombie pinning the spare's session id).
     def only_the_spare() -> bool:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        return len(children) == 1 and _state(int(children[0])) == "Z"
+        return len(children) == 1 and proc_state(int(children[0])) == "Z"
 
     poll_until(only_the_spare)
 
 
-def _state(pid: int) -> str:
-    """The process state letter, "" once the process is gone (reaped meanwhile)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat[stat.rindex(")") + 2]
 
 
 def _session_members(sid: int) -> list[int]:
@@ -258,7 +233,7 @@ def _spare(zygote: Zygote) -> tuple[int, int]:
 
     def ready() -> bool:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        firsts = [int(c) for c in children if _state(int(c)) == "Z"]
+        firsts = [int(c) for c in children if proc_state(int(c)) == "Z"]
         shims = [m for f in firsts for m in _session_members(f)]
         if len(firsts) == 1 and len(shims) == 1:
             found.append((firsts[0], shims[0]))
