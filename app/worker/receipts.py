@@ -10,7 +10,7 @@ shim's temp files (its reserved receipt, its truncation fact's temp beside the l
 names derive from the attempt id, so whoever settles the journal entry removes what a shim
 killed mid-publication left behind (docs/design.md §3.11). The one exception is the root's
 own ``.spare-*.tmp`` files, the reservations spares make ahead of their launch
-(launch-protocol.md §8), which ``sweep_spares`` removes once their shim is gone.
+(launch-protocol.md §8), which ``sweep_spares`` lists at the worker's start.
 """
 
 from __future__ import annotations
@@ -227,9 +227,10 @@ class ReceiptStore:
         return "fenced"
 
     def sweep_spares(self) -> int:
-        """Remove the root's ``.spare-*.tmp`` files whose shim no longer lives (a spare
+        """Remove the root's ``.spare-*.tmp`` files that hold no live shim's claim (a spare
         killed before its launch, or between linking its reservation into place and
-        removing its own name); how many. A live spare's file is kept: it removes its own."""
+        removing its own name, or one still writing it); how many. A live spare's file is
+        kept: it removes its own."""
         removed = 0
         try:
             names = [n for n in os.listdir(self.root) if _SPARE.fullmatch(n)]
