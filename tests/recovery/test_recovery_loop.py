@@ -81,7 +81,9 @@ def test_wakes_never_overlap_passes_and_stop_is_clean() -> None:
     assert probe.passes == 1  # the start-up pass
     for _ in range(50):
         loop.wake(reconcile=True)
-    while probe.passes < 2 and time.monotonic() < deadline:
+    # The woken pass, then its sweep: a stop that came between them would skip the sweep (the
+    # loop checks for a stop after each pass), so wait for both before stopping.
+    while (probe.passes < 2 or probe.sweeps < 2) and time.monotonic() < deadline:
         time.sleep(0.005)
     loop.stop(timeout=10)
     assert probe.max_running == 1 and probe.closed
