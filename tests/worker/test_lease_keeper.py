@@ -152,7 +152,9 @@ def test_a_lease_lost_after_the_drains_ping_requeues_the_run_and_launches_nothin
     refused, and nothing is launched."""
     now = [0.0]
     pause = DispatchBackoff(clock=lambda: now[0])
-    config = settings(db_url, tmp_path / "a")
+    # A TTL long enough that a loaded host never lets the lease lapse on its own (the first
+    # ping must be answered with it); renewals often enough to notice the takeover at once.
+    config = settings(db_url, tmp_path / "a", ttl_s=10.0, renew_s=0.2)
     lost = threading.Event()
     keeper = LeaseKeeper.take(settings=config, engine=engine, on_lost=lost.set)
     inner = CountingLauncher()
