@@ -71,12 +71,13 @@ def main() -> None:
     base: list[float] = []
     ours: list[float] = []
     for i in range(args.rounds):
-        for side in order(i):
+        sides = order(i)
+        for side in sides:
             if side == "base":
                 base.append(burst_in(args.against.resolve(), args.runs, args.pg))
             else:
                 ours.append(burst_in(ROOT, args.runs, args.pg))
-        first = "this checkout" if order(i)[0] == "ours" else str(args.against)
+        first = "this checkout" if sides[0] == "ours" else str(args.against)
         print(
             f"round {i + 1} ({first} first): {args.against} {base[-1]:.1f}, "
             f"this checkout {ours[-1]:.1f} runs/s"

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from app.worker.identity import stat_fields
-from bench.profile_dispatch import cpu_jiffies, spawn_cpu_ms
+from bench.profile_dispatch import cpu_jiffies, cpu_ticks, spawn_cpu_ms
 from bench.stack import running_stack
 from bench.trivial import enqueue_and_finish
 
@@ -65,8 +65,7 @@ def _processes() -> dict[int, tuple[int, int, str]]:
         except OSError:
             continue  # gone, or not ours to read
         if fields is not None:
-            own, children = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-            seen[int(name)] = (own, children, cmdline)
+            seen[int(name)] = (*cpu_ticks(fields), cmdline)
     return seen
 
 

@@ -45,7 +45,12 @@ def proc_cpu(pid: int) -> tuple[int, int]:
     """(utime+stime, cutime+cstime) of ``pid`` in clock ticks."""
     f = stat_fields(pid)
     assert f is not None, f"no process {pid}"
-    return int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
+    return cpu_ticks(f)
+
+
+def cpu_ticks(fields: list[bytes]) -> tuple[int, int]:
+    """(utime+stime, cutime+cstime) in clock ticks from ``stat_fields``' fields."""
+    return int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
 
 
 def profile_drain(*, count: int, pg: str | None, html: str | None) -> dict[str, float]:

@@ -255,21 +255,16 @@ class ReceiptStore:
         return removed
 
     def _holder(self, path: Path) -> ReservationState:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
         try:
-            fd = os.open(path, flags)
+            raw = _read_head(path)
         except FileNotFoundError:
             return "unreadable"  # published or discarded meanwhile: the next pass sees which
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return "unreadable"
             raise
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return "unreadable"
-            raw = os.pread(fd, RECEIPT_MAX_BYTES, 0).rstrip(b"\0")
-        finally:
-            os.close(fd)
+        if raw is None:
+            return "unreadable"
         if raw == FENCE_MARK:
             return "fenced"
         if not raw:

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from app.adapters.worker_client import WorkerClient
 from app.domain.errors import ErrorCode, LaunchFailed, NotFound
 from app.domain.execution import LaunchRequest, StopResult
 from app.domain.model import ProcessHandle, Recipe, Run, RunEvent, TaskRevision
@@ -330,3 +331,21 @@ def files_under(root: Path) -> list[Path]:
 
 
 __all__ = ["EDGE", "STANDALONE"]
+
+
+class CountingClient(WorkerClient):
+    """The real worker client; counts pings (each one is a connect attempt) and, once the
+    first one was answered, runs ``after_first_ping`` (a crash injected right there)."""
+
+    def __init__(self, path: Path, *, after_first_ping: Callable[[], None] | None = None) -> None:
+        super().__init__(path, connect_timeout_s=0.5)
+        self.pings = 0
+        self._after_first_ping = after_first_ping
+
+    def ping(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        self.pings += 1
+        answer = super().ping(timeout_s=timeout_s)
+        hook, self._after_first_ping = self._after_first_ping, None
+        if hook is not None:
+            hook()
+        return answer

@@ -7,17 +7,15 @@ pointed at a socket path nobody listens on, then at a real worker.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 
-from app.adapters.worker_client import WorkerClient
 from app.context.execution_wiring import DispatchBackoff, build_execution
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from tests.execution.kit import MemorySecrets, define, enqueue
+from tests.execution.kit import CountingClient, MemorySecrets, define, enqueue
 
 
 def test_the_delay_grows_to_its_cap_and_resets_when_the_worker_answers() -> None:
@@ -38,18 +36,6 @@ def test_the_delay_grows_to_its_cap_and_resets_when_the_worker_answers() -> None
     assert pause.delay_s == 0.0 and pause.due()
     pause.unavailable()
     assert pause.delay_s == 0.25  # a new episode starts from the base again
-
-
-class CountingClient(WorkerClient):
-    """The real client; counts pings (each one is a connect attempt)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, connect_timeout_s=0.5)
-        self.pings = 0
-
-    def ping(self, *, timeout_s: float | None = None) -> dict[str, Any]:
-        self.pings += 1
-        return super().ping(timeout_s=timeout_s)
 
 
 def test_a_drain_against_no_worker_pings_once_per_delay_and_leaves_runs_queued(

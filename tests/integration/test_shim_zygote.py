@@ -210,8 +210,6 @@ def test_zygote_keeps_no_fds_or_memory_per_launch(
     poll_until(only_the_spare)
 
 
-
-
 def _session_members(sid: int) -> list[int]:
     members = []
     for name in os.listdir("/proc"):

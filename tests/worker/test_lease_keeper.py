@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, update
 
-from app.adapters.worker_client import WorkerClient
 from app.context.execution_wiring import DispatchBackoff, build_execution
 from app.context.worker_lease import LeaseKeeper
 from app.domain.errors import LaunchFailed
@@ -25,7 +22,7 @@ from app.storage.runs_repo import RunRepository
 from app.storage.tables import worker_leases
 from app.storage.uow import UnitOfWork
 from app.worker.server import ControlServer
-from tests.execution.kit import MemorySecrets, define, enqueue
+from tests.execution.kit import CountingClient, MemorySecrets, define, enqueue
 from tests.storage.helpers import HANDLE
 
 REQUEST = LaunchRequest(
@@ -169,7 +166,7 @@ def test_a_lease_lost_after_the_drains_ping_requeues_the_run_and_launches_nothin
             conn.execute(update(worker_leases).values(epoch=worker_leases.c.epoch + 1))
         assert lost.wait(5), "the keeper did not notice the new epoch"
 
-    client = _CountingClient(server.path, after_first_ping=take_over)
+    client = CountingClient(server.path, after_first_ping=take_over)
     hooks = build_execution(
         config, candidates=RunReader(engine), definitions=DefinitionRepository(engine),
         secrets=MemorySecrets(), transitions=RunRepository(engine), client=client, backoff=pause,
@@ -198,20 +195,3 @@ def test_a_lease_lost_after_the_drains_ping_requeues_the_run_and_launches_nothin
 class _NoStops:
     def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
         raise AssertionError("nothing was launched, so nothing is stopped")
-
-
-class _CountingClient(WorkerClient):
-    """The real client; counts pings, and runs ``after_first_ping`` once the first answered."""
-
-    def __init__(self, path: Path, *, after_first_ping: Callable[[], None]) -> None:
-        super().__init__(path, connect_timeout_s=0.5)
-        self.pings = 0
-        self._after_first_ping: Callable[[], None] | None = after_first_ping
-
-    def ping(self, *, timeout_s: float | None = None) -> dict[str, Any]:
-        self.pings += 1
-        answer = super().ping(timeout_s=timeout_s)
-        hook, self._after_first_ping = self._after_first_ping, None
-        if hook is not None:
-            hook()
-        return answer
