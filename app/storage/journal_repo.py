@@ -263,7 +263,9 @@ class JournalRepository:
         owner = self._owner() if self._owner is not None else None
         values["worker_instance_id"] = None if owner is None else owner[0]
         try:
-            with UnitOfWork(self._engine, grouped=True) as uow:
+            # On PostgreSQL each branch below is one statement (one_statement: no BEGIN and
+            # COMMIT round trips on the launch path, docs/design.md §3.15).
+            with UnitOfWork(self._engine, grouped=True, one_statement=True) as uow:
                 inserted = True
                 if only_if_starting:
                     del values["state"]

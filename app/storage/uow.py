@@ -107,9 +107,21 @@ class UnitOfWork:
     (retention, migrations) stays ungrouped, and a group is committed at once while one
     waits, so it does not hold finished members back. Any write may still find a group open
     when it gets the gate; it then joins, and commits the group when it ends.
+
+    ``one_statement`` (PostgreSQL only; SQLite ignores it): the block runs exactly one
+    statement, which is then its own transaction, without psycopg's separate BEGIN and the
+    COMMIT. Only for a unit of work whose whole effect is that statement: a second one would
+    commit on its own.
     """
 
-    def __init__(self, engine: Engine, *, write: bool = True, grouped: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        write: bool = True,
+        grouped: bool = False,
+        one_statement: bool = False,
+    ) -> None:
         self._engine = engine
         self._write = write
         self._conn: Connection | None = None
@@ -124,6 +136,11 @@ class UnitOfWork:
         # parsed and planned again (~0.7 ms for the dispatch page). A read-only
         # transaction's COMMIT writes nothing.
         self._end_read_by_commit = not write and engine.dialect.name == "postgresql"
+        # One statement is its own transaction on PostgreSQL: run in the driver's autocommit,
+        # it is atomic and, with synchronous_commit on, durable once the driver returns its
+        # result (the server commits before it answers ReadyForQuery, which the driver waits
+        # for). psycopg's BEGIN and the COMMIT are then two round trips fewer.
+        self._autocommit = one_statement and engine.dialect.name == "postgresql"
 
     @property
     def conn(self) -> Connection:
@@ -150,6 +167,8 @@ class UnitOfWork:
         conn = self._engine.connect()
         if self._write:
             conn = conn.execution_options(**{WRITE: True})
+        if self._autocommit:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         try:
             conn.begin()
         except BaseException:

@@ -102,3 +102,23 @@ def test_a_burst_wider_than_the_pool_reuses_its_connections(postgres_url: str) -
         assert engine.pool.checkedin() == 3  # and all three still open in the pool
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_one_statement_unit_of_work_is_its_own_transaction(postgres_url: str) -> None:
+    # One statement needs no BEGIN and COMMIT of its own (two round trips on the launch
+    # path, app/storage/journal_repo.py reserve): each statement is then a transaction, and
+    # the pooled connection is handed to the next unit of work transactional again.
+    engine = make_engine(postgres_url, connections=1)
+    xact = text("SELECT pg_current_xact_id()")
+    try:
+        with UnitOfWork(engine, one_statement=True) as uow:
+            assert uow.conn.connection.dbapi_connection.autocommit is True  # type: ignore[union-attr]
+            assert uow.conn.execute(xact).scalar_one() != uow.conn.execute(xact).scalar_one()
+            uow.commit()
+        with UnitOfWork(engine) as uow:
+            assert uow.conn.connection.dbapi_connection.autocommit is False  # type: ignore[union-attr]
+            assert uow.conn.execute(xact).scalar_one() == uow.conn.execute(xact).scalar_one()
+            uow.commit()
+    finally:
+        engine.dispose()
