@@ -1,10 +1,14 @@
 """A/B of trivial bursts: this checkout against another, in interleaved rounds on one host.
 
-``python -m bench.burst --against DIR [--rounds 4] [--runs 600] [--pg URL]``: each round runs
-one burst of DIR's code and one of this checkout's, each side first in every other round
+``python -m bench.burst --against DIR [--rounds 4] [--runs 600] [--pg URL] [--idle]``: each round
+runs one burst of DIR's code and one of this checkout's, each side first in every other round
 (``order``), each on a fresh stack of its own
 (N `/bin/true` runs posted over 4 keep-alive clients, until all are terminal), and prints
-both runs/s; at the end the medians and their ratio, this checkout / DIR. The host's speed
+both runs/s; at the end the medians and their ratio, this checkout / DIR. With ``--idle`` a
+round is instead N runs one at a time (``bench.trivial.idle_latency``, after 10 not counted)
+on each side, and the figure is the mean created → started in ms: the timestamps are whole
+milliseconds, so the p50 of a few dozen runs moves by a whole step between runs of the same
+code, and the mean of a few hundred does not. The host's speed
 moves by more than most changes (bench/README.md), so only interleaved rounds compare: the
 other checkout is the same-run baseline. DIR is typically a ``git worktree`` of the commit
 before the change.
@@ -36,14 +40,29 @@ if got["succeeded"] != runs:
     sys.exit(f"only {int(got['succeeded'])} of {runs} runs succeeded")
 print(got["runs_per_s"])
 """
+_IDLE = """
+import os, statistics, sys
+from bench.stack import running_stack
+from bench.trivial import define_task, idle_latency
+runs, pg = int(sys.argv[1]), sys.argv[2] or None
+os.umask(0o077)
+with running_stack(pg) as stack:
+    define_task(stack)
+    idle_latency(stack, 10)
+    lags = idle_latency(stack, runs)
+if len(lags) != runs:
+    sys.exit(f"only {len(lags)} of {runs} runs started")
+print(statistics.mean(lags))
+"""
 
 
-def burst_in(checkout: Path, runs: int, pg: str | None) -> float:
-    """runs/s of one burst of ``checkout``'s code, in a process of its own (its modules)."""
+def burst_in(checkout: Path, runs: int, pg: str | None, *, idle: bool = False) -> float:
+    """runs/s of one burst of ``checkout``'s code, in a process of its own (its modules);
+    with ``idle``, the mean created → started ms of ``runs`` runs one at a time."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     env["PYTHONPATH"] = str(checkout)
     done = subprocess.run(
-        [sys.executable, "-c", _ONE_BURST, str(runs), pg or ""],
+        [sys.executable, "-c", _IDLE if idle else _ONE_BURST, str(runs), pg or ""],
         cwd=checkout, env=env, capture_output=True, text=True,
     )  # fmt: skip
     if done.returncode != 0:
@@ -65,7 +84,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)  # even: each side first as often
     parser.add_argument("--runs", type=int, default=600)
     parser.add_argument("--pg", default=None, help="a PostgreSQL URL (default: SQLite)")
+    parser.add_argument("--idle", action="store_true", help="one at a time: mean ms to start")
     args = parser.parse_args()
+    unit = "ms created -> started (mean)" if args.idle else "runs/s"
     if args.against is None:
         parser.error("--against DIR is required: the baseline is the other checkout")
     base: list[float] = []
@@ -74,16 +95,16 @@ def main() -> None:
         sides = order(i)
         for side in sides:
             if side == "base":
-                base.append(burst_in(args.against.resolve(), args.runs, args.pg))
+                base.append(burst_in(args.against.resolve(), args.runs, args.pg, idle=args.idle))
             else:
-                ours.append(burst_in(ROOT, args.runs, args.pg))
+                ours.append(burst_in(ROOT, args.runs, args.pg, idle=args.idle))
         first = "this checkout" if sides[0] == "ours" else str(args.against)
         print(
-            f"round {i + 1} ({first} first): {args.against} {base[-1]:.1f}, "
-            f"this checkout {ours[-1]:.1f} runs/s"
+            f"round {i + 1} ({first} first): {args.against} {base[-1]:.2f}, "
+            f"this checkout {ours[-1]:.2f} {unit}"
         )
     b, o = statistics.median(base), statistics.median(ours)
-    print(f"median runs/s: this checkout {o:.1f} | {args.against} {b:.1f} | ratio {o / b:.3f}")
+    print(f"median {unit}: this checkout {o:.2f} | {args.against} {b:.2f} | ratio {o / b:.3f}")
 
 
 if __name__ == "__main__":

@@ -20,10 +20,14 @@ MIB = 1024 * 1024
 
 
 @contextlib.contextmanager
-def mounted_tmpfs(path: Path, *, size_mib: int = 60, uid: int | None = None) -> Iterator[Path]:
-    """Mount a ``size_mib`` tmpfs (mode 0700, owned by ``uid``) at ``path``; unmount after."""
+def mounted_tmpfs(
+    path: Path, *, size_mib: int = 60, uid: int | None = None, inodes: int | None = None
+) -> Iterator[Path]:
+    """Mount a ``size_mib`` tmpfs (mode 0700, owned by ``uid``, at most ``inodes`` files and
+    directories) at ``path``; unmount after."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     opts = f"size={size_mib}m,mode=0700" + ("" if uid is None else f",uid={uid}")
+    opts += "" if inodes is None else f",nr_inodes={inodes}"
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True
     )

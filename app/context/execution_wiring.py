@@ -7,6 +7,7 @@ facade never sees it, the launcher or the coordinator.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from app.context.metrics import CREATED_TO_STARTED, DISPATCH_PASS
 from app.domain.errors import ErrorCode, WorkerUnavailable
 from app.domain.model import ProcessHandle, Run
 from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
+from app.execution.materializer import LogSpares, prepare_log_shards
 from app.execution.ports import (
     CandidateSource,
     DefinitionSource,
@@ -25,6 +27,7 @@ from app.execution.ports import (
     SecretSource,
 )
 from app.settings import Settings
+from app.worker.identity import read_identity
 from app.worker.instance import instance_id
 
 log = logging.getLogger("qinglong.dispatch")
@@ -215,6 +218,7 @@ def build_execution(
     budget_per_host = getattr(candidates, "budget_per_host", None)
     if budget_per_host is not None:
         budget_per_host(host.own_instance_id)
+    spares = _log_spares(settings)
     dispatcher = build_dispatcher(
         candidates=candidates,
         definitions=definitions,
@@ -224,14 +228,39 @@ def build_execution(
         controller=worker,
         settings_like=settings,
         max_running=settings.max_running,
+        spares=spares,
     )
 
     halted = threading.Event()
     # The active-run count when the last drain ended blocked by a budget (None: not blocked),
     # and when that drain ran; read and written by the one background thread only.
     wait: dict[str, float | None] = {"active": None, "at": 0.0}
+    shards_made = threading.Event()
 
     def drain() -> None:
+        try:
+            _drain_once()
+        finally:
+            if not halted.is_set():
+                _ahead()
+
+    def _ahead() -> None:
+        """After a drain's launches, off any run's path: what the next launch would otherwise
+        make on its way. Only a head start: each launch checks (or makes) its own."""
+        try:
+            if not shards_made.is_set():
+                # Once: later runs find their log shard made, and the spares of dead api
+                # processes of this data dir are removed (docs/design.md §3.4).
+                shards_made.set()
+                prepare_log_shards(settings.logs_dir)
+                if spares is not None:
+                    spares.sweep(_process_alive)
+            if spares is not None:
+                spares.make()  # at once when one is held
+        except OSError as exc:
+            log.warning("making the log files ahead failed: %s", type(exc).__name__)
+
+    def _drain_once() -> None:
         # No worker, no dispatch: runs stay queued (never failed) until it answers again,
         # asked at a growing interval, never in a loop.
         if halted.is_set() or not pause.due():
@@ -291,6 +320,20 @@ def build_execution(
         tick=tick,
         budget_wait=lambda: wait["active"] is not None,
     )
+
+
+def _log_spares(settings: Settings) -> LogSpares | None:
+    """This api process's log spare (None when its own identity cannot be read)."""
+    own = read_identity(os.getpid())
+    if own is None:
+        return None
+    return LogSpares(settings.logs_dir, (own.pid, own.start_ticks))
+
+
+def _process_alive(pid: int, start_ticks: int) -> bool:
+    """Whether that exact process (its pid and start time) still runs."""
+    now = read_identity(pid)
+    return now is not None and now.start_ticks == start_ticks
 
 
 def _drain_concurrently(

@@ -11,6 +11,8 @@ from app.domain.ids import is_uuid7
 LOG_ARTIFACT_PREFIX = "log:"
 RECEIPT_SUFFIX = ".json"
 _TEMP_PREFIX, _TEMP_SUFFIX = ".", ".tmp"
+# Every shard directory's name: what ``shard_of`` can answer.
+SHARD_NAMES = tuple(f"{n:02x}" for n in range(256))
 
 
 def shard_of(attempt_id: str) -> str:

@@ -31,6 +31,7 @@ from app.execution.coordinator import LAUNCH_OUTCOME_UNKNOWN, StartCoordinator, 
 from app.execution.materializer import (
     ArtifactRefused,
     CandidateGone,
+    LogSpares,
     Materializer,
     RunFailedBeforeStart,
     SettingsLike,
@@ -293,6 +294,7 @@ def build_dispatcher(
     settings_like: SettingsLike,
     disk: DiskProbe | None = None,
     max_running: int | None = None,
+    spares: LogSpares | None = None,
 ) -> Dispatcher:
     """Wire materializer, a coordinator per start, and the dispatcher (for the composition root)."""
     materializer = Materializer(
@@ -302,6 +304,7 @@ def build_dispatcher(
         transitions=transitions,
         settings=settings_like,
         disk=disk,
+        spares=spares,
     )
     profile = settings_like.profile
 

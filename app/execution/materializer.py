@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from app.domain.artifacts import log_artifact_id, log_relpath
+from app.domain.artifacts import SHARD_NAMES, log_artifact_id, log_relpath
 from app.domain.errors import (
     AdmissionRefused,
     Conflict,
@@ -146,6 +149,7 @@ class Materializer:
         transitions: RunTransitions,
         settings: SettingsLike,
         disk: DiskProbe | None = None,
+        spares: LogSpares | None = None,
     ) -> None:
         self._candidates = candidates
         self._definitions = definitions
@@ -153,6 +157,7 @@ class Materializer:
         self._transitions = transitions
         self._settings = settings
         self._disk = disk or StatvfsProbe()
+        self._spares = spares
 
     def materialize(self, candidate: DispatchCandidateLike) -> StartCommand:
         """The start command; else CandidateGone, AdmissionRefused, RunFailedBeforeStart or
@@ -285,16 +290,21 @@ class Materializer:
     def _create_log_artifact(self, candidate: DispatchCandidateLike) -> Path:
         root = self._settings.logs_dir
         shard, name = log_relpath(candidate.attempt_id).split("/")
-        try:
-            os.makedirs(root.parent, mode=0o700, exist_ok=True)
-        except OSError:
-            raise ArtifactRefused("LOG_DIR_CREATE_FAILED", per_candidate=False) from None
-        root_fd = _private_dir(None, str(root))
+        root_fd = _open_logs_root(root)
         try:
             shard_fd = _private_dir(root_fd, shard)
             try:
+                spares = self._spares
+                spare = None if spares is None else spares.take()
                 try:
-                    fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=shard_fd)
+                    adopted = None
+                    if spares is not None and spare is not None:
+                        adopted = spares.adopt(spare, root_fd, shard_fd, name)
+                    fd = adopted
+                    if fd is None:
+                        fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=shard_fd)
+                    # The name must now be the very file made ahead.
+                    inode = spare.inode if adopted is not None and spare is not None else None
                 except FileExistsError:
                     raise self._existing_log(candidate, shard_fd, name) from None
                 except OSError:
@@ -303,6 +313,8 @@ class Materializer:
                     os.fchmod(fd, 0o600)  # exact mode whatever the umask
                     st = os.fstat(fd)
                     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                        raise ArtifactRefused("LOG_UNSAFE", per_candidate=True)
+                    if inode is not None and (st.st_dev, st.st_ino) != inode:
                         raise ArtifactRefused("LOG_UNSAFE", per_candidate=True)
                 finally:
                     os.close(fd)
@@ -356,6 +368,165 @@ class Materializer:
         return RunFailedBeforeStart(code)
 
 
+_SPARE_NAME = re.compile(r"\.spare-([0-9]{1,10})-([0-9]{1,20})")
+
+
+@dataclass(frozen=True, slots=True)
+class Spare:
+    """An empty log file made ahead: its name in the logs root and its inode."""
+
+    name: str
+    inode: tuple[int, int]  # (st_dev, st_ino)
+
+
+class LogSpares:
+    """One empty log file made ahead in the logs root, which the next launch of this process
+    links into its shard under its own name instead of creating it there (docs/design.md
+    §3.4 step 7).
+
+    On the bench host, creating a file in a shard directory took 0.15-1 ms on the way to
+    the job, and a ``link()`` about 20 µs (bench/README.md). The spare is named after its
+    process (``.spare-<pid>-<start ticks>``), so that several api processes keep one each
+    and a later process can tell a dead one's leftover (``sweep``). The name is only a way to
+    the inode: taking the spare links it to the log's name (``link`` never replaces, so a
+    name already there is refused as ``O_EXCL`` refused it), checks the inode, and drops
+    the spare's own name. Any step that fails leaves the ordinary ``O_CREAT`` path.
+    """
+
+    def __init__(self, root: Path, owner: tuple[int, int]) -> None:
+        self._root = root
+        self._name = f".spare-{owner[0]}-{owner[1]}"
+        self._lock = threading.Lock()  # drain threads take it, the background thread makes it
+        self._held: Spare | None = None
+
+    def make(self) -> bool:
+        """Make the spare unless one is held; False when it could not be made (the next
+        launch then creates its log as before)."""
+        with self._lock:
+            if self._held is not None:
+                return True
+        try:
+            root_fd = _open_logs_root(self._root)
+        except ArtifactRefused:
+            return False
+        try:
+            # Our own name left by a launch that took the spare and then failed to drop it.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._name, dir_fd=root_fd)
+            fd = os.open(self._name, _FILE_FLAGS, 0o600, dir_fd=root_fd)
+            try:
+                os.fchmod(fd, 0o600)
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        finally:
+            os.close(root_fd)
+        with self._lock:
+            self._held = Spare(self._name, (st.st_dev, st.st_ino))
+        return True
+
+    def take(self) -> Spare | None:
+        """The spare, now no longer held (one launch at a time gets it)."""
+        with self._lock:
+            spare, self._held = self._held, None
+        return spare
+
+    def adopt(self, spare: Spare, root_fd: int, shard_fd: int, name: str) -> int | None:
+        """Give ``spare`` the log's ``name`` in the shard; an open descriptor of the log, or
+        None when the spare could not be linked (the caller creates the log itself).
+
+        FileExistsError when ``name`` exists (the spare is kept for the next launch).
+        """
+        try:
+            os.link(spare.name, name, src_dir_fd=root_fd, dst_dir_fd=shard_fd)
+        except FileExistsError:
+            with self._lock:
+                if self._held is None:
+                    self._held = spare
+            raise
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(spare.name, dir_fd=root_fd)
+            return None
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=shard_fd)
+            try:
+                # Its age is the launch's, as a file created now: the orphan rule
+                # (ORPHAN_LOG_AGE_S) must see a racer's fresh log as fresh, however long ago
+                # the spare was made.
+                os.utime(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            return fd
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(spare.name, dir_fd=root_fd)
+
+    def sweep(self, alive: Callable[[int, int], bool]) -> int:
+        """Remove the spares of processes ``alive(pid, start_ticks)`` says are gone (killed
+        before using theirs, or between linking it and dropping its name); how many. Only
+        names go: a log linked from one keeps its own. Our own and anything else are left."""
+        try:
+            root_fd = _open_logs_root(self._root)
+        except ArtifactRefused:
+            return 0
+        removed = 0
+        try:
+            for entry in os.listdir(root_fd):
+                found = _SPARE_NAME.fullmatch(entry)
+                if found is None or entry == self._name:
+                    continue
+                if alive(int(found[1]), int(found[2])):
+                    continue
+                with contextlib.suppress(OSError):
+                    os.unlink(entry, dir_fd=root_fd)
+                    removed += 1
+        except OSError:
+            pass
+        finally:
+            os.close(root_fd)
+        return removed
+
+
+def prepare_log_shards(root: Path) -> int:
+    """Create the logs root and every shard directory under it ahead of any launch (0700,
+    checked as a launch checks them); how many could not be made.
+
+    A run's log lands in one of 256 shards (``shard_of``), so on a fresh data dir most of
+    the first few hundred runs made their shard on the way to their job, a ``mkdir`` of
+    about 0.5 ms on the bench host (bench/README.md). The worker does the same for its
+    receipt shards. Nothing here is required: a shard refused here (a file or symlink in
+    its place, a full disk) is met again by the launch that needs it, which refuses that
+    candidate's artifact as it always did (``LOG_DIR_UNSAFE``, ``LOG_DIR_CREATE_FAILED``).
+    """
+    try:
+        root_fd = _open_logs_root(root)
+    except ArtifactRefused:
+        return len(SHARD_NAMES)
+    refused = 0
+    try:
+        for shard in SHARD_NAMES:
+            try:
+                os.close(_private_dir(root_fd, shard))
+            except ArtifactRefused:
+                refused += 1
+    finally:
+        os.close(root_fd)
+    return refused
+
+
+def _open_logs_root(root: Path) -> int:
+    """The logs root's descriptor, the root created (0700) with its parents if missing."""
+    try:
+        os.makedirs(root.parent, mode=0o700, exist_ok=True)
+    except OSError:
+        raise ArtifactRefused("LOG_DIR_CREATE_FAILED", per_candidate=False) from None
+    return _private_dir(None, str(root))
+
+
 def _private_dir(parent_fd: int | None, name: str) -> int:
     """Create (0700) or open a directory we own; refuse symlinks, other owners, other modes."""
     created = False
@@ -391,9 +562,12 @@ def _private_dir(parent_fd: int | None, name: str) -> int:
 __all__ = [
     "ArtifactRefused",
     "CandidateGone",
+    "LogSpares",
     "Materializer",
     "RunFailedBeforeStart",
     "SettingsLike",
+    "Spare",
     "StartCommand",
     "StatvfsProbe",
+    "prepare_log_shards",
 ]

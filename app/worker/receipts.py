@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from app.domain.artifacts import (
+    SHARD_NAMES,
     quarantine_relpath,
     receipt_relpath,
     receipt_temp_relpath,
@@ -38,7 +39,6 @@ from app.storage.durable import fsync_dir, move_by_link
 from app.worker.identity import current_boot_id, read_identity
 
 DIR_MODE = 0o700
-SHARDS = 256  # the two hex digits of ``shard_of``
 # What recovery writes into the receipt's temp name when it takes it first: no shim ever
 # writes this (a shim writes its identity, then the receipt), so a pass that crashed after
 # taking the name recognises its own fence.
@@ -83,9 +83,9 @@ class ReceiptStore:
         such shards is returned."""
         created = False
         refused = 0
-        for n in range(SHARDS):
+        for name in SHARD_NAMES:
             try:
-                created = _private_dir(self.root / f"{n:02x}") or created
+                created = _private_dir(self.root / name) or created
             except OSError:
                 refused += 1
         if created:

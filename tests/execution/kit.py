@@ -17,7 +17,7 @@ from app.domain.model import ProcessHandle, Recipe, Run, RunEvent, TaskRevision
 from app.domain.profiles import EDGE, STANDALONE, Profile
 from app.execution.coordinator import StartCoordinator
 from app.execution.dispatcher import Dispatcher, build_dispatcher
-from app.execution.materializer import Materializer
+from app.execution.materializer import LogSpares, Materializer
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import DispatchCandidate, RunReader
 from app.storage.runs_repo import RunRepository
@@ -214,6 +214,7 @@ class Kit:
     definitions: Any
     profile: Profile = STANDALONE
     max_running: int | None = None  # QL_MAX_RUNNING; None: no global budget
+    spares: LogSpares | None = None  # the api's log file made ahead (None: none)
     dispatcher: Dispatcher = field(init=False)
 
     def __post_init__(self) -> None:
@@ -227,6 +228,7 @@ class Kit:
             settings_like=FakeSettings(self.logs_dir, self.profile),
             disk=self.disk,
             max_running=self.max_running,
+            spares=self.spares,
         )
 
     def materializer(self) -> Materializer:
@@ -238,6 +240,7 @@ class Kit:
             transitions=self.transitions,
             settings=FakeSettings(self.logs_dir, self.profile),
             disk=self.disk,
+            spares=self.spares,
         )
 
     def coordinator(self) -> StartCoordinator:
