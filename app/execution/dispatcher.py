@@ -172,6 +172,7 @@ class Dispatcher:
         # the page are passed over without a query, an event or a write.
         blocked: set[tuple[str, int]] = set()
         more_in_page = False
+        listed_now = True  # nothing of this pass has run since the page was read
         for index, candidate in enumerate(page.items):
             if (candidate.task, candidate.revision) in blocked:
                 continue
@@ -183,7 +184,8 @@ class Dispatcher:
             if not self._take(candidate.attempt_id):
                 continue
             try:
-                outcome, stop = self._one(candidate)
+                outcome, stop = self._one(candidate, listed_now=listed_now)
+                listed_now = False
             finally:
                 with self._cursor_lock:
                     self._in_hand.discard(candidate.attempt_id)
@@ -214,11 +216,13 @@ class Dispatcher:
             self._in_hand.add(attempt_id)
             return True
 
-    def _one(self, candidate: DispatchCandidateLike) -> tuple[CandidateOutcome, bool]:
+    def _one(
+        self, candidate: DispatchCandidateLike, *, listed_now: bool = False
+    ) -> tuple[CandidateOutcome, bool]:
         """The outcome, and whether the pass must stop after it."""
         ids: _Ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}
         try:
-            command = self._materializer.materialize(candidate)
+            command = self._materializer.materialize(candidate, listed_now=listed_now)
         except _RACES:
             return CandidateOutcome(**ids, kind="skipped_race"), False
         except AdmissionRefused:

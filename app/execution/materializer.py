@@ -159,15 +159,23 @@ class Materializer:
         self._disk = disk or StatvfsProbe()
         self._spares = spares
 
-    def materialize(self, candidate: DispatchCandidateLike) -> StartCommand:
+    def materialize(
+        self, candidate: DispatchCandidateLike, *, listed_now: bool = False
+    ) -> StartCommand:
         """The start command; else CandidateGone, AdmissionRefused, RunFailedBeforeStart or
-        ArtifactRefused."""
-        run = self._reread(candidate)  # 1
+        ArtifactRefused.
+
+        ``listed_now``: the candidate comes from a page read a moment ago, with nothing done
+        since (a pass's first candidate): that read checked what step 1 checks, in the same
+        way, so step 1 is not repeated (docs/design.md §3.4).
+        """
+        if not listed_now:
+            self._reread(candidate)  # 1
         revision = self._revision(candidate)  # 2
         self._admit_task(candidate, revision)  # 2b, before any secret or file is touched
         recipe = self._recipe(candidate, revision)  # 3
         resolved = self._secret_values(candidate, recipe)  # 4
-        env = self._environment(candidate, run, recipe, resolved)  # 5
+        env = self._environment(candidate, recipe, resolved)  # 5
         del resolved
         profile = self._settings.profile
         self._admit_disk(candidate, profile)  # 6
@@ -261,7 +269,6 @@ class Materializer:
     def _environment(
         self,
         candidate: DispatchCandidateLike,
-        run: Run,
         recipe: Recipe | None,
         resolved: dict[str, str],
     ) -> dict[str, str]:
@@ -274,11 +281,11 @@ class Materializer:
         except ValidationFailed as exc:
             raise self._fail(candidate, exc.code) from None
         reserved = {
-            "QL3_RUN_ID": run.id,
+            "QL3_RUN_ID": candidate.run_id,
             "QL3_ATTEMPT_ID": candidate.attempt_id,
             "QL3_ATTEMPT_NUMBER": str(candidate.attempt_number),
-            "QL3_TASK": run.task,
-            "QL3_REVISION": str(run.revision),
+            "QL3_TASK": candidate.task,
+            "QL3_REVISION": str(candidate.revision),
         }
         return merge_environment(env, resolved, reserved)
 

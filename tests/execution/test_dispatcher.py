@@ -126,30 +126,68 @@ def test_launch_failure_is_reported_and_not_retried(engine: Engine, tmp_path: Pa
     assert [o.request.run_id for o in kit.launcher.observed] == [failing.id, other.id]
 
 
-def test_candidate_race_is_skipped_and_the_next_candidate_is_started(
+class _CancelAfterListing(CountingCandidates):
+    """The real pages; a cancel of ``victim`` committed right after the first was read."""
+
+    def __init__(self, engine: Engine, victim: str) -> None:
+        super().__init__(engine)
+        self._repo = RunRepository(engine)
+        self._victim = victim
+        self.rereads: list[str] = []
+
+    def dispatch_candidates(self, *, limit: int, cursor: str | None = None) -> Any:
+        page = super().dispatch_candidates(limit=limit, cursor=cursor)
+        if len(self.limits) == 1:  # after the first page only
+            self._repo.request_cancel(run_id=self._victim, reason="user")
+        return page
+
+    def get_run(self, run_id: str) -> Any:
+        self.rereads.append(run_id)
+        return super().get_run(run_id)
+
+
+def test_a_first_candidate_changed_after_listing_is_refused_by_t1(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """A candidate that changed after listing is skipped, not failed."""
+    """The pass's first candidate is taken as its page listed it, a moment before (no
+    re-read); a cancel committed in that moment is caught by T1's own check: skipped, not
+    failed, nothing launched and its empty log removed; the next pass starts the next run."""
     define(engine)
     gone = enqueue(engine, priority=1)
     nxt = enqueue(engine)
     kit = make_kit(engine, tmp_path / "logs")
-    repo = RunRepository(engine)
-    reader = RunReader(engine)
+    source = _CancelAfterListing(engine, gone.id)
+    kit.dispatcher._candidates = source
+    kit.dispatcher._materializer._candidates = source
+    result = kit.dispatcher.run_pass()
+    assert [(o.run_id, o.kind) for o in result.outcomes] == [(gone.id, "skipped_race")]
+    assert source.rereads == [] and kit.launcher.calls == 0
+    assert files_under(kit.logs_dir) == []
+    assert kit.run(gone.id).status == "cancelled"
+    assert kit.dispatcher.run_pass().activated is not None
+    assert kit.run(nxt.id).status == "running"
 
-    class CancelAfterListing(CountingCandidates):
-        def dispatch_candidates(self, *, limit: int, cursor: str | None = None) -> Any:
-            page = reader.dispatch_candidates(limit=limit, cursor=cursor)
-            repo.request_cancel(run_id=gone.id, reason="user")
-            return page
 
-    kit.dispatcher._candidates = CancelAfterListing(engine)
-    kit.dispatcher._materializer._candidates = reader
+def test_a_later_candidate_changed_after_listing_is_skipped_at_its_reread(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A candidate after others of the same pass is re-read (step 1): one cancelled since
+    the page was read is skipped before its secrets, its file or T1."""
+    define(engine, task="nosecret", secrets={"API_KEY": "missing"})
+    define(engine)
+    first = enqueue(engine, task="nosecret", priority=1)  # fails before start: not a launch
+    gone = enqueue(engine)
+    kit = make_kit(engine, tmp_path / "logs")
+    source = _CancelAfterListing(engine, gone.id)
+    kit.dispatcher._candidates = source
+    kit.dispatcher._materializer._candidates = source
     result = kit.dispatcher.run_pass()
     assert [(o.run_id, o.kind) for o in result.outcomes] == [
+        (first.id, "failed_before_start"),
         (gone.id, "skipped_race"),
-        (nxt.id, "started"),
     ]
+    assert source.rereads == [gone.id]
+    assert kit.launcher.calls == 0 and files_under(kit.logs_dir) == []
     assert kit.run(gone.id).status == "cancelled"
 
 

@@ -108,7 +108,8 @@ def test_exactly_enough_disk_is_admitted(engine: Engine, tmp_path: Path) -> None
 
 
 def test_materialization_follows_the_design_order(engine: Engine, tmp_path: Path) -> None:
-    """Materialization order: re-read, revision, recipe, secrets, disk, artifact, T1, launch."""
+    """Materialization order: revision, recipe, secrets, disk, artifact, T1, launch. The
+    pass's first candidate is not re-read: its page was read a moment before (step 1)."""
     define(engine, secrets={"API_KEY": "k"})
     run = enqueue(engine)
     steps: list[str] = []
@@ -143,7 +144,6 @@ def test_materialization_follows_the_design_order(engine: Engine, tmp_path: Path
     dispatcher.run_pass()
     assert steps == [
         "candidates.dispatch_candidates",
-        "candidates.get_run",
         "definitions.get_revision",
         "definitions.get_recipe",
         "secrets.resolve",
