@@ -19,7 +19,7 @@ from app.context.metrics import CREATED_TO_STARTED, DISPATCH_PASS
 from app.domain.errors import ErrorCode, WorkerUnavailable
 from app.domain.model import ProcessHandle, Run
 from app.execution.dispatcher import Dispatcher, PassResult, build_dispatcher
-from app.execution.materializer import LogSpares, prepare_log_shards
+from app.execution.materializer import ORPHAN_LOG_AGE_S, LogSpares, prepare_log_shards
 from app.execution.ports import (
     CandidateSource,
     DefinitionSource,
@@ -236,6 +236,7 @@ def build_execution(
     # and when that drain ran; read and written by the one background thread only.
     wait: dict[str, float | None] = {"active": None, "at": 0.0}
     shards_made = threading.Event()
+    swept = {"next": 0.0}  # when the next sweep of dead processes' log spares is due
 
     def drain() -> None:
         try:
@@ -245,20 +246,30 @@ def build_execution(
                 _ahead()
 
     def _ahead() -> None:
-        """After a drain's launches, off any run's path: what the next launch would otherwise
-        make on its way. Only a head start: each launch checks (or makes) its own."""
+        """After a drain's launches: what the next launch would otherwise make on its way.
+        Only a head start: each launch checks (or makes) its own."""
+        if not shards_made.is_set():
+            # Once, on a thread of its own: on a fresh data dir the 256 mkdirs take a good
+            # part of a second, which no drain should wait for (docs/design.md §3.4).
+            shards_made.set()
+            threading.Thread(target=_make_shards, name="ql-log-shards", daemon=True).start()
+        if spares is None:
+            return
         try:
-            if not shards_made.is_set():
-                # Once: later runs find their log shard made, and the spares of dead api
-                # processes of this data dir are removed (docs/design.md §3.4).
-                shards_made.set()
-                prepare_log_shards(settings.logs_dir)
-                if spares is not None:
-                    spares.sweep(_process_alive)
-            if spares is not None:
-                spares.make()  # at once when one is held
+            spares.make()  # at once when one is held
+            if time.monotonic() >= swept["next"]:
+                # The spares of api processes that are gone, within about the orphan rule's
+                # age: until then a log such a process linked keeps two names.
+                swept["next"] = time.monotonic() + ORPHAN_LOG_AGE_S
+                spares.sweep(_process_alive)
         except OSError as exc:
             log.warning("making the log files ahead failed: %s", type(exc).__name__)
+
+    def _make_shards() -> None:
+        try:
+            prepare_log_shards(settings.logs_dir)
+        except OSError as exc:
+            log.warning("making the log shards failed: %s", type(exc).__name__)
 
     def _drain_once() -> None:
         # No worker, no dispatch: runs stay queued (never failed) until it answers again,

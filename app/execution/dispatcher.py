@@ -244,9 +244,10 @@ class Dispatcher:
             # must end this pass with a content-free outcome, never the dispatch loop.
             return CandidateOutcome(**ids, kind="error", reason=type(exc).__name__), True
         # At most one launch per pass (docs/design.md §3.3), whatever its outcome; a task
-        # budget T1 refused launched nothing, so the pass goes on.
+        # budget T1 refused, or a T1 that lost a race (the candidate changed since its page
+        # was read), launched nothing, so the pass goes on.
         outcome = self._start(candidate, command)
-        return outcome, outcome.kind not in _WAITING
+        return outcome, outcome.kind not in _WAITING and outcome.kind != "skipped_race"
 
     def _start(self, candidate: DispatchCandidateLike, command: StartCommand) -> CandidateOutcome:
         ids: _Ids = {"run_id": candidate.run_id, "attempt_id": candidate.attempt_id}

@@ -375,7 +375,7 @@ class Materializer:
         return RunFailedBeforeStart(code)
 
 
-_SPARE_NAME = re.compile(r"\.spare-([0-9]{1,10})-([0-9]{1,20})")
+_SPARE_NAME = re.compile(r"\.spare-([0-9]{1,10})-([0-9]{1,20})-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +393,7 @@ class LogSpares:
 
     On the bench host, creating a file in a shard directory took 0.15-1 ms on the way to
     the job, and a ``link()`` about 20 µs (bench/README.md). The spare is named after its
-    process (``.spare-<pid>-<start ticks>``), so that several api processes keep one each
+    process (``.spare-<pid>-<start ticks>-<random>``), so that several api processes keep one each
     and a later process can tell a dead one's leftover (``sweep``). The name is only a way to
     the inode: taking the spare links it to the log's name (``link`` never replaces, so a
     name already there is refused as ``O_EXCL`` refused it), checks the inode, and drops
@@ -402,7 +402,7 @@ class LogSpares:
 
     def __init__(self, root: Path, owner: tuple[int, int]) -> None:
         self._root = root
-        self._name = f".spare-{owner[0]}-{owner[1]}"
+        self._prefix = f".spare-{owner[0]}-{owner[1]}-"
         self._lock = threading.Lock()  # drain threads take it, the background thread makes it
         self._held: Spare | None = None
 
@@ -416,11 +416,11 @@ class LogSpares:
             root_fd = _open_logs_root(self._root)
         except ArtifactRefused:
             return False
+        # A fresh name each time: never another process's (pid namespaces sharing a data dir
+        # may repeat a pid and start time), nor a name a launch may still be dropping.
+        name = self._prefix + os.urandom(6).hex()
         try:
-            # Our own name left by a launch that took the spare and then failed to drop it.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._name, dir_fd=root_fd)
-            fd = os.open(self._name, _FILE_FLAGS, 0o600, dir_fd=root_fd)
+            fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=root_fd)
             try:
                 os.fchmod(fd, 0o600)
                 st = os.fstat(fd)
@@ -431,7 +431,7 @@ class LogSpares:
         finally:
             os.close(root_fd)
         with self._lock:
-            self._held = Spare(self._name, (st.st_dev, st.st_ino))
+            self._held = Spare(name, (st.st_dev, st.st_ino))
         return True
 
     def take(self) -> Spare | None:
@@ -447,7 +447,10 @@ class LogSpares:
         FileExistsError when ``name`` exists (the spare is kept for the next launch).
         """
         try:
-            os.link(spare.name, name, src_dir_fd=root_fd, dst_dir_fd=shard_fd)
+            # Never through a symlink: a name that is not the spare's file is linked as it
+            # is, then refused below.
+            os.link(spare.name, name, src_dir_fd=root_fd, dst_dir_fd=shard_fd,
+                    follow_symlinks=False)  # fmt: skip
         except FileExistsError:
             with self._lock:
                 if self._held is None:
@@ -457,20 +460,28 @@ class LogSpares:
             with contextlib.suppress(OSError):
                 os.unlink(spare.name, dir_fd=root_fd)
             return None
+        fd = None
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=shard_fd)
-            try:
+            # The name is ours (the link just made it, before any T1): anything but the very
+            # file made ahead is taken back, and the caller creates the log itself.
+            st = os.lstat(name, dir_fd=shard_fd)
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == spare.inode:
+                fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=shard_fd)
                 # Its age is the launch's, as a file created now: the orphan rule
-                # (ORPHAN_LOG_AGE_S) must see a racer's fresh log as fresh, however long ago
-                # the spare was made.
+                # (ORPHAN_LOG_AGE_S) must see a racer's fresh log as fresh, however long
+                # ago the spare was made. Until the spare's name is dropped below, the log
+                # has two names, which the orphan rule never takes either.
                 os.utime(fd)
-            except OSError:
+                return fd
+        except OSError:
+            if fd is not None:
                 os.close(fd)
-                raise
-            return fd
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(spare.name, dir_fd=root_fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=shard_fd)
+        return None
 
     def sweep(self, alive: Callable[[int, int], bool]) -> int:
         """Remove the spares of processes ``alive(pid, start_ticks)`` says are gone (killed
@@ -484,7 +495,7 @@ class LogSpares:
         try:
             for entry in os.listdir(root_fd):
                 found = _SPARE_NAME.fullmatch(entry)
-                if found is None or entry == self._name:
+                if found is None or entry.startswith(self._prefix):
                     continue
                 if alive(int(found[1]), int(found[2])):
                     continue

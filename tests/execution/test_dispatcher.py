@@ -151,7 +151,8 @@ def test_a_first_candidate_changed_after_listing_is_refused_by_t1(
 ) -> None:
     """The pass's first candidate is taken as its page listed it, a moment before (no
     re-read); a cancel committed in that moment is caught by T1's own check: skipped, not
-    failed, nothing launched and its empty log removed; the next pass starts the next run."""
+    failed, nothing launched for it and its empty log removed; the same pass starts the
+    next run (re-read, as a later candidate)."""
     define(engine)
     gone = enqueue(engine, priority=1)
     nxt = enqueue(engine)
@@ -160,11 +161,15 @@ def test_a_first_candidate_changed_after_listing_is_refused_by_t1(
     kit.dispatcher._candidates = source
     kit.dispatcher._materializer._candidates = source
     result = kit.dispatcher.run_pass()
-    assert [(o.run_id, o.kind) for o in result.outcomes] == [(gone.id, "skipped_race")]
-    assert source.rereads == [] and kit.launcher.calls == 0
-    assert files_under(kit.logs_dir) == []
+    assert [(o.run_id, o.kind) for o in result.outcomes] == [
+        (gone.id, "skipped_race"),
+        (nxt.id, "started"),
+    ]
+    assert source.rereads == [nxt.id] and kit.launcher.calls == 1
+    nxt_attempt = kit.run(nxt.id).latest_attempt
+    assert nxt_attempt is not None
+    assert files_under(kit.logs_dir) == [kit.logs_dir / log_relpath(nxt_attempt.id)]
     assert kit.run(gone.id).status == "cancelled"
-    assert kit.dispatcher.run_pass().activated is not None
     assert kit.run(nxt.id).status == "running"
 
 

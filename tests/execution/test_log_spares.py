@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine
 
 from app.context.execution_wiring import _process_alive, build_execution
@@ -118,23 +119,38 @@ def test_a_log_name_taken_already_keeps_the_spare(engine: Engine, tmp_path: Path
     assert held is not None and held.inode == (made.st_dev, made.st_ino)
 
 
-def test_a_spare_name_that_is_no_longer_the_spare_is_refused(
-    engine: Engine, tmp_path: Path
+@pytest.mark.parametrize("swap", ["file", "symlink", "fifo"])
+def test_a_spare_name_that_is_no_longer_the_spare_is_not_used(
+    engine: Engine, tmp_path: Path, swap: str
 ) -> None:
-    """The name linked must be the inode made ahead; anything else is LOG_UNSAFE."""
+    """The linked name must be the very file made ahead: another file, a symlink (never
+    followed) or a FIFO (never opened) under the spare's name is linked, taken back, and the
+    log created the ordinary way; the other object is left as it was."""
     define(engine)
     run = enqueue(engine)
     kit, spares = _kit(engine, tmp_path)
     assert spares.make()
     [name] = _spare_names(kit.logs_dir)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not ours")
+    hour_ago = time.time() - 3600
+    os.utime(outside, (hour_ago, hour_ago))
     other = kit.logs_dir / "other"
-    other.write_bytes(b"")
-    os.chmod(other, 0o600)
-    os.rename(other, kit.logs_dir / name)  # another file (inode) under the spare's name
-    result = kit.dispatcher.run_pass()
-    assert [(o.kind, o.reason) for o in result.outcomes] == [("artifact_refused", "LOG_UNSAFE")]
-    assert kit.launcher.calls == 0
-    assert kit.run(run.id).status == "queued"
+    if swap == "file":
+        other.write_bytes(b"")
+    elif swap == "symlink":
+        os.symlink(outside, other)
+    else:
+        os.mkfifo(other, 0o600)
+    os.rename(other, kit.logs_dir / name)  # another object under the spare's name
+    assert kit.dispatcher.run_pass().activated is not None
+    log = _log_of(kit, run.id)
+    st = os.lstat(log)
+    assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size == 0
+    assert os.listdir(log.parent) == [log.name]  # no second name left in the shard
+    assert outside.read_bytes() == b"not ours" and os.stat(outside).st_nlink == 1
+    assert os.stat(outside).st_mtime == hour_ago
+    assert _spare_names(kit.logs_dir) == []
 
 
 def _dead_process() -> tuple[int, int]:
@@ -151,24 +167,26 @@ def test_the_sweep_removes_only_dead_processes_spares(tmp_path: Path) -> None:
     root = tmp_path / "logs"
     mine = LogSpares(root, _owner())
     assert mine.make()
+    [own] = _spare_names(root)
     dead_pid, dead_ticks = _dead_process()
     parent_pid, parent_ticks = _owner(os.getppid())
-    (root / f".spare-{dead_pid}-{dead_ticks}").write_bytes(b"")
-    (root / f".spare-{parent_pid}-{parent_ticks}").write_bytes(b"")  # a live api's
-    (root / f".spare-{parent_pid}-{parent_ticks + 1}").write_bytes(b"")  # that pid, reused
-    (root / ".spare-1-2x").write_bytes(b"")  # not a spare's name
-    os.mkdir(root / f".spare-{dead_pid}-{dead_ticks + 1}")
+    tail = "-0123456789ab"
+    (root / f".spare-{dead_pid}-{dead_ticks}{tail}").write_bytes(b"")
+    (root / f".spare-{parent_pid}-{parent_ticks}{tail}").write_bytes(b"")  # a live api's
+    (root / f".spare-{parent_pid}-{parent_ticks + 1}{tail}").write_bytes(b"")  # pid reused
+    (root / f".spare-{dead_pid}-{dead_ticks}").write_bytes(b"")  # not a spare's name
+    os.mkdir(root / f".spare-{dead_pid}-{dead_ticks + 1}{tail}")
     outside = tmp_path / "outside"
     outside.write_bytes(b"kept")
-    os.symlink(outside, root / f".spare-{dead_pid}-{dead_ticks + 2}")
+    os.symlink(outside, root / f".spare-{dead_pid}-{dead_ticks + 2}{tail}")
 
     assert mine.sweep(_process_alive) == 3
     assert _spare_names(root) == sorted(
         [
-            f".spare-{os.getpid()}-{_owner()[1]}",
-            f".spare-{parent_pid}-{parent_ticks}",
-            ".spare-1-2x",
-            f".spare-{dead_pid}-{dead_ticks + 1}",
+            own,
+            f".spare-{parent_pid}-{parent_ticks}{tail}",
+            f".spare-{dead_pid}-{dead_ticks}",
+            f".spare-{dead_pid}-{dead_ticks + 1}{tail}",
         ]
     )
     assert outside.read_bytes() == b"kept"  # only the link's own name went
@@ -307,15 +325,15 @@ def test_the_api_drain_makes_shards_and_a_spare_after_its_passes(
     engine: Engine, tmp_path: Path
 ) -> None:
     """Through the composition root: the first drain (here with no worker answering, so no
-    run is touched) makes every shard, removes a dead api's spare and makes this process's
-    own; later drains keep the one spare, and none is made once halted."""
+    run is touched) has every shard made, removes a dead api's spare and makes this
+    process's own; later drains keep the one spare, and none is made once halted."""
     define(engine)
     enqueue(engine)
     settings = Settings.from_env({"QL_DATA_DIR": str(tmp_path / "data")})
     root = settings.logs_dir
     root.mkdir(mode=0o700, parents=True)
     dead_pid, dead_ticks = _dead_process()
-    (root / f".spare-{dead_pid}-{dead_ticks}").write_bytes(b"")
+    (root / f".spare-{dead_pid}-{dead_ticks}-0123456789ab").write_bytes(b"")
     hooks = build_execution(
         settings, candidates=RunReader(engine), definitions=DefinitionRepository(engine),
         secrets=MemorySecrets(), transitions=RunRepository(engine),
@@ -323,8 +341,11 @@ def test_the_api_drain_makes_shards_and_a_spare_after_its_passes(
     )  # fmt: skip
     try:
         hooks.drain()
-        own = f".spare-{os.getpid()}-{_owner()[1]}"
-        assert _spare_names(root) == [own]
+        [own] = _spare_names(root)
+        assert own.startswith(f".spare-{os.getpid()}-{_owner()[1]}-")
+        deadline = time.monotonic() + 10  # the shards are made on a thread of their own
+        while not set(SHARD_NAMES) <= set(os.listdir(root)) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert set(SHARD_NAMES) <= set(os.listdir(root))
         made = os.stat(root / own).st_ino
         hooks.drain()
