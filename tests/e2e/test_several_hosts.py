@@ -27,6 +27,7 @@ from sqlalchemy import Engine, select
 from app.storage.engine import make_engine
 from app.storage.lease_repo import LeaseRepository
 from app.storage.tables import attempts
+from app.worker import cgroups
 from app.worker.instance import INSTANCE_FILE
 from tests.conftest import PG_ENV, private_pg_schema
 from tests.e2e.conftest import (
@@ -148,6 +149,23 @@ def _hosts(
 
 def _instance(served: Served) -> str:
     return (served.data_dir / INSTANCE_FILE).read_text().strip()
+
+
+def _remove_job_cgroup(engine: Engine, run_id: str) -> None:
+    """The job cgroup of a host killed with everything it ran: its shim died before it could
+    remove it, and only that host's next worker would settle it (this one never comes
+    back). The test leaves nothing behind."""
+    with engine.connect() as conn:
+        attempt_id = conn.execute(
+            select(attempts.c.id)
+            .where(attempts.c.run_id == run_id)
+            .order_by(attempts.c.number.desc())
+        ).scalar()
+    root = cgroups.detect("auto")
+    path = None if root is None else root.job_dir(cgroups.PREFIX + str(attempt_id))
+    if path is not None:
+        assert cgroups.settle(path, patience=0.0, timeout=5.0)
+        assert not path.exists()
 
 
 def _ran_on(engine: Engine, run_id: str) -> str | None:
@@ -278,6 +296,7 @@ def _partition_then_kill(a: Served, b: NsServed, engine: Engine) -> None:
     ended = wait_status(a, third, {"lost"}, timeout=TTL_S + 10)
     assert ended["latest_attempt"]["error_code"] == "WORKER_LEASE_EXPIRED"
     assert terminal_events(a, third) == ["run.lost"]
+    _remove_job_cgroup(engine, third)
     assert get_run(a, on_a)["status"] == "running"
     r = httpx.post(f"{a.base_url}/api/v1/runs/{on_a}/cancel", headers=a.auth)
     assert r.status_code in (200, 202), r.text
