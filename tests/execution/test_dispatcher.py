@@ -19,6 +19,7 @@ from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from tests.execution.kit import (
     FakeLauncher,
+    Kit,
     MemorySecrets,
     define,
     enqueue,
@@ -146,6 +147,15 @@ class _CancelAfterListing(CountingCandidates):
         return super().get_run(run_id)
 
 
+def _cancelling_kit(engine: Engine, tmp_path: Path, victim: str) -> tuple[Kit, Any]:
+    """A kit whose candidate source cancels ``victim`` right after its first page."""
+    kit = make_kit(engine, tmp_path / "logs")
+    source = _CancelAfterListing(engine, victim)
+    kit.dispatcher._candidates = source
+    kit.dispatcher._materializer._candidates = source
+    return kit, source
+
+
 def test_a_first_candidate_changed_after_listing_is_refused_by_t1(
     engine: Engine, tmp_path: Path
 ) -> None:
@@ -156,10 +166,7 @@ def test_a_first_candidate_changed_after_listing_is_refused_by_t1(
     define(engine)
     gone = enqueue(engine, priority=1)
     nxt = enqueue(engine)
-    kit = make_kit(engine, tmp_path / "logs")
-    source = _CancelAfterListing(engine, gone.id)
-    kit.dispatcher._candidates = source
-    kit.dispatcher._materializer._candidates = source
+    kit, source = _cancelling_kit(engine, tmp_path, gone.id)
     result = kit.dispatcher.run_pass()
     assert [(o.run_id, o.kind) for o in result.outcomes] == [
         (gone.id, "skipped_race"),
@@ -182,10 +189,7 @@ def test_a_later_candidate_changed_after_listing_is_skipped_at_its_reread(
     define(engine)
     first = enqueue(engine, task="nosecret", priority=1)  # fails before start: not a launch
     gone = enqueue(engine)
-    kit = make_kit(engine, tmp_path / "logs")
-    source = _CancelAfterListing(engine, gone.id)
-    kit.dispatcher._candidates = source
-    kit.dispatcher._materializer._candidates = source
+    kit, source = _cancelling_kit(engine, tmp_path, gone.id)
     result = kit.dispatcher.run_pass()
     assert [(o.run_id, o.kind) for o in result.outcomes] == [
         (first.id, "failed_before_start"),

@@ -51,18 +51,24 @@ def _kit(engine: Engine, tmp_path: Path) -> tuple[Kit, LogSpares]:
     return make_kit(engine, tmp_path / "logs", spares=spares), spares
 
 
-def test_a_launch_links_the_spare_as_its_log(engine: Engine, tmp_path: Path) -> None:
-    """The log is the very inode made ahead, under the log's name alone, 0600 and empty."""
+def _one_run_and_a_spare(engine: Engine, tmp_path: Path) -> tuple[Kit, LogSpares, str, str]:
+    """A queued run, a kit whose api holds a spare made ahead; the run id, the spare's name."""
     define(engine)
     run = enqueue(engine)
     kit, spares = _kit(engine, tmp_path)
     assert spares.make()
     [name] = _spare_names(kit.logs_dir)
+    return kit, spares, run.id, name
+
+
+def test_a_launch_links_the_spare_as_its_log(engine: Engine, tmp_path: Path) -> None:
+    """The log is the very inode made ahead, under the log's name alone, 0600 and empty."""
+    kit, spares, run_id, name = _one_run_and_a_spare(engine, tmp_path)
     made = os.stat(kit.logs_dir / name)
     assert stat.S_IMODE(made.st_mode) == 0o600 and made.st_size == 0
 
     assert kit.dispatcher.run_pass().activated is not None
-    log = os.stat(_log_of(kit, run.id))
+    log = os.stat(_log_of(kit, run_id))
     assert (log.st_dev, log.st_ino) == (made.st_dev, made.st_ino)
     assert (stat.S_IMODE(log.st_mode), log.st_size, log.st_nlink) == (0o600, 0, 1)
     assert _spare_names(kit.logs_dir) == []  # its own name is dropped
@@ -73,26 +79,18 @@ def test_a_launch_links_the_spare_as_its_log(engine: Engine, tmp_path: Path) -> 
 def test_a_spare_made_long_ago_is_a_fresh_log(engine: Engine, tmp_path: Path) -> None:
     """The orphan rule (an empty log over a minute old is a crash's leftover) must see the
     log of a launch in flight as new, however old its spare was."""
-    define(engine)
-    run = enqueue(engine)
-    kit, spares = _kit(engine, tmp_path)
-    assert spares.make()
-    [name] = _spare_names(kit.logs_dir)
+    kit, _spares, run_id, name = _one_run_and_a_spare(engine, tmp_path)
     hour_ago = time.time() - 3600
     os.utime(kit.logs_dir / name, (hour_ago, hour_ago))
-    command = kit.materializer().materialize(kit.candidate(run.id))
+    command = kit.materializer().materialize(kit.candidate(run_id))
     assert time.time() - os.stat(command.log_path).st_mtime < 60
 
 
 def test_a_vanished_spare_leaves_the_ordinary_way(engine: Engine, tmp_path: Path) -> None:
-    define(engine)
-    run = enqueue(engine)
-    kit, spares = _kit(engine, tmp_path)
-    assert spares.make()
-    [name] = _spare_names(kit.logs_dir)
+    kit, _spares, run_id, name = _one_run_and_a_spare(engine, tmp_path)
     os.unlink(kit.logs_dir / name)
     assert kit.dispatcher.run_pass().activated is not None
-    log = os.stat(_log_of(kit, run.id))
+    log = os.stat(_log_of(kit, run_id))
     assert stat.S_ISREG(log.st_mode) and stat.S_IMODE(log.st_mode) == 0o600
     assert _spare_names(kit.logs_dir) == []
 
@@ -100,19 +98,15 @@ def test_a_vanished_spare_leaves_the_ordinary_way(engine: Engine, tmp_path: Path
 def test_a_log_name_taken_already_keeps_the_spare(engine: Engine, tmp_path: Path) -> None:
     """``link`` never replaces: a name already there is refused as ``O_EXCL`` refused it,
     and the spare stays for the next launch."""
-    define(engine)
-    run = enqueue(engine)
-    kit, spares = _kit(engine, tmp_path)
-    assert spares.make()
-    [name] = _spare_names(kit.logs_dir)
+    kit, spares, run_id, name = _one_run_and_a_spare(engine, tmp_path)
     made = os.stat(kit.logs_dir / name)
-    path = _log_of(kit, run.id)
+    path = _log_of(kit, run_id)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.write_bytes(b"")
     os.chmod(path, 0o600)
     first = kit.dispatcher.run_pass()
     assert [(o.kind, o.reason) for o in first.outcomes] == [("artifact_refused", "LOG_EXISTS")]
-    assert kit.run(run.id).status == "queued"
+    assert kit.run(run_id).status == "queued"
     assert _spare_names(kit.logs_dir) == [name]
     assert os.stat(path).st_ino != made.st_ino  # the existing file was left alone
     held = spares.take()
@@ -126,11 +120,7 @@ def test_a_spare_name_that_is_no_longer_the_spare_is_not_used(
     """The linked name must be the very file made ahead: another file, a symlink (never
     followed) or a FIFO (never opened) under the spare's name is linked, taken back, and the
     log created the ordinary way; the other object is left as it was."""
-    define(engine)
-    run = enqueue(engine)
-    kit, spares = _kit(engine, tmp_path)
-    assert spares.make()
-    [name] = _spare_names(kit.logs_dir)
+    kit, _spares, run_id, name = _one_run_and_a_spare(engine, tmp_path)
     outside = tmp_path / "outside"
     outside.write_bytes(b"not ours")
     hour_ago = time.time() - 3600
@@ -144,7 +134,7 @@ def test_a_spare_name_that_is_no_longer_the_spare_is_not_used(
         os.mkfifo(other, 0o600)
     os.rename(other, kit.logs_dir / name)  # another object under the spare's name
     assert kit.dispatcher.run_pass().activated is not None
-    log = _log_of(kit, run.id)
+    log = _log_of(kit, run_id)
     st = os.lstat(log)
     assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size == 0
     assert os.listdir(log.parent) == [log.name]  # no second name left in the shard
