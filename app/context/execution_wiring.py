@@ -27,7 +27,7 @@ from app.execution.ports import (
     SecretSource,
 )
 from app.settings import Settings
-from app.worker.identity import read_identity
+from app.worker.identity import read_identity, runs
 from app.worker.instance import instance_id
 
 log = logging.getLogger("qinglong.dispatch")
@@ -261,7 +261,7 @@ def build_execution(
                 # The spares of api processes that are gone, within about the orphan rule's
                 # age: until then a log such a process linked keeps two names.
                 swept["next"] = time.monotonic() + ORPHAN_LOG_AGE_S
-                spares.sweep(_process_alive)
+                spares.sweep(runs)
         except OSError as exc:
             log.warning("making the log files ahead failed: %s", type(exc).__name__)
 
@@ -340,11 +340,6 @@ def _log_spares(settings: Settings) -> LogSpares | None:
         return None
     return LogSpares(settings.logs_dir, (own.pid, own.start_ticks))
 
-
-def _process_alive(pid: int, start_ticks: int) -> bool:
-    """Whether that exact process (its pid and start time) still runs."""
-    now = read_identity(pid)
-    return now is not None and now.start_ticks == start_ticks
 
 
 def _drain_concurrently(

@@ -301,17 +301,16 @@ class Materializer:
         try:
             shard_fd = _private_dir(root_fd, shard)
             try:
-                spares = self._spares
-                spare = None if spares is None else spares.take()
                 try:
-                    adopted = None
-                    if spares is not None and spare is not None:
-                        adopted = spares.adopt(spare, root_fd, shard_fd, name)
-                    fd = adopted
+                    # The spare made ahead when there is one (it checks that the name it
+                    # gave is that very file), else a file created here.
+                    fd = (
+                        None
+                        if self._spares is None
+                        else self._spares.adopt(root_fd, shard_fd, name)
+                    )
                     if fd is None:
                         fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=shard_fd)
-                    # The name must now be the very file made ahead.
-                    inode = spare.inode if adopted is not None and spare is not None else None
                 except FileExistsError:
                     raise self._existing_log(candidate, shard_fd, name) from None
                 except OSError:
@@ -320,8 +319,6 @@ class Materializer:
                     os.fchmod(fd, 0o600)  # exact mode whatever the umask
                     st = os.fstat(fd)
                     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                        raise ArtifactRefused("LOG_UNSAFE", per_candidate=True)
-                    if inode is not None and (st.st_dev, st.st_ino) != inode:
                         raise ArtifactRefused("LOG_UNSAFE", per_candidate=True)
                 finally:
                     os.close(fd)
@@ -440,12 +437,16 @@ class LogSpares:
             spare, self._held = self._held, None
         return spare
 
-    def adopt(self, spare: Spare, root_fd: int, shard_fd: int, name: str) -> int | None:
-        """Give ``spare`` the log's ``name`` in the shard; an open descriptor of the log, or
-        None when the spare could not be linked (the caller creates the log itself).
+    def adopt(self, root_fd: int, shard_fd: int, name: str) -> int | None:
+        """Give the spare held now the log's ``name`` in the shard; an open descriptor of the
+        log, or None when none is held or it could not be linked (the caller creates the log
+        itself).
 
         FileExistsError when ``name`` exists (the spare is kept for the next launch).
         """
+        spare = self.take()
+        if spare is None:
+            return None
         try:
             # Never through a symlink: a name that is not the spare's file is linked as it
             # is, then refused below.
@@ -467,6 +468,9 @@ class LogSpares:
             st = os.lstat(name, dir_fd=shard_fd)
             if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == spare.inode:
                 fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=shard_fd)
+                opened = os.fstat(fd)
+                if (opened.st_dev, opened.st_ino) != spare.inode:  # swapped since the lstat
+                    raise OSError("not the spare")
                 # Its age is the launch's, as a file created now: the orphan rule
                 # (ORPHAN_LOG_AGE_S) must see a racer's fresh log as fresh, however long
                 # ago the spare was made. Until the spare's name is dropped below, the log

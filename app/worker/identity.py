@@ -98,6 +98,12 @@ def read_identity(pid: int) -> ProcessIdentity | None:
     return ProcessIdentity(current_boot_id(), pid, stat.pgid, stat.start_ticks)
 
 
+def runs(pid: int, start_ticks: int) -> bool:
+    """True when the process ``pid`` that started at ``start_ticks`` (this boot) is alive."""
+    stat = _read_stat(pid)
+    return _alive(stat) and stat is not None and stat.start_ticks == start_ticks
+
+
 def _stat_matches(identity: ProcessIdentity, stat: _Stat | None) -> bool:
     return (
         _alive(stat)

@@ -36,7 +36,7 @@ from app.domain.errors import ReceiptInvalid
 from app.domain.execution import ReservationState
 from app.domain.receipt import RECEIPT_MAX_BYTES
 from app.storage.durable import fsync_dir, move_by_link
-from app.worker.identity import current_boot_id, read_identity
+from app.worker.identity import current_boot_id, runs
 
 DIR_MODE = 0o700
 # What recovery writes into the receipt's temp name when it takes it first: no shim ever
@@ -294,12 +294,7 @@ def _read_head(path: Path) -> bytes | None:
 
 def _alive(boot_id: str, pid: int, start_ticks: int) -> bool:
     """That exact shim (this boot, its pid, its start ticks) lives."""
-    current = read_identity(pid)
-    return (
-        boot_id == current_boot_id()
-        and current is not None
-        and current.start_ticks == start_ticks
-    )
+    return boot_id == current_boot_id() and runs(pid, start_ticks)
 
 
 def _shim_claim(raw: bytes) -> tuple[str, int, int] | None:

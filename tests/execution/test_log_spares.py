@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from app.context.execution_wiring import _process_alive, build_execution
+from app.context.execution_wiring import build_execution
 from app.domain.artifacts import SHARD_NAMES, log_relpath
 from app.execution.materializer import LogSpares, prepare_log_shards
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.identity import read_identity
+from app.worker.identity import read_identity, runs
 from tests.disk import mounted_tmpfs
 from tests.execution.kit import CountingClient, Kit, MemorySecrets, define, enqueue, make_kit
 
@@ -170,7 +170,7 @@ def test_the_sweep_removes_only_dead_processes_spares(tmp_path: Path) -> None:
     outside.write_bytes(b"kept")
     os.symlink(outside, root / f".spare-{dead_pid}-{dead_ticks + 2}{tail}")
 
-    assert mine.sweep(_process_alive) == 3
+    assert mine.sweep(runs) == 3
     assert _spare_names(root) == sorted(
         [
             own,
@@ -186,7 +186,7 @@ _KILLED_BETWEEN_LINK_AND_DROP = """
 import os, signal, sys
 from pathlib import Path
 from app.execution import materializer
-from app.worker.identity import read_identity
+from app.worker.identity import read_identity, runs
 
 root, shard, name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 me = read_identity(os.getpid())
@@ -196,7 +196,7 @@ root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
 os.mkdir(shard, 0o700, dir_fd=root_fd)
 shard_fd = os.open(shard, os.O_RDONLY | os.O_DIRECTORY, dir_fd=root_fd)
 os.unlink = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # the spare's name stays
-spares.adopt(spares.take(), root_fd, shard_fd, name)
+spares.adopt(root_fd, shard_fd, name)
 """
 
 
@@ -225,7 +225,7 @@ def test_a_crash_between_link_and_dropping_the_spare_ends_in_one_start(
 
     first = kit.dispatcher.run_pass()
     assert [(o.kind, o.reason) for o in first.outcomes] == [("artifact_refused", "LOG_EXISTS")]
-    assert LogSpares(kit.logs_dir, _owner()).sweep(_process_alive) == 1
+    assert LogSpares(kit.logs_dir, _owner()).sweep(runs) == 1
     assert _spare_names(kit.logs_dir) == [] and os.stat(path).st_nlink == 1
     second = kit.dispatcher.run_pass()
     assert [(o.kind, o.reason) for o in second.outcomes] == [
