@@ -262,15 +262,16 @@ class RunReader:
     def _dispatch_page(self, *, after: bool) -> OneStatementRead:
         """The dispatch-candidates statement, first page or after a keyset cursor.
 
-        The page is chosen from ``runs`` alone (ix_runs_ready_order gives its order), and
-        only its rows are joined to their latest attempt and revision. PostgreSQL plans a
-        join of the whole queue on statistics, and statistics that call the queue tiny (a
-        fresh database, a burst after a long history of ended runs) made it join and sort
-        every queued run for every page: 95 ms per page at 1,000 queued runs, and the
-        trivial-run bench fell from 50 to 22 runs/s (bench/README.md). The attempt's own
-        conditions come back as ``ready`` instead of filtering the join: a queued run's
-        latest attempt is claimed by construction (every path that queues a run inserts
-        it), so they only guard, and a row that fails them still moves the cursor.
+        The page is chosen from ``runs`` alone (ix_runs_ready_page holds exactly its rows in
+        its order, so the walk stops after ``limit + 1``), and only its rows are joined to
+        their latest attempt and revision (``_page_joins``). PostgreSQL plans a join of the
+        whole queue on statistics, and statistics that call the queue tiny (a fresh
+        database, a burst after a long history of ended runs) made it join and sort every
+        queued run for every page: 95 ms per page at 1,000 queued runs, and the trivial-run
+        bench fell from 50 to 22 runs/s (bench/README.md). The attempt's own conditions come
+        back as ``ready`` instead of filtering the join: a queued run's latest attempt is
+        claimed by construction (every path that queues a run inserts it), so they only
+        guard, and a row that fails them still moves the cursor.
         """
         read = self._dispatch_pages.get(after)
         if read is None:
@@ -285,7 +286,7 @@ class RunReader:
                 HELD.label("held"),
             ).where(
                 runs.c.status == RunStatus.QUEUED.value,
-                # Not waiting for a retry: walks ix_runs_ready_order (docs/retries.md §2).
+                # Not waiting for a retry: ix_runs_ready_page's predicate (docs/retries.md §2).
                 runs.c.not_before_ms.is_(None),
                 runs.c.cancel_reason.is_(None),
             )
@@ -308,17 +309,18 @@ class RunReader:
                 .limit(bindparam("limit"))
                 .subquery("page")
             )
+            attempt, revision, joined = self._page_joins(page)
             ready = case(
                 (
                     and_(
-                        attempts.c.status == AttemptStatus.CLAIMED.value,
-                        attempts.c.executor == "local_process",
-                        task_revisions.c.task.is_not(None),
+                        attempt.status == AttemptStatus.CLAIMED.value,
+                        attempt.executor == "local_process",
+                        revision.task.is_not(None),
                         # And the attempt's own instant (the run's mark is cleared only once
                         # it passed; T1 checks it again).
                         or_(
-                            attempts.c.not_before_ms.is_(None),
-                            attempts.c.not_before_ms <= bindparam("now"),
+                            attempt.not_before_ms.is_(None),
+                            attempt.not_before_ms <= bindparam("now"),
                         ),
                     ),
                     true(),
@@ -333,31 +335,52 @@ class RunReader:
                     page.c.revision,
                     page.c.priority,
                     page.c.created_at_ms,
-                    attempts.c.id,
-                    attempts.c.number,
-                    attempts.c.created_at_ms,
+                    attempt.id,
+                    attempt.number,
+                    attempt.created_at_ms,
                     page.c.held,
                     ready.label("ready"),
                 )
-                .select_from(
-                    page.outerjoin(
-                        attempts,
-                        and_(
-                            attempts.c.run_id == page.c.id,
-                            attempts.c.number == page.c.latest_attempt,
-                        ),
-                    ).outerjoin(
-                        task_revisions,
-                        and_(
-                            task_revisions.c.task == page.c.task,
-                            task_revisions.c.revision == page.c.revision,
-                        ),
-                    )
-                )
+                .select_from(joined)
                 .order_by(page.c.priority.desc(), page.c.created_at_ms, page.c.id)
             )
             read = self._dispatch_pages.setdefault(after, OneStatementRead(self._engine, query))
         return read
+
+    def _page_joins(self, page: Any) -> tuple[Any, Any, Any]:
+        """The page's rows joined to their latest attempt and revision: the attempt's and
+        the revision's columns, and the FROM clause.
+
+        On PostgreSQL each join is a LATERAL lookup of one row (LIMIT 1 keeps the planner
+        from flattening it into an ordinary join), so the only plan is an index probe per
+        page row: with fresh statistics the generic plan of the hot statement hashed every
+        attempt ever written to join seventeen rows. SQLite joins by nested loops anyway.
+        """
+        attempt_on = and_(
+            attempts.c.run_id == page.c.id, attempts.c.number == page.c.latest_attempt
+        )
+        revision_on = and_(
+            task_revisions.c.task == page.c.task, task_revisions.c.revision == page.c.revision
+        )
+        if self._engine.dialect.name != "postgresql":
+            joined = page.outerjoin(attempts, attempt_on).outerjoin(task_revisions, revision_on)
+            return attempts.c, task_revisions.c, joined
+        attempt = (
+            select(
+                attempts.c.id,
+                attempts.c.number,
+                attempts.c.created_at_ms,
+                attempts.c.status,
+                attempts.c.executor,
+                attempts.c.not_before_ms,
+            )
+            .where(attempt_on)
+            .limit(1)
+            .lateral("latest")
+        )
+        revision = select(task_revisions.c.task).where(revision_on).limit(1).lateral("rev")
+        joined = page.outerjoin(attempt, true()).outerjoin(revision, true())
+        return attempt.c, revision.c, joined
 
     def budget_per_host(self, worker_instance_id: str) -> None:
         """``active_count()`` counts this host's active attempts (PostgreSQL, several hosts:

@@ -98,12 +98,21 @@ runs = Table(
     Column("not_before_ms", MS, nullable=True),
     # A pinned run keeps its log and rows against every retention policy (migration 0006).
     Column("pinned", Boolean, nullable=False, server_default=false()),
-    # Dispatch order is priority DESC, created ASC: the index carries the same directions so
-    # the planner walks it and sorts only ties (docs/design.md §3.3: no full scan of the queue).
-    Index("ix_runs_dispatch_order", "status", text("priority DESC"), "created_at_ms"),
-    # The same order over runs that do not wait for a retry (not_before_ms IS NULL: an
-    # equality for the planner), so waiting retries never lengthen a dispatch page's walk;
-    # the range not_before_ms > now gives the earliest waiting one (docs/retries.md §2).
+    # The dispatch page's walk (docs/design.md §3.3, migration 0009): the runs that wait for
+    # no retry, in exactly the page's order (priority DESC, created, id), so a page reads its
+    # own rows under any plan, the generic plan of a hot prepared statement included, and
+    # never the queue. Waiting retries are not in it, so they never lengthen a walk.
+    Index(
+        "ix_runs_ready_page",
+        "status",
+        text("priority DESC"),
+        "created_at_ms",
+        "id",
+        postgresql_where=text("not_before_ms IS NULL"),
+        sqlite_where=text("not_before_ms IS NULL"),
+    ),
+    # Runs waiting for a retry by instant: the range not_before_ms > now gives the earliest
+    # one, <= now the due ones (docs/retries.md §2).
     Index("ix_runs_ready_order", "status", "not_before_ms", text("priority DESC"), "created_at_ms"),
     Index("ix_runs_task_id", "task", "id"),
     Index("ix_runs_status_id", "status", "id"),

@@ -97,9 +97,9 @@ def test_migrations_create_exactly_the_metadata(two_empty_databases: tuple[str, 
         assert from_migrations == from_code
         # The dispatch order and newest-first list indexes exist.
         index_names = {i[0] for i in from_migrations["runs"]["indexes"]}
-        assert {"ix_runs_dispatch_order", "ix_runs_task_status_id"} <= index_names
-        dispatch_index = [d for d in from_migrations["runs"]["index_sql"] if "dispatch" in d]
-        assert "priority DESC" in dispatch_index[0]
+        assert {"ix_runs_ready_page", "ix_runs_task_status_id"} <= index_names
+        page_index = [d for d in from_migrations["runs"]["index_sql"] if "ready_page" in d]
+        assert "priority DESC" in page_index[0] and "not_before_ms IS NULL" in page_index[0]
     finally:
         migrated.dispose()
         created.dispose()
