@@ -223,20 +223,61 @@ def run_trivial(
     clients: int = 4,
     repeats: int = 1,
 ) -> None:
-    """Add the trivial-run figures for one database.
+    """Add the trivial-run figures for one database (``run_trivial_group`` of one)."""
+    run_trivial_group(
+        report, dbs=[pg], count=count, idle_count=idle_count, paced_count=paced_count,
+        clients=clients, repeats=repeats,
+    )  # fmt: skip
+
+
+def run_trivial_group(
+    report: Report,
+    *,
+    dbs: list[str | None],
+    count: int,
+    idle_count: int = 20,
+    paced_count: int = 250,
+    clients: int = 4,
+    repeats: int = 1,
+) -> None:
+    """Add the trivial-run figures for each database of ``dbs`` (None: SQLite).
 
     With ``repeats`` > 1 the burst runs that many times, each on a fresh system, and the
-    figures are the medians (one burst on a shared 2-CPU machine moves by ±10 %).
+    figures are the medians (one burst on a shared 2-CPU machine moves by ±10 %). The
+    databases' bursts alternate, round by round, each first in every other round: the
+    PostgreSQL / SQLite ratio (issue 18) compares bursts of the same minutes, as every A/B
+    on this host must (bench/README.md), not a SQLite phase with a PostgreSQL phase after
+    it. The last round's stack of each database then measures its one-at-a-time and paced
+    latencies and its commit rate.
     """
-    label = "postgresql" if pg else "sqlite"
-    bursts = []
+    bursts: dict[str | None, list[dict[str, float]]] = {db: [] for db in dbs}
+    after: dict[str | None, tuple[list[float], list[float], float]] = {}
     for i in range(repeats):
-        with running_stack(pg) as stack:
-            bursts.append(enqueue_and_finish(stack, count, clients))
-            if i == repeats - 1:
-                idle = idle_latency(stack, idle_count)
-                paced = paced_latency(stack, PACED_RATE, paced_count)
-                commits = commit_rate(stack.url, count)
+        for db in dbs if i % 2 == 0 else dbs[::-1]:
+            with running_stack(db) as stack:
+                bursts[db].append(enqueue_and_finish(stack, count, clients))
+                if i == repeats - 1:
+                    idle = idle_latency(stack, idle_count)
+                    paced = paced_latency(stack, PACED_RATE, paced_count)
+                    after[db] = idle, paced, commit_rate(stack.url, count)
+    for db in dbs:  # SQLite's figures first: PostgreSQL's ratio is to them
+        _add_trivial(report, db, bursts[db], *after[db], count=count, clients=clients,
+                     repeats=repeats)  # fmt: skip
+
+
+def _add_trivial(
+    report: Report,
+    pg: str | None,
+    bursts: list[dict[str, float]],
+    idle: list[float],
+    paced: list[float],
+    commits: float,
+    *,
+    count: int,
+    clients: int,
+    repeats: int,
+) -> None:
+    label = "postgresql" if pg else "sqlite"
     got = {key: statistics.median(b[key] for b in bursts) for key in bursts[0]}
     spawns = spawn_rate(count)
     extra = {"n": count, "clients": clients, "repeats": repeats} | got
