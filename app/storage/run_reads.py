@@ -21,6 +21,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    text,
     true,
 )
 
@@ -31,7 +32,7 @@ from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle
 from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.one_statement import OneStatementRead
-from app.storage.tables import attempts, run_events, runs, task_revisions
+from app.storage.tables import READY_PAGE_WHERE, attempts, run_events, runs, task_revisions
 from app.storage.uow import UnitOfWork
 
 if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
@@ -285,9 +286,9 @@ class RunReader:
                 runs.c.latest_attempt,
                 HELD.label("held"),
             ).where(
-                runs.c.status == RunStatus.QUEUED.value,
-                # Not waiting for a retry: ix_runs_ready_page's predicate (docs/retries.md §2).
-                runs.c.not_before_ms.is_(None),
+                # Queued, not waiting for a retry (docs/retries.md §2): ix_runs_ready_page's
+                # own predicate, word for word, the status a literal (tables.py says why).
+                text(READY_PAGE_WHERE),
                 runs.c.cancel_reason.is_(None),
             )
             if after:

@@ -65,6 +65,11 @@ secrets = Table(
     Column("updated_at_ms", MS, nullable=False),
 )
 
+# The predicate of ix_runs_ready_page, which the page query repeats word for word, with the
+# status as a literal: a planner proves a partial index usable from the query's own terms,
+# and a bound parameter proves nothing (PostgreSQL's generic plan sees no value).
+READY_PAGE_WHERE = "status = 'queued' AND not_before_ms IS NULL"
+
 runs = Table(
     "runs",
     metadata,
@@ -98,18 +103,18 @@ runs = Table(
     Column("not_before_ms", MS, nullable=True),
     # A pinned run keeps its log and rows against every retention policy (migration 0006).
     Column("pinned", Boolean, nullable=False, server_default=false()),
-    # The dispatch page's walk (docs/design.md §3.3, migration 0009): the runs that wait for
-    # no retry, in exactly the page's order (priority DESC, created, id), so a page reads its
-    # own rows under any plan, the generic plan of a hot prepared statement included, and
-    # never the queue. Waiting retries are not in it, so they never lengthen a walk.
+    # The dispatch page's walk (docs/design.md §3.3, migration 0009): the queued runs that
+    # wait for no retry, in exactly the page's order (priority DESC, created, id), so a page
+    # reads its own rows under any plan, the generic plan of a hot prepared statement
+    # included, and never the queue. Waiting retries are not in it, so they never lengthen
+    # a walk; a run leaves it at T1, so no later transition of the run writes to it.
     Index(
         "ix_runs_ready_page",
-        "status",
         text("priority DESC"),
         "created_at_ms",
         "id",
-        postgresql_where=text("not_before_ms IS NULL"),
-        sqlite_where=text("not_before_ms IS NULL"),
+        postgresql_where=text(READY_PAGE_WHERE),
+        sqlite_where=text(READY_PAGE_WHERE),
     ),
     # Runs waiting for a retry by instant: the range not_before_ms > now gives the earliest
     # one, <= now the due ones (docs/retries.md §2).
