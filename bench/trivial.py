@@ -213,23 +213,6 @@ def paced_latency(stack: Stack, rate: float, count: int) -> list[float]:
     return [float(r.started_at_ms - r.created_at_ms) for r in rows if r.started_at_ms]
 
 
-def run_trivial(
-    report: Report,
-    *,
-    pg: str | None,
-    count: int,
-    idle_count: int = 20,
-    paced_count: int = 250,
-    clients: int = 4,
-    repeats: int = 1,
-) -> None:
-    """Add the trivial-run figures for one database (``run_trivial_group`` of one)."""
-    run_trivial_group(
-        report, dbs=[pg], count=count, idle_count=idle_count, paced_count=paced_count,
-        clients=clients, repeats=repeats,
-    )  # fmt: skip
-
-
 def run_trivial_group(
     report: Report,
     *,

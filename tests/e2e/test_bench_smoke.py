@@ -11,14 +11,14 @@ import pytest
 from bench.api_reads import run_api_reads
 from bench.http_protocol import run_http_protocol
 from bench.report import Report
-from bench.trivial import PACED_RATE, run_trivial
+from bench.trivial import PACED_RATE, run_trivial_group
 
 pytestmark = pytest.mark.e2e
 
 
 def test_the_trivial_burst_ends_every_run_and_reports_each_figure() -> None:
     report = Report()
-    run_trivial(report, pg=None, count=20, idle_count=3, paced_count=5, clients=2)
+    run_trivial_group(report, dbs=[None], count=20, idle_count=3, paced_count=5, clients=2)
     figures = {f.name: f for f in report.figures}
     burst = figures["sqlite trivial runs to completion"].extra
     assert (burst["succeeded"], burst["all_terminal"]) == (20, 1.0)
