@@ -82,7 +82,8 @@ def burst_in(
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"burst in {checkout} failed: {done.stderr[-2000:]}")
-    figures = [float(x) for x in done.stdout.split()]
+    # The child's last line (anything the stack printed before it is not a figure).
+    figures = [float(x) for x in done.stdout.strip().splitlines()[-1].split()]
     return figures[0], (figures[1] if len(figures) > 1 else None)
 
 

@@ -227,7 +227,8 @@ def run_trivial_group(
 
     With ``repeats`` > 1 the burst runs that many times, each on a fresh system, and the
     figures are the medians (one burst on a shared 2-CPU machine moves by ±10 %). The
-    databases' bursts alternate, round by round, each first in every other round: the
+    databases' bursts alternate, round by round, each first in turn (with an odd number of
+    rounds SQLite is first once more): the
     PostgreSQL / SQLite ratio (issue 18) compares bursts of the same minutes, as every A/B
     on this host must (bench/README.md), not a SQLite phase with a PostgreSQL phase after
     it. The last round's stack of each database then measures its one-at-a-time and paced

@@ -287,7 +287,7 @@ class RunReader:
                 HELD.label("held"),
             ).where(
                 # Queued, not waiting for a retry (docs/retries.md §2): ix_runs_ready_page's
-                # own predicate, word for word, the status a literal (tables.py says why).
+                # own predicate, the status a literal (tables.py says why).
                 text(READY_PAGE_WHERE),
                 runs.c.cancel_reason.is_(None),
             )
@@ -295,6 +295,9 @@ class RunReader:
                 prio: Any = bindparam("prio")
                 created: Any = bindparam("created")
                 chosen = chosen.where(
+                    # Redundant with the OR, and the one term an index can start from: the
+                    # walk begins at the cursor's priority, not at the top of the queue.
+                    runs.c.priority <= prio,
                     or_(
                         runs.c.priority < prio,
                         and_(runs.c.priority == prio, runs.c.created_at_ms > created),

@@ -19,6 +19,8 @@ from sqlalchemy import (
     text,
 )
 
+from app.domain.states import RunStatus
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -65,10 +67,10 @@ secrets = Table(
     Column("updated_at_ms", MS, nullable=False),
 )
 
-# The predicate of ix_runs_ready_page, which the page query repeats word for word, with the
-# status as a literal: a planner proves a partial index usable from the query's own terms,
-# and a bound parameter proves nothing (PostgreSQL's generic plan sees no value).
-READY_PAGE_WHERE = "status = 'queued' AND not_before_ms IS NULL"
+# The predicate of ix_runs_ready_page, which the page query repeats, with the status as a
+# literal: a planner proves a partial index usable from the query's own terms, and a bound
+# parameter proves nothing (PostgreSQL's generic plan sees no value).
+READY_PAGE_WHERE = f"status = '{RunStatus.QUEUED.value}' AND not_before_ms IS NULL"
 
 runs = Table(
     "runs",
