@@ -23,6 +23,7 @@ SQLite has no data-modifying CTE: it keeps the three statements (no round trip t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -41,14 +42,21 @@ from sqlalchemy import (
 from app.storage.tables import attempts, run_events, runs
 
 _EVENT_COLUMNS = ("run_id", "seq", "type", "at_ms", "data")
-_STATEMENTS: dict[tuple[tuple[str, ...], tuple[str, ...], int], Select[Any]] = {}
+_COLUMN_NAMES = frozenset(runs.c.keys()) | frozenset(attempts.c.keys())
+_STATEMENTS: dict[
+    tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...]], Select[Any]
+] = {}
 
 
 def _statement(
-    run_keys: tuple[str, ...], attempt_keys: tuple[str, ...], events: int
+    run_keys: tuple[str, ...],
+    attempt_keys: tuple[str, ...],
+    events: int,
+    counts: Mapping[str, Select[Any]],
 ) -> Select[Any]:
-    """The statement for these SET columns and this many events (built once per shape)."""
-    key = (run_keys, attempt_keys, events)
+    """The statement for these SET columns, this many events and these counts (built once
+    per shape; a count is known by its name)."""
+    key = (run_keys, attempt_keys, events, tuple(counts))
     found = _STATEMENTS.get(key)
     if found is not None:
         return found
@@ -71,6 +79,8 @@ def _statement(
         .cte("a")
     )
     statement = _counts(run_cte, attempt_cte, _events_after(attempt_cte, events))
+    for count in counts.values():
+        statement = statement.add_columns(count.scalar_subquery())
     _STATEMENTS[key] = statement
     return statement
 
@@ -107,9 +117,16 @@ def write_step(
     attempt_status: str,
     attempt_values: dict[str, Any],
     event_rows: list[dict[str, Any]],
-) -> bool:
+    counts: Mapping[str, Select[Any]] | None = None,
+    count_params: Mapping[str, Any] | None = None,
+) -> tuple[bool, dict[str, int]]:
     """Run CAS, attempt CAS and events in one statement; False (nothing kept but, at most,
-    the run row, for the caller to roll back) when either CAS found its row moved."""
+    the run row, for the caller to roll back) when either CAS found its row moved.
+
+    ``counts``: one-column count statements (binding ``count_params``) evaluated in the same
+    statement, by name. Their snapshot is the statement's: they do not see its own writes.
+    """
+    counts = counts or {}
     if not event_rows:
         raise ValueError("a step appends its events")
     run_keys = tuple(sorted(run_values))
@@ -124,17 +141,27 @@ def write_step(
     params.update({f"a_{k}": v for k, v in attempt_values.items()})
     for i, row in enumerate(event_rows):
         params.update({f"e{i}_{c}": row[c] for c in _EVENT_COLUMNS})
-    statement = _statement(run_keys, attempt_keys, len(event_rows))
-    ran, moved, appended = conn.execute(statement, params).one()
-    return bool(ran == 1 and moved == 1 and appended == len(event_rows))
+    count_params = count_params or {}
+    if set(count_params) & _COLUMN_NAMES:
+        # The UPDATEs would take a parameter named as a column for a SET value.
+        raise ValueError(f"count parameters named as columns: {sorted(count_params)}")
+    params.update(count_params)
+    statement = _statement(run_keys, attempt_keys, len(event_rows), counts)
+    ran, moved, appended, *counted = conn.execute(statement, params).one()
+    took = bool(ran == 1 and moved == 1 and appended == len(event_rows))
+    return took, {name: int(n) for name, n in zip(counts, counted, strict=True)}
 
 
-_INSERTS: dict[tuple[tuple[str, ...], tuple[str, ...]], Select[Any]] = {}
+_INSERTS: dict[tuple[tuple[str, ...], tuple[str, ...], bool], Select[Any]] = {}
 
 
-def _insert_statement(run_keys: tuple[str, ...], attempt_keys: tuple[str, ...]) -> Select[Any]:
-    """A new run, its attempt 1 and its one event: the enqueue's three inserts."""
-    key = (run_keys, attempt_keys)
+def _insert_statement(
+    run_keys: tuple[str, ...], attempt_keys: tuple[str, ...], count_queued: bool
+) -> Select[Any]:
+    """A new run, its attempt 1 and its one event: the enqueue's three inserts; with
+    ``count_queued`` also the runs queued before it (the statement's snapshot does not see
+    its own insert)."""
+    key = (run_keys, attempt_keys, count_queued)
     found = _INSERTS.get(key)
     if found is not None:
         return found
@@ -154,6 +181,9 @@ def _insert_statement(run_keys: tuple[str, ...], attempt_keys: tuple[str, ...]) 
         .cte("a")
     )
     statement = _counts(run_cte, attempt_cte, _events_after(attempt_cte, 1))
+    if count_queued:
+        queued = select(func.count()).select_from(runs).where(runs.c.status == "queued")
+        statement = statement.add_columns(queued.scalar_subquery())
     _INSERTS[key] = statement
     return statement
 
@@ -164,13 +194,19 @@ def insert_run(
     run_values: dict[str, Any],
     attempt_values: dict[str, Any],
     event_row: dict[str, Any],
-) -> None:
+    count_queued: bool = False,
+) -> int | None:
     """The run, its first attempt and its first event in one statement. A key or foreign
-    key violation raises as the three inserts did (IntegrityError), and nothing is kept."""
+    key violation raises as the three inserts did (IntegrityError), and nothing is kept.
+
+    With ``count_queued``: how many runs were queued besides this one, counted in the same
+    statement (one round trip less for the queue cap: the caller took the queue lock just
+    before, so the statement's snapshot comes after it); else None."""
     params: dict[str, Any] = {f"r_{k}": v for k, v in run_values.items()}
     params.update({f"a_{k}": v for k, v in attempt_values.items()})
     params.update({f"e0_{c}": event_row[c] for c in _EVENT_COLUMNS})
-    statement = _insert_statement(tuple(sorted(run_values)), tuple(sorted(attempt_values)))
-    counts = tuple(conn.execute(statement, params).one())
-    if counts != (1, 1, 1):  # an INSERT without a conflict clause inserts or raises
-        raise RuntimeError(f"the enqueue's insert wrote {counts}")
+    keys = (tuple(sorted(run_values)), tuple(sorted(attempt_values)))
+    row = tuple(conn.execute(_insert_statement(*keys, count_queued), params).one())
+    if row[:3] != (1, 1, 1):  # an INSERT without a conflict clause inserts or raises
+        raise RuntimeError(f"the enqueue's insert wrote {row[:3]}")
+    return int(row[3]) if count_queued else None

@@ -167,8 +167,12 @@ ACTIVE_RUN = (RunStatus.DISPATCHING.value, RunStatus.RUNNING.value)
 # IN is compiled per call).
 _RUN_ACTIVE = or_(*(runs.c.status == s for s in ACTIVE_RUN))
 COUNT_ACTIVE = select(func.count()).select_from(runs).where(_RUN_ACTIVE)
+# The binds are named apart from every column: runs_repo's T1 also puts these counts in its
+# UPDATE statement (one_step.py), whose SET columns come from its parameters' names.
 COUNT_TASK_ACTIVE = (
-    select(func.count()).select_from(runs).where(runs.c.task == bindparam("task"), _RUN_ACTIVE)
+    select(func.count())
+    .select_from(runs)
+    .where(runs.c.task == bindparam("count_task"), _RUN_ACTIVE)
 )
 _NEXT_RETRY = (
     select(runs.c.not_before_ms)
@@ -183,7 +187,7 @@ COUNT_HOST_ACTIVE = (
     select(func.count())
     .select_from(attempts)
     .where(
-        attempts.c.worker_instance_id == bindparam("instance"),
+        attempts.c.worker_instance_id == bindparam("count_instance"),
         or_(
             attempts.c.status == AttemptStatus.STARTING.value,
             attempts.c.status == AttemptStatus.RUNNING.value,
@@ -532,11 +536,11 @@ class RunReader:
     def active_count(self, task: str | None = None) -> int:
         """Runs dispatching or running now (of ``task`` when given): a budget pre-check."""
         if task is None and self._host_budget is not None:
-            rows = self._count_host_active.rows({"instance": self._host_budget})
+            rows = self._count_host_active.rows({"count_instance": self._host_budget})
         elif task is None:
             rows = self._count_active.rows({})
         else:
-            rows = self._count_task_active.rows({"task": task})
+            rows = self._count_task_active.rows({"count_task": task})
         return int(rows[0][0])
 
     def starting_since_ms(self, run_id: str) -> int | None:

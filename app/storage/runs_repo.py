@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -13,6 +13,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Row,
+    Select,
     Table,
     and_,
     bindparam,
@@ -270,10 +271,11 @@ class RunRepository:
                     if replayed is not None:
                         return replayed, False
                     at = now_ms()
-                    run_values, attempt_values = enqueue_in(conn, at=at, **fields(conn))
+                    # QueueFull past the cap: the insert is rolled back with the transaction.
+                    run_values, attempt_values = enqueue_in(
+                        conn, at=at, max_queued=max_queued, **fields(conn)
+                    )
                     _remember(conn, token_id, idempotency_key, request_digest, run_values["id"], at)
-                    if max_queued is not None and not queue_within_cap(conn, max_queued):
-                        raise QueueFull(max_queued)  # the insert is rolled back
                     uow.commit()
                 # What was just inserted, without reading it back inside the writer lock.
                 run_row, attempt_row = _row_of(runs, run_values), _row_of(attempts, attempt_values)
@@ -364,6 +366,16 @@ class RunRepository:
             host: dict[str, Any] = {}
             if worker_instance_id is not None:
                 host = {"worker_instance_id": worker_instance_id, "lease_epoch": lease_epoch}
+            budgets = max_running is not None or max_concurrent is not None
+            counts: dict[str, tuple[Select[Any], dict[str, Any]]] = {}
+            if budgets and uow.conn.dialect.name == "postgresql":
+                # The lock before the step, and the budget counts in the step's own statement
+                # (one round trip less): its snapshot comes after the lock, as the separate
+                # count's did, and leaves out this start (``_admit_counted`` adds it).
+                _lock(uow.conn, _ADMISSION_LOCK)
+                counts = _budget_counts(
+                    run_row.task, max_running, max_concurrent, worker_instance_id
+                )
             written = _step(
                 uow.conn,
                 run_row,
@@ -378,8 +390,11 @@ class RunRepository:
                     **host,
                 },
                 order="run_first",
+                counts=counts,
             )
-            if max_running is not None or max_concurrent is not None:
+            if counts:
+                _admit_counted(written.counts, max_running, max_concurrent)
+            elif budgets:
                 # The budget check comes last, so the lock every T1 takes is held for one
                 # count and the commit only (it was held across the whole T1, and T1s of a
                 # burst queued behind it on PostgreSQL). The count is taken after the lock,
@@ -704,8 +719,9 @@ def queue_has_room(conn: Connection, max_queued: int) -> bool:
 
 
 def queue_within_cap(conn: Connection, max_queued: int) -> bool:
-    """Inside a write transaction that has just inserted one queued run, right before its
-    commit: True when that run is within ``max_queued``.
+    """Inside a write transaction that has just inserted one queued run: True when that run
+    is within ``max_queued`` (``enqueue_in`` on SQLite; on PostgreSQL it takes the lock
+    before its insert and counts in the insert's own statement).
 
     ``queue_has_room`` before the insert held the queue lock across the whole enqueue, and
     concurrent POSTs queued behind it on PostgreSQL; taken last, it is held for one count
@@ -731,16 +747,46 @@ def _admit(
     if max_running is not None and _active(conn, worker_instance_id) > max_running:
         raise AdmissionRefused("global")
     if max_concurrent is not None:
-        active = conn.execute(COUNT_TASK_ACTIVE, {"task": task}).scalar_one()
+        active = conn.execute(COUNT_TASK_ACTIVE, {"count_task": task}).scalar_one()
         if active > max_concurrent:
             raise AdmissionRefused("task")
+
+
+def _budget_counts(
+    task: str, max_running: int | None, max_concurrent: int | None, worker_instance_id: str | None
+) -> dict[str, tuple[Select[Any], dict[str, Any]]]:
+    """PostgreSQL's budget counts for T1's own statement (``_step``'s ``counts``): the same
+    statements ``_admit`` runs. A name stands for one statement (it keys the statement's
+    cache in one_step.py)."""
+    counts: dict[str, tuple[Select[Any], dict[str, Any]]] = {}
+    if max_running is not None and worker_instance_id is not None:
+        counts["host_active"] = (COUNT_HOST_ACTIVE, {"count_instance": worker_instance_id})
+    elif max_running is not None:
+        counts["active"] = (COUNT_ACTIVE, {})
+    if max_concurrent is not None:
+        counts["task_active"] = (COUNT_TASK_ACTIVE, {"count_task": task})
+    return counts
+
+
+def _admit_counted(
+    counted: dict[str, int], max_running: int | None, max_concurrent: int | None
+) -> None:
+    """``_admit`` on counts taken in T1's own statement, which did not see this start: each
+    count plus this one against its budget."""
+    if max_running is not None:
+        active = counted["host_active"] if "host_active" in counted else counted["active"]
+        if active + 1 > max_running:
+            raise AdmissionRefused("global")
+    if max_concurrent is not None and counted["task_active"] + 1 > max_concurrent:
+        raise AdmissionRefused("task")
 
 
 def _active(conn: Connection, worker_instance_id: str | None) -> int:
     """What QL_MAX_RUNNING bounds: on PostgreSQL, with several hosts, the active attempts of
     this host (docs/several-hosts.md §3); otherwise the database's active runs."""
     if worker_instance_id is not None and conn.dialect.name == "postgresql":
-        return int(conn.execute(COUNT_HOST_ACTIVE, {"instance": worker_instance_id}).scalar_one())
+        params = {"count_instance": worker_instance_id}
+        return int(conn.execute(COUNT_HOST_ACTIVE, params).scalar_one())
     return int(conn.execute(COUNT_ACTIVE).scalar_one())
 
 
@@ -766,6 +812,7 @@ def enqueue_in(
     trigger: ScheduleTrigger | None = None,
     hold_from_slot_ms: int | None = None,
     rerun_of: str | None = None,
+    max_queued: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Insert a queued run, its claimed attempt 1 and ``run.queued`` inside ``conn``'s
     transaction; the run's and attempt's inserted values.
@@ -773,6 +820,10 @@ def enqueue_in(
     The one enqueue path: ``POST /api/v1/runs`` and a schedule's fire both come here, so a
     scheduled run is the same run as a manual one but for its trigger columns (and, for a
     schedule's queue_one/replace run, ``hold_from_slot_ms``: docs/schedules.md §5).
+
+    With ``max_queued``: QueueFull, the caller's transaction to be rolled back, unless this
+    run is within that many queued runs (``queue_within_cap``; on PostgreSQL the count is
+    part of the insert statement, taken after the queue lock).
     """
     rev = revision_row(conn, task, revision)
     run_id = uuid7(at)
@@ -803,13 +854,24 @@ def enqueue_in(
     }
     queued = [_Event(run_event(RunStatus.QUEUED), {"attempt": 1})]
     if conn.dialect.name == "postgresql":
-        # One round trip instead of three (app/storage/one_step.py).
+        # One round trip instead of three (app/storage/one_step.py), and with a cap the
+        # count in it: the lock first, held from here to the commit, so the statement's
+        # snapshot sees every run queued before it (the count leaves out its own insert).
         (row,) = _event_rows(run_id, 1, at, queued)
-        insert_run(conn, run_values=run_values, attempt_values=attempt_values, event_row=row)
+        if max_queued is not None:
+            _lock(conn, _QUEUE_LOCK)
+        before = insert_run(
+            conn, run_values=run_values, attempt_values=attempt_values, event_row=row,
+            count_queued=max_queued is not None,
+        )  # fmt: skip
+        if before is not None and max_queued is not None and before >= max_queued:
+            raise QueueFull(max_queued)
     else:
         conn.execute(_INSERT_RUN, run_values)
         conn.execute(_INSERT_ATTEMPT, attempt_values)
         _append_events(conn, run_id, 1, at, queued)
+        if max_queued is not None and not queue_within_cap(conn, max_queued):
+            raise QueueFull(max_queued)
     return run_values, attempt_values
 
 
@@ -1131,11 +1193,15 @@ def _step(
     run_values: dict[str, Any] | None = None,
     attempt_data: dict[str, Any] | None = None,
     order: Literal["run_first", "attempt_first"],
+    counts: Mapping[str, tuple[Select[Any], dict[str, Any]]] | None = None,
 ) -> _Written:
     """Move run and attempt together: two CAS updates and two events, one version each.
 
     Returns what was written, so callers need not read it back inside the writer lock.
     The run row is written before the attempt row, as in every transaction that writes both.
+
+    ``counts`` (PostgreSQL only): count statements and their parameters, by name, taken in
+    the step's own statement (``_Written.counts``); they do not see the step's own writes.
     """
     transition_run(RunStatus(run_row.status), run_to)
     transition_attempt(AttemptStatus(attempt_row.status), attempt_to)
@@ -1145,9 +1211,13 @@ def _step(
     )
     events = [run_ev, att_ev] if order == "run_first" else [att_ev, run_ev]
     run_set = {"status": run_to.value, **(run_values or {})}
+    counted: dict[str, int] = {}
     if conn.dialect.name == "postgresql":
         # One round trip instead of three (app/storage/one_step.py).
-        if not write_step(
+        count_params: dict[str, Any] = {}
+        for _statement, params in (counts or {}).values():
+            count_params |= params
+        took, counted = write_step(
             conn,
             run_id=run_row.id,
             run_version=run_row.version,
@@ -1156,9 +1226,14 @@ def _step(
             attempt_status=attempt_row.status,
             attempt_values={"status": attempt_to.value, **(attempt_values or {})},
             event_rows=_event_rows(run_row.id, run_row.version + 1, at, events),
-        ):
+            counts={name: statement for name, (statement, _) in (counts or {}).items()},
+            count_params=count_params,
+        )
+        if not took:
             raise VersionConflict(run_row.id)
     else:
+        if counts:
+            raise ValueError("counts in the step's statement are PostgreSQL's only")
         _cas_run(conn, run_row, 2, run_set)
         _update_attempt(conn, attempt_row, attempt_to, attempt_values or {})
         _append_events(conn, run_row.id, run_row.version + 1, at, events)
@@ -1167,6 +1242,7 @@ def _step(
         attempt_row,
         {"status": run_to.value, "version": run_row.version + 2, **(run_values or {})},
         {"status": attempt_to.value, **(attempt_values or {})},
+        counted,
     )
 
 
@@ -1182,6 +1258,8 @@ class _Written:
     attempt_row: Any
     run_values: dict[str, Any]
     attempt_values: dict[str, Any]
+    # What the step's statement counted besides (``_step``'s ``counts``), by name.
+    counts: dict[str, int] = field(default_factory=dict)
 
     def rows(self) -> tuple[Any, Any]:
         """The run and attempt rows as they now stand."""

@@ -20,8 +20,9 @@ def crash_in_step(monkeypatch: pytest.MonkeyPatch, engine: Engine, message: str)
     if engine.dialect.name == "postgresql":
         write_step = runs_repo.write_step
 
-        def after(*args: Any, **kwargs: Any) -> bool:
-            assert write_step(*args, **kwargs)
+        def after(*args: Any, **kwargs: Any) -> tuple[bool, dict[str, int]]:
+            took, _counts = write_step(*args, **kwargs)
+            assert took
             raise RuntimeError(message)
 
         monkeypatch.setattr(runs_repo, "write_step", after)
