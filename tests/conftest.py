@@ -143,6 +143,19 @@ def _truncate_all(engine: Engine) -> None:
         conn.execute(text(f"TRUNCATE {names} CASCADE"))
 
 
+@pytest.fixture
+def pg_engine(postgres_url: str) -> Iterator[Engine]:
+    """For a PostgreSQL-only test: an engine on the process's schema, empty before and
+    after (the tests that share the schema never see each other's rows)."""
+    engine = make_engine(postgres_url)
+    try:
+        _truncate_all(engine)
+        yield engine
+    finally:
+        _truncate_all(engine)
+        engine.dispose()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty database URL: a fresh SQLite file, or the process's PG schema."""

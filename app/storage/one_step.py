@@ -41,6 +41,8 @@ from sqlalchemy import (
 
 from app.storage.tables import attempts, run_events, runs
 
+# Counts a statement takes besides its writes, by name: a one-column count and its parameters.
+Counts = Mapping[str, tuple[Select[Any], Mapping[str, Any]]]
 _EVENT_COLUMNS = ("run_id", "seq", "type", "at_ms", "data")
 _COLUMN_NAMES = frozenset(runs.c.keys()) | frozenset(attempts.c.keys())
 _STATEMENTS: dict[
@@ -49,10 +51,7 @@ _STATEMENTS: dict[
 
 
 def _statement(
-    run_keys: tuple[str, ...],
-    attempt_keys: tuple[str, ...],
-    events: int,
-    counts: Mapping[str, Select[Any]],
+    run_keys: tuple[str, ...], attempt_keys: tuple[str, ...], events: int, counts: Counts
 ) -> Select[Any]:
     """The statement for these SET columns, this many events and these counts (built once
     per shape; a count is known by its name)."""
@@ -79,8 +78,7 @@ def _statement(
         .cte("a")
     )
     statement = _counts(run_cte, attempt_cte, _events_after(attempt_cte, events))
-    for count in counts.values():
-        statement = statement.add_columns(count.scalar_subquery())
+    statement = _with_counts(statement, counts)
     _STATEMENTS[key] = statement
     return statement
 
@@ -107,6 +105,27 @@ def _counts(*ctes: CTE) -> Select[Any]:
     return select(*(select(func.count()).select_from(c).scalar_subquery() for c in ctes))
 
 
+def _with_counts(statement: Select[Any], counts: Counts) -> Select[Any]:
+    """``statement`` with a column per count, after its own."""
+    for count, _params in counts.values():
+        statement = statement.add_columns(count.scalar_subquery())
+    return statement
+
+
+def _execute(
+    conn: Connection, statement: Select[Any], params: dict[str, Any], written: int, counts: Counts
+) -> tuple[tuple[Any, ...], dict[str, int]]:
+    """The statement's first ``written`` columns, and its counts by name. A count's
+    parameter may not be named as a column: the UPDATEs and INSERTs would take it for a
+    value to write."""
+    for _count, count_params in counts.values():
+        if set(count_params) & _COLUMN_NAMES:
+            raise ValueError(f"count parameters named as columns: {sorted(count_params)}")
+        params.update(count_params)
+    row = tuple(conn.execute(statement, params).one())
+    return row[:written], {name: int(n) for name, n in zip(counts, row[written:], strict=True)}
+
+
 def write_step(
     conn: Connection,
     *,
@@ -117,14 +136,13 @@ def write_step(
     attempt_status: str,
     attempt_values: dict[str, Any],
     event_rows: list[dict[str, Any]],
-    counts: Mapping[str, Select[Any]] | None = None,
-    count_params: Mapping[str, Any] | None = None,
+    counts: Counts | None = None,
 ) -> tuple[bool, dict[str, int]]:
     """Run CAS, attempt CAS and events in one statement; False (nothing kept but, at most,
     the run row, for the caller to roll back) when either CAS found its row moved.
 
-    ``counts``: one-column count statements (binding ``count_params``) evaluated in the same
-    statement, by name. Their snapshot is the statement's: they do not see its own writes.
+    ``counts``, taken in the same statement, come back by name. Their snapshot is the
+    statement's: they do not see its own writes.
     """
     counts = counts or {}
     if not event_rows:
@@ -141,27 +159,20 @@ def write_step(
     params.update({f"a_{k}": v for k, v in attempt_values.items()})
     for i, row in enumerate(event_rows):
         params.update({f"e{i}_{c}": row[c] for c in _EVENT_COLUMNS})
-    count_params = count_params or {}
-    if set(count_params) & _COLUMN_NAMES:
-        # The UPDATEs would take a parameter named as a column for a SET value.
-        raise ValueError(f"count parameters named as columns: {sorted(count_params)}")
-    params.update(count_params)
     statement = _statement(run_keys, attempt_keys, len(event_rows), counts)
-    ran, moved, appended, *counted = conn.execute(statement, params).one()
-    took = bool(ran == 1 and moved == 1 and appended == len(event_rows))
-    return took, {name: int(n) for name, n in zip(counts, counted, strict=True)}
+    (ran, moved, appended), counted = _execute(conn, statement, params, 3, counts)
+    return bool(ran == 1 and moved == 1 and appended == len(event_rows)), counted
 
 
-_INSERTS: dict[tuple[tuple[str, ...], tuple[str, ...], bool], Select[Any]] = {}
+_INSERTS: dict[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], Select[Any]] = {}
 
 
 def _insert_statement(
-    run_keys: tuple[str, ...], attempt_keys: tuple[str, ...], count_queued: bool
+    run_keys: tuple[str, ...], attempt_keys: tuple[str, ...], counts: Counts
 ) -> Select[Any]:
-    """A new run, its attempt 1 and its one event: the enqueue's three inserts; with
-    ``count_queued`` also the runs queued before it (the statement's snapshot does not see
-    its own insert)."""
-    key = (run_keys, attempt_keys, count_queued)
+    """A new run, its attempt 1 and its one event: the enqueue's three inserts, and
+    ``counts`` (built once per shape; a count is known by its name)."""
+    key = (run_keys, attempt_keys, tuple(counts))
     found = _INSERTS.get(key)
     if found is not None:
         return found
@@ -180,10 +191,7 @@ def _insert_statement(
         .returning(attempts.c.id)
         .cte("a")
     )
-    statement = _counts(run_cte, attempt_cte, _events_after(attempt_cte, 1))
-    if count_queued:
-        queued = select(func.count()).select_from(runs).where(runs.c.status == "queued")
-        statement = statement.add_columns(queued.scalar_subquery())
+    statement = _with_counts(_counts(run_cte, attempt_cte, _events_after(attempt_cte, 1)), counts)
     _INSERTS[key] = statement
     return statement
 
@@ -194,19 +202,19 @@ def insert_run(
     run_values: dict[str, Any],
     attempt_values: dict[str, Any],
     event_row: dict[str, Any],
-    count_queued: bool = False,
-) -> int | None:
+    counts: Counts | None = None,
+) -> dict[str, int]:
     """The run, its first attempt and its first event in one statement. A key or foreign
     key violation raises as the three inserts did (IntegrityError), and nothing is kept.
 
-    With ``count_queued``: how many runs were queued besides this one, counted in the same
-    statement (one round trip less for the queue cap: the caller took the queue lock just
-    before, so the statement's snapshot comes after it); else None."""
+    ``counts``, taken in the same statement, come back by name; they do not see its own
+    insert (the enqueue's queue cap: one round trip less)."""
+    counts = counts or {}
     params: dict[str, Any] = {f"r_{k}": v for k, v in run_values.items()}
     params.update({f"a_{k}": v for k, v in attempt_values.items()})
     params.update({f"e0_{c}": event_row[c] for c in _EVENT_COLUMNS})
-    keys = (tuple(sorted(run_values)), tuple(sorted(attempt_values)))
-    row = tuple(conn.execute(_insert_statement(*keys, count_queued), params).one())
-    if row[:3] != (1, 1, 1):  # an INSERT without a conflict clause inserts or raises
-        raise RuntimeError(f"the enqueue's insert wrote {row[:3]}")
-    return int(row[3]) if count_queued else None
+    statement = _insert_statement(tuple(sorted(run_values)), tuple(sorted(attempt_values)), counts)
+    wrote, counted = _execute(conn, statement, params, 3, counts)
+    if wrote != (1, 1, 1):  # an INSERT without a conflict clause inserts or raises
+        raise RuntimeError(f"the enqueue's insert wrote {wrote}")
+    return counted

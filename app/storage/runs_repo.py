@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -62,7 +62,7 @@ from app.storage.definitions_repo import retry_of_body, revision_row
 from app.storage.journal_repo import mark_consumed_in, mark_spawned_in
 from app.storage.lease_repo import lease_current_in
 from app.storage.one_statement import OneStatementRead
-from app.storage.one_step import insert_run, write_step
+from app.storage.one_step import Counts, insert_run, write_step
 from app.storage.run_reads import (
     COUNT_ACTIVE,
     COUNT_HOST_ACTIVE,
@@ -366,16 +366,15 @@ class RunRepository:
             host: dict[str, Any] = {}
             if worker_instance_id is not None:
                 host = {"worker_instance_id": worker_instance_id, "lease_epoch": lease_epoch}
-            budgets = max_running is not None or max_concurrent is not None
-            counts: dict[str, tuple[Select[Any], dict[str, Any]]] = {}
-            if budgets and uow.conn.dialect.name == "postgresql":
+            budgets = _budget_counts(
+                uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id
+            )
+            in_step = bool(budgets) and uow.conn.dialect.name == "postgresql"
+            if in_step:
                 # The lock before the step, and the budget counts in the step's own statement
-                # (one round trip less): its snapshot comes after the lock, as the separate
-                # count's did, and leaves out this start (``_admit_counted`` adds it).
+                # (one round trip less): its snapshot comes after the lock, and it leaves out
+                # this start. The lock is held for that statement and the commit only.
                 _lock(uow.conn, _ADMISSION_LOCK)
-                counts = _budget_counts(
-                    run_row.task, max_running, max_concurrent, worker_instance_id
-                )
             written = _step(
                 uow.conn,
                 run_row,
@@ -390,17 +389,18 @@ class RunRepository:
                     **host,
                 },
                 order="run_first",
-                counts=counts,
+                counts=budgets if in_step else None,
             )
-            if counts:
-                _admit_counted(written.counts, max_running, max_concurrent)
+            if in_step:
+                _admit(written.counts, max_running, max_concurrent, this_start=1)
             elif budgets:
-                # The budget check comes last, so the lock every T1 takes is held for one
-                # count and the commit only (it was held across the whole T1, and T1s of a
-                # burst queued behind it on PostgreSQL). The count is taken after the lock,
-                # in a fresh snapshot, and includes this start.
-                _lock(uow.conn, _ADMISSION_LOCK)
-                _admit(uow.conn, run_row.task, max_running, max_concurrent, worker_instance_id)
+                # SQLite: BEGIN IMMEDIATE holds the writer lock already, and counts taken
+                # after T1's writes include this start.
+                counted = {
+                    name: int(uow.conn.execute(count, params).scalar_one())
+                    for name, (count, params) in budgets.items()
+                }
+                _admit(counted, max_running, max_concurrent, this_start=0)
             uow.commit()
         return written.run()
 
@@ -718,76 +718,44 @@ def queue_has_room(conn: Connection, max_queued: int) -> bool:
     return int(conn.execute(COUNT_QUEUED).scalar_one()) < max_queued
 
 
-def queue_within_cap(conn: Connection, max_queued: int) -> bool:
-    """Inside a write transaction that has just inserted one queued run: True when that run
-    is within ``max_queued`` (``enqueue_in`` on SQLite; on PostgreSQL it takes the lock
-    before its insert and counts in the insert's own statement).
-
-    ``queue_has_room`` before the insert held the queue lock across the whole enqueue, and
-    concurrent POSTs queued behind it on PostgreSQL; taken last, it is held for one count
-    and the commit. The count, in a fresh snapshot after the lock, includes this run.
-    """
-    _lock(conn, _QUEUE_LOCK)
-    return int(conn.execute(COUNT_QUEUED).scalar_one()) <= max_queued
-
-
 def _lock(conn: Connection, key: int) -> None:
     if conn.dialect.name == "postgresql":
         conn.execute(_ADVISORY_LOCK, {"key": key})
 
 
-def _admit(
+def _budget_counts(
     conn: Connection,
     task: str,
     max_running: int | None,
     max_concurrent: int | None,
-    worker_instance_id: str | None = None,
-) -> None:
-    """After this T1's own writes: the counts include the start being admitted."""
-    if max_running is not None and _active(conn, worker_instance_id) > max_running:
-        raise AdmissionRefused("global")
-    if max_concurrent is not None:
-        active = conn.execute(COUNT_TASK_ACTIVE, {"count_task": task}).scalar_one()
-        if active > max_concurrent:
-            raise AdmissionRefused("task")
-
-
-def _budget_counts(
-    task: str, max_running: int | None, max_concurrent: int | None, worker_instance_id: str | None
-) -> dict[str, tuple[Select[Any], dict[str, Any]]]:
-    """PostgreSQL's budget counts for T1's own statement (``_step``'s ``counts``): the same
-    statements ``_admit`` runs. A name stands for one statement (it keys the statement's
-    cache in one_step.py)."""
+    worker_instance_id: str | None,
+) -> Counts:
+    """What T1's budgets count, each statement with its parameters, by name (a name stands
+    for one statement: it keys the statement's cache in one_step.py). QL_MAX_RUNNING bounds,
+    on PostgreSQL with several hosts, this host's active attempts (docs/several-hosts.md
+    §3), otherwise the database's active runs; ``max_concurrent`` the task's active runs."""
     counts: dict[str, tuple[Select[Any], dict[str, Any]]] = {}
-    if max_running is not None and worker_instance_id is not None:
-        counts["host_active"] = (COUNT_HOST_ACTIVE, {"count_instance": worker_instance_id})
-    elif max_running is not None:
-        counts["active"] = (COUNT_ACTIVE, {})
+    if max_running is not None:
+        if worker_instance_id is not None and conn.dialect.name == "postgresql":
+            counts["host_active"] = (COUNT_HOST_ACTIVE, {"count_instance": worker_instance_id})
+        else:
+            counts["active"] = (COUNT_ACTIVE, {})
     if max_concurrent is not None:
         counts["task_active"] = (COUNT_TASK_ACTIVE, {"count_task": task})
     return counts
 
 
-def _admit_counted(
-    counted: dict[str, int], max_running: int | None, max_concurrent: int | None
+def _admit(
+    counted: dict[str, int], max_running: int | None, max_concurrent: int | None, *, this_start: int
 ) -> None:
-    """``_admit`` on counts taken in T1's own statement, which did not see this start: each
-    count plus this one against its budget."""
+    """AdmissionRefused unless each budget holds with this start: ``this_start`` is 1 when
+    the counts did not see it (taken in T1's own statement), 0 when they did."""
     if max_running is not None:
         active = counted["host_active"] if "host_active" in counted else counted["active"]
-        if active + 1 > max_running:
+        if active + this_start > max_running:
             raise AdmissionRefused("global")
-    if max_concurrent is not None and counted["task_active"] + 1 > max_concurrent:
+    if max_concurrent is not None and counted["task_active"] + this_start > max_concurrent:
         raise AdmissionRefused("task")
-
-
-def _active(conn: Connection, worker_instance_id: str | None) -> int:
-    """What QL_MAX_RUNNING bounds: on PostgreSQL, with several hosts, the active attempts of
-    this host (docs/several-hosts.md §3); otherwise the database's active runs."""
-    if worker_instance_id is not None and conn.dialect.name == "postgresql":
-        params = {"count_instance": worker_instance_id}
-        return int(conn.execute(COUNT_HOST_ACTIVE, params).scalar_one())
-    return int(conn.execute(COUNT_ACTIVE).scalar_one())
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -822,8 +790,9 @@ def enqueue_in(
     schedule's queue_one/replace run, ``hold_from_slot_ms``: docs/schedules.md §5).
 
     With ``max_queued``: QueueFull, the caller's transaction to be rolled back, unless this
-    run is within that many queued runs (``queue_within_cap``; on PostgreSQL the count is
-    part of the insert statement, taken after the queue lock).
+    run is within that many queued runs (docs/concurrency-budgets.md §3): on PostgreSQL the
+    queue lock comes right before the insert, whose one statement also counts the runs
+    queued before it; on SQLite a count follows the insert.
     """
     rev = revision_row(conn, task, revision)
     run_id = uuid7(at)
@@ -858,19 +827,22 @@ def enqueue_in(
         # count in it: the lock first, held from here to the commit, so the statement's
         # snapshot sees every run queued before it (the count leaves out its own insert).
         (row,) = _event_rows(run_id, 1, at, queued)
+        counts: Counts = {}
         if max_queued is not None:
             _lock(conn, _QUEUE_LOCK)
-        before = insert_run(
+            counts = {"queued": (COUNT_QUEUED, {})}
+        counted = insert_run(
             conn, run_values=run_values, attempt_values=attempt_values, event_row=row,
-            count_queued=max_queued is not None,
+            counts=counts,
         )  # fmt: skip
-        if before is not None and max_queued is not None and before >= max_queued:
+        if max_queued is not None and counted["queued"] + 1 > max_queued:
             raise QueueFull(max_queued)
     else:
         conn.execute(_INSERT_RUN, run_values)
         conn.execute(_INSERT_ATTEMPT, attempt_values)
         _append_events(conn, run_id, 1, at, queued)
-        if max_queued is not None and not queue_within_cap(conn, max_queued):
+        # BEGIN IMMEDIATE holds the writer lock already; the count includes this run.
+        if max_queued is not None and int(conn.execute(COUNT_QUEUED).scalar_one()) > max_queued:
             raise QueueFull(max_queued)
     return run_values, attempt_values
 
@@ -1193,7 +1165,7 @@ def _step(
     run_values: dict[str, Any] | None = None,
     attempt_data: dict[str, Any] | None = None,
     order: Literal["run_first", "attempt_first"],
-    counts: Mapping[str, tuple[Select[Any], dict[str, Any]]] | None = None,
+    counts: Counts | None = None,
 ) -> _Written:
     """Move run and attempt together: two CAS updates and two events, one version each.
 
@@ -1214,9 +1186,6 @@ def _step(
     counted: dict[str, int] = {}
     if conn.dialect.name == "postgresql":
         # One round trip instead of three (app/storage/one_step.py).
-        count_params: dict[str, Any] = {}
-        for _statement, params in (counts or {}).values():
-            count_params |= params
         took, counted = write_step(
             conn,
             run_id=run_row.id,
@@ -1226,8 +1195,7 @@ def _step(
             attempt_status=attempt_row.status,
             attempt_values={"status": attempt_to.value, **(attempt_values or {})},
             event_rows=_event_rows(run_row.id, run_row.version + 1, at, events),
-            counts={name: statement for name, (statement, _) in (counts or {}).items()},
-            count_params=count_params,
+            counts=counts,
         )
         if not took:
             raise VersionConflict(run_row.id)

@@ -119,38 +119,29 @@ def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.postgres
 @pytest.mark.parametrize("statistics", ["stale", "fresh"])
 def test_a_hot_postgresql_page_reads_the_page_not_the_queue(
-    postgres_url: str, statistics: str
+    pg_engine: Engine, statistics: str
 ) -> None:
     """3,000 ready runs behind 1,000 waiting ones. Whether the planner's statistics still
     call the queue empty (a burst on a quiet database) or count every row, the generic plan
     walks the page's index in order and stops after limit + 1 runs, and looks up one
     attempt per page row. Before: every queued run read and sorted (stale), or every
     attempt hashed (fresh)."""
-    from app.storage.engine import make_engine
-    from tests.conftest import _truncate_all
-
-    engine = make_engine(postgres_url)
-    try:
-        _truncate_all(engine)
-        define_task(engine)
-        if statistics == "stale":
-            _analyze(engine)  # of the empty tables
-        _fill(engine, 3_000, 1_000)
-        if statistics == "fresh":
-            _analyze(engine)
-        read = _rows_read_in_generic_plan(engine)
-        assert read["runs"] <= LIMIT + 1 and read["attempts"] <= LIMIT + 1, read
-        # After a cursor before the lowest priority, behind 2,000 ready runs of the higher
-        # two: the walk starts at the cursor's priority (2,017 rows without its range term).
-        after = _rows_read_in_generic_plan(engine, after_priority=0)
-        assert after["runs"] <= LIMIT + 1 and after["attempts"] <= LIMIT + 1, after
-        got = RunReader(engine).dispatch_candidates(limit=LIMIT)
-        assert len(got.items) == LIMIT and got.next_cursor is not None
-        assert [c.priority for c in got.items] == [2] * LIMIT  # the order holds
-        assert [c.created_at_ms for c in got.items] == sorted(c.created_at_ms for c in got.items)
-    finally:
-        _truncate_all(engine)
-        engine.dispose()
+    define_task(pg_engine)
+    if statistics == "stale":
+        _analyze(pg_engine)  # of the empty tables
+    _fill(pg_engine, 3_000, 1_000)
+    if statistics == "fresh":
+        _analyze(pg_engine)
+    read = _rows_read_in_generic_plan(pg_engine)
+    assert read["runs"] <= LIMIT + 1 and read["attempts"] <= LIMIT + 1, read
+    # After a cursor before the lowest priority, behind 2,000 ready runs of the higher
+    # two: the walk starts at the cursor's priority (2,017 rows without its range term).
+    after = _rows_read_in_generic_plan(pg_engine, after_priority=0)
+    assert after["runs"] <= LIMIT + 1 and after["attempts"] <= LIMIT + 1, after
+    got = RunReader(pg_engine).dispatch_candidates(limit=LIMIT)
+    assert len(got.items) == LIMIT and got.next_cursor is not None
+    assert [c.priority for c in got.items] == [2] * LIMIT  # the order holds
+    assert [c.created_at_ms for c in got.items] == sorted(c.created_at_ms for c in got.items)
 
 
 def _analyze(engine: Engine) -> None:

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from app.domain.errors import AdmissionRefused, QueueFull
+from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from tests.storage.helpers import define_task
 
@@ -38,24 +39,8 @@ def _sent(engine: Engine) -> Iterator[list[str]]:
         event.remove(engine, "before_cursor_execute", record)
 
 
-def _pg_engine(postgres_url: str) -> Iterator[Engine]:
-    from app.storage.engine import make_engine
-    from tests.conftest import _truncate_all
-
-    engine = make_engine(postgres_url)
-    try:
-        _truncate_all(engine)
-        define_task(engine)
-        yield engine
-    finally:
-        _truncate_all(engine)
-        engine.dispose()
-
-
-pg_engine = pytest.fixture(_pg_engine)
-
-
 def test_an_enqueue_under_the_queue_cap_counts_in_its_insert(pg_engine: Engine) -> None:
+    define_task(pg_engine)
     repo = RunRepository(pg_engine)
     with _sent(pg_engine) as seen:
         repo.enqueue_run(task="job", revision=None, priority=None, max_queued=2)
@@ -68,6 +53,7 @@ def test_an_enqueue_under_the_queue_cap_counts_in_its_insert(pg_engine: Engine) 
 
 
 def test_t1_under_both_budgets_counts_in_its_write(pg_engine: Engine) -> None:
+    define_task(pg_engine)
     repo = RunRepository(pg_engine)
     first, _ = repo.enqueue_run(task="job", revision=None, priority=None)
     second, _ = repo.enqueue_run(task="job", revision=None, priority=None)
@@ -91,4 +77,7 @@ def test_t1_under_both_budgets_counts_in_its_write(pg_engine: Engine) -> None:
     with pytest.raises(AdmissionRefused) as refused:
         t1(second, max_running=1, max_concurrent=2)
     assert refused.value.scope == "global"
+    # A refused T1 kept nothing of its step: the run is queued at its version, no event.
+    untouched = RunReader(pg_engine).get_run(second.id)
+    assert (untouched.status, untouched.version) == ("queued", second.version)
     assert t1(second, max_running=2, max_concurrent=2).status == "dispatching"
