@@ -32,7 +32,14 @@ from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle
 from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.one_statement import OneStatementRead
-from app.storage.tables import READY_PAGE_WHERE, attempts, run_events, runs, task_revisions
+from app.storage.tables import (
+    READY_PAGE_WHERE,
+    RETRY_WAIT_WHERE,
+    attempts,
+    run_events,
+    runs,
+    task_revisions,
+)
 from app.storage.uow import UnitOfWork
 
 if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
@@ -176,7 +183,7 @@ COUNT_TASK_ACTIVE = (
 )
 _NEXT_RETRY = (
     select(runs.c.not_before_ms)
-    .where(runs.c.status == RunStatus.QUEUED.value, runs.c.not_before_ms > bindparam("after"))
+    .where(text(RETRY_WAIT_WHERE), runs.c.not_before_ms > bindparam("after"))
     .order_by(runs.c.not_before_ms)
     .limit(1)
 )
@@ -310,7 +317,7 @@ class RunReader:
                             runs.c.created_at_ms == created,
                             runs.c.id > bindparam("run_id"),
                         ),
-                    )
+                    ),
                 )
             page = (
                 chosen.order_by(runs.c.priority.desc(), runs.c.created_at_ms, runs.c.id)
@@ -513,7 +520,7 @@ class RunReader:
 
     def next_retry_at_ms(self, *, after_ms: int) -> int | None:
         """The earliest ``not_before_ms`` of a run waiting for a retry, later than
-        ``after_ms``: one range lookup on ix_runs_ready_order, so the dispatch loop sleeps
+        ``after_ms``: one range lookup on ix_runs_retry_wait, so the dispatch loop sleeps
         until it (docs/retries.md §2) instead of polling."""
         with UnitOfWork(self._engine, write=False) as uow:
             at = uow.conn.execute(_NEXT_RETRY, {"after": after_ms}).scalar()

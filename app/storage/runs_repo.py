@@ -71,7 +71,14 @@ from app.storage.run_reads import (
     HELD,
     run_from_rows,
 )
-from app.storage.tables import attempts, idempotency_keys, run_events, runs, task_revisions
+from app.storage.tables import (
+    RETRY_WAIT_WHERE,
+    attempts,
+    idempotency_keys,
+    run_events,
+    runs,
+    task_revisions,
+)
 from app.storage.uow import UnitOfWork
 
 # Statements are built once: a statement built per call costs its construction and a
@@ -144,10 +151,8 @@ _RECENT_CODES = (
     )
     .order_by(attempts.c.number.desc())
 )
-_DUE = and_(
-    runs.c.status == RunStatus.QUEUED.value,
-    runs.c.not_before_ms <= bindparam("now"),
-)
+# ix_runs_retry_wait's predicate as the query's own terms (a bound status proves nothing).
+_DUE = and_(text(RETRY_WAIT_WHERE), runs.c.not_before_ms <= bindparam("now"))
 _ANY_DUE = select(runs.c.id).where(_DUE).limit(1)
 _PROMOTE_DUE = (
     update(runs)
@@ -287,7 +292,7 @@ class RunRepository:
 
     def promote_due_retries(self, *, limit: int) -> int:
         """Clear the waiting mark of up to ``limit`` queued runs whose retry instant passed,
-        so the dispatch walk (ix_runs_ready_order) finds them; how many. A read first: with
+        so the dispatch walk (ix_runs_ready_page) finds them; how many. A read first: with
         none due no write transaction is opened (docs/retries.md §2). Not a transition: the
         run stays ``queued`` at the same version, and T1 still checks the attempt's own
         instant."""

@@ -71,6 +71,12 @@ secrets = Table(
 # literal: a planner proves a partial index usable from the query's own terms, and a bound
 # parameter proves nothing (PostgreSQL's generic plan sees no value).
 READY_PAGE_WHERE = f"status = '{RunStatus.QUEUED.value}' AND not_before_ms IS NULL"
+# The predicate of ix_runs_retry_wait, repeated the same way by the reads that walk it: the
+# queued runs that wait for a retry's instant (docs/retries.md §2).
+RETRY_WAIT_WHERE = f"status = '{RunStatus.QUEUED.value}' AND not_before_ms IS NOT NULL"
+# The predicate of the schedule indexes: a run no schedule made is in neither (migration
+# 0010). A lookup by ``schedule_id = x`` implies it, on both engines.
+SCHEDULED_WHERE = "schedule_id IS NOT NULL"
 
 runs = Table(
     "runs",
@@ -118,17 +124,38 @@ runs = Table(
         postgresql_where=text(READY_PAGE_WHERE),
         sqlite_where=text(READY_PAGE_WHERE),
     ),
-    # Runs waiting for a retry by instant: the range not_before_ms > now gives the earliest
-    # one, <= now the due ones (docs/retries.md §2).
-    Index("ix_runs_ready_order", "status", "not_before_ms", text("priority DESC"), "created_at_ms"),
+    # Runs waiting for a retry, by instant: the range not_before_ms > now gives the earliest
+    # one, <= now the due ones (docs/retries.md §2). Partial, like the ones below (migration
+    # 0010): a run enters it only while it waits for a retry, so an ordinary run's
+    # transitions never write to it (each UPDATE of a run that changes its status writes a
+    # new entry into every index whose predicate the new row meets).
+    Index(
+        "ix_runs_retry_wait",
+        "not_before_ms",
+        postgresql_where=text(RETRY_WAIT_WHERE),
+        sqlite_where=text(RETRY_WAIT_WHERE),
+    ),
     Index("ix_runs_task_id", "task", "id"),
     Index("ix_runs_status_id", "status", "id"),
     Index("ix_runs_task_status_id", "task", "status", "id"),
     # One slot of a schedule can never have two runs (docs/schedules.md §2).
-    Index("ix_runs_schedule_id_slot_ms", "schedule_id", "slot_ms", unique=True),
+    Index(
+        "ix_runs_schedule_id_slot_ms",
+        "schedule_id",
+        "slot_ms",
+        unique=True,
+        postgresql_where=text(SCHEDULED_WHERE),
+        sqlite_where=text(SCHEDULED_WHERE),
+    ),
     # A schedule's runs not ended, read by every fire inside the writer lock: without it the
     # read walks every run the schedule ever had (86,400 a day for an every-second one).
-    Index("ix_runs_schedule_id_status", "schedule_id", "status"),
+    Index(
+        "ix_runs_schedule_id_status",
+        "schedule_id",
+        "status",
+        postgresql_where=text(SCHEDULED_WHERE),
+        sqlite_where=text(SCHEDULED_WHERE),
+    ),
 )
 
 attempts = Table(

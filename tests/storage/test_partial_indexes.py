@@ -1,0 +1,161 @@
+"""The partial indexes of ``runs`` serve the reads they are for (migration 0010).
+
+``ix_runs_retry_wait`` holds only the runs waiting for a retry's instant, and the two
+schedule indexes only the runs a schedule made, so an ordinary run's four writes never
+touch them (bench/README.md: the bytes each write statement logs). A partial index is
+usable only when the planner can prove its predicate from the query's own terms, and a
+bound parameter proves nothing to a generic plan; these tests ask each engine which index
+it uses for the very statements the code runs, with every other way of reading ``runs``
+made as costly as the engine allows:
+
+- PostgreSQL: the generic plan of the prepared statement (what a hot statement keeps), with
+  sequential scans disabled and fresh statistics of a table where the partial indexes are
+  a small part of it.
+- SQLite: ``EXPLAIN QUERY PLAN`` after ``ANALYZE``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import BigInteger, Engine, insert, text
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.types import NullType
+
+from app.domain.ids import uuid7
+from app.storage.run_reads import _NEXT_RETRY
+from app.storage.runs_repo import _ANY_DUE, _HELD_BY_ID, _PROMOTE_DUE
+from app.storage.schedules_repo import _ACTIVE_RUNS, _QUEUED_RUNS
+from app.storage.tables import runs
+from tests.storage.helpers import define_task
+
+SCHEDULE = "0190d7a0-0000-7000-8000-000000000001"
+# Each statement, its parameters, and the indexes any of which serves it.
+RETRY = {"ix_runs_retry_wait"}
+SCHEDULED = {"ix_runs_schedule_id_status", "ix_runs_schedule_id_slot_ms"}
+CASES: list[tuple[str, ClauseElement, dict[str, Any], set[str]]] = [
+    ("next retry", _NEXT_RETRY, {"after": 5_000}, RETRY),
+    ("any due", _ANY_DUE, {"now": 5_000}, RETRY),
+    ("promote due", _PROMOTE_DUE, {"now": 5_000, "limit": 256}, RETRY),
+    ("schedule's active runs", _ACTIVE_RUNS, {"schedule_id": SCHEDULE}, SCHEDULED),
+    ("schedule's queued runs", _QUEUED_RUNS, {"schedule_id": SCHEDULE}, SCHEDULED),
+]
+
+
+def _fill(engine: Engine) -> str:
+    """3,000 ended runs no schedule made, 40 runs of schedules (one of them held behind
+    its schedule's older slots), 20 waiting for a retry; the held run's id."""
+    rows: list[dict[str, Any]] = []
+    for i in range(3_060):
+        scheduled, waiting = 3_000 <= i < 3_040, i >= 3_040
+        rows.append(
+            {"id": uuid7(), "task": "job", "revision": 1,
+             "status": "queued" if scheduled or waiting else "succeeded",
+             "priority": 0, "version": 1, "latest_attempt": 1, "created_at_ms": 1_000 + i,
+             "not_before_ms": 10_000 + i if waiting else None,
+             "schedule_id": (SCHEDULE if i % 2 else uuid7()) if scheduled else None,
+             "slot_ms": i if scheduled else None,
+             "hold_from_slot_ms": 3_000 if i == 3_039 else None}
+        )  # fmt: skip
+    with engine.begin() as conn:
+        conn.execute(insert(runs), rows)
+        conn.execute(text("ANALYZE"))
+    return str(rows[3_039]["id"])
+
+
+def _compiled(engine: Engine, statement: Any, params: dict[str, Any]) -> tuple[Any, Any]:
+    """The statement compiled for the engine and its IN lists expanded (the SQL, the binds
+    by name, their order for a positional driver), and each bind's SQL type."""
+    compiled = statement.compile(dialect=engine.dialect)
+    state = compiled.construct_expanded_state(params)
+
+    def sql_type(name: str) -> str:
+        bind = compiled.binds[name if name in compiled.binds else name.rsplit("_", 1)[0]]
+        kind = bind.type
+        if isinstance(kind, NullType):  # the NULL an UPDATE sets, or a LIMIT
+            kind = runs.c[name].type if name in runs.c else BigInteger()
+        return str(kind.compile(dialect=engine.dialect))
+
+    return state, sql_type
+
+
+def _pg_indexes(engine: Engine, statement: Any, params: dict[str, Any]) -> set[str]:
+    """Indexes in the generic plan of ``statement`` prepared on PostgreSQL."""
+    state, sql_type = _compiled(engine, statement, params)
+    args = state.parameters
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        names.append(match.group(1))
+        return f"${len(names)}"
+
+    numbered = re.sub(r"%\((\w+)\)s", number, state.statement)
+    types = [sql_type(n) for n in names]
+    raw = engine.raw_connection()
+    try:
+        cursor = psycopg.ClientCursor(raw.dbapi_connection)
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute(f"PREPARE probe ({', '.join(types)}) AS {numbered}")
+        casts = ", ".join(f"%s::{t}" for t in types)
+        cursor.execute(f"EXPLAIN (FORMAT JSON) EXECUTE probe({casts})", [args[n] for n in names])
+        (plan,) = cursor.fetchone()
+    finally:
+        raw.rollback()  # undoes the SETs and the PREPARE, all made in this transaction
+        raw.close()
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    return {n["Index Name"] for n in _nodes(plan[0]["Plan"]) if "Index Name" in n}
+
+
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [node]
+    for child in node.get("Plans", []):
+        found.extend(_nodes(child))
+    return found
+
+
+def _sqlite_indexes(engine: Engine, statement: ClauseElement, params: dict[str, Any]) -> set[str]:
+    """Indexes SQLite's query plan names for ``statement``."""
+    state, _type = _compiled(engine, statement, params)
+    positional = [state.parameters[name] for name in state.positiontup]
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute(f"EXPLAIN QUERY PLAN {state.statement}", positional)
+        details = [row[3] for row in cursor.fetchall()]
+    finally:
+        raw.close()
+    return {m for d in details for m in re.findall(r"INDEX (\w+)", d)}
+
+
+@pytest.mark.parametrize(
+    ("what", "statement", "params", "served_by"), CASES, ids=[c[0] for c in CASES]
+)
+def test_the_reads_of_waiting_retries_and_of_a_schedule_walk_their_partial_index(
+    engine: Engine,
+    what: str,
+    statement: ClauseElement,
+    params: dict[str, Any],
+    served_by: set[str],
+) -> None:
+    define_task(engine)
+    _fill(engine)
+    probe = _pg_indexes if engine.dialect.name == "postgresql" else _sqlite_indexes
+    used = probe(engine, statement, params)
+    assert used & served_by, (what, used)
+
+
+def test_the_hold_check_probes_its_schedule_by_the_partial_slot_index(engine: Engine) -> None:
+    """The held run's check walks its schedule's older slots (``older``, a range of the
+    unique slot index), and finds the older runs of its schedule still queued: held."""
+    define_task(engine)
+    held = _fill(engine)
+    probe = _pg_indexes if engine.dialect.name == "postgresql" else _sqlite_indexes
+    used = probe(engine, _HELD_BY_ID, {"run_id": held})
+    assert "ix_runs_schedule_id_slot_ms" in used, used
+    with engine.connect() as conn:
+        assert conn.execute(_HELD_BY_ID, {"run_id": held}).scalar_one()
