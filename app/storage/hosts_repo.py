@@ -16,18 +16,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, Integer, bindparam, select, update
 
 from app.domain.errors import ErrorCode
 from app.domain.lease import WORKER_LEASE_EXPIRED
-from app.domain.states import AttemptStatus
 from app.storage.lease_repo import append_service_event, db_now_ms
 from app.storage.runs_repo import lose_in
-from app.storage.tables import attempts, worker_leases
+from app.storage.tables import ACTIVE_ATTEMPT, attempts, worker_leases
 from app.storage.uow import UnitOfWork
 
 _L = worker_leases.c
-_ACTIVE = [AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]
+# A host's attempts starting or running, by id (ix_attempts_worker_instance_id_status, whose
+# predicate the query repeats as its own).
+HOST_ACTIVE_PAGE = (
+    select(attempts.c.id, attempts.c.run_id)
+    .where(attempts.c.worker_instance_id == bindparam("instance"), ACTIVE_ATTEMPT)
+    .order_by(attempts.c.id)
+    .limit(bindparam("limit", type_=Integer, literal_execute=True))  # as run_reads.PAGE_LIMIT
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +82,7 @@ def _expire_one(
             or row.expires_at_ms > now
         ):  # fmt: skip
             return None  # renewed, released or superseded meanwhile
-        page = conn.execute(
-            select(attempts.c.id, attempts.c.run_id)
-            .where(attempts.c.worker_instance_id == row.instance_id, attempts.c.status.in_(_ACTIVE))
-            .order_by(attempts.c.id)
-            .limit(limit)
-        ).all()
+        page = conn.execute(HOST_ACTIVE_PAGE, {"instance": row.instance_id, "limit": limit}).all()
         if not page:
             return None  # nothing of it is active: the row stays as it is
         conn.execute(update(worker_leases).where(_L.slot == slot).values(epoch=epoch + 1))

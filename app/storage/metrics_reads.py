@@ -13,10 +13,15 @@ from sqlalchemy import Engine, and_, func, select
 
 from app.domain.journal import CONSUMED
 from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
-from app.storage.tables import attempts, receipt_journal, runs
+from app.storage.tables import ACTIVE_ATTEMPT, attempts, receipt_journal, runs
 from app.storage.uow import UnitOfWork
 
 _ACTIVE_ATTEMPTS = (AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value)
+# The attempts starting or running by status (ix_attempts_status_id, whose predicate the
+# query repeats as its own).
+ACTIVE_BY_STATUS = (
+    select(attempts.c.status, func.count()).where(ACTIVE_ATTEMPT).group_by(attempts.c.status)
+)
 _TERMINAL = tuple(s.value for s in TERMINAL_RUN)
 
 
@@ -44,11 +49,7 @@ def read_snapshot(engine: Engine) -> MetricsSnapshot:
             .where(runs.c.status.in_(_TERMINAL))
             .group_by(runs.c.status, attempts.c.error_code)
         ).all()
-        active = conn.execute(
-            select(attempts.c.status, func.count())
-            .where(attempts.c.status.in_(_ACTIVE_ATTEMPTS))
-            .group_by(attempts.c.status)
-        ).all()
+        active = conn.execute(ACTIVE_BY_STATUS).all()
         journal = conn.execute(
             select(receipt_journal.c.state, func.count())
             .where(receipt_journal.c.state != CONSUMED)

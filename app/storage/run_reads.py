@@ -9,8 +9,10 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    BindParameter,
     ColumnElement,
     Engine,
+    Integer,
     Row,
     Select,
     and_,
@@ -33,6 +35,7 @@ from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.one_statement import OneStatementRead
 from app.storage.tables import (
+    ACTIVE_ATTEMPT,
     READY_PAGE_WHERE,
     RETRY_WAIT_WHERE,
     attempts,
@@ -148,8 +151,19 @@ _ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c]
 _ACTIVE = (
     select(attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
     .join(runs, runs.c.id == attempts.c.run_id)
-    .where(attempts.c.status.in_([AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value]))
+    .where(ACTIVE_ATTEMPT)
 )
+
+# A page's size as a literal of the statement, not a bind: PostgreSQL's generic plan of
+# ``ORDER BY id LIMIT $n`` guesses a tenth of the table and walks the primary key through
+# every ended attempt; with the size in the text it walks a partial index of the active ones
+# (tests/storage/test_partial_indexes.py). A few sizes are used, so a few statements.
+PAGE_LIMIT: BindParameter[int] = bindparam("page_limit", type_=Integer, literal_execute=True)
+
+
+def active_page(*where: ColumnElement[bool]) -> Select[Any]:
+    """The active attempts (``_ACTIVE``) meeting ``where``, by id, a page of ``page_limit``."""
+    return _ACTIVE.where(*where).order_by(attempts.c.id).limit(PAGE_LIMIT)
 
 
 _RUN_NAMES = tuple(c.name for c in runs.c)
@@ -189,16 +203,13 @@ _NEXT_RETRY = (
 )
 COUNT_QUEUED = select(func.count()).select_from(runs).where(runs.c.status == RunStatus.QUEUED.value)
 # One host's share (docs/several-hosts.md §3): its attempts starting or running
-# (ix_attempts_worker_instance_id_status).
+# (ix_attempts_worker_instance_id_status, whose predicate the query repeats as its own).
 COUNT_HOST_ACTIVE = (
     select(func.count())
     .select_from(attempts)
     .where(
         attempts.c.worker_instance_id == bindparam("count_instance"),
-        or_(
-            attempts.c.status == AttemptStatus.STARTING.value,
-            attempts.c.status == AttemptStatus.RUNNING.value,
-        ),
+        ACTIVE_ATTEMPT,
     )
 )
 
@@ -575,14 +586,16 @@ class RunReader:
     def _active_page(
         self, limit: int, after_id: str | None, *where: ColumnElement[bool]
     ) -> list[ActiveAttempt]:
-        query = _ACTIVE.where(*where, *self._own).order_by(attempts.c.id).limit(limit)
+        query = active_page(*where, *self._own)
         if after_id is not None:
             query = query.where(attempts.c.id > after_id)
-        return self._active(query)
+        return self._active(query, {PAGE_LIMIT.key: limit})
 
-    def _active(self, query: Select[Any]) -> list[ActiveAttempt]:
+    def _active(
+        self, query: Select[Any], params: dict[str, Any] | None = None
+    ) -> list[ActiveAttempt]:
         with UnitOfWork(self._engine, write=False) as uow:
-            rows = uow.conn.execute(query).all()
+            rows = uow.conn.execute(query, params or {}).all()
         return [_active_from_row(r) for r in rows]
 
 

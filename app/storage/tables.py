@@ -16,10 +16,11 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    literal_column,
     text,
 )
 
-from app.domain.states import RunStatus
+from app.domain.states import AttemptStatus, RunStatus
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -77,6 +78,12 @@ RETRY_WAIT_WHERE = f"status = '{RunStatus.QUEUED.value}' AND not_before_ms IS NO
 # The predicate of the schedule indexes: a run no schedule made is in neither (migration
 # 0010). A lookup by ``schedule_id = x`` implies it, on both engines.
 SCHEDULED_WHERE = "schedule_id IS NOT NULL"
+# The predicate of the attempt indexes by status (migration 0011): every read of them asks
+# for the attempts starting or running, and an attempt is in that state only between T1 and
+# its ending; its insert (claimed) and its ending (terminal) write none of them.
+ACTIVE_ATTEMPT_WHERE = (
+    f"status IN ('{AttemptStatus.STARTING.value}', '{AttemptStatus.RUNNING.value}')"
+)
 
 runs = Table(
     "runs",
@@ -193,9 +200,28 @@ attempts = Table(
     Column("worker_instance_id", ID, nullable=True),
     Column("lease_epoch", BigInteger, nullable=True),
     UniqueConstraint("run_id", "number"),
-    Index("ix_attempts_status_id", "status", "id"),
-    Index("ix_attempts_status_deadline_at_ms", "status", "deadline_at_ms"),
-    Index("ix_attempts_worker_instance_id_status", "worker_instance_id", "status"),
+    # Partial: the attempts starting or running only (ACTIVE_ATTEMPT_WHERE, migration 0011).
+    Index(
+        "ix_attempts_status_id",
+        "status",
+        "id",
+        postgresql_where=text(ACTIVE_ATTEMPT_WHERE),
+        sqlite_where=text(ACTIVE_ATTEMPT_WHERE),
+    ),
+    Index(
+        "ix_attempts_status_deadline_at_ms",
+        "status",
+        "deadline_at_ms",
+        postgresql_where=text(ACTIVE_ATTEMPT_WHERE),
+        sqlite_where=text(ACTIVE_ATTEMPT_WHERE),
+    ),
+    Index(
+        "ix_attempts_worker_instance_id_status",
+        "worker_instance_id",
+        "status",
+        postgresql_where=text(ACTIVE_ATTEMPT_WHERE),
+        sqlite_where=text(ACTIVE_ATTEMPT_WHERE),
+    ),
     # Partial: only the few expiring/expired rows. A plain index on a column that is NULL for
     # almost every row tempted PostgreSQL (before it had statistics on the new column) into
     # bitmap-scanning it for every candidate of the sweep.
@@ -215,6 +241,12 @@ run_events = Table(
     Column("type", String(48), nullable=False),
     Column("at_ms", MS, nullable=False),
     Column("data", Text, nullable=False),  # low-sensitivity canonical JSON only
+)
+
+# ACTIVE_ATTEMPT_WHERE as a read's term: the column qualified (a read may join runs, whose
+# status is another), the statuses literals, as the index's predicate has them.
+ACTIVE_ATTEMPT = attempts.c.status.in_(
+    [literal_column(f"'{s.value}'") for s in (AttemptStatus.STARTING, AttemptStatus.RUNNING)]
 )
 
 receipt_journal = Table(

@@ -1,8 +1,10 @@
-"""The partial indexes of ``runs`` serve the reads they are for (migration 0010).
+"""The partial indexes of ``runs`` and ``attempts`` serve the reads they are for
+(migrations 0010 and 0011).
 
-``ix_runs_retry_wait`` holds only the runs waiting for a retry's instant, and the two
-schedule indexes only the runs a schedule made, so an ordinary run's four writes never
-touch them (bench/README.md: the bytes each write statement logs). A partial index is
+``ix_runs_retry_wait`` holds only the runs waiting for a retry's instant, the two schedule
+indexes only the runs a schedule made, and the three status indexes of ``attempts`` only
+the attempts starting or running, so an ordinary run's writes touch them only between T1
+and its ending (bench/README.md: the bytes each write statement logs). A partial index is
 usable only when the planner can prove its predicate from the query's own terms, and a
 bound parameter proves nothing to a generic plan; these tests ask each engine which index
 it uses for the very statements the code runs, with every other way of reading ``runs``
@@ -22,34 +24,54 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import BigInteger, Engine, insert, text
+from sqlalchemy import BigInteger, Engine, bindparam, insert, text
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.types import NullType
 
 from app.domain.ids import uuid7
-from app.storage.run_reads import _NEXT_RETRY
+from app.storage.hosts_repo import HOST_ACTIVE_PAGE
+from app.storage.metrics_reads import ACTIVE_BY_STATUS
+from app.storage.run_reads import _NEXT_RETRY, COUNT_HOST_ACTIVE, active_page
 from app.storage.runs_repo import _ANY_DUE, _HELD_BY_ID, _PROMOTE_DUE
 from app.storage.schedules_repo import _ACTIVE_RUNS, _QUEUED_RUNS
-from app.storage.tables import runs
+from app.storage.tables import attempts, runs
 from tests.storage.helpers import define_task
 
 SCHEDULE = "0190d7a0-0000-7000-8000-000000000001"
 # Each statement, its parameters, and the indexes any of which serves it.
 RETRY = {"ix_runs_retry_wait"}
 SCHEDULED = {"ix_runs_schedule_id_status", "ix_runs_schedule_id_slot_ms"}
+HOST = {"ix_attempts_worker_instance_id_status"}
+ACTIVE = {"ix_attempts_status_id", "ix_attempts_status_deadline_at_ms"} | HOST
+INSTANCE = "0190d7a0-0000-7000-8000-0000000000aa"
+_OVERDUE = (attempts.c.deadline_at_ms <= 5_000) | runs.c.cancel_reason.is_not(None)
+_OWN = (attempts.c.worker_instance_id == INSTANCE) | attempts.c.worker_instance_id.is_(None)
 CASES: list[tuple[str, ClauseElement, dict[str, Any], set[str]]] = [
     ("next retry", _NEXT_RETRY, {"after": 5_000}, RETRY),
     ("any due", _ANY_DUE, {"now": 5_000}, RETRY),
     ("promote due", _PROMOTE_DUE, {"now": 5_000, "limit": 256}, RETRY),
     ("schedule's active runs", _ACTIVE_RUNS, {"schedule_id": SCHEDULE}, SCHEDULED),
     ("schedule's queued runs", _QUEUED_RUNS, {"schedule_id": SCHEDULE}, SCHEDULED),
+    ("reconciler's page", active_page(), {"page_limit": 16}, ACTIVE),
+    (
+        "a host's reconciler page",
+        active_page(_OWN).where(attempts.c.id > bindparam("after")),
+        {"page_limit": 16, "after": INSTANCE},
+        ACTIVE,
+    ),
+    ("stop candidates", active_page(_OVERDUE), {"page_limit": 16}, ACTIVE),
+    ("metrics' active attempts", ACTIVE_BY_STATUS, {}, ACTIVE),
+    ("a host's share", COUNT_HOST_ACTIVE, {"count_instance": INSTANCE}, HOST),
+    ("a lost host's page", HOST_ACTIVE_PAGE, {"instance": INSTANCE, "limit": 16}, HOST),
 ]
 
 
 def _fill(engine: Engine) -> str:
     """3,000 ended runs no schedule made, 40 runs of schedules (one of them held behind
-    its schedule's older slots), 20 waiting for a retry; the held run's id."""
+    its schedule's older slots), 20 waiting for a retry; each run's attempt, 20 of them
+    starting or running (half on one host); the held run's id."""
     rows: list[dict[str, Any]] = []
+    tries: list[dict[str, Any]] = []
     for i in range(3_060):
         scheduled, waiting = 3_000 <= i < 3_040, i >= 3_040
         rows.append(
@@ -61,8 +83,17 @@ def _fill(engine: Engine) -> str:
              "slot_ms": i if scheduled else None,
              "hold_from_slot_ms": 3_000 if i == 3_039 else None}
         )  # fmt: skip
+        active = 3_000 <= i < 3_020
+        tries.append(
+            {"id": uuid7(), "run_id": rows[-1]["id"], "number": 1, "executor": "local",
+             "status": ("running" if i % 2 else "starting") if active
+             else "claimed" if i >= 3_000 else "succeeded",
+             "created_at_ms": 1_000 + i, "callback_sequence": 0,
+             "deadline_at_ms": 2_000 + i, "worker_instance_id": INSTANCE if i % 2 else None}
+        )  # fmt: skip
     with engine.begin() as conn:
         conn.execute(insert(runs), rows)
+        conn.execute(insert(attempts), tries)
         conn.execute(text("ANALYZE"))
     return str(rows[3_039]["id"])
 
@@ -100,12 +131,13 @@ def _pg_indexes(engine: Engine, statement: Any, params: dict[str, Any]) -> set[s
         cursor = psycopg.ClientCursor(raw.dbapi_connection)
         cursor.execute("SET plan_cache_mode = force_generic_plan")
         cursor.execute("SET enable_seqscan = off")
-        cursor.execute(f"PREPARE probe ({', '.join(types)}) AS {numbered}")
-        casts = ", ".join(f"%s::{t}" for t in types)
-        cursor.execute(f"EXPLAIN (FORMAT JSON) EXECUTE probe({casts})", [args[n] for n in names])
+        declared = f"({', '.join(types)})" if types else ""
+        cursor.execute(f"PREPARE probe {declared} AS {numbered}")
+        casts = f"({', '.join(f'%s::{t}' for t in types)})" if types else ""
+        cursor.execute(f"EXPLAIN (FORMAT JSON) EXECUTE probe{casts}", [args[n] for n in names])
         (plan,) = cursor.fetchone()
     finally:
-        raw.rollback()  # undoes the SETs and the PREPARE, all made in this transaction
+        raw.invalidate()  # the session's settings and its prepared probe go with it
         raw.close()
     plan = plan if isinstance(plan, list) else json.loads(plan)
     return {n["Index Name"] for n in _nodes(plan[0]["Plan"]) if "Index Name" in n}
@@ -135,7 +167,7 @@ def _sqlite_indexes(engine: Engine, statement: ClauseElement, params: dict[str, 
 @pytest.mark.parametrize(
     ("what", "statement", "params", "served_by"), CASES, ids=[c[0] for c in CASES]
 )
-def test_the_reads_of_waiting_retries_and_of_a_schedule_walk_their_partial_index(
+def test_each_read_of_a_partial_index_walks_it(
     engine: Engine,
     what: str,
     statement: ClauseElement,
