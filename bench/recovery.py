@@ -21,7 +21,7 @@ from app.storage.engine import make_engine
 from app.worker.receipts import ReceiptStore
 from bench.report import Figure, Report
 from bench.stack import database, start_worker, stop
-from bench.trivial import commit_rate, wait_terminal
+from bench.trivial import POLL_NEAR_END_S, commit_rate, wait_terminal
 from tests.worker.kit import dead_handle, running_run, write_receipt
 
 
@@ -56,7 +56,7 @@ def run_recovery(report: Report, *, pg: str | None, count: int) -> None:
                 t0 = time.perf_counter()
                 worker = start_worker(data, url)
                 try:
-                    done = wait_terminal(engine, count, timeout_s=120)
+                    done = wait_terminal(engine, count, timeout_s=120, far_s=POLL_NEAR_END_S)
                     elapsed = time.perf_counter() - t0
                 finally:
                     stop(worker)

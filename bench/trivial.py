@@ -123,9 +123,12 @@ POLL_NEAR_END_S = 0.01
 POLL_FAR_S = 0.05
 
 
-def wait_terminal(engine: Engine, count: int, timeout_s: float) -> bool:
+def wait_terminal(
+    engine: Engine, count: int, timeout_s: float, far_s: float = POLL_FAR_S
+) -> bool:
     """Poll the database until ``count`` runs are terminal (bounded): every 10 ms once at
-    most a twentieth of them (or ten) is left, every 50 ms before."""
+    most a twentieth of them (or ten) is left, every ``far_s`` before (a caller whose runs
+    may all end at once, as a recovery's do, passes ``POLL_NEAR_END_S``)."""
     query = text(f"SELECT count(*) FROM runs WHERE status IN {TERMINAL!r}")
     deadline = time.monotonic() + timeout_s
     near = max(10, count // 20)
@@ -134,7 +137,7 @@ def wait_terminal(engine: Engine, count: int, timeout_s: float) -> bool:
             left = count - conn.execute(query).scalar_one()
         if left <= 0:
             return True
-        time.sleep(POLL_NEAR_END_S if left <= near else POLL_FAR_S)
+        time.sleep(POLL_NEAR_END_S if left <= near else far_s)
     return False
 
 

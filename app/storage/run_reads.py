@@ -161,6 +161,15 @@ _ACTIVE = (
 PAGE_LIMIT: BindParameter[int] = bindparam("page_limit", type_=Integer, literal_execute=True)
 
 
+def own_attempts(worker_instance_id: str) -> ColumnElement[bool]:
+    """The attempts a worker of several hosts sees: its instance's, and those from before
+    migration 0008, which name none (docs/several-hosts.md §2)."""
+    return or_(
+        attempts.c.worker_instance_id == worker_instance_id,
+        attempts.c.worker_instance_id.is_(None),
+    )
+
+
 def active_page(*where: ColumnElement[bool]) -> Select[Any]:
     """The active attempts (``_ACTIVE``) meeting ``where``, by id, a page of ``page_limit``."""
     return _ACTIVE.where(*where).order_by(attempts.c.id).limit(PAGE_LIMIT)
@@ -247,12 +256,7 @@ class RunReader:
         self._host_budget: str | None = None  # see ``budget_per_host``
         self._own: list[ColumnElement[bool]] = []
         if worker_instance_id is not None:
-            self._own = [
-                or_(
-                    attempts.c.worker_instance_id == worker_instance_id,
-                    attempts.c.worker_instance_id.is_(None),
-                )
-            ]
+            self._own = [own_attempts(worker_instance_id)]
         self._one_run = OneStatementRead(
             engine,
             select(runs, *_ATTEMPT_COLUMNS)

@@ -6,14 +6,16 @@ indexes only the runs a schedule made, and the three status indexes of ``attempt
 the attempts starting or running, so an ordinary run's writes touch them only between T1
 and its ending (bench/README.md: the bytes each write statement logs). A partial index is
 usable only when the planner can prove its predicate from the query's own terms, and a
-bound parameter proves nothing to a generic plan; these tests ask each engine which index
-it uses for the very statements the code runs, with every other way of reading ``runs``
-made as costly as the engine allows:
+bound parameter proves nothing to a generic plan. These tests check each index's predicate
+as the engine stores it, and ask each engine which index it uses for the statements the
+code builds, over tables where the partial indexes hold a small part of the rows:
 
 - PostgreSQL: the generic plan of the prepared statement (what a hot statement keeps), with
-  sequential scans disabled and fresh statistics of a table where the partial indexes are
-  a small part of it.
-- SQLite: ``EXPLAIN QUERY PLAN`` after ``ANALYZE``.
+  sequential scans disabled and fresh statistics. This is where a bound status or LIMIT
+  shows: the generic plan cannot use the index or prefers the primary key.
+- SQLite: ``EXPLAIN QUERY PLAN`` after ``ANALYZE``. SQLite plans with the bound values in
+  hand, so it catches a predicate written differently from the index's (an attempt read
+  with a bound ``IN (?, ?)`` walked the primary key), not a bound one.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from sqlalchemy.types import NullType
 from app.domain.ids import uuid7
 from app.storage.hosts_repo import HOST_ACTIVE_PAGE
 from app.storage.metrics_reads import ACTIVE_BY_STATUS
-from app.storage.run_reads import _NEXT_RETRY, COUNT_HOST_ACTIVE, active_page
+from app.storage.run_reads import _NEXT_RETRY, COUNT_HOST_ACTIVE, active_page, own_attempts
 from app.storage.runs_repo import _ANY_DUE, _HELD_BY_ID, _PROMOTE_DUE
 from app.storage.schedules_repo import _ACTIVE_RUNS, _QUEUED_RUNS
 from app.storage.tables import attempts, runs
@@ -45,7 +47,6 @@ HOST = {"ix_attempts_worker_instance_id_status"}
 ACTIVE = {"ix_attempts_status_id", "ix_attempts_status_deadline_at_ms"} | HOST
 INSTANCE = "0190d7a0-0000-7000-8000-0000000000aa"
 _OVERDUE = (attempts.c.deadline_at_ms <= 5_000) | runs.c.cancel_reason.is_not(None)
-_OWN = (attempts.c.worker_instance_id == INSTANCE) | attempts.c.worker_instance_id.is_(None)
 CASES: list[tuple[str, ClauseElement, dict[str, Any], set[str]]] = [
     ("next retry", _NEXT_RETRY, {"after": 5_000}, RETRY),
     ("any due", _ANY_DUE, {"now": 5_000}, RETRY),
@@ -55,7 +56,7 @@ CASES: list[tuple[str, ClauseElement, dict[str, Any], set[str]]] = [
     ("reconciler's page", active_page(), {"page_limit": 16}, ACTIVE),
     (
         "a host's reconciler page",
-        active_page(_OWN).where(attempts.c.id > bindparam("after")),
+        active_page(own_attempts(INSTANCE)).where(attempts.c.id > bindparam("after")),
         {"page_limit": 16, "after": INSTANCE},
         ACTIVE,
     ),
@@ -179,6 +180,35 @@ def test_each_read_of_a_partial_index_walks_it(
     probe = _pg_indexes if engine.dialect.name == "postgresql" else _sqlite_indexes
     used = probe(engine, statement, params)
     assert used & served_by, (what, used)
+
+
+# Each partial index, and a piece of the predicate the engine stores for it.
+PARTIAL = {
+    "ix_runs_ready_page": "not_before_ms IS NULL",
+    "ix_runs_retry_wait": "not_before_ms IS NOT NULL",
+    "ix_runs_schedule_id_slot_ms": "schedule_id IS NOT NULL",
+    "ix_runs_schedule_id_status": "schedule_id IS NOT NULL",
+    "ix_attempts_status_id": "running",
+    "ix_attempts_status_deadline_at_ms": "running",
+    "ix_attempts_worker_instance_id_status": "running",
+}
+
+
+def test_each_index_that_only_some_reads_walk_is_partial(engine: Engine) -> None:
+    """The names above could as well be full indexes and the plans still name them: the
+    stored definitions say what each one holds."""
+    if engine.dialect.name == "postgresql":
+        query = "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
+    else:
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+    with engine.connect() as conn:
+        stored = {name: sql for name, sql in conn.execute(text(query))}
+    for name, piece in PARTIAL.items():
+        sql = " ".join(stored[name].split())
+        where = sql.upper().partition(" WHERE ")[2]
+        assert where and piece.upper() in where, (name, sql)
+    unique = stored["ix_runs_schedule_id_slot_ms"].upper()
+    assert "UNIQUE" in unique, unique
 
 
 def test_the_hold_check_probes_its_schedule_by_the_partial_slot_index(engine: Engine) -> None:

@@ -39,17 +39,13 @@ def _partial(where: str) -> dict[str, sa.TextClause]:
 def upgrade() -> None:
     op.create_index("ix_runs_retry_wait", "runs", ["not_before_ms"], **_partial(_RETRY_WAIT))
     op.drop_index("ix_runs_ready_order", table_name="runs")
-    # Made under a new name first, so the slot rule holds at every moment of the upgrade.
-    op.create_index(
-        "ix_runs_schedule_slot_new", "runs", ["schedule_id", "slot_ms"], unique=True,
-        **_partial(_SCHEDULED),
-    )  # fmt: skip
+    # Dropped and made again in the migration's one transaction (on both engines), so no
+    # other transaction sees a moment without the slot rule.
     op.drop_index("ix_runs_schedule_id_slot_ms", table_name="runs")
     op.create_index(
         "ix_runs_schedule_id_slot_ms", "runs", ["schedule_id", "slot_ms"], unique=True,
         **_partial(_SCHEDULED),
     )  # fmt: skip
-    op.drop_index("ix_runs_schedule_slot_new", table_name="runs")
     op.drop_index("ix_runs_schedule_id_status", table_name="runs")
     op.create_index(
         "ix_runs_schedule_id_status", "runs", ["schedule_id", "status"], **_partial(_SCHEDULED)
