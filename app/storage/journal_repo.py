@@ -24,6 +24,8 @@ from sqlalchemy import (
     Engine,
     Row,
     String,
+    Text,
+    Update,
     bindparam,
     delete,
     exists,
@@ -64,8 +66,10 @@ __all__ = [
     "JournalEntry",
     "JournalRepository",
     "NotStarting",
+    "consumed_move",
     "mark_consumed_in",
     "mark_spawned_in",
+    "spawned_move",
 ]
 # From which states each target may be reached; anything else is refused (no row changes).
 _FROM: dict[str, frozenset[str]] = {
@@ -387,6 +391,40 @@ class JournalRepository:
             moved = _move_in(uow.conn, attempt_id, target, values)
             uow.commit()
         return moved
+
+
+# The moves as writes a transition's statement carries (one_step.Writes): every value a
+# bound parameter named apart from every column of runs, attempts and the journal.
+_RIDING_MOVES = {
+    target: update(receipt_journal)
+    .where(
+        receipt_journal.c.attempt_id == bindparam("jm_where_attempt"),
+        receipt_journal.c.state.in_(sorted(sources)),
+    )
+    .values(
+        state=bindparam("jm_state", type_=String),
+        updated_at_ms=bindparam("jm_updated_at_ms", type_=BigInteger),
+        **({"handle": bindparam("jm_handle", type_=Text)} if target == SPAWNED else {}),
+    )
+    for target, sources in _FROM.items()
+    if target in (SPAWNED, CONSUMED)
+}
+
+
+def spawned_move(attempt_id: str, handle: ProcessHandle) -> tuple[Update, dict[str, Any]]:
+    """reserved → spawned with the handle, as a write riding in T2's statement."""
+    params = _riding_params(attempt_id, SPAWNED)
+    params["jm_handle"] = json.dumps(handle.to_dict(), sort_keys=True)
+    return _RIDING_MOVES[SPAWNED], params
+
+
+def consumed_move(attempt_id: str) -> tuple[Update, dict[str, Any]]:
+    """→ consumed, as a write riding in a completion's statement."""
+    return _RIDING_MOVES[CONSUMED], _riding_params(attempt_id, CONSUMED)
+
+
+def _riding_params(attempt_id: str, target: str) -> dict[str, Any]:
+    return {"jm_where_attempt": attempt_id, "jm_state": target, "jm_updated_at_ms": now_ms()}
 
 
 def mark_spawned_in(conn: Connection, attempt_id: str, handle: ProcessHandle) -> bool:

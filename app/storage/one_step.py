@@ -19,6 +19,12 @@ uncorrelated EXISTS runs before the attempt's scan), the order every transaction
 writes both keeps. Callers have read and, on PostgreSQL, locked both rows already.
 
 SQLite has no data-modifying CTE: it keeps the three statements (no round trip there).
+
+A step may also carry other writes of its transaction (``Writes``: the receipt journal's
+move in T2 and in a completion): each is one more data-modifying CTE of the statement,
+run whatever the CASes found (as its own statement ran before), and its row count comes
+back by name. They change rows the CASes do not touch, so the order inside the statement
+changes no lock order: the caller read and locked run and attempt before.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from sqlalchemy import (
     CTE,
     Connection,
     Select,
+    Update,
     bindparam,
     exists,
     func,
     insert,
+    literal_column,
     select,
     union_all,
     update,
@@ -43,19 +51,32 @@ from app.storage.tables import attempts, run_events, runs
 
 # Counts a statement takes besides its writes, by name: a one-column count and its parameters.
 Counts = Mapping[str, tuple[Select[Any], Mapping[str, Any]]]
+# Other writes a step's statement carries, by name: an UPDATE (the same one for a name, its
+# SET values and conditions all bound) and its parameters. See ``run_writes``.
+Writes = Mapping[str, tuple[Update, Mapping[str, Any]]]
 _EVENT_COLUMNS = ("run_id", "seq", "type", "at_ms", "data")
 _COLUMN_NAMES = frozenset(runs.c.keys()) | frozenset(attempts.c.keys())
 _STATEMENTS: dict[
-    tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...]], Select[Any]
+    tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...], tuple[str, ...]], Select[Any]
 ] = {}
 
 
+def run_writes(conn: Connection, writes: Writes) -> dict[str, int]:
+    """``writes`` as statements of their own (SQLite, or a step that is not one statement):
+    the rows each changed, by name."""
+    return {name: int(conn.execute(w, params).rowcount) for name, (w, params) in writes.items()}
+
+
 def _statement(
-    run_keys: tuple[str, ...], attempt_keys: tuple[str, ...], events: int, counts: Counts
+    run_keys: tuple[str, ...],
+    attempt_keys: tuple[str, ...],
+    events: int,
+    counts: Counts,
+    writes: Writes,
 ) -> Select[Any]:
-    """The statement for these SET columns, this many events and these counts (built once
-    per shape; a count is known by its name)."""
-    key = (run_keys, attempt_keys, events, tuple(counts))
+    """The statement for these SET columns, this many events, these counts and writes
+    (built once per shape; a count or a write is known by its name)."""
+    key = (run_keys, attempt_keys, events, tuple(counts), tuple(writes))
     found = _STATEMENTS.get(key)
     if found is not None:
         return found
@@ -77,7 +98,11 @@ def _statement(
         .returning(attempts.c.id)
         .cte("a")
     )
-    statement = _counts(run_cte, attempt_cte, _events_after(attempt_cte, events))
+    riding = [
+        w.returning(literal_column("1").label("one")).cte(f"w_{name}")
+        for name, (w, _params) in writes.items()
+    ]
+    statement = _counts(run_cte, attempt_cte, _events_after(attempt_cte, events), *riding)
     statement = _with_counts(statement, counts)
     _STATEMENTS[key] = statement
     return statement
@@ -113,15 +138,20 @@ def _with_counts(statement: Select[Any], counts: Counts) -> Select[Any]:
 
 
 def _execute(
-    conn: Connection, statement: Select[Any], params: dict[str, Any], written: int, counts: Counts
+    conn: Connection,
+    statement: Select[Any],
+    params: dict[str, Any],
+    written: int,
+    counts: Counts,
+    writes: Writes | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, int]]:
-    """The statement's first ``written`` columns, and its counts by name. A count's
-    parameter may not be named as a column: the UPDATEs and INSERTs would take it for a
-    value to write."""
-    for _count, count_params in counts.values():
-        if set(count_params) & _COLUMN_NAMES:
-            raise ValueError(f"count parameters named as columns: {sorted(count_params)}")
-        params.update(count_params)
+    """The statement's first ``written`` columns, and its counts by name. A count's or a
+    write's parameter may not be named as a column: the UPDATEs and INSERTs would take it
+    for a value to write."""
+    for _sql, more in [*counts.values(), *(writes or {}).values()]:
+        if set(more) & _COLUMN_NAMES or set(more) & set(params):
+            raise ValueError(f"parameters named as columns or taken: {sorted(more)}")
+        params.update(more)
     row = tuple(conn.execute(statement, params).one())
     return row[:written], {name: int(n) for name, n in zip(counts, row[written:], strict=True)}
 
@@ -137,14 +167,18 @@ def write_step(
     attempt_values: dict[str, Any],
     event_rows: list[dict[str, Any]],
     counts: Counts | None = None,
+    writes: Writes | None = None,
 ) -> tuple[bool, dict[str, int]]:
     """Run CAS, attempt CAS and events in one statement; False (nothing kept but, at most,
-    the run row, for the caller to roll back) when either CAS found its row moved.
+    the run row and ``writes``, for the caller to roll back) when either CAS found its row
+    moved.
 
     ``counts``, taken in the same statement, come back by name. Their snapshot is the
-    statement's: they do not see its own writes.
+    statement's: they do not see its own writes. ``writes`` run in the same statement
+    whatever the CASes find; the rows each changed come back by name with the counts.
     """
     counts = counts or {}
+    writes = writes or {}
     if not event_rows:
         raise ValueError("a step appends its events")
     run_keys = tuple(sorted(run_values))
@@ -159,8 +193,10 @@ def write_step(
     params.update({f"a_{k}": v for k, v in attempt_values.items()})
     for i, row in enumerate(event_rows):
         params.update({f"e{i}_{c}": row[c] for c in _EVENT_COLUMNS})
-    statement = _statement(run_keys, attempt_keys, len(event_rows), counts)
-    (ran, moved, appended), counted = _execute(conn, statement, params, 3, counts)
+    statement = _statement(run_keys, attempt_keys, len(event_rows), counts, writes)
+    wrote, counted = _execute(conn, statement, params, 3 + len(writes), counts, writes)
+    ran, moved, appended = wrote[:3]
+    counted |= {name: int(n) for name, n in zip(writes, wrote[3:], strict=True)}
     return bool(ran == 1 and moved == 1 and appended == len(event_rows)), counted
 
 

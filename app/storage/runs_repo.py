@@ -59,10 +59,15 @@ from app.domain.states import (
     transition_run_to_retry,
 )
 from app.storage.definitions_repo import retry_of_body, revision_row
-from app.storage.journal_repo import mark_consumed_in, mark_spawned_in
+from app.storage.journal_repo import (
+    consumed_move,
+    mark_consumed_in,
+    mark_spawned_in,
+    spawned_move,
+)
 from app.storage.lease_repo import lease_current_in
 from app.storage.one_statement import OneStatementRead
-from app.storage.one_step import Counts, insert_run, write_step
+from app.storage.one_step import Counts, Writes, insert_run, run_writes, write_step
 from app.storage.run_reads import (
     COUNT_ACTIVE,
     COUNT_HOST_ACTIVE,
@@ -438,23 +443,30 @@ class RunRepository:
                 pair: tuple[Any, Any] | None = _load_pair(conn, run_id, attempt_id)
             except NotFound:
                 pair = None
-            if not mark_spawned_in(conn, attempt_id, handle):
-                return "not_reserved"
-            if pair is None:
-                uow.commit()
-                return "spawned"
-            try:
-                # Refusals are raised before T2's first write (the transition rules), so what
-                # stands in the transaction is the journal's move.
-                _to_running(conn, *pair, started_at_ms, handle)
-            except InvalidTransition:
-                uow.commit()
-                return "spawned"
-            except VersionConflict:
-                pass  # a CAS lost after the read (never under the locks): start again below
-            else:
+            written: _Written | None = None
+            lost_cas = False
+            if pair is not None:
+                try:
+                    # The journal's move rides in T2's statement (one round trip less).
+                    # Refusals are raised before any write (the transition rules).
+                    written = _to_running(
+                        conn, *pair, started_at_ms, handle,
+                        writes={"journal": spawned_move(attempt_id, handle)},
+                    )  # fmt: skip
+                except InvalidTransition:
+                    pass  # T2 refused: the journal's move stands alone, below
+                except VersionConflict:
+                    lost_cas = True  # after the read (never under the locks): start again
+            if written is not None:
+                if written.counts["journal"] != 1:
+                    return "not_reserved"  # rolled back: no T2 without its journal entry
                 uow.commit()
                 return "running"
+            if not lost_cas:
+                if not mark_spawned_in(conn, attempt_id, handle):
+                    return "not_reserved"
+                uow.commit()
+                return "spawned"
         with UnitOfWork(self._engine, grouped=True) as uow:
             moved = mark_spawned_in(uow.conn, attempt_id, handle)
             uow.commit()
@@ -650,9 +662,9 @@ class RunRepository:
                 attempt_values=values,
                 attempt_data=data,
                 error_code=None,
+                # The journal's consumed in the ending's own statement (one round trip less).
+                writes={"journal": consumed_move(attempt_id)} if consume_receipt else None,
             )
-            if consume_receipt:
-                mark_consumed_in(conn, attempt_id)
             uow.commit()
             # ``queued`` when a retry follows: the run's one terminal event is still to come.
             status = written.run_values["status"]
@@ -898,9 +910,11 @@ def end_attempt_in(
     attempt_values: dict[str, Any],
     attempt_data: dict[str, Any],
     error_code: str | None,
+    writes: Writes | None = None,
 ) -> _Written:
     """Record an attempt's ending inside ``conn``'s transaction: the one place every path
     that ends an attempt (completion, timeout, start failure, recovery) comes through.
+    ``writes`` as in ``_step`` (their row counts in ``_Written.counts``).
 
     When the revision's retry policy asks for another attempt (app/domain/retry.py), the
     same transaction appends attempt n+1 ``claimed`` with its ``not_before_ms`` (jitter drawn
@@ -921,6 +935,7 @@ def end_attempt_in(
             run_values={"finished_at_ms": finished_at_ms},
             attempt_data=attempt_data,
             order="attempt_first",
+            writes=writes,
         )
     transition_attempt(AttemptStatus(attempt_row.status), ending)
     transition_run_to_retry(RunStatus(run_row.status))
@@ -955,7 +970,7 @@ def end_attempt_in(
         ],
     )  # fmt: skip
     run_values["version"] = run_row.version + 3
-    return _Written(run_row, None, run_values, fresh)
+    return _Written(run_row, None, run_values, fresh, run_writes(conn, writes or {}))
 
 
 def _retry_at(
@@ -1060,9 +1075,11 @@ def _to_running(
     attempt_row: Any,
     started_at_ms: int,
     handle: ProcessHandle | None = None,
+    writes: Writes | None = None,
 ) -> _Written:
     """Attempt and run ``running`` from ``started_at_ms``: T2 with the durable ``handle``, or
-    a completion's catch-up (no handle). Refusals raise before any write."""
+    a completion's catch-up (no handle). Refusals raise before any write (``writes`` as in
+    ``_step``)."""
     attempt_values: dict[str, Any] = {"started_at_ms": started_at_ms}
     if handle is not None:
         attempt_values["handle"] = json.dumps(handle.to_dict(), sort_keys=True)
@@ -1077,6 +1094,7 @@ def _to_running(
         # A retry's start keeps the run's first one (docs/retries.md §2).
         run_values={"started_at_ms": run_row.started_at_ms or started_at_ms},
         order="attempt_first",
+        writes=writes,
     )
 
 
@@ -1171,6 +1189,7 @@ def _step(
     attempt_data: dict[str, Any] | None = None,
     order: Literal["run_first", "attempt_first"],
     counts: Counts | None = None,
+    writes: Writes | None = None,
 ) -> _Written:
     """Move run and attempt together: two CAS updates and two events, one version each.
 
@@ -1179,6 +1198,9 @@ def _step(
 
     ``counts`` (PostgreSQL only): count statements and their parameters, by name, taken in
     the step's own statement (``_Written.counts``); they do not see the step's own writes.
+    ``writes``: other writes of the transaction, in the step's statement on PostgreSQL (one
+    round trip less each), after its writes on SQLite; the rows each changed come back in
+    ``_Written.counts`` by name. A refusal raises before any of them.
     """
     transition_run(RunStatus(run_row.status), run_to)
     transition_attempt(AttemptStatus(attempt_row.status), attempt_to)
@@ -1201,6 +1223,7 @@ def _step(
             attempt_values={"status": attempt_to.value, **(attempt_values or {})},
             event_rows=_event_rows(run_row.id, run_row.version + 1, at, events),
             counts=counts,
+            writes=writes,
         )
         if not took:
             raise VersionConflict(run_row.id)
@@ -1210,6 +1233,7 @@ def _step(
         _cas_run(conn, run_row, 2, run_set)
         _update_attempt(conn, attempt_row, attempt_to, attempt_values or {})
         _append_events(conn, run_row.id, run_row.version + 1, at, events)
+        counted = run_writes(conn, writes or {})
     return _Written(
         run_row,
         attempt_row,

@@ -158,20 +158,23 @@ def test_the_journal_mark_is_part_of_the_terminal_transaction(
 ) -> None:
     armed = env.running()
     path = env.publish(armed, exit_code=0)
-    real = runs_repo_module.mark_consumed_in
+    real = runs_repo_module.end_attempt_in
 
-    def mark_then_crash(conn: Any, attempt_id: str) -> bool:
-        real(conn, attempt_id)
+    def end_then_crash(*args: Any, **kwargs: Any) -> Any:
+        # The ending and the journal's consumed are written (one statement on PostgreSQL,
+        # the journal's after the step's on SQLite), not yet committed.
+        written = real(*args, **kwargs)
+        assert written.counts == {"journal": 1}
         raise RuntimeError("injected crash after the journal step, before the commit")
 
-    monkeypatch.setattr(runs_repo_module, "mark_consumed_in", mark_then_crash)
+    monkeypatch.setattr(runs_repo_module, "end_attempt_in", end_then_crash)
     with pytest.raises(RuntimeError):
         env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
     # Both rolled back together: neither the ending nor the consumed mark exists.
     assert env.run(armed).status == "running" and path.exists()
     entry = env.journal.get(armed.attempt_id)
     assert entry is not None and entry.state == "spawned"
-    monkeypatch.setattr(runs_repo_module, "mark_consumed_in", real)
+    monkeypatch.setattr(runs_repo_module, "end_attempt_in", real)
     result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
     assert (result.status, result.run_status) == ("applied", "succeeded")
     entry = env.journal.get(armed.attempt_id)

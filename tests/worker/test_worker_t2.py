@@ -89,11 +89,17 @@ def test_an_entry_not_reserved_writes_nothing(engine: Engine) -> None:
     assert journal.mark_fenced(attempt_id=armed.attempt_id)  # recovery took the attempt
     runs = RunRepository(engine)
     before = [e.type for e in events(engine, armed.run_id)]
+    run_before = RunReader(engine).get_run(armed.run_id)
     written = _record(runs, armed)
     assert written == "not_reserved"
     state, journal_handle, attempt_handle = _stored(engine, armed)
     assert (state, journal_handle, attempt_handle) == ("fenced", None, None)
     assert [e.type for e in events(engine, armed.run_id)] == before
+    # T2 (written with the journal's move in one statement on PostgreSQL) was rolled back.
+    run = RunReader(engine).get_run(armed.run_id)
+    assert (run.status, run.version) == (run_before.status, run_before.version)
+    assert run.status == "dispatching"
+    assert run.latest_attempt is not None and run.latest_attempt.status == "starting"
 
 
 def test_an_owned_reserve_stamps_the_attempt_with_its_instance_and_epoch(engine: Engine) -> None:
