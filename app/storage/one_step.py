@@ -57,7 +57,8 @@ Writes = Mapping[str, tuple[Update, Mapping[str, Any]]]
 _EVENT_COLUMNS = ("run_id", "seq", "type", "at_ms", "data")
 _COLUMN_NAMES = frozenset(runs.c.keys()) | frozenset(attempts.c.keys())
 _STATEMENTS: dict[
-    tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...], tuple[str, ...]], Select[Any]
+    tuple[tuple[str, ...], tuple[str, ...], int, tuple[str, ...], tuple[tuple[str, Update], ...]],
+    Select[Any],
 ] = {}
 
 
@@ -75,8 +76,15 @@ def _statement(
     writes: Writes,
 ) -> Select[Any]:
     """The statement for these SET columns, this many events, these counts and writes
-    (built once per shape; a count or a write is known by its name)."""
-    key = (run_keys, attempt_keys, events, tuple(counts), tuple(writes))
+    (built once per shape; a count is known by its name, a write by its name and its
+    UPDATE, a statement built once by its caller)."""
+    key = (
+        run_keys,
+        attempt_keys,
+        events,
+        tuple(counts),
+        tuple((n, w) for n, (w, _p) in writes.items()),  # the key holds the UPDATE itself
+    )
     found = _STATEMENTS.get(key)
     if found is not None:
         return found
