@@ -153,11 +153,12 @@ def _execute(
     counts: Counts,
     writes: Writes | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, int]]:
-    """The statement's first ``written`` columns, and its counts by name. A count's or a
-    write's parameter may not be named as a column: the UPDATEs and INSERTs would take it
-    for a value to write."""
+    """The statement's first ``written`` columns, and its counts by name. No parameter of a
+    count or a write may be named as a column of a table the statement writes: that
+    table's UPDATE or INSERT would take it for a value to write."""
+    columns = _COLUMN_NAMES.union(*(w.table.c.keys() for w, _p in (writes or {}).values()))
     for _sql, more in [*counts.values(), *(writes or {}).values()]:
-        if set(more) & _COLUMN_NAMES or set(more) & set(params):
+        if set(more) & columns or set(more) & set(params):
             raise ValueError(f"parameters named as columns or taken: {sorted(more)}")
         params.update(more)
     row = tuple(conn.execute(statement, params).one())

@@ -25,6 +25,7 @@ from app.domain.execution import LaunchRequest, Leftovers
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle, RunEvent
 from app.domain.receipt import Receipt, encode_receipt
+from app.domain.retry import RetryPolicy
 from app.domain.tokens import new_callback_token
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.journal_repo import JournalRepository
@@ -58,12 +59,13 @@ class Armed:
     token: str
 
 
-def armed_run(engine: Engine, *, task: str = "job") -> Armed:
-    """Enqueue a run of a local_process task and arm it with begin_dispatch (T1)."""
+def armed_run(engine: Engine, *, task: str = "job", retry: RetryPolicy | None = None) -> Armed:
+    """Enqueue a run of a local_process task (with ``retry``, its revision's retry policy)
+    and arm it with begin_dispatch (T1)."""
     defs = DefinitionRepository(engine)
     defs.put_revision(
         task=task, revision=1, executor="local_process", argv=["true"], cwd=None,
-        recipe=None, timeout_seconds=None, priority=0,
+        recipe=None, timeout_seconds=None, priority=0, retry=retry,
     )
     runs = RunRepository(engine)
     run, _ = runs.enqueue_run(task=task, revision=1, priority=None)

@@ -20,6 +20,7 @@ from app.domain.artifacts import log_relpath, quarantine_relpath, receipt_relpat
 from app.domain.ids import now_ms, uuid7
 from app.domain.model import LogInfo, ProcessHandle
 from app.domain.receipt import Receipt, encode_receipt
+from app.domain.retry import RetryPolicy
 from app.execution.completion import CompletionService
 from app.storage.journal_repo import CONSUMED, QUARANTINED, JournalRepository
 from app.storage.run_reads import RunReader
@@ -44,8 +45,8 @@ class Env:
             log_facts=LogFacts(self.logs),
         )
 
-    def running(self) -> Armed:
-        armed = armed_run(self.engine)
+    def running(self, retry: RetryPolicy | None = None) -> Armed:
+        armed = armed_run(self.engine, retry=retry)
         self.journal.reserve(
             attempt_id=armed.attempt_id, run_id=armed.run_id,
             receipt_ref=receipt_relpath(armed.attempt_id),
@@ -180,6 +181,38 @@ def test_the_journal_mark_is_part_of_the_terminal_transaction(
     entry = env.journal.get(armed.attempt_id)
     assert entry is not None and entry.state == CONSUMED
     assert terminal_events(env.engine, armed.run_id) == ["attempt.succeeded", "run.succeeded"]
+    assert not path.exists()
+
+
+def test_an_ending_that_schedules_a_retry_consumes_the_entry_in_its_transaction(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure under a retry policy moves the run back to ``queued`` with a new attempt
+    (several statements on both engines); the journal's consumed is part of that same
+    transaction: a crash before its commit leaves neither, and the retry consumes once."""
+    armed = env.running(retry=RetryPolicy(max_attempts=2, initial_delay_seconds=60.0))
+    path = env.publish(armed, exit_code=1)
+    real = runs_repo_module.end_attempt_in
+
+    def end_then_crash(*args: Any, **kwargs: Any) -> Any:
+        written = real(*args, **kwargs)
+        assert written.run_values["status"] == "queued" and written.counts == {"journal": 1}
+        raise RuntimeError("injected crash after the retry and the journal step")
+
+    monkeypatch.setattr(runs_repo_module, "end_attempt_in", end_then_crash)
+    with pytest.raises(RuntimeError):
+        env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert env.run(armed).status == "running" and path.exists()
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == "spawned"
+    monkeypatch.setattr(runs_repo_module, "end_attempt_in", real)
+    result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    assert (result.status, result.run_status) == ("applied", "queued")
+    run = env.run(armed)
+    assert run.status == "queued" and run.latest_attempt is not None
+    assert run.latest_attempt.number == 2 and run.latest_attempt.status == "claimed"
+    entry = env.journal.get(armed.attempt_id)
+    assert entry is not None and entry.state == CONSUMED
     assert not path.exists()
 
 
