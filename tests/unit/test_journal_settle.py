@@ -9,6 +9,7 @@ execution kit's. Every case of an ended attempt runs through both walks, the sta
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -113,8 +114,12 @@ class FakeCompletion:
         self.calls: list[tuple[str, str, bool]] = []  # attempt, journal state, job alive
         self._journal, self._attempts, self._probe = journal, attempts, probe
         self.threads: set[str] = set()
+        # A pause per call, as a database round trip takes: without one, the pool's first
+        # thread can settle a whole page before the others take an entry.
+        self.pause_s = 0.0
 
     def consume(self, *, run_id: str, attempt_id: str) -> ConsumeResult:
+        time.sleep(self.pause_s)
         entry = self._journal.entries[attempt_id]
         job_alive = entry.handle is not None and entry.handle.pid in self._probe.jobs
         self.calls.append((attempt_id, entry.state, job_alive))
@@ -325,6 +330,7 @@ def test_the_sweep_leaves_active_attempts_alone() -> None:
 @pytest.mark.parametrize("threads", [0, 3])
 def test_the_drain_settles_a_backlog_of_many_pages_in_one_call(threads: int) -> None:
     rig = Rig()
+    rig.completion.pause_s = 0.001 if threads else 0.0
     count = 2 * DRAIN_PAGE + 20
     kept = [rig.entry(active=True, shim=True) for _ in range(10)]  # stay spawned
     for i in range(count):
