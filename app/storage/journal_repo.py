@@ -50,6 +50,7 @@ from app.domain.journal import (
     STATES,
 )
 from app.domain.model import ProcessHandle
+from app.storage.one_step import run_writes
 from app.storage.tables import attempts, receipt_journal
 from app.storage.uow import UnitOfWork
 
@@ -428,14 +429,15 @@ def _riding_params(attempt_id: str, target: str) -> dict[str, Any]:
 
 
 def mark_spawned_in(conn: Connection, attempt_id: str, handle: ProcessHandle) -> bool:
-    """reserved → spawned with the handle inside the caller's transaction (the worker's T2)."""
-    values = {"handle": json.dumps(handle.to_dict(), sort_keys=True)}
-    return _move_in(conn, attempt_id, SPAWNED, values)
+    """reserved → spawned with the handle inside the caller's transaction, as a statement of
+    its own (the worker's T2 when T2 is refused)."""
+    return run_writes(conn, {SPAWNED: spawned_move(attempt_id, handle)})[SPAWNED] == 1
 
 
 def mark_consumed_in(conn: Connection, attempt_id: str) -> bool:
-    """→ consumed inside the caller's transaction (the completion transaction's own step)."""
-    return _move_in(conn, attempt_id, CONSUMED, {})
+    """→ consumed inside the caller's transaction, as a statement of its own (a completion
+    that finds the attempt already ended)."""
+    return run_writes(conn, {CONSUMED: consumed_move(attempt_id)})[CONSUMED] == 1
 
 
 def _move_in(conn: Connection, attempt_id: str, target: str, values: dict[str, Any]) -> bool:

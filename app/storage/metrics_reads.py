@@ -12,11 +12,16 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, and_, func, select
 
 from app.domain.journal import CONSUMED
-from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
-from app.storage.tables import ACTIVE_ATTEMPT, attempts, receipt_journal, runs
+from app.domain.states import TERMINAL_RUN, RunStatus
+from app.storage.tables import (
+    ACTIVE_ATTEMPT,
+    ACTIVE_ATTEMPT_STATUSES,
+    attempts,
+    receipt_journal,
+    runs,
+)
 from app.storage.uow import UnitOfWork
 
-_ACTIVE_ATTEMPTS = (AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value)
 # The attempts starting or running by status (ix_attempts_status_id, whose predicate the
 # query repeats as its own).
 ACTIVE_BY_STATUS = (
@@ -66,7 +71,8 @@ def read_snapshot(engine: Engine) -> MetricsSnapshot:
     return MetricsSnapshot(
         runs_by_status=statuses,
         ended_by_code={(str(s), str(code or "")): int(n) for s, code, n in ended},
-        attempts_active={s: 0 for s in _ACTIVE_ATTEMPTS} | {str(s): int(n) for s, n in active},
+        attempts_active={s: 0 for s in ACTIVE_ATTEMPT_STATUSES}
+        | {str(s): int(n) for s, n in active},
         journal_by_state={str(s): int(n) for s, n in journal},
         log_bytes=int(log_bytes or 0),
     )

@@ -156,9 +156,10 @@ def _execute(
     """The statement's first ``written`` columns, and its counts by name. No parameter of a
     count or a write may be named as a column of a table the statement writes: that
     table's UPDATE or INSERT would take it for a value to write."""
-    columns = _COLUMN_NAMES.union(*(w.table.c.keys() for w, _p in (writes or {}).values()))
-    for _sql, more in [*counts.values(), *(writes or {}).values()]:
-        if set(more) & columns or set(more) & set(params):
+    parts: list[tuple[Any, Mapping[str, Any]]] = [({}, more) for _sql, more in counts.values()]
+    parts += [(w.table.c, more) for w, more in (writes or {}).values()]
+    for own, more in parts:  # ``own``: the columns of the table a write changes
+        if any(k in _COLUMN_NAMES or k in params or k in own for k in more):
             raise ValueError(f"parameters named as columns or taken: {sorted(more)}")
         params.update(more)
     row = tuple(conn.execute(statement, params).one())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -81,9 +83,14 @@ SCHEDULED_WHERE = "schedule_id IS NOT NULL"
 # The predicate of the attempt indexes by status (migration 0011): every read of them asks
 # for the attempts starting or running, and an attempt is in that state only between T1 and
 # its ending; its insert (claimed) and its ending (terminal) write none of them.
-ACTIVE_ATTEMPT_WHERE = (
-    f"status IN ('{AttemptStatus.STARTING.value}', '{AttemptStatus.RUNNING.value}')"
-)
+ACTIVE_ATTEMPT_STATUSES = (AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value)
+ACTIVE_ATTEMPT_WHERE = f"status IN ({', '.join(repr(s) for s in ACTIVE_ATTEMPT_STATUSES)})"
+
+
+def _partial(where: str) -> dict[str, Any]:
+    """The keywords of an index holding only the rows that meet ``where``, on both engines."""
+    return {"postgresql_where": text(where), "sqlite_where": text(where)}
+
 
 runs = Table(
     "runs",
@@ -128,8 +135,7 @@ runs = Table(
         text("priority DESC"),
         "created_at_ms",
         "id",
-        postgresql_where=text(READY_PAGE_WHERE),
-        sqlite_where=text(READY_PAGE_WHERE),
+        **_partial(READY_PAGE_WHERE),
     ),
     # Runs waiting for a retry, by instant: the range not_before_ms > now gives the earliest
     # one, <= now the due ones (docs/retries.md §2). Partial, like the ones below (migration
@@ -139,8 +145,7 @@ runs = Table(
     Index(
         "ix_runs_retry_wait",
         "not_before_ms",
-        postgresql_where=text(RETRY_WAIT_WHERE),
-        sqlite_where=text(RETRY_WAIT_WHERE),
+        **_partial(RETRY_WAIT_WHERE),
     ),
     Index("ix_runs_task_id", "task", "id"),
     Index("ix_runs_status_id", "status", "id"),
@@ -151,8 +156,7 @@ runs = Table(
         "schedule_id",
         "slot_ms",
         unique=True,
-        postgresql_where=text(SCHEDULED_WHERE),
-        sqlite_where=text(SCHEDULED_WHERE),
+        **_partial(SCHEDULED_WHERE),
     ),
     # A schedule's runs not ended, read by every fire inside the writer lock: without it the
     # read walks every run the schedule ever had (86,400 a day for an every-second one).
@@ -160,8 +164,7 @@ runs = Table(
         "ix_runs_schedule_id_status",
         "schedule_id",
         "status",
-        postgresql_where=text(SCHEDULED_WHERE),
-        sqlite_where=text(SCHEDULED_WHERE),
+        **_partial(SCHEDULED_WHERE),
     ),
 )
 
@@ -205,22 +208,19 @@ attempts = Table(
         "ix_attempts_status_id",
         "status",
         "id",
-        postgresql_where=text(ACTIVE_ATTEMPT_WHERE),
-        sqlite_where=text(ACTIVE_ATTEMPT_WHERE),
+        **_partial(ACTIVE_ATTEMPT_WHERE),
     ),
     Index(
         "ix_attempts_status_deadline_at_ms",
         "status",
         "deadline_at_ms",
-        postgresql_where=text(ACTIVE_ATTEMPT_WHERE),
-        sqlite_where=text(ACTIVE_ATTEMPT_WHERE),
+        **_partial(ACTIVE_ATTEMPT_WHERE),
     ),
     Index(
         "ix_attempts_worker_instance_id_status",
         "worker_instance_id",
         "status",
-        postgresql_where=text(ACTIVE_ATTEMPT_WHERE),
-        sqlite_where=text(ACTIVE_ATTEMPT_WHERE),
+        **_partial(ACTIVE_ATTEMPT_WHERE),
     ),
     # Partial: only the few expiring/expired rows. A plain index on a column that is NULL for
     # almost every row tempted PostgreSQL (before it had statistics on the new column) into
@@ -228,8 +228,7 @@ attempts = Table(
     Index(
         "ix_attempts_log_state",
         "log_state",
-        postgresql_where=text("log_state IS NOT NULL"),
-        sqlite_where=text("log_state IS NOT NULL"),
+        **_partial("log_state IS NOT NULL"),
     ),
 )
 
@@ -245,9 +244,7 @@ run_events = Table(
 
 # ACTIVE_ATTEMPT_WHERE as a read's term: the column qualified (a read may join runs, whose
 # status is another), the statuses literals, as the index's predicate has them.
-ACTIVE_ATTEMPT = attempts.c.status.in_(
-    [literal_column(f"'{s.value}'") for s in (AttemptStatus.STARTING, AttemptStatus.RUNNING)]
-)
+ACTIVE_ATTEMPT = attempts.c.status.in_([literal_column(repr(s)) for s in ACTIVE_ATTEMPT_STATUSES])
 
 receipt_journal = Table(
     "receipt_journal",

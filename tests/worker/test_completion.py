@@ -154,34 +154,42 @@ def test_crash_between_commit_and_cleanup_leaves_only_the_file(env: Env) -> None
     assert terminal_events(env.engine, armed.run_id) == ["attempt.succeeded", "run.succeeded"]
 
 
-def test_the_journal_mark_is_part_of_the_terminal_transaction(
-    env: Env, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    armed = env.running()
-    path = env.publish(armed, exit_code=0)
+def _crash_after_the_ending_then_consume(
+    env: Env, monkeypatch: pytest.MonkeyPatch, armed: Armed, path: Path, run_status: str
+) -> Any:
+    """Crash after ``end_attempt_in`` wrote the ending (``run_status``) and the journal's
+    consumed, before the commit: both roll back together, neither exists. Then consume
+    again without the crash; its result."""
     real = runs_repo_module.end_attempt_in
 
     def end_then_crash(*args: Any, **kwargs: Any) -> Any:
-        # The ending and the journal's consumed are written (one statement on PostgreSQL,
-        # the journal's after the step's on SQLite), not yet committed.
+        # One statement on PostgreSQL, the journal's after the step's on SQLite.
         written = real(*args, **kwargs)
-        assert written.counts == {"journal": 1}
+        assert written.run_values["status"] == run_status and written.counts == {"journal": 1}
         raise RuntimeError("injected crash after the journal step, before the commit")
 
     monkeypatch.setattr(runs_repo_module, "end_attempt_in", end_then_crash)
     with pytest.raises(RuntimeError):
         env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
-    # Both rolled back together: neither the ending nor the consumed mark exists.
     assert env.run(armed).status == "running" and path.exists()
     entry = env.journal.get(armed.attempt_id)
     assert entry is not None and entry.state == "spawned"
     monkeypatch.setattr(runs_repo_module, "end_attempt_in", real)
     result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
-    assert (result.status, result.run_status) == ("applied", "succeeded")
     entry = env.journal.get(armed.attempt_id)
     assert entry is not None and entry.state == CONSUMED
-    assert terminal_events(env.engine, armed.run_id) == ["attempt.succeeded", "run.succeeded"]
     assert not path.exists()
+    return result
+
+
+def test_the_journal_mark_is_part_of_the_terminal_transaction(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    armed = env.running()
+    path = env.publish(armed, exit_code=0)
+    result = _crash_after_the_ending_then_consume(env, monkeypatch, armed, path, "succeeded")
+    assert (result.status, result.run_status) == ("applied", "succeeded")
+    assert terminal_events(env.engine, armed.run_id) == ["attempt.succeeded", "run.succeeded"]
 
 
 def test_an_ending_that_schedules_a_retry_consumes_the_entry_in_its_transaction(
@@ -192,28 +200,11 @@ def test_an_ending_that_schedules_a_retry_consumes_the_entry_in_its_transaction(
     transaction: a crash before its commit leaves neither, and the retry consumes once."""
     armed = env.running(retry=RetryPolicy(max_attempts=2, initial_delay_seconds=60.0))
     path = env.publish(armed, exit_code=1)
-    real = runs_repo_module.end_attempt_in
-
-    def end_then_crash(*args: Any, **kwargs: Any) -> Any:
-        written = real(*args, **kwargs)
-        assert written.run_values["status"] == "queued" and written.counts == {"journal": 1}
-        raise RuntimeError("injected crash after the retry and the journal step")
-
-    monkeypatch.setattr(runs_repo_module, "end_attempt_in", end_then_crash)
-    with pytest.raises(RuntimeError):
-        env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
-    assert env.run(armed).status == "running" and path.exists()
-    entry = env.journal.get(armed.attempt_id)
-    assert entry is not None and entry.state == "spawned"
-    monkeypatch.setattr(runs_repo_module, "end_attempt_in", real)
-    result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    result = _crash_after_the_ending_then_consume(env, monkeypatch, armed, path, "queued")
     assert (result.status, result.run_status) == ("applied", "queued")
     run = env.run(armed)
     assert run.status == "queued" and run.latest_attempt is not None
     assert run.latest_attempt.number == 2 and run.latest_attempt.status == "claimed"
-    entry = env.journal.get(armed.attempt_id)
-    assert entry is not None and entry.state == CONSUMED
-    assert not path.exists()
 
 
 def _bad_bodies(armed: Armed) -> dict[str, bytes]:
