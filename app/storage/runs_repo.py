@@ -179,6 +179,11 @@ _IDEMPOTENCY = select(idempotency_keys.c.request_digest, idempotency_keys.c.run_
 _ADMISSION_LOCK = 0x514C_0001  # T1 of any run
 _QUEUE_LOCK = 0x514C_0002  # any insert of a queued run
 _ADVISORY_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+# T1's lock, and its commit not waited for: set_config(..., true) is SET LOCAL.
+_ADMISSION_LOCK_UNSYNCED = text(
+    f"SELECT pg_advisory_xact_lock({_ADMISSION_LOCK}), "
+    "set_config('synchronous_commit', 'off', true)"
+)
 _INSERT_RUN = insert(runs)
 _INSERT_ATTEMPT = insert(attempts)
 _INSERT_EVENTS = insert(run_events)
@@ -343,7 +348,7 @@ class RunRepository:
         ``worker_instance_id`` and ``lease_epoch``: the worker this start launches through
         (docs/several-hosts.md §2), recorded on the attempt.
         """
-        with UnitOfWork(self._engine, grouped=True) as uow:
+        with UnitOfWork(self._engine, grouped=True, synced=False) as uow:
             run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
             if expected_version is not None and run_row.version != expected_version:
                 raise VersionConflict(run_id)
@@ -384,7 +389,7 @@ class RunRepository:
                 # The lock before the step, and the budget counts in the step's own statement
                 # (one round trip less): its snapshot comes after the lock, and it leaves out
                 # this start. The lock is held for that statement and the commit only.
-                _lock(uow.conn, _ADMISSION_LOCK)
+                uow.conn.execute(_ADMISSION_LOCK_UNSYNCED)
             written = _step(
                 uow.conn,
                 run_row,

@@ -39,10 +39,11 @@ class GroupCommitFailed(Exception):
 class _Group:
     """One open SQLite write transaction and the members it carries."""
 
-    __slots__ = ("conn", "done", "error", "joined", "members")
+    __slots__ = ("conn", "done", "error", "joined", "members", "synced")
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, *, synced: bool) -> None:
         self.conn = conn
+        self.synced = synced  # its commit is synced (no member may skip the sync otherwise)
         self.joined = 0  # members that ran in it, committed or not (the bound counts these)
         self.members = 0  # released savepoints that wait for the commit
         self.done = threading.Event()
@@ -98,6 +99,22 @@ def _transaction_open(group: _Group) -> bool:
         return False
 
 
+def _sqlite_synchronous(conn: Connection, level: str) -> None:
+    """Set the connection's ``PRAGMA synchronous`` (only outside a transaction)."""
+    raw = conn.connection.dbapi_connection
+    assert raw is not None
+    raw.execute(f"PRAGMA synchronous={level}")
+
+
+def _restore_synchronous(conn: Connection) -> None:
+    """Back to FULL (app/storage/engine.py) before the connection returns to the pool; one
+    that cannot say it is FULL again is dropped instead."""
+    try:
+        _sqlite_synchronous(conn, "FULL")
+    except Exception:
+        conn.invalidate()
+
+
 class UnitOfWork:
     """One transaction. Leaving the block without ``commit()`` rolls it back.
 
@@ -107,6 +124,16 @@ class UnitOfWork:
     (retention, migrations) stays ungrouped, and a group is committed at once while one
     waits, so it does not hold finished members back. Any write may still find a group open
     when it gets the gate; it then joins, and commits the group when it ends.
+
+    ``synced=False`` (SQLite; PostgreSQL ignores it): the commit need not be synced before
+    ``commit()`` returns, because nothing outside the database acts on this write before a
+    later synced commit of the same database, which makes it durable too (the WAL is one
+    file, synced whole). Its group commits under ``PRAGMA synchronous=NORMAL``, and the
+    connection is back to FULL before it returns to the pool. Only T1 (docs/design.md §5.3:
+    the worker's journal reserve, synced, comes before its job). A synced unit of work that
+    finds an unsynced group open commits that group first; the other way round it joins.
+    A caller on PostgreSQL says so inside its transaction (``set_config`` of
+    ``synchronous_commit``, as T1's lock statement does).
 
     ``one_statement`` (PostgreSQL only; SQLite ignores it): the block runs exactly one
     statement, which is then its own transaction, without psycopg's separate BEGIN and the
@@ -121,7 +148,9 @@ class UnitOfWork:
         write: bool = True,
         grouped: bool = False,
         one_statement: bool = False,
+        synced: bool = True,
     ) -> None:
+        self._synced = synced
         self._engine = engine
         self._write = write
         self._conn: Connection | None = None
@@ -170,8 +199,12 @@ class UnitOfWork:
         if self._autocommit:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         try:
+            if not self._synced and self._gate is not None:
+                _sqlite_synchronous(conn, "NORMAL")
             conn.begin()
         except BaseException:
+            if not self._synced and self._gate is not None:
+                _restore_synchronous(conn)
             conn.close()
             raise
         return conn
@@ -238,6 +271,17 @@ class UnitOfWork:
                 else:
                     gate.others -= 1
         group = gate.group
+        if group is not None and self._synced and not group.synced:
+            # A group's commit is synced or not as a whole, from its first member on (SQLite
+            # takes no change of it inside a transaction): the unsynced one commits first.
+            # An unsynced unit of work joins a synced group: the sync does it no harm.
+            try:
+                self._close_group(gate, group)
+            except BaseException:
+                gate.lock.release()
+                raise
+            self._health(group)
+            group = None
         if group is None:
             try:
                 conn = self._open()
@@ -245,7 +289,7 @@ class UnitOfWork:
                 gate.lock.release()
                 self._refused(exc)
                 raise
-            group = gate.group = _Group(conn)
+            group = gate.group = _Group(conn, synced=self._synced)
         gate.holder = threading.get_ident()
         group.joined += 1
         # The first member is the transaction alone: its rollback is the transaction's. A
@@ -329,6 +373,21 @@ class UnitOfWork:
         """Commit the group (roll it back when ``broken`` or nobody is in it), wake its
         members and hand the gate on. Called with the gate held."""
         try:
+            self._close_group(gate, group, broken=broken)
+        finally:
+            gate.lock.release()
+        self._health(group)
+
+    def _health(self, group: _Group) -> None:
+        if group.error is not None and is_storage_unavailable(group.error):
+            WRITE_HEALTH.refused(self._engine)
+
+    def _close_group(
+        self, gate: _Gate, group: _Group, *, broken: BaseException | None = None
+    ) -> None:
+        """Commit the group (roll it back when ``broken`` or nobody is in it) and wake its
+        members; the gate stays held."""
+        try:
             if broken is not None:
                 group.error = broken
                 group.conn.rollback()
@@ -342,14 +401,13 @@ class UnitOfWork:
                 group.conn.rollback()
         finally:
             try:
+                if not group.synced:
+                    _restore_synchronous(group.conn)
                 group.conn.close()
             finally:
                 gate.group = None
                 gate.holder = None
                 group.done.set()
-                gate.lock.release()
-        if group.error is not None and is_storage_unavailable(group.error):
-            WRITE_HEALTH.refused(self._engine)
 
     def _raise_group_error(self, error: BaseException) -> None:
         if is_storage_unavailable(error):
