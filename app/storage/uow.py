@@ -5,10 +5,11 @@ that cannot take writes (disk full, read-only; app.storage.unavailable) becomes
 StorageUnavailable, which the api answers with 503 (app/api/problems.py).
 
 On SQLite, write units of work of one process take turns on an in-process gate, and the ones
-that meet there share one transaction and one synced commit (group commit, docs/design.md
-§5.3): each runs inside its own SAVEPOINT of the open transaction, so its rollback undoes
-its writes alone, and its ``commit()`` returns only once the whole group is committed. No
-caller acts on its write before that, so a crash before the commit loses the whole group
+that meet there share one transaction and one commit (group commit, docs/design.md §5.3),
+synced unless every member said ``synced=False`` (T1): each runs inside its own SAVEPOINT of
+the open transaction, so its rollback undoes its writes alone, and its ``commit()`` returns
+only once the whole group is committed. No caller acts on its write before that (T1's acts
+only through a later synced commit), so a crash before the commit loses the whole group
 exactly as it would have lost each of them alone.
 """
 

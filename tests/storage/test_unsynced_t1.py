@@ -46,21 +46,24 @@ def sqlite_engine(sqlite_template: Path, tmp_path: Path) -> Iterator[Engine]:
     engine.dispose()
 
 
-def _levels_at_commit(engine: Engine) -> list[int]:
-    """Appends, at every COMMIT, the connection's ``PRAGMA synchronous`` then."""
+def _levels_at_commit(engine: Engine, raws: list[Any] | None = None) -> list[int]:
+    """Appends, at every COMMIT, the connection's ``PRAGMA synchronous`` then (and, to
+    ``raws``, the driver's connection that committed)."""
     levels: list[int] = []
 
     @event.listens_for(engine, "commit")
     def _committed(conn: Any) -> None:
         raw = conn.connection.dbapi_connection
         levels.append(raw.execute("PRAGMA synchronous").fetchone()[0])
+        if raws is not None:
+            raws.append(raw)
 
     return levels
 
 
-def _level_now(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.exec_driver_sql("PRAGMA synchronous").scalar_one())
+def _level_of(raw: Any) -> int:
+    """The level of one driver connection, idle in the pool: the very one that committed."""
+    return int(raw.execute("PRAGMA synchronous").fetchone()[0])
 
 
 def _t1(repo: RunRepository, run: Any, **budgets: Any) -> Any:
@@ -82,11 +85,14 @@ def test_sqlite_t1_alone_commits_unsynced_and_the_run_path_around_it_synced(
 ) -> None:
     define_task(sqlite_engine)
     repo = RunRepository(sqlite_engine)
-    levels = _levels_at_commit(sqlite_engine)
+    raws: list[Any] = []
+    levels = _levels_at_commit(sqlite_engine, raws)
     run, _ = repo.enqueue_run(task="job", revision=None, priority=None)
     assert levels == [FULL]
     assert _t1(repo, run, max_running=8).status == "dispatching"
     assert levels == [FULL, NORMAL]
+    # The connection T1 committed on is FULL again, idle in the pool, for whoever takes it.
+    assert _level_of(raws[1]) == FULL
     assert run.latest_attempt is not None
     JournalRepository(sqlite_engine).reserve(
         attempt_id=run.latest_attempt.id, run_id=run.id, receipt_ref="r", only_if_starting=True
@@ -95,17 +101,17 @@ def test_sqlite_t1_alone_commits_unsynced_and_the_run_path_around_it_synced(
         run_id=run.id, attempt_id=run.latest_attempt.id, handle=_handle(), started_at_ms=1
     )
     assert levels == [FULL, NORMAL, FULL, FULL]
-    # The pooled connection T1 used is FULL again for whoever takes it next.
-    assert _level_now(sqlite_engine) == FULL
 
 
 def test_sqlite_a_failed_unsynced_unit_hands_back_a_full_connection(
     sqlite_engine: Engine,
 ) -> None:
+    raw: Any = None
     with pytest.raises(ValueError), UnitOfWork(sqlite_engine, grouped=True, synced=False) as uow:
         assert uow.conn.exec_driver_sql("PRAGMA synchronous").scalar_one() == NORMAL
+        raw = uow.conn.connection.dbapi_connection
         raise ValueError("the caller's refusal")
-    assert _level_now(sqlite_engine) == FULL
+    assert _level_of(raw) == FULL
 
 
 class _Writer(threading.Thread):
@@ -175,9 +181,22 @@ def test_sqlite_a_group_commits_synced_whenever_a_member_needs_it(
         assert seen == commits
         with engine.connect() as conn:
             assert conn.execute(text("SELECT v FROM t ORDER BY v")).scalars().all() == [1, 2]
-        assert _level_now(engine) == FULL
+        for pooled in _pooled_raws(engine):
+            assert _level_of(pooled) == FULL
     finally:
         engine.dispose()
+
+
+def _pooled_raws(engine: Engine) -> list[Any]:
+    """Every driver connection the pool holds, checked out at once (each a distinct one)."""
+    held = []
+    try:
+        for _ in range(engine.pool.checkedin()):
+            held.append(engine.raw_connection())
+        return [h.driver_connection for h in held]
+    finally:
+        for h in held:
+            h.close()
 
 
 @pytest.mark.postgres
@@ -188,9 +207,11 @@ def test_pg_t1_skips_its_flush_in_its_lock_and_the_reserve_flushes_past_it(
     repo = RunRepository(pg_engine)
     run, _ = repo.enqueue_run(task="job", revision=None, priority=None)
     sent: list[str] = []
+    used: list[Any] = []
 
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+    def record(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         sent.append(" ".join(statement.split()))
+        used.append(conn.connection.dbapi_connection)
 
     event.listen(pg_engine, "before_cursor_execute", record)
     try:
@@ -200,10 +221,13 @@ def test_pg_t1_skips_its_flush_in_its_lock_and_the_reserve_flushes_past_it(
     # No statement of its own: the setting rides in the admission lock's.
     assert len(sent) == 3, sent
     assert "pg_advisory_xact_lock" in sent[1] and "synchronous_commit" in sent[1], sent
+    # SET LOCAL: the very connection T1 ran on, idle in the pool, is back to the server's
+    # setting.
+    assert len(set(map(id, used))) == 1
+    assert used[0].execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    used[0].rollback()
     with pg_engine.connect() as conn:
         t1_end = conn.exec_driver_sql("SELECT pg_current_wal_insert_lsn()").scalar_one()
-        # SET LOCAL: the pooled connection T1 used is back to the server's setting.
-        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
     assert run.latest_attempt is not None
     JournalRepository(pg_engine).reserve(
         attempt_id=run.latest_attempt.id, run_id=run.id, receipt_ref="r", only_if_starting=True
