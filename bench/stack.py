@@ -1,7 +1,9 @@
 """A real running system for the benchmarks: data dir, database, token, worker, uvicorn api.
 
 Everything binds 127.0.0.1; every process started here is ended by its pid; the data dir
-(and a PostgreSQL schema, when one was made) is removed on exit.
+(and a PostgreSQL schema, when one was made) is removed on exit, a SIGTERM's included
+(``timeout``, the end of a CI job): it unwinds the stack instead of ending the process at
+once.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -152,9 +155,35 @@ def start_api(data: Path, url: str, port: int, *, http: str = "auto") -> subproc
         time.sleep(0.02)
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # Once: a second SIGTERM (``timeout`` signals its whole process group) must not cut the
+    # teardown this one started.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While the stack runs, SIGTERM raises SystemExit in the main thread, so the teardown
+    below runs; Python's default would end the process and leave the data dir behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def running_stack(pg_base: str | None, *, worker: bool = True) -> Iterator[Stack]:
     """Migrate, create an admin token, start the worker and the api; tear all down after."""
+    with _sigterm_unwinds():
+        yield from _stack(pg_base, worker=worker)
+
+
+def _stack(pg_base: str | None, *, worker: bool) -> Iterator[Stack]:
     tmp = Path(tempfile.mkdtemp(prefix="qlb"))
     data = tmp / "d"
     data.mkdir(mode=0o700)
