@@ -44,7 +44,7 @@ class _Group:
 
     def __init__(self, conn: Connection, *, synced: bool) -> None:
         self.conn = conn
-        self.synced = synced  # its commit is synced (no member may skip the sync otherwise)
+        self.synced = synced  # its first member's; only unsynced members make it False
         self.joined = 0  # members that ran in it, committed or not (the bound counts these)
         self.members = 0  # released savepoints that wait for the commit
         self.done = threading.Event()

@@ -29,7 +29,7 @@ from sqlalchemy import Engine, event, text
 from app.domain.model import ProcessHandle
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
-from app.storage.runs_repo import RunRepository
+from app.storage.runs_repo import _ADMISSION_LOCK_UNSYNCED, RunRepository
 from app.storage.uow import UnitOfWork, _writer_gate
 from tests.storage.helpers import define_task
 from tests.storage.test_group_commit import WAIT_S, _until
@@ -221,6 +221,10 @@ def test_pg_t1_skips_its_flush_in_its_lock_and_the_reserve_flushes_past_it(
     # No statement of its own: the setting rides in the admission lock's.
     assert len(sent) == 3, sent
     assert "pg_advisory_xact_lock" in sent[1] and "synchronous_commit" in sent[1], sent
+    # And that statement turns it off for its own transaction (not its text alone).
+    with pg_engine.begin() as conn:
+        conn.execute(_ADMISSION_LOCK_UNSYNCED)
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
     # SET LOCAL: the very connection T1 ran on, idle in the pool, is back to the server's
     # setting.
     assert len(set(map(id, used))) == 1
