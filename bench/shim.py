@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 from app.domain.ids import uuid7
 from app.worker.cgroups import AUTO, detect
 from app.worker.identity import wait_exit
-from app.worker.launcher import SHIM_PATH, read_status
+from app.worker.launcher import read_status, shim_argv
 from app.worker.zygote import Zygote
 from bench.report import Figure, Report, median
 from bench.trivial import bare_spawn_ms
@@ -63,7 +62,7 @@ class _Shims:
         payload = json.dumps(self.spec(argv, quota, **over)).encode()
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", SHIM_PATH], stdin=subprocess.PIPE,
+            shim_argv(), stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/", env={},
             close_fds=True, start_new_session=True,
         )  # fmt: skip
@@ -109,7 +108,7 @@ def _proc_kb(pid: int, key: str) -> int:
 
 
 def _zygote_figures(report: Report, shims: _Shims, count: int, exec_ms: float) -> None:
-    zygote = Zygote(argv=[sys.executable, "-I", "-S", SHIM_PATH], reply_timeout_s=10.0)
+    zygote = Zygote(argv=shim_argv(), reply_timeout_s=10.0)
     try:
         samples = []
         for _ in range(count):

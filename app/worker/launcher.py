@@ -65,6 +65,31 @@ log = logging.getLogger(__name__)
 # Run by path (`-I -S`: it imports nothing from app), so located as package data: a file in
 # site-packages after `pip install .`, in the checkout for an editable install.
 SHIM_PATH = str(resources.files("app.worker").joinpath("shim.py"))
+# The shim runs as ``__main__``, as ``python -I -S shim.py`` would, but from its cached
+# bytecode (``__pycache__``, written by pip at install or by the first start): a script
+# named on the command line is compiled from source at every start, which took half of a
+# one-shot shim's start-up, and the compiler's leftovers stayed in the zygote's heap, 3.4
+# MiB more anonymous memory that every fork of it maps and tears down again (figures:
+# bench/README.md, "Figures behind choices"). Loaded through the import system's own
+# loader, already in memory: no module imported, nothing added to ``sys.path``. The shim's
+# path is the first argument and is taken out, so the shim sees ``sys.argv[1:]`` as it
+# would as a script.
+SHIM_BOOT = (
+    "import sys, _frozen_importlib_external as x\n"
+    "path = sys.argv.pop(1)\n"
+    "main = type(sys)('__main__')\n"
+    "main.__file__ = path\n"
+    "sys.modules['__main__'] = main\n"
+    "exec(x.SourceFileLoader('__main__', path).get_code('__main__'), main.__dict__)\n"
+)
+
+
+def shim_argv(python: str = sys.executable, shim_path: str = SHIM_PATH) -> list[str]:
+    """How the worker starts a shim (launch-protocol.md §1); the zygote's start (§8) appends
+    ``--zygote`` and the receipts root."""
+    return [python, "-I", "-S", "-c", SHIM_BOOT, shim_path]
+
+
 PROTOCOL = 1
 STATUS_MAX_BYTES = 4096
 DEFAULT_STATUS_TIMEOUT_S = 10.0
@@ -119,7 +144,7 @@ class ShimLauncher:
         self._receipts = receipts
         self._on_spawned = on_spawned
         self._status_timeout_s = status_timeout_s
-        self._argv = [python, "-I", "-S", shim_path]
+        self._argv = shim_argv(python, shim_path)
         if mode not in SHIM_MODES:
             raise ValueError(f"shim mode must be one of {', '.join(SHIM_MODES)}, not {mode!r}")
         self._zygote = (
@@ -312,7 +337,7 @@ class ShimLauncher:
         return _Started(read_fd, session, reap, time.monotonic() + self._status_timeout_s)
 
     def _start_exec(self, request: LaunchRequest, spec: bytes) -> _Started:
-        """A fresh ``python -I -S shim.py``, spec on stdin, status on stdout."""
+        """A fresh shim (``SHIM_BOOT``), spec on stdin, status on stdout."""
         try:
             proc = subprocess.Popen(
                 self._argv,

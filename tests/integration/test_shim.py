@@ -21,6 +21,7 @@ import pytest
 
 from app.domain.receipt import decode_receipt, encode_receipt
 from app.worker.identity import current_boot_id, read_identity, wait_exit
+from app.worker.launcher import shim_argv
 from tests.integration.conftest import Launched
 from tests.integration.kit import (
     DEADLINE,
@@ -40,7 +41,7 @@ def launch(spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
     """Start the shim exactly as the worker does; return the parsed status line."""
     payload = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", SHIM],
+        shim_argv(shim_path=SHIM),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -22,6 +22,7 @@ import pytest
 
 from app.domain.receipt import decode_receipt, encode_receipt
 from app.worker.identity import current_boot_id, read_identity, wait_exit
+from app.worker.launcher import shim_argv
 from app.worker.zygote import Zygote
 from tests.integration.conftest import Launched
 from tests.integration.kit import (
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def zygote() -> Iterator[Zygote]:
-    server = Zygote(argv=[sys.executable, "-I", "-S", SHIM], reply_timeout_s=DEADLINE)
+    server = Zygote(argv=shim_argv(shim_path=SHIM), reply_timeout_s=DEADLINE)
     try:
         yield server
     finally:
@@ -369,3 +370,40 @@ def _read_line_until_newline(fd: int) -> bytes:
             assert chunk, "closed before a line"
             out += chunk
     return out
+
+
+def _anonymous_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1])
+    raise AssertionError("no Anonymous line")
+
+
+def test_the_zygote_runs_from_cached_bytecode_and_holds_less_memory_than_a_script(
+    tmp_path: Path, launched: Launched
+) -> None:
+    """``shim_argv`` starts the shim from its ``__pycache__`` bytecode (written by the first
+    start when the directory is writable): a script compiled at every start left the
+    compiler's memory in the zygote, which each fork of it shares and copies on write."""
+    copy = tmp_path / "bin" / "shim.py"
+    copy.parent.mkdir()
+    copy.write_bytes(Path(SHIM).read_bytes())
+
+    def anonymous_after_one_launch(argv: list[str], tag: str) -> int:
+        server = Zygote(argv=argv, reply_timeout_s=DEADLINE)
+        try:
+            sub = tmp_path / tag
+            sub.mkdir()
+            status = zlaunch(server, make_spec(sub, ["/bin/true"]), launched)
+            assert status["ok"] is True, status
+            wait_shim_done(status)
+            assert server.pid is not None
+            return _anonymous_kb(server.pid)
+        finally:
+            server.close()
+
+    anonymous_after_one_launch(shim_argv(shim_path=str(copy)), "first")
+    assert list((copy.parent / "__pycache__").glob("shim.*.pyc")), "no bytecode was cached"
+    booted = anonymous_after_one_launch(shim_argv(shim_path=str(copy)), "booted")
+    script = anonymous_after_one_launch([sys.executable, "-I", "-S", str(copy)], "script")
+    assert script - booted >= 1024, (script, booted)
