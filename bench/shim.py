@@ -1,8 +1,8 @@
 """Shim: start-up time and RSS vs /bin/sh and a bare posix_spawn; log drain MB/s vs a shell.
 
 The shim is started exactly as the worker starts it, without the worker or a database, so
-only the shim is measured: one-shot (``python -I -S shim.py``, spec on stdin, status line on
-stdout) and forked by the zygote (``shim.py --zygote``, the worker's default). The zygote's
+only the shim is measured: one-shot (``shim_argv()``, spec on stdin, status line on stdout)
+and forked by the zygote (``shim.py --zygote``, the worker's default). The zygote's
 fd count and VmRSS are read before and after 500 launches (it must keep nothing per launch).
 Where the host has a writable cgroup v2 hierarchy, start-up with a job cgroup too: the job
 born there by clone3, beside the fallback that moves the shim in and back (the spec's

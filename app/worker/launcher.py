@@ -73,20 +73,28 @@ SHIM_PATH = str(resources.files("app.worker").joinpath("shim.py"))
 # bench/README.md, "Figures behind choices"). Loaded through the import system's own
 # loader, already in memory: no module imported, nothing added to ``sys.path``. The shim's
 # path is the first argument and is taken out, so the shim sees ``sys.argv[1:]`` as it
-# would as a script.
+# would as a script. A cached file the loader accepts but cannot unmarshal (its body cut
+# short by a power cut) would fail every start: the source is compiled instead.
 SHIM_BOOT = (
     "import sys, _frozen_importlib_external as x\n"
     "path = sys.argv.pop(1)\n"
     "main = type(sys)('__main__')\n"
     "main.__file__ = path\n"
     "sys.modules['__main__'] = main\n"
-    "exec(x.SourceFileLoader('__main__', path).get_code('__main__'), main.__dict__)\n"
+    "try:\n"
+    "    code = x.SourceFileLoader('__main__', path).get_code('__main__')\n"
+    "except (EOFError, ValueError, TypeError):\n"
+    "    with open(path, 'rb') as source:\n"
+    "        code = compile(source.read(), path, 'exec', dont_inherit=True)\n"
+    "exec(code, main.__dict__)\n"
 )
 
 
 def shim_argv(python: str = sys.executable, shim_path: str = SHIM_PATH) -> list[str]:
     """How the worker starts a shim (launch-protocol.md §1); the zygote's start (§8) appends
-    ``--zygote`` and the receipts root."""
+    ``--zygote`` and the receipts root. ``-I`` keeps every ``PYTHON*`` setting of the service
+    from the shim, ``PYTHONDONTWRITEBYTECODE`` too: the shim's first start writes its
+    bytecode where the directory allows, as any import does."""
     return [python, "-I", "-S", "-c", SHIM_BOOT, shim_path]
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from app.worker.launcher import shim_argv
 from tests.integration.kit import DEADLINE, SHIM, make_spec, poll_until, read_status, receipt_path
 from tests.jobuser import JOB_UID, job_user_or_skip, reachable_dir
 
@@ -52,7 +53,7 @@ def test_a_job_started_by_a_capable_unprivileged_shim_keeps_no_capability() -> N
             os.chown(path, JOB_UID, JOB_UID)
         argv = ["setpriv", f"--reuid={JOB_UID}", f"--regid={JOB_UID}", "--clear-groups",
                 f"--inh-caps={CAPS}", f"--ambient-caps={CAPS}", f"--bounding-set={CAPS}",
-                "--no-new-privs", str(python), "-I", "-S", SHIM]  # fmt: skip
+                "--no-new-privs", *shim_argv(str(python), SHIM)]  # fmt: skip
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             start_new_session=True, env={},

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import pytest
 from app.domain.artifacts import shard_of
 from app.domain.receipt import decode_receipt
 from app.worker.identity import wait_exit
+from app.worker.launcher import shim_argv
 from app.worker.receipts import FENCE_MARK, ReceiptStore
 from app.worker.zygote import Zygote
 from tests.integration.conftest import Launched
@@ -51,7 +51,7 @@ def root(tmp_path: Path) -> Path:
 @pytest.fixture
 def zygote(root: Path) -> Iterator[Zygote]:
     server = Zygote(
-        argv=[sys.executable, "-I", "-S", SHIM], reply_timeout_s=DEADLINE, receipts_root=str(root)
+        argv=shim_argv(shim_path=SHIM), reply_timeout_s=DEADLINE, receipts_root=str(root)
     )
     try:
         yield server

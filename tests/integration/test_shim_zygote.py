@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import py_compile
 import select
 import signal
 import subprocess
@@ -383,8 +384,10 @@ def test_the_zygote_runs_from_cached_bytecode_and_holds_less_memory_than_a_scrip
     tmp_path: Path, launched: Launched
 ) -> None:
     """``shim_argv`` starts the shim from its ``__pycache__`` bytecode (written by the first
-    start when the directory is writable): a script compiled at every start left the
-    compiler's memory in the zygote, which each fork of it shares and copies on write."""
+    start when the directory is writable; a script start never writes it): a script compiled
+    at every start left the compiler's memory in the zygote, which every fork of it maps and
+    tears down again (3.4 MiB on CPython 3.11; 256 KiB is asked, as other versions and
+    allocators keep less of it)."""
     copy = tmp_path / "bin" / "shim.py"
     copy.parent.mkdir()
     copy.write_bytes(Path(SHIM).read_bytes())
@@ -406,4 +409,24 @@ def test_the_zygote_runs_from_cached_bytecode_and_holds_less_memory_than_a_scrip
     assert list((copy.parent / "__pycache__").glob("shim.*.pyc")), "no bytecode was cached"
     booted = anonymous_after_one_launch(shim_argv(shim_path=str(copy)), "booted")
     script = anonymous_after_one_launch([sys.executable, "-I", "-S", str(copy)], "script")
-    assert script - booted >= 1024, (script, booted)
+    assert script - booted >= 256, (script, booted)
+
+
+def test_a_corrupt_cached_bytecode_falls_back_to_the_source(
+    tmp_path: Path, launched: Launched
+) -> None:
+    """A ``.pyc`` whose header is valid but whose body is not (a power cut mid-write on a
+    file system without ordered data) must not stop every shim start: the boot compiles the
+    source instead, as a script start would."""
+    copy = tmp_path / "bin" / "shim.py"
+    copy.parent.mkdir()
+    copy.write_bytes(Path(SHIM).read_bytes())
+    cached = Path(py_compile.compile(str(copy), doraise=True))  # what a first start writes
+    data = cached.read_bytes()
+    cached.write_bytes(data[:16] + b"\0" * (len(data) - 16))  # the header still matches the source
+    server = Zygote(argv=shim_argv(shim_path=str(copy)), reply_timeout_s=DEADLINE)
+    try:
+        _spec, _status, receipt = zrun(server, tmp_path, ["/bin/true"], launched)
+    finally:
+        server.close()
+    assert receipt.exit_code == 0
