@@ -64,11 +64,16 @@ def _fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+def _proc_kb(pid: int, name: str, key: str) -> int:
+    """A kB figure of ``/proc/<pid>/<name>`` (``status``, ``smaps_rollup``)."""
+    for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+        if line.startswith(key + ":"):
             return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {key} in {name}")
+
+
+def _rss_kb(pid: int) -> int:
+    return _proc_kb(pid, "status", "VmRSS")
 
 
 def test_end_to_end_and_receipt_published(
@@ -373,13 +378,6 @@ def _read_line_until_newline(fd: int) -> bytes:
     return out
 
 
-def _anonymous_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Anonymous:"):
-            return int(line.split()[1])
-    raise AssertionError("no Anonymous line")
-
-
 def test_the_zygote_runs_from_cached_bytecode_and_holds_less_memory_than_a_script(
     tmp_path: Path, launched: Launched
 ) -> None:
@@ -401,7 +399,7 @@ def test_the_zygote_runs_from_cached_bytecode_and_holds_less_memory_than_a_scrip
             assert status["ok"] is True, status
             wait_shim_done(status)
             assert server.pid is not None
-            return _anonymous_kb(server.pid)
+            return _proc_kb(server.pid, "smaps_rollup", "Anonymous")
         finally:
             server.close()
 
