@@ -249,7 +249,20 @@ def test_a_spare_killed_between_linking_and_dropping_its_name_started_nothing(
         zygote.release(first)
     store = ReceiptStore(root)
     assert store.claim_reservation(spec["attempt_id"]) == "shim_gone"
+    # The zygote forked its next spare after the reply; while that one is still writing its
+    # reservation the sweep would take its empty file too (it then reserves the ordinary
+    # way at its launch). Once written, its claim is alive and the sweep keeps it.
+    nxt: list[int] = []
+
+    def next_spare_written() -> bool:
+        others = {p: f for p, f in _spares(root).items() if p != pid}
+        if len(others) == 1 and all(f.read_bytes().rstrip(b"\0") for f in others.values()):
+            nxt[:] = list(others)
+        return bool(nxt)
+
+    poll_until(next_spare_written)
     assert store.sweep_spares() == 1
+    assert set(_spares(root)) == set(nxt)
     assert not ahead.exists() and temp.stat().st_nlink == 1
     assert json.loads(temp.read_bytes().rstrip(b"\0"))["shim_pid"] == pid
     time.sleep(0.2)
