@@ -1,11 +1,11 @@
 """Per-job shim: start one user process, keep its output under quota, publish its receipt.
 
-Run as a script, never imported by the service: ``shim_argv()`` of
-``app/worker/launcher.py``, which runs this file as ``__main__`` as
+Run as a script, never imported by the service. The worker starts it with ``shim_argv()``
+(``app/worker/launcher.py``), which runs this file as ``__main__`` exactly as
 
     [sys.executable, "-I", "-S", "/abs/path/app/worker/shim.py"]
 
-would, from its cached bytecode (launch-protocol.md §1).
+would, but from its cached bytecode (launch-protocol.md §1).
 
 Standard library only; imports nothing from ``app``. The protocol (spec on stdin, one
 status line on stdout, log, truncation fact, completion receipt) is specified in

@@ -378,6 +378,14 @@ def _read_line_until_newline(fd: int) -> bytes:
     return out
 
 
+def _shim_copy(tmp_path: Path) -> Path:
+    """The shim in a directory of its own, so its ``__pycache__`` is this test's alone."""
+    copy = tmp_path / "bin" / "shim.py"
+    copy.parent.mkdir()
+    copy.write_bytes(Path(SHIM).read_bytes())
+    return copy
+
+
 def test_the_zygote_runs_from_cached_bytecode_and_holds_less_memory_than_a_script(
     tmp_path: Path, launched: Launched
 ) -> None:
@@ -386,9 +394,7 @@ def test_the_zygote_runs_from_cached_bytecode_and_holds_less_memory_than_a_scrip
     at every start left the compiler's memory in the zygote, which every fork of it maps and
     tears down again (3.4 MiB on CPython 3.11; 256 KiB is asked, as other versions and
     allocators keep less of it)."""
-    copy = tmp_path / "bin" / "shim.py"
-    copy.parent.mkdir()
-    copy.write_bytes(Path(SHIM).read_bytes())
+    copy = _shim_copy(tmp_path)
 
     def anonymous_after_one_launch(argv: list[str], tag: str) -> int:
         server = Zygote(argv=argv, reply_timeout_s=DEADLINE)
@@ -416,9 +422,7 @@ def test_a_corrupt_cached_bytecode_falls_back_to_the_source(
     """A ``.pyc`` whose header is valid but whose body is not (a power cut mid-write on a
     file system without ordered data) must not stop every shim start: the boot compiles the
     source instead, as a script start would."""
-    copy = tmp_path / "bin" / "shim.py"
-    copy.parent.mkdir()
-    copy.write_bytes(Path(SHIM).read_bytes())
+    copy = _shim_copy(tmp_path)
     cached = Path(py_compile.compile(str(copy), doraise=True))  # what a first start writes
     data = cached.read_bytes()
     cached.write_bytes(data[:16] + b"\0" * (len(data) - 16))  # the header still matches the source
