@@ -273,8 +273,25 @@ class Worker:
         self.proc = None
 
 
+def _wait_all_threads_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until every thread of ``pid`` is in the stopped state (``T`` in /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except FileNotFoundError:
+                continue  # a thread that just exited
+            states.append(stat[stat.rindex(")") + 2])
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.001)
+    pytest.fail(f"process {pid} did not stop within {timeout_s} s of SIGSTOP")
+
+
 def stop_outside_a_write(proc: subprocess.Popen[Any], engine: Engine) -> None:
-    """SIGSTOP ``proc`` at a moment it holds no SQLite write transaction.
+    """SIGSTOP ``proc`` at a moment it holds no SQLite write transaction nor checkpoint.
 
     A process frozen inside one (a lease renewal, a retention pass) keeps the database's one
     writer lock, and every other process waits on it: that is SQLite, not the lease. The
@@ -287,14 +304,19 @@ def stop_outside_a_write(proc: subprocess.Popen[Any], engine: Engine) -> None:
     assert path
     for _ in range(200):
         proc.send_signal(signal.SIGSTOP)
+        # SIGSTOP is asynchronous: a thread still running could take the lock after the probe.
+        _wait_all_threads_stopped(proc.pid)
         probe = sqlite3.connect(path, timeout=0.05, isolation_level=None)
         try:
             probe.execute("BEGIN IMMEDIATE")
             probe.execute("ROLLBACK")
-            return
+            # Nor inside a checkpoint: its WAL locks can stall another connection's reads.
+            if probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0] == 0:
+                return
         except sqlite3.OperationalError:
-            proc.send_signal(signal.SIGCONT)  # caught mid-write: let it finish, try again
-            time.sleep(0.02)
+            pass
         finally:
             probe.close()
+        proc.send_signal(signal.SIGCONT)  # caught mid-write: let it finish, try again
+        time.sleep(0.02)
     pytest.fail("the worker never left its write transactions")
