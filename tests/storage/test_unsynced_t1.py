@@ -199,6 +199,18 @@ def _pooled_raws(engine: Engine) -> list[Any]:
             h.close()
 
 
+def _pg_levels_at_commit(engine: Engine) -> list[str]:
+    """Appends, at every COMMIT, the connection's ``synchronous_commit`` then."""
+    levels: list[str] = []
+
+    @event.listens_for(engine, "commit")
+    def _committed(conn: Any) -> None:
+        raw = conn.connection.dbapi_connection
+        levels.append(raw.execute("SHOW synchronous_commit").fetchone()[0])
+
+    return levels
+
+
 @pytest.mark.postgres
 def test_pg_t1_skips_its_flush_in_its_lock_and_the_reserve_flushes_past_it(
     pg_engine: Engine,
@@ -214,10 +226,12 @@ def test_pg_t1_skips_its_flush_in_its_lock_and_the_reserve_flushes_past_it(
         used.append(conn.connection.dbapi_connection)
 
     event.listen(pg_engine, "before_cursor_execute", record)
+    at_commit = _pg_levels_at_commit(pg_engine)
     try:
         assert _t1(repo, run, max_running=8).status == "dispatching"
     finally:
         event.remove(pg_engine, "before_cursor_execute", record)
+    assert at_commit == ["off"]  # in force when T1's COMMIT was sent
     # No statement of its own: the setting rides in the admission lock's.
     assert len(sent) == 3, sent
     assert "pg_advisory_xact_lock" in sent[1] and "synchronous_commit" in sent[1], sent
@@ -236,6 +250,9 @@ def test_pg_t1_skips_its_flush_in_its_lock_and_the_reserve_flushes_past_it(
     JournalRepository(pg_engine).reserve(
         attempt_id=run.latest_attempt.id, run_id=run.id, receipt_ref="r", only_if_starting=True
     )
+    # The reserve's COMMIT waited for its flush, which takes the WAL past T1's commit. (The
+    # position read below alone could also pass on the WAL writer's own background flush.)
+    assert at_commit == ["off", "off", "on"]  # T1, the lock statement's check above, the reserve
     with pg_engine.connect() as conn:
         covered = conn.execute(
             text("SELECT pg_current_wal_flush_lsn() >= CAST(:lsn AS pg_lsn)"), {"lsn": t1_end}
