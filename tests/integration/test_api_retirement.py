@@ -80,6 +80,14 @@ def test_a_retiring_api_answers_idle_connections_with_close_and_closes_silent_on
         silent.close()
 
 
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
 def _retire_with(
     proc: subprocess.Popen[bytes],
     port: int,
@@ -93,15 +101,14 @@ def _retire_with(
 
     os.kill(proc.pid, signal.SIGTERM)
     told = time.monotonic()
-    time.sleep(0.5)  # the listener is closed and every connection told to shut down by now
+    # It stops accepting (one worker, nothing else listens on the port); uvicorn tells every
+    # open connection to shut down in the same step as it closes the listener.
+    wait_until("the listener to close", lambda: _refused(port), 10)
 
     # Idle when the stop began, used again: answered, and told to reconnect.
     last = _get(talking)
     assert (last.status, last.will_close) == (200, True)
     assert last.getheader("connection") == "close"
-    # It stopped accepting (one worker, nothing else listens on the port).
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
     # The silent one stays open for the grace, then the server closes it.
     silent.sock.settimeout(IDLE_GRACE_S + 10)
     assert silent.sock.recv(1) == b""

@@ -18,7 +18,7 @@ from app.domain.model import ProcessHandle
 from app.worker.identity import wait_exit
 from app.worker.probe import HandleProbe
 from tests.recovery.kit import DEADLINE, Armed, Rig, gated, terminal_events, wait_for
-from tests.worker.kit import kill_exact
+from tests.worker.kit import kill_exact, stop_outside_a_write
 
 
 def _spawned_then_given_up(rig: Rig) -> tuple[Armed, ProcessHandle]:
@@ -64,7 +64,9 @@ def test_found_by_the_periodic_sweep_the_job_is_stopped(rig: Rig) -> None:
     a, h = _spawned_then_given_up(rig)
     assert rig.worker.proc is not None
     pid = rig.worker.proc.pid
-    os.kill(pid, signal.SIGSTOP)  # neither the watcher nor a pass can react meanwhile
+    # Neither the watcher nor a pass can react meanwhile; frozen outside a write, so the
+    # test's own writes do not wait on the frozen worker's database lock.
+    stop_outside_a_write(rig.worker.proc, rig.engine)
     try:
         _end_and_kill_the_shim(rig, a, h)
     finally:

@@ -65,7 +65,9 @@ def test_a_vanished_hosts_attempts_end_lost_and_its_epoch_is_superseded(engine: 
     leases = LeaseRepository(engine)
     a, b = claimant(host="host-a"), claimant(host="host-b")
     lease_a = leases.take(claimant=a, ttl_ms=TTL_MS, holder_alive=alive)
-    lease_b = leases.take(claimant=b, ttl_ms=SHORT_TTL_MS, holder_alive=alive)
+    # b's lease is long until b is seen live, then cut short: a slow set-up (a loaded host)
+    # must not expire it early.
+    lease_b = leases.take(claimant=b, ttl_ms=TTL_MS, holder_alive=alive)
     define_task(engine)
     on_a = _start_on(engine, enqueue(engine), a.instance_id, lease_a.epoch)
     on_b = [_start_on(engine, enqueue(engine), b.instance_id, lease_b.epoch) for _ in range(3)]
@@ -74,6 +76,7 @@ def test_a_vanished_hosts_attempts_end_lost_and_its_epoch_is_superseded(engine: 
     me = {"me_slot": leases.slot_of(a.instance_id), "me_instance_id": a.instance_id}
 
     assert expire_vanished_hosts(engine, **me, me_host="host-a", limit=2) == []  # b is live
+    leases.renew(instance_id=b.instance_id, epoch=lease_b.epoch, ttl_ms=SHORT_TTL_MS)
     time.sleep(SHORT_TTL_MS / 1000)
     first = expire_vanished_hosts(engine, **me, me_host="host-a", limit=2)  # one page of 2
     second = expire_vanished_hosts(engine, **me, me_host="host-a", limit=2)

@@ -171,7 +171,8 @@ def test_a_shim_that_never_reports_leaves_nothing_running(
         f"open({str(pid_file)!r}, 'w').write(str(pid))\n"
         "time.sleep(120)\n"
     )
-    bed = Bed(engine, tmp_path, shim_path=str(fake), status_timeout_s=1.0)
+    # Long enough for the fake's own start-up and fork on a loaded host.
+    bed = Bed(engine, tmp_path, shim_path=str(fake), status_timeout_s=3.0)
     armed = armed_run(engine)
     log = make_log(tmp_path / "logs", armed.attempt_id)
     request = launch_request(armed, argv=["/bin/true"], log_path=log)
@@ -264,7 +265,8 @@ def test_a_shim_lost_after_making_the_cgroup_leaves_none(
         "os.mkdir(spec['cgroup_root'] + '/ql-' + spec['attempt_id'])\n"
         "time.sleep(120)\n"
     )
-    bed = Bed(engine, tmp_path, shim_path=str(fake), status_timeout_s=1.0, cgroup_root=root)
+    # Long enough for the fake to make its cgroup on a loaded host (else the check is vacuous).
+    bed = Bed(engine, tmp_path, shim_path=str(fake), status_timeout_s=3.0, cgroup_root=root)
     armed = armed_run(engine)
     log = make_log(tmp_path / "logs", armed.attempt_id)
     request = launch_request(armed, argv=["/bin/true"], log_path=log)

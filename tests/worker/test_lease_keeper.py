@@ -67,12 +67,14 @@ def test_the_keeper_renews_past_the_ttl_and_releases_on_shutdown(
     engine: Engine, db_url: str, tmp_path: Path
 ) -> None:
     lost = threading.Event()
+    # A 2 s TTL renewed every 0.1 s: one renewal stalled under a second (an fsync on a loaded
+    # host) must not lose it.
     keeper = LeaseKeeper.take(
-        settings=settings(db_url, tmp_path / "a"), engine=engine, on_lost=lost.set
+        settings=settings(db_url, tmp_path / "a", ttl_s=2.0), engine=engine, on_lost=lost.set
     )
     first = keeper.lease
     try:
-        time.sleep(2.0)  # two TTLs
+        time.sleep(2.5)  # past the TTL
         repo = LeaseRepository(engine)
         current = repo.current(first.instance_id)
         assert current is not None and current.epoch == first.epoch

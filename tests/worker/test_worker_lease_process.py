@@ -57,6 +57,9 @@ def test_a_second_live_worker_refuses_with_one_line_naming_the_holder(
     workers: dict[str, Worker], engine: Engine, short_dir: Path
 ) -> None:
     a, b = workers["a"], workers["b"]
+    # A live holder is refused whatever its TTL; a long one keeps a renewal stalled while
+    # the refused workers start (a loaded host) from losing the lease mid-test.
+    a.env["QL_WORKER_LEASE_TTL_S"] = "60"
     a.start()
     assert a.proc is not None
     # Another worker of the same data dir (same instance) is refused on both engines; on
