@@ -195,9 +195,12 @@ def test_orphaned_jobs_are_adopted_reaped_and_never_killed_on_stop(
     proc, marker = _start_supervisor(tmp_path, 0.2, supervisors)
     try:
         job = int(marker.read_text())
-        stat = proc_stat(job)
-        if stat is not None:
-            assert stat[1] == proc.pid, "the double-forked job is re-parented to the supervisor"
+        # The middle process may still be exiting when the marker appears.
+        wait_until(
+            "the double-forked job to be re-parented to the supervisor (or to end)",
+            lambda: (stat := proc_stat(job)) is None or stat[1] == proc.pid,
+            10,
+        )
         wait_until("the job to be reaped", lambda: proc_stat(job) is None, 30)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -207,8 +210,13 @@ def test_orphaned_jobs_are_adopted_reaped_and_never_killed_on_stop(
     marker.unlink()
     proc, marker = _start_supervisor(tmp_path, 3600, supervisors)
     job = int(marker.read_text())
+    wait_until(
+        "the long job to be re-parented to the supervisor",
+        lambda: (stat := proc_stat(job)) is not None and stat[1] == proc.pid,
+        10,
+    )
     stat = proc_stat(job)
-    assert stat is not None and stat[1] == proc.pid
+    assert stat is not None
     service = {p: t for p, t in descendants(proc.pid).items() if p != job}
     assert service
     try:
