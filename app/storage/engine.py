@@ -15,6 +15,11 @@ from sqlalchemy.pool import NullPool
 from app.domain.errors import NotMigrated
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+# PostgreSQL ends a session of ours left idle inside a transaction this long, and with it
+# the row locks it held: a process frozen or cut off mid-transaction (a partitioned host)
+# otherwise holds them until TCP notices, hours later (docs/several-hosts.md §4). No
+# transaction of ours waits between its statements for anything but its own next statement.
+PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 PING_AFTER_IDLE_S = 1.0
 WRITE = "ql_write"
 
@@ -53,6 +58,13 @@ def make_engine(url: str, *, connections: int = 10) -> Engine:
     )
     _ping_after_idle(engine)
     _not_migrated_is_a_refusal(engine)
+
+    @event.listens_for(engine, "do_connect")
+    def _on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        # Appended to the URL's own ``options`` (a search_path, say), not in place of them.
+        mine = f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+        cparams["options"] = f"{cparams.get('options', '')} {mine}".strip()
+
     return engine
 
 

@@ -26,6 +26,11 @@ from app.storage.tables import ACTIVE_ATTEMPT, attempts, worker_leases
 from app.storage.uow import UnitOfWork
 
 _L = worker_leases.c
+# The longest this pass waits for a row lock. A host frozen or cut off inside a transaction
+# (its renewal, a run's compare-and-set) holds its locks until the server ends that session
+# (docs/several-hosts.md §4); waiting on them would stall the live worker's lease thread,
+# and with it that worker's own renewals. The pass fails instead, and the next tries again.
+EXPIRY_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '1s'"
 # A host's attempts starting or running, by id (ix_attempts_worker_instance_id_status, whose
 # predicate the query repeats as its own).
 HOST_ACTIVE_PAGE = (
@@ -52,8 +57,9 @@ def expire_vanished_hosts(
 ) -> list[ExpiredHost]:
     """End the active attempts of every other instance whose lease expired (bounded).
 
-    Raises: SQLAlchemyError (the database is unavailable; the next pass tries again),
-    VersionConflict (a run moved meanwhile: that host's transaction rolled back whole).
+    Raises: SQLAlchemyError (the database is unavailable, or a row stayed locked past
+    ``EXPIRY_LOCK_TIMEOUT``; the next pass tries again), VersionConflict (a run moved
+    meanwhile: that host's transaction rolled back whole).
     """
     with UnitOfWork(engine, write=False) as uow:
         now = db_now_ms(uow.conn)
@@ -75,6 +81,8 @@ def _expire_one(
 ) -> ExpiredHost | None:
     with UnitOfWork(engine) as uow:
         conn = uow.conn
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(EXPIRY_LOCK_TIMEOUT)
         now = db_now_ms(conn)
         row = conn.execute(select(worker_leases).where(_L.slot == slot).with_for_update()).first()
         if (

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from sqlalchemy import create_engine, select, text
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.storage import engine as engine_module
 from app.storage.engine import make_engine
@@ -120,5 +121,41 @@ def test_a_one_statement_unit_of_work_is_its_own_transaction(postgres_url: str) 
             assert uow.conn.connection.dbapi_connection.autocommit is False  # type: ignore[union-attr]
             assert uow.conn.execute(xact).scalar_one() == uow.conn.execute(xact).scalar_one()
             uow.commit()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_session_left_idle_inside_a_transaction_is_ended_and_its_locks_freed(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process frozen mid-transaction (a partitioned host) must not hold its row locks
+    # until TCP notices: the server ends the session. The URL's own options (here the test
+    # schema's search_path) stay in force beside the setting.
+    monkeypatch.setattr(engine_module, "PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", 300)
+    engine = make_engine(postgres_url)
+    try:
+        define_task(engine, task="idle")
+        run = enqueue(engine, task="idle")
+        locked = select(runs.c.id).where(runs.c.id == run.id).with_for_update()
+        frozen = engine.connect()
+        try:
+            frozen.execute(locked)  # then nothing more: the process froze here
+            with engine.connect() as other:
+                setting = other.exec_driver_sql("SHOW idle_in_transaction_session_timeout")
+                assert setting.scalar_one() == "300ms"
+                # Held now: another transaction cannot take the row.
+                with pytest.raises(OperationalError):
+                    other.execute(locked.with_for_update(nowait=True))
+                other.rollback()
+                time.sleep(1.0)
+                assert other.execute(locked.with_for_update(nowait=True)).scalar_one() == run.id
+                other.rollback()
+            with pytest.raises(DBAPIError) as gone:  # the frozen one's session is gone
+                frozen.execute(text("SELECT 1"))
+            assert gone.value.connection_invalidated  # not handed back to the pool
+        finally:
+            frozen.invalidate()
+            frozen.close()
     finally:
         engine.dispose()

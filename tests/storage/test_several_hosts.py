@@ -3,10 +3,13 @@ host's attempts ended lost, and a worker's view scoped to its own instance."""
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import OperationalError
 
 from app.domain.canonical import sha256_digest
 from app.domain.errors import LeaseLost
@@ -16,6 +19,7 @@ from app.storage.lease_repo import LeaseRepository
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.storage.tables import runs, worker_leases
 from tests.storage.helpers import HANDLE, TOKEN, define_task, enqueue, event_types
 from tests.storage.test_worker_lease import SHORT_TTL_MS, TTL_MS, alive, claimant
 
@@ -117,3 +121,56 @@ def test_a_hosts_retention_sees_only_the_logs_that_host_holds(engine: Engine) ->
     assert [c.run_id for c in scoped.log_candidates("job", limit=10)] == [mine.id]
     everyone = RetentionRepository(engine)  # SQLite, or the api's figures
     assert {c.run_id for _, c in everyone.global_candidates(limit=10)} == {mine.id, theirs.id}
+
+
+@pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+@pytest.mark.parametrize("locked", ["lease", "run"])
+def test_a_lock_held_by_a_host_frozen_mid_transaction_fails_the_pass_fast_not_forever(
+    engine: Engine, locked: str
+) -> None:
+    # Host b froze (or was cut off) inside a transaction: its lease renewal's, or a run's
+    # compare-and-set. Its locks stay until the server ends that session; the live host's
+    # pass, on its lease thread, must give up within the lock timeout rather than wait.
+    leases = LeaseRepository(engine)
+    a, b = claimant(host="host-a"), claimant(host="host-b")
+    leases.take(claimant=a, ttl_ms=TTL_MS, holder_alive=alive)
+    lease_b = leases.take(claimant=b, ttl_ms=TTL_MS, holder_alive=alive)
+    define_task(engine)
+    on_b = _start_on(engine, enqueue(engine), b.instance_id, lease_b.epoch)
+    leases.renew(instance_id=b.instance_id, epoch=lease_b.epoch, ttl_ms=1)  # expires at once
+    time.sleep(0.01)
+    me = {"me_slot": leases.slot_of(a.instance_id), "me_instance_id": a.instance_id}
+    row = (
+        select(worker_leases).where(worker_leases.c.slot == leases.slot_of(b.instance_id))
+        if locked == "lease"
+        else select(runs).where(runs.c.id == on_b.id)
+    )
+    outcome: list[BaseException | list[Any]] = []
+
+    def expire() -> None:
+        try:
+            outcome.append(expire_vanished_hosts(engine, **me, me_host="host-a", limit=10))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with engine.connect() as frozen:
+        frozen.execute(row.with_for_update())  # b's open transaction, holding the row
+        pass_ = threading.Thread(target=expire)
+        pass_.start()
+        pass_.join(10)
+        still_waiting = pass_.is_alive()
+        frozen.rollback()  # b's session ends (the server's idle-in-transaction timeout)
+    pass_.join(10)
+    assert not still_waiting, "the pass waited on the frozen host's lock"
+    [failed] = outcome
+    assert isinstance(failed, OperationalError), failed
+    # It wrote nothing: the run is still running and b's epoch unchanged.
+    assert RunReader(engine).get_run(on_b.id).status == "running"
+    current = leases.current(b.instance_id)
+    assert current is not None and current.epoch == lease_b.epoch
+    # Once the lock is gone, the next pass ends b's attempt.
+    [done] = expire_vanished_hosts(engine, **me, me_host="host-a", limit=10)
+    assert (done.instance_id, done.old_epoch, done.new_epoch, done.lost) == (
+        b.instance_id, 1, 2, 1,
+    )  # fmt: skip
+    assert RunReader(engine).get_run(on_b.id).status == "lost"
