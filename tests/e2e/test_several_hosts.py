@@ -24,7 +24,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, select
 
-from app.storage.engine import make_engine
+from app.storage.engine import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS, make_engine
 from app.storage.lease_repo import LeaseRepository
 from app.storage.tables import attempts
 from app.worker import cgroups
@@ -267,7 +267,10 @@ def _partition_then_kill(a: Served, b: NsServed, engine: Engine) -> None:
     # A partition: host B frozen whole for longer than its lease.
     b.signal_tree(signal.SIGSTOP)
     try:
-        lost = wait_status(a, on_b, {"lost"}, timeout=TTL_S + 10)
+        # Frozen mid-transaction (its renewal, say), B holds row locks until the server ends
+        # its session: the expiry may then wait for that timeout too (several-hosts.md §4).
+        frozen_session_s = PG_IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000
+        lost = wait_status(a, on_b, {"lost"}, timeout=TTL_S + frozen_session_s + 10)
     finally:
         b.signal_tree(signal.SIGCONT)
     assert lost["latest_attempt"]["error_code"] == "WORKER_LEASE_EXPIRED"
