@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -61,9 +62,12 @@ def make_engine(url: str, *, connections: int = 10) -> Engine:
 
     @event.listens_for(engine, "do_connect")
     def _on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
-        # Appended to the URL's own ``options`` (a search_path, say), not in place of them.
+        # Beside the URL's own ``options`` (a search_path, say), or else PGOPTIONS, which
+        # libpq reads only when no ``options`` is given; theirs last, so a timeout they set
+        # wins (the last ``-c`` of a name does).
+        theirs = cparams.get("options") or os.environ.get("PGOPTIONS", "")
         mine = f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
-        cparams["options"] = f"{cparams.get('options', '')} {mine}".strip()
+        cparams["options"] = f"{mine} {theirs}".strip()
 
     return engine
 

@@ -14,9 +14,11 @@ stops what is left of them when it comes back (its journal sweep, docs/journal-s
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, Integer, bindparam, select, update
+from sqlalchemy.exc import OperationalError
 
 from app.domain.errors import ErrorCode
 from app.domain.lease import WORKER_LEASE_EXPIRED
@@ -31,6 +33,8 @@ _L = worker_leases.c
 # (docs/several-hosts.md §4); waiting on them would stall the live worker's lease thread,
 # and with it that worker's own renewals. The pass fails instead, and the next tries again.
 EXPIRY_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '1s'"
+_LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available: the timeout above ran out
+log = logging.getLogger(__name__)
 # A host's attempts starting or running, by id (ix_attempts_worker_instance_id_status, whose
 # predicate the query repeats as its own).
 HOST_ACTIVE_PAGE = (
@@ -57,20 +61,33 @@ def expire_vanished_hosts(
 ) -> list[ExpiredHost]:
     """End the active attempts of every other instance whose lease expired (bounded).
 
-    Raises: SQLAlchemyError (the database is unavailable, or a row stayed locked past
-    ``EXPIRY_LOCK_TIMEOUT``; the next pass tries again), VersionConflict (a run moved
-    meanwhile: that host's transaction rolled back whole).
+    A host whose rows stay locked past ``EXPIRY_LOCK_TIMEOUT`` is passed over (its
+    transaction rolled back whole) and the others are still ended.
+
+    Raises: SQLAlchemyError (the database is unavailable; the next pass tries again),
+    VersionConflict (a run moved meanwhile: that host's transaction rolled back whole).
     """
     with UnitOfWork(engine, write=False) as uow:
         now = db_now_ms(uow.conn)
         expired = uow.conn.execute(
-            select(_L.slot, _L.epoch).where(
-                _L.slot != me_slot, _L.released_at_ms.is_(None), _L.expires_at_ms <= now
-            )
+            select(_L.slot, _L.epoch)
+            .where(_L.slot != me_slot, _L.released_at_ms.is_(None), _L.expires_at_ms <= now)
+            .order_by(_L.expires_at_ms)
         ).all()
     done = []
     for slot, epoch in expired:
-        found = _expire_one(engine, slot, epoch, me_instance_id, me_host, limit)
+        try:
+            found = _expire_one(engine, slot, epoch, me_instance_id, me_host, limit)
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            # That host's rows stay locked by a session of its own: the other vanished
+            # hosts are still ended now, this one by a later pass.
+            log.warning(
+                "a vanished host's rows stayed locked past the expiry's lock timeout (its "
+                "session frozen mid-transaction); the next pass tries again"
+            )
+            continue
         if found is not None:
             done.append(found)
     return done

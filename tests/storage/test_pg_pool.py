@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 import time
+from urllib.parse import quote
 
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, make_url, select, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.storage import engine as engine_module
@@ -144,6 +145,8 @@ def test_a_session_left_idle_inside_a_transaction_is_ended_and_its_locks_freed(
             with engine.connect() as other:
                 setting = other.exec_driver_sql("SHOW idle_in_transaction_session_timeout")
                 assert setting.scalar_one() == "300ms"
+                schema = str(make_url(postgres_url).query["options"]).split("search_path=")[1]
+                assert other.exec_driver_sql("SHOW search_path").scalar_one() == schema
                 # Held now: another transaction cannot take the row.
                 with pytest.raises(OperationalError):
                     other.execute(locked.with_for_update(nowait=True))
@@ -159,3 +162,27 @@ def test_a_session_left_idle_inside_a_transaction_is_ended_and_its_locks_freed(
             frozen.close()
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_the_timeout_keeps_pgoptions_and_yields_to_one_the_url_sets(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # libpq reads PGOPTIONS only when no options are given: the engine must not drop it.
+    base = postgres_url.split("?")[0]
+    monkeypatch.setenv("PGOPTIONS", "-c statement_timeout=1234")
+    cases = {
+        base: ("1234ms", "1min"),
+        f"{base}?options={quote('-c idle_in_transaction_session_timeout=5000')}": ("0", "5s"),
+    }
+    for url, expected in cases.items():
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                seen = tuple(
+                    conn.exec_driver_sql(f"SHOW {name}").scalar_one()
+                    for name in ("statement_timeout", "idle_in_transaction_session_timeout")
+                )
+        finally:
+            engine.dispose()
+        assert seen == expected, url
