@@ -146,7 +146,9 @@ class LeaseKeeper:
             except LeaseLost as exc:
                 self._lose(exc)
                 return
-            except SQLAlchemyError as exc:  # try again until the TTL runs out
+            except (SQLAlchemyError, StorageUnavailable) as exc:  # again until the TTL runs out
+                # StorageUnavailable: a full disk or a read-only database refused the commit;
+                # the renewal succeeds again once space returns.
                 log.warning("worker lease renewal failed (%s); retrying", type(exc).__name__)
                 continue
             self._valid_until = started + self._ttl_s
@@ -194,7 +196,7 @@ class LeaseKeeper:
             released = self._repo.release(
                 instance_id=self.lease.instance_id, epoch=self.lease.epoch
             )
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, StorageUnavailable) as exc:
             log.warning("worker lease not released (%s); it expires", type(exc).__name__)
             return
         if released:

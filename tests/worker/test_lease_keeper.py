@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -16,12 +18,14 @@ from app.domain.execution import Launched, LaunchRequest, StopResult
 from app.domain.model import ProcessHandle
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
+from app.storage.engine import make_engine
 from app.storage.lease_repo import LeaseRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.tables import worker_leases
 from app.storage.uow import UnitOfWork
 from app.worker.server import ControlServer
+from tests.disk import fill, mounted_tmpfs
 from tests.execution.kit import CountingClient, MemorySecrets, define, enqueue
 from tests.storage.helpers import HANDLE
 
@@ -197,3 +201,65 @@ def test_a_lease_lost_after_the_drains_ping_requeues_the_run_and_launches_nothin
 class _NoStops:
     def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
         raise AssertionError("nothing was launched, so nothing is stopped")
+
+
+def test_renewals_refused_by_a_full_disk_are_retried_and_the_lease_kept(
+    tmp_path: Path, sqlite_template: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A real full disk under the SQLite database: the renewals that cannot commit are
+    # retried within the TTL, and once space returns the lease is renewed again. (The
+    # keeper's thread once died on the first refusal, and the worker then refused every
+    # launch until it was restarted.)
+    with mounted_tmpfs(tmp_path / "disk", size_mib=20) as disk:
+        db = disk / "qinglong.db"
+        shutil.copyfile(sqlite_template, db)
+        url = f"sqlite:///{db}"
+        engine = make_engine(url)
+        lost = threading.Event()
+        keeper = LeaseKeeper.take(
+            settings=settings(url, disk / "data", ttl_s=30.0), engine=engine, on_lost=lost.set
+        )
+        filler = disk / "filler"
+        try:
+            fill(disk)
+            _write_until_refused(db)  # the WAL's end reached: the next renewal needs space
+            refused = lambda: any(  # noqa: E731
+                "renewal failed (StorageUnavailable)" in r.getMessage() for r in caplog.records
+            )
+            deadline = time.monotonic() + 10
+            while not refused():
+                assert time.monotonic() < deadline, "no renewal met the full disk"
+                time.sleep(0.05)
+            filler.unlink()
+            freed = LeaseRepository(engine).current(keeper.lease.instance_id)
+            assert freed is not None
+            deadline = time.monotonic() + 10
+            while keeper.lease.renewed_at_ms <= freed.renewed_at_ms:
+                assert keeper._thread.is_alive(), "the keeper's thread died on the full disk"
+                assert time.monotonic() < deadline, "no renewal after space returned"
+                time.sleep(0.05)
+            assert keeper.held() and not lost.is_set()
+        finally:
+            filler.unlink(missing_ok=True)  # so that the release can commit, even on a failure
+            try:
+                keeper.release()
+            finally:
+                engine.dispose()  # no file of the disk left open: it unmounts
+
+
+def _write_until_refused(db: Path) -> None:
+    """Commit until the full disk refuses one, so the WAL has no room left (bounded: a WAL
+    that restarted from its beginning reuses its space; the test then waits for the
+    renewal's own refusal)."""
+    conn = sqlite3.connect(db, isolation_level=None, timeout=5)
+    try:
+        for _ in range(2_000):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("UPDATE worker_leases SET renewed_at_ms = renewed_at_ms")
+                conn.execute("COMMIT")
+            except sqlite3.OperationalError:
+                conn.execute("ROLLBACK")
+                return
+    finally:
+        conn.close()
