@@ -31,7 +31,8 @@ _L = worker_leases.c
 # The longest this pass waits for a row lock. A host frozen or cut off inside a transaction
 # (its renewal, a run's compare-and-set) holds its locks until the server ends that session
 # (docs/several-hosts.md §4); waiting on them would stall the live worker's lease thread,
-# and with it that worker's own renewals. The pass fails instead, and the next tries again.
+# and with it that worker's own renewals. That host is passed over instead (its transaction
+# rolled back whole) and a later pass tries it again.
 EXPIRY_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '1s'"
 _LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available: the timeout above ran out
 log = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from app.domain.ids import uuid7
 from app.worker.identity import stat_fields, wait_exit
 from app.worker.zygote import Zygote
 from tests.integration.conftest import Launched
+from tests.kit.processes import proc_state as proc_state  # moved to the shared kit
 
 SHIM = str(Path(__file__).resolve().parents[2] / "app" / "worker" / "shim.py")
 DEADLINE = 20.0
@@ -127,10 +128,3 @@ def zlaunch(zygote: Zygote, spec: dict[str, Any] | bytes, launched: Launched) ->
     return status
 
 
-def proc_state(pid: int) -> str:
-    """The process state letter, "" once the process is gone (reaped meanwhile)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat[stat.rindex(")") + 2]

@@ -8,10 +8,20 @@ from __future__ import annotations
 import os
 import select
 import signal
+from pathlib import Path
 
 from app.domain.model import ProcessHandle
 from app.worker.cgroups import AUTO, detect, settle
 from app.worker.identity import ProcessIdentity, read_identity, stop_identity
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of a process (or of a thread, by its tid), "" once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2]
 
 
 class Processes:

@@ -37,6 +37,7 @@ from app.worker.receipts import ReceiptStore
 # Moved to the shared kit (every process-starting tier uses them); importable here as before.
 from tests.kit.processes import Processes as Processes
 from tests.kit.processes import kill_exact as kill_exact
+from tests.kit.processes import proc_state
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -277,14 +278,9 @@ def _wait_all_threads_stopped(pid: int, timeout_s: float = 10.0) -> None:
     """Wait until every thread of ``pid`` is in the stopped state (``T`` in /proc)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        states = []
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                stat = (task / "stat").read_text()
-            except FileNotFoundError:
-                continue  # a thread that just exited
-            states.append(stat[stat.rindex(")") + 2])
-        if states and all(state in "Tt" for state in states):
+        # A thread that just exited reads "": it stops nothing.
+        states = [proc_state(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+        if all(state in ("T", "t", "") for state in states) and any(states):
             return
         time.sleep(0.001)
     pytest.fail(f"process {pid} did not stop within {timeout_s} s of SIGSTOP")
