@@ -223,11 +223,10 @@ def test_renewals_refused_by_a_full_disk_are_retried_and_the_lease_kept(
         try:
             fill(disk)
             _write_until_refused(db)  # the WAL's end reached: the next renewal needs space
-            refused = lambda: any(  # noqa: E731
-                "renewal failed (StorageUnavailable)" in r.getMessage() for r in caplog.records
-            )
             deadline = time.monotonic() + 10
-            while not refused():
+            while not any(
+                "renewal failed (StorageUnavailable)" in r.getMessage() for r in caplog.records
+            ):
                 assert time.monotonic() < deadline, "no renewal met the full disk"
                 time.sleep(0.05)
             filler.unlink()
