@@ -9,8 +9,9 @@ the last second that carries ``runs:read``, and a run that exists.
 Everything else passes through untouched to the FastAPI route: no or unknown token, a token
 still to check against the database, a missing scope, a malformed or unknown id, a query
 string. That route stays the one definition of every error answer and of the OpenAPI
-document, and a test holds the two 200 answers byte-identical. An exception other than a
-domain error (the database is down) propagates exactly as it would from the route.
+document, and a test holds the two 200 answers byte-identical. A database that cannot take
+the read now (StorageUnavailable: unreachable, say) passes it to the route too, which tries
+once more and answers its 503; any other exception propagates as it would from the route.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from app.api.asgi import ASGIApp, Receive, Scope, Send
 from app.api.auth import bearer_token
 from app.api.schemas import RunOut
 from app.context.facade import AppFacade
-from app.domain.errors import DomainError
+from app.domain.errors import DomainError, StorageUnavailable
 
 _RUN_PATH = re.compile(r"/api/v1/runs/([0-9a-f-]{36})")
 _SCOPE = "runs:read"
@@ -71,6 +72,6 @@ class HotReads:
             return None
         try:
             run = await facade.get_run_async(run_id=run_id)
-        except DomainError:
+        except (DomainError, StorageUnavailable):
             return None  # the route gives the same read its problem+json answer
         return RunOut.of(run).model_dump_json().encode()

@@ -52,10 +52,14 @@ _DESCRIPTIONS = {
     416: "range not satisfiable",
     422: "validation failed (VALIDATION_FAILED, DUPLICATE_KEY or a specific code)",
     429: "QL_MAX_QUEUED runs are queued (QUEUE_FULL, with Retry-After)",
-    503: "the database cannot store writes now (STORAGE_UNAVAILABLE, with Retry-After)",
+    503: (
+        "the database cannot take the request now: it cannot store writes "
+        "(STORAGE_UNAVAILABLE), did not answer (DATABASE_UNREACHABLE) or its write lock "
+        "is held by another process (DATABASE_BUSY); with Retry-After"
+    ),
 }
 
-READ_ERRORS = (401, 403, 404, 422)
+READ_ERRORS = (401, 403, 404, 422, 503)
 WRITE_ERRORS = (400, 401, 403, 404, 413, 422, 503)
 
 

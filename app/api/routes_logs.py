@@ -61,7 +61,8 @@ _CONTENT = {
                 "model": Problem,
                 "description": (
                     "the attempt ran on another host, whose api does not answer "
-                    "(LOG_HOST_UNAVAILABLE); or the database is unavailable (STORAGE_UNAVAILABLE)"
+                    "(LOG_HOST_UNAVAILABLE); or the database cannot take the request now "
+                    "(STORAGE_UNAVAILABLE, DATABASE_UNREACHABLE, DATABASE_BUSY)"
                 ),
             },
             200: {

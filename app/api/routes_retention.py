@@ -82,7 +82,7 @@ async def put_retention(
     "/runs/{run_id}/pin",
     operation_id="runs-pin",
     response_model=RunOut,
-    responses=problems(*READ_ERRORS, 503),
+    responses=problems(*READ_ERRORS),
 )
 async def pin_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
     """Keep the run's logs and rows against every retention policy (idempotent)."""
@@ -93,7 +93,7 @@ async def pin_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
     "/runs/{run_id}/unpin",
     operation_id="runs-unpin",
     response_model=RunOut,
-    responses=problems(*READ_ERRORS, 503),
+    responses=problems(*READ_ERRORS),
 )
 async def unpin_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
     """Let retention treat the run like any other again (idempotent)."""

@@ -153,7 +153,6 @@ async def create_run(
     responses=problems(
         *READ_ERRORS,
         429,
-        503,
         extra={200: {"model": RunOut, "description": "replay of an Idempotency-Key"}},
     ),
 )
@@ -180,7 +179,7 @@ async def rerun(
     operation_id="runs-cancel",
     status_code=202,
     response_model=RunOut,
-    responses=problems(*READ_ERRORS, 409, 503),
+    responses=problems(*READ_ERRORS, 409),
 )
 async def cancel_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
     """Record the cancel intent (idempotent); 409 RUN_TERMINAL once the run ended."""

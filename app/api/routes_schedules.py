@@ -100,7 +100,7 @@ def get_schedule(
     "/schedules/{name}/pause",
     operation_id="schedules-pause",
     response_model=ScheduleOut,
-    responses=problems(*READ_ERRORS, 503),
+    responses=problems(*READ_ERRORS),
 )
 def pause_schedule(
     name: ScheduleName, response: Response, facade: Ctx, _: DefinitionsWriter
@@ -113,7 +113,7 @@ def pause_schedule(
     "/schedules/{name}/resume",
     operation_id="schedules-resume",
     response_model=ScheduleOut,
-    responses=problems(*READ_ERRORS, 503),
+    responses=problems(*READ_ERRORS),
 )
 def resume_schedule(
     name: ScheduleName, response: Response, facade: Ctx, _: DefinitionsWriter
@@ -127,7 +127,7 @@ def resume_schedule(
     operation_id="schedules-delete",
     status_code=204,
     response_class=Response,
-    responses=problems(*READ_ERRORS, 503),
+    responses=problems(*READ_ERRORS),
 )
 def delete_schedule(name: ScheduleName, facade: Ctx, _: DefinitionsWriter) -> Response:
     """Delete the schedule; its queued runs are cancelled in the same transaction."""

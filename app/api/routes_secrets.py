@@ -50,7 +50,7 @@ def list_secrets(facade: Ctx, _: SecretsWriter, paging: PageQuery) -> SecretPage
     operation_id="secrets-delete",
     status_code=204,
     response_class=Response,
-    responses=problems(*READ_ERRORS, 503),
+    responses=problems(*READ_ERRORS),
 )
 def delete_secret(name: SecretName, facade: Ctx, _: SecretsWriter) -> Response:
     """Remove a secret (404 SECRET_NOT_FOUND when there is none)."""

@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _service_main(argv: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.domain.errors import DomainError, StorageUnavailable
+    from app.domain.errors import DatabaseUnreachable, DomainError, StorageUnavailable
     from app.storage.private_files import SERVICE_UMASK
 
     # Every file and directory a role creates is private to the service's OS user (SQLite's
@@ -102,6 +102,13 @@ def _service_main(argv: list[str]) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
+    except DatabaseUnreachable:
+        print(
+            "qinglong: the database did not answer (DATABASE_UNREACHABLE); check "
+            "QL_DATABASE_URL and that the server is up",
+            file=sys.stderr,
+        )
+        return 1
     except (DomainError, StorageUnavailable) as exc:
         print(f"qinglong: {exc.detail}", file=sys.stderr)
         return 1

@@ -177,7 +177,7 @@ class LeaseKeeper:
         """Who holds the lease now, to say so in the one line (None if unreadable)."""
         try:
             return self._repo.current(self.lease.instance_id)
-        except SQLAlchemyError:
+        except (SQLAlchemyError, StorageUnavailable):
             return None
 
     def _lose(self, exc: LeaseLost) -> None:

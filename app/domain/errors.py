@@ -25,6 +25,8 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   ├── LeaseLost                 this worker lost the lease: it stops serving
     │   └── LogHostUnavailable        the attempt's host does not answer its log     [503]
     ├── StorageUnavailable            the database cannot commit now, not a refusal  [503]
+    │   ├── DatabaseUnreachable       the connection was lost or could not be opened [503]
+    │   └── DatabaseBusy              SQLite's write lock held past the busy timeout [503]
     ├── KeyUnavailable                a secret does not decrypt under the key ring
     ├── AdmissionRefused(scope)       a concurrency budget is used up: the run waits
     ├── LaunchFailed(reason)          the launch ended, nothing is left running
@@ -98,6 +100,8 @@ class ErrorCode(StrEnum):
     VERSION_CONFLICT = "VERSION_CONFLICT"
     INVALID_CURSOR = "INVALID_CURSOR"
     STORAGE_UNAVAILABLE = "STORAGE_UNAVAILABLE"
+    DATABASE_UNREACHABLE = "DATABASE_UNREACHABLE"
+    DATABASE_BUSY = "DATABASE_BUSY"
     # Schedules (docs/schedules.md).
     INVALID_SCHEDULE = "INVALID_SCHEDULE"
     INVALID_TIMEZONE = "INVALID_TIMEZONE"
@@ -276,7 +280,9 @@ class StorageUnavailable(Exception):
 
     Not a DomainError: nothing is wrong with the request and nothing was refused, so code
     that treats a refusal as "it moved on meanwhile" must not swallow it. The api answers
-    503 STORAGE_UNAVAILABLE with Retry-After; the worker's passes retry it like any outage.
+    503 with its code and Retry-After; the worker's passes retry it like any outage. Its
+    two subclasses are the other ways a database can fail a request for a while: the
+    connection (DatabaseUnreachable) and SQLite's write lock (DatabaseBusy).
     """
 
     code = ErrorCode.STORAGE_UNAVAILABLE
@@ -284,6 +290,32 @@ class StorageUnavailable(Exception):
 
     def __init__(self) -> None:
         super().__init__(f"{self.code}: {self.detail}")
+
+
+class DatabaseUnreachable(StorageUnavailable):
+    """The connection to the database was lost mid-transaction (a server restart, a cut
+    network, the server ending an idle session) or could not be opened (refused, timed out,
+    the server starting up). A read had no effect; a write cut off before its COMMIT was
+    rolled back by the server, one cut off during it may have been kept (a retried enqueue
+    takes its Idempotency-Key). The pool drops the dead connections; the next transaction
+    connects afresh.
+    """
+
+    code = ErrorCode.DATABASE_UNREACHABLE
+    detail = (
+        "the database did not answer (connection lost or refused); retry later; a write cut "
+        "off at its commit may have been kept"
+    )
+
+
+class DatabaseBusy(StorageUnavailable):
+    """SQLite: another process held the write lock past the busy timeout (one frozen
+    mid-transaction, a long ``sqlite3`` shell session). Nothing of the write was made."""
+
+    code = ErrorCode.DATABASE_BUSY
+    detail = (
+        "another process held the database's write lock too long; nothing was written; retry later"
+    )
 
 
 class QueueFull(DomainError):

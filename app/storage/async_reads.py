@@ -11,9 +11,10 @@ thread. Connections open on first use, at most ``size`` at once; a caller waits 
 for a free one. A connection that fails, or whose caller was cancelled mid-query, is closed
 and never reused; a read that found its idle connection broken (a server restart, an idle
 cut) is retried once on a fresh one, since a SELECT can be repeated; any other error is the
-caller's. ``aclose`` (the api lifespan's shutdown) closes the idle ones. A cancelled read's
-server process lingers until it notices its client left, so the server may briefly count
-more than ``size``.
+caller's, except a connection that could not be opened or broke: DatabaseUnreachable, as
+the sync engine says it (engine.py). ``aclose`` (the api lifespan's shutdown) closes the
+idle ones. A cancelled read's server process lingers until it notices its client left, so
+the server may briefly count more than ``size``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from typing import Any
 import psycopg
 from sqlalchemy import Engine
 
-from app.domain.errors import NotMigrated
+from app.domain.errors import DatabaseUnreachable, NotMigrated
 from app.storage.engine import is_schema_missing
 from app.storage.one_statement import OneStatementRead
+from app.storage.unavailable import outage_of
 
 APPLICATION_NAME = "qinglong-api-reads"  # how an operator tells these apart in pg_stat_activity
 CONNECT_TIMEOUT_S = 5
@@ -67,14 +69,22 @@ class AsyncReads:
             conn, reused = await self._take()
             try:
                 rows = await _execute(conn, sql, args)
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as exc:
                 broken = conn.broken or conn.closed  # not a timeout or a lock error
                 await _discard(conn)
-                if not (reused and broken):
+                if not broken:
                     raise
+                if not reused:
+                    raise DatabaseUnreachable() from exc
                 conn = await self._connect()  # the idle one was cut: once more, fresh
                 try:
                     rows = await _execute(conn, sql, args)
+                except psycopg.OperationalError as again:
+                    broken = conn.broken or conn.closed
+                    await _discard(conn)
+                    if broken:
+                        raise DatabaseUnreachable() from again
+                    raise
                 except BaseException:
                     await _discard(conn)
                     raise
@@ -104,7 +114,13 @@ class AsyncReads:
         return await self._connect(), False
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(*self._args, **self._params)
+        try:
+            return await psycopg.AsyncConnection.connect(*self._args, **self._params)
+        except psycopg.OperationalError as exc:
+            outage = outage_of(exc, connecting=True, disconnect=False)
+            if outage is None:
+                raise  # the server refused us (a password, a database): configuration
+            raise outage from exc
 
 
 async def _execute(

@@ -14,6 +14,7 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.pool import NullPool
 
 from app.domain.errors import NotMigrated
+from app.storage.unavailable import outage_of
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 # PostgreSQL ends a session of ours left idle inside a transaction this long, and with it
@@ -58,7 +59,7 @@ def make_engine(url: str, *, connections: int = 10) -> Engine:
         connect_args={"connect_timeout": 5},
     )
     _ping_after_idle(engine)
-    _not_migrated_is_a_refusal(engine)
+    _translate_driver_errors(engine)
 
     @event.listens_for(engine, "do_connect")
     def _on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
@@ -89,19 +90,26 @@ def is_schema_missing(exc: BaseException) -> bool:
     return False
 
 
-def _not_migrated_is_a_refusal(engine: Engine) -> None:
-    """A statement against a missing table raises NotMigrated, not a driver error.
+def _translate_driver_errors(engine: Engine) -> None:
+    """Driver errors that say "not now" rather than "a bug" are raised as the domain's.
 
-    ``qinglong api`` never migrates (systemd starts it beside ``qinglong migrate``): until the
-    schema is there every request would otherwise end in a bare 500; with this the api
-    answers 503 NOT_MIGRATED and the worker refuses with its one line (docs/operations.md).
+    A statement against a missing table raises NotMigrated: ``qinglong api`` never migrates
+    (systemd starts it beside ``qinglong migrate``), and until the schema is there every
+    request would otherwise end in a bare 500; with this the api answers 503 NOT_MIGRATED and
+    the worker refuses with its one line (docs/operations.md). A connection lost or refused
+    raises DatabaseUnreachable, SQLite's write lock held past the busy timeout DatabaseBusy
+    (app/storage/unavailable.py): 503 with Retry-After as well. SQLAlchemy still invalidates
+    a dead connection (and the pool's older ones) before the new error is raised.
     """
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context: Any) -> BaseException | None:
-        if is_schema_missing(context.original_exception):
+        orig = context.original_exception
+        if is_schema_missing(orig):
             return NotMigrated()
-        return None
+        return outage_of(
+            orig, connecting=context.connection is None, disconnect=context.is_disconnect
+        )
 
 
 def _ping_after_idle(engine: Engine) -> None:
@@ -146,7 +154,7 @@ def _sqlite_engine(url: str) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    _not_migrated_is_a_refusal(engine)
+    _translate_driver_errors(engine)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:

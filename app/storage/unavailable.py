@@ -7,6 +7,11 @@ means a missing or misconfigured path far more often than a full disk. PostgreSQ
 SQLSTATE class 53 (insufficient resources: 53100 disk_full), 25006 (read-only transaction:
 a standby, or default_transaction_read_only) and 58030 (io_error).
 
+``outage_of`` names the other two ways a database fails a request for a while: a lost or
+refused connection (``DatabaseUnreachable``) and SQLite's write lock held by another process
+past the busy timeout (``DatabaseBusy``); the engine raises them in the driver's error's
+place (app/storage/engine.py), so the api answers 503 with Retry-After, not 500.
+
 ``WRITE_HEALTH`` remembers, per engine, whether this process's newest write was refused:
 readiness reports it (a disk can be full for the database long before free space says so,
 e.g. a PostgreSQL server on another volume).
@@ -21,6 +26,8 @@ import weakref
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from app.domain.errors import DatabaseBusy, DatabaseUnreachable, StorageUnavailable
+
 _SQLITE_CODES = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR})
 _PG_STATES = frozenset({"25006", "58030"})
 
@@ -33,6 +40,37 @@ def is_storage_unavailable(exc: BaseException) -> bool:
         return isinstance(code, int) and code & 0xFF in _SQLITE_CODES
     state = getattr(orig, "sqlstate", None)  # psycopg.Error, without importing psycopg here
     return isinstance(state, str) and (state.startswith("53") or state in _PG_STATES)
+
+
+# A connection exception (class 08), the server shutting down or crashed (57P01, 57P02),
+# starting up or shutting down when asked to connect (57P03), and ending a session left
+# idle in a transaction (25P03, app/storage/engine.py).
+_PG_CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03", "25P03"})
+
+
+def outage_of(
+    orig: BaseException, *, connecting: bool, disconnect: bool
+) -> StorageUnavailable | None:
+    """The outage a raw driver error means, or None for any other error.
+
+    ``connecting``: it was raised while a connection was being opened; ``disconnect``: the
+    dialect found the connection dead (psycopg: broken or closed). psycopg gives a failed
+    connect no SQLSTATE, whether nothing answered or the server refused the login (a wrong
+    password, an unknown database): both are unreachable here, and the CLI's one line at
+    start-up says to check QL_DATABASE_URL.
+    """
+    if isinstance(orig, sqlite3.Error):
+        code = getattr(orig, "sqlite_errorcode", None)
+        busy = isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_BUSY
+        return DatabaseBusy() if busy else None
+    state = getattr(orig, "sqlstate", None)  # psycopg.Error, without importing psycopg here
+    if disconnect or (
+        isinstance(state, str) and (state.startswith("08") or state in _PG_CONNECTION_STATES)
+    ):
+        return DatabaseUnreachable()
+    if connecting and state is None and type(orig).__name__ == "OperationalError":
+        return DatabaseUnreachable()
+    return None
 
 
 class _WriteHealth:

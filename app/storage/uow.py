@@ -413,4 +413,6 @@ class UnitOfWork:
     def _raise_group_error(self, error: BaseException) -> None:
         if is_storage_unavailable(error):
             raise StorageUnavailable() from error
+        if isinstance(error, StorageUnavailable):  # the engine's (DatabaseBusy): each its own
+            raise type(error)() from error
         raise GroupCommitFailed("the shared commit failed; nothing of it was kept") from error

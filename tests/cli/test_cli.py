@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,18 @@ def test_an_unmigrated_database_is_a_clear_error(tmp_path: Path) -> None:
     result = ql("token", "list", data_dir=tmp_path / "missing")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "migrate" in result.stderr
+
+
+def test_a_database_that_does_not_answer_is_one_line_without_the_url(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on: the connect is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql+psycopg://postgres:s3cret-pw@127.0.0.1:{port}/test"
+    for args in (("migrate",), ("token", "list")):
+        done = ql(*args, data_dir=tmp_path, env={"QL_DATABASE_URL": url})
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines() == [
+            "qinglong: the database did not answer (DATABASE_UNREACHABLE); check "
+            "QL_DATABASE_URL and that the server is up"
+        ]
+        assert "s3cret-pw" not in done.stdout + done.stderr

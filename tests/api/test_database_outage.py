@@ -1,0 +1,235 @@
+"""A database that fails a request for a while answers 503 with Retry-After, never 500.
+
+Real outages only. PostgreSQL is reached through a TCP relay the test cuts: every open
+connection closed and new ones refused, which is what the api sees of a server restart or a
+cut network. SQLite's write lock is held by another process past the busy timeout. Both
+recover by themselves once the database answers again, and a retried enqueue makes exactly
+one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import func, make_url, select
+
+from app.api.main import create_app
+from app.domain.profiles import EDGE
+from app.domain.tokens import new_api_token
+from app.settings import Settings
+from app.storage import engine as engine_module
+from app.storage.engine import make_engine
+from app.storage.migrate import upgrade_to_head
+from app.storage.tables import runs
+from app.storage.tokens_repo import TokenRepository
+from tests.api.conftest import Client
+from tests.conftest import private_pg_schema
+
+
+class _Relay:
+    """Forwards 127.0.0.1:<port> to a PostgreSQL server until ``cut``, then refuses."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._lock = threading.Lock()
+        self._socks: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._serve()
+
+    def _serve(self) -> None:
+        self._stop.clear()
+        self._listener.settimeout(0.05)
+        thread = threading.Thread(target=self._accept, args=(self._listener,), daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            try:
+                server = socket.create_connection(self._target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks |= {client, server}
+            for src, dst in ((client, server), (server, client)):
+                pump = threading.Thread(target=_pump, args=(src, dst), daemon=True)
+                pump.start()
+                self._threads.append(pump)
+
+    def cut(self) -> None:
+        """Close every relayed connection and the listener: connecting is refused."""
+        self._stop.set()
+        self._listener.close()
+        with self._lock:
+            socks, self._socks = self._socks, set()
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked in recv
+            sock.close()
+        for thread in self._threads:
+            thread.join(5)
+        assert not any(t.is_alive() for t in self._threads)
+        self._threads = []
+
+    def resume(self) -> None:
+        """Listen on the same port again (SO_REUSEADDR: create_server sets it)."""
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._serve()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def _prepared(settings: Settings) -> tuple[Client, dict[str, str]]:
+    engine = make_engine(settings.database_url)
+    try:
+        token = new_api_token()
+        TokenRepository(engine).create(name="admin", scopes=frozenset({"admin"}), token=token)
+    finally:
+        engine.dispose()
+    client = Client(create_app(settings, execution=False))
+    admin = {"Authorization": f"Bearer {token}"}
+    r = client.put("/api/v1/tasks/hello/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
+    assert r.status_code == 201, r.text
+    return client, admin
+
+
+def _assert_503(r: httpx.Response, code: str) -> None:
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.headers["retry-after"] == "10"
+    assert r.json()["code"] == code
+    assert r.json()["type"] == f"urn:qinglong:problem:{code}"
+
+
+@pytest.fixture
+def relayed_pg() -> Iterator[tuple[str, _Relay]]:
+    """A private migrated schema, and its URL through a relay the test can cut."""
+    with private_pg_schema("ql_outage") as url:
+        parsed = make_url(url)
+        relay = _Relay((parsed.host or "127.0.0.1", parsed.port or 5432))
+        try:
+            yield parsed.set(port=relay.port).render_as_string(hide_password=False), relay
+        finally:
+            relay.cut()
+
+
+@pytest.mark.postgres
+def test_postgres_lost_and_refused_connections_answer_503_and_recover(
+    relayed_pg: tuple[str, _Relay], tmp_path: Path
+) -> None:
+    url, relay = relayed_pg
+    client, admin = _prepared(Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE))
+    try:
+        r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
+        assert r.status_code == 201, r.text
+        run_id = r.json()["id"]
+        assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
+
+        relay.cut()  # the pooled connections die under the api; new ones are refused
+        again = {**admin, "Idempotency-Key": "after-the-cut"}
+        _assert_503(
+            client.post("/api/v1/runs", json={"task": "hello"}, headers=again),
+            "DATABASE_UNREACHABLE",
+        )
+        # The hot read (its own connections on the event loop), a sync read, another write.
+        _assert_503(client.get(f"/api/v1/runs/{run_id}", headers=admin), "DATABASE_UNREACHABLE")
+        _assert_503(client.get("/api/v1/tasks", headers=admin), "DATABASE_UNREACHABLE")
+        _assert_503(
+            client.put("/api/v1/secrets/s1", json={"value": "v"}, headers=admin),
+            "DATABASE_UNREACHABLE",
+        )
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert "database: database unreachable" in ready.json()["detail"]
+
+        relay.resume()  # no restart of the api: its pools connect afresh
+        r = client.post("/api/v1/runs", json={"task": "hello"}, headers=again)
+        assert r.status_code == 201, r.text  # the refused attempt kept nothing
+        replay = client.post("/api/v1/runs", json={"task": "hello"}, headers=again)
+        assert replay.status_code == 200 and replay.json()["id"] == r.json()["id"]
+        assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
+        assert client.get("/api/v1/tasks", headers=admin).status_code == 200
+        assert client.get("/readyz").status_code == 200
+    finally:
+        client.close()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 2
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_write_lock_held_by_another_process_answers_503_and_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_module, "SQLITE_BUSY_TIMEOUT_MS", 300)
+    data = tmp_path / "data"
+    data.mkdir()
+    path = data / "q.db"
+    url = f"sqlite:///{path}"
+    engine = make_engine(url)
+    upgrade_to_head(engine)
+    engine.dispose()
+    client, admin = _prepared(Settings(data_dir=data, database_url=url, profile=EDGE))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_THE_WRITE_LOCK, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
+        _assert_503(r, "DATABASE_BUSY")
+        # Readers are not held up by a writer (WAL): the task is still there to read.
+        assert client.get("/api/v1/tasks/hello", headers=admin).status_code == 200
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()  # the holder rolls back and exits
+        assert holder.wait(10) == 0
+        if holder.stdout is not None:
+            holder.stdout.close()
+    try:
+        r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
+        assert r.status_code == 201, r.text
+    finally:
+        client.close()
+
+
+_HOLD_THE_WRITE_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.read()
+conn.execute("ROLLBACK")
+"""
