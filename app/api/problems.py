@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +27,8 @@ from app.domain.errors import (
     VersionConflict,
 )
 
+log = logging.getLogger("qinglong.api")
+
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:qinglong:problem:"
 
@@ -42,6 +46,9 @@ VALIDATION_FAILED = "VALIDATION_FAILED"
 # How long a client should wait before retrying a write the database could not store: long
 # enough for an operator (or a log rotation) to free space, short enough to notice it.
 STORAGE_RETRY_AFTER_S = 10
+# An outage answers every request 503: the log says so once per code and this long.
+OUTAGE_LOG_EVERY_S = 10.0
+_outage_logged_at: dict[str, float] = {}
 DUPLICATE_KEY = "DUPLICATE_KEY"
 MALFORMED_REQUEST = "MALFORMED_REQUEST"  # HTTP framing: Content-Length, chunks, request line
 # Written by the HTTP protocol itself, before a request reaches the app (app/api/http_limits.py).
@@ -154,6 +161,20 @@ def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
     return 422, VALIDATION_FAILED, f"{where}: {first.get('msg', 'invalid')}"
 
 
+def _log_outage(code: str, request: Request) -> None:
+    """One warning per code and OUTAGE_LOG_EVERY_S: the code and the route's template only."""
+    now = time.monotonic()
+    last = _outage_logged_at.get(code)
+    if last is not None and now - last < OUTAGE_LOG_EVERY_S:
+        return
+    _outage_logged_at[code] = now
+    route = getattr(request.scope.get("route"), "path", "?")
+    log.warning(
+        "answered 503 %s on %s %s (one such line per %.0f s at most)",
+        code, request.method, route, OUTAGE_LOG_EVERY_S,
+    )  # fmt: skip
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into problem+json."""
 
@@ -170,9 +191,11 @@ def install(app: FastAPI) -> None:
             headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
         return problem_response(status_for(exc), str(exc.code), exc.detail, headers)
 
-    async def on_storage(_request: Request, exc: Exception) -> Response:
-        # Every route, read or write: the unit of work raises it for any transaction.
+    async def on_storage(request: Request, exc: Exception) -> Response:
+        # Every route, read or write: the unit of work and the engine raise it for any
+        # transaction (a full disk, a lost connection, SQLite's lock held too long).
         assert isinstance(exc, StorageUnavailable)
+        _log_outage(str(exc.code), request)
         headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
         return problem_response(503, str(exc.code), exc.detail, headers)
 

@@ -119,7 +119,7 @@ class AsyncReads:
         except psycopg.OperationalError as exc:
             outage = outage_of(exc, connecting=True, disconnect=False)
             if outage is None:
-                raise  # the server refused us (a password, a database): configuration
+                raise  # not a failed connect at all (none is known today): as it came
             raise outage from exc
 
 

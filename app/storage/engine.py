@@ -23,6 +23,7 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 # transaction of ours waits between its statements for anything but its own next statement.
 PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 PING_AFTER_IDLE_S = 1.0
+PG_CONNECT_TIMEOUT_S = 5  # a server that accepts and never answers fails this fast
 WRITE = "ql_write"
 
 
@@ -56,7 +57,7 @@ def make_engine(url: str, *, connections: int = 10) -> Engine:
         # READ COMMITTED: each CAS UPDATE re-checks `version` after waiting for a concurrent
         # writer (PostgreSQL re-evaluates the WHERE clause on the newest row version).
         isolation_level="READ COMMITTED",
-        connect_args={"connect_timeout": 5},
+        connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S},
     )
     _ping_after_idle(engine)
     _translate_driver_errors(engine)
@@ -107,6 +108,8 @@ def _translate_driver_errors(engine: Engine) -> None:
         orig = context.original_exception
         if is_schema_missing(orig):
             return NotMigrated()
+        if context.is_pre_ping:
+            return None  # the pool's own ping: it replaces the connection on its own error
         return outage_of(
             orig, connecting=context.connection is None, disconnect=context.is_disconnect
         )
@@ -185,7 +188,8 @@ def _begin_immediate(conn: Any) -> None:
                 raw.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if getattr(exc, "sqlite_errorcode", sqlite3.SQLITE_BUSY) != sqlite3.SQLITE_BUSY:
+                code = getattr(exc, "sqlite_errorcode", sqlite3.SQLITE_BUSY)
+                if code & 0xFF != sqlite3.SQLITE_BUSY:  # _RECOVERY, _SNAPSHOT are busy too
                     raise
             time.sleep(delay)
             delay = min(delay * 1.5, 0.002)

@@ -65,7 +65,8 @@ def expire_vanished_hosts(
     A host whose rows stay locked past ``EXPIRY_LOCK_TIMEOUT`` is passed over (its
     transaction rolled back whole) and the others are still ended.
 
-    Raises: SQLAlchemyError (the database is unavailable; the next pass tries again),
+    Raises: StorageUnavailable or SQLAlchemyError (the database is unavailable; the next
+    pass tries again),
     VersionConflict (a run moved meanwhile: that host's transaction rolled back whole).
     """
     with UnitOfWork(engine, write=False) as uow:

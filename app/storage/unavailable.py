@@ -42,10 +42,13 @@ def is_storage_unavailable(exc: BaseException) -> bool:
     return isinstance(state, str) and (state.startswith("53") or state in _PG_STATES)
 
 
-# A connection exception (class 08), the server shutting down or crashed (57P01, 57P02),
-# starting up or shutting down when asked to connect (57P03), and ending a session left
-# idle in a transaction (25P03, app/storage/engine.py).
-_PG_CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03", "25P03"})
+# The connection exceptions of class 08 (not 08P01, a protocol violation: a bug), the server
+# shutting down or crashed (57P01, 57P02), starting up or shutting down when asked to
+# connect (57P03), and ending a session left idle in a transaction (25P03,
+# app/storage/engine.py).
+_PG_CONNECTION_STATES = frozenset(
+    {"08000", "08001", "08003", "08004", "08006", "08007", "57P01", "57P02", "57P03", "25P03"}
+)
 
 
 def outage_of(
@@ -56,19 +59,20 @@ def outage_of(
     ``connecting``: it was raised while a connection was being opened; ``disconnect``: the
     dialect found the connection dead (psycopg: broken or closed). psycopg gives a failed
     connect no SQLSTATE, whether nothing answered or the server refused the login (a wrong
-    password, an unknown database): both are unreachable here, and the CLI's one line at
-    start-up says to check QL_DATABASE_URL.
+    password, an unknown database) or the connect timed out: all are unreachable here, and
+    the CLI's one line at start-up says to check QL_DATABASE_URL.
     """
     if isinstance(orig, sqlite3.Error):
         code = getattr(orig, "sqlite_errorcode", None)
         busy = isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_BUSY
         return DatabaseBusy() if busy else None
     state = getattr(orig, "sqlstate", None)  # psycopg.Error, without importing psycopg here
-    if disconnect or (
-        isinstance(state, str) and (state.startswith("08") or state in _PG_CONNECTION_STATES)
-    ):
+    if disconnect or state in _PG_CONNECTION_STATES:
         return DatabaseUnreachable()
-    if connecting and state is None and type(orig).__name__ == "OperationalError":
+    # psycopg's OperationalError or a subclass of it (ConnectionTimeout: nothing answered
+    # within the connect timeout), named rather than imported: SQLite's engine loads no psycopg.
+    operational = any(c.__name__ == "OperationalError" for c in type(orig).__mro__)
+    if connecting and state is None and operational:
         return DatabaseUnreachable()
     return None
 

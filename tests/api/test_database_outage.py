@@ -10,6 +10,7 @@ one run.
 from __future__ import annotations
 
 import contextlib
+import select as io_select
 import socket
 import subprocess
 import sys
@@ -21,7 +22,9 @@ import httpx
 import pytest
 from sqlalchemy import func, make_url, select
 
+from app.api import problems
 from app.api.main import create_app
+from app.context.token_cache import TokenCache
 from app.domain.profiles import EDGE
 from app.domain.tokens import new_api_token
 from app.settings import Settings
@@ -117,7 +120,9 @@ def _prepared(settings: Settings) -> tuple[Client, dict[str, str]]:
     client = Client(create_app(settings, execution=False))
     admin = {"Authorization": f"Bearer {token}"}
     r = client.put("/api/v1/tasks/hello/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
-    assert r.status_code == 201, r.text
+    if r.status_code != 201:
+        client.close()
+        raise AssertionError(r.text)
     return client, admin
 
 
@@ -143,8 +148,16 @@ def relayed_pg() -> Iterator[tuple[str, _Relay]]:
 
 @pytest.mark.postgres
 def test_postgres_lost_and_refused_connections_answer_503_and_recover(
-    relayed_pg: tuple[str, _Relay], tmp_path: Path
+    relayed_pg: tuple[str, _Relay],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # The token stays cached across the cut: each request below then reaches its own read or
+    # write, not the token lookup (which would answer the same 503 on a slow host).
+    defaults = TokenCache.__init__.__kwdefaults__ or {}
+    monkeypatch.setattr(TokenCache.__init__, "__kwdefaults__", {**defaults, "ttl_s": 3600.0})
+    monkeypatch.setattr(problems, "_outage_logged_at", {})  # no line held back by another test
     url, relay = relayed_pg
     client, admin = _prepared(Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE))
     try:
@@ -166,6 +179,13 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
             client.put("/api/v1/secrets/s1", json={"value": "v"}, headers=admin),
             "DATABASE_UNREACHABLE",
         )
+        said = [r.getMessage() for r in caplog.records if r.name == "qinglong.api"]
+        assert not [m for m in said if m.startswith("unhandled")]  # no 500 path was taken
+        # One line for the outage, however many requests it refused, naming no request data.
+        outage = [m for m in said if "503 DATABASE_UNREACHABLE" in m]
+        assert outage == [
+            "answered 503 DATABASE_UNREACHABLE on POST /api/v1/runs (one such line per 10 s at most)"
+        ]
         ready = client.get("/readyz")
         assert ready.status_code == 503
         assert "database: database unreachable" in ready.json()["detail"]
@@ -206,23 +226,34 @@ def test_sqlite_write_lock_held_by_another_process_answers_503_and_recovers(
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert holder.stdin is not None and holder.stdout is not None
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        ready, _, _ = io_select.select([holder.stdout], [], [], 30)
+        assert ready and holder.stdout.readline() == "held\n"
         r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
         _assert_503(r, "DATABASE_BUSY")
         # Readers are not held up by a writer (WAL): the task is still there to read.
         assert client.get("/api/v1/tasks/hello", headers=admin).status_code == 200
     finally:
-        assert holder.stdin is not None
         holder.stdin.close()  # the holder rolls back and exits
-        assert holder.wait(10) == 0
-        if holder.stdout is not None:
+        try:
+            assert holder.wait(10) == 0
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait()
             holder.stdout.close()
     try:
         r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
         assert r.status_code == 201, r.text
     finally:
         client.close()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:  # the refused write left nothing behind
+            assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 1
+    finally:
+        engine.dispose()
 
 
 _HOLD_THE_WRITE_LOCK = """
