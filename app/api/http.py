@@ -54,8 +54,8 @@ _DESCRIPTIONS = {
     429: "QL_MAX_QUEUED runs are queued (QUEUE_FULL, with Retry-After)",
     503: (
         "the database cannot take the request now: it cannot store writes "
-        "(STORAGE_UNAVAILABLE), did not answer (DATABASE_UNREACHABLE) or its write lock "
-        "is held by another process (DATABASE_BUSY); with Retry-After"
+        "(STORAGE_UNAVAILABLE), did not answer (DATABASE_UNREACHABLE) or did not take it "
+        "in time (DATABASE_BUSY); with Retry-After"
     ),
 }
 

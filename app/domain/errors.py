@@ -309,12 +309,15 @@ class DatabaseUnreachable(StorageUnavailable):
 
 
 class DatabaseBusy(StorageUnavailable):
-    """SQLite: another process held the write lock past the busy timeout (one frozen
-    mid-transaction, a long ``sqlite3`` shell session). Nothing of the write was made."""
+    """The database did not take the work in time: on SQLite another process held the write
+    lock past the busy timeout (one frozen mid-transaction, a long ``sqlite3`` shell
+    session); on either engine every pooled connection of this process stayed in use for
+    the pool timeout (a stalled server, a lock held long). Nothing of the work was made."""
 
     code = ErrorCode.DATABASE_BUSY
     detail = (
-        "another process held the database's write lock too long; nothing was written; retry later"
+        "the database did not take the request in time (its write lock or every connection "
+        "stayed busy); nothing was written; retry later"
     )
 
 

@@ -11,9 +11,10 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
-from sqlalchemy.pool import NullPool
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool, QueuePool
 
-from app.domain.errors import NotMigrated
+from app.domain.errors import DatabaseBusy, NotMigrated
 from app.storage.unavailable import outage_of
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -24,6 +25,9 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 PING_AFTER_IDLE_S = 1.0
 PG_CONNECT_TIMEOUT_S = 5  # a server that accepts and never answers fails this fast
+# How long a transaction waits for one of the process's pooled connections when every one is
+# in use (a stalled server, a long lock): then DatabaseBusy, 503 at the api.
+POOL_TIMEOUT_S = 30.0
 WRITE = "ql_write"
 
 
@@ -52,8 +56,10 @@ def make_engine(url: str, *, connections: int = 10) -> Engine:
         return _sqlite_engine(url)
     engine = create_engine(
         url,
+        poolclass=_Pool,
         pool_size=connections,
         max_overflow=0,
+        pool_timeout=POOL_TIMEOUT_S,
         # READ COMMITTED: each CAS UPDATE re-checks `version` after waiting for a concurrent
         # writer (PostgreSQL re-evaluates the WHERE clause on the newest row version).
         isolation_level="READ COMMITTED",
@@ -89,6 +95,20 @@ def is_schema_missing(exc: BaseException) -> bool:
         text = str(exc)
         return any(marker in text for marker in _SQLITE_SCHEMA_MISSING)
     return False
+
+
+class _Pool(QueuePool):
+    """A QueuePool whose checkout, after waiting ``pool_timeout`` for a connection while every
+    one is in use, raises DatabaseBusy rather than SQLAlchemy's TimeoutError: the database
+    did not take the work in time (a stalled server, a lock held long), which is an outage to
+    retry, not a bug. ``_do_get`` is the checkout SQLAlchemy's own pools implement;
+    tests/api/test_database_outage.py fails if it stops being the one that times out."""
+
+    def _do_get(self) -> ConnectionPoolEntry:
+        try:
+            return super()._do_get()
+        except PoolTimeout as exc:
+            raise DatabaseBusy() from exc
 
 
 def _translate_driver_errors(engine: Engine) -> None:
@@ -140,9 +160,13 @@ def _ping_after_idle(engine: Engine) -> None:
 
 
 def _sqlite_engine(url: str) -> Engine:
+    # A pool timeout only where there is a pool to wait for (NullPool refuses the argument).
+    pool: dict[str, Any] = {"poolclass": NullPool}
+    if ":memory:" not in url:
+        pool = {"poolclass": _Pool, "pool_timeout": POOL_TIMEOUT_S}
     engine = create_engine(
         url,
-        poolclass=NullPool if ":memory:" in url else None,
+        **pool,
         connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
     )
 

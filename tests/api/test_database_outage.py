@@ -35,6 +35,7 @@ from app.storage.tables import runs
 from app.storage.tokens_repo import TokenRepository
 from tests.api.conftest import Client
 from tests.conftest import private_pg_schema
+from tests.worker.kit import wait_for
 
 
 class _Relay:
@@ -264,3 +265,69 @@ print("held", flush=True)
 sys.stdin.read()
 conn.execute("ROLLBACK")
 """
+
+
+POOL_CONNECTIONS = 10  # make_engine's default, the api's pool
+
+
+@pytest.mark.postgres
+def test_postgres_connections_all_held_by_a_stalled_database_answer_503_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lock held long (a migration by hand, a frozen session) stalls every enqueue on the
+    # server: each holds one of the api's ten pooled connections while it waits. The next
+    # request waits the pool timeout for one and answers 503, not 500; once the lock goes
+    # the stalled ones complete, each with its run.
+    monkeypatch.setattr(engine_module, "POOL_TIMEOUT_S", 1.0)
+    defaults = TokenCache.__init__.__kwdefaults__ or {}
+    monkeypatch.setattr(TokenCache.__init__, "__kwdefaults__", {**defaults, "ttl_s": 3600.0})
+    with private_pg_schema("ql_stall") as url:
+        client, admin = _prepared(
+            Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE)
+        )
+        locker = make_engine(url)
+        stalled: list[httpx.Response] = []
+        try:
+            with locker.connect() as lock:
+                lock.exec_driver_sql("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+                me = lock.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+                posts = [
+                    threading.Thread(
+                        target=lambda: stalled.append(
+                            client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
+                        )
+                    )
+                    for _ in range(POOL_CONNECTIONS)
+                ]
+                for post in posts:
+                    post.start()
+                # Sessions held up by the lock, directly or behind another enqueue of the task.
+                waiting = (
+                    "WITH RECURSIVE held(pid) AS (SELECT pid FROM pg_stat_activity "
+                    "WHERE %s = ANY(pg_blocking_pids(pid)) UNION SELECT a.pid FROM "
+                    "pg_stat_activity a JOIN held h ON h.pid = ANY(pg_blocking_pids(a.pid))) "
+                    "SELECT count(*) FROM held"
+                )
+                # Autocommit: a transaction would read one snapshot of pg_stat_activity.
+                with locker.connect().execution_options(isolation_level="AUTOCOMMIT") as probe:
+                    wait_for(
+                        lambda: (
+                            probe.exec_driver_sql(waiting, (me,)).scalar_one() == POOL_CONNECTIONS
+                        ),
+                        "every pooled connection of the api to wait on the lock",
+                    )
+                    _assert_503(
+                        client.post("/api/v1/runs", json={"task": "hello"}, headers=admin),
+                        "DATABASE_BUSY",
+                    )
+                lock.rollback()  # the lock goes
+            for post in posts:
+                post.join(30)
+            assert sorted(r.status_code for r in stalled) == [201] * POOL_CONNECTIONS
+            with locker.connect() as conn:
+                assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == (
+                    POOL_CONNECTIONS
+                )
+        finally:
+            client.close()
+            locker.dispose()
