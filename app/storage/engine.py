@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -109,6 +110,12 @@ class _Pool(QueuePool):
             return super()._do_get()
         except PoolTimeout as exc:
             raise DatabaseBusy() from exc
+
+
+# SQLAlchemy names a pool's logger after its class (here, not under "sqlalchemy"). Its INFO
+# lines quote the driver's messages and the connection's address; the code that met the
+# failure logs it by type instead, so a service at INFO keeps these out.
+logging.getLogger(f"{_Pool.__module__}.{_Pool.__qualname__}").setLevel(logging.WARNING)
 
 
 def _translate_driver_errors(engine: Engine) -> None:

@@ -8,6 +8,10 @@ the hot API read (GET one run) most of its database time (figures: bench/README.
 
 Only for reads whose statement shape is fixed at import time; the parameters are bound by the
 driver, never formatted into the SQL.
+
+Below ``Connection.execute`` the engine's error hook does not run, so ``rows`` translates the
+driver's errors itself, as that hook does (app/storage/engine.py): a missing table is
+NotMigrated, a lost or refused connection DatabaseUnreachable, SQLite's lock DatabaseBusy.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Engine, Select
+
+from app.domain.errors import NotMigrated
+from app.storage.engine import is_schema_missing
+from app.storage.unavailable import outage_of
 
 
 class OneStatementRead:
@@ -42,7 +50,11 @@ class OneStatementRead:
     def rows(self, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Every row of the statement with ``params`` bound."""
         sql, args = self.bound(params)
-        raw = self._engine.raw_connection()  # returned to the pool (and reset) on close
+        try:
+            raw = self._engine.raw_connection()  # returned to the pool (and reset) on close
+        except Exception as exc:
+            _raise_translated(exc, connecting=True, broken=False)
+            raise
         driver: Any = raw.dbapi_connection
         try:
             if self._autocommit:
@@ -55,5 +67,19 @@ class OneStatementRead:
                 cursor.close()
                 if self._autocommit and not driver.closed:
                     driver.autocommit = False
+        except Exception as exc:
+            # psycopg marks a connection that died under it; the pool drops it at close.
+            broken = bool(getattr(driver, "broken", False) or getattr(driver, "closed", False))
+            _raise_translated(exc, connecting=False, broken=broken)
+            raise
         finally:
             raw.close()
+
+
+def _raise_translated(exc: Exception, *, connecting: bool, broken: bool) -> None:
+    """Raise the domain's error for a driver error the engine's hook would translate."""
+    if is_schema_missing(exc):
+        raise NotMigrated() from exc
+    outage = outage_of(exc, connecting=connecting, disconnect=broken)
+    if outage is not None:
+        raise outage from exc

@@ -11,19 +11,22 @@ import asyncio
 import socket
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import psycopg.errors as pg
 import pytest
-from sqlalchemy import literal, select
+from sqlalchemy import func, literal, select
 
-from app.domain.errors import DatabaseBusy, DatabaseUnreachable
+from app.domain.errors import DatabaseBusy, DatabaseUnreachable, NotMigrated
 from app.storage import async_reads as async_reads_module
 from app.storage import engine as engine_module
 from app.storage.async_reads import AsyncReads
 from app.storage.engine import make_engine
 from app.storage.one_statement import OneStatementRead
+from app.storage.tables import runs
 from app.storage.unavailable import outage_of
+from tests.kit.relay import relayed
 
 
 @pytest.mark.parametrize(
@@ -91,5 +94,37 @@ def test_a_server_that_never_answers_is_unreachable_after_the_connect_timeout(
         with pytest.raises(DatabaseUnreachable) as on_loop:
             asyncio.run(read())
         assert isinstance(on_loop.value.__cause__, pg.ConnectionTimeout)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_one_statement_read_translates_the_drivers_errors_as_the_engine_does(
+    postgres_url: str,
+) -> None:
+    # Below Connection.execute the engine's hook does not run: the read translates itself.
+    with relayed(postgres_url) as (url, relay):
+        engine = make_engine(url)
+        try:
+            one = OneStatementRead(engine, select(func.count()).select_from(runs))
+            assert one.rows({})[0][0] >= 0
+            relay.cut()
+            with pytest.raises(DatabaseUnreachable):  # the pooled connection died under it
+                one.rows({})
+            with pytest.raises(DatabaseUnreachable):  # a new one is refused
+                one.rows({})
+            relay.resume()
+            assert one.rows({})[0][0] >= 0  # the pool connects afresh
+        finally:
+            engine.dispose()
+
+
+def test_a_one_statement_read_of_a_database_never_migrated_is_not_migrated(
+    tmp_path: Path,
+) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+    try:
+        with pytest.raises(NotMigrated):
+            OneStatementRead(engine, select(func.count()).select_from(runs)).rows({})
     finally:
         engine.dispose()
