@@ -31,9 +31,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
-    # SQLAlchemy's INFO lines quote the driver's messages (its pool's: app/storage/engine.py);
-    # a failed pass says the outage itself, by type only.
-    logging.getLogger("sqlalchemy").setLevel(logging.WARNING)
     process = WorkerProcess(private_settings(args))
 
     def _on_signal(_signum: int, _frame: FrameType | None) -> None:

@@ -115,7 +115,7 @@ class _Pool(QueuePool):
 # SQLAlchemy names a pool's logger after its class (here, not under "sqlalchemy"). Its INFO
 # lines quote the driver's messages and the connection's address; the code that met the
 # failure logs it by type instead, so a service at INFO keeps these out.
-logging.getLogger(f"{_Pool.__module__}.{_Pool.__qualname__}").setLevel(logging.WARNING)
+logging.getLogger(f"{_Pool.__module__}.{_Pool.__name__}").setLevel(logging.WARNING)
 
 
 def _translate_driver_errors(engine: Engine) -> None:

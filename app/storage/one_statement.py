@@ -68,8 +68,12 @@ class OneStatementRead:
                 if self._autocommit and not driver.closed:
                     driver.autocommit = False
         except Exception as exc:
-            # psycopg marks a connection that died under it; the pool drops it at close.
+            # psycopg marks a connection that died under it: dropped here, as the engine's hook
+            # drops one, and not rolled back on its way to the pool (which would log the
+            # driver's error).
             broken = bool(getattr(driver, "broken", False) or getattr(driver, "closed", False))
+            if broken:
+                raw.invalidate(exc)
             _raise_translated(exc, connecting=False, broken=broken)
             raise
         finally:

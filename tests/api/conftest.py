@@ -163,3 +163,21 @@ def fail_run(settings: Settings, run_id: str, attempt_id: str) -> None:
         )
     finally:
         engine.dispose()
+
+
+def admin_client_with_a_task(settings: Settings) -> tuple[Client, dict[str, str]]:
+    """An app without execution on ``settings``' migrated database, an admin token's headers,
+    and task ``hello`` (``/bin/true``) defined; the caller closes the client."""
+    engine = make_engine(settings.database_url)
+    try:
+        token = new_api_token()
+        TokenRepository(engine).create(name="admin", scopes=frozenset({"admin"}), token=token)
+    finally:
+        engine.dispose()
+    client = Client(create_app(settings, execution=False))
+    admin = {"Authorization": f"Bearer {token}"}
+    r = client.put("/api/v1/tasks/hello/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
+    if r.status_code != 201:
+        client.close()
+        raise AssertionError(r.text)
+    return client, admin

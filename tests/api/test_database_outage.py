@@ -21,36 +21,17 @@ import pytest
 from sqlalchemy import func, select
 
 from app.api import problems
-from app.api.main import create_app
 from app.context.token_cache import TokenCache
 from app.domain.profiles import EDGE
-from app.domain.tokens import new_api_token
 from app.settings import Settings
 from app.storage import engine as engine_module
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.tables import runs
-from app.storage.tokens_repo import TokenRepository
-from tests.api.conftest import Client
+from tests.api.conftest import admin_client_with_a_task
 from tests.conftest import private_pg_schema
 from tests.kit.relay import Relay, relayed
 from tests.worker.kit import wait_for
-
-
-def _prepared(settings: Settings) -> tuple[Client, dict[str, str]]:
-    engine = make_engine(settings.database_url)
-    try:
-        token = new_api_token()
-        TokenRepository(engine).create(name="admin", scopes=frozenset({"admin"}), token=token)
-    finally:
-        engine.dispose()
-    client = Client(create_app(settings, execution=False))
-    admin = {"Authorization": f"Bearer {token}"}
-    r = client.put("/api/v1/tasks/hello/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
-    if r.status_code != 201:
-        client.close()
-        raise AssertionError(r.text)
-    return client, admin
 
 
 def _assert_503(r: httpx.Response, code: str) -> None:
@@ -81,7 +62,9 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
     monkeypatch.setattr(TokenCache.__init__, "__kwdefaults__", {**defaults, "ttl_s": 3600.0})
     monkeypatch.setattr(problems, "_outage_logged_at", {})  # no line held back by another test
     url, relay = relayed_pg
-    client, admin = _prepared(Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE))
+    client, admin = admin_client_with_a_task(
+        Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE)
+    )
     try:
         r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
         assert r.status_code == 201, r.text
@@ -141,7 +124,9 @@ def test_sqlite_write_lock_held_by_another_process_answers_503_and_recovers(
     engine = make_engine(url)
     upgrade_to_head(engine)
     engine.dispose()
-    client, admin = _prepared(Settings(data_dir=data, database_url=url, profile=EDGE))
+    client, admin = admin_client_with_a_task(
+        Settings(data_dir=data, database_url=url, profile=EDGE)
+    )
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD_THE_WRITE_LOCK, str(path)],
         stdin=subprocess.PIPE,
@@ -195,39 +180,38 @@ POOL_CONNECTIONS = 10  # make_engine's default, the api's pool
 def test_postgres_connections_all_held_by_a_stalled_database_answer_503_busy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A lock held long (a migration by hand, a frozen session) stalls every enqueue on the
-    # server: each holds one of the api's ten pooled connections while it waits. The next
-    # request waits the pool timeout for one and answers 503, not 500; once the lock goes
-    # the stalled ones complete, each with its run.
+    # A lock held long (a migration by hand, a frozen session) stalls every read of a table
+    # on the server: each holds one of the api's ten pooled connections while it waits. The
+    # next request, a read or a write, waits the pool timeout for one and answers 503, not
+    # 500; once the lock goes the stalled ones answer. (Reads: an enqueue stalled this way
+    # would hold the queue's advisory lock, which is database-wide, and stall every other
+    # test's enqueue on the server meanwhile.)
     monkeypatch.setattr(engine_module, "POOL_TIMEOUT_S", 1.0)
     defaults = TokenCache.__init__.__kwdefaults__ or {}
     monkeypatch.setattr(TokenCache.__init__, "__kwdefaults__", {**defaults, "ttl_s": 3600.0})
     with private_pg_schema("ql_stall") as url:
-        client, admin = _prepared(
+        client, admin = admin_client_with_a_task(
             Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE)
         )
         locker = make_engine(url)
         stalled: list[httpx.Response] = []
+        reads: list[threading.Thread] = []
         try:
             with locker.connect() as lock:
-                lock.exec_driver_sql("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+                lock.exec_driver_sql("LOCK TABLE task_revisions IN ACCESS EXCLUSIVE MODE")
                 me = lock.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-                posts = [
+                reads += [
                     threading.Thread(
                         target=lambda: stalled.append(
-                            client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
+                            client.get("/api/v1/tasks/hello", headers=admin)
                         )
                     )
                     for _ in range(POOL_CONNECTIONS)
                 ]
-                for post in posts:
-                    post.start()
-                # Sessions held up by the lock, directly or behind another enqueue of the task.
+                for read in reads:
+                    read.start()
                 waiting = (
-                    "WITH RECURSIVE held(pid) AS (SELECT pid FROM pg_stat_activity "
-                    "WHERE %s = ANY(pg_blocking_pids(pid)) UNION SELECT a.pid FROM "
-                    "pg_stat_activity a JOIN held h ON h.pid = ANY(pg_blocking_pids(a.pid))) "
-                    "SELECT count(*) FROM held"
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
                 )
                 # Autocommit: a transaction would read one snapshot of pg_stat_activity.
                 with locker.connect().execution_options(isolation_level="AUTOCOMMIT") as probe:
@@ -237,18 +221,19 @@ def test_postgres_connections_all_held_by_a_stalled_database_answer_503_busy(
                         ),
                         "every pooled connection of the api to wait on the lock",
                     )
+                    _assert_503(client.get("/api/v1/tasks/hello", headers=admin), "DATABASE_BUSY")
                     _assert_503(
                         client.post("/api/v1/runs", json={"task": "hello"}, headers=admin),
                         "DATABASE_BUSY",
                     )
                 lock.rollback()  # the lock goes
-            for post in posts:
-                post.join(30)
-            assert sorted(r.status_code for r in stalled) == [201] * POOL_CONNECTIONS
-            with locker.connect() as conn:
-                assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == (
-                    POOL_CONNECTIONS
-                )
+            for read in reads:
+                read.join(30)
+            assert sorted(r.status_code for r in stalled) == [200] * POOL_CONNECTIONS
+            with locker.connect() as conn:  # the refused enqueue left nothing behind
+                assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 0
         finally:
+            for read in reads:  # the lock is gone (its connection closed): they end
+                read.join(30)
             client.close()
             locker.dispose()

@@ -22,31 +22,15 @@ from sqlalchemy import create_engine, text
 
 from app.api.main import create_app
 from app.domain.profiles import EDGE
-from app.domain.tokens import new_api_token
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.tables import metadata
-from app.storage.tokens_repo import TokenRepository
-from tests.api.conftest import Client
+from tests.api.conftest import Client, admin_client_with_a_task
 from tests.conftest import PG_ENV, private_pg_schema
 from tests.disk import fill, mounted_tmpfs
 
 ATTEMPTS = 2000  # posts until the database must extend a file (WAL or heap) on the full disk
-
-
-def _prepared(settings: Settings) -> tuple[Client, dict[str, str]]:
-    engine = make_engine(settings.database_url)
-    try:
-        token = new_api_token()
-        TokenRepository(engine).create(name="admin", scopes=frozenset({"admin"}), token=token)
-    finally:
-        engine.dispose()
-    client = Client(create_app(settings, execution=False))
-    admin = {"Authorization": f"Bearer {token}"}
-    r = client.put("/api/v1/tasks/hello/revisions/1", json={"argv": ["/bin/true"]}, headers=admin)
-    assert r.status_code == 201, r.text
-    return client, admin
 
 
 def _post_until_refused(client: Client, admin: dict[str, str]) -> httpx.Response:
@@ -81,7 +65,9 @@ def test_sqlite_on_a_full_disk_answers_503_and_recovers(tmp_path: Path) -> None:
         engine = make_engine(url)
         upgrade_to_head(engine)
         engine.dispose()
-        client, admin = _prepared(Settings(data_dir=data, database_url=url, profile=EDGE))
+        client, admin = admin_client_with_a_task(
+            Settings(data_dir=data, database_url=url, profile=EDGE)
+        )
         try:
             filler = fill(data)
             _assert_storage_unavailable(_post_until_refused(client, admin))
@@ -130,7 +116,7 @@ def test_postgres_out_of_space_answers_503(pg_schema: str, tmp_path: Path) -> No
                 for table in metadata.sorted_tables:
                     conn.execute(text(f'ALTER TABLE "{table.name}" SET TABLESPACE {name}'))
             data = tmp_path / "data"
-            client, admin_auth = _prepared(
+            client, admin_auth = admin_client_with_a_task(
                 Settings(data_dir=data, database_url=pg_schema, profile=EDGE)
             )
             try:
@@ -154,7 +140,7 @@ def test_postgres_out_of_space_answers_503(pg_schema: str, tmp_path: Path) -> No
 
 @pytest.mark.postgres
 def test_postgres_read_only_session_answers_503(pg_schema: str, tmp_path: Path) -> None:
-    client, admin = _prepared(
+    client, admin = admin_client_with_a_task(
         Settings(data_dir=tmp_path / "data", database_url=pg_schema, profile=EDGE)
     )
     client.close()

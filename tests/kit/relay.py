@@ -22,7 +22,8 @@ class Relay:
         self._target = target
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # the pumps
+        self._acceptor: threading.Thread | None = None
         self._stop = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
@@ -31,9 +32,8 @@ class Relay:
     def _serve(self) -> None:
         self._stop.clear()
         self._listener.settimeout(0.05)
-        thread = threading.Thread(target=self._accept, args=(self._listener,), daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self._acceptor = threading.Thread(target=self._accept, args=(self._listener,), daemon=True)
+        self._acceptor.start()
 
     def _accept(self, listener: socket.socket) -> None:
         while not self._stop.is_set():
@@ -50,16 +50,23 @@ class Relay:
                 client.close()
                 continue
             with self._lock:
+                if self._stop.is_set():  # cut while this one was connecting: never relayed
+                    client.close()
+                    server.close()
+                    return
                 self._socks |= {client, server}
-            for src, dst in ((client, server), (server, client)):
-                pump = threading.Thread(target=_pump, args=(src, dst), daemon=True)
-                pump.start()
-                self._threads.append(pump)
+                for src, dst in ((client, server), (server, client)):
+                    pump = threading.Thread(target=_pump, args=(src, dst), daemon=True)
+                    pump.start()
+                    self._threads.append(pump)
 
     def cut(self) -> None:
         """Close every relayed connection and the listener: connecting is refused."""
         self._stop.set()
         self._listener.close()
+        if self._acceptor is not None:
+            self._acceptor.join(5)  # no connection is added after this
+            assert not self._acceptor.is_alive()
         with self._lock:
             socks, self._socks = self._socks, set()
         for sock in socks:

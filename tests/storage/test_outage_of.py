@@ -100,19 +100,26 @@ def test_a_server_that_never_answers_is_unreachable_after_the_connect_timeout(
 
 @pytest.mark.postgres
 def test_a_one_statement_read_translates_the_drivers_errors_as_the_engine_does(
-    postgres_url: str,
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Below Connection.execute the engine's hook does not run: the read translates itself.
+    # No ping on checkout however slow the host: the first read meets the dead connection.
+    monkeypatch.setattr(engine_module, "PING_AFTER_IDLE_S", 3600.0)
     with relayed(postgres_url) as (url, relay):
         engine = make_engine(url)
         try:
             one = OneStatementRead(engine, select(func.count()).select_from(runs))
             assert one.rows({})[0][0] >= 0
             relay.cut()
-            with pytest.raises(DatabaseUnreachable):  # the pooled connection died under it
+            with pytest.raises(DatabaseUnreachable) as mid_query:  # it died under the read
                 one.rows({})
-            with pytest.raises(DatabaseUnreachable):  # a new one is refused
+            assert type(mid_query.value.__cause__) is psycopg.OperationalError
+            with pytest.raises(DatabaseUnreachable) as connecting:  # a new one is refused
                 one.rows({})
+            assert type(connecting.value.__cause__) is psycopg.OperationalError
+            # The dead one was dropped, not rolled back on its way to the pool (an ERROR line
+            # quoting the driver).
+            assert not [r for r in caplog.records if r.levelname == "ERROR"]
             relay.resume()
             assert one.rows({})[0][0] >= 0  # the pool connects afresh
         finally:
