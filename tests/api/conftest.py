@@ -20,6 +20,7 @@ from app.domain.profiles import EDGE
 from app.domain.tokens import new_api_token
 from app.settings import Settings
 from app.storage.engine import make_engine
+from app.storage.migrate import upgrade_to_head
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.tokens_repo import TokenRepository
@@ -165,11 +166,16 @@ def fail_run(settings: Settings, run_id: str, attempt_id: str) -> None:
         engine.dispose()
 
 
-def admin_client_with_a_task(settings: Settings) -> tuple[Client, dict[str, str]]:
-    """An app without execution on ``settings``' migrated database, an admin token's headers,
-    and task ``hello`` (``/bin/true``) defined; the caller closes the client."""
+def admin_client_with_a_task(
+    settings: Settings, *, migrate: bool = False
+) -> tuple[Client, dict[str, str]]:
+    """An app without execution on ``settings``' database (migrated first if asked), an
+    admin token's headers, and task ``hello`` (``/bin/true``) defined; the caller closes the
+    client."""
     engine = make_engine(settings.database_url)
     try:
+        if migrate:
+            upgrade_to_head(engine)
         token = new_api_token()
         TokenRepository(engine).create(name="admin", scopes=frozenset({"admin"}), token=token)
     finally:

@@ -26,7 +26,6 @@ from app.domain.profiles import EDGE
 from app.settings import Settings
 from app.storage import engine as engine_module
 from app.storage.engine import make_engine
-from app.storage.migrate import upgrade_to_head
 from app.storage.tables import runs
 from tests.api.conftest import admin_client_with_a_task
 from tests.conftest import private_pg_schema
@@ -121,12 +120,8 @@ def test_sqlite_write_lock_held_by_another_process_answers_503_and_recovers(
     data.mkdir()
     path = data / "q.db"
     url = f"sqlite:///{path}"
-    engine = make_engine(url)
-    upgrade_to_head(engine)
-    engine.dispose()
-    client, admin = admin_client_with_a_task(
-        Settings(data_dir=data, database_url=url, profile=EDGE)
-    )
+    settings = Settings(data_dir=data, database_url=url, profile=EDGE)
+    client, admin = admin_client_with_a_task(settings, migrate=True)
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD_THE_WRITE_LOCK, str(path)],
         stdin=subprocess.PIPE,

@@ -24,7 +24,6 @@ from app.api.main import create_app
 from app.domain.profiles import EDGE
 from app.settings import Settings
 from app.storage.engine import make_engine
-from app.storage.migrate import upgrade_to_head
 from app.storage.tables import metadata
 from tests.api.conftest import Client, admin_client_with_a_task
 from tests.conftest import PG_ENV, private_pg_schema
@@ -62,12 +61,8 @@ def _readyz_detail(client: Client) -> str:
 def test_sqlite_on_a_full_disk_answers_503_and_recovers(tmp_path: Path) -> None:
     with mounted_tmpfs(tmp_path / "data") as data:
         url = f"sqlite:///{data / 'q.db'}"
-        engine = make_engine(url)
-        upgrade_to_head(engine)
-        engine.dispose()
-        client, admin = admin_client_with_a_task(
-            Settings(data_dir=data, database_url=url, profile=EDGE)
-        )
+        settings = Settings(data_dir=data, database_url=url, profile=EDGE)
+        client, admin = admin_client_with_a_task(settings, migrate=True)
         try:
             filler = fill(data)
             _assert_storage_unavailable(_post_until_refused(client, admin))
