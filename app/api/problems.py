@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from app.context.metrics import DATABASE_UNAVAILABLE
 from app.domain.errors import (
     Conflict,
     DomainError,
@@ -195,6 +196,7 @@ def install(app: FastAPI) -> None:
         # Every route, read or write: the unit of work and the engine raise it for any
         # transaction (a full disk, a lost connection, SQLite's lock held too long).
         assert isinstance(exc, StorageUnavailable)
+        DATABASE_UNAVAILABLE.labels(code=str(exc.code)).inc()
         _log_outage(str(exc.code), request)
         headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
         return problem_response(503, str(exc.code), exc.detail, headers)

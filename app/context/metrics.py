@@ -6,11 +6,13 @@ Two sources, so that the answer is the same whichever api process a scrape reach
   attempts starting and running, journal entries by state, log bytes. Every api process
   reads the same rows.
 - **Observations** made by the process that did the work: the dispatch pass duration,
-  created→started, and each schedule slot's fire lateness (the schedule loop of the api
-  process whose transaction decided it). Under ``qinglong api`` (several uvicorn workers)
-  ``PROMETHEUS_MULTIPROC_DIR`` is set before any worker starts (app/cli/serve.py), so
-  prometheus-client keeps each process's histograms in its own file there and a scrape sums
-  them all; without it (one process, the in-process tests) they live in this process.
+  created→started, each schedule slot's fire lateness (the schedule loop of the api
+  process whose transaction decided it), and the requests refused 503 because the database
+  could not take them (the api process that refused them). Under ``qinglong api`` (several
+  uvicorn workers) ``PROMETHEUS_MULTIPROC_DIR`` is set before any worker starts
+  (app/cli/serve.py), so prometheus-client keeps each process's values in its own file there
+  and a scrape sums them all; without it (one process, the in-process tests) they live in
+  this process.
 
 Labels are statuses, stable error codes, journal states and whether a slot was on time only:
 never a task or schedule name, argv, environment value or output.
@@ -23,12 +25,13 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest, values
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
+from app.domain.errors import ErrorCode
 from app.storage.metrics_reads import MetricsSnapshot, read_snapshot
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -65,6 +68,21 @@ FIRE_LATENESS = Histogram(
 SLOT_ON_TIME, SLOT_CAUGHT_UP = "on_time", "caught_up"
 for _slot in (SLOT_ON_TIME, SLOT_CAUGHT_UP):
     FIRE_LATENESS.labels(slot=_slot)  # both series exist, at 0, before the first fire
+# Counted by the api's 503 handler (app/api/problems.py): an outage seen from the requests it
+# refused, by the api process that refused them. A scrape during the outage itself is
+# refused too (the database figures), so alert on its increase once scrapes answer again.
+DATABASE_UNAVAILABLE = Counter(
+    "qinglong_api_database_unavailable",
+    "Requests the api answered 503 because the database could not take them now, by code: "
+    "STORAGE_UNAVAILABLE (cannot store writes), DATABASE_UNREACHABLE, DATABASE_BUSY.",
+    labelnames=["code"],
+    registry=_PROCESS,
+)
+UNAVAILABLE_CODES = (
+    ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.DATABASE_UNREACHABLE, ErrorCode.DATABASE_BUSY
+)  # fmt: skip
+for _code in UNAVAILABLE_CODES:
+    DATABASE_UNAVAILABLE.labels(code=_code.value)  # every series at 0 before the first
 
 
 def prepare_multiprocess_dir(path: Path) -> None:

@@ -27,7 +27,7 @@ from app.settings import Settings
 from app.storage import engine as engine_module
 from app.storage.engine import make_engine
 from app.storage.tables import runs
-from tests.api.conftest import admin_client_with_a_task
+from tests.api.conftest import Client, admin_client_with_a_task
 from tests.conftest import private_pg_schema
 from tests.kit.relay import Relay, relayed
 from tests.worker.kit import wait_for
@@ -39,6 +39,14 @@ def _assert_503(r: httpx.Response, code: str) -> None:
     assert r.headers["retry-after"] == "10"
     assert r.json()["code"] == code
     assert r.json()["type"] == f"urn:qinglong:problem:{code}"
+
+
+def _unreachable_count(client: Client, admin: dict[str, str]) -> float:
+    r = client.get("/metrics", headers=admin)
+    assert r.status_code == 200, r.text
+    series = 'qinglong_api_database_unavailable_total{code="DATABASE_UNREACHABLE"} '
+    (line,) = [line for line in r.text.splitlines() if line.startswith(series)]
+    return float(line.removeprefix(series))
 
 
 @pytest.fixture
@@ -69,6 +77,7 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
         assert r.status_code == 201, r.text
         run_id = r.json()["id"]
         assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
+        counted = _unreachable_count(client, admin)
 
         relay.cut()  # the pooled connections die under the api; new ones are refused
         again = {**admin, "Idempotency-Key": "after-the-cut"}
@@ -102,6 +111,8 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
         assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
         assert client.get("/api/v1/tasks", headers=admin).status_code == 200
         assert client.get("/readyz").status_code == 200
+        # Each refused request counted once, by its code (the readiness probe is NOT_READY).
+        assert _unreachable_count(client, admin) == counted + 4
     finally:
         client.close()
     engine = make_engine(url)
