@@ -27,10 +27,9 @@ from typing import Any
 import psycopg
 from sqlalchemy import Engine
 
-from app.domain.errors import DatabaseUnreachable, NotMigrated
-from app.storage.engine import is_schema_missing
+from app.domain.errors import DatabaseUnreachable
+from app.storage.engine import domain_error
 from app.storage.one_statement import OneStatementRead
-from app.storage.unavailable import outage_of
 
 APPLICATION_NAME = "qinglong-api-reads"  # how an operator tells these apart in pg_stat_activity
 CONNECT_TIMEOUT_S = 5
@@ -68,31 +67,12 @@ class AsyncReads:
         async with self._slots:
             conn, reused = await self._take()
             try:
-                rows = await _execute(conn, sql, args)
-            except psycopg.OperationalError as exc:
-                broken = conn.broken or conn.closed  # not a timeout or a lock error
-                await _discard(conn)
-                if not broken:
-                    raise
+                rows = await _rows_on(conn, sql, args)
+            except DatabaseUnreachable:
                 if not reused:
-                    raise DatabaseUnreachable() from exc
+                    raise
                 conn = await self._connect()  # the idle one was cut: once more, fresh
-                try:
-                    rows = await _execute(conn, sql, args)
-                except psycopg.OperationalError as again:
-                    broken = conn.broken or conn.closed
-                    await _discard(conn)
-                    if broken:
-                        raise DatabaseUnreachable() from again
-                    raise
-                except BaseException:
-                    await _discard(conn)
-                    raise
-            except BaseException as exc:
-                await _discard(conn)  # mid-query (cancelled, or worse): never reuse it
-                if is_schema_missing(exc):
-                    raise NotMigrated() from exc  # as the sync engine says it (engine.py)
-                raise
+                rows = await _rows_on(conn, sql, args)
             if self._closed:
                 await _discard(conn)
             else:
@@ -117,17 +97,29 @@ class AsyncReads:
         try:
             return await psycopg.AsyncConnection.connect(*self._args, **self._params)
         except psycopg.OperationalError as exc:
-            outage = outage_of(exc, connecting=True, disconnect=False)
-            if outage is None:
+            error = domain_error(exc, connecting=True, disconnect=False)
+            if error is None:
                 raise  # not a failed connect at all (none is known today): as it came
-            raise outage from exc
+            raise error from exc
 
 
-async def _execute(
+async def _rows_on(
     conn: psycopg.AsyncConnection[Any], sql: str, args: Any
 ) -> list[tuple[Any, ...]]:
-    cursor = await conn.execute(sql, args)
-    return list(await cursor.fetchall())
+    """The statement's rows on ``conn``. On any error (cancelled mid-query, or worse) the
+    connection is closed, never reused, and the error translated as the sync engine does
+    (engine.py): one that broke is DatabaseUnreachable, not a timeout or a lock error."""
+    try:
+        cursor = await conn.execute(sql, args)
+        return list(await cursor.fetchall())
+    except BaseException as exc:
+        broken = conn.broken or conn.closed  # before closing it makes every one closed
+        await _discard(conn)
+        if isinstance(exc, Exception):
+            error = domain_error(exc, connecting=False, disconnect=broken)
+            if error is not None:
+                raise error from exc
+        raise
 
 
 async def _discard(conn: psycopg.AsyncConnection[Any]) -> None:

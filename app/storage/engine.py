@@ -118,6 +118,17 @@ class _Pool(QueuePool):
 logging.getLogger(f"{_Pool.__module__}.{_Pool.__name__}").setLevel(logging.WARNING)
 
 
+def domain_error(orig: BaseException, *, connecting: bool, disconnect: bool) -> Exception | None:
+    """The domain's error for a raw driver error that says "not now" rather than "a bug",
+    or None: a missing table is NotMigrated, a lost or refused connection
+    DatabaseUnreachable, SQLite's lock held too long DatabaseBusy (``outage_of``).
+    ``connecting``: raised while a connection was opened; ``disconnect``: the connection
+    is dead. For the reads that run below SQLAlchemy's ``Connection`` too."""
+    if is_schema_missing(orig):
+        return NotMigrated()
+    return outage_of(orig, connecting=connecting, disconnect=disconnect)
+
+
 def _translate_driver_errors(engine: Engine) -> None:
     """Driver errors that say "not now" rather than "a bug" are raised as the domain's.
 
@@ -132,13 +143,12 @@ def _translate_driver_errors(engine: Engine) -> None:
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context: Any) -> BaseException | None:
-        orig = context.original_exception
-        if is_schema_missing(orig):
-            return NotMigrated()
         if context.is_pre_ping:
             return None  # the pool's own ping: it replaces the connection on its own error
-        return outage_of(
-            orig, connecting=context.connection is None, disconnect=context.is_disconnect
+        return domain_error(
+            context.original_exception,
+            connecting=context.connection is None,
+            disconnect=context.is_disconnect,
         )
 
 

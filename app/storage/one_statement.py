@@ -21,9 +21,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Select
 
-from app.domain.errors import NotMigrated
-from app.storage.engine import is_schema_missing
-from app.storage.unavailable import outage_of
+from app.storage.engine import domain_error
 
 
 class OneStatementRead:
@@ -82,8 +80,6 @@ class OneStatementRead:
 
 def _raise_translated(exc: Exception, *, connecting: bool, broken: bool) -> None:
     """Raise the domain's error for a driver error the engine's hook would translate."""
-    if is_schema_missing(exc):
-        raise NotMigrated() from exc
-    outage = outage_of(exc, connecting=connecting, disconnect=broken)
-    if outage is not None:
-        raise outage from exc
+    error = domain_error(exc, connecting=connecting, disconnect=broken)
+    if error is not None:
+        raise error from exc

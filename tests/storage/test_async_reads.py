@@ -123,13 +123,13 @@ def test_only_a_broken_connection_is_retried(pg: Pg, monkeypatch: pytest.MonkeyP
     reads = AsyncReads(make_engine(pg.url_with("-c lock_timeout=100")), application_name=pg.name)
     reader = RunReader(pg.engine, async_reads=reads)
     tries: list[str] = []
-    execute = async_reads._execute
+    execute = async_reads._rows_on
 
     async def counting(conn: Any, sql: str, args: Any) -> list[tuple[Any, ...]]:
         tries.append(sql)
         return await execute(conn, sql, args)
 
-    monkeypatch.setattr(async_reads, "_execute", counting)
+    monkeypatch.setattr(async_reads, "_rows_on", counting)
     locker: Connection = pg.engine.connect()
 
     async def go() -> None:
