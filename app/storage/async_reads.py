@@ -28,11 +28,10 @@ import psycopg
 from sqlalchemy import Engine
 
 from app.domain.errors import DatabaseUnreachable
-from app.storage.engine import domain_error
+from app.storage.engine import domain_error, pg_connection_defaults
 from app.storage.one_statement import OneStatementRead
 
 APPLICATION_NAME = "qinglong-api-reads"  # how an operator tells these apart in pg_stat_activity
-CONNECT_TIMEOUT_S = 5
 
 
 class AsyncReads:
@@ -44,10 +43,11 @@ class AsyncReads:
         cargs, cparams = engine.dialect.create_connect_args(engine.url)
         self._args: Sequence[Any] = cargs
         # The dialect's own adapters context comes along, so values decode as on the sync path.
+        # The sync engine's connect and keepalive defaults, unless the URL sets its own.
         self._params: dict[str, Any] = {
+            **pg_connection_defaults(),
             **cparams,
             "autocommit": True,  # one statement, one snapshot: no BEGIN/ROLLBACK round trips
-            "connect_timeout": CONNECT_TIMEOUT_S,
             "application_name": application_name,
         }
         self._slots = asyncio.Semaphore(size)

@@ -26,6 +26,16 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 PING_AFTER_IDLE_S = 1.0
 PG_CONNECT_TIMEOUT_S = 5  # a server that accepts and never answers fails this fast
+# A connection whose packets vanish with no reset (a host cut off, a dead route, a server
+# host that lost power) fails in about this long instead of after TCP's own retries, 15
+# minutes and more: the kernel drops it when what we sent stays unacknowledged this long,
+# or when keepalive probes, sent after a few idle seconds, go unanswered as long. A busy
+# server still acknowledges at once, so a long statement is never cut by it
+# (docs/fault-tolerance.md, "A black-holed connection").
+PG_TCP_USER_TIMEOUT_MS = 10_000
+PG_KEEPALIVES_IDLE_S = 5
+PG_KEEPALIVES_INTERVAL_S = 2
+PG_KEEPALIVES_COUNT = 3  # where the kernel has no user timeout: idle + interval * count
 # How long a transaction waits for one of the process's pooled connections when every one is
 # in use (a stalled server, a long lock): then DatabaseBusy, 503 at the api.
 POOL_TIMEOUT_S = 30.0
@@ -64,7 +74,6 @@ def make_engine(url: str, *, connections: int = 10) -> Engine:
         # READ COMMITTED: each CAS UPDATE re-checks `version` after waiting for a concurrent
         # writer (PostgreSQL re-evaluates the WHERE clause on the newest row version).
         isolation_level="READ COMMITTED",
-        connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S},
     )
     _ping_after_idle(engine)
     _translate_driver_errors(engine)
@@ -77,8 +86,24 @@ def make_engine(url: str, *, connections: int = 10) -> Engine:
         theirs = cparams.get("options") or os.environ.get("PGOPTIONS", "")
         mine = f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
         cparams["options"] = f"{mine} {theirs}".strip()
+        for name, value in pg_connection_defaults().items():
+            cparams.setdefault(name, value)  # the URL's own query parameter wins
 
     return engine
+
+
+def pg_connection_defaults() -> dict[str, int]:
+    """libpq parameters of every PostgreSQL connection of the service, unless its URL sets
+    them: how long a connect may take, and how soon a connection that stopped answering is
+    dropped."""
+    return {
+        "connect_timeout": PG_CONNECT_TIMEOUT_S,
+        "keepalives": 1,
+        "keepalives_idle": PG_KEEPALIVES_IDLE_S,
+        "keepalives_interval": PG_KEEPALIVES_INTERVAL_S,
+        "keepalives_count": PG_KEEPALIVES_COUNT,
+        "tcp_user_timeout": PG_TCP_USER_TIMEOUT_MS,
+    }
 
 
 # PostgreSQL's undefined_table and undefined_column; SQLite says it in words only.

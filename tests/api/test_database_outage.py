@@ -13,6 +13,7 @@ import select as io_select
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from app.storage.engine import make_engine
 from app.storage.tables import runs
 from tests.api.conftest import Client, admin_client_with_a_task
 from tests.conftest import private_pg_schema
+from tests.kit.partition import partitioned
 from tests.kit.relay import Relay, relayed
 from tests.worker.kit import wait_for
 
@@ -121,6 +123,55 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
             assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 2
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_silent_partition_answers_503_within_the_bound_and_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Packets dropped, no reset (tests/kit/partition.py): without the keepalive and user
+    # timeout the requests below would wait for TCP, a quarter of an hour. Bounds of a second.
+    monkeypatch.setattr(engine_module, "PG_TCP_USER_TIMEOUT_MS", 1000)
+    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_IDLE_S", 1)
+    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_INTERVAL_S", 1)
+    monkeypatch.setattr(engine_module, "PG_CONNECT_TIMEOUT_S", 2)
+    defaults = TokenCache.__init__.__kwdefaults__ or {}
+    monkeypatch.setattr(TokenCache.__init__, "__kwdefaults__", {**defaults, "ttl_s": 3600.0})
+    with private_pg_schema("ql_outage") as direct, partitioned(direct) as (url, partition):
+        client, admin = admin_client_with_a_task(
+            Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE)
+        )
+        try:
+            r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
+            assert r.status_code == 201, r.text
+            run_id = r.json()["id"]
+            assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
+
+            partition.drop()
+            again = {**admin, "Idempotency-Key": "in-the-partition"}
+            for method, path, body in (
+                ("POST", "/api/v1/runs", {"task": "hello"}),
+                ("GET", f"/api/v1/runs/{run_id}", None),  # the event loop's own connections
+                ("GET", "/api/v1/tasks", None),
+            ):
+                started = time.monotonic()
+                r = client.request(method, path, json=body, headers=again)
+                # the user timeout on the pooled connection, then a connect's timeout
+                assert time.monotonic() - started < 8.0, (method, path)
+                _assert_503(r, "DATABASE_UNREACHABLE")
+
+            partition.heal()
+            r = client.post("/api/v1/runs", json={"task": "hello"}, headers=again)
+            assert r.status_code == 201, r.text  # the refused attempt kept nothing
+            assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
+        finally:
+            client.close()
+        engine = make_engine(direct)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 2
+        finally:
+            engine.dispose()
 
 
 def test_sqlite_write_lock_held_by_another_process_answers_503_and_recovers(

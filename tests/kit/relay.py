@@ -18,14 +18,15 @@ from sqlalchemy import make_url
 class Relay:
     """Forwards 127.0.0.1:<port> to a PostgreSQL server until ``cut``, then refuses."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], listener: socket.socket | None = None) -> None:
+        """``listener``: where clients connect (default a new one on 127.0.0.1)."""
         self._target = target
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []  # the pumps
         self._acceptor: threading.Thread | None = None
         self._stop = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = listener or socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._serve()
 

@@ -19,7 +19,6 @@ import pytest
 from sqlalchemy import func, literal, select
 
 from app.domain.errors import DatabaseBusy, DatabaseUnreachable, NotMigrated
-from app.storage import async_reads as async_reads_module
 from app.storage import engine as engine_module
 from app.storage.async_reads import AsyncReads
 from app.storage.engine import make_engine
@@ -75,7 +74,6 @@ def test_a_server_that_never_answers_is_unreachable_after_the_connect_timeout(
     silent_server: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(engine_module, "PG_CONNECT_TIMEOUT_S", 2)  # libpq's least
-    monkeypatch.setattr(async_reads_module, "CONNECT_TIMEOUT_S", 2)
     url = f"postgresql+psycopg://postgres@127.0.0.1:{silent_server}/test"
     engine = make_engine(url)
     try:

@@ -1,0 +1,186 @@
+"""A network partition that drops packets, with no reset: what a host cut off sees.
+
+A relay cut (tests/kit/relay.py) closes connections, so the client hears at once. A real
+partition (a dead route, a host that lost power, a firewall dropping packets) says nothing:
+what the client sends is never acknowledged and nothing comes back. This builds one.
+
+``partitioned(url)`` gives ``url`` rewritten to reach its PostgreSQL server through a relay
+listening inside a network namespace of its own, joined to this one by a veth pair:
+
+    client (here) --veth--> relay's listener (the namespace) --> server (here, unchanged)
+
+``Partition.drop()`` adds a blackhole route in the namespace for this side's address: every
+answer to the client, and every acknowledgement of what it sends, vanishes, while the
+client's own packets still arrive (they are never acknowledged, as if lost). ``heal()``
+removes it. The namespace is held by a ``sleep`` the kit starts and ends by its pid; the
+veth pair is deleted with it. Nothing outlives the context.
+
+Needs root, ``ip``, ``unshare`` and ``nsenter`` (iproute2, util-linux) and veth. Where one
+is missing the test is skipped with the reason, unless ``QL_TEST_NETNS_REQUIRED=1`` (set by
+``.ci/run``, which installs iproute2) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import make_url
+
+from tests.kit.relay import Relay
+
+REQUIRED_ENV = "QL_TEST_NETNS_REQUIRED"
+_CLONE_NEWNET = 0x40000000
+_NETWORK = ipaddress.ip_network("10.213.0.0/16")  # /30s of it, one per partition
+_serial = itertools.count()
+
+
+class Partition:
+    """A veth pair into a network namespace of its own, and the blackhole that cuts it."""
+
+    def __init__(self) -> None:
+        self._holder: subprocess.Popen[bytes] | None = None
+        self._link: str | None = None
+        self._dropped = False
+        self._listeners: list[socket.socket] = []
+        n = next(_serial)
+        index = (os.getpid() * 8 + n) % (_NETWORK.num_addresses // 4)
+        subnet = ipaddress.ip_network(f"{_NETWORK.network_address + index * 4}/30")
+        self.here, self.there = (str(a) for a in subnet.hosts())
+        self._prefix = subnet.prefixlen
+        self._names = (
+            f"qlp{os.getpid() % 100000}{n % 100}a",
+            f"qlp{os.getpid() % 100000}{n % 100}b",
+        )
+
+    def open(self) -> None:
+        holder = subprocess.Popen(["unshare", "--net", "sleep", "3600"])
+        self._holder = holder
+        own = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{holder.pid}/ns/net") == own:  # until unshare is done
+            if holder.poll() is not None or time.monotonic() > deadline:
+                raise OSError("unshare --net did not make a network namespace")
+            time.sleep(0.005)
+        here, there = self._names
+        _ip("link", "add", here, "type", "veth", "peer", "name", there, "netns", str(holder.pid))
+        self._link = here
+        _ip("addr", "add", f"{self.here}/{self._prefix}", "dev", here)
+        _ip("link", "set", here, "up")
+        self._inside("ip", "addr", "add", f"{self.there}/{self._prefix}", "dev", there)
+        self._inside("ip", "link", "set", there, "up")
+
+    def listener(self) -> socket.socket:
+        """A listening socket inside the namespace, on its end of the pair."""
+        made: list[socket.socket] = []
+        failed: list[BaseException] = []
+
+        def make() -> None:  # setns moves this thread only, which then ends
+            try:
+                fd = os.open(f"/proc/{self._pid()}/ns/net", os.O_RDONLY)
+                try:
+                    if _libc().setns(fd, _CLONE_NEWNET) != 0:
+                        raise OSError(ctypes.get_errno(), "setns into the namespace")
+                finally:
+                    os.close(fd)
+                made.append(socket.create_server((self.there, 0)))
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=make)
+        thread.start()
+        thread.join()
+        if failed:
+            raise failed[0]
+        self._listeners.append(made[0])
+        return made[0]
+
+    def drop(self) -> None:
+        """From now on nothing reaches this side from the namespace: a silent partition."""
+        self._inside("ip", "route", "add", "blackhole", f"{self.here}/32")
+        self._dropped = True
+
+    def heal(self) -> None:
+        self._inside("ip", "route", "del", "blackhole", f"{self.here}/32")
+        self._dropped = False
+
+    def close(self) -> None:
+        for sock in self._listeners:
+            sock.close()
+        if self._link is not None:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip("link", "del", self._link)
+        if self._holder is not None:
+            self._holder.kill()  # by its pid; the namespace goes with its last user
+            self._holder.wait(5)
+
+    def _pid(self) -> int:
+        assert self._holder is not None
+        return self._holder.pid
+
+    def _inside(self, *argv: str) -> None:
+        _run("nsenter", f"--net=/proc/{self._pid()}/ns/net", *argv)
+
+
+def _ip(*argv: str) -> None:
+    _run("ip", *argv)
+
+
+def _run(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    if done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "a network partition needs root (CI runs as root)"
+    missing = [tool for tool in ("ip", "unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        return f"a network partition needs {', '.join(missing)} (iproute2, util-linux)"
+    return None
+
+
+def _skip_or_fail(reason: str) -> None:
+    if os.environ.get(REQUIRED_ENV) == "1":
+        pytest.fail(f"{REQUIRED_ENV}=1 but {reason}")
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def partitioned(url: str) -> Iterator[tuple[str, Partition]]:
+    """``url`` through a relay behind a partition the test can drop and heal."""
+    reason = _unavailable()
+    if reason is not None:
+        _skip_or_fail(reason)
+    parsed = make_url(url)
+    partition = Partition()
+    relay: Relay | None = None
+    try:
+        try:
+            partition.open()
+            listener = partition.listener()
+        except (OSError, subprocess.CalledProcessError) as exc:
+            detail = getattr(exc, "stderr", None) or exc
+            _skip_or_fail(f"this host cannot build a network namespace with veth: {detail}")
+        relay = Relay((parsed.host or "127.0.0.1", parsed.port or 5432), listener=listener)
+        through = parsed.set(host=partition.there, port=relay.port)
+        yield through.render_as_string(hide_password=False), partition
+    finally:
+        if relay is not None:
+            relay.cut()
+        partition.close()

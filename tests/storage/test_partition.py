@@ -1,0 +1,178 @@
+"""A PostgreSQL connection whose packets vanish fails within a bound, never hangs for TCP.
+
+A real partition built from a network namespace and a blackhole route (tests/kit/partition.py):
+no reset, no refusal, nothing acknowledged. Without the keepalive and user-timeout defaults
+(app/storage/engine.py) a statement on such a connection waits for TCP's own retries, a
+quarter of an hour; the control case below shows it still waiting. The bounds are shortened
+to a second here so the tests are quick; the defaults only scale them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, literal, select, text
+
+from app.domain.errors import DatabaseUnreachable
+from app.storage import engine as engine_module
+from app.storage.async_reads import AsyncReads
+from app.storage.engine import make_engine
+from app.storage.one_statement import OneStatementRead
+from tests.kit.partition import Partition, partitioned
+
+pytestmark = pytest.mark.postgres
+
+BOUND_S = 4.0  # a one-second user timeout, plus the kernel's timer and a slow host
+
+
+@pytest.fixture
+def short_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_module, "PG_TCP_USER_TIMEOUT_MS", 1000)
+    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_IDLE_S", 1)
+    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_INTERVAL_S", 1)
+    monkeypatch.setattr(engine_module, "PG_CONNECT_TIMEOUT_S", 2)  # libpq's least
+    # No ping at checkout, however slow the host: the statement itself meets the partition.
+    monkeypatch.setattr(engine_module, "PING_AFTER_IDLE_S", 3600.0)
+
+
+@pytest.fixture
+def through_partition(postgres_url: str) -> Iterator[tuple[str, Partition]]:
+    with partitioned(postgres_url) as (url, partition):
+        yield url, partition
+
+
+def _one(engine: Engine, sql: str = "select 1") -> object:
+    with engine.connect() as conn:
+        return conn.execute(text(sql)).scalar_one()
+
+
+def test_a_statement_sent_into_a_partition_fails_unreachable_within_the_user_timeout(
+    short_bounds: None, through_partition: tuple[str, Partition]
+) -> None:
+    url, partition = through_partition
+    engine = make_engine(url)
+    try:
+        assert _one(engine) == 1  # the pooled connection is made before the partition
+        partition.drop()
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnreachable) as lost:
+            _one(engine)  # sent, never acknowledged
+        assert time.monotonic() - started < BOUND_S
+        assert isinstance(lost.value.__cause__, psycopg.OperationalError)
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnreachable):
+            _one(engine)  # the dead one was dropped; a new one cannot connect
+        assert time.monotonic() - started < BOUND_S
+        partition.heal()
+        assert _one(engine) == 1  # connects afresh, no restart
+    finally:
+        engine.dispose()
+
+
+def test_an_answer_lost_while_the_server_works_fails_within_the_bound_and_a_long_one_is_not_cut(
+    short_bounds: None, through_partition: tuple[str, Partition]
+) -> None:
+    url, partition = through_partition
+    engine = make_engine(url)
+    try:
+        # A statement longer than every bound: the server's kernel answers the probes.
+        assert _one(engine, "select pg_sleep(2.5)::text") == ""
+        dropper = threading.Timer(0.3, partition.drop)  # the statement was acknowledged
+        dropper.start()
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnreachable):
+            _one(engine, "select pg_sleep(30)::text")
+        dropper.join()
+        assert time.monotonic() - started < 0.3 + BOUND_S
+    finally:
+        engine.dispose()
+
+
+def test_without_the_bounds_a_statement_in_a_partition_waits_until_it_heals(
+    short_bounds: None, through_partition: tuple[str, Partition]
+) -> None:
+    # The control: the URL turns the keepalives and the user timeout off (its own parameters
+    # win over the defaults), and the same statement hangs as long as the partition lasts.
+    url, partition = through_partition
+    engine = make_engine(f"{url}{'&' if '?' in url else '?'}keepalives=0&tcp_user_timeout=0")
+    try:
+        assert _one(engine) == 1
+        partition.drop()
+        outcome: list[object] = []
+        reader = threading.Thread(target=lambda: outcome.append(_one(engine)), daemon=True)
+        reader.start()
+        reader.join(2.5)  # more than twice the bound the defaults give
+        assert reader.is_alive() and not outcome
+        partition.heal()
+        reader.join(30)  # TCP's next retransmission, a few seconds of backoff away
+        assert outcome == [1]
+    finally:
+        engine.dispose()
+
+
+def test_the_event_loop_reads_fail_unreachable_within_the_bound(
+    short_bounds: None, through_partition: tuple[str, Partition]
+) -> None:
+    url, partition = through_partition
+    engine = make_engine(url)
+    try:
+        one = OneStatementRead(engine, select(literal(1)))
+
+        async def scenario() -> float:
+            reads = AsyncReads(engine)
+            try:
+                assert await reads.rows(one, {}) == [(1,)]
+                partition.drop()
+                started = time.monotonic()
+                with pytest.raises(DatabaseUnreachable):
+                    # the idle connection breaks, the one retry cannot connect
+                    await reads.rows(one, {})
+                elapsed = time.monotonic() - started
+                partition.heal()
+                assert await reads.rows(one, {}) == [(1,)]
+                return elapsed
+            finally:
+                await reads.aclose()
+
+        assert asyncio.run(scenario()) < BOUND_S + 2  # the user timeout, then the connect's
+    finally:
+        engine.dispose()
+
+
+def _parameters(engine: Engine) -> list[dict[str, str]]:
+    """The libpq parameters of a new sync connection and of a new event-loop one."""
+    with engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        sync = raw.info.get_parameters()
+
+    async def on_loop() -> dict[str, str]:
+        reads = AsyncReads(engine)
+        try:
+            conn = await reads._connect()
+            try:
+                return conn.info.get_parameters()
+            finally:
+                await conn.close()
+        finally:
+            await reads.aclose()
+
+    return [sync, asyncio.run(on_loop())]
+
+
+def test_every_connection_gets_the_bounds_unless_its_url_sets_its_own(postgres_url: str) -> None:
+    url = f"{postgres_url}{'&' if '?' in postgres_url else '?'}tcp_user_timeout=0"
+    for engine_url, expected in ((postgres_url, "10000"), (url, "0")):
+        engine = make_engine(engine_url)
+        try:
+            for params in _parameters(engine):
+                assert params["tcp_user_timeout"] == expected
+                assert params["keepalives_idle"] == "5"
+                assert params["connect_timeout"] == "5"
+        finally:
+            engine.dispose()
