@@ -4,7 +4,9 @@ Two ``qinglong serve`` instances, each with its own data dir and port, share one
 host B runs under ``unshare --pid --fork --mount-proc`` so that it sees its own processes
 only, as another machine would (its pids mean nothing on host A). Faults are real: a host
 killed with every process it runs (by pid), a host partitioned by SIGSTOP of its whole
-process tree and then continued. The lease is short (2 s) so expiries come quickly.
+process tree and then continued, and a host cut off from the database by a network
+partition that drops packets (tests/kit/partition.py) and then healed. The lease is short
+(2 s) so expiries come quickly.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,7 @@ from tests.e2e.conftest import (
     wait_until,
 )
 from tests.e2e.kit import events, get_run, put_task, terminal_events, wait_status
+from tests.kit.partition import partitioned
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -255,7 +258,60 @@ def test_two_hosts_share_runs_and_logs_survive_a_partition_and_expire_a_killed_h
     assert refused.json()["code"] == "LOG_HOST_UNAVAILABLE"
 
 
-def _partition_then_kill(a: Served, b: NsServed, engine: Engine) -> None:
+def test_a_host_cut_off_from_the_database_by_a_silent_partition_is_expired_and_comes_back(
+    shared_pg_url: str, serve_factory: ServeFactory, ns_hosts: list[NsServed], tmp_path: Path
+) -> None:
+    # A real network partition, packets dropped with no reset (tests/kit/partition.py),
+    # between host B and the database only: B's processes run on, its api still answers.
+    # Its URL shortens the connection bounds to a second (the URL's own parameters win).
+    with partitioned(shared_pg_url) as (through, partition):
+        bounds = "tcp_user_timeout=1000&keepalives_idle=1&keepalives_interval=1&connect_timeout=2"
+        budget = LEASE_ENV | {"QL_MAX_RUNNING": "1"}
+        a = serve_factory(database_url=shared_pg_url, extra_env=budget)
+        (tmp_path / "b").mkdir()
+        joiner = "&" if "?" in through else "?"
+        b = _start_ns_host(f"{through}{joiner}{bounds}", tmp_path / "b", budget)
+        ns_hosts.append(b)
+
+        def cut_off_but_alive(on_b: str) -> None:
+            # B's api answers its own 503 (no wait for TCP), and the job runs on there.
+            r = httpx.get(f"{b.base_url}/api/v1/runs/{on_b}", headers=b.auth, timeout=30)
+            assert r.status_code == 503, r.text
+            assert r.json()["code"] == "DATABASE_UNREACHABLE"
+            assert len(_job_processes(b)) == 1
+
+        engine = make_engine(shared_pg_url)
+        try:
+            on_a = _partition_and_come_back(
+                a, b, engine, cut=partition.drop, heal=partition.heal,
+                lost_within=TTL_S + 15, meanwhile=cut_off_but_alive,
+                # Awake, it sees its renewals fail within the bounds and stops by itself.
+                said="could not be renewed before it expired",
+            )  # fmt: skip
+        finally:
+            engine.dispose()
+        r = httpx.post(f"{a.base_url}/api/v1/runs/{on_a}/cancel", headers=a.auth)
+        assert r.status_code in (200, 202), r.text
+        assert wait_status(a, on_a, {"cancelled"}, timeout=30)["status"] == "cancelled"
+        assert b.stop() == 0  # while its database is still reachable through the relay
+        assert "Traceback" not in b.log()
+
+
+def _partition_and_come_back(
+    a: Served,
+    b: NsServed,
+    engine: Engine,
+    *,
+    cut: Callable[[], None],
+    heal: Callable[[], None],
+    lost_within: float,
+    said: str,
+    meanwhile: Callable[[str], None] = lambda _run_id: None,
+) -> str:
+    """A run on each host; host B cut off longer than its lease: A ends B's run ``lost``
+    and leaves its own; B's worker stops serving (its log ``said`` why) and its next worker,
+    once B reaches the database again, stops the job that kept running there before
+    anything else. A's run, still running."""
     put_task(a, "long", "exec sleep 30")
     first, second = _enqueue(a, "long"), _enqueue(b, "long")  # one per host: budget 1 each
     for run_id in (first, second):
@@ -264,19 +320,14 @@ def _partition_then_kill(a: Served, b: NsServed, engine: Engine) -> None:
     on_a, on_b = on[_instance(a)], on[_instance(b)]
     wait_until("B's job to run", lambda: len(_job_processes(b)) == 1, 10)
 
-    # A partition: host B frozen whole for longer than its lease.
-    b.signal_tree(signal.SIGSTOP)
+    cut()
     try:
-        # Frozen mid-transaction (its renewal, say), B holds row locks until the server ends
-        # its session: the expiry may then wait for that timeout too (several-hosts.md §4).
-        frozen_session_s = PG_IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000
-        lost = wait_status(a, on_b, {"lost"}, timeout=TTL_S + frozen_session_s + 10)
+        lost = wait_status(a, on_b, {"lost"}, timeout=lost_within)
+        meanwhile(on_b)
     finally:
-        b.signal_tree(signal.SIGCONT)
+        heal()
     assert lost["latest_attempt"]["error_code"] == "WORKER_LEASE_EXPIRED"
     assert get_run(a, on_a)["status"] == "running"  # the live host's run is untouched
-    # Back, B finds its epoch superseded, stops serving, and its next worker stops the
-    # job that kept running there before anything else.
     wait_until("B's job to be stopped", lambda: not _job_processes(b), 30)
     wait_until("B's worker back", lambda: b.ping_pid() is not None, 30)
     assert terminal_events(a, on_b) == ["run.lost"]  # never a second ending
@@ -289,7 +340,21 @@ def _partition_then_kill(a: Served, b: NsServed, engine: Engine) -> None:
     ]
     restarted = [d for t, d in history if t == "worker.lease_acquired" and d["reason"] == "restart"]
     assert restarted and restarted[-1]["instance_id"] == _instance(b)
-    assert "superseded" in b.log()  # the one line of the worker that came back
+    assert said in b.log()  # the one line of the worker that stopped serving
+    return on_a
+
+
+def _partition_then_kill(a: Served, b: NsServed, engine: Engine) -> None:
+    # Frozen mid-transaction (its renewal, say), B holds row locks until the server ends its
+    # session: the expiry may then wait for that timeout too (several-hosts.md §4).
+    frozen_session_s = PG_IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000
+    on_a = _partition_and_come_back(
+        a, b, engine,
+        cut=lambda: b.signal_tree(signal.SIGSTOP),  # host B frozen whole
+        heal=lambda: b.signal_tree(signal.SIGCONT),
+        lost_within=TTL_S + frozen_session_s + 10,
+        said="superseded",  # frozen, it learns only once it runs again
+    )  # fmt: skip
 
     # A host killed with everything it runs: its attempt ends after the lease.
     third = _enqueue(b, "long")
