@@ -176,13 +176,29 @@ _IDEMPOTENCY = select(idempotency_keys.c.request_digest, idempotency_keys.c.run_
 # PostgreSQL transaction-scoped advisory locks that make a budget check and the write it
 # guards one step across api processes. SQLite needs none: its write transactions begin
 # IMMEDIATE (app/storage/engine.py), so they are serial already.
+#
+# Each is taken per schema: exclusive on (hashtext(current_schema()), key), so that
+# installations in two schemas of one database never wait for each other. Beside it the
+# same key's database-wide lock, once taken exclusive alone, is taken shared: a process of a
+# build before this (which takes only that one, exclusive) and one of this build still
+# exclude each other while both serve during a rolling upgrade (docs/concurrency-budgets.md).
 _ADMISSION_LOCK = 0x514C_0001  # T1 of any run
 _QUEUE_LOCK = 0x514C_0002  # any insert of a queued run
-_ADVISORY_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+
+
+def _advisory_lock_sql(key: int) -> str:
+    return (
+        f"pg_advisory_xact_lock_shared({key}), "
+        f"pg_advisory_xact_lock(hashtext(current_schema()), {key})"
+    )
+
+
+_ADVISORY_LOCKS = {
+    key: text(f"SELECT {_advisory_lock_sql(key)}") for key in (_ADMISSION_LOCK, _QUEUE_LOCK)
+}
 # T1's lock, and its commit not waited for: set_config(..., true) is SET LOCAL.
 _ADMISSION_LOCK_UNSYNCED = text(
-    f"SELECT pg_advisory_xact_lock({_ADMISSION_LOCK}), "
-    "set_config('synchronous_commit', 'off', true)"
+    f"SELECT {_advisory_lock_sql(_ADMISSION_LOCK)}, set_config('synchronous_commit', 'off', true)"
 )
 _INSERT_RUN = insert(runs)
 _INSERT_ATTEMPT = insert(attempts)
@@ -742,7 +758,7 @@ def queue_has_room(conn: Connection, max_queued: int) -> bool:
 
 def _lock(conn: Connection, key: int) -> None:
     if conn.dialect.name == "postgresql":
-        conn.execute(_ADVISORY_LOCK, {"key": key})
+        conn.execute(_ADVISORY_LOCKS[key])
 
 
 def _budget_counts(
