@@ -28,7 +28,7 @@ import psycopg
 from sqlalchemy import Engine
 
 from app.domain.errors import DatabaseUnreachable
-from app.storage.engine import domain_error, pg_connection_defaults
+from app.storage.engine import domain_error, pg_connection_defaults, pg_session_options
 from app.storage.one_statement import OneStatementRead
 
 APPLICATION_NAME = "qinglong-api-reads"  # how an operator tells these apart in pg_stat_activity
@@ -47,6 +47,7 @@ class AsyncReads:
         self._params: dict[str, Any] = {
             **pg_connection_defaults(),
             **cparams,
+            "options": pg_session_options(cparams.get("options")),
             "autocommit": True,  # one statement, one snapshot: no BEGIN/ROLLBACK round trips
             "application_name": application_name,
         }

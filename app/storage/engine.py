@@ -80,16 +80,30 @@ def make_engine(url: str, *, connections: int = 10) -> Engine:
 
     @event.listens_for(engine, "do_connect")
     def _on_connect(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
-        # Beside the URL's own ``options`` (a search_path, say), or else PGOPTIONS, which
-        # libpq reads only when no ``options`` is given; theirs last, so a timeout they set
-        # wins (the last ``-c`` of a name does).
-        theirs = cparams.get("options") or os.environ.get("PGOPTIONS", "")
-        mine = f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
-        cparams["options"] = f"{mine} {theirs}".strip()
+        cparams["options"] = pg_session_options(cparams.get("options"))
         for name, value in pg_connection_defaults().items():
             cparams.setdefault(name, value)  # the URL's own query parameter wins
 
     return engine
+
+
+def pg_session_options(theirs: str | None) -> str:
+    """The ``options`` startup parameter of a session of ours: our settings first, then
+    ``theirs`` (the URL's ``options``, a search_path say), or else ``PGOPTIONS``, which libpq
+    reads only when no ``options`` is given; the last ``-c`` of a name wins, so theirs do.
+
+    Ours: the idle-in-transaction timeout, and the keepalives on the server's side of the
+    session, so that the server drops the session of a client host that vanished (lost
+    power, cut off) after about idle + interval * count, not after its default two hours of
+    holding a connection slot and a server process for it.
+    """
+    mine = (
+        f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS} "
+        f"-c tcp_keepalives_idle={PG_KEEPALIVES_IDLE_S} "
+        f"-c tcp_keepalives_interval={PG_KEEPALIVES_INTERVAL_S} "
+        f"-c tcp_keepalives_count={PG_KEEPALIVES_COUNT}"
+    )
+    return f"{mine} {theirs or os.environ.get('PGOPTIONS', '')}".strip()
 
 
 def pg_connection_defaults() -> dict[str, int]:

@@ -15,6 +15,10 @@ client's own packets still arrive (they are never acknowledged, as if lost). ``h
 removes it. The namespace is held by a ``sleep`` the kit starts and ends by its pid; the
 veth pair is deleted with it. Nothing outlives the context.
 
+``vanished_session(url, options)`` is the other side of it: a PostgreSQL session whose
+client socket is then destroyed without a word (``TCP_REPAIR``: no FIN, no reset), as when
+the client's host lost power; the server's side of it stays until the server probes.
+
 Needs root, ``ip``, ``unshare`` and ``nsenter`` (iproute2, util-linux) and veth. Where one
 is missing the test is skipped with the reason, unless ``QL_TEST_NETNS_REQUIRED=1`` (set by
 ``.ci/run``, which installs iproute2) makes that a failure.
@@ -29,6 +33,7 @@ import itertools
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -41,6 +46,7 @@ from tests.kit.relay import Relay
 
 REQUIRED_ENV = "QL_TEST_NETNS_REQUIRED"
 _CLONE_NEWNET = 0x40000000
+_TCP_REPAIR = 19  # linux/tcp.h
 _NETWORK = ipaddress.ip_network("10.213.0.0/16")  # /30s of it, one per partition
 _serial = itertools.count()
 
@@ -184,3 +190,45 @@ def partitioned(url: str) -> Iterator[tuple[str, Partition]]:
         if relay is not None:
             relay.cut()
         partition.close()
+
+
+def vanished_session(url: str, options: str) -> str:
+    """Open a session of ``url``'s server with startup ``options``, then destroy its client
+    socket silently; the ``application_name`` that tells its server process apart."""
+    reason = None if os.geteuid() == 0 else "a socket destroyed silently needs root"
+    if reason is not None:
+        _skip_or_fail(reason)
+    parsed = make_url(url)
+    name = f"ql-vanished-{os.getpid()}-{next(_serial)}"
+    params = {
+        "user": parsed.username or "postgres",
+        "database": parsed.database or "postgres",
+        "application_name": name,
+        "options": options,
+    }
+    body = struct.pack("!I", 3 << 16)  # protocol 3.0
+    body += b"".join(f"{k}\0{v}\0".encode() for k, v in params.items() if v) + b"\0"
+    sock = socket.create_connection((parsed.host or "127.0.0.1", parsed.port or 5432), 10)
+    try:
+        sock.sendall(struct.pack("!I", len(body) + 4) + body)
+        while True:  # until ReadyForQuery; trust authentication is all this speaks
+            kind, size = struct.unpack("!cI", _exactly(sock, 5))
+            payload = _exactly(sock, size - 4)
+            if kind == b"E" or (kind == b"R" and payload[:4] != b"\0\0\0\0"):
+                raise AssertionError(f"the server refused the session: {kind!r} {payload!r}")
+            if kind == b"Z":
+                break
+        sock.setsockopt(socket.IPPROTO_TCP, _TCP_REPAIR, 1)  # from now on nothing is sent
+    finally:
+        sock.close()  # in repair mode: gone, no FIN, no reset
+    return name
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise AssertionError("the server closed the connection during the startup")
+        data += chunk
+    return data

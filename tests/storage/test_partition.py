@@ -21,9 +21,9 @@ from sqlalchemy import Engine, literal, select, text
 from app.domain.errors import DatabaseUnreachable
 from app.storage import engine as engine_module
 from app.storage.async_reads import AsyncReads
-from app.storage.engine import make_engine
+from app.storage.engine import make_engine, pg_session_options
 from app.storage.one_statement import OneStatementRead
-from tests.kit.partition import Partition, partitioned
+from tests.kit.partition import Partition, partitioned, vanished_session
 
 pytestmark = pytest.mark.postgres
 
@@ -144,19 +144,29 @@ def test_the_event_loop_reads_fail_unreachable_within_the_bound(
         engine.dispose()
 
 
+_SERVER_SIDE = "SELECT current_setting('tcp_keepalives_idle')"
+
+
 def _parameters(engine: Engine) -> list[dict[str, str]]:
-    """The libpq parameters of a new sync connection and of a new event-loop one."""
+    """The libpq parameters of a new sync connection and of a new event-loop one, and the
+    server's keepalive idle time of its session (``server_idle``)."""
     with engine.connect() as conn:
         raw = conn.connection.dbapi_connection
         assert raw is not None
-        sync = raw.info.get_parameters()
+        sync = {
+            **raw.info.get_parameters(),
+            "server_idle": conn.execute(text(_SERVER_SIDE)).scalar_one(),
+        }
 
     async def on_loop() -> dict[str, str]:
         reads = AsyncReads(engine)
         try:
             conn = await reads._connect()
             try:
-                return conn.info.get_parameters()
+                cursor = await conn.execute(_SERVER_SIDE)
+                row = await cursor.fetchone()
+                assert row is not None
+                return {**conn.info.get_parameters(), "server_idle": row[0]}
             finally:
                 await conn.close()
         finally:
@@ -174,5 +184,36 @@ def test_every_connection_gets_the_bounds_unless_its_url_sets_its_own(postgres_u
                 assert params["tcp_user_timeout"] == expected
                 assert params["keepalives_idle"] == "5"
                 assert params["connect_timeout"] == "5"
+                assert params["server_idle"] == "5"
         finally:
             engine.dispose()
+
+
+def _sessions_named(engine: Engine, name: str) -> list[int]:
+    with engine.connect() as conn:
+        query = text("SELECT pid FROM pg_stat_activity WHERE application_name = :name")
+        return list(conn.execute(query, {"name": name}).scalars())
+
+
+def test_the_server_drops_the_session_of_a_client_that_vanished_without_a_word(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client host that lost power keeps its server process and connection slot for the
+    # server's default two hours; with our session options, until the server's first
+    # keepalive probe finds the connection gone (its peer answers the probe with a reset).
+    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_IDLE_S", 1)
+    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_INTERVAL_S", 1)
+    ours = vanished_session(postgres_url, pg_session_options(None))
+    without = vanished_session(postgres_url, "")  # the control: the server's defaults
+    engine = make_engine(postgres_url)
+    try:
+        deadline = time.monotonic() + BOUND_S
+        while _sessions_named(engine, ours) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sessions_named(engine, ours) == []
+        assert len(_sessions_named(engine, without)) == 1  # held, and would be for hours
+    finally:
+        with engine.connect() as conn:  # the test leaves no server process behind
+            for pid in _sessions_named(engine, without) + _sessions_named(engine, ours):
+                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        engine.dispose()
