@@ -27,11 +27,11 @@ PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 PING_AFTER_IDLE_S = 1.0
 PG_CONNECT_TIMEOUT_S = 5  # a server that accepts and never answers fails this fast
 # A connection whose packets vanish with no reset (a host cut off, a dead route, a server
-# host that lost power) fails in about this long instead of after TCP's own retries, 15
-# minutes and more: the kernel drops it when what we sent stays unacknowledged this long,
-# or when keepalive probes, sent after a few idle seconds, go unanswered as long. A busy
-# server still acknowledges at once, so a long statement is never cut by it
-# (docs/fault-tolerance.md, "A black-holed connection").
+# host that lost power) fails in 10 to 11 s instead of after TCP's own retries, 15 minutes
+# and more: the kernel drops it when what we sent stays unacknowledged this long, or when
+# keepalive probes, sent after a few idle seconds, go unanswered as long. A busy server's
+# kernel still acknowledges and answers the probes, so a long statement is not cut by it
+# (docs/disk-full-and-readiness.md, "A black-holed connection").
 PG_TCP_USER_TIMEOUT_MS = 10_000
 PG_KEEPALIVES_IDLE_S = 5
 PG_KEEPALIVES_INTERVAL_S = 2

@@ -177,8 +177,8 @@ _IDEMPOTENCY = select(idempotency_keys.c.request_digest, idempotency_keys.c.run_
 # guards one step across api processes. SQLite needs none: its write transactions begin
 # IMMEDIATE (app/storage/engine.py), so they are serial already.
 #
-# Each is taken per schema: exclusive on (hashtext(current_schema()), key), so that
-# installations in two schemas of one database never wait for each other. Beside it the
+# Each is taken per schema: exclusive on (the oid of the schema that holds ``runs``, key),
+# so that installations in two schemas of one database never wait for each other. Beside it the
 # same key's database-wide lock, once taken exclusive alone, is taken shared: a process of a
 # build before this (which takes only that one, exclusive) and one of this build still
 # exclude each other while both serve during a rolling upgrade (docs/concurrency-budgets.md).
@@ -186,11 +186,17 @@ _ADMISSION_LOCK = 0x514C_0001  # T1 of any run
 _QUEUE_LOCK = 0x514C_0002  # any insert of a queued run
 
 
+# The schema whose ``runs`` the session's statements use (the first on its search_path),
+# looked up when the statement runs: a plan-time ``'runs'::regclass`` would outlive a
+# migration that recreates the table.
+_SCHEMA_OID = (
+    "coalesce((SELECT c.relnamespace::int FROM pg_class c WHERE c.relname = 'runs'"
+    " AND c.relkind IN ('r', 'p') AND pg_table_is_visible(c.oid)), 0)"
+)
+
+
 def _advisory_lock_sql(key: int) -> str:
-    return (
-        f"pg_advisory_xact_lock_shared({key}), "
-        f"pg_advisory_xact_lock(hashtext(current_schema()), {key})"
-    )
+    return f"pg_advisory_xact_lock_shared({key}), pg_advisory_xact_lock({_SCHEMA_OID}, {key})"
 
 
 _ADVISORY_LOCKS = {

@@ -9,11 +9,12 @@ listening inside a network namespace of its own, joined to this one by a veth pa
 
     client (here) --veth--> relay's listener (the namespace) --> server (here, unchanged)
 
-``Partition.drop()`` adds a blackhole route in the namespace for this side's address: every
-answer to the client, and every acknowledgement of what it sends, vanishes, while the
-client's own packets still arrive (they are never acknowledged, as if lost). ``heal()``
-removes it. The namespace is held by a ``sleep`` the kit starts and ends by its pid; the
-veth pair is deleted with it. Nothing outlives the context.
+``Partition.drop()`` adds a blackhole route in the namespace for this side's address, and
+the namespace filters by reverse path: every answer to the client vanishes, and so does
+every packet the client sends (a SYN, a statement, a keepalive probe, a reset), none of them
+refused. ``heal()`` removes it. The namespace is held by a ``sleep`` the kit starts and
+kills by its pid (and which dies with the test process); the veth pair is deleted with it.
+Nothing outlives the context.
 
 ``vanished_session(url, options)`` is the other side of it: a PostgreSQL session whose
 client socket is then destroyed without a word (``TCP_REPAIR``: no FIN, no reset), as when
@@ -31,7 +32,9 @@ import ctypes
 import ipaddress
 import itertools
 import os
+import random
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -47,6 +50,7 @@ from tests.kit.relay import Relay
 REQUIRED_ENV = "QL_TEST_NETNS_REQUIRED"
 _CLONE_NEWNET = 0x40000000
 _TCP_REPAIR = 19  # linux/tcp.h
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _NETWORK = ipaddress.ip_network("10.213.0.0/16")  # /30s of it, one per partition
 _serial = itertools.count()
 
@@ -57,20 +61,17 @@ class Partition:
     def __init__(self) -> None:
         self._holder: subprocess.Popen[bytes] | None = None
         self._link: str | None = None
-        self._dropped = False
         self._listeners: list[socket.socket] = []
         n = next(_serial)
-        index = (os.getpid() * 8 + n) % (_NETWORK.num_addresses // 4)
-        subnet = ipaddress.ip_network(f"{_NETWORK.network_address + index * 4}/30")
-        self.here, self.there = (str(a) for a in subnet.hosts())
-        self._prefix = subnet.prefixlen
-        self._names = (
-            f"qlp{os.getpid() % 100000}{n % 100}a",
-            f"qlp{os.getpid() % 100000}{n % 100}b",
-        )
+        tag = f"{os.getpid() % 100000}x{n % 100}"  # at most 15 characters with its prefix
+        self._names = (f"qlp{tag}a", f"qlp{tag}b")
+        self.here, self.there, self._prefix = "", "", 30
 
     def open(self) -> None:
-        holder = subprocess.Popen(["unshare", "--net", "sleep", "3600"])
+        # The holder dies with this process even if the test run is killed (PR_SET_PDEATHSIG).
+        holder = subprocess.Popen(
+            ["unshare", "--net", "sleep", "3600"], preexec_fn=_die_with_parent
+        )
         self._holder = holder
         own = os.readlink("/proc/self/ns/net")
         deadline = time.monotonic() + 5
@@ -81,10 +82,17 @@ class Partition:
         here, there = self._names
         _ip("link", "add", here, "type", "veth", "peer", "name", there, "netns", str(holder.pid))
         self._link = here
+        subnet = _free_subnet()
+        self.here, self.there = (str(a) for a in subnet.hosts())
+        self._prefix = subnet.prefixlen
         _ip("addr", "add", f"{self.here}/{self._prefix}", "dev", here)
         _ip("link", "set", here, "up")
         self._inside("ip", "addr", "add", f"{self.there}/{self._prefix}", "dev", there)
         self._inside("ip", "link", "set", there, "up")
+        # Strict reverse-path filtering inside: once the route back to this side is a
+        # blackhole, what this side sends is dropped on arrival too.
+        for conf in ("all", there):
+            self._inside("sysctl", "-qw", f"net.ipv4.conf.{conf}.rp_filter=1")
 
     def listener(self) -> socket.socket:
         """A listening socket inside the namespace, on its end of the pair."""
@@ -112,23 +120,24 @@ class Partition:
         return made[0]
 
     def drop(self) -> None:
-        """From now on nothing reaches this side from the namespace: a silent partition."""
+        """From now on no packet passes between the two sides, either way, and none is
+        refused: a silent partition."""
         self._inside("ip", "route", "add", "blackhole", f"{self.here}/32")
-        self._dropped = True
 
     def heal(self) -> None:
         self._inside("ip", "route", "del", "blackhole", f"{self.here}/32")
-        self._dropped = False
 
     def close(self) -> None:
         for sock in self._listeners:
             sock.close()
-        if self._link is not None:
-            with contextlib.suppress(subprocess.CalledProcessError):
-                _ip("link", "del", self._link)
-        if self._holder is not None:
-            self._holder.kill()  # by its pid; the namespace goes with its last user
-            self._holder.wait(5)
+        try:
+            if self._link is not None:
+                with contextlib.suppress(subprocess.SubprocessError):
+                    _ip("link", "del", self._link)
+        finally:
+            if self._holder is not None:
+                self._holder.kill()  # by its pid; the namespace goes with its last user
+                self._holder.wait(5)
 
     def _pid(self) -> int:
         assert self._holder is not None
@@ -136,6 +145,26 @@ class Partition:
 
     def _inside(self, *argv: str) -> None:
         _run("nsenter", f"--net=/proc/{self._pid()}/ns/net", *argv)
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """A /30 of the test network that no address of this namespace is in yet."""
+    taken = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "to", str(_NETWORK)],
+        capture_output=True, text=True, timeout=10, check=True,
+    ).stdout  # fmt: skip
+    used = {ipaddress.ip_interface(w).network for w in taken.split() if "/" in w}
+    count = _NETWORK.num_addresses // 4
+    for _ in range(count):
+        index = random.randrange(count)
+        subnet = ipaddress.ip_network(f"{_NETWORK.network_address + index * 4}/30")
+        if not any(subnet.overlaps(u) for u in used):
+            return subnet
+    raise OSError(f"no free /30 left in {_NETWORK}")
+
+
+def _die_with_parent() -> None:
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _ip(*argv: str) -> None:
@@ -187,9 +216,11 @@ def partitioned(url: str) -> Iterator[tuple[str, Partition]]:
         through = parsed.set(host=partition.there, port=relay.port)
         yield through.render_as_string(hide_password=False), partition
     finally:
-        if relay is not None:
-            relay.cut()
-        partition.close()
+        try:
+            if relay is not None:
+                relay.cut()
+        finally:
+            partition.close()
 
 
 def vanished_session(url: str, options: str) -> str:

@@ -16,7 +16,8 @@ from sqlalchemy import make_url
 
 
 class Relay:
-    """Forwards 127.0.0.1:<port> to a PostgreSQL server until ``cut``, then refuses."""
+    """Forwards 127.0.0.1:<port> (or the given listener's address) to a PostgreSQL server
+    until ``cut``, then refuses."""
 
     def __init__(self, target: tuple[str, int], listener: socket.socket | None = None) -> None:
         """``listener``: where clients connect (default a new one on 127.0.0.1)."""
@@ -26,6 +27,7 @@ class Relay:
         self._threads: list[threading.Thread] = []  # the pumps
         self._acceptor: threading.Thread | None = None
         self._stop = threading.Event()
+        self._own_listener = listener is None  # resume() makes another such one
         self._listener = listener or socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._serve()
@@ -81,6 +83,7 @@ class Relay:
 
     def resume(self) -> None:
         """Listen on the same port again (SO_REUSEADDR: create_server sets it)."""
+        assert self._own_listener, "a relay on a given listener cannot listen again"
         self._listener = socket.create_server(("127.0.0.1", self.port))
         self._serve()
 
