@@ -91,8 +91,8 @@ class Partition:
         self._inside("ip", "link", "set", there, "up")
         # Strict reverse-path filtering inside: once the route back to this side is a
         # blackhole, what this side sends is dropped on arrival too.
-        for conf in ("all", there):
-            self._inside("sysctl", "-qw", f"net.ipv4.conf.{conf}.rp_filter=1")
+        for conf in ("all", there):  # /proc/sys/net is the writer's namespace's (no procps)
+            self._inside("sh", "-c", f"echo 1 > /proc/sys/net/ipv4/conf/{conf}/rp_filter")
 
     def listener(self) -> socket.socket:
         """A listening socket inside the namespace, on its end of the pair."""
@@ -190,7 +190,7 @@ def _unavailable() -> str | None:
     return None
 
 
-def _skip_or_fail(reason: str) -> None:
+def skip_or_fail(reason: str) -> None:
     if os.environ.get(REQUIRED_ENV) == "1":
         pytest.fail(f"{REQUIRED_ENV}=1 but {reason}")
     pytest.skip(reason)
@@ -201,7 +201,7 @@ def partitioned(url: str) -> Iterator[tuple[str, Partition]]:
     """``url`` through a relay behind a partition the test can drop and heal."""
     reason = _unavailable()
     if reason is not None:
-        _skip_or_fail(reason)
+        skip_or_fail(reason)
     parsed = make_url(url)
     partition = Partition()
     relay: Relay | None = None
@@ -211,7 +211,7 @@ def partitioned(url: str) -> Iterator[tuple[str, Partition]]:
             listener = partition.listener()
         except (OSError, subprocess.CalledProcessError) as exc:
             detail = getattr(exc, "stderr", None) or exc
-            _skip_or_fail(f"this host cannot build a network namespace with veth: {detail}")
+            skip_or_fail(f"this host cannot build a network namespace with veth: {detail}")
         relay = Relay((parsed.host or "127.0.0.1", parsed.port or 5432), listener=listener)
         through = parsed.set(host=partition.there, port=relay.port)
         yield through.render_as_string(hide_password=False), partition
@@ -228,7 +228,7 @@ def vanished_session(url: str, options: str) -> str:
     socket silently; the ``application_name`` that tells its server process apart."""
     reason = None if os.geteuid() == 0 else "a socket destroyed silently needs root"
     if reason is not None:
-        _skip_or_fail(reason)
+        skip_or_fail(reason)
     parsed = make_url(url)
     name = f"ql-vanished-{os.getpid()}-{next(_serial)}"
     params = {
