@@ -51,6 +51,29 @@ def _unreachable_count(client: Client, admin: dict[str, str]) -> float:
     return float(line.removeprefix(series))
 
 
+def _client_with_a_run(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Client, dict[str, str], str]:
+    """An app on ``url`` with one run enqueued and read back; the caller closes the client.
+
+    The token stays cached across an outage: each request then reaches its own read or
+    write, not the token lookup (which would answer the same 503 on a slow host)."""
+    defaults = TokenCache.__init__.__kwdefaults__ or {}
+    monkeypatch.setattr(TokenCache.__init__, "__kwdefaults__", {**defaults, "ttl_s": 3600.0})
+    client, admin = admin_client_with_a_task(
+        Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE)
+    )
+    try:
+        r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
+        assert r.status_code == 201, r.text
+        run_id: str = r.json()["id"]
+        assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
+    except BaseException:
+        client.close()
+        raise
+    return client, admin, run_id
+
+
 @pytest.fixture
 def relayed_pg() -> Iterator[tuple[str, Relay]]:
     """A private migrated schema, and its URL through a relay the test can cut."""
@@ -65,20 +88,10 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # The token stays cached across the cut: each request below then reaches its own read or
-    # write, not the token lookup (which would answer the same 503 on a slow host).
-    defaults = TokenCache.__init__.__kwdefaults__ or {}
-    monkeypatch.setattr(TokenCache.__init__, "__kwdefaults__", {**defaults, "ttl_s": 3600.0})
     monkeypatch.setattr(problems, "_outage_logged_at", {})  # no line held back by another test
     url, relay = relayed_pg
-    client, admin = admin_client_with_a_task(
-        Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE)
-    )
+    client, admin, run_id = _client_with_a_run(url, tmp_path, monkeypatch)
     try:
-        r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
-        assert r.status_code == 201, r.text
-        run_id = r.json()["id"]
-        assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
         counted = _unreachable_count(client, admin)
 
         relay.cut()  # the pooled connections die under the api; new ones are refused
@@ -135,18 +148,9 @@ def test_a_silent_partition_answers_503_within_the_bound_and_recovers(
     monkeypatch.setattr(engine_module, "PG_KEEPALIVES_IDLE_S", 1)
     monkeypatch.setattr(engine_module, "PG_KEEPALIVES_INTERVAL_S", 1)
     monkeypatch.setattr(engine_module, "PG_CONNECT_TIMEOUT_S", 2)
-    defaults = TokenCache.__init__.__kwdefaults__ or {}
-    monkeypatch.setattr(TokenCache.__init__, "__kwdefaults__", {**defaults, "ttl_s": 3600.0})
     with private_pg_schema("ql_outage") as direct, partitioned(direct) as (url, partition):
-        client, admin = admin_client_with_a_task(
-            Settings(data_dir=tmp_path / "data", database_url=url, profile=EDGE)
-        )
+        client, admin, run_id = _client_with_a_run(url, tmp_path, monkeypatch)
         try:
-            r = client.post("/api/v1/runs", json={"task": "hello"}, headers=admin)
-            assert r.status_code == 201, r.text
-            run_id = r.json()["id"]
-            assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
-
             partition.drop()
             again = {**admin, "Idempotency-Key": "in-the-partition"}
             for method, path, body in (

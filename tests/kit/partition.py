@@ -45,6 +45,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import make_url
 
+from app.worker.zygote import _recv_exact
 from tests.kit.relay import Relay
 
 REQUIRED_ENV = "QL_TEST_NETNS_REQUIRED"
@@ -243,8 +244,8 @@ def vanished_session(url: str, options: str) -> str:
     try:
         sock.sendall(struct.pack("!I", len(body) + 4) + body)
         while True:  # until ReadyForQuery; trust authentication is all this speaks
-            kind, size = struct.unpack("!cI", _exactly(sock, 5))
-            payload = _exactly(sock, size - 4)
+            kind, size = struct.unpack("!cI", _recv_exact(sock, 5))
+            payload = _recv_exact(sock, size - 4)
             if kind == b"E" or (kind == b"R" and payload[:4] != b"\0\0\0\0"):
                 raise AssertionError(f"the server refused the session: {kind!r} {payload!r}")
             if kind == b"Z":
@@ -253,13 +254,3 @@ def vanished_session(url: str, options: str) -> str:
     finally:
         sock.close()  # in repair mode: gone, no FIN, no reset
     return name
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise AssertionError("the server closed the connection during the startup")
-        data += chunk
-    return data
