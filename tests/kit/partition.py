@@ -20,8 +20,8 @@ Nothing outlives the context.
 client socket is then destroyed without a word (``TCP_REPAIR``: no FIN, no reset), as when
 the client's host lost power; the server's side of it stays until the server probes.
 
-Needs root, ``ip``, ``unshare`` and ``nsenter`` (iproute2, util-linux) and veth. Where one
-is missing the test is skipped with the reason, unless ``QL_TEST_NETNS_REQUIRED=1`` (set by
+Needs root, ``ip``, ``unshare``, ``nsenter`` and ``setpriv`` (iproute2, util-linux) and
+veth. Where one is missing the test is skipped with the reason, unless ``QL_TEST_NETNS_REQUIRED=1`` (set by
 ``.ci/run``, which installs iproute2) makes that a failure.
 """
 
@@ -34,7 +34,6 @@ import itertools
 import os
 import random
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -45,13 +44,11 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import make_url
 
-from app.worker.zygote import _recv_exact
 from tests.kit.relay import Relay
 
 REQUIRED_ENV = "QL_TEST_NETNS_REQUIRED"
 _CLONE_NEWNET = 0x40000000
 _TCP_REPAIR = 19  # linux/tcp.h
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _NETWORK = ipaddress.ip_network("10.213.0.0/16")  # /30s of it, one per partition
 _serial = itertools.count()
 
@@ -69,9 +66,10 @@ class Partition:
         self.here, self.there, self._prefix = "", "", 30
 
     def open(self) -> None:
-        # The holder dies with this process even if the test run is killed (PR_SET_PDEATHSIG).
+        # The holder dies with this process even if the test run is killed (its parent-death
+        # signal, set by setpriv before the exec: no Python runs in the forked child).
         holder = subprocess.Popen(
-            ["unshare", "--net", "sleep", "3600"], preexec_fn=_die_with_parent
+            ["setpriv", "--pdeathsig", "KILL", "unshare", "--net", "sleep", "3600"]
         )
         self._holder = holder
         own = os.readlink("/proc/self/ns/net")
@@ -164,10 +162,6 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise OSError(f"no free /30 left in {_NETWORK}")
 
 
-def _die_with_parent() -> None:
-    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _ip(*argv: str) -> None:
     _run("ip", *argv)
 
@@ -185,7 +179,8 @@ def _libc() -> ctypes.CDLL:
 def _unavailable() -> str | None:
     if os.geteuid() != 0:
         return "a network partition needs root (CI runs as root)"
-    missing = [tool for tool in ("ip", "unshare", "nsenter") if shutil.which(tool) is None]
+    tools = ("ip", "unshare", "nsenter", "setpriv")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         return f"a network partition needs {', '.join(missing)} (iproute2, util-linux)"
     return None
@@ -244,8 +239,8 @@ def vanished_session(url: str, options: str) -> str:
     try:
         sock.sendall(struct.pack("!I", len(body) + 4) + body)
         while True:  # until ReadyForQuery; trust authentication is all this speaks
-            kind, size = struct.unpack("!cI", _recv_exact(sock, 5))
-            payload = _recv_exact(sock, size - 4)
+            kind, size = struct.unpack("!cI", _exactly(sock, 5))
+            payload = _exactly(sock, size - 4)
             if kind == b"E" or (kind == b"R" and payload[:4] != b"\0\0\0\0"):
                 raise AssertionError(f"the server refused the session: {kind!r} {payload!r}")
             if kind == b"Z":
@@ -254,3 +249,10 @@ def vanished_session(url: str, options: str) -> str:
     finally:
         sock.close()  # in repair mode: gone, no FIN, no reset
     return name
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = sock.recv(n, socket.MSG_WAITALL)  # all n, unless the server closed first
+    if len(data) != n:
+        raise AssertionError("the server closed the connection during the startup")
+    return data

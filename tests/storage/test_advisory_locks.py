@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, make_url, text
 
 from app.storage.engine import make_engine
 from app.storage.runs_repo import _QUEUE_LOCK, RunRepository, queue_has_room
@@ -85,3 +85,31 @@ def test_the_previous_builds_database_wide_lock_still_excludes_this_builds(
             with pytest.raises(Exception, match="lock timeout"):
                 old_build.execute(text(f"SELECT pg_advisory_xact_lock({_QUEUE_LOCK})"))
         old_build.rollback()
+
+
+def test_the_lock_follows_the_schema_whose_runs_the_session_uses_not_the_first_on_its_path(
+    two_schemas: tuple[Engine, Engine],
+) -> None:
+    # One installation, two ways to reach it: a search_path that starts with another, empty
+    # schema (a "$user" schema, say) still locks the schema that holds ``runs``.
+    a, _ = two_schemas
+    (schema,) = a.url.query["options"].removeprefix("-csearch_path=").split(",")[:1]
+    with private_pg_schema("ql_lock_empty", migrate=False) as empty_url:
+        (empty,) = make_url(empty_url).query["options"].removeprefix("-csearch_path=").split(",")
+        around = make_engine(
+            a.url.update_query_dict(
+                {"options": f"-csearch_path={empty},{schema}"}
+            ).render_as_string(hide_password=False)
+        )
+        try:
+            with around.connect() as conn:
+                assert conn.execute(text("SELECT current_schema()")).scalar_one() == empty
+            with UnitOfWork(a) as held:
+                assert queue_has_room(held.conn, 10)
+                thread, done = _in_thread(_capped_enqueue(around))
+                thread.join(0.5)
+                assert thread.is_alive() and not done  # the same installation: it waits
+            thread.join(10)
+            assert done
+        finally:
+            around.dispose()
