@@ -10,16 +10,22 @@ Everything else passes through untouched to the FastAPI route: no or unknown tok
 still to check against the database, a missing scope, a malformed or unknown id, a query
 string. That route stays the one definition of every error answer and of the OpenAPI
 document, and a test holds the two 200 answers byte-identical. A database that cannot take
-the read now (StorageUnavailable: unreachable, say) passes it to the route too, which tries
-once more and answers its 503; any other exception propagates as it would from the route.
+the read now (StorageUnavailable: unreachable, say) is answered here, by the same function
+as the route's exception handler (``problems.storage_unavailable``): the event-loop read
+already tried a fresh connection, and through the route the same read would wait for the
+database a second time (on a silent partition, each try waits out the connection's bounds).
+Any other exception propagates as it would from the route.
 """
 
 from __future__ import annotations
 
 import re
 
+from starlette.requests import Request
+
 from app.api.asgi import ASGIApp, Receive, Scope, Send
 from app.api.auth import bearer_token
+from app.api.problems import storage_unavailable
 from app.api.schemas import RunOut
 from app.context.facade import AppFacade
 from app.domain.errors import DomainError, StorageUnavailable
@@ -49,6 +55,10 @@ class HotReads:
             if match is not None and not scope.get("root_path"):
                 try:
                     body = await self._run_json(scope, match.group(1))
+                except StorageUnavailable as exc:
+                    scope["route"] = _ROUTE  # the log line names the route's template
+                    await storage_unavailable(Request(scope), exc)(scope, receive, send)
+                    return
                 except Exception:
                     scope["route"] = _ROUTE  # the guard logs the error against the route
                     raise
@@ -72,6 +82,6 @@ class HotReads:
             return None
         try:
             run = await facade.get_run_async(run_id=run_id)
-        except (DomainError, StorageUnavailable):
+        except DomainError:
             return None  # the route gives the same read its problem+json answer
         return RunOut.of(run).model_dump_json().encode()

@@ -176,6 +176,15 @@ def _log_outage(code: str, request: Request) -> None:
     )  # fmt: skip
 
 
+def storage_unavailable(request: Request, exc: StorageUnavailable) -> Response:
+    """The 503 of a database or disk that cannot take the request now: counted by code, said
+    once in the log, with ``Retry-After`` (the handler's, and the hot read's, answer)."""
+    DATABASE_UNAVAILABLE.labels(code=str(exc.code)).inc()
+    _log_outage(str(exc.code), request)
+    headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
+    return problem_response(503, str(exc.code), exc.detail, headers)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into problem+json."""
 
@@ -196,10 +205,7 @@ def install(app: FastAPI) -> None:
         # Every route, read or write: the unit of work and the engine raise it for any
         # transaction (a full disk, a lost connection, SQLite's lock held too long).
         assert isinstance(exc, StorageUnavailable)
-        DATABASE_UNAVAILABLE.labels(code=str(exc.code)).inc()
-        _log_outage(str(exc.code), request)
-        headers = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
-        return problem_response(503, str(exc.code), exc.detail, headers)
+        return storage_unavailable(request, exc)
 
     async def on_validation(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
