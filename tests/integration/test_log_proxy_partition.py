@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,22 +21,15 @@ import pytest
 from app.adapters import log_proxy
 from app.adapters.log_proxy import open_remote_log
 from app.domain.errors import LogHostUnavailable
-from tests.kit.partition import Partition, skip_or_fail
+from tests.kit.partition import Partition, opened_partition
 
 SLACK_S = 2.0  # the event loop's and the kernel's timers on a loaded host
 
 
 @pytest.fixture
 def partition() -> Iterator[Partition]:
-    built = Partition()
-    try:
-        try:
-            built.open()
-        except (OSError, subprocess.CalledProcessError) as exc:
-            skip_or_fail(f"this host cannot build a network namespace with veth: {exc}")
+    with opened_partition() as built:
         yield built
-    finally:
-        built.close()
 
 
 def _forward(base_url: str) -> log_proxy.RemoteLog:

@@ -4,21 +4,15 @@ both ways, refusing nothing, and passing everything again once healed."""
 from __future__ import annotations
 
 import socket
-import subprocess
 
 import pytest
 
-from tests.kit.partition import Partition, skip_or_fail
+from tests.kit.partition import opened_partition
 
 
 def test_the_kits_partition_drops_both_ways_and_refuses_nothing() -> None:
-    # What the tests below rest on: nothing crosses either way, no error comes back.
-    partition = Partition()
-    try:
-        try:
-            partition.open()
-        except (OSError, subprocess.CalledProcessError) as exc:
-            skip_or_fail(f"this host cannot build a network namespace with veth: {exc}")
+    # Nothing crosses either way, and no error comes back.
+    with opened_partition() as partition:
         listener = partition.listener()
         client = socket.create_connection((partition.there, listener.getsockname()[1]), 5)
         server, _ = listener.accept()
@@ -41,5 +35,3 @@ def test_the_kits_partition_drops_both_ways_and_refuses_nothing() -> None:
             server.settimeout(30)  # TCP's next retransmission, some backoff away
             client.settimeout(30)
             assert server.recv(1) == b"b" and client.recv(1) == b"c"  # retransmitted
-    finally:
-        partition.close()

@@ -193,30 +193,35 @@ def skip_or_fail(reason: str) -> None:
 
 
 @contextlib.contextmanager
-def partitioned(url: str) -> Iterator[tuple[str, Partition]]:
-    """``url`` through a relay behind a partition the test can drop and heal."""
+def opened_partition() -> Iterator[Partition]:
+    """A partition, open and not yet dropped; skipped (or failed, when required) with the
+    reason where this host cannot build one; closed afterwards."""
     reason = _unavailable()
     if reason is not None:
         skip_or_fail(reason)
-    parsed = make_url(url)
     partition = Partition()
-    relay: Relay | None = None
     try:
         try:
             partition.open()
-            listener = partition.listener()
         except (OSError, subprocess.CalledProcessError) as exc:
             detail = getattr(exc, "stderr", None) or exc
             skip_or_fail(f"this host cannot build a network namespace with veth: {detail}")
-        relay = Relay((parsed.host or "127.0.0.1", parsed.port or 5432), listener=listener)
-        through = parsed.set(host=partition.there, port=relay.port)
-        yield through.render_as_string(hide_password=False), partition
+        yield partition
     finally:
+        partition.close()
+
+
+@contextlib.contextmanager
+def partitioned(url: str) -> Iterator[tuple[str, Partition]]:
+    """``url`` through a relay behind a partition the test can drop and heal."""
+    parsed = make_url(url)
+    with opened_partition() as partition:
+        relay = Relay((parsed.host or "127.0.0.1", parsed.port or 5432), partition.listener())
         try:
-            if relay is not None:
-                relay.cut()
+            through = parsed.set(host=partition.there, port=relay.port)
+            yield through.render_as_string(hide_password=False), partition
         finally:
-            partition.close()
+            relay.cut()
 
 
 def vanished_session(url: str, options: str) -> str:
