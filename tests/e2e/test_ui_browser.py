@@ -30,6 +30,7 @@ from app.storage.tokens_repo import TokenRepository
 from tests.browser import ZH_AS_IS_WORDS, browser_or_skip
 from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import TERMINAL, enqueue, put_task, read_log, wait_status
+from tests.kit.partition import network_unchanged
 
 XSS = "<img src=x onerror=alert(1)>"
 WAIT_MS = 20_000
@@ -157,7 +158,9 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
     assert r.status_code == 201, r.text
     shots = tmp_path / "ui-screenshots"
     shots.mkdir()
-    with sync_playwright() as pw:
+    # No network partition is built meanwhile (tests/kit/partition.py): Chromium would drop
+    # its page loads on the interface change.
+    with network_unchanged(), sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:
             yield Site(

@@ -20,6 +20,12 @@ Nothing outlives the context.
 client socket is then destroyed without a word (``TCP_REPAIR``: no FIN, no reset), as when
 the client's host lost power; the server's side of it stays until the server probes.
 
+Building and removing a partition adds and removes an interface and an address here, and
+Chromium abandons the page loads in flight when the host's network changes
+(``ERR_NETWORK_CHANGED``): the browser test's pages then never draw. So a partition holds a
+shared lock on this file while it exists, and ``network_unchanged()``, which the browser
+test holds, takes it exclusive: the two never overlap, across xdist's processes too.
+
 Needs root, ``ip``, ``unshare``, ``nsenter`` and ``setpriv`` (iproute2, util-linux) and
 veth. Where one is missing the test is skipped with the reason, unless ``QL_TEST_NETNS_REQUIRED=1`` (set by
 ``.ci/run``, which installs iproute2) makes that a failure.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import ipaddress
 import itertools
 import os
@@ -53,10 +60,25 @@ _NETWORK = ipaddress.ip_network("10.213.0.0/16")  # /30s of it, one per partitio
 _serial = itertools.count()
 
 
+@contextlib.contextmanager
+def _network_lock(mode: int) -> Iterator[None]:
+    with open(__file__, "rb") as this:  # a file every checkout has: nothing left behind
+        fcntl.flock(this, mode)  # released when the file closes
+        yield
+
+
+@contextlib.contextmanager
+def network_unchanged() -> Iterator[None]:
+    """While held, no partition exists or is built, in any test process of this host."""
+    with _network_lock(fcntl.LOCK_EX):
+        yield
+
+
 class Partition:
     """A veth pair into a network namespace of its own, and the blackhole that cuts it."""
 
     def __init__(self) -> None:
+        self._changes = contextlib.ExitStack()  # the shared lock, from open to close
         self._holder: subprocess.Popen[bytes] | None = None
         self._link: str | None = None
         self._listeners: list[socket.socket] = []
@@ -66,6 +88,7 @@ class Partition:
         self.here, self.there, self._prefix = "", "", 30
 
     def open(self) -> None:
+        self._changes.enter_context(_network_lock(fcntl.LOCK_SH))
         # The holder dies with this process even if the test run is killed (its parent-death
         # signal, set by setpriv before the exec: no Python runs in the forked child).
         holder = subprocess.Popen(
@@ -134,9 +157,12 @@ class Partition:
                 with contextlib.suppress(subprocess.SubprocessError):
                     _ip("link", "del", self._link)
         finally:
-            if self._holder is not None:
-                self._holder.kill()  # by its pid; the namespace goes with its last user
-                self._holder.wait(5)
+            try:
+                if self._holder is not None:
+                    self._holder.kill()  # by its pid; the namespace goes with its last user
+                    self._holder.wait(5)
+            finally:
+                self._changes.close()
 
     def _pid(self) -> int:
         assert self._holder is not None
