@@ -26,7 +26,7 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   └── LogHostUnavailable        the attempt's host does not answer its log     [503]
     ├── StorageUnavailable            the database cannot commit now, not a refusal  [503]
     │   ├── DatabaseUnreachable       the connection was lost or could not be opened [503]
-    │   └── DatabaseBusy              SQLite's write lock held past the busy timeout [503]
+    │   └── DatabaseBusy              a write lock or every pooled connection busy   [503]
     ├── KeyUnavailable                a secret does not decrypt under the key ring
     ├── AdmissionRefused(scope)       a concurrency budget is used up: the run waits
     ├── LaunchFailed(reason)          the launch ended, nothing is left running

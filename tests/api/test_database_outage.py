@@ -31,7 +31,7 @@ from app.storage.run_reads import RunReader
 from app.storage.tables import runs
 from tests.api.conftest import Client, admin_client_with_a_task
 from tests.conftest import private_pg_schema
-from tests.kit.partition import partitioned
+from tests.kit.partition import partitioned, shorten_bounds
 from tests.kit.relay import Relay, relayed
 from tests.worker.kit import wait_for
 
@@ -73,6 +73,16 @@ def _client_with_a_run(
         client.close()
         raise
     return client, admin, run_id
+
+
+def _runs_in(url: str) -> int:
+    """How many runs the database at ``url`` holds, read on a connection of its own."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(runs)).scalar_one())
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture
@@ -131,12 +141,7 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
         assert _unreachable_count(client, admin) == counted + 4
     finally:
         client.close()
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 2
-    finally:
-        engine.dispose()
+    assert _runs_in(url) == 2
 
 
 @pytest.mark.postgres
@@ -145,10 +150,7 @@ def test_a_silent_partition_answers_503_within_the_bound_and_recovers(
 ) -> None:
     # Packets dropped, no reset (tests/kit/partition.py): without the keepalive and user
     # timeout the requests below would wait for TCP, a quarter of an hour. Bounds of a second.
-    monkeypatch.setattr(engine_module, "PG_TCP_USER_TIMEOUT_MS", 1000)
-    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_IDLE_S", 1)
-    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_INTERVAL_S", 1)
-    monkeypatch.setattr(engine_module, "PG_CONNECT_TIMEOUT_S", 2)
+    shorten_bounds(monkeypatch)
     reads: list[str] = []  # each read of one run the api sends to the database
     get_run_async = RunReader.get_run_async
 
@@ -182,12 +184,7 @@ def test_a_silent_partition_answers_503_within_the_bound_and_recovers(
             assert client.get(f"/api/v1/runs/{run_id}", headers=admin).status_code == 200
         finally:
             client.close()
-        engine = make_engine(direct)
-        try:
-            with engine.connect() as conn:
-                assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 2
-        finally:
-            engine.dispose()
+        assert _runs_in(direct) == 2
 
 
 def test_sqlite_write_lock_held_by_another_process_answers_503_and_recovers(
@@ -228,12 +225,7 @@ def test_sqlite_write_lock_held_by_another_process_answers_503_and_recovers(
         assert r.status_code == 201, r.text
     finally:
         client.close()
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:  # the refused write left nothing behind
-            assert conn.execute(select(func.count()).select_from(runs)).scalar_one() == 1
-    finally:
-        engine.dispose()
+    assert _runs_in(url) == 1  # the refused write left nothing behind
 
 
 _HOLD_THE_WRITE_LOCK = """

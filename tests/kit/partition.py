@@ -287,3 +287,14 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     if len(data) != n:
         raise AssertionError("the server closed the connection during the startup")
     return data
+
+
+def shorten_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection bounds of app/storage/engine.py cut to a second (libpq's least connect
+    timeout is 2 s), so a test of a partition waits seconds; the defaults only scale them."""
+    from app.storage import engine
+
+    monkeypatch.setattr(engine, "PG_TCP_USER_TIMEOUT_MS", 1000)
+    monkeypatch.setattr(engine, "PG_KEEPALIVES_IDLE_S", 1)
+    monkeypatch.setattr(engine, "PG_KEEPALIVES_INTERVAL_S", 1)
+    monkeypatch.setattr(engine, "PG_CONNECT_TIMEOUT_S", 2)

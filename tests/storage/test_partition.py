@@ -23,7 +23,7 @@ from app.storage import engine as engine_module
 from app.storage.async_reads import AsyncReads
 from app.storage.engine import make_engine, pg_session_options
 from app.storage.one_statement import OneStatementRead
-from tests.kit.partition import Partition, partitioned, vanished_session
+from tests.kit.partition import Partition, partitioned, shorten_bounds, vanished_session
 
 pytestmark = pytest.mark.postgres
 
@@ -32,10 +32,7 @@ BOUND_S = 4.0  # a one-second user timeout, plus the kernel's timer and a slow h
 
 @pytest.fixture
 def short_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_module, "PG_TCP_USER_TIMEOUT_MS", 1000)
-    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_IDLE_S", 1)
-    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_INTERVAL_S", 1)
-    monkeypatch.setattr(engine_module, "PG_CONNECT_TIMEOUT_S", 2)  # libpq's least
+    shorten_bounds(monkeypatch)
     # No ping at checkout, however slow the host: the statement itself meets the partition.
     monkeypatch.setattr(engine_module, "PING_AFTER_IDLE_S", 3600.0)
 
@@ -201,8 +198,7 @@ def test_the_server_drops_the_session_of_a_client_that_vanished_without_a_word(
     # A client host that lost power keeps its server process and connection slot for the
     # server's default two hours; with our session options, until the server's first
     # keepalive probe finds the connection gone (its peer answers the probe with a reset).
-    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_IDLE_S", 1)
-    monkeypatch.setattr(engine_module, "PG_KEEPALIVES_INTERVAL_S", 1)
+    shorten_bounds(monkeypatch)
     ours = vanished_session(postgres_url, pg_session_options(None))
     without = vanished_session(postgres_url, "")  # the control: the server's defaults
     engine = make_engine(postgres_url)
