@@ -23,21 +23,19 @@ import argparse
 import os
 import re
 import stat
-import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
 
-from app.cli.receipts import (
-    SHARD_COUNT,
+from app.cli.shard_audit import (
     AuditReport,
-    _checked_root,
-    _move,
-    _under_root,
     add_audit_flags,
+    cutoff_of,
+    move_to_quarantine,
     run_audit,
+    shard_dir,
+    shards_of_window,
 )
 from app.domain.artifacts import shard_of
 from app.domain.ids import UUID7_PATTERN
@@ -77,50 +75,29 @@ def audit(
     now: float | None = None,
 ) -> AuditReport:
     """Classify (and optionally quarantine) one bounded window of log shards."""
-    report = AuditReport(counts=Counter(), next_shard=f"{(start + shards) % SHARD_COUNT:02x}")
-    real_root = _checked_root(root)
-    if real_root is None:
-        return report  # no logs yet
-    cutoff = (time.time() if now is None else now) - min_age_s
-    for i in range(shards):
-        shard = f"{(start + i) % SHARD_COUNT:02x}"
-        entries = _scan(real_root, shard, per_shard + 1)
-        if entries is None:
-            continue
-        overflow = len(entries) > per_shard
-        if overflow:
-            report.overflow.append(shard)
-            entries = entries[:per_shard]
+    report = AuditReport()
+    cutoff = cutoff_of(min_age_s, now)
+    for real_root, shard, entries, overflow in shards_of_window(
+        report, root, start=start, shards=shards, per_shard=per_shard, scan=_scan
+    ):
         states = _log_states(engine, {a for _, a, _ in entries if a is not None})
         for name, attempt_id, st in entries:
             verdict = _classify(attempt_id, st, states, cutoff)
             report.counts[verdict] += 1
             if verdict in _ELIGIBLE and st.st_mtime <= cutoff and quarantine and not overflow:
-                entry = _Entry(name, st.st_ino)
-                if _move(real_root, shard, entry):  # type: ignore[arg-type]
-                    report.moved += 1
-                else:
-                    report.counts["move_skipped"] += 1
+                report.moved_or_skipped(move_to_quarantine(real_root, shard, name, st.st_ino))
     return report
 
 
 _ELIGIBLE = frozenset({"orphan", "expired_leftover", "other"})
 
 
-class _Entry:
-    """What ``app.cli.receipts._move`` reads of an entry: its name and inode."""
-
-    def __init__(self, name: str, inode: int) -> None:
-        self.name = name
-        self.inode = inode
-
-
 def _scan(
     real_root: Path, shard: str, limit: int
 ) -> list[tuple[str, str | None, os.stat_result]] | None:
     """At most ``limit`` (name, attempt id, lstat) of one shard, without reading any file."""
-    path = real_root / shard
-    if not _under_root(real_root, path):
+    path = shard_dir(real_root, shard)
+    if path is None:
         return None
     out: list[tuple[str, str | None, os.stat_result]] = []
     with os.scandir(path) as it:

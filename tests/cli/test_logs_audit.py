@@ -73,3 +73,22 @@ def test_logs_audit_reports_orphans_and_moves_them_only_when_asked(
     assert not orphan.exists() and not (root / log_relpath(gone.attempt_id)).exists()
     assert (root / log_relpath(kept.attempt_id)).exists()  # a registered log never moves
     assert (root / ".orphan-quarantine" / orphan.parent.name / orphan.name).exists()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_logs_audit_refuses_a_shard_that_leads_out_of_the_root_and_moves_nothing(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = data / "logs"
+    root.mkdir(mode=0o700)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / f"{uuid7()}.log"
+    victim.write_bytes(b"not ours")
+    _age(victim)
+    (root / "00").symlink_to(outside)
+    assert main(["logs", "audit", "--shard", "00", "--quarantine", "--min-age-s", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "logs audit refused" in err and "00 under" in err
+    assert victim.read_bytes() == b"not ours"
+    assert not (root / ".orphan-quarantine").exists()
