@@ -206,6 +206,14 @@ def test_the_cli_client_journey(
     assert cursor == page["next_cursor"]
     code, out, _ = run_main(capsys, served, "runs", "list", "--limit", "1", "--cursor", cursor, "--json")
     assert [r["id"] for r in json.loads(out)["items"]] == [hello_id]
+    # Every listing pages the same way: the next page's command, ready to type.
+    for listing in (["runs", "events", bad_id], ["tasks", "list"]):
+        code, out, err = run_main(capsys, served, *listing, "--limit", "1")
+        assert code == 0 and len(out.splitlines()) == 2, out  # the header and one row
+        assert err.startswith(f"more: qinglong {' '.join(listing)} --limit 1 --cursor "), err
+        cursor = err.split("--cursor ")[1].strip()
+        code, out, _ = run_main(capsys, served, *listing, "--limit", "1", "--cursor", cursor)
+        assert code == 0 and len(out.splitlines()) == 2, out
 
     # show and logs.
     code, out, _ = run_main(capsys, served, "runs", "show", bad_id)

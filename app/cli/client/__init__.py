@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TextIO
 from urllib.parse import quote
 
@@ -349,10 +349,24 @@ def _emit_json(doc: Any) -> None:
     print(json.dumps(doc, indent=2, ensure_ascii=False))
 
 
-def _more(args: argparse.Namespace, page: Mapping[str, Any], command: str) -> None:
-    cursor = page.get("next_cursor")
-    if cursor and not args.json:
-        print(f"more: qinglong {command} --cursor {cursor}", file=sys.stderr)
+def _listing(
+    client: Client,
+    args: argparse.Namespace,
+    path: str,
+    table: Callable[[list[Any]], str],
+    command: str,
+    **filters: Any,
+) -> int:
+    """One page of a listing: with --json the page as the API answered it, else ``table`` of
+    its items and, when there is more, the command that reads the next page (on stderr)."""
+    page = client.get(path, **filters, limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _emit_json(page)
+        return EXIT_OK
+    print(table(page["items"]))
+    if cursor := page.get("next_cursor"):
+        print(f"more: qinglong {command} --limit {args.limit} --cursor {cursor}", file=sys.stderr)
+    return EXIT_OK
 
 
 # -- runs ------------------------------------------------------------------------------------
@@ -386,20 +400,15 @@ def cmd_runs_start(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_runs_list(client: Client, args: argparse.Namespace) -> int:
     """One page of runs, newest first."""
-    page = client.get(
-        "/runs", task=args.task, status=args.status, limit=args.limit, cursor=args.cursor
-    )
-    if args.json:
-        _emit_json(page)
-        return EXIT_OK
-    print(render.runs_table(page["items"]))
     filters = "".join(
         f" --{name} {value}"
         for name, value in (("task", args.task), ("status", args.status))
         if value
     )
-    _more(args, page, f"runs list{filters} --limit {args.limit}")
-    return EXIT_OK
+    return _listing(
+        client, args, "/runs", render.runs_table, f"runs list{filters}",
+        task=args.task, status=args.status,
+    )  # fmt: skip
 
 
 def cmd_runs_show(client: Client, args: argparse.Namespace) -> int:
@@ -449,13 +458,10 @@ def cmd_runs_cancel(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_runs_events(client: Client, args: argparse.Namespace) -> int:
     """One page of a run's events in ``seq`` order."""
-    page = client.get(f"/runs/{_seg(args.run)}/events", limit=args.limit, cursor=args.cursor)
-    if args.json:
-        _emit_json(page)
-        return EXIT_OK
-    print(render.events_table(page["items"]))
-    _more(args, page, f"runs events {args.run} --limit {args.limit}")
-    return EXIT_OK
+    return _listing(
+        client, args, f"/runs/{_seg(args.run)}/events", render.events_table,
+        f"runs events {args.run}",
+    )  # fmt: skip
 
 
 def cmd_runs_rerun(client: Client, args: argparse.Namespace) -> int:
@@ -557,13 +563,7 @@ def _follow(
 
 def cmd_tasks_list(client: Client, args: argparse.Namespace) -> int:
     """One page of tasks."""
-    page = client.get("/tasks", limit=args.limit, cursor=args.cursor)
-    if args.json:
-        _emit_json(page)
-        return EXIT_OK
-    print(render.tasks_table(page["items"]))
-    _more(args, page, f"tasks list --limit {args.limit}")
-    return EXIT_OK
+    return _listing(client, args, "/tasks", render.tasks_table, "tasks list")
 
 
 def cmd_tasks_show(client: Client, args: argparse.Namespace) -> int:
@@ -651,13 +651,10 @@ def _file_name(name: str) -> str:
 
 def cmd_tasks_revisions(client: Client, args: argparse.Namespace) -> int:
     """One page of a task's revisions, newest first."""
-    page = client.get(f"/tasks/{_seg(args.task)}/revisions", limit=args.limit, cursor=args.cursor)
-    if args.json:
-        _emit_json(page)
-        return EXIT_OK
-    print(render.revisions_table(page["items"]))
-    _more(args, page, f"tasks revisions {args.task} --limit {args.limit}")
-    return EXIT_OK
+    return _listing(
+        client, args, f"/tasks/{_seg(args.task)}/revisions", render.revisions_table,
+        f"tasks revisions {args.task}",
+    )  # fmt: skip
 
 
 def cmd_tasks_retention(client: Client, args: argparse.Namespace) -> int:
@@ -706,13 +703,7 @@ def cmd_system_storage(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_schedules_list(client: Client, args: argparse.Namespace) -> int:
     """One page of schedules."""
-    page = client.get("/schedules", limit=args.limit, cursor=args.cursor)
-    if args.json:
-        _emit_json(page)
-        return EXIT_OK
-    print(render.schedules_table(page["items"]))
-    _more(args, page, f"schedules list --limit {args.limit}")
-    return EXIT_OK
+    return _listing(client, args, "/schedules", render.schedules_table, "schedules list")
 
 
 def cmd_schedule_one(client: Client, args: argparse.Namespace) -> int:
@@ -735,14 +726,7 @@ def cmd_schedule_one(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_secrets_list(client: Client, args: argparse.Namespace) -> int:
     """One page of secret names (never values)."""
-    page = client.get("/secrets", limit=args.limit, cursor=args.cursor)
-    if args.json:
-        _emit_json(page)
-        return EXIT_OK
-    rows = [(s["name"], render.when(s.get("updated_at_ms"))) for s in page["items"]]
-    print(render.table(("SECRET", "UPDATED"), rows))
-    _more(args, page, f"secrets list --limit {args.limit}")
-    return EXIT_OK
+    return _listing(client, args, "/secrets", render.secrets_table, "secrets list")
 
 
 def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:

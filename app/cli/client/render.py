@@ -170,6 +170,12 @@ def tasks_table(tasks: Sequence[Mapping[str, Any]]) -> str:
     return table(("TASK", "LATEST"), [(t["task"], t["latest_revision"]) for t in tasks])
 
 
+def secrets_table(secrets: Sequence[Mapping[str, Any]]) -> str:
+    """The ``secrets list`` table: names and when each was last set, never a value."""
+    rows = [(s["name"], when(s.get("updated_at_ms"))) for s in secrets]
+    return table(("SECRET", "UPDATED"), rows)
+
+
 def task_fields(
     task: Mapping[str, Any],
     *,
