@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import importlib.resources
 import itertools
 from array import array
 from bisect import bisect_left, bisect_right
@@ -96,14 +97,35 @@ class _Cron:
     unions: dict[tuple[_Expr, ...], array[int]] = field(default_factory=dict)
 
 
+_NOT_IANA = "timezone must be an IANA name such as Asia/Shanghai"
+
+
 def zone(name: str) -> ZoneInfo:
-    """The IANA zone ``name``, or InvalidTimezone."""
+    """The zone ``name``, or InvalidTimezone. The detail never repeats the name: it is the
+    client's input (docs/api.md §2)."""
     if not isinstance(name, str) or not name or len(name) > 64:
-        raise InvalidTimezone("timezone must be an IANA name such as Asia/Shanghai")
+        raise InvalidTimezone(_NOT_IANA)
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise InvalidTimezone(f"unknown time zone {name!r}") from None
+        raise InvalidTimezone(f"unknown time zone: {_NOT_IANA}") from None
+
+
+@functools.cache
+def _iana_names() -> frozenset[str]:
+    """The zone names of the IANA database as the ``tzdata`` package lists them (a
+    dependency, so the same on every host), less ``Factory``, which is no place's time."""
+    listed = importlib.resources.files("tzdata").joinpath("zones").read_text("utf-8")
+    return frozenset(listed.split()) - {"Factory"}
+
+
+def _require_iana(name: str) -> None:
+    """A new schedule's zone must be an IANA name. A file the host's zoneinfo directory
+    happens to hold (``localtime``, ``posixrules``, ``posix/…``, ``right/…``) would make
+    its slots depend on each host's own configuration."""
+    zone(name)
+    if name not in _iana_names():
+        raise InvalidTimezone(f"not an IANA zone: {_NOT_IANA}")
 
 
 def _parse(index: int, text: str) -> _Expr:
@@ -145,6 +167,7 @@ def _parse(index: int, text: str) -> _Expr:
 
 def validate(spec: SlotSpec) -> None:
     """Raise InvalidSchedule or InvalidTimezone unless ``spec`` describes a schedule."""
+    _require_iana(spec.timezone)
     _compile(spec)
 
 

@@ -309,6 +309,23 @@ def test_an_unknown_time_zone_is_refused_with_invalid_timezone(name: str) -> Non
         local_iso(name, 0)
 
 
+@pytest.mark.parametrize(
+    "name", ["localtime", "posixrules", "right/UTC", "posix/Asia/Shanghai", "Factory"]
+)
+def test_a_zone_file_that_is_no_iana_zone_is_refused_for_a_new_schedule(name: str) -> None:
+    # Where the host's zoneinfo holds them they load (localtime is the host's own zone).
+    with pytest.raises(InvalidTimezone) as caught:
+        validate(cron("0 * * * *", tz=name))
+    assert "IANA" in str(caught.value)
+    validate(cron("0 * * * *", tz="Etc/GMT+5"))  # an IANA name that is no place
+
+
+def test_the_refusal_of_a_time_zone_never_repeats_it() -> None:
+    with pytest.raises(InvalidTimezone) as caught:
+        validate(cron("0 * * * *", tz="S3CRET-PLAINTEXT"))
+    assert "S3CRET" not in str(caught.value) and "IANA" in str(caught.value)
+
+
 def test_instants_far_outside_the_calendar_give_answers_not_overflows() -> None:
     # Clamped to 1900-01-01T00:00Z, then strictly after it.
     assert slots_after(every(60), -(10**18), 1) == [-2_208_988_800_000 + 60_000]
