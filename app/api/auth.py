@@ -44,7 +44,15 @@ class _Require(HTTPBearer):
         self.required_scope = scope  # read by the scope tests and the OpenAPI extension
 
     async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
-        token = bearer_token(request.headers.get("authorization", ""))
+        values = request.headers.getlist("authorization")
+        if len(values) > 1:
+            # A proxy and the service could each read another one (as with a key twice in
+            # a body, app/api/strict_json.py): refused, never one of them picked.
+            raise ApiProblem(
+                401, UNAUTHENTICATED, "send one Authorization header, not several",
+                headers=_CHALLENGE,
+            )  # fmt: skip
+        token = bearer_token(values[0] if values else "")
         if token is None:
             raise ApiProblem(401, UNAUTHENTICATED, "a bearer token is required", headers=_CHALLENGE)
         principal = await authenticated(request.app.state.facade, token)

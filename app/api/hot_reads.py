@@ -74,9 +74,9 @@ class HotReads:
         facade: AppFacade | None = getattr(scope["app"].state, "facade", None)
         if facade is None:
             return None
-        # The first Authorization header, as the route reads it.
-        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        token = bearer_token(authorization.decode("latin-1"))
+        # Exactly one Authorization header, as the route demands (else the route refuses).
+        values = [v for k, v in scope["headers"] if k == b"authorization"]
+        token = bearer_token(values[0].decode("latin-1")) if len(values) == 1 else None
         principal = facade.cached_principal(token) if token else None
         if principal is None or not principal.can(_SCOPE):
             return None

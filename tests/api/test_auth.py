@@ -113,3 +113,17 @@ def test_a_revoked_token_is_refused_within_the_cache_ttl(
         assert time.monotonic() < deadline, "revocation not seen within the cache TTL"
         time.sleep(0.05)
     assert_problem(client.get("/api/v1/runs", headers=headers), 401, "UNAUTHENTICATED")
+
+
+def test_two_authorization_headers_are_refused_whichever_comes_first(
+    client: Client, admin: dict[str, str]
+) -> None:
+    # A proxy may read the last where the service read the first: neither is picked.
+    unknown = "Bearer ql_" + "A" * 43
+    for pair in ([admin["Authorization"], unknown], [unknown, admin["Authorization"]]):
+        headers = [("Authorization", value) for value in pair]
+        response = client.get("/api/v1/tasks", headers=headers)
+        problem = assert_problem(response, 401, "UNAUTHENTICATED")
+        assert problem["detail"] == "send one Authorization header, not several"
+        assert response.headers["www-authenticate"] == "Bearer"
+    assert client.get("/api/v1/tasks", headers=admin).status_code == 200

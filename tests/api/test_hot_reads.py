@@ -151,3 +151,20 @@ def test_an_error_in_the_fast_read_is_a_500_logged_against_the_route_template(
         "unhandled RuntimeError on GET /api/v1/runs/{run_id}"
     ]
     assert run_id not in caplog.text
+
+
+def test_two_authorization_headers_are_refused_by_the_route_in_either_order(
+    client: Client, task: str, make_token: MakeToken, route_calls: list[str]
+) -> None:
+    good = _cached(client, make_token("runs:read"))["Authorization"]
+    writer = _cached(client, make_token("runs:write"))
+    run_id = client.post("/api/v1/runs", json={"task": task}, headers=writer).json()["id"]
+    url = f"/api/v1/runs/{run_id}"
+    for pair in ([good, "Bearer ql_" + "A" * 43], ["Bearer ql_" + "A" * 43, good], [good, good]):
+        route_calls.clear()
+        _cached(client, good.removeprefix("Bearer "))
+        headers = [("Authorization", value) for value in pair]
+        problem = assert_problem(client.get(url, headers=headers), 401, "UNAUTHENTICATED")
+        assert "one Authorization header" in problem["detail"]
+        assert route_calls == [url], "the fast path answered a request with two tokens"
+    assert client.get(url, headers={"Authorization": good}).status_code == 200
