@@ -62,6 +62,9 @@ def create_app(
         lifespan=lifespan,
         docs_url="/docs",
         redoc_url=None,
+        # A path with a slash too many is 404 problem+json like any unknown path, not a 307
+        # answered before authentication with a Location built from the client's Host header.
+        redirect_slashes=False,
     )
     problems.install(app)
     for module in (

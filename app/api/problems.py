@@ -185,6 +185,21 @@ def storage_unavailable(request: Request, exc: StorageUnavailable) -> Response:
     return problem_response(503, str(exc.code), exc.detail, headers)
 
 
+def _allowed(app: FastAPI, path: str) -> list[str]:
+    """Every method some route of ``app`` answers at ``path``, sorted."""
+    methods: set[str] = set()
+    routes: list[Any] = list(app.router.routes)
+    while routes:
+        route = routes.pop()
+        if (included := getattr(route, "original_router", None)) is not None:
+            routes += included.routes  # an included router stays a branch of the list
+            continue
+        regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and route_methods and regex.match(path):
+            methods |= route_methods
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into problem+json."""
 
@@ -215,9 +230,14 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, DuplicateKey)
         return problem_response(422, DUPLICATE_KEY, exc.detail)
 
-    async def on_http(_request: Request, exc: Exception) -> Response:
+    async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         code = _STATUS_CODES.get(exc.status_code, "HTTP_ERROR")
+        headers = exc.headers
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route whose path matched; a path
+            # served by several routes (GET and POST /runs) allows all of theirs.
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed(app, request.url.path))}
         if exc.status_code == 400:
             # FastAPI raises a bare 400 when it cannot decode the body at all.
             code = MALFORMED_JSON
@@ -226,7 +246,7 @@ def install(app: FastAPI) -> None:
             405: "method not allowed on this resource",
             400: "the body could not be parsed",
         }.get(exc.status_code, str(exc.detail))
-        return problem_response(exc.status_code, code, detail, exc.headers)
+        return problem_response(exc.status_code, code, detail, headers)
 
     app.add_exception_handler(ApiProblem, on_problem)
     app.add_exception_handler(DomainError, on_domain)

@@ -17,6 +17,31 @@ def test_unknown_paths_and_methods(client: Client, admin: dict[str, str]) -> Non
     assert_problem(client.delete("/api/v1/tasks", headers=admin), 405, "METHOD_NOT_ALLOWED")
 
 
+def test_a_refused_method_names_every_method_the_path_allows(
+    client: Client, admin: dict[str, str]
+) -> None:
+    # Each path is served by several routes, one method each (RFC 9110 §15.5.6).
+    for method, path, allowed in [
+        ("DELETE", "/api/v1/runs", "GET, POST"),
+        ("PATCH", "/api/v1/schedules/x", "DELETE, GET, PUT"),
+        ("POST", "/api/v1/secrets/x", "DELETE, PUT"),
+    ]:
+        response = client.request(method, path, headers=admin)
+        assert_problem(response, 405, "METHOD_NOT_ALLOWED")
+        assert response.headers["allow"] == allowed, (method, path)
+
+
+def test_a_trailing_slash_is_an_unknown_path_not_a_redirect(
+    client: Client, admin: dict[str, str]
+) -> None:
+    # A redirect came before authentication, its Location built from the Host header.
+    for headers in ({}, admin):
+        response = client.get("/api/v1/tasks/", headers={**headers, "Host": "elsewhere.example"})
+        assert_problem(response, 404, "NOT_FOUND")
+        assert "location" not in response.headers
+    assert client.get("/ui").headers["location"] == "/ui/"  # the UI's own redirect stays
+
+
 def test_malformed_json_is_400(client: Client, admin: dict[str, str]) -> None:
     headers = admin | {"Content-Type": "application/json"}
     for raw in (b"{bad", b'{"env": ', b"[" * 100_000):
