@@ -453,11 +453,16 @@ class RunReader:
         return [attempt_from_row(r) for r in rows]
 
     def get_attempt(self, run_id: str, number: int) -> Attempt:
-        """One attempt by run and number."""
+        """One attempt by run and number; RUN_NOT_FOUND when the run itself is unknown (as
+        every other read of a run says it), ATTEMPT_NOT_FOUND when only the attempt is."""
         with UnitOfWork(self._engine, write=False) as uow:
             row = uow.conn.execute(
                 select(attempts).where(attempts.c.run_id == run_id, attempts.c.number == number)
             ).first()
+            if row is None:
+                exists = uow.conn.execute(select(runs.c.id).where(runs.c.id == run_id)).first()
+                if exists is None:
+                    raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
         if row is None:
             raise NotFound(ErrorCode.ATTEMPT_NOT_FOUND, "no such attempt")
         return attempt_from_row(row)

@@ -161,12 +161,21 @@ def test_run_reads_never_expose_process_or_secret_details(
     assert [a["number"] for a in attempts] == [1]
 
 
-def test_run_reads_of_unknown_runs_are_404(client: Client, admin: dict[str, str]) -> None:
-    for suffix in ("", "/attempts", "/events", "/attempts/1/log"):
+def test_run_reads_of_unknown_runs_are_404(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    suffixes = ("", "/attempts", "/events", "/attempts/1/log", "/attempts/1/log?follow=true")
+    for suffix in suffixes:
         assert_problem(
-            client.get(f"/api/v1/runs/{uuid7()}{suffix}", headers=admin),
+            client.get(f"/api/v1/runs/{uuid7()}{suffix}", headers=admin), 404, "RUN_NOT_FOUND"
+        )
+    # A run that exists, without that attempt: the attempt is what is unknown.
+    queued = client.post("/api/v1/runs", json={"task": task}, headers=admin).json()["id"]
+    for number in (7, 99):
+        assert_problem(
+            client.get(f"/api/v1/runs/{queued}/attempts/{number}/log", headers=admin),
             404,
-            "RUN_NOT_FOUND" if suffix != "/attempts/1/log" else "ATTEMPT_NOT_FOUND",
+            "ATTEMPT_NOT_FOUND",
         )
 
 
