@@ -47,6 +47,7 @@ _DESCRIPTIONS = {
     404: "no such resource",
     409: "conflicts with what is stored",
     413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
+    415: "a body sent with a Content-Type other than JSON (UNSUPPORTED_MEDIA_TYPE)",
     412: "If-Match names another version (PRECONDITION_FAILED)",
     410: "retention removed the attempt's log (LOG_EXPIRED)",
     416: "range not satisfiable",
@@ -60,7 +61,7 @@ _DESCRIPTIONS = {
 }
 
 READ_ERRORS = (401, 403, 404, 422, 503)
-WRITE_ERRORS = (400, 401, 403, 404, 413, 422, 503)
+WRITE_ERRORS = (400, 401, 403, 404, 413, 415, 422, 503)
 
 
 def set_next_link(request: Request, response: Response, next_cursor: str | None) -> None:

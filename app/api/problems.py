@@ -51,6 +51,7 @@ STORAGE_RETRY_AFTER_S = 10
 OUTAGE_LOG_EVERY_S = 10.0
 _outage_logged_at: dict[str, float] = {}
 DUPLICATE_KEY = "DUPLICATE_KEY"
+UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
 MALFORMED_REQUEST = "MALFORMED_REQUEST"  # HTTP framing: Content-Length, chunks, request line
 # Written by the HTTP protocol itself, before a request reaches the app (app/api/http_limits.py).
 HEADERS_TOO_LARGE = "HEADERS_TOO_LARGE"
@@ -65,7 +66,7 @@ _STATUS_CODES: Mapping[int, str] = {
     405: METHOD_NOT_ALLOWED,
     406: "NOT_ACCEPTABLE",
     413: PAYLOAD_TOO_LARGE,
-    415: "UNSUPPORTED_MEDIA_TYPE",
+    415: UNSUPPORTED_MEDIA_TYPE,
     416: RANGE_NOT_SATISFIABLE,
     422: VALIDATION_FAILED,
     503: NOT_READY,

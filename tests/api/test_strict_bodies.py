@@ -64,10 +64,10 @@ def test_every_body_route_is_strict(client: Client, admin: dict[str, str], task:
     assert_problem(
         client.put("/api/v1/secrets/s", content=raw, headers=admin | JSON), 422, "DUPLICATE_KEY"
     )
-    # Without a JSON content type FastAPI does not read the body as JSON at all.
+    # Without a JSON content type the body is not read as JSON at all: 415.
     raw = b'{"task":"nope","task":"' + task.encode() + b'"}'
     assert_problem(
-        client.post("/api/v1/runs", content=raw, headers=admin), 422, "VALIDATION_FAILED"
+        client.post("/api/v1/runs", content=raw, headers=admin), 415, "UNSUPPORTED_MEDIA_TYPE"
     )
     assert client.get("/api/v1/runs", headers=admin).json()["items"] == []
 
@@ -87,3 +87,29 @@ def test_no_route_of_the_app_escapes_the_strict_route_class(settings: Settings) 
     assert all(isinstance(r, StrictJSONRoute) for r in routes), [
         r.path for r in routes if not isinstance(r, StrictJSONRoute)
     ]
+
+
+def test_a_body_of_another_media_type_is_415_and_nothing_is_written(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    raw = b'{"task":"' + task.encode() + b'"}'
+    for media in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data", None):
+        headers = admin if media is None else admin | {"Content-Type": media}
+        problem = assert_problem(
+            client.post("/api/v1/runs", content=raw, headers=headers),
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+        )
+        assert "Content-Type: application/json" in problem["detail"]
+    put = client.put("/api/v1/secrets/s", content=b'{"value":"v"}',
+                     headers=admin | {"Content-Type": "text/plain"})  # fmt: skip
+    assert_problem(put, 415, "UNSUPPORTED_MEDIA_TYPE")
+    assert client.get("/api/v1/runs", headers=admin).json()["items"] == []
+    assert client.get("/api/v1/secrets", headers=admin).json()["items"] == []
+    # JSON by any of its names is read as before.
+    for media in ("application/json; charset=utf-8", "application/vnd.ql+json"):
+        created = client.post("/api/v1/runs", content=raw, headers=admin | {"Content-Type": media})
+        assert created.status_code == 201, (media, created.text)
+    # No body at all is the model's business (a required body is missing), not a media type's.
+    empty = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert_problem(client.post("/api/v1/runs", headers=admin | empty), 422, "VALIDATION_FAILED")
