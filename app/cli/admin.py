@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from app.cli.common import database
@@ -68,13 +69,23 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    """List token names, scopes and state."""
+    """List token names, state, scopes, and when each was created and revoked (UTC), one
+    tab-separated line each; ``-`` for a token not revoked."""
     with database(args) as (_, engine):
         records = TokenRepository(engine).list()
     for record in records:
         state = "revoked" if record.revoked_at_ms is not None else "active"
-        print(f"{record.name}\t{state}\t{' '.join(sorted(record.scopes))}")
+        print("\t".join((
+            record.name, state, " ".join(sorted(record.scopes)),
+            _utc(record.created_at_ms), _utc(record.revoked_at_ms),
+        )))  # fmt: skip
     return 0
+
+
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:

@@ -50,7 +50,13 @@ class TokenRepository:
                 )
                 uow.commit()
         except IntegrityError:
-            raise Conflict(ErrorCode.VALIDATION_FAILED, f"a token named {name} exists") from None
+            revoked = any(r.name == name and r.revoked_at_ms is not None for r in self.list())
+            detail = (
+                f"a token named {name} was revoked; a name is never reused, choose another"
+                if revoked
+                else f"a token named {name} exists"
+            )
+            raise Conflict(ErrorCode.VALIDATION_FAILED, detail) from None
         return record
 
     def list(self) -> list[TokenRecord]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -47,8 +48,15 @@ def test_token_lifecycle_shows_the_token_once_and_stores_only_its_digest(tmp_pat
     listed = ql("token", "list", data_dir=tmp_path)
     assert "ci\tactive\tlogs:read runs:read" in listed.stdout
     assert token not in listed.stdout
+    *_, created, revoked = listed.stdout.splitlines()[0].split("\t")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", created) and revoked == "-"
     assert ql("token", "revoke", "ci", data_dir=tmp_path).returncode == 0
-    assert "ci\trevoked" in ql("token", "list", data_dir=tmp_path).stdout
+    line = ql("token", "list", data_dir=tmp_path).stdout.splitlines()[0].split("\t")
+    assert line[:2] == ["ci", "revoked"] and line[3] == created and line[4] >= created
+    again = ql("token", "create", "--scope", "runs:read", "--name", "ci", data_dir=tmp_path)
+    assert again.returncode != 0
+    assert "ci was revoked; a name is never reused" in again.stderr
+    assert "Traceback" not in again.stderr
 
 
 def test_bootstrap_prints_an_admin_token_only_the_first_time(tmp_path: Path) -> None:
