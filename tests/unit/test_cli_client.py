@@ -10,6 +10,7 @@ import json
 import os
 from datetime import UTC
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -75,6 +76,14 @@ def test_run_fields_say_trigger_truncation_and_outcome_in_words() -> None:
     assert "attempt:  1 failed: exit 3" in text
     assert "truncated (7 bytes dropped: quota)" in text
     assert "took:     1m05s" in text
+    assert "expired" not in text
+
+
+def test_run_fields_say_when_retention_removed_the_log() -> None:
+    attempt = dict(cast(dict[str, Any], RUN["latest_attempt"]))
+    attempt["log"] = {"bytes": 6, "truncated": False, "expired": True, "expired_at_ms": 86_400_000}
+    text = render.run_fields(RUN | {"latest_attempt": attempt}, tz=UTC)
+    assert "log:      6 bytes, expired 1970-01-02 00:00:00: retention removed it" in text
 
 
 def test_user_strings_cannot_drive_the_terminal() -> None:

@@ -146,6 +146,8 @@ def run_fields(run: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
         if log.get("truncated"):
             reason = log.get("truncation_reason") or "quota"
             size += f", truncated ({log.get('dropped_bytes', 0)} bytes dropped: {reason})"
+        if log.get("expired"):  # the size is what it was; the file is gone (410 LOG_EXPIRED)
+            size += f", expired {when(log.get('expired_at_ms'), tz=tz)}: retention removed it"
         pairs.append(("log", size))
     return fields(pairs)
 
