@@ -51,6 +51,7 @@ STORAGE_RETRY_AFTER_S = 10
 OUTAGE_LOG_EVERY_S = 10.0
 _outage_logged_at: dict[str, float] = {}
 DUPLICATE_KEY = "DUPLICATE_KEY"
+INVALID_NAME = "INVALID_NAME"  # as app.domain.validation says it of a name in a body
 UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
 MALFORMED_REQUEST = "MALFORMED_REQUEST"  # HTTP framing: Content-Length, chunks, request line
 # Written by the HTTP protocol itself, before a request reaches the app (app/api/http_limits.py).
@@ -158,7 +159,12 @@ def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
     if not errors:
         return 422, VALIDATION_FAILED, "the request is not valid"
     first = errors[0]
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
+    loc = tuple(first.get("loc", ()))
+    if loc[:1] == ("path",) and first.get("type") == "string_pattern_mismatch":
+        # A name in the path breaks the rule a name in a body is held to: the same code.
+        what = str(loc[-1]).replace("_", " ")
+        return 422, INVALID_NAME, f"{what} must match [a-z0-9][a-z0-9._-]{{0,127}}"
+    where = ".".join(str(p) for p in loc if p != "body") or "request"
     # The message names the field and the rule; the offending input is never echoed.
     return 422, VALIDATION_FAILED, f"{where}: {first.get('msg', 'invalid')}"
 

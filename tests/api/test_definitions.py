@@ -141,7 +141,7 @@ def test_revision_rules_have_their_codes(client: Client, admin: dict[str, str]) 
     assert_problem(
         client.put("/api/v1/tasks/Bad!/revisions/1", json=REV, headers=admin),
         422,
-        "VALIDATION_FAILED",
+        "INVALID_NAME",  # as the same name in a body (docs/api.md §2)
     )
     assert_problem(
         client.put("/api/v1/tasks/etl/revisions/0", json=REV, headers=admin),

@@ -125,3 +125,17 @@ def test_unexpected_failures_are_500_problems_without_internals(settings: Settin
     body = assert_problem(response, 500, "INTERNAL_ERROR")
     assert "secret-internal-detail" not in response.text
     assert body["detail"] == "an internal error occurred"
+
+
+def test_a_name_in_the_path_that_breaks_the_rule_is_invalid_name_as_in_a_body(
+    client: Client, admin: dict[str, str]
+) -> None:
+    for method, path, name, body in [
+        ("GET", "/api/v1/tasks/{}/revisions", "Bad-Name", None),
+        ("PUT", "/api/v1/secrets/{}", "UPPER", {"value": "v"}),
+        ("GET", "/api/v1/schedules/{}", "-dash-first", None),
+    ]:
+        response = client.request(method, path.format(name), json=body, headers=admin)
+        problem = assert_problem(response, 422, "INVALID_NAME")
+        assert "must match [a-z0-9]" in problem["detail"]
+        assert name not in problem["detail"]  # the input is not echoed
