@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from app.api.schemas import Problem
 from app.context.facade import AppFacade
 from app.domain.model import Page
+from app.domain.validation import NAME_PATTERN
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -23,7 +24,6 @@ Limit = Annotated[int, Query(ge=1, le=200, description="page size (1..200)")]
 Cursor = Annotated[
     str | None, Query(min_length=1, max_length=512, description="opaque cursor of the next page")
 ]
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 TaskName = Annotated[str, Path(pattern=NAME_PATTERN, description="task name")]
 SecretName = Annotated[str, Path(pattern=NAME_PATTERN, description="secret name")]
 RevisionNo = Annotated[int, Path(ge=1, le=2**31 - 1, description="revision number")]

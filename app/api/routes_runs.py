@@ -9,7 +9,6 @@ from fastapi.concurrency import run_in_threadpool
 
 from app.api.auth import Ctx, Reader, RunsWriter
 from app.api.http import (
-    NAME_PATTERN,
     READ_ERRORS,
     WRITE_ERRORS,
     PageQuery,
@@ -28,6 +27,7 @@ from app.api.schemas import (
 )
 from app.api.strict_json import StrictJSONRoute
 from app.domain.canonical import content_digest
+from app.domain.validation import NAME_PATTERN
 
 router = APIRouter(prefix="/api/v1", tags=["runs"], route_class=StrictJSONRoute)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Response
 
 from app.api.auth import Ctx, DefinitionsReader, DefinitionsWriter
-from app.api.http import NAME_PATTERN, READ_ERRORS, WRITE_ERRORS, PageQuery, problems
+from app.api.http import READ_ERRORS, WRITE_ERRORS, PageQuery, problems
 from app.api.schemas import (
     DecisionOut,
     DecisionPage,
@@ -19,6 +19,7 @@ from app.api.schemas import (
 from app.api.strict_json import StrictJSONRoute
 from app.context.facade import AppFacade
 from app.domain.model import Schedule
+from app.domain.validation import NAME_PATTERN
 
 router = APIRouter(prefix="/api/v1", tags=["schedules"], route_class=StrictJSONRoute)
 

@@ -16,6 +16,8 @@ from app.domain.model import (
     ScheduleDefinition,
     TaskRevision,
 )
+from app.domain.retention import MAX_KEEP_DAYS, MAX_KEEP_RUNS
+from app.domain.validation import NAME_PATTERN, PRIORITY_MAX, PRIORITY_MIN
 
 
 def _utf8_encodable(value: str) -> str:
@@ -220,9 +222,16 @@ class SecretPage(BaseModel):
 
 
 class RunIn(_In):
-    task: Text
-    revision: Int32 | None = None
-    priority: Int32 | None = None
+    # The document states the domain's rules (app/domain/validation.py); the domain enforces
+    # them, with their own codes (INVALID_NAME, LIMIT_EXCEEDED), so the schema only says so.
+    task: Annotated[Text, Field(json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 128})]
+    revision: Annotated[Int32, Field(json_schema_extra={"minimum": 1})] | None = None
+    priority: (
+        Annotated[
+            Int32, Field(json_schema_extra={"minimum": PRIORITY_MIN, "maximum": PRIORITY_MAX})
+        ]
+        | None
+    ) = None
 
 
 class LogOut(BaseModel):
@@ -541,13 +550,15 @@ NonNegInt = Annotated[int, Field(ge=0, le=2**62)]
 
 
 class RetentionIn(_In):
-    keep_runs: NonNegInt | None = Field(
+    # The bounds are the domain's (app/domain/retention.py), so the document promises
+    # exactly what is accepted.
+    keep_runs: Annotated[int, Field(ge=0, le=MAX_KEEP_RUNS)] | None = Field(
         default=None, description="the newest runs that keep their logs; null: the global value"
     )
-    keep_days: Annotated[int, Field(ge=0, le=36_500)] | None = Field(
+    keep_days: Annotated[int, Field(ge=0, le=MAX_KEEP_DAYS)] | None = Field(
         default=None, description="runs younger than this keep their logs (0: none by age)"
     )
-    keep_rows: Annotated[int, Field(ge=1, le=2**62)] | None = Field(
+    keep_rows: Annotated[int, Field(ge=1, le=MAX_KEEP_RUNS * 10)] | None = Field(
         default=None, description="the newest runs that keep their rows (more than keep_runs)"
     )
     task_log_bytes: NonNegInt | None = Field(

@@ -23,7 +23,9 @@ RESERVED_ENV_PREFIX = "QL3_"
 SHELL_ALLOWLIST = frozenset({"/bin/sh", "/bin/bash"})
 EXECUTORS = frozenset({"local_process"})
 
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+# Task, secret, schedule and token names; the API's documents state it as this pattern.
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN.strip("^$"))
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
