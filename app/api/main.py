@@ -21,6 +21,7 @@ from app.api import (
     routes_secrets,
 )
 from app.api.asgi import GuardMiddleware
+from app.api.head import HeadAsGet
 from app.api.hot_reads import HotReads
 from app.api.openapi import install_openapi
 from app.api.ui import SecurityHeaders, install_ui
@@ -94,6 +95,7 @@ def create_app(
             ],
             expose_headers=["ETag", "Link", "Content-Range", "X-Log-Truncated"],
         )
+    app.add_middleware(HeadAsGet)  # inside the guard: its stop of a stream is no error
     app.add_middleware(GuardMiddleware)
     app.add_middleware(SecurityHeaders)  # outermost: its headers are on every answer
     install_openapi(app)

@@ -204,6 +204,8 @@ def _allowed(app: FastAPI, path: str) -> list[str]:
         regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
         if regex is not None and route_methods and regex.match(path):
             methods |= route_methods
+    if "GET" in methods:
+        methods.add("HEAD")  # app/api/head.py answers it wherever GET is answered
     return sorted(methods)
 
 

@@ -22,8 +22,8 @@ def test_a_refused_method_names_every_method_the_path_allows(
 ) -> None:
     # Each path is served by several routes, one method each (RFC 9110 §15.5.6).
     for method, path, allowed in [
-        ("DELETE", "/api/v1/runs", "GET, POST"),
-        ("PATCH", "/api/v1/schedules/x", "DELETE, GET, PUT"),
+        ("DELETE", "/api/v1/runs", "GET, HEAD, POST"),
+        ("PATCH", "/api/v1/schedules/x", "DELETE, GET, HEAD, PUT"),
         ("POST", "/api/v1/secrets/x", "DELETE, PUT"),
     ]:
         response = client.request(method, path, headers=admin)
