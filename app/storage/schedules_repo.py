@@ -78,6 +78,14 @@ def spec_of(definition: ScheduleDefinition) -> SlotSpec:
     )
 
 
+def _matches(if_match: str, row: Any) -> bool:
+    """RFC 9110 §13.1.1: ``*`` matches any current version; else a list of entity tags
+    matches when one of them is the current one (strong comparison: a weak tag never does).
+    Ours hold no comma, so splitting on commas cannot make one of a client's tags ours."""
+    tags = {tag.strip() for tag in if_match.split(",")}
+    return "*" in tags or _schedule_of(row).etag in tags
+
+
 def _schedule_of(row: Any) -> Schedule:
     return Schedule(
         id=row.id,
@@ -161,10 +169,8 @@ class ScheduleRepository:
             conn = uow.conn
             revision_row(conn, definition.task, definition.revision)  # TASK_NOT_FOUND
             row = conn.execute(_locked(conn, _BY_NAME), {"name": name}).first()
-            if if_match is not None and (
-                row is None or (if_match != "*" and _schedule_of(row).etag != if_match)
-            ):
-                raise PreconditionFailed()  # RFC 9110 §13.1.1: "*" matches any current version
+            if if_match is not None and (row is None or not _matches(if_match, row)):
+                raise PreconditionFailed()
             if row is None:
                 new_id = uuid7(at)
                 values = {

@@ -43,6 +43,15 @@ def test_put_creates_then_replaces_with_version_etag_and_next_fires(
     assert_problem(stale, 412, "PRECONDITION_FAILED")
     got = client.get(URL, headers=admin)
     assert (got.json()["every_seconds"], got.headers["ETag"]) == (60, changed.headers["ETag"])
+    # A list matches when one of its tags is the current one (RFC 9110 §13.1.1).
+    listed = {**admin, "If-Match": f'"x", {changed.headers["ETag"]}'}
+    assert client.put(URL, json=body(every_seconds=45), headers=listed).status_code == 200
+    stale_list = {**admin, "If-Match": f'"x", {changed.headers["ETag"]}'}
+    assert_problem(client.put(URL, json=body(every_seconds=40), headers=stale_list), 412,
+                   "PRECONDITION_FAILED")  # fmt: skip
+    weak = {**admin, "If-Match": "W/" + client.get(URL, headers=admin).headers["ETag"]}
+    assert_problem(client.put(URL, json=body(every_seconds=40), headers=weak), 412,
+                   "PRECONDITION_FAILED")  # fmt: skip
     star = {**admin, "If-Match": "*"}
     assert client.put(URL, json=body(every_seconds=30), headers=star).status_code == 200
     absent = client.put("/api/v1/schedules/absent", json=body(), headers=star)
