@@ -3,21 +3,22 @@
 FastAPI routes declare GET only, so a HEAD was 405: an uptime check that sends HEAD to
 ``/healthz`` (a common default) saw the service down. This layer runs the request as GET and
 passes on the answer's status and headers (``Content-Length`` included, as GET would send
-it) with an empty body. For a stream (a log follow, Server-Sent Events) the headers are the
-whole answer: at its first body message the layer ends the answer and stops the route by
-raising from ``send``, caught here, so a follow never runs on for a HEAD. A path without GET
-still answers 405, its ``Allow`` naming HEAD only beside GET (app/api/problems.py).
+it), then ends the answer with an empty body at once and cancels the route: a stream (a log
+follow, Server-Sent Events) is never produced for a HEAD, even one with nothing to send yet.
+A path without GET still answers 405, its ``Allow`` naming HEAD only beside GET
+(app/api/problems.py).
 
-It sits inside the guard (app/api/asgi.py), which would otherwise log the stop as an error.
+It sits inside the guard (app/api/asgi.py), which logs a failure with the route the router
+found: that is copied back from the GET's scope.
 """
 
 from __future__ import annotations
 
+import anyio
+
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
 
-
-class _Answered(Exception):
-    """The HEAD answer is complete: the route is stopped here (never seen outside)."""
+_FOUND = ("route", "endpoint", "path_params")  # what routing adds to the scope
 
 
 class HeadAsGet:
@@ -30,25 +31,21 @@ class HeadAsGet:
         if scope["type"] != "http" or scope["method"] != "HEAD":
             await self.app(scope, receive, send)
             return
+        as_get = {**scope, "method": "GET"}  # a copy: the server logs the request as HEAD
         answered = False
+        with anyio.CancelScope() as route:
 
-        async def head_send(message: Message) -> None:
-            nonlocal answered
-            if answered:
-                raise _Answered
-            if message["type"] != "http.response.body":
+            async def head_send(message: Message) -> None:
+                nonlocal answered
+                if answered:
+                    return  # the body a GET would get: not for a HEAD
                 await send(message)
-                return
-            answered = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            if message.get("more_body", False):
-                raise _Answered  # a stream: stop producing it
+                if message["type"] == "http.response.start":
+                    answered = True
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    route.cancel()  # the route has nothing more to give a HEAD
 
-        try:
-            await self.app({**scope, "method": "GET"}, receive, head_send)
-        except _Answered:
-            return
-        except BaseExceptionGroup as group:  # a route's task group may wrap the stop
-            rest = group.subgroup(lambda exc: not isinstance(exc, _Answered))
-            if rest is not None:
-                raise rest from None
+            try:
+                await self.app(as_get, receive, head_send)
+            finally:
+                scope.update({key: as_get[key] for key in _FOUND if key in as_get})

@@ -84,7 +84,7 @@ def create_app(
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_methods=["GET", "HEAD", "POST", "PUT", "DELETE"],
             allow_headers=[
                 "Authorization",
                 "Content-Type",

@@ -62,13 +62,15 @@ def test_head_of_a_log_follow_ends_at_its_headers(
     run_id, _, _ = _run_with_log(client, admin, settings, b"line\n")
     _same_head(client, _url(run_id), admin)  # the plain log: its length, no bytes
     answers: list[httpx.Response] = []
-    # A follow of a running attempt never ends by itself; its HEAD must.
+    # A follow of a running attempt never ends by itself; its HEAD must, even one with
+    # nothing to send before a heartbeat an hour away (tail_bytes=0: no line yet).
+    client.app.state.log_heartbeat_s = 3600
     follow = threading.Thread(
-        target=lambda: answers.append(
-            client.request("HEAD", _url(run_id), params={"follow": "true"}, headers=admin)
-        ),
+        target=lambda: answers.append(client.request(
+            "HEAD", _url(run_id), params={"follow": "true", "tail_bytes": 0}, headers=admin
+        )),
         daemon=True,
-    )
+    )  # fmt: skip
     follow.start()
     follow.join(20)
     assert not follow.is_alive(), "HEAD of a follow kept streaming"
@@ -77,10 +79,15 @@ def test_head_of_a_log_follow_ends_at_its_headers(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # a stop, no error
 
 
-def test_head_stops_an_endless_stream_even_where_nothing_listens_for_a_disconnect() -> None:
+@pytest.mark.parametrize("first_chunk_after_s", [0.0, 3600.0])
+def test_head_stops_an_endless_stream_even_where_nothing_listens_for_a_disconnect(
+    first_chunk_after_s: float,
+) -> None:
     # ASGI spec 2.4: Starlette's StreamingResponse no longer watches for the client leaving,
-    # and this receive never answers; only the layer's own stop can end the HEAD.
+    # and this receive never answers; only the layer's own stop can end the HEAD, of a
+    # stream that talks at once or of one that stays quiet.
     async def endless() -> AsyncIterator[bytes]:
+        await anyio.sleep(first_chunk_after_s)
         while True:
             yield b"data: x\n\n"
             await anyio.sleep(0.01)
