@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Mount
 
 from app.context.metrics import DATABASE_UNAVAILABLE
 from app.domain.errors import (
@@ -27,6 +28,7 @@ from app.domain.errors import (
     ValidationFailed,
     VersionConflict,
 )
+from app.domain.validation import NAME_PATTERN
 
 log = logging.getLogger("qinglong.api")
 
@@ -160,10 +162,14 @@ def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
         return 422, VALIDATION_FAILED, "the request is not valid"
     first = errors[0]
     loc = tuple(first.get("loc", ()))
-    if loc[:1] == ("path",) and first.get("type") == "string_pattern_mismatch":
-        # A name in the path breaks the rule a name in a body is held to: the same code.
+    if (
+        loc[:1] in (("path",), ("query",))
+        and first.get("type") == "string_pattern_mismatch"
+        and (first.get("ctx") or {}).get("pattern") == NAME_PATTERN
+    ):
+        # A name in the path or the query breaks the rule a name in a body is held to.
         what = str(loc[-1]).replace("_", " ")
-        return 422, INVALID_NAME, f"{what} must match [a-z0-9][a-z0-9._-]{{0,127}}"
+        return 422, INVALID_NAME, f"{what} must match {NAME_PATTERN.strip('^$')}"
     where = ".".join(str(p) for p in loc if p != "body") or "request"
     # The message names the field and the rule; the offending input is never echoed.
     return 422, VALIDATION_FAILED, f"{where}: {first.get('msg', 'invalid')}"
@@ -192,18 +198,22 @@ def storage_unavailable(request: Request, exc: StorageUnavailable) -> Response:
     return problem_response(503, str(exc.code), exc.detail, headers)
 
 
-def _allowed(app: FastAPI, path: str) -> list[str]:
-    """Every method some route of ``app`` answers at ``path``, sorted."""
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+
+
+def _allowed(app: FastAPI, scope: Any) -> list[str]:
+    """Every method some route of ``app`` answers for this request's path, sorted: each
+    tried as the router would route it (root path, included routers, mounts). A mount (the
+    UI's static files) answers GET only."""
     methods: set[str] = set()
-    routes: list[Any] = list(app.router.routes)
-    while routes:
-        route = routes.pop()
-        if (included := getattr(route, "original_router", None)) is not None:
-            routes += included.routes  # an included router stays a branch of the list
-            continue
-        regex, route_methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
-        if regex is not None and route_methods and regex.match(path):
-            methods |= route_methods
+    for method in _METHODS:
+        probe = {**scope, "method": method}
+        for route in app.router.routes:
+            match, _child = route.matches(probe)
+            if match is Match.FULL:
+                if not isinstance(route, Mount) or method == "GET":
+                    methods.add(method)
+                break
     if "GET" in methods:
         methods.add("HEAD")  # app/api/head.py answers it wherever GET is answered
     return sorted(methods)
@@ -243,10 +253,10 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         code = _STATUS_CODES.get(exc.status_code, "HTTP_ERROR")
         headers = exc.headers
-        if exc.status_code == 405:
+        if exc.status_code == 405 and (allowed := _allowed(app, request.scope)):
             # Starlette names the methods of the first route whose path matched; a path
             # served by several routes (GET and POST /runs) allows all of theirs.
-            headers = {**(headers or {}), "Allow": ", ".join(_allowed(app, request.url.path))}
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
         if exc.status_code == 400:
             # FastAPI raises a bare 400 when it cannot decode the body at all.
             code = MALFORMED_JSON

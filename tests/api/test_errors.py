@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import anyio
+import httpx
+
 from app.api.main import create_app
 from app.settings import Settings
 from tests.api.conftest import Client, assert_problem
@@ -29,6 +32,22 @@ def test_a_refused_method_names_every_method_the_path_allows(
         response = client.request(method, path, headers=admin)
         assert_problem(response, 405, "METHOD_NOT_ALLOWED")
         assert response.headers["allow"] == allowed, (method, path)
+    # The UI's static files answer GET (and HEAD) only; never an empty Allow.
+    ui = client.post("/ui/index.html")
+    assert ui.status_code == 405 and ui.headers["allow"] == "GET, HEAD"
+
+
+def test_allow_is_found_below_a_root_path(settings: Settings) -> None:
+    # Behind a proxy that strips a prefix (uvicorn --root-path), routes match without it.
+    app = create_app(settings, execution=False)
+    transport = httpx.ASGITransport(app=app, root_path="/q")
+
+    async def refused() -> httpx.Response:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            return await http.delete("/q/api/v1/runs")
+
+    response = anyio.run(refused)
+    assert response.status_code == 405 and response.headers["allow"] == "GET, HEAD, POST"
 
 
 def test_a_trailing_slash_is_an_unknown_path_not_a_redirect(
@@ -134,6 +153,7 @@ def test_a_name_in_the_path_that_breaks_the_rule_is_invalid_name_as_in_a_body(
         ("GET", "/api/v1/tasks/{}/revisions", "Bad-Name", None),
         ("PUT", "/api/v1/secrets/{}", "UPPER", {"value": "v"}),
         ("GET", "/api/v1/schedules/{}", "-dash-first", None),
+        ("GET", "/api/v1/runs?task={}", "Bad.Name", None),
     ]:
         response = client.request(method, path.format(name), json=body, headers=admin)
         problem = assert_problem(response, 422, "INVALID_NAME")
