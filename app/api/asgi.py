@@ -131,9 +131,12 @@ def _too_large(limit: int) -> str:
 
 
 def _is_json(content_type: bytes) -> bool:
-    # No content type: FastAPI parses the body as JSON anyway, so check it the same way.
+    # The bodies FastAPI parses as JSON; any other (none at all included) is the route's
+    # 415 (app/api/strict_json.py).
     media = content_type.split(b";", 1)[0].strip().lower()
-    return not media or media == b"application/json" or media.endswith(b"+json")
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

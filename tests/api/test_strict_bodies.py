@@ -110,6 +110,9 @@ def test_a_body_of_another_media_type_is_415_and_nothing_is_written(
     for media in ("application/json; charset=utf-8", "application/vnd.ql+json"):
         created = client.post("/api/v1/runs", content=raw, headers=admin | {"Content-Type": media})
         assert created.status_code == 201, (media, created.text)
+    # Bytes that are not even UTF-8, without a JSON type: the media type is what is wrong.
+    odd = client.post("/api/v1/runs", content=b"\xff\xfe", headers=admin)
+    assert_problem(odd, 415, "UNSUPPORTED_MEDIA_TYPE")
     # No body at all is the model's business (a required body is missing), not a media type's.
     empty = {"Content-Type": "application/x-www-form-urlencoded"}
     assert_problem(client.post("/api/v1/runs", headers=admin | empty), 422, "VALIDATION_FAILED")
