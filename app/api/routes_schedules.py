@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Response
+from fastapi import APIRouter, Header, Path, Request, Response
 
 from app.api.auth import Ctx, DefinitionsReader, DefinitionsWriter
 from app.api.http import READ_ERRORS, WRITE_ERRORS, PageQuery, problems
@@ -57,9 +57,13 @@ def put_schedule(
     response: Response,
     facade: Ctx,
     _: DefinitionsWriter,
+    request: Request,
     if_match: IfMatch = None,
 ) -> ScheduleOut:
     """Create (201) or replace (200) a schedule; a change never fires a past slot."""
+    if if_match is not None:
+        # Several If-Match lines are one list (RFC 9110 §5.3); the parameter holds the first.
+        if_match = ", ".join(request.headers.getlist("if-match"))
     schedule, created = facade.put_schedule(
         name=name, definition=body.definition(), paused=body.paused, if_match=if_match
     )

@@ -49,6 +49,9 @@ def test_put_creates_then_replaces_with_version_etag_and_next_fires(
     stale_list = {**admin, "If-Match": f'"x", {changed.headers["ETag"]}'}
     assert_problem(client.put(URL, json=body(every_seconds=40), headers=stale_list), 412,
                    "PRECONDITION_FAILED")  # fmt: skip
+    current = client.get(URL, headers=admin).headers["ETag"]
+    lines = [*admin.items(), ("If-Match", '"x"'), ("If-Match", current)]  # two header lines
+    assert client.put(URL, json=body(every_seconds=50), headers=lines).status_code == 200
     weak = {**admin, "If-Match": "W/" + client.get(URL, headers=admin).headers["ETag"]}
     assert_problem(client.put(URL, json=body(every_seconds=40), headers=weak), 412,
                    "PRECONDITION_FAILED")  # fmt: skip
