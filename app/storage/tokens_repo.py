@@ -50,7 +50,10 @@ class TokenRepository:
                 )
                 uow.commit()
         except IntegrityError:
-            revoked = any(r.name == name and r.revoked_at_ms is not None for r in self.list())
+            with UnitOfWork(self._engine, write=False) as uow:
+                revoked = uow.conn.execute(
+                    select(api_tokens.c.revoked_at_ms).where(api_tokens.c.name == name)
+                ).scalar() is not None
             detail = (
                 f"a token named {name} was revoked; a name is never reused, choose another"
                 if revoked

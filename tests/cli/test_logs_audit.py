@@ -90,5 +90,6 @@ def test_logs_audit_refuses_a_shard_that_leads_out_of_the_root_and_moves_nothing
     assert main(["logs", "audit", "--shard", "00", "--quarantine", "--min-age-s", "0"]) == 1
     err = capsys.readouterr().err
     assert "logs audit refused" in err and "00 under" in err
+    assert "receipts" not in err  # the refusal names the logs' own root
     assert victim.read_bytes() == b"not ours"
     assert not (root / ".orphan-quarantine").exists()
