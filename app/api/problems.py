@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from http import HTTPMethod
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -198,7 +199,8 @@ def storage_unavailable(request: Request, exc: StorageUnavailable) -> Response:
     return problem_response(503, str(exc.code), exc.detail, headers)
 
 
-_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+_METHODS = tuple(m.value for m in (HTTPMethod.DELETE, HTTPMethod.GET, HTTPMethod.PATCH,
+                                    HTTPMethod.POST, HTTPMethod.PUT))  # fmt: skip
 
 
 def _allowed(app: FastAPI, scope: Any) -> list[str]:
