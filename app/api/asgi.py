@@ -111,7 +111,7 @@ class GuardMiddleware:
             if len(body) > self.max_body:
                 await _problem(send, 413, PAYLOAD_TOO_LARGE, _too_large(self.max_body))
                 return None
-        if body and _is_json(headers.get(b"content-type", b"")):
+        if body and is_json(headers.get(b"content-type", b"").decode("latin-1")):
             try:
                 bytes(body).decode("utf-8", errors="strict")
             except UnicodeDecodeError:
@@ -130,13 +130,16 @@ def _too_large(limit: int) -> str:
     return f"the request body is larger than {limit} bytes"
 
 
-def _is_json(content_type: bytes) -> bool:
-    # The bodies FastAPI parses as JSON; any other (none at all included) is the route's
-    # 415 (app/api/strict_json.py).
-    media = content_type.split(b";", 1)[0].strip().lower()
-    return media == b"application/json" or (
-        media.startswith(b"application/") and media.endswith(b"+json")
-    )
+def is_json(content_type: str | None) -> bool:
+    """A media type FastAPI parses as JSON: ``application/json`` or ``application/*+json``
+    (parameters such as ``charset`` aside). Without one FastAPI does not parse the body
+    either (its strict content type, the default): the route answers 415
+    (app/api/strict_json.py), and the guard checks UTF-8 only of what FastAPI will parse."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    main, _, sub = media.partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

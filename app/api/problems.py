@@ -29,7 +29,7 @@ from app.domain.errors import (
     ValidationFailed,
     VersionConflict,
 )
-from app.domain.validation import NAME_PATTERN
+from app.domain.validation import NAME_PATTERN, name_rule_broken
 
 log = logging.getLogger("qinglong.api")
 
@@ -170,7 +170,7 @@ def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
     ):
         # A name in the path or the query breaks the rule a name in a body is held to.
         what = str(loc[-1]).replace("_", " ")
-        return 422, INVALID_NAME, f"{what} must match {NAME_PATTERN.strip('^$')}"
+        return 422, INVALID_NAME, name_rule_broken(what)
     where = ".".join(str(p) for p in loc if p != "body") or "request"
     # The message names the field and the rule; the offending input is never echoed.
     return 422, VALIDATION_FAILED, f"{where}: {first.get('msg', 'invalid')}"

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
+from app.api.asgi import is_json
 from app.api.problems import UNSUPPORTED_MEDIA_TYPE, ApiProblem, DuplicateKey
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
@@ -35,17 +36,6 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def loads_strict(raw: bytes) -> Any:
     """``json.loads`` that raises ``DuplicateKey`` for a repeated key in any object."""
     return json.loads(raw, object_pairs_hook=_unique)
-
-
-def _is_json(content_type: str | None) -> bool:
-    """A media type FastAPI parses as JSON: ``application/json`` or ``application/*+json``
-    (parameters such as ``charset`` aside). Without one FastAPI does not parse the body
-    either (its strict content type, the default)."""
-    if not content_type:
-        return False
-    media = content_type.split(";", 1)[0].strip().lower()
-    main, _, sub = media.partition("/")
-    return main == "application" and (sub == "json" or sub.endswith("+json"))
 
 
 class _StrictRequest(Request):
@@ -64,7 +54,7 @@ class StrictJSONRoute(APIRoute):
 
         async def strict_handler(request: Request) -> Response:
             strict = _StrictRequest(request.scope, request.receive)
-            if not _is_json(strict.headers.get("content-type")) and await strict.body():
+            if not is_json(strict.headers.get("content-type")) and await strict.body():
                 # FastAPI would validate the raw bytes as the model and answer "Input should
                 # be a valid dictionary": ``curl -d`` sends a form's media type by default.
                 raise ApiProblem(

@@ -23,19 +23,23 @@ RESERVED_ENV_PREFIX = "QL3_"
 SHELL_ALLOWLIST = frozenset({"/bin/sh", "/bin/bash"})
 EXECUTORS = frozenset({"local_process"})
 
-# Task, secret, schedule and token names; the API's documents state it as this pattern.
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
-_NAME = re.compile(NAME_PATTERN.strip("^$"))
+# Task, secret, schedule and token names; the API's documents state it as NAME_PATTERN.
+NAME_RULE = r"[a-z0-9][a-z0-9._-]{0,127}"
+NAME_PATTERN = f"^{NAME_RULE}$"
+_NAME = re.compile(NAME_RULE)
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
 def validate_name(name: str, *, what: str = "name") -> str:
-    """Task and secret names: ``[a-z0-9][a-z0-9._-]{0,127}``."""
+    """Task and secret names: ``NAME_RULE``."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValidationFailed(
-            ErrorCode.INVALID_NAME, f"{what} must match [a-z0-9][a-z0-9._-]{{0,127}}"
-        )
+        raise ValidationFailed(ErrorCode.INVALID_NAME, name_rule_broken(what))
     return name
+
+
+def name_rule_broken(what: str) -> str:
+    """The INVALID_NAME detail: the rule, never the name given."""
+    return f"{what} must match {NAME_RULE}"
 
 
 def _utf8_len(text: str) -> int:
