@@ -109,6 +109,15 @@ def _held(engine: Engine) -> bool:
     return gate is not None and gate.holder is not None
 
 
+def _until_holding(engine: Engine, member: threading.Thread) -> None:
+    """Wait until ``member`` runs its body. The gate is a plain lock, not a queue: a writer
+    started earlier could take it first, and ``member`` would then wait for one that never
+    comes."""
+    gate = _writer_gate(engine)
+    assert gate is not None
+    _until(lambda: gate.holder == member.ident, "the member's body")
+
+
 def _open_group(engine: Engine, first: _Member, second: threading.Thread) -> None:
     """Start ``first`` (which commits once a second writer waits), then ``second`` once
     ``first`` runs; return when ``first`` is in its ``commit()``: the group is open."""
@@ -212,6 +221,7 @@ def test_a_member_refused_by_a_constraint_leaves_the_group_whole(sqlite_engine: 
     second = _Member(sqlite_engine, duplicate_then_more)
     third = _Member(sqlite_engine, lambda uow: _insert(uow, 4))
     _open_group(sqlite_engine, first, second)
+    _until_holding(sqlite_engine, second)
     third.start()
     for member in (first, second, third):
         member.join(WAIT_S)
@@ -276,6 +286,7 @@ def test_members_that_roll_back_count_toward_the_bound(
     second = _Member(sqlite_engine, refused)
     rest = [_Member(sqlite_engine, _inserting(v)) for v in (2, 3)]
     _open_group(sqlite_engine, first, second)
+    _until_holding(sqlite_engine, second)
     for member in rest:
         member.start()
     for member in (first, second, *rest):
@@ -346,6 +357,7 @@ def test_a_shared_commit_that_fails_on_a_full_disk_fails_every_member(tmp_path: 
             # the failed commit takes what it read, so it fails too.
             reader = _Member(engine, _read_all, commit=False)
             _open_group(engine, first, second)
+            _until_holding(engine, second)
             reader.start()
             for member in (first, second, reader):
                 member.join(WAIT_S)
