@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli.common import database
 from app.domain.tokens import SCOPES, new_api_token
 from app.domain.validation import validate_name
-from app.storage.migrate import upgrade_to_head
-from app.storage.tokens_repo import TokenRepository
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from app.storage.tokens_repo import TokenRepository
 
 
 def register(sub: Any) -> None:
@@ -45,8 +48,16 @@ def register(sub: Any) -> None:
     revoke.set_defaults(handler=cmd_token_revoke)
 
 
+def _tokens(engine: Engine) -> TokenRepository:
+    from app.storage.tokens_repo import TokenRepository
+
+    return TokenRepository(engine)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Upgrade the database to the newest migration."""
+    from app.storage.migrate import upgrade_to_head
+
     with database(args, private=True) as (_, engine):
         upgrade_to_head(engine)
     print("database migrated to head")
@@ -59,9 +70,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     validate_name(name, what="token name")
     with database(args) as (_, engine):
         token = new_api_token()
-        record = TokenRepository(engine).create(
-            name=name, scopes=frozenset(args.scopes), token=token
-        )
+        record = _tokens(engine).create(name=name, scopes=frozenset(args.scopes), token=token)
     print(f"created token {record.name} with scopes {' '.join(sorted(record.scopes))}")
     print("store it now: it is shown only once")
     print(token)
@@ -72,7 +81,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     """List token names, state, scopes, and when each was created and revoked (UTC), one
     tab-separated line each; ``-`` for a token not revoked."""
     with database(args) as (_, engine):
-        records = TokenRepository(engine).list()
+        records = _tokens(engine).list()
     for record in records:
         state = "revoked" if record.revoked_at_ms is not None else "active"
         print("\t".join((
@@ -91,7 +100,7 @@ def _utc(ms: int | None) -> str:
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     """Revoke a token by name."""
     with database(args) as (_, engine):
-        TokenRepository(engine).revoke(args.name)
+        _tokens(engine).revoke(args.name)
     print(f"revoked token {args.name}")
     return 0
 
@@ -99,7 +108,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 def cmd_token_bootstrap(args: argparse.Namespace) -> int:
     """Print a new admin token once: only while the database has no token at all."""
     with database(args) as (_, engine):
-        repo = TokenRepository(engine)
+        repo = _tokens(engine)
         if repo.list():
             print("an API token already exists; create more with `qinglong token create`")
             return 0

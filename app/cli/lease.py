@@ -8,8 +8,6 @@ import json
 from typing import Any
 
 from app.cli.common import database
-from app.storage.lease_repo import LeaseRepository, db_now_ms
-from app.storage.uow import UnitOfWork
 
 _HISTORY_MAX = 1000
 
@@ -43,6 +41,9 @@ def _utc(ms: int) -> str:
 def cmd_lease_show(args: argparse.Namespace) -> int:
     """One line per lease (SQLite has one; PostgreSQL one per host's instance): the holder,
     its epoch and times, its advertised api, and whether it is live now."""
+    from app.storage.lease_repo import LeaseRepository, db_now_ms
+    from app.storage.uow import UnitOfWork
+
     with database(args) as (_, engine):
         leases = LeaseRepository(engine).leases()
         with UnitOfWork(engine, write=False) as uow:
@@ -67,6 +68,8 @@ def cmd_lease_show(args: argparse.Namespace) -> int:
 
 def cmd_lease_history(args: argparse.Namespace) -> int:
     """One tab-separated line per event: time, type, canonical JSON facts."""
+    from app.storage.lease_repo import LeaseRepository
+
     with database(args) as (_, engine):
         events = LeaseRepository(engine).history(limit=args.limit)
     for event in events:

@@ -21,7 +21,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli.shard_audit import (
     AuditReport,
@@ -34,8 +34,10 @@ from app.cli.shard_audit import (
 )
 from app.domain.artifacts import RECEIPT_SUFFIX, published_by_temp, shard_of
 from app.domain.ids import UUID7_PATTERN
-from app.storage.journal_repo import JournalRepository
-from app.storage.run_reads import RunReader
+
+if TYPE_CHECKING:
+    from app.storage.journal_repo import JournalRepository
+    from app.storage.run_reads import RunReader
 
 _RECEIPT = re.compile(rf"^({UUID7_PATTERN}){re.escape(RECEIPT_SUFFIX)}$")
 
@@ -60,6 +62,9 @@ def register(sub: Any) -> None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """Run one bounded audit window and print counts and the next shard cursor."""
+    from app.storage.journal_repo import JournalRepository
+    from app.storage.run_reads import RunReader
+
     return run_audit(
         args,
         "receipts",

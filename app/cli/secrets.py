@@ -13,8 +13,6 @@ from typing import Any
 
 from app.cli.client import register_secret_actions
 from app.cli.common import database
-from app.storage.secret_crypto import KeyRing
-from app.storage.secrets_repo import SecretRepository
 
 
 def register(sub: Any) -> None:
@@ -29,6 +27,9 @@ def register(sub: Any) -> None:
 
 def cmd_rotate_key(args: argparse.Namespace) -> int:
     """Rotate the secret key; prints counts and key ids, never key material or values."""
+    from app.storage.secret_crypto import KeyRing
+    from app.storage.secrets_repo import SecretRepository
+
     with database(args) as (settings, engine):
         settings.ensure_data_dir()
         ring = KeyRing.from_settings(secret_key=settings.secret_key, key_file=settings.key_file)

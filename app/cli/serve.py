@@ -10,15 +10,9 @@ import socket
 import sys
 from typing import Any
 
-from app.api import retirement
 from app.cli.admin import cmd_migrate
 from app.cli.common import private_settings
-from app.context.metrics import MULTIPROC_ENV, prepare_multiprocess_dir
-from app.context.worker_lease import EXIT_LEASE_HELD
 from app.settings import Settings
-from app.supervisor.stop_jobs import stop_active_jobs
-from app.supervisor.supervisor import ServiceSpec, Supervisor
-from app.worker.job_user import job_policy
 
 APP_FACTORY = "app.api.main:create_app"
 # ``-m app`` would put the current directory first on sys.path: started from a folder with its
@@ -27,9 +21,9 @@ APP_FACTORY = "app.api.main:create_app"
 _ISOLATED = ("-P",)
 # Bounds uvicorn's graceful shutdown (open streams such as log follows) so a stop or a
 # rolling restart never waits on a client; the supervisor's own stop bound is larger. It
-# must exceed the idle grace a retiring worker gives keep-alive connections.
+# must exceed the idle grace a retiring worker gives keep-alive connections (checked in
+# ``cmd_api``, which imports the api).
 GRACEFUL_SHUTDOWN_S = 5
-assert GRACEFUL_SHUTDOWN_S > retirement.IDLE_GRACE_S
 # How long uvicorn's manager waits for a new worker to serve before it gives up a rolling
 # restart (and how long a worker may miss its health ping). Its default, 5 s, is less than
 # an app import takes on a busy two-core host or an SD card: the restart was then abandoned.
@@ -135,6 +129,11 @@ def _log_to_stderr(logger: logging.Logger) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, then supervise the api and the worker until SIGTERM/SIGINT."""
+    from app.context.worker_lease import EXIT_LEASE_HELD
+    from app.supervisor.stop_jobs import stop_active_jobs
+    from app.supervisor.supervisor import ServiceSpec, Supervisor
+    from app.worker.job_user import job_policy
+
     _log_to_stderr(logging.getLogger("qinglong.supervisor"))
     settings = private_settings(args)
     if settings.job.configured:
@@ -181,6 +180,10 @@ def cmd_api(args: argparse.Namespace) -> int:
     """Serve the api with uvicorn alone (the database must already be migrated)."""
     import uvicorn
 
+    from app.api import retirement
+    from app.context.metrics import MULTIPROC_ENV, prepare_multiprocess_dir
+
+    assert GRACEFUL_SHUTDOWN_S > retirement.IDLE_GRACE_S
     settings = private_settings(args)
     # uvicorn builds the app in each worker it spawns by calling the factory without
     # arguments, so the environment they inherit is the only way in: the one channel

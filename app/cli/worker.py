@@ -10,10 +10,6 @@ from types import FrameType
 from typing import Any
 
 from app.cli.common import private_settings
-from app.context.worker_lease import EXIT_LEASE_HELD, EXIT_LEASE_LOST
-from app.context.worker_process import WorkerProcess
-from app.domain.errors import LeaseHeld, NotMigrated
-from app.worker.server import SocketInUse
 
 
 def register(sub: Any) -> None:
@@ -29,6 +25,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     Exits ``EXIT_LEASE_HELD`` when another live worker holds the lease (docs/worker-lease.md).
     """
+    from app.context.worker_lease import EXIT_LEASE_HELD, EXIT_LEASE_LOST
+    from app.context.worker_process import WorkerProcess
+    from app.domain.errors import LeaseHeld, NotMigrated
+    from app.worker.server import SocketInUse
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
     process = WorkerProcess(private_settings(args))
