@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import select
 import signal
+import time
 from pathlib import Path
+
+import pytest
 
 from app.domain.model import ProcessHandle
 from app.worker.cgroups import AUTO, detect, settle
@@ -22,6 +25,18 @@ def proc_state(pid: int) -> str:
     except OSError:
         return ""
     return stat[stat.rindex(")") + 2]
+
+
+def wait_all_threads_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until every thread of ``pid`` is in the stopped state (``T`` in /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        # A thread that just exited reads "": it stops nothing.
+        states = [proc_state(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+        if all(state in ("T", "t", "") for state in states) and any(states):
+            return
+        time.sleep(0.001)
+    pytest.fail(f"process {pid} did not stop within {timeout_s} s of SIGSTOP")
 
 
 class Processes:

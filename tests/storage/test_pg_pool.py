@@ -37,7 +37,10 @@ def test_an_idle_connection_cut_by_the_server_is_replaced(
             backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
         assert engine.pool.checkedin() == 1  # the connection waits in the pool
         with admin.connect() as conn:
-            assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": backend}).scalar()
+            # With a timeout, it returns once the backend has exited (PostgreSQL 14+), not
+            # when the signal was sent: the pooled connection is surely dead below.
+            ended = conn.execute(text("SELECT pg_terminate_backend(:p, 5000)"), {"p": backend})
+            assert ended.scalar()
         time.sleep(0.1)  # idle longer than the ping threshold
         # Both the transactional path and the one-statement read path get a live connection.
         assert RunReader(engine).get_run(run.id).id == run.id
@@ -152,8 +155,18 @@ def test_a_session_left_idle_inside_a_transaction_is_ended_and_its_locks_freed(
                 with pytest.raises(OperationalError):
                     other.execute(locked.with_for_update(nowait=True))
                 other.rollback()
-                time.sleep(1.0)
-                assert other.execute(locked.with_for_update(nowait=True)).scalar_one() == run.id
+                # The server ends the frozen session 300 ms after its last statement: the row
+                # is free then (retried, as a loaded host may run that timer late).
+                deadline = time.monotonic() + 10
+                while True:
+                    time.sleep(0.2)
+                    try:
+                        taken = other.execute(locked.with_for_update(nowait=True)).scalar_one()
+                        break
+                    except OperationalError:
+                        other.rollback()
+                        assert time.monotonic() < deadline, "the frozen session kept the row"
+                assert taken == run.id
                 other.rollback()
             with pytest.raises(DatabaseUnreachable):  # the frozen one's session is gone
                 frozen.execute(text("SELECT 1"))

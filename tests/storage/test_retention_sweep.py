@@ -26,7 +26,7 @@ from app.storage.retention_repo import RetentionRepository
 from app.storage.tables import attempts, runs
 from app.worker.log_retention import LogSweep
 from tests.disk import MIB, free_bytes, mounted_tmpfs
-from tests.kit.processes import Processes
+from tests.kit.processes import Processes, wait_all_threads_stopped
 from tests.storage.retention_kit import DAY_MS, counts, fast_fs, file_and_row_agree, seed
 
 POLICY = RetentionPolicy(keep_runs=700, keep_days=0, keep_rows=800, task_log_bytes=None)
@@ -97,6 +97,28 @@ def test_a_sweep_killed_9_midway_then_rerun_leaves_no_orphan_no_dangling_row_and
             engine.dispose()
 
 
+def _kill_while_expiring(engine: Engine, child: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the sweeper between step 1 (``expiring``) and step 3 (``expired``).
+
+    A window is one task's batch (about 300 unlinks on a tmpfs, a few ms): seen open, it may
+    close before a kill lands. So the sweeper is stopped first, the window read again while
+    nothing moves, and killed only if it is still open; otherwise it goes on to the next one.
+    """
+    deadline = time.monotonic() + 30
+    while True:
+        assert child.poll() is None, child.stderr.read() if child.stderr else b""
+        assert time.monotonic() < deadline, "the sweep was never stopped inside a window"
+        if _expiring(engine) == 0:
+            time.sleep(0.001)
+            continue
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_all_threads_stopped(child.pid)
+        if _expiring(engine) > 0:
+            os.kill(child.pid, signal.SIGKILL)
+            return
+        os.kill(child.pid, signal.SIGCONT)
+
+
 def _killed_then_rerun(engine: Engine, db_url: str, root: Path, procs: Processes) -> None:
     tasks = [f"t{i}" for i in range(10)]
     seed(engine, root, tasks=tasks, runs_per_task=1000, start_ms=now_ms() - 30 * DAY_MS)
@@ -109,12 +131,7 @@ def _killed_then_rerun(engine: Engine, db_url: str, root: Path, procs: Processes
     )
     procs.track_pid(child.pid)
     try:
-        deadline = time.monotonic() + 30
-        while _expiring(engine) == 0:
-            assert child.poll() is None, child.stderr.read() if child.stderr else b""
-            assert time.monotonic() < deadline, "the sweep never marked a log expiring"
-            time.sleep(0.001)  # a window lasts tens of ms: the unlinks of up to 2,000 logs
-        os.kill(child.pid, signal.SIGKILL)  # between step 1 (expiring) and step 3 (expired)
+        _kill_while_expiring(engine, child)
     finally:
         child.wait(10)
         if child.stderr:

@@ -37,7 +37,7 @@ from app.worker.receipts import ReceiptStore
 # Moved to the shared kit (every process-starting tier uses them); importable here as before.
 from tests.kit.processes import Processes as Processes
 from tests.kit.processes import kill_exact as kill_exact
-from tests.kit.processes import proc_state
+from tests.kit.processes import wait_all_threads_stopped
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,18 +274,6 @@ class Worker:
         self.proc = None
 
 
-def _wait_all_threads_stopped(pid: int, timeout_s: float = 10.0) -> None:
-    """Wait until every thread of ``pid`` is in the stopped state (``T`` in /proc)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        # A thread that just exited reads "": it stops nothing.
-        states = [proc_state(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
-        if all(state in ("T", "t", "") for state in states) and any(states):
-            return
-        time.sleep(0.001)
-    pytest.fail(f"process {pid} did not stop within {timeout_s} s of SIGSTOP")
-
-
 def stop_outside_a_write(proc: subprocess.Popen[Any], engine: Engine) -> None:
     """SIGSTOP ``proc`` at a moment it holds no SQLite write transaction nor checkpoint.
 
@@ -301,7 +289,7 @@ def stop_outside_a_write(proc: subprocess.Popen[Any], engine: Engine) -> None:
     for _ in range(200):
         proc.send_signal(signal.SIGSTOP)
         # SIGSTOP is asynchronous: a thread still running could take the lock after the probe.
-        _wait_all_threads_stopped(proc.pid)
+        wait_all_threads_stopped(proc.pid)
         probe = sqlite3.connect(path, timeout=0.05, isolation_level=None)
         try:
             probe.execute("BEGIN IMMEDIATE")
