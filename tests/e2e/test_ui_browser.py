@@ -175,7 +175,8 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
             )
         finally:
             browser.close()
-            httpx.post(f"{base}/api/v1/schedules/{schedule}/pause", headers=auth)
+            if served.exit_code is None:  # the last flow stops the service itself
+                httpx.post(f"{base}/api/v1/schedules/{schedule}/pause", headers=auth)
             shutil.rmtree(gate_dir, ignore_errors=True)
 
 
@@ -492,6 +493,55 @@ def _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site: Sit
     assert site.shots.joinpath("schedule-360-zh.png").stat().st_size > 0
 
 
+def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(
+    site: Site,
+) -> None:
+    # The findings of an outside review in a real browser (session 25); each failed before.
+    page = site.page()
+    site.sign_in(page, path="tasks/hello")
+    page.wait_for_selector("main[aria-busy=false] #ret-keep_runs")
+    # "Skip to content" moves the focus to the content and stays on the page.
+    before = page.url
+    page.focus("#skip-link")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'view'")
+    assert page.url == before
+    # A number field the browser cannot read is refused in the page, not saved as empty;
+    # the refusal takes the focus.
+    kept = site.api("GET", "/api/v1/tasks/hello/retention").json()["override"]
+    page.fill("#ret-keep_runs", "")
+    page.click("#ret-keep_runs")
+    page.keyboard.type("1e")
+    page.click("#retention-save")
+    refused = page.wait_for_selector(".retention-form .result .error-box:focus")
+    assert "not a number" in refused.inner_text()
+    site.shot(page, "number-refused-desktop")
+    assert site.api("GET", "/api/v1/tasks/hello/retention").json()["override"] == kept
+    # An unknown run or task is the 404 and a way back, no controls that act on nothing.
+    site.visit(page, "runs/01900000-0000-7000-8000-000000000000")
+    assert "Back to Runs" in page.inner_text("main")
+    assert page.query_selector("main .error-box") and page.query_selector("#log") is None
+    site.shot(page, "run-unknown-desktop")
+    site.visit(page, "tasks/no-such-task")
+    assert page.query_selector("main .error-box") and page.query_selector("#start-run") is None
+    # Resume and pause keep the keyboard on the control that replaced the one pressed (the
+    # schedule was left paused, and is again).
+    site.visit(page, f"schedules/{site.schedule}")
+    page.focus("#resume")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#pause:focus")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#resume:focus")
+    # The system page does not keep saying "Ready" once the service is gone.
+    site.visit(page, "system")
+    page.wait_for_selector("ul.checks")
+    site.served.stop()
+    page.wait_for_selector("text=The server could not be reached", timeout=15_000)
+    assert page.query_selector("ul.checks") is None
+    site.shot(page, "system-unreachable-desktop")
+    assert page.errors == []
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -507,3 +557,4 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
+    _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

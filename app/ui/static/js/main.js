@@ -111,8 +111,12 @@ function render() {
     const ready = () => { if (!controller.signal.aborted) view.setAttribute('aria-busy', 'false'); };
     const stop = page(view, { args, params, signal: controller.signal, ready });
     stopPage = () => { controller.abort(); if (typeof stop === 'function') stop(); };
-    // After a navigation the keyboard (and a screen reader) starts at the new content.
-    if (rendered) view.focus({ preventScroll: true });
+    // After a navigation the keyboard (and a screen reader) starts at the new content, and
+    // the new page is seen from its top (its heading, a notice), not at the old offset.
+    if (rendered) {
+      view.focus({ preventScroll: true });
+      window.scrollTo(0, 0);
+    }
     rendered = true;
     return;
   }
@@ -137,6 +141,12 @@ async function start() {
     stopPage = () => {};
     notify(null);
     location.hash = '#/signin';
+  });
+  // "Skip to content" moves the focus to the page's content. Its href="#view" is for a
+  // browser without scripts: followed, it would be a route the router does not know.
+  document.getElementById('skip-link').addEventListener('click', (ev) => {
+    ev.preventDefault();
+    document.getElementById('view').focus();
   });
   window.addEventListener('hashchange', render);
   render();

@@ -1,8 +1,22 @@
 // Pieces several pages share: an error box, a keyset "load more", polling.
 
 import { ApiError, explainError } from '../api.js';
-import { h, raw } from '../dom.js';
+import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
+
+/** A form's own refusal, shown under its button before anything is sent. */
+export class FormError extends Error {}
+
+/** A number field's value: null when empty. The forms are novalidate, and what the browser
+ *  cannot read as a number ("1e", "--") reads as "": refused here, never sent as empty. */
+export function numberOrNull(input) {
+  if (input.validity && input.validity.badInput) {
+    const label = input.labels && input.labels[0] ? input.labels[0].textContent : input.name;
+    throw new FormError(t('common.err_number', { field: label }));
+  }
+  const v = input.value.trim();
+  return v === '' ? null : Number(v);
+}
 
 /** An alert paragraph for a failed call; a 403 names the scope the token lacks. */
 export function errorBox(err) {
@@ -14,24 +28,48 @@ export function errorBox(err) {
   return box;
 }
 
-/** Show the outcome of a write next to its button (or the error, with the missing scope). */
+/** When the page's own run, task or schedule does not exist (404), the whole page becomes
+ *  that error and a way back to the list: no empty cards, no buttons that act on nothing.
+ *  True when it did so. */
+export function missing(view, err, list) {
+  if (!(err instanceof ApiError) || err.status !== 404) return false;
+  put(view, h('section', { class: 'page' },
+    errorBox(err),
+    h('p', {}, link([list], t('common.back_to', { page: t(`nav.${list}`) })))));
+  return true;
+}
+
+/** Show the outcome of a write next to its button (or the error, with the missing scope).
+ *  An error takes the focus and is scrolled into view: under a long form it would be below
+ *  the fold, and the button that was disabled while the write ran has lost the focus. */
 export function resultSlot() {
   const slot = h('div', { class: 'result', 'aria-live': 'polite' });
+  const reveal = (box) => {
+    slot.replaceChildren(box || '');
+    if (!box) return;
+    box.tabIndex = -1;
+    box.focus({ preventScroll: true });
+    box.scrollIntoView({ block: 'nearest' });
+  };
   return {
     el: slot,
     ok(text) { slot.replaceChildren(h('p', { class: 'notice notice-ok' }, text)); },
-    fail(err) { slot.replaceChildren(errorBox(err) || ''); },
-    message(text) { slot.replaceChildren(h('div', { class: 'error-box', role: 'alert' }, h('p', {}, text))); },
+    fail(err) { reveal(errorBox(err)); },
+    message(text) { reveal(h('div', { class: 'error-box', role: 'alert' }, h('p', {}, text))); },
     clear() { slot.replaceChildren(); },
   };
 }
 
-/** Call fn now and every ms while the page lives; errors are passed to onError. */
-export function every(ms, signal, fn) {
+/** Call fn every ms while the page lives; a failure (server unreachable, an error answer)
+ *  is passed to onError, so a page never keeps showing its last good answer as current. */
+export function every(ms, signal, fn, onError = () => {}) {
   let timer = null;
   const tick = async () => {
     if (signal.aborted) return;
-    try { await fn(); } catch (err) { if (err.name === 'AbortError') return; }
+    try { await fn(); } catch (err) {
+      if (err.name === 'AbortError') return;
+      onError(err);
+    }
     if (!signal.aborted) timer = setTimeout(tick, ms);
   };
   timer = setTimeout(tick, ms);

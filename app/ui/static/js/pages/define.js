@@ -12,13 +12,12 @@ import { ApiError, api, path } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { go } from '../main.js';
-import { errorBox, resultSlot } from './common.js';
+import { FormError, errorBox, numberOrNull, resultSlot } from './common.js';
 
 const SHELLS = new Set(['/bin/sh', '/bin/bash']);
 const RETRY_ON = ['failed', 'timed_out', 'lost'];
 const RETRY_DEFAULTS = { max_attempts: 3, initial_delay_seconds: 10, factor: 2, max_delay_seconds: 600, jitter: false, on: ['failed'] };
 
-class FormError extends Error {}
 
 /** argv from the text box: one argument per line; after "/bin/sh" and "-c" the rest is the script. */
 export function parseArgv(text) {
@@ -49,11 +48,6 @@ export function parsePairs(text, label) {
     out[key] = line.slice(eq + 1);
   });
   return out;
-}
-
-function numberOrNull(input) {
-  const v = input.value.trim();
-  return v === '' ? null : Number(v);
 }
 
 function field(id, label, input, help) {

@@ -8,7 +8,7 @@ import { has, t } from '../i18n.js';
 import { TERMINAL, bytes, duration, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
 import { go } from '../main.js';
-import { errorBox, every, facts, resultSlot } from './common.js';
+import { errorBox, every, facts, missing, resultSlot } from './common.js';
 
 const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
@@ -66,7 +66,8 @@ export function runPage(view, { args: [runId], signal, ready }) {
       state.events = events;
       draw();
     } catch (err) {
-      problem.replaceChildren(errorBox(err) || '');
+      if (missing(view, err, 'runs')) state.gone = true;
+      else problem.replaceChildren(errorBox(err) || '');
       throw err;
     }
   }
@@ -278,6 +279,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
 
   refresh().catch(() => {}).finally(ready);
   every(POLL_MS, signal, async () => {
+    if (state.gone) return;
     if (state.run && TERMINAL.has(state.run.status) && (!state.follower || state.follower.stopped)) return;
     await refresh();
   });

@@ -5,7 +5,7 @@ import { api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { localTime, shortId, timeEl, utcTime } from '../format.js';
-import { errorBox, facts, loadMore, resultSlot } from './common.js';
+import { errorBox, facts, loadMore, missing, resultSlot } from './common.js';
 
 function cadence(s) {
   if (s.every_seconds) return t('schedules.every', { n: s.every_seconds });
@@ -70,8 +70,9 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       h('div', { class: 'table-wrap' }, h('table', {},
         h('thead', {}, h('tr', {},
           h('th', { scope: 'col' }, t('schedules.local_browser')),
-          h('th', { scope: 'col', class: 'wide' }, t('schedules.local_zone')),
-          h('th', { scope: 'col' }, t('schedules.utc')))),
+          // On a phone the schedule's own zone stays (its slots are that zone's times); UTC goes.
+          h('th', { scope: 'col' }, t('schedules.local_zone')),
+          h('th', { scope: 'col', class: 'wide' }, t('schedules.utc')))),
         fires))),
     h('section', {}, h('h2', {}, t('schedules.decisions')),
       h('div', { class: 'table-wrap' }, h('table', {},
@@ -88,7 +89,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       decisions.replaceChildren();
       more.set(addDecisions(await fetchDecisions(null)));
     } catch (err) {
-      problem.replaceChildren(errorBox(err) || '');
+      if (!missing(view, err, 'schedules')) problem.replaceChildren(errorBox(err) || '');
     } finally {
       ready();
     }
@@ -112,8 +113,8 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       h('a', { href: `#/runs?task=${encodeURIComponent(s.task)}` }, t('tasks.see_runs')));
     put(fires, (s.next_fires || []).map((f) => h('tr', {},
       h('td', {}, localTime(f.at_ms)),
-      h('td', { class: 'wide' }, raw(f.local, 'code')),
-      h('td', {}, raw(utcTime(f.at_ms), 'code')))));
+      h('td', {}, raw(f.local, 'code')),
+      h('td', { class: 'wide' }, raw(utcTime(f.at_ms), 'code')))));
   }
 
   async function act(what) {
@@ -121,6 +122,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
     try {
       draw(await api.post(path('schedules', name, what), undefined, { scope: 'definitions:write' }));
       result.ok(t(`schedules.done_${what}`));
+      actions.querySelector('button').focus(); // pause became resume: the keyboard stays here
     } catch (err) {
       result.fail(err);
     }

@@ -49,7 +49,7 @@ export function secretsPage(view, { signal, ready }) {
     const ask = () => put(cell,
       h('span', { class: 'confirm-text' }, t('secrets.confirm', { name: s.name })), ' ',
       h('button', { type: 'button', class: 'danger', on: { click: onDelete } }, t('secrets.confirm_delete')), ' ',
-      h('button', { type: 'button', class: 'secondary', on: { click: idle } }, t('secrets.keep')));
+      h('button', { type: 'button', class: 'secondary', on: { click: () => { idle(); cell.querySelector('button').focus(); } } }, t('secrets.keep')));
     const idle = () => put(cell, h('button', { type: 'button', class: 'secondary', on: { click: () => { ask(); cell.querySelector('button').focus(); } } }, t('secrets.delete')));
     idle();
     const tr = h('tr', { dataset: { secret: s.name } }, h('td', {}, raw(s.name, 'code')), h('td', {}, timeEl(s.updated_at_ms)), cell);
@@ -57,7 +57,10 @@ export function secretsPage(view, { signal, ready }) {
       result.clear();
       try {
         await api.del(path('secrets', s.name), { scope: 'secrets:write' });
+        // The keyboard goes on from a neighbour's delete button (or the form), not the top.
+        const next = tr.nextElementSibling || tr.previousElementSibling;
         tr.remove();
+        (next ? next.querySelector('button') : name).focus();
         empty.hidden = body.rows.length > 0;
         result.ok(t('secrets.deleted', { name: s.name }));
       } catch (err) {

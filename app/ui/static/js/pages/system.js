@@ -88,5 +88,5 @@ export function systemPage(view, { signal, ready: drawn }) {
   }
 
   load().finally(drawn);
-  every(5000, signal, readiness);
+  every(5000, signal, readiness, (err) => put(ready, errorBox(err) || ''));
 }

@@ -8,7 +8,7 @@ import { t } from '../i18n.js';
 import { bytes, timeEl } from '../format.js';
 import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
-import { errorBox, facts, loadMore, resultSlot } from './common.js';
+import { FormError, errorBox, facts, loadMore, missing, numberOrNull, resultSlot } from './common.js';
 
 export function tasksPage(view, { signal, ready }) {
   const body = h('tbody');
@@ -87,7 +87,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
       more.set(addRevisions(await fetchRevisions(null)));
       await Promise.all([drawRecipe(info.latest.recipe), retention.load()]);
     } catch (err) {
-      problem.replaceChildren(errorBox(err) || '');
+      if (!missing(view, err, 'tasks')) problem.replaceChildren(errorBox(err) || '');
     } finally {
       ready();
     }
@@ -239,15 +239,13 @@ function retentionForm(task, signal) {
     result.clear();
     save.disabled = true;
     const body = {};
-    for (const k of RETENTION_FIELDS) {
-      const v = inputs[k].value.trim();
-      body[k] = v === '' ? null : Number(v);
-    }
     try {
+      for (const k of RETENTION_FIELDS) body[k] = numberOrNull(inputs[k]);
       draw(await api.put(path('tasks', task, 'retention'), body, { scope: 'definitions:write' }));
       result.ok(t('retention.saved'));
     } catch (err) {
-      result.fail(err);
+      if (err instanceof FormError) result.message(err.message);
+      else result.fail(err);
     } finally {
       save.disabled = false;
     }
