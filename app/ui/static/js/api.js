@@ -106,7 +106,10 @@ export function features() {
 /** Words for an error: a 403 names the missing scope; known codes have their own label. */
 export function explainError(err) {
   if (!(err instanceof ApiError)) return t('error.unexpected');
-  if (err.status === 403) return t('error.forbidden', { scope: err.missingScope || '?' });
+  if (err.status === 403) {
+    const scope = err.missingScope || '?';
+    return t(scope === 'admin' ? 'error.forbidden_admin' : 'error.forbidden', { scope });
+  }
   if (err.status === 401) return t('error.unauthenticated');
   if (err.status === 0) return t('error.network');
   const key = `problem.${err.code}`;

@@ -128,8 +128,10 @@ async function start() {
   onUnauthorized(() => {
     session.signOut();
     signInMessage = t('signin.expired');
+    // Back to the very page after signing in again, its filters (?task=, ?status=) included.
     const { path } = parseHash();
-    location.hash = `#/signin${path && path !== 'signin' ? `?next=${encodeURIComponent(path)}` : ''}`;
+    const here = location.hash.replace(/^#\/?/, '');
+    location.hash = `#/signin${path && path !== 'signin' ? `?next=${encodeURIComponent(here)}` : ''}`;
   });
   document.getElementById('lang').addEventListener('change', async (ev) => {
     await loadLanguage(ev.target.value, true);
