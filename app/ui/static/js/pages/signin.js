@@ -32,7 +32,11 @@ export function signInPage(view, { message, onDone }) {
     ev.preventDefault();
     error.textContent = '';
     const value = token.value.trim();
-    if (!value) return;
+    if (!value) {
+      error.textContent = t('signin.empty');
+      token.focus();
+      return;
+    }
     submit.disabled = true;
     session.signIn(value, base.value.trim());
     try {

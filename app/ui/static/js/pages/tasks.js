@@ -72,7 +72,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
           h('th', { scope: 'col', class: 'wide' }, t('tasks.digest')))),
         revBody)),
       more.el),
-    h('section', {}, h('h2', {}, t('tasks.diff')),
+    h('section', { id: 'compare', hidden: true }, h('h2', {}, t('tasks.diff')),
       h('form', { class: 'filters', on: { submit: (ev) => { ev.preventDefault(); drawDiff(); } } },
         h('div', { class: 'field' }, h('label', { for: 'diff-left' }, t('tasks.diff_left')), left),
         h('div', { class: 'field' }, h('label', { for: 'diff-right' }, t('tasks.diff_right')), right),
@@ -152,6 +152,8 @@ export function taskPage(view, { args: [task], signal, ready }) {
     const newest = numbers[numbers.length - 1];
     pick(left, numbers.length > 1 ? numbers[numbers.length - 2] : newest);
     pick(right, newest);
+    // Shown from the second revision on: one revision has nothing to compare with.
+    view.querySelector('#compare').hidden = numbers.length < 2;
     drawDiff();
     return page.next_cursor;
   }
