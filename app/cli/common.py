@@ -1,9 +1,10 @@
 """What every ``qinglong`` sub-command shares: its settings, and one engine lifecycle.
 
 The ``qinglong`` parser imports every sub-command module, so a module imports at its top only
-what registering its sub-commands needs; a handler imports the rest when it runs (SQLAlchemy,
-the storage, uvicorn, alembic). ``qinglong worker`` then does not load the api's web stack,
-nor ``qinglong serve`` (the supervisor) either (tests/unit/test_cli_imports.py).
+what registering its sub-commands needs; a handler imports the rest when it runs (the
+storage, uvicorn, alembic). ``qinglong worker`` then does not load the api's web stack, nor
+``qinglong serve`` (the supervisor) either (tests/cli/test_cli_imports.py). SQLAlchemy itself
+is loaded by every service command before its handler (``_service_main`` maps its errors).
 """
 
 from __future__ import annotations

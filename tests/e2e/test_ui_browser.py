@@ -196,8 +196,10 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     page.goto(site.ui)
     page.wait_for_selector("#token:focus")
     site.shot(page, "signin-desktop")
-    # By keyboard: the token field has the focus, Enter submits, the new page has the focus
-    # and Tab reaches its first control.
+    # By keyboard: the token field has the focus, Enter submits (an empty field is told so),
+    # the new page has the focus and Tab reaches its first control.
+    page.keyboard.press("Enter")
+    page.wait_for_selector("text=Paste a token first.")
     page.keyboard.type(site.served.token)
     page.keyboard.press("Enter")
     page.wait_for_selector("#signout:visible")

@@ -133,6 +133,8 @@ def _killed_then_rerun(engine: Engine, db_url: str, root: Path, procs: Processes
     try:
         _kill_while_expiring(engine, child)
     finally:
+        if child.poll() is None:  # a failure left it running, or stopped: end it now
+            os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
         if child.stderr:
             child.stderr.close()

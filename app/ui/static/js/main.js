@@ -129,9 +129,11 @@ async function start() {
     session.signOut();
     signInMessage = t('signin.expired');
     // Back to the very page after signing in again, its filters (?task=, ?status=) included.
+    // A page's other requests answered 401 too: the first one's ?next= is kept.
     const { path } = parseHash();
+    if (path === 'signin') return;
     const here = location.hash.replace(/^#\/?/, '');
-    location.hash = `#/signin${path && path !== 'signin' ? `?next=${encodeURIComponent(here)}` : ''}`;
+    location.hash = `#/signin${path ? `?next=${encodeURIComponent(here)}` : ''}`;
   });
   document.getElementById('lang').addEventListener('change', async (ev) => {
     await loadLanguage(ev.target.value, true);

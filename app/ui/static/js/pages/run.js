@@ -66,7 +66,10 @@ export function runPage(view, { args: [runId], signal, ready }) {
       state.events = events;
       draw();
     } catch (err) {
-      if (missing(view, err, 'runs')) state.gone = true;
+      if (missing(view, err, 'runs')) {
+        state.gone = true;
+        if (state.follower) state.follower.stop();
+      }
       else problem.replaceChildren(errorBox(err) || '');
       throw err;
     }

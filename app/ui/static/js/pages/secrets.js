@@ -60,7 +60,8 @@ export function secretsPage(view, { signal, ready }) {
         // The keyboard goes on from a neighbour's delete button (or the form), not the top.
         const next = tr.nextElementSibling || tr.previousElementSibling;
         tr.remove();
-        (next ? next.querySelector('button') : name).focus();
+        // Its last button: "Delete", or "Keep" if it is asking (never the confirming one).
+        (next ? next.querySelector('.row-actions button:last-of-type') : name).focus();
         empty.hidden = body.rows.length > 0;
         result.ok(t('secrets.deleted', { name: s.name }));
       } catch (err) {

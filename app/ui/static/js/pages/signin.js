@@ -12,7 +12,8 @@ export function signInPage(view, { message, onDone }) {
   const base = h('input', { id: 'api-base', name: 'api-base', type: 'url', placeholder: location.origin, autocomplete: 'url' });
   const error = h('p', { class: 'form-error', role: 'alert' });
   const submit = h('button', { type: 'submit' }, t('signin.submit'));
-  const form = h('form', { class: 'card signin', on: { submit: onSubmit } },
+  // novalidate: an empty token is told in the page's own words (signin.empty).
+  const form = h('form', { class: 'card signin', novalidate: true, on: { submit: onSubmit } },
     h('h1', {}, t('signin.title')),
     message ? h('p', { class: 'notice notice-warn' }, message) : null,
     h('label', { for: 'token' }, t('signin.token')),
