@@ -57,6 +57,10 @@ export function resultSlot() {
     fail(err) { reveal(errorBox(err)); },
     message(text) { reveal(h('div', { class: 'error-box', role: 'alert' }, h('p', {}, text))); },
     clear() { slot.replaceChildren(); },
+    /** A "saved" notice goes once the user edits the form again: it spoke of the last save. */
+    clearOkOnEdit(form) {
+      form.addEventListener('input', () => { if (slot.querySelector('.notice-ok')) slot.replaceChildren(); });
+    },
   };
 }
 

@@ -13,6 +13,10 @@ function cadence(s) {
   return '—';
 }
 
+function policy(kind, name) {
+  return has(`${kind}.${name}`) ? [raw(name, 'code'), ': ', t(`${kind}.${name}`)] : raw(name, 'code');
+}
+
 function pausedTag(s) {
   return s.paused
     ? h('span', { class: 'status status-paused' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '‖'), ' ', t('schedules.paused'))
@@ -102,8 +106,10 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       [t('run.revision'), s.revision ? raw(s.revision) : t('schedules.latest_revision')],
       [t('schedules.cadence'), cadence(s)],
       [t('schedules.timezone'), raw(s.timezone)],
-      [t('schedules.overlap'), raw(s.overlap, 'code')],
-      [t('schedules.catchup'), [raw(s.catchup, 'code'), ' · ', t('time.seconds', { n: s.catchup_window_seconds })]],
+      // The policy's name as the API spells it, and what it does in words (a name the UI
+      // does not know yet: the name alone).
+      [t('schedules.overlap'), policy('overlap', s.overlap)],
+      [t('schedules.catchup'), [policy('catchup', s.catchup), ' · ', t('time.seconds', { n: s.catchup_window_seconds })]],
       [t('schedules.updated'), timeEl(s.updated_at_ms)],
     ]));
     put(actions,

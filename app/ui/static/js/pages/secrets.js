@@ -33,6 +33,7 @@ export function secretsPage(view, { signal, ready }) {
         h('th', { scope: 'col' }, h('span', { class: 'sr-only' }, t('secrets.actions'))))),
       body)),
     empty, more.el));
+  result.clearOkOnEdit(view.querySelector('form.secret-form'));
 
   function fetchPage(cursor) {
     return api.get(`${path('secrets')}${query({ limit: 50, cursor })}`, { scope: 'secrets:write', signal });

@@ -217,6 +217,7 @@ function retentionForm(task, signal) {
     h('div', { class: 'form-grid' }, fields),
     h('div', { class: 'actions' }, save),
     result.el);
+  result.clearOkOnEdit(form);
 
   function draw(r) {
     for (const k of RETENTION_FIELDS) {
