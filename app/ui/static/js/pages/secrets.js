@@ -83,6 +83,8 @@ export function secretsPage(view, { signal, ready }) {
       result.ok(t('secrets.saved', { name: name.value.trim() }));
       await reload();
     } catch (err) {
+      // A token without secrets:write had the list refused with the same words: say it once.
+      if (err.status === 403) problem.replaceChildren();
       result.fail(err);
     } finally {
       save.disabled = false;
