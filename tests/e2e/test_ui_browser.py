@@ -174,10 +174,12 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
                 expiring_run=expiring,
             )
         finally:
-            browser.close()
-            if served.exit_code is None:  # the last flow stops the service itself
-                httpx.post(f"{base}/api/v1/schedules/{schedule}/pause", headers=auth)
-            shutil.rmtree(gate_dir, ignore_errors=True)
+            try:
+                browser.close()
+                if served.exit_code is None:  # the last flow stops the service itself
+                    httpx.post(f"{base}/api/v1/schedules/{schedule}/pause", headers=auth)
+            finally:  # the gate's temp dir goes whatever failed above
+                shutil.rmtree(gate_dir, ignore_errors=True)
 
 
 def _run_id(page: Any) -> str:
