@@ -7,13 +7,13 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import Engine
+
 from app.cli.common import database
 from app.domain.tokens import SCOPES, new_api_token
 from app.domain.validation import validate_name
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from app.storage.tokens_repo import TokenRepository
 
 

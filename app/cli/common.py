@@ -1,10 +1,11 @@
 """What every ``qinglong`` sub-command shares: its settings, and one engine lifecycle.
 
 The ``qinglong`` parser imports every sub-command module, so a module imports at its top only
-what registering its sub-commands needs; a handler imports the rest when it runs (the
-storage, uvicorn, alembic). ``qinglong worker`` then does not load the api's web stack, nor
-``qinglong serve`` (the supervisor) either (tests/cli/test_cli_imports.py). SQLAlchemy itself
-is loaded by every service command before its handler (``_service_main`` maps its errors).
+what registering its sub-commands needs and what every service command loads anyway
+(SQLAlchemy, the engine, the domain: ``_service_main`` maps their errors); a handler imports
+the rest when it runs (tables and repositories, uvicorn, alembic, the supervisor).
+``qinglong worker`` then does not load the api's web stack, nor ``qinglong serve`` (the
+supervisor) either (tests/cli/test_cli_imports.py).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
 
 from app.settings import Settings
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
+from app.storage.engine import make_engine
+from app.storage.private_files import require_private
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
@@ -31,8 +32,6 @@ def private_settings(args: argparse.Namespace) -> Settings:
     The start-up check of ``serve``, ``api``, ``worker`` and ``migrate``: raises NotPrivate
     (a ValueError: one line naming the ``chmod`` that fixes it) before anything is opened.
     """
-    from app.storage.private_files import require_private
-
     settings = settings_for(args)
     settings.ensure_data_dir()
     require_private(
@@ -50,8 +49,6 @@ def database(
     ``private`` applies ``private_settings``'s start-up check first (the commands that may
     create files in the data dir).
     """
-    from app.storage.engine import make_engine
-
     settings = private_settings(args) if private else settings_for(args)
     engine = make_engine(settings.database_url)
     try:

@@ -24,7 +24,9 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from sqlalchemy import Engine, select
 
 from app.cli.shard_audit import (
     AuditReport,
@@ -37,9 +39,6 @@ from app.cli.shard_audit import (
 )
 from app.domain.artifacts import shard_of
 from app.domain.ids import UUID7_PATTERN
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
 
 # The log, its truncation fact and the fact's temp: all named by the attempt id.
 _LOG_FILE = re.compile(rf"^\.?({UUID7_PATTERN})\.log(\.truncated(\.tmp)?)?$")
@@ -113,8 +112,6 @@ def _scan(
 
 def _log_states(engine: Engine, attempt_ids: set[str]) -> dict[str, str]:
     """attempt id → ``present`` / ``expiring`` / ``expired`` for the ids that have a row."""
-    from sqlalchemy import select
-
     from app.storage.tables import attempts
 
     if not attempt_ids:

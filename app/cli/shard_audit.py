@@ -21,14 +21,13 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
 
 from app.cli.common import database
 from app.settings import Settings
 from app.storage.durable import move_by_link
-
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
 
 SHARD_COUNT = 256
 DEFAULT_SHARDS, MAX_SHARDS = 8, 32

@@ -10,6 +10,7 @@ from types import FrameType
 from typing import Any
 
 from app.cli.common import private_settings
+from app.domain.errors import LeaseHeld, NotMigrated
 
 
 def register(sub: Any) -> None:
@@ -27,7 +28,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """
     from app.context.worker_lease import EXIT_LEASE_HELD, EXIT_LEASE_LOST
     from app.context.worker_process import WorkerProcess
-    from app.domain.errors import LeaseHeld, NotMigrated
     from app.worker.server import SocketInUse
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
