@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -106,10 +107,43 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
 
 
 def free_port() -> int:
-    """A port that was free a moment ago (the start retries if it was taken meanwhile)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free a moment ago that nothing else of this test run is given before its server
+    binds it.
+
+    A port the kernel hands out (``bind`` to port 0) is from its ephemeral range, which every
+    outgoing connection draws from too (a client of another test, a database connection), so
+    it could be taken between this probe and the server's ``bind``. This one is below that
+    range, where only an explicit ``bind`` lands, and in this xdist worker's own slice of it,
+    so two tests running at once never probe the same port; tests of one worker run one after
+    another. A random start within the slice keeps consecutive tests off a port that may still
+    be in ``TIME_WAIT``.
+    """
+    low, count = _port_slice()
+    start = random.randrange(count)
+    for step in range(count):
+        port = low + (start + step) % count
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {low}..{low + count - 1}")
+
+
+def _port_slice() -> tuple[int, int]:
+    """The first port and the size of this xdist worker's slice below the ephemeral range."""
+    first = 10000
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    span = max(ephemeral_low - first, 1000)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker) if worker.isdigit() else 0
+    size = span // max(workers, 1)
+    return first + (index % max(workers, 1)) * size, size
 
 
 def worker_ping(socket_path: Path, timeout: float = 5.0) -> dict[str, object]:

@@ -117,6 +117,37 @@ def _room_for_sockets() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def _server_connections(api: Api) -> list[tuple[str, int]]:
+    """(TCP state, bytes not yet read) of each connection the api process holds on its port,
+    from ``/proc``: what the server has accepted and read, seen without asking it."""
+    inodes = set()
+    for fd in Path(f"/proc/{api.pid}/fd").iterdir():
+        with suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    held = []
+    for line in Path(f"/proc/{api.pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].rsplit(":", 1)[1], 16)
+        state, unread, inode = fields[3], int(fields[4].split(":")[1], 16), fields[9]
+        if local_port == api.port and inode in inodes and state != "0A":  # 0A: the listener
+            held.append((state, unread))
+    return held
+
+
+def _until_server_holds(api: Api, count: int) -> None:
+    """Wait until the api holds exactly ``count`` connections and has read all they sent (so
+    what it did with them has happened), instead of sleeping an amount a loaded host may
+    exceed."""
+
+    def settled() -> bool:
+        held = _server_connections(api)
+        return len(held) == count and all(unread == 0 for _, unread in held)
+
+    wait_until(f"the api to hold {count} connections, all read", settled, 10)
+
+
 def _send_all(sock: socket.socket, data: bytes) -> None:
     """Send what the server takes; a server that stopped reading resets the connection."""
     view = memoryview(data)
@@ -274,13 +305,12 @@ def test_connections_beyond_the_bound_close_an_idle_one_or_get_503_and_the_api_s
             idle[1].recv(1)
         for sock in idle:
             sock.close()
-        time.sleep(0.5)
+        _until_server_holds(served, 0)
         # The bound full of slow heads: a new client still gets in, the oldest head is closed.
         slow = [stack.enter_context(served.connect()) for _ in range(bound)]
-        for sock in slow:
+        for sock in slow:  # their order of age is the order they connected in
             sock.sendall(b"GET /healthz HTTP/1.1\r\n")
-            time.sleep(0.01)  # an order of age the server sees
-        time.sleep(0.5)
+        _until_server_holds(served, bound)
         assert served.healthz_s() < 1
         slow[0].settimeout(5)
         assert slow[0].recv(1) == b""
@@ -290,14 +320,15 @@ def test_connections_beyond_the_bound_close_an_idle_one_or_get_503_and_the_api_s
                 sock.recv(1)
         for sock in slow:
             sock.close()
+        _until_server_holds(served, 0)
         # The bound full of requests in progress (bodies still owed): the new one gets 503.
         busy = [stack.enter_context(served.connect()) for _ in range(bound)]
         for sock in busy:
             sock.sendall(b"POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{")
-        time.sleep(0.5)
+        _until_server_holds(served, bound)
         with served.connect() as sock:
             _problem(sock, 503, "TOO_MANY_CONNECTIONS")
         for sock in busy:
             sock.close()
-        time.sleep(0.5)
+        _until_server_holds(served, 0)
         assert served.healthz_s() < 1
