@@ -29,7 +29,7 @@ from app.storage.engine import make_engine
 from app.storage.tokens_repo import TokenRepository
 from tests.browser import ZH_AS_IS_WORDS, browser_or_skip
 from tests.e2e.conftest import Served, ServeFactory, wait_until
-from tests.e2e.kit import TERMINAL, enqueue, put_task, read_log, wait_status
+from tests.e2e.kit import TERMINAL, enqueue, get_run, put_task, read_log, wait_status
 from tests.kit.partition import network_unchanged
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -251,7 +251,18 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     page.click("#start-run")
     run_id = _run_id(page)
     _badge(page, "running")
+    # Cancel asks first, focused on the safe answer; "No" leaves the run alone.
     page.click("#cancel")
+    assert page.evaluate("document.activeElement.id") == "cancel-keep"
+    assert "Its job is stopped" in page.inner_text("#cancel-question")
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "cancel"
+    assert page.query_selector("#cancel-yes") is None
+    assert get_run(site.served, run_id)["status"] == "running"
+    assert get_run(site.served, run_id)["cancel_requested"] is None
+    page.click("#cancel")
+    site.shot(page, "run-cancel-question")
+    page.click("#cancel-yes")
     _badge(page, "cancelled")
     assert wait_status(site.served, run_id, {"cancelled"})["status"] == "cancelled"
     page.wait_for_selector("table.attempts .status[data-status=cancelled]")

@@ -130,13 +130,21 @@ export function runPage(view, { args: [runId], signal, ready }) {
   }
 
   let actionsFor = null;
+  // Cancelling stops a job that may be mid-way: it asks first, in the page (as a secret's delete).
+  let confirming = false;
   function drawActions(run) {
-    const key = `${run.status}|${Boolean(run.cancel_requested)}|${run.pinned}`;
+    if (run.cancel_requested || TERMINAL.has(run.status)) confirming = false;
+    const key = `${run.status}|${Boolean(run.cancel_requested)}|${run.pinned}|${confirming}`;
     if (actionsFor === key) return;
     actionsFor = key;
     const buttons = [];
-    if (!TERMINAL.has(run.status)) {
-      buttons.push(h('button', { type: 'button', class: 'danger', id: 'cancel', disabled: Boolean(run.cancel_requested), on: { click: onCancel } },
+    if (confirming) {
+      buttons.push(h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'cancel-question' },
+        h('span', { id: 'cancel-question' }, t('run.cancel_confirm')), ' ',
+        h('button', { type: 'button', class: 'danger', id: 'cancel-yes', on: { click: onCancel } }, t('run.cancel_yes')), ' ',
+        h('button', { type: 'button', class: 'secondary', id: 'cancel-keep', on: { click: () => ask(false, 'cancel') } }, t('run.cancel_keep'))));
+    } else if (!TERMINAL.has(run.status)) {
+      buttons.push(h('button', { type: 'button', class: 'danger', id: 'cancel', disabled: Boolean(run.cancel_requested), on: { click: () => ask(true, 'cancel-keep') } },
         run.cancel_requested ? t('run.cancelling') : t('run.cancel')));
     }
     buttons.push(h('button', { type: 'button', id: 'rerun', on: { click: onRerun } }, t('run.rerun')));
@@ -166,16 +174,28 @@ export function runPage(view, { args: [runId], signal, ready }) {
     }
   }
 
+  // Show or leave the cancel question; the keyboard goes to the named control of the result
+  // (asking focuses "keep", the safe answer, as a dialog would).
+  function ask(on, focusId) {
+    confirming = on;
+    if (state.run) drawActions(state.run);
+    const target = actions.querySelector(`#${focusId}`);
+    if (target) target.focus();
+  }
+
   async function onCancel(ev) {
     ev.target.disabled = true;
+    result.clear();
     try {
       await api.post(path('runs', runId, 'cancel'), undefined, { scope: 'runs:write' });
       result.ok(t('run.cancel_sent'));
+      confirming = false;
       actionsFor = null;
       await refresh();
     } catch (err) {
+      confirming = false;
+      if (state.run) drawActions(state.run);
       result.fail(err);
-      ev.target.disabled = false;
     }
   }
 
