@@ -552,6 +552,29 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     page.wait_for_selector("#pause:focus")
     page.keyboard.press("Enter")
     page.wait_for_selector("#resume:focus")
+    # A secret's delete asks in a row of its own (no column moves), the keyboard on "Keep it";
+    # "Yes, delete" removes it and the keyboard goes on from a remaining row's "Delete…".
+    for secret in ("gone-soon", "stays"):
+        assert site.api("PUT", f"/api/v1/secrets/{secret}", json={"value": "v"}).is_success
+    site.visit(page, "secrets")
+    row = "tr[data-secret='gone-soon']"
+    page.wait_for_selector(row)
+    columns = "[...document.querySelectorAll('thead th')].map((th) => th.getBoundingClientRect().x)"
+    before_x = page.evaluate(columns)
+    page.click(f"{row} .row-actions button")
+    page.wait_for_selector("tr.confirm-row button.secondary:focus")
+    after_x = page.evaluate(columns)
+    assert all(abs(a - b) < 1 for a, b in zip(after_x, before_x, strict=True)), (before_x, after_x)
+    site.shot(page, "secret-delete-question-desktop")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f"{row} .row-actions button:focus")
+    assert page.query_selector("tr.confirm-row") is None
+    page.click(f"{row} .row-actions button")
+    page.click("tr.confirm-row button.danger")
+    page.wait_for_selector(row, state="detached")
+    focused = page.evaluate("document.activeElement.closest('tr[data-secret]')?.dataset.secret")
+    names = {s["name"] for s in site.api("GET", "/api/v1/secrets").json()["items"]}
+    assert "gone-soon" not in names and focused in names, (focused, names)
     # The system page does not keep saying "Ready" once the service is gone.
     site.visit(page, "system")
     page.wait_for_selector("ul.checks")

@@ -48,7 +48,8 @@ export function schedulesPage(view, { signal, ready }) {
     for (const s of page.items) {
       const next = s.next_fires && s.next_fires[0];
       body.append(h('tr', {},
-        h('td', {}, link(['schedules', s.name], raw(s.name))),
+        // At phone width the cadence column is hidden; the cadence shows under the name instead.
+        h('td', {}, link(['schedules', s.name], raw(s.name)), h('div', { class: 'narrow muted' }, cadence(s))),
         h('td', {}, link(['tasks', s.task], raw(s.task))),
         h('td', { class: 'wide' }, cadence(s)),
         h('td', {}, pausedTag(s)),

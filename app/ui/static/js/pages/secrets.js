@@ -45,32 +45,56 @@ export function secretsPage(view, { signal, ready }) {
     return page.next_cursor;
   }
 
+  // A delete asks in a row of its own under the secret's, spanning the table, so no column
+  // changes width; the keyboard goes to "Keep it", the answer that deletes nothing.
   function row(s) {
-    const cell = h('td', { class: 'row-actions' });
-    const ask = () => put(cell,
-      h('span', { class: 'confirm-text' }, t('secrets.confirm', { name: s.name })), ' ',
-      h('button', { type: 'button', class: 'danger', on: { click: onDelete } }, t('secrets.confirm_delete')), ' ',
-      h('button', { type: 'button', class: 'secondary', on: { click: () => { idle(); cell.querySelector('button').focus(); } } }, t('secrets.keep')));
-    const idle = () => put(cell, h('button', { type: 'button', class: 'secondary', on: { click: () => { ask(); cell.querySelector('button').focus(); } } }, t('secrets.delete')));
-    idle();
-    const tr = h('tr', { dataset: { secret: s.name } }, h('td', {}, raw(s.name, 'code')), h('td', {}, timeEl(s.updated_at_ms)), cell);
-    async function onDelete() {
+    const questionId = `confirm-${s.name}`; // a secret's name is [a-z0-9._-]: a valid id
+    let asking = null;
+    const start = h('button', { type: 'button', class: 'secondary', 'aria-expanded': 'false', on: { click: () => (asking ? close() : open()) } }, t('secrets.delete'));
+    const tr = h('tr', { dataset: { secret: s.name } },
+      h('td', {}, raw(s.name, 'code')), h('td', {}, timeEl(s.updated_at_ms)), h('td', { class: 'row-actions' }, start));
+    function open() {
+      const keep = h('button', { type: 'button', class: 'secondary', on: { click: () => { close(); start.focus(); } } }, t('secrets.keep'));
+      asking = h('tr', { class: 'confirm-row' }, h('td', { colspan: '3' },
+        h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': questionId },
+          h('span', { id: questionId }, t('secrets.confirm', { name: s.name })), ' ',
+          h('button', { type: 'button', class: 'danger', on: { click: onDelete } }, t('secrets.confirm_delete')), ' ',
+          keep)));
+      tr.after(asking);
+      start.setAttribute('aria-expanded', 'true');
+      keep.focus();
+    }
+    function close() {
+      if (asking) asking.remove();
+      asking = null;
+      start.setAttribute('aria-expanded', 'false');
+    }
+    async function onDelete(ev) {
+      ev.target.disabled = true;
       result.clear();
       try {
         await api.del(path('secrets', s.name), { scope: 'secrets:write' });
-        // The keyboard goes on from a neighbour's delete button (or the form), not the top.
-        const next = tr.nextElementSibling || tr.previousElementSibling;
+        // The keyboard goes on from a neighbour's "Delete…" (or the form), not the top.
+        const next = secretRow(asking || tr, 'nextElementSibling') || secretRow(tr, 'previousElementSibling');
+        close();
         tr.remove();
-        // Its last button: "Delete", or "Keep" if it is asking (never the confirming one).
-        (next ? next.querySelector('.row-actions button:last-of-type') : name).focus();
-        empty.hidden = body.rows.length > 0;
+        (next ? next.querySelector('.row-actions button') : name).focus();
+        empty.hidden = Boolean(secretRow(body.firstElementChild, null));
         result.ok(t('secrets.deleted', { name: s.name }));
       } catch (err) {
+        close();
         result.fail(err);
-        idle();
       }
     }
     return tr;
+  }
+
+  // The first secret's row from ``from`` on (``from`` itself with ``step`` null), skipping
+  // open questions' rows.
+  function secretRow(from, step) {
+    let at = step ? from[step] : from;
+    while (at && !at.dataset.secret) at = at[step || 'nextElementSibling'];
+    return at;
   }
 
   async function onSave(ev) {
