@@ -361,6 +361,10 @@ def _definitions_reruns_and_retention(
     assert revs[1]["cwd"] == "/tmp" and revs[1]["recipe"] == recipe_line.split()[1]
     code, out, _ = run_main(capsys, served, "tasks", "revisions", "greet")
     assert [line.split()[0] for line in out.splitlines()] == ["REV", "2", "1"]
+    # An edit may start from what `tasks show --json` printed: fed back as it is, nothing new.
+    code, shown, _ = run_main(capsys, served, "tasks", "show", "greet", "--json")
+    code, out, err = put("greet", "--file", "-", stdin=shown)
+    assert code == 0 and "task greet revision 2 unchanged" in out, err
     # A command the api refuses: its 422 as one line, exit 3.
     code, _, err = put("greet", "--", "relative/cmd")
     assert code == 3

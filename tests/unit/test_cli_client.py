@@ -346,6 +346,24 @@ def test_a_revision_file_is_the_base_the_flags_change() -> None:
         bodies.revision_body(base | {"recipe": "other"}, [], _flags(), recipe="mine")
 
 
+def test_a_revision_file_may_be_what_the_api_printed_without_its_output_only_fields() -> None:
+    printed = {"task": "a", "revision": 3, "executor": "local_process", "argv": ["/bin/true"],
+               "cwd": None, "recipe": None, "timeout_seconds": 30, "priority": 0,
+               "leftovers": "kill", "run_as": None, "max_concurrent": None, "retry": None,
+               "digest": "sha256:" + "0" * 64, "created_at_ms": 1}  # fmt: skip
+    output_only = ("task", "revision", "digest", "created_at_ms")
+    body = {k: v for k, v in printed.items() if k not in output_only}
+    # One revision (`tasks revisions --json`'s items), or a task (`tasks show --json`).
+    assert bodies.load_revision_file(json.dumps(printed), source="r.json") == body
+    shown = {"task": "a", "latest_revision": 3, "latest": printed}
+    assert bodies.load_revision_file(json.dumps(shown), source="r.json") == body
+    with pytest.raises(ClientError, match="its latest is not a JSON object"):
+        bodies.load_revision_file(json.dumps(shown | {"latest": 3}), source="r.json")
+    # A body that happens to have a field named like the task's is a body: kept as written.
+    assert bodies.load_revision_file('{"argv": ["/bin/true"], "latest": 1}', source="r") == {
+        "argv": ["/bin/true"], "latest": 1}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("build", "message"),
     [

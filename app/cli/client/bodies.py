@@ -86,8 +86,18 @@ def recipe_body(env: Sequence[str], secrets: Sequence[str]) -> dict[str, Any] | 
     return {"env": key_values(env, flag="--env"), "secrets": secret_refs(secrets)}
 
 
+# What the api prints of a revision beside its body (``RevisionOut``): facts of the stored
+# revision, never part of a new one. The number is ``--revision`` or the next one.
+REVISION_OUTPUT_ONLY = ("task", "revision", "digest", "created_at_ms")
+
+
 def load_revision_file(text: str, *, source: str) -> dict[str, Any]:
-    """A revision file's JSON object (docs/api.md §4)."""
+    """A revision file's JSON object (docs/api.md §4), as the body of a new revision.
+
+    The file may also be what the api printed, so an edit starts from ``tasks show --json``:
+    a task (its ``latest`` revision is taken) or one revision (``tasks revisions --json``'s
+    items); their output-only fields are left out.
+    """
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -96,7 +106,11 @@ def load_revision_file(text: str, *, source: str) -> dict[str, Any]:
         raise usage(f"{source} is not JSON") from None
     if not isinstance(doc, dict):
         raise usage(f"{source} is not a JSON object (a revision body, docs/api.md §4)")
-    return doc
+    if "latest" in doc and "latest_revision" in doc:  # `tasks show --json`
+        doc = doc["latest"]
+        if not isinstance(doc, dict):
+            raise usage(f"{source}: its latest is not a JSON object (a revision)")
+    return {k: v for k, v in doc.items() if k not in REVISION_OUTPUT_ONLY}
 
 
 def revision_body(
