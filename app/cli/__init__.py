@@ -102,9 +102,14 @@ def _service_main(argv: list[str]) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except DatabaseUnreachable:
+    except DatabaseUnreachable as exc:
+        from app.storage.unavailable import connect_failure_reason
+
+        # The driver's words tell a server that is down from a login it refused.
+        reason = connect_failure_reason(exc)
+        said = f" (DATABASE_UNREACHABLE): {reason};" if reason else " (DATABASE_UNREACHABLE);"
         print(
-            "qinglong: the database did not answer (DATABASE_UNREACHABLE); check "
+            f"qinglong: the database did not answer or refused the connection{said} check "
             "QL_DATABASE_URL and that the server is up",
             file=sys.stderr,
         )

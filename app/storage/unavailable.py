@@ -77,6 +77,31 @@ def outage_of(
     return None
 
 
+def connect_failure_reason(exc: BaseException) -> str | None:
+    """What the driver said when a connection failed, for an operator's one line, or None.
+
+    libpq's words after "connection to server at ... failed:", without the host: "Connection
+    refused", ``FATAL:  password authentication failed for user "app"``, ``FATAL:  database
+    "x" does not exist``, "server closed the connection unexpectedly". A refused login and a
+    server that is down are both DATABASE_UNREACHABLE (psycopg gives neither a SQLSTATE),
+    and only these words tell the operator which. libpq never puts the password in them.
+    Only the first line, printable characters, at most 200 of them.
+    """
+    cause: BaseException | None = exc
+    for _ in range(8):  # the chain from DatabaseUnreachable down to the driver's error
+        if cause is None:
+            return None
+        if type(cause).__module__.split(".")[0] == "psycopg":
+            lines = str(cause).splitlines()
+            first = lines[0] if lines else ""
+            _host, sep, reason = first.rpartition(" failed: ")
+            words = reason if sep else first.removeprefix("connection failed: ")
+            clean = " ".join("".join(c if c.isprintable() else " " for c in words).split())
+            return clean[:200] or None
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 class _WriteHealth:
     """Per engine: did the newest write transaction of this process fail to commit?"""
 

@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from app.domain.canonical import sha256_digest
 from app.domain.tokens import looks_like_token
+from tests.conftest import PG_ENV
 
 
 def ql(
@@ -113,7 +115,32 @@ def test_a_database_that_does_not_answer_is_one_line_without_the_url(tmp_path: P
         done = ql(*args, data_dir=tmp_path, env={"QL_DATABASE_URL": url})
         assert done.returncode == 1, done.stderr
         assert done.stderr.splitlines() == [
-            "qinglong: the database did not answer (DATABASE_UNREACHABLE); check "
-            "QL_DATABASE_URL and that the server is up"
+            "qinglong: the database did not answer or refused the connection "
+            "(DATABASE_UNREACHABLE): Connection refused; check QL_DATABASE_URL and that the "
+            "server is up"
+        ]
+        assert "s3cret-pw" not in done.stdout + done.stderr
+
+
+def test_a_login_the_server_refuses_is_told_apart_from_a_server_that_is_down(
+    tmp_path: Path,
+) -> None:
+    base = os.environ.get(PG_ENV)
+    if not base:
+        pytest.skip(f"needs a PostgreSQL server ({PG_ENV}; CI sets it)")
+    server = make_url(base)
+    cases = {
+        "role": (server.set(username="ql_no_such_role", password="s3cret-pw"),
+                 'FATAL: role "ql_no_such_role" does not exist'),
+        "database": (server.set(database="ql_no_such_db", password="s3cret-pw"),
+                     'FATAL: database "ql_no_such_db" does not exist'),
+    }  # fmt: skip
+    for url, said in cases.values():
+        env = {"QL_DATABASE_URL": url.render_as_string(hide_password=False)}
+        done = ql("token", "list", data_dir=tmp_path, env=env)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines() == [
+            "qinglong: the database did not answer or refused the connection "
+            f"(DATABASE_UNREACHABLE): {said}; check QL_DATABASE_URL and that the server is up"
         ]
         assert "s3cret-pw" not in done.stdout + done.stderr
