@@ -559,6 +559,20 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     site.visit(page, "secrets")
     row = "tr[data-secret='gone-soon']"
     page.wait_for_selector(row)
+    # What the secret form lacks is said in the page (not a browser bubble) and nothing is sent.
+    page.click("form.secret-form button[type=submit]")
+    said = page.wait_for_selector(".result .error-box:focus")
+    assert "needs a name" in said.inner_text()
+    page.fill("#secret-name", "Bad Name")
+    page.fill("#secret-value", "v")
+    page.click("form.secret-form button[type=submit]")
+    page.wait_for_selector(".result .error-box:focus:has-text('lower-case letters')")
+    page.fill("#secret-name", "no-value")
+    page.fill("#secret-value", "")
+    page.click("form.secret-form button[type=submit]")
+    page.wait_for_selector(".result .error-box:focus:has-text('Type the value')")
+    names = {s["name"] for s in site.api("GET", "/api/v1/secrets").json()["items"]}
+    assert not names & {"no-value", "Bad Name"}, names
     columns = "[...document.querySelectorAll('thead th')].map((th) => th.getBoundingClientRect().x)"
     before_x = page.evaluate(columns)
     page.click(f"{row} .row-actions button")

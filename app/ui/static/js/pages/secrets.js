@@ -5,20 +5,22 @@ import { api, path, query } from '../api.js';
 import { h, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { timeEl } from '../format.js';
-import { errorBox, loadMore, resultSlot } from './common.js';
+import { FormError, errorBox, loadMore, resultSlot } from './common.js';
+
+const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
 
 export function secretsPage(view, { signal, ready }) {
   const body = h('tbody');
   const problem = h('div');
   const result = resultSlot();
   const empty = h('p', { class: 'empty', hidden: true }, t('secrets.empty'));
-  const name = h('input', { id: 'secret-name', name: 'name', required: true, autocomplete: 'off', spellcheck: 'false', pattern: '[a-z0-9][a-z0-9._\\-]{0,127}', 'aria-describedby': 'secret-name-help' });
+  const name = h('input', { id: 'secret-name', name: 'name', required: true, autocomplete: 'off', spellcheck: 'false', 'aria-describedby': 'secret-name-help' });
   const value = h('input', { id: 'secret-value', name: 'value', type: 'password', required: true, autocomplete: 'new-password', spellcheck: 'false' });
   const save = h('button', { type: 'submit' }, t('secrets.save'));
   const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('secrets.title'))),
-    h('form', { class: 'card secret-form', on: { submit: onSave } },
+    h('form', { class: 'card secret-form', novalidate: true, on: { submit: onSave } },
       h('h2', {}, t('secrets.set')),
       h('label', { for: 'secret-name' }, t('secrets.name')), name,
       h('p', { id: 'secret-name-help', class: 'help' }, t('secrets.name_help')),
@@ -97,16 +99,26 @@ export function secretsPage(view, { signal, ready }) {
     return at;
   }
 
+  // The form is novalidate: what is missing is said in the page, in its language, as the
+  // other forms do (not in the browser's own bubble).
   async function onSave(ev) {
     ev.preventDefault();
     result.clear();
     save.disabled = true;
     try {
-      await api.put(path('secrets', name.value.trim()), { value: value.value }, { scope: 'secrets:write' });
+      const secret = name.value.trim();
+      if (!secret) throw new FormError(t('secrets.err_name_empty'));
+      if (!NAME.test(secret)) throw new FormError(t('problem.INVALID_NAME'));
+      if (!value.value) throw new FormError(t('secrets.err_value_empty'));
+      await api.put(path('secrets', secret), { value: value.value }, { scope: 'secrets:write' });
       value.value = '';
-      result.ok(t('secrets.saved', { name: name.value.trim() }));
+      result.ok(t('secrets.saved', { name: secret }));
       await reload();
     } catch (err) {
+      if (err instanceof FormError) {
+        result.message(err.message);
+        return;
+      }
       // A token without secrets:write had the list refused with the same words: say it once.
       if (err.status === 403) problem.replaceChildren();
       result.fail(err);
