@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 import time
@@ -28,6 +29,7 @@ from app.domain.model import ProcessHandle
 
 MAX_RESPONSE_BYTES = 1 << 20
 _POOL_MAX = 4
+_ERRNO_NAME = re.compile(r"E[A-Z0-9]{1,15}")  # what a launch failure may carry as its errno
 _STOP_EXTRA_S = 15.0  # the worker's stop may take grace + its own bounded kill wait
 
 
@@ -140,7 +142,9 @@ class WorkerClient:
                 raise LaunchRejected(reason if isinstance(reason, str) else error)
             if error == "INTERNAL":
                 raise LaunchOutcomeUnknown(error)  # fail closed: the journal decides later
-            raise LaunchFailed(error)
+            errno_name = resp.get("errno")
+            valid = isinstance(errno_name, str) and _ERRNO_NAME.fullmatch(errno_name) is not None
+            raise LaunchFailed(error, errno_name if valid else None)
 
     def stop(self, handle: ProcessHandle, *, grace_seconds: float) -> StopResult:
         """Stop the exact identity through the worker; ``unknown`` if it cannot tell."""

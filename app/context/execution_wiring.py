@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,11 +162,12 @@ class HostTransitions:
         error_code: ErrorCode,
         lost: bool = False,
         expected_version: int | None = None,
+        detail: Mapping[str, str] | None = None,
     ) -> Run:
         """Unchanged."""
         return self._inner.fail_attempt(
             run_id=run_id, attempt_id=attempt_id, error_code=error_code, lost=lost,
-            expected_version=expected_version,
+            expected_version=expected_version, detail=detail,
         )  # fmt: skip
 
     def requeue_unspawned(self, *, run_id: str, attempt_id: str) -> Run:
@@ -432,7 +433,7 @@ def _log_pass(
             failure.run_id,
             failure.attempt_id,
             failure.kind,
-            failure.error_code or failure.reason or "",
+            " ".join(filter(None, (failure.error_code, failure.reason))),
         )
     if result.worker_unavailable:
         unavailable.set()  # stop at the first unavailability; the drain backs off

@@ -359,9 +359,12 @@ class KeyUnavailable(Exception):
 class LaunchFailed(Exception):
     """The launch ended before a durable handle existed; nothing is left running."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, errno_name: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason  # a stable, content-free reason such as "EXEC_FAILED"
+        # The symbolic errno behind it, when a system call failed ("ENOENT", "EACCES"): it
+        # tells a program that is not there from one that may not run. Never a path.
+        self.errno_name = errno_name
 
 
 class LaunchRejected(LaunchFailed):

@@ -102,7 +102,7 @@ class StartCoordinator:
         except LaunchUnavailable as exc:
             return self._requeue(command, exc.reason)
         except LaunchFailed as exc:
-            return self._start_failed(command, exc.reason)
+            return self._start_failed(command, exc.reason, exc.errno_name)
         except LaunchOutcomeUnknown:
             # Unknown whether the worker spawned (it journals first): never guess an ending;
             # the reconciler decides from the journal (docs/design.md §3.8, fail closed).
@@ -155,13 +155,19 @@ class StartCoordinator:
             return self._launcher.launch_recording(request)
         return Launched(self._launcher.launch(request), None)
 
-    def _start_failed(self, command: StartCommand, reason: str) -> StartResult:
+    def _start_failed(
+        self, command: StartCommand, reason: str, errno_name: str | None = None
+    ) -> StartResult:
         # docs/design.md §3.8: no handle, so the launcher already stopped anything it spawned.
+        # The launch's reason (and errno) go on the attempt's ending event: without them a
+        # program that is not there and a working directory that is not there look the same.
         code = ErrorCode.EXECUTOR_START_FAILED
+        detail = {"start_failure": reason} | ({"errno": errno_name} if errno_name else {})
         try:
             run = self._transitions.fail_attempt(
-                run_id=command.run_id, attempt_id=command.attempt_id, error_code=code
-            )
+                run_id=command.run_id, attempt_id=command.attempt_id, error_code=code,
+                detail=detail,
+            )  # fmt: skip
         except Exception:
             # Broad on purpose: the attempt stays starting, which recovery settles anyway.
             return _result("unresolved", command, error_code=code, reason=reason)

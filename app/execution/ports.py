@@ -153,8 +153,11 @@ class RunTransitions(Protocol):
         error_code: ErrorCode,
         lost: bool = False,
         expected_version: int | None = None,
+        detail: Mapping[str, str] | None = None,
     ) -> Run:
         """End an attempt as failed (or lost) with a stable code; CAS on ``expected_version``.
+        ``detail``: content-free codes added to the attempt's ending event (a failed
+        launch's reason and errno name), never a path, argv or value.
 
         Raises: NotFound, InvalidTransition (the attempt already ended, or its state does
         not allow that ending), VersionConflict, StorageUnavailable.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -507,11 +507,14 @@ class RunRepository:
         error_code: ErrorCode,
         lost: bool = False,
         expected_version: int | None = None,
+        detail: Mapping[str, str] | None = None,
     ) -> Run:
         """End a not-yet-finished attempt and its run as ``failed`` (or ``lost``) with a code.
 
         ``expected_version`` pins the run version the caller saw (the materializer fails only
         the exact queued candidate it read, never a run another process has since dispatched).
+        ``detail`` joins the attempt's ending event (content-free codes; it never replaces
+        ``error_code``).
         """
         with UnitOfWork(self._engine) as uow:
             run_row, attempt_row = _load_pair(uow.conn, run_id, attempt_id)
@@ -526,7 +529,7 @@ class RunRepository:
                 ending=AttemptStatus.LOST if lost else AttemptStatus.FAILED,
                 finished_at_ms=at,
                 attempt_values={"error_code": error_code.value, "finished_at_ms": at},
-                attempt_data={"error_code": error_code.value},
+                attempt_data={**(detail or {}), "error_code": error_code.value},
                 error_code=error_code.value,
             )
             uow.commit()

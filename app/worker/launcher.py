@@ -25,6 +25,7 @@ exact identity.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -295,11 +296,12 @@ class ShimLauncher:
             self._end_cgroup(request.attempt_id)
             started.reap()
             self._journal.record_spawn_failed(attempt_id=request.attempt_id)
-            reason = "SHIM_NO_STATUS"
+            reason, errno_name = "SHIM_NO_STATUS", None
             if status is not None and status.get("ok") is False:
                 error = status.get("error")
                 reason = error if isinstance(error, str) and error.isupper() else "SHIM_FAILED"
-            raise LaunchFailed(reason)
+                errno_name = _errno_name(status.get("errno"))
+            raise LaunchFailed(reason, errno_name)
         started.reap()
         return handle, int(status["started_at_ms"]) if status else 0
 
@@ -393,6 +395,13 @@ def read_status(fd: int, deadline: float) -> dict[str, Any]:
     if not isinstance(status, dict):
         raise ValueError("status is not an object")
     return status
+
+
+def _errno_name(value: object) -> str | None:
+    """The symbolic name of an errno the shim reported ("ENOENT"), or None."""
+    if type(value) is not int:
+        return None
+    return errno.errorcode.get(value)
 
 
 def _handle_from_status(status: dict[str, Any], attempt_id: str) -> ProcessHandle | None:

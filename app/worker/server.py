@@ -326,7 +326,10 @@ class ControlServer:
         except LaunchRejected as exc:
             return {"ok": False, "error": "ALREADY_LAUNCHED", "reason": exc.reason}
         except LaunchFailed as exc:
-            return {"ok": False, "error": exc.reason}
+            failed: dict[str, Any] = {"ok": False, "error": exc.reason}
+            if exc.errno_name:
+                failed["errno"] = exc.errno_name
+            return failed
         answer = {"ok": True, "handle": launched.handle.to_dict()}
         answer["started_at_ms"] = launched.started_at_ms
         if launched.running:

@@ -371,6 +371,13 @@ def _definitions_reruns_and_retention(
     assert one_error_line(err) == (
         "error: 422 INVALID_ARGV: argv[0] must be an absolute path to a program"
     )
+    # A program that is not there: the run fails, and the last line says why in words.
+    assert put("ghost", "--", "/nonexistent/ql-ghost")[0] == 0
+    code, _, err = run_main(capsys, served, "runs", "start", "ghost", "--follow")
+    assert code == 1
+    assert err.splitlines()[-1].endswith(
+        " failed (EXECUTOR_START_FAILED: EXEC_FAILED ENOENT: the program was not found)"
+    ), err
 
     # start --follow the new task's revision 1: the recipe's env and secret reach the job.
     code, out, err = run_main(capsys, served, "runs", "start", "greet", "--revision", "1", "-f")

@@ -181,4 +181,8 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
             assert plaintext.encode() not in content, f"a secret in {path}"
     # Each run ended the way this test meant (checked after the scans, which must pass first).
     assert endings == ends
+    # A launch that failed says why in codes: the program is not there. Never its path.
+    (ending,) = [e["data"] for e in events(served, noexec) if e["type"] == "attempt.failed"]
+    assert (ending["start_failure"], ending["errno"]) == ("EXEC_FAILED", "ENOENT"), ending
+    assert missing not in "\n".join(said)  # runs, events, attempts, the service log
     assert any(digest in content for _, content in _all_files(stack.logs))  # it did reach the job

@@ -544,6 +544,15 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     site.shot(page, "run-unknown-desktop")
     site.visit(page, "tasks/no-such-task")
     assert page.query_selector("main .error-box") and page.query_selector("#start-run") is None
+    # A run whose program is not there says so in words beside the code (from its ending
+    # event; the attempt itself only has EXECUTOR_START_FAILED).
+    put = site.api("PUT", "/api/v1/tasks/ghost/revisions/1", json={"argv": ["/nonexistent/ql"]})
+    assert put.status_code == 201, put.text
+    ghost = site.api("POST", "/api/v1/runs", json={"task": "ghost"}).json()["id"]
+    site.visit(page, f"runs/{ghost}")
+    page.wait_for_selector("table.attempts .status[data-status=failed]")
+    ending = page.inner_text("table.attempts")
+    assert "The program was not found. EXEC_FAILED ENOENT" in ending, ending
     # Resume and pause keep the keyboard on the control that replaced the one pressed (the
     # schedule was left paused, and is again).
     site.visit(page, f"schedules/{site.schedule}")

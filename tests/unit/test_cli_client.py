@@ -79,6 +79,26 @@ def test_run_fields_say_trigger_truncation_and_outcome_in_words() -> None:
     assert "expired" not in text
 
 
+def test_a_launch_that_failed_is_told_in_words_from_its_ending_event() -> None:
+    def said(**data: str) -> str:
+        return render.start_failure({"error_code": "EXECUTOR_START_FAILED", **data})
+
+    assert said(start_failure="EXEC_FAILED", errno="ENOENT") == (
+        "EXEC_FAILED ENOENT: the program was not found"
+    )
+    assert said(start_failure="CWD_INVALID", errno="ENOENT") == (
+        "CWD_INVALID ENOENT: the working directory does not exist"
+    )
+    assert said(start_failure="RUN_AS_NOT_ALLOWED").startswith("RUN_AS_NOT_ALLOWED: the job's")
+    assert said(start_failure="EXEC_FAILED", errno="EIO") == "EXEC_FAILED EIO"  # codes alone
+    assert said(start_failure="SHIM_FAILED") == "SHIM_FAILED"
+    assert said() == ""  # an ending without a launch reason (an older api's, or not a launch)
+    failed = RUN | {"latest_attempt": {"number": 1, "status": "failed",
+                                       "error_code": "EXECUTOR_START_FAILED"}}  # fmt: skip
+    text = render.run_fields(failed, tz=UTC, why_not_started="EXEC_FAILED ENOENT: the program was not found")
+    assert "attempt:  1 failed: EXECUTOR_START_FAILED (EXEC_FAILED ENOENT: the program was not found)" in text
+
+
 def test_run_fields_say_when_retention_removed_the_log() -> None:
     attempt = dict(cast(dict[str, Any], RUN["latest_attempt"]))
     attempt["log"] = {"bytes": 6, "truncated": False, "expired": True, "expired_at_ms": 86_400_000}

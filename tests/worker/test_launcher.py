@@ -146,6 +146,7 @@ def test_exec_failure_is_journaled_and_never_retried(engine: Engine, tmp_path: P
     with pytest.raises(LaunchFailed) as info:
         bed.launcher.launch(request)
     assert info.value.reason == "EXEC_FAILED" and not isinstance(info.value, LaunchRejected)
+    assert info.value.errno_name == "ENOENT"  # the program is not there (never its path)
     entry = bed.journal.get(armed.attempt_id)
     assert entry is not None and entry.state == SPAWN_FAILED
     with pytest.raises(LaunchRejected) as again:

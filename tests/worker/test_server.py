@@ -202,12 +202,13 @@ def test_client_maps_launch_outcomes(server: ControlServer) -> None:
     assert (seen.token, seen.argv, seen.env, seen.cwd) == (ok.token, ok.argv, ok.env, None)
     rejected, failed = _request(), _request()
     launcher.outcome[rejected.attempt_id] = LaunchRejected("ALREADY_LAUNCHED")
-    launcher.outcome[failed.attempt_id] = LaunchFailed("EXEC_FAILED")
+    launcher.outcome[failed.attempt_id] = LaunchFailed("EXEC_FAILED", "EACCES")
     with pytest.raises(LaunchRejected):
         client.launch(rejected)
     with pytest.raises(LaunchFailed) as info:
         client.launch(failed)
     assert info.value.reason == "EXEC_FAILED" and not isinstance(info.value, LaunchRejected)
+    assert info.value.errno_name == "EACCES"  # carried over the socket
     # The reply says when the worker committed T2 itself, and the shim's start time.
     assert client.launch_recording(_request()) == Launched(HANDLE, 123, running=False)
     recorded = _request()

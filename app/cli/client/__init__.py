@@ -417,7 +417,7 @@ def cmd_runs_show(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(run)
         return EXIT_OK
-    print(render.run_fields(run))
+    print(render.run_fields(run, why_not_started=_why_not_started(client, run)))
     attempts = client.get(f"/runs/{_seg(args.run)}/attempts")["items"]
     if len(attempts) > 1:
         print()
@@ -512,9 +512,29 @@ def _follow_and_report(
     if as_json:
         _emit_json(run)
     outcome = render.attempt_outcome(run.get("latest_attempt"))
-    detail = "" if outcome == "-" else f" ({outcome})"
+    why = _why_not_started(client, run)
+    detail = "" if outcome == "-" else f" ({outcome}: {why})" if why else f" ({outcome})"
     print(f"run {run['id']} {ended}{detail}", file=sys.stderr)
     return EXIT_OK if ended == "succeeded" else EXIT_RUN_NOT_SUCCEEDED
+
+
+def _why_not_started(client: Client, run: dict[str, Any]) -> str:
+    """Why the run's latest attempt did not start, in words (``render.start_failure``), from
+    its ending event; "" for any other attempt, or when the events cannot be read."""
+    attempt = run.get("latest_attempt") or {}
+    if attempt.get("error_code") != "EXECUTOR_START_FAILED":
+        return ""
+    try:
+        events = client.get(f"/runs/{_seg(run['id'])}/events", limit=200)["items"]
+    except ClientError:
+        return ""  # a token without the events' scope still gets the code
+    for event in reversed(events):
+        data = event.get("data") or {}
+        if event.get("type") == "attempt.failed" and data.get("attempt") in (
+            None, attempt.get("number")
+        ):
+            return render.start_failure(data)
+    return ""
 
 
 def _follow(

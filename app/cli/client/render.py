@@ -115,8 +115,43 @@ def runs_table(runs: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -
     return table(("RUN", "TASK", "REV", "STATUS", "CREATED", "TOOK", "OUTCOME"), rows)
 
 
-def run_fields(run: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
-    """The ``runs show`` block of one run."""
+# Why a launch failed, from the codes on its attempt's ending event (docs/cli.md): the
+# reason the worker or its shim gave and, when a system call failed, its errno name.
+_START_FAILURES = {
+    ("EXEC_FAILED", "ENOENT"): "the program was not found",
+    ("EXEC_FAILED", "EACCES"): "the program may not be run (permission denied)",
+    ("EXEC_FAILED", "ENOEXEC"): "the program is not in a format this host can run",
+    ("EXEC_FAILED", "ENOTDIR"): "a part of the program's path is not a directory",
+    ("CWD_INVALID", "ENOENT"): "the working directory does not exist",
+    ("CWD_INVALID", "EACCES"): "the working directory may not be entered (permission denied)",
+    ("CWD_INVALID", "ENOTDIR"): "the working directory is not a directory",
+}
+_START_FAILURE_REASONS = {
+    "RUN_AS_NOT_ALLOWED": "the job's user is not allowed on this host (QL_JOB_USERS)",
+    "LOG_OPEN_FAILED": "the run's log could not be opened",
+    "RECEIPT_DIR_FAILED": "the worker could not make the run's receipt directory",
+    "RECEIPT_RESERVE_FAILED": "the worker could not make the run's receipt file",
+    "WORKER_LEASE_LOST": "the worker was stopping (it lost its lease)",
+}
+
+
+def start_failure(data: Mapping[str, Any]) -> str:
+    """``EXEC_FAILED ENOENT: the program was not found`` from an ending event's data; the
+    codes alone when there are no words for them, "" when the event has none."""
+    reason, errno_name = data.get("start_failure"), data.get("errno")
+    if not isinstance(reason, str) or not reason:
+        return ""
+    errno_name = errno_name if isinstance(errno_name, str) else None
+    codes = f"{reason} {errno_name}" if errno_name else reason
+    words = _START_FAILURES.get((reason, errno_name or "")) or _START_FAILURE_REASONS.get(reason)
+    return safe(f"{codes}: {words}" if words else codes)
+
+
+def run_fields(
+    run: Mapping[str, Any], *, tz: tzinfo | None = None, why_not_started: str = ""
+) -> str:
+    """The ``runs show`` block of one run; ``why_not_started``: ``start_failure``'s words for
+    a latest attempt whose launch failed."""
     attempt = run.get("latest_attempt") or {}
     cancel = run.get("cancel_requested")
     log = attempt.get("log") or {}
@@ -139,9 +174,8 @@ def run_fields(run: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
     if cancel:
         pairs.append(("cancel", f"{cancel.get('reason')} at {when(cancel.get('at_ms'), tz=tz)}"))
     if attempt:
-        pairs.append(
-            ("attempt", f"{attempt['number']} {attempt['status']}: {attempt_outcome(attempt)}")
-        )
+        outcome = attempt_outcome(attempt) + (f" ({why_not_started})" if why_not_started else "")
+        pairs.append(("attempt", f"{attempt['number']} {attempt['status']}: {outcome}"))
         size = f"{log.get('bytes', 0)} bytes"
         if log.get("truncated"):
             reason = log.get("truncation_reason") or "quota"

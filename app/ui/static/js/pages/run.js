@@ -111,7 +111,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
       h('td', {}, raw(a.number)),
       h('td', {}, statusBadge(a.status)),
       h('td', {}, h('span', {}, explainEnding(a)),
-        a.error_code ? [' ', raw(a.error_code, 'code')] : null),
+        a.error_code ? [' ', raw(a.error_code, 'code')] : null, startFailure(a)),
       h('td', { class: 'wide' }, timeEl(a.started_at_ms)),
       h('td', { class: 'wide' }, duration(a.started_at_ms, a.finished_at_ms)),
       h('td', {}, bytes(a.log.bytes),
@@ -127,6 +127,19 @@ export function runPage(view, { args: [runId], signal, ready }) {
         : null)));
     followLatest();
     drawTruncation();
+  }
+
+  // Why an attempt's launch failed, from its ending event's codes (the attempt itself has
+  // only EXECUTOR_START_FAILED): words for the common ones, and the codes.
+  function startFailure(a) {
+    if (a.error_code !== 'EXECUTOR_START_FAILED') return null;
+    const ending = state.events.find((e) => e.type === 'attempt.failed' && e.data
+      && e.data.attempt === a.number && e.data.start_failure);
+    if (!ending) return null;
+    const { start_failure: reason, errno } = ending.data;
+    const key = [`start.${reason}.${errno}`, `start.${reason}`].find((k) => has(k));
+    return h('span', { class: 'start-failure' }, ' ', key ? [t(key), ' '] : null,
+      raw([reason, errno].filter(Boolean).join(' '), 'code'));
   }
 
   let actionsFor = null;
