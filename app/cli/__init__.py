@@ -64,6 +64,26 @@ def _is_client_command(argv: Sequence[str]) -> bool:
     return words[0] in CLIENT_COMMANDS
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parse_args``, but an unknown option is refused by the sub-command it was given to,
+    with that command's usage (argparse leaves it to the top parser, whose usage is of no
+    help: ``qinglong [-h] [--data-dir DATA_DIR] COMMAND ...``)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _leaf(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
+def _leaf(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The deepest sub-command parser the words of ``argv`` name."""
+    current = parser
+    for word in argv:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        if subs and word in subs[0].choices:
+            current = subs[0].choices[word]
+    return current
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -75,10 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             cut = argv.index("--")
             head, rest = argv[:cut], argv[cut + 1 :]
         parser = build_parser(client_only=True)
-        client_args = parser.parse_args(head)
+        client_args = _parse(parser, head)
         if rest is not None:
             if not hasattr(client_args, "job_argv"):
-                parser.error(f"unrecognized arguments: -- {' '.join(rest)}")
+                _leaf(parser, head).error(f"unrecognized arguments: -- {' '.join(rest)}")
             client_args.job_argv = rest
         try:
             code: int = client_args.handler(client_args)
@@ -91,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _service_main(argv: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
+    from app.cli.common import NoDatabase
     from app.domain.errors import DatabaseUnreachable, DomainError, StorageUnavailable
     from app.storage.private_files import SERVICE_UMASK
 
@@ -98,10 +119,13 @@ def _service_main(argv: list[str]) -> int:
     # database and its -wal/-shm included); children (api workers, worker, shims) inherit it.
     os.umask(SERVICE_UMASK)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     handler: Handler = args.handler
     try:
         return handler(args)
+    except NoDatabase as exc:
+        print(f"qinglong: {exc}", file=sys.stderr)
+        return 1
     except DatabaseUnreachable as exc:
         from app.storage.unavailable import connect_failure_reason
 

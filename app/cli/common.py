@@ -13,12 +13,20 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from sqlalchemy import Engine
 
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.private_files import require_private
+
+
+class NoDatabase(Exception):
+    """A command that reads the service's SQLite database found no file where it looked:
+    most often run from another directory than the service's (the default data dir,
+    ``./.qinglong``, is relative). One line naming the path, exit 1; never ``migrate``'s
+    advice, which would make a second, empty database there."""
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
@@ -50,6 +58,13 @@ def database(
     create files in the data dir).
     """
     settings = private_settings(args) if private else settings_for(args)
+    if not private and settings.database_url.startswith("sqlite:///"):
+        path = Path(settings.database_url.removeprefix("sqlite:///"))
+        if not path.exists():
+            raise NoDatabase(
+                f"no database at {path}; give the service's data dir with --data-dir or "
+                "QL_DATA_DIR (the default, ./.qinglong, is relative to the current directory)"
+            )
     engine = make_engine(settings.database_url)
     try:
         yield settings, engine

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -101,9 +102,26 @@ def test_unreachable_database_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_an_unmigrated_database_is_a_clear_error(tmp_path: Path) -> None:
-    result = ql("token", "list", data_dir=tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    sqlite3.connect(empty / "qinglong.db").close()
+    result = ql("token", "list", data_dir=empty)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "migrate" in result.stderr
+
+
+def test_no_database_where_a_command_looks_names_the_path_not_migrate(tmp_path: Path) -> None:
+    # Run from another directory than the service's: the relative default data dir holds
+    # nothing. `migrate` would make a second, empty database there, so it is not the advice.
+    for args in (("token", "list"), ("token", "create", "--name", "x", "--scope", "admin")):
+        result = ql(*args, data_dir=tmp_path / "elsewhere")
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.splitlines() == [
+            f"qinglong: no database at {tmp_path / 'elsewhere' / 'qinglong.db'}; give the "
+            "service's data dir with --data-dir or QL_DATA_DIR (the default, ./.qinglong, is "
+            "relative to the current directory)"
+        ]
+        assert not (tmp_path / "elsewhere").exists()  # nothing made where it looked
 
 
 def test_a_database_that_does_not_answer_is_one_line_without_the_url(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ The commands against a real ``qinglong serve`` are tests/e2e/test_cli_client.py.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import sys
 from datetime import UTC
 from pathlib import Path
 from typing import Any, cast
@@ -30,6 +32,7 @@ from app.cli.client.api import (
     public_url,
 )
 from app.cli.client.config import ConfigRefused, config_path, read_config, resolve, write_config
+from app.domain.validation import NAME_RULE
 
 RUN = {
     "id": "01a2-run",
@@ -301,6 +304,25 @@ def _main_against(
     return main([*args, "--url", "http://api.test", "--token", "ql_t"])
 
 
+class _UnreadStdin(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+    def read(self, size: int | None = -1) -> str:
+        raise AssertionError("the value was read")
+
+
+def test_a_secret_name_the_api_would_refuse_is_refused_before_its_value_is_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", _UnreadStdin())
+    sent = httpx.Response(500, json={"detail": "a request was sent"})
+    assert _main_against(monkeypatch, sent, "secrets", "set", "Bad Name") == EXIT_USAGE
+    assert "a secret's name is lower-case letters" in capsys.readouterr().err
+    # The client's copy of the rule is the api's own.
+    assert bodies.NAME.pattern == NAME_RULE
+
+
 @pytest.mark.parametrize(
     ("answer", "line"),
     [
@@ -482,7 +504,22 @@ def test_argv_after_double_dash_is_refused_by_commands_without_one(
     with pytest.raises(SystemExit) as caught:
         main(["runs", "list", "--", "x"])
     assert caught.value.code == EXIT_USAGE
-    assert "unrecognized arguments: -- x" in capsys.readouterr().err
+    assert "qinglong runs list: error: unrecognized arguments: -- x" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["runs", "list", "--bogus"], ["runs", "logs", "r", "--attempt", "0"], ["token", "list", "-x"]],
+)
+def test_a_bad_option_gets_the_usage_of_its_own_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    command = f"qinglong {argv[0]} {argv[1]}"
+    assert err.startswith(f"usage: {command} ") and f"\n{command}: error: " in err, err
 
 
 def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:

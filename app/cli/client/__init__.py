@@ -105,7 +105,9 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     show.set_defaults(handler=_client(cmd_runs_show))
     logs = rsub.add_parser("logs", parents=[common], help="a run's log (the latest attempt's)")
     logs.add_argument("run")
-    logs.add_argument("--attempt", type=int, help="this attempt number (default: the latest)")
+    logs.add_argument(
+        "--attempt", type=_attempt_number, help="this attempt number, from 1 (default: the latest)"
+    )
     logs.add_argument(
         "--follow", "-f", action="store_true", help="stream the log, end with the run's status"
     )
@@ -291,6 +293,13 @@ def _url_and_maybe_token(args: argparse.Namespace) -> tuple[str, str]:
 def _paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=_limit, default=20, help="items per page (1..200)")
     parser.add_argument("--cursor", help="the next page (printed after a full page)")
+
+
+def _attempt_number(text: str) -> int:
+    value = int(text)
+    if value < 1:  # attempts are numbered from 1; 0 would read as "the latest"
+        raise argparse.ArgumentTypeError("attempts are numbered from 1")
+    return value
 
 
 def _limit(text: str) -> int:
@@ -751,6 +760,12 @@ def cmd_secrets_list(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:
     """PUT a secret's value, read from the terminal without echo or from stdin (never argv)."""
+    if not bodies.NAME.fullmatch(args.name):
+        raise ClientError(
+            "a secret's name is lower-case letters, digits, '.', '_' and '-', starting with a "
+            "letter or digit; nothing was read or set",
+            EXIT_USAGE,
+        )
     if sys.stdin.isatty():
         value = getpass.getpass(f"value of {args.name}: ")
     else:

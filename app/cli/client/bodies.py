@@ -17,6 +17,10 @@ from app.cli.client.api import EXIT_USAGE, ClientError
 
 # docs/api.md §1: env keys; a secret's derived key must be one too.
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
+# The api's name rule (NAME_RULE in app/domain/validation.py, which the client does not
+# load; a unit test keeps them equal). The api still decides: this only spares typing a
+# secret's value for a name it would refuse.
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 RETENTION_FIELDS = ("keep_runs", "keep_days", "keep_rows", "task_log_bytes")
 # The flags of `tasks put` and the revision field each sets.
 REVISION_FLAGS = {
