@@ -429,5 +429,8 @@ def test_an_unreachable_server_is_one_line_and_exit_4() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     result = ql(None, "runs", "list", "--url", url, "--token", "ql_" + "A" * 43)
     assert result.returncode == 4
-    assert one_error_line(result.stderr).startswith(f"error: cannot reach {url}: ")
+    line = one_error_line(result.stderr)
+    assert line.startswith(f"error: cannot reach {url}: ") and line.endswith(
+        "; is the service running there (qinglong serve), and is --url (QL_URL) its address?"
+    ), line
     assert result.stdout == ""

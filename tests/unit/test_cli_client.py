@@ -545,3 +545,20 @@ def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:
     rows = [line.split() for line in render.retention_table(policy).splitlines()[2:]]
     assert rows == [["keep-runs", "2", "2"], ["keep-days", "global", "30"],
                     ["keep-rows", "global", "9"], ["task-log-bytes", "global", "no", "limit"]]  # fmt: skip
+    sized = policy | {"effective": policy["effective"] | {"task_log_bytes": 1 << 30}}
+    last = render.retention_table(sized).splitlines()[-1].split()
+    assert last == ["task-log-bytes", "global", "1.0", "GiB", "(1073741824", "bytes)"]
+
+
+def test_a_server_that_cannot_be_reached_is_told_with_what_to_check() -> None:
+    from app.cli.client.api import _transport_message
+
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+    assert _transport_message("http://u:pw@h:1", refused) == (
+        "cannot reach http://h:1: [Errno 111] Connection refused; is the service running "
+        "there (qinglong serve), and is --url (QL_URL) its address?"
+    )
+    tls = httpx.ConnectError("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)")
+    assert _transport_message("https://h:1", tls) == (
+        "cannot reach https://h:1: it does not speak TLS; try http:// in --url"
+    )

@@ -92,11 +92,14 @@ def problem_message(status: int, reason: str, body: bytes, headers: httpx.Header
 
 def _transport_message(url: str, exc: httpx.HTTPError) -> str:
     where = public_url(url)
+    check = "is the service running there (qinglong serve), and is --url (QL_URL) its address?"
     if isinstance(exc, httpx.ConnectTimeout):
-        return f"cannot reach {where}: no answer within {CONNECT_TIMEOUT_S:.0f} s"
+        return f"cannot reach {where}: no answer within {CONNECT_TIMEOUT_S:.0f} s; {check}"
     if isinstance(exc, httpx.ConnectError):
         reason = one_line(str(exc), limit=120) or type(exc).__name__
-        return f"cannot reach {where}: {reason}"
+        if "WRONG_VERSION_NUMBER" in reason:  # https:// against a server that speaks http
+            return f"cannot reach {where}: it does not speak TLS; try http:// in --url"
+        return f"cannot reach {where}: {reason}; {check}"
     if isinstance(exc, httpx.TimeoutException):
         return f"{where} stopped answering (timed out)"
     return f"the connection to {where} failed ({type(exc).__name__})"

@@ -301,11 +301,15 @@ def retention_table(policy: Mapping[str, Any]) -> str:
     """The ``tasks retention`` table: each field's own value (or global) and the one in force."""
     override = policy.get("override") or {}
     effective = policy.get("effective") or {}
+
+    def shown(field: str, value: Any) -> object:  # bytes as the storage figures show them
+        return size(value) if field == "task_log_bytes" else value
+
     rows = [
         (
             field.replace("_", "-"),
-            "global" if override.get(field) is None else override[field],
-            "no limit" if effective.get(field) is None else effective[field],
+            "global" if override.get(field) is None else shown(field, override[field]),
+            "no limit" if effective.get(field) is None else shown(field, effective[field]),
         )
         for field in ("keep_runs", "keep_days", "keep_rows", "task_log_bytes")
     ]
