@@ -64,11 +64,17 @@ class SecurityHeaders:
 
 
 def install_ui(app: FastAPI) -> None:
-    """Serve the UI at ``/ui/`` (``/ui`` redirects there); outside the OpenAPI document."""
+    """Serve the UI at ``/ui/`` (``/ui`` redirects there, and so does ``/``: the address a
+    person opens first); outside the OpenAPI document."""
 
     async def ui_root(request: Request) -> RedirectResponse:
         return RedirectResponse(f"{UI_PREFIX}/", status_code=308)
 
-    # A plain Starlette route, like the docs routes: API routes are all StrictJSONRoute.
+    async def site_root(request: Request) -> RedirectResponse:
+        # Temporary (307): a browser does not remember it, so the root stays free.
+        return RedirectResponse(f"{UI_PREFIX}/", status_code=307)
+
+    # Plain Starlette routes, like the docs routes: API routes are all StrictJSONRoute.
     app.add_route(UI_PREFIX, ui_root, methods=["GET", "HEAD"], include_in_schema=False)
+    app.add_route("/", site_root, methods=["GET", "HEAD"], include_in_schema=False)
     app.mount(UI_PREFIX, StaticFiles(directory=STATIC_DIR, html=True), name="ui")

@@ -26,6 +26,9 @@ def db_url(sqlite_template: Path, tmp_path: Path) -> str:
 def test_ui_files_carry_a_strict_csp_and_no_sniffing(client: Client) -> None:
     assert client.get("/ui").status_code == 308
     assert client.get("/ui").headers["location"] == "/ui/"
+    # The root, the address a person opens first, leads there too (not remembered: 307).
+    root = client.get("/", headers={"Host": "elsewhere.example"})
+    assert (root.status_code, root.headers["location"]) == (307, "/ui/")
     for path, media in (
         ("/ui/", "text/html"),
         ("/ui/js/main.js", "javascript"),
