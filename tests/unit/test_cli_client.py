@@ -562,3 +562,26 @@ def test_a_server_that_cannot_be_reached_is_told_with_what_to_check() -> None:
     assert _transport_message("https://h:1", tls) == (
         "cannot reach https://h:1: it does not speak TLS; try http:// in --url"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["runs", "list"], "no runs yet"),
+        (["runs", "list", "--status", "failed"], "no runs match these filters"),
+        (["schedules", "list", "--cursor", "c"], "no more schedules"),
+        (["runs", "events", "r1"], "no events yet"),
+    ],
+)
+def test_an_empty_listing_says_so_on_stderr_and_keeps_its_header_on_stdout(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    empty = httpx.Response(200, json={"items": [], "next_cursor": None})
+    path = {"runs": "/api/v1/runs", "schedules": "/api/v1/schedules"}[args[0]]
+    if args[1] == "events":
+        path = "/api/v1/runs/r1/events"
+    flags = ["--url", "http://api.test", "--token", "ql_t"]
+    code, _ = _recording_main(monkeypatch, {("GET", path): empty}, *args, *flags)
+    out, err = capsys.readouterr()
+    assert code == 0 and out.split()[0] in ("RUN", "SCHEDULE", "SEQ", "ID"), out
+    assert err.strip() == said

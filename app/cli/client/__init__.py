@@ -373,6 +373,16 @@ def _listing(
         _emit_json(page)
         return EXIT_OK
     print(table(page["items"]))
+    if not page["items"]:  # the header alone reads like a failure; stdout stays the table
+        words = command.split()
+        noun = words[0] if words[1] == "list" else words[1]
+        if args.cursor:
+            said = f"no more {noun}"
+        elif any(v is not None for v in filters.values()):
+            said = f"no {noun} match these filters"
+        else:
+            said = f"no {noun} yet"
+        print(said, file=sys.stderr)
     if cursor := page.get("next_cursor"):
         print(f"more: qinglong {command} --limit {args.limit} --cursor {cursor}", file=sys.stderr)
     return EXIT_OK
