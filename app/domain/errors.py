@@ -54,7 +54,8 @@ that built the adapter). They are listed here, not defined here:
   app/adapters/worker_client.py: _Broken; app/worker/job_user.py: JobUserUnavailable(ValueError)
   (the CLI's start-up);
 - app/api/problems.py: ApiProblem, DuplicateKey (HTTP answers); app/api/asgi.py:
-  _Disconnected; app/cli/shard_audit.py: AuditRefused; app/cli/client/api.py: ClientError,
+  _Disconnected; app/cli/shard_audit.py: AuditRefused; app/cli/common.py: NoDatabase (no
+  SQLite file where a service command looks); app/cli/client/api.py: ClientError,
   Unreachable, ApiProblem (the HTTP client's one-line errors); app/cli/client/config.py:
   ConfigRefused.
 """
