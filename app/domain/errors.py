@@ -14,6 +14,7 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   │   ├── InvalidSchedule       a schedule definition (INVALID_SCHEDULE)       [422]
     │   │   └── InvalidTimezone       not an IANA zone (INVALID_TIMEZONE)            [422]
     │   ├── NotFound                  a referenced resource does not exist           [404]
+    │   │   └── SecretsMissing        secrets a recipe names are not stored (names)  [404]
     │   ├── Gone                      it existed and retention removed it (LOG_EXPIRED) [410]
     │   ├── Conflict                  contradicts what is stored                     [409]
     │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
@@ -63,6 +64,7 @@ that built the adapter). They are listed here, not defined here:
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -177,6 +179,15 @@ class PreconditionFailed(DomainError):
 
 class NotFound(DomainError):
     """A referenced resource does not exist."""
+
+
+class SecretsMissing(NotFound):
+    """Secrets a recipe names are not stored. ``names``: which (names, never values), so a
+    run that fails for them can say which one to set."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__(ErrorCode.SECRET_NOT_FOUND, f"secret {names[0]} does not exist")
+        self.names = tuple(names)
 
 
 class Gone(DomainError):

@@ -25,6 +25,7 @@ from app.domain.errors import (
     InvalidTransition,
     KeyUnavailable,
     NotFound,
+    SecretsMissing,
     ValidationFailed,
     VersionConflict,
 )
@@ -256,6 +257,11 @@ class Materializer:
         names = frozenset(recipe.secrets.values())  # deduplicated: one lookup per name
         try:
             by_name = self._secrets.resolve(names)
+        except SecretsMissing as exc:
+            # The first missing name goes on the ending event: which secret to set.
+            raise self._fail(
+                candidate, ErrorCode.SECRET_NOT_FOUND, {"secret": exc.names[0]}
+            ) from None
         except NotFound:
             raise self._fail(candidate, ErrorCode.SECRET_NOT_FOUND) from None
         except KeyUnavailable:
@@ -263,7 +269,8 @@ class Materializer:
             # docs/several-hosts.md §6): a stable ending before any file or process exists.
             raise self._fail(candidate, ErrorCode.SECRET_KEY_UNAVAILABLE) from None
         if not names <= by_name.keys():
-            raise self._fail(candidate, ErrorCode.SECRET_NOT_FOUND)
+            missing = sorted(names - by_name.keys())[0]
+            raise self._fail(candidate, ErrorCode.SECRET_NOT_FOUND, {"secret": missing})
         return {key: by_name[name] for key, name in recipe.secrets.items()}
 
     def _environment(
@@ -354,14 +361,21 @@ class Materializer:
             return ArtifactRefused("LOG_ORPHAN_REMOVED", per_candidate=True)
         return ArtifactRefused("LOG_EXISTS", per_candidate=True)
 
-    def _fail(self, candidate: DispatchCandidateLike, code: ErrorCode) -> Exception:
-        """Fail the exact candidate we read; a lost CAS means somebody else moved it first."""
+    def _fail(
+        self,
+        candidate: DispatchCandidateLike,
+        code: ErrorCode,
+        detail: dict[str, str] | None = None,
+    ) -> Exception:
+        """Fail the exact candidate we read; a lost CAS means somebody else moved it first.
+        ``detail``: names for the ending event (a missing secret's), never a value."""
         try:
             self._transitions.fail_attempt(
                 run_id=candidate.run_id,
                 attempt_id=candidate.attempt_id,
                 error_code=code,
                 expected_version=candidate.version,
+                detail=detail,
             )
         except (*_RACES, NotFound):
             return CandidateGone(candidate.run_id)

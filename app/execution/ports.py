@@ -100,7 +100,7 @@ class SecretSource(Protocol):
     def resolve(self, names: frozenset[str]) -> dict[str, str]:
         """Values by name.
 
-        Raises: NotFound (SECRET_NOT_FOUND: a name is missing), KeyUnavailable (a value does
+        Raises: SecretsMissing (a NotFound naming the missing names), KeyUnavailable (a value does
         not decrypt under the key ring), StorageUnavailable.
         """
         ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.domain.errors import ErrorCode, NotFound
+from app.domain.errors import ErrorCode, NotFound, SecretsMissing
 from app.domain.ids import now_ms
 from app.domain.model import Page, SecretName
 from app.storage.cursor import decode_cursor, encode_cursor
@@ -77,7 +77,7 @@ class SecretRepository:
             uow.commit()
 
     def resolve(self, names: frozenset[str]) -> dict[str, str]:
-        """Decrypted values by name (the SecretSource port); NotFound if any is missing."""
+        """Decrypted values by name (the SecretSource port); SecretsMissing if any is missing."""
         if not names:
             return {}
         with UnitOfWork(self._engine, write=False) as uow:
@@ -85,7 +85,7 @@ class SecretRepository:
         found = {r.name: r for r in rows}
         missing = sorted(names - set(found))
         if missing:
-            raise NotFound(ErrorCode.SECRET_NOT_FOUND, f"secret {missing[0]} does not exist")
+            raise SecretsMissing(missing)
         return {
             n: self._ring.decrypt(name=n, key_id=r.key_id, nonce=r.nonce, ciphertext=r.ciphertext)
             for n, r in found.items()

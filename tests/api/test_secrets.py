@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.domain.errors import KeyUnavailable
+from app.domain.errors import KeyUnavailable, SecretsMissing
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.secret_crypto import KeyRing, encode_key, new_key
@@ -61,9 +61,12 @@ def test_secret_plaintext_is_in_no_file_and_no_response(
     try:
         ring = KeyRing.from_settings(secret_key=None, key_file=settings.key_file)
         values = SecretRepository(engine, ring).resolve(frozenset({"db-password"}))
+        with pytest.raises(SecretsMissing) as missing:
+            SecretRepository(engine, ring).resolve(frozenset({"db-password", "b-gone", "a-gone"}))
     finally:
         engine.dispose()
     assert values == {"db-password": PLAINTEXT}
+    assert missing.value.names == ("a-gone", "b-gone")  # the names, for the run's ending
 
 
 def test_key_file_is_private_and_created_once(settings: Settings) -> None:

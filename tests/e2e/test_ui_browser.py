@@ -553,6 +553,15 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     page.wait_for_selector("table.attempts .status[data-status=failed]")
     ending = page.inner_text("table.attempts")
     assert "The program was not found. EXEC_FAILED ENOENT" in ending, ending
+    # A run whose recipe names a secret nobody set says which one.
+    recipe = site.api("POST", "/api/v1/recipes", json={"secrets": {"K": "never-set"}}).json()
+    body = {"argv": ["/bin/true"], "recipe": recipe["id"]}
+    assert site.api("PUT", "/api/v1/tasks/needs-secret/revisions/1", json=body).is_success
+    needs = site.api("POST", "/api/v1/runs", json={"task": "needs-secret"}).json()["id"]
+    site.visit(page, f"runs/{needs}")
+    page.wait_for_selector("table.attempts .status[data-status=failed]")
+    ending = page.inner_text("table.attempts")
+    assert "Set this secret on the Secrets page: never-set" in ending, ending
     # Resume and pause keep the keyboard on the control that replaced the one pressed (the
     # schedule was left paused, and is again).
     site.visit(page, f"schedules/{site.schedule}")

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from app.adapters.worker_client import WorkerClient
-from app.domain.errors import ErrorCode, LaunchFailed, NotFound
+from app.domain.errors import ErrorCode, LaunchFailed, NotFound, SecretsMissing
 from app.domain.execution import LaunchRequest, StopResult
 from app.domain.model import ProcessHandle, Recipe, Run, RunEvent, TaskRevision
 from app.domain.profiles import EDGE, STANDALONE, Profile
@@ -57,7 +57,7 @@ class MemorySecrets:
         self.calls.append(names)
         missing = sorted(names - self.values.keys())
         if missing:
-            raise NotFound(ErrorCode.SECRET_NOT_FOUND, f"no secret named {missing[0]}")
+            raise SecretsMissing(missing)
         return {name: self.values[name] for name in names}
 
 

@@ -58,6 +58,9 @@ def test_missing_secret_fails_before_any_artifact_or_process(
     kit = make_kit(engine, tmp_path / "logs")
     _assert_failed_before_start(kit, run.id, "SECRET_NOT_FOUND")
     assert kit.disk.probed == []  # step 6 was never reached
+    # Its ending says which secret to set (a name, never a value).
+    (ending,) = [e for e in kit.events(run.id) if e.type == "attempt.failed"]
+    assert ending.data["secret"] == "missing-secret"
 
 
 def test_missing_recipe_fails_before_any_artifact_or_process(

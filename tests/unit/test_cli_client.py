@@ -96,6 +96,9 @@ def test_a_launch_that_failed_is_told_in_words_from_its_ending_event() -> None:
     assert said(start_failure="EXEC_FAILED", errno="EIO") == "EXEC_FAILED EIO"  # codes alone
     assert said(start_failure="SHIM_FAILED") == "SHIM_FAILED"
     assert said() == ""  # an ending without a launch reason (an older api's, or not a launch)
+    assert said(secret="db-pass") == (
+        "secret db-pass does not exist; set it with `qinglong secrets set db-pass`"
+    )
     failed = RUN | {"latest_attempt": {"number": 1, "status": "failed",
                                        "error_code": "EXECUTOR_START_FAILED"}}  # fmt: skip
     text = render.run_fields(failed, tz=UTC, why_not_started="EXEC_FAILED ENOENT: the program was not found")

@@ -538,10 +538,11 @@ def _follow_and_report(
 
 
 def _why_not_started(client: Client, run: dict[str, Any]) -> str:
-    """Why the run's latest attempt did not start, in words (``render.start_failure``), from
-    its ending event; "" for any other attempt, or when the events cannot be read."""
+    """Why the run's latest attempt did not start (its launch failed, or a secret it needs
+    is missing), in words (``render.start_failure``), from its ending event; "" for any
+    other attempt, or when the events cannot be read."""
     attempt = run.get("latest_attempt") or {}
-    if attempt.get("error_code") != "EXECUTOR_START_FAILED":
+    if attempt.get("error_code") not in ("EXECUTOR_START_FAILED", "SECRET_NOT_FOUND"):
         return ""
     try:
         events = client.get(f"/runs/{_seg(run['id'])}/events", limit=200)["items"]

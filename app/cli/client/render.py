@@ -136,8 +136,12 @@ _START_FAILURE_REASONS = {
 
 
 def start_failure(data: Mapping[str, Any]) -> str:
-    """``EXEC_FAILED ENOENT: the program was not found`` from an ending event's data; the
-    codes alone when there are no words for them, "" when the event has none."""
+    """Why an attempt never ran, from its ending event's data: ``EXEC_FAILED ENOENT: the
+    program was not found`` (the codes alone when there are no words for them), or which
+    secret is missing; "" when the event has neither."""
+    secret = data.get("secret")
+    if isinstance(secret, str) and secret:
+        return safe(f"secret {secret} does not exist; set it with `qinglong secrets set {secret}`")
     reason, errno_name = data.get("start_failure"), data.get("errno")
     if not isinstance(reason, str) or not reason:
         return ""

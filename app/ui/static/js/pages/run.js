@@ -129,13 +129,17 @@ export function runPage(view, { args: [runId], signal, ready }) {
     drawTruncation();
   }
 
-  // Why an attempt's launch failed, from its ending event's codes (the attempt itself has
-  // only EXECUTOR_START_FAILED): words for the common ones, and the codes.
+  // Why an attempt never ran, from its ending event (the attempt itself has only its code):
+  // which secret is missing, or why the launch failed (words for the common ones, and the
+  // codes).
   function startFailure(a) {
-    if (a.error_code !== 'EXECUTOR_START_FAILED') return null;
+    if (a.error_code !== 'EXECUTOR_START_FAILED' && a.error_code !== 'SECRET_NOT_FOUND') return null;
     const ending = state.events.find((e) => e.type === 'attempt.failed' && e.data
-      && e.data.attempt === a.number && e.data.start_failure);
+      && e.data.attempt === a.number && (e.data.start_failure || e.data.secret));
     if (!ending) return null;
+    if (ending.data.secret) {
+      return h('span', { class: 'start-failure' }, ' ', t('start.secret_missing'), ' ', raw(ending.data.secret, 'code'));
+    }
     const { start_failure: reason, errno } = ending.data;
     const key = [`start.${reason}.${errno}`, `start.${reason}`].find((k) => has(k));
     return h('span', { class: 'start-failure' }, ' ', key ? [t(key), ' '] : null,
