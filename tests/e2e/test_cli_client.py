@@ -276,7 +276,8 @@ def test_the_cli_client_journey(
     denied = ql(served, "runs", "list", token="ql_" + "A" * 43)
     assert denied.returncode == 3
     assert one_error_line(denied.stderr) == (
-        "error: 401 UNAUTHENTICATED: the token is unknown or revoked"
+        "error: 401 UNAUTHENTICATED: the token is unknown or revoked (the token from "
+        "QL_TOKEN; check it or run `qinglong login`)"
     )
 
     # login checks the token and writes the 0600 config file the other commands then read.

@@ -239,6 +239,10 @@ def test_login_writes_a_0600_file_that_resolve_reads(tmp_path: Path) -> None:
     env |= {"QL_URL": "http://env:1", "QL_TOKEN": "ql_env"}
     assert resolve(None, None, env).token == "ql_env"
     assert resolve("http://flag:2", "ql_flag", env).url == "http://flag:2"
+    # Where the token came from, for a 401's line.
+    assert target.token_from == f"the config file {path}"
+    assert resolve(None, None, env).token_from == "QL_TOKEN"
+    assert resolve(None, "ql_flag", env).token_from == "--token"
 
 
 def test_a_config_file_others_can_read_is_refused_with_the_fix(tmp_path: Path) -> None:

@@ -313,14 +313,23 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
     """The handler: resolve the target, run ``command``, one line for every problem."""
 
     def handler(args: argparse.Namespace) -> int:
+        token_from = ""
         try:
             if token_needed:
                 target = resolve(args.url, args.token)
-                url, token = target.url, target.token
+                url, token, token_from = target.url, target.token, target.token_from
             else:
                 url, token = _url_and_maybe_token(args)
             with Client(url, token) as client:
                 return command(client, args)
+        except ApiProblem as exc:
+            if exc.status == 401 and token_from:  # which token, and what to do about it
+                exc = ApiProblem(
+                    exc.status, exc.code,
+                    f"{exc.message} (the token from {token_from}; "
+                    "check it or run `qinglong login`)",
+                )  # fmt: skip
+            return _fail(exc)
         except ClientError as exc:
             return _fail(exc)
         except BrokenPipeError:

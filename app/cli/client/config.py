@@ -29,6 +29,8 @@ class Target:
 
     url: str
     token: str
+    # Where the token came from, for a 401's line: "--token", "QL_TOKEN" or the file's path.
+    token_from: str = "--token"
 
 
 class ConfigRefused(ClientError):
@@ -97,13 +99,15 @@ def resolve(url: str | None, token: str | None, env: dict[str, str] | None = Non
     """The Target from flags, then the environment, then the config file."""
     env = dict(os.environ) if env is None else env
     url = url or env.get("QL_URL") or None
+    token_from = "--token" if token else "QL_TOKEN"
     token = token or env.get("QL_TOKEN") or None
     if url is None or token is None:
         path = config_path(env)
         stored = read_config(path)
         url = url or stored.get("url")
-        token = token or stored.get("token")
-    return Target(url=url or DEFAULT_URL, token=check_token(token))
+        if token is None:
+            token, token_from = stored.get("token"), f"the config file {path}"
+    return Target(url=url or DEFAULT_URL, token=check_token(token), token_from=token_from)
 
 
 def check_token(token: str | None) -> str:
