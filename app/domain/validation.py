@@ -75,7 +75,9 @@ def validate_argv(argv: Sequence[str]) -> list[str]:
             )
     elif not program.startswith("/") or "/../" in program + "/" or program.endswith("/"):
         raise ValidationFailed(
-            ErrorCode.INVALID_ARGV, "argv[0] must be an absolute path to a program"
+            ErrorCode.INVALID_ARGV,
+            "argv[0] must be an absolute path to a program (such as /usr/bin/python3), or "
+            "/bin/sh -c SCRIPT for a shell command line",
         )
     return list(argv)
 

@@ -370,7 +370,8 @@ def _definitions_reruns_and_retention(
     code, _, err = put("greet", "--", "relative/cmd")
     assert code == 3
     assert one_error_line(err) == (
-        "error: 422 INVALID_ARGV: argv[0] must be an absolute path to a program"
+        "error: 422 INVALID_ARGV: argv[0] must be an absolute path to a program (such as "
+        "/usr/bin/python3), or /bin/sh -c SCRIPT for a shell command line"
     )
     # A program that is not there: the run fails, and the last line says why in words.
     assert put("ghost", "--", "/nonexistent/ql-ghost")[0] == 0
