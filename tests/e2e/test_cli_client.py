@@ -263,6 +263,24 @@ def test_the_cli_client_journey(
     assert "state:    paused" in out and "+08:00" in out  # next fires in the schedule's zone
     code, out, _ = run_main(capsys, served, "schedules", "resume", "nightly", "--json")
     assert json.loads(out)["paused"] is False
+    # put and delete: a schedule from flags, then replaced from what show --json printed.
+    weekly = ["--task", "hello", "--cron", "0 4 * * 1", "--timezone", "Asia/Shanghai"]
+    code, out, err = run_main(capsys, served, "schedules", "put", "weekly", *weekly, "--paused")
+    assert code == 0 and out.startswith("schedule weekly created (version 1, paused); next "), err
+    assert "+08:00" in out  # the next fire in the schedule's own zone too
+    code, shown, _ = run_main(capsys, served, "schedules", "show", "weekly", "--json")
+    (tmp_path / "weekly.json").write_text(shown)
+    file_args = ["--file", str(tmp_path / "weekly.json"), "--every", "3600"]
+    code, out, err = run_main(capsys, served, "schedules", "put", "weekly", *file_args)
+    assert code == 0 and out.startswith("schedule weekly saved (version 2, paused)"), err
+    code, out, _ = run_main(capsys, served, "schedules", "show", "weekly")
+    assert "when:     every 3600s" in out, out
+    code, _, err = run_main(capsys, served, "schedules", "put", "weekly", "--task", "hello")
+    assert code == 2 and "a schedule needs --task and --cron EXPR or --every SECONDS" in err
+    code, out, _ = run_main(capsys, served, "schedules", "delete", "weekly")
+    assert (code, out) == (0, "schedule weekly deleted (its queued runs were cancelled)\n")
+    code, _, err = run_main(capsys, served, "schedules", "show", "weekly")
+    assert code == 3 and "404 SCHEDULE_NOT_FOUND" in err
 
     # Problems are one line with their code: 404, 403 for a missing scope.
     code, _, err = run_main(capsys, served, "runs", "show", "01a2fa14-0000-7000-8000-000000000000")

@@ -592,3 +592,20 @@ def test_an_empty_listing_says_so_on_stderr_and_keeps_its_header_on_stdout(
     out, err = capsys.readouterr()
     assert code == 0 and out.split()[0] in ("RUN", "SCHEDULE", "SEQ", "ID"), out
     assert err.strip() == said
+
+
+def test_a_schedule_body_is_the_file_then_the_flags_and_one_cadence() -> None:
+    shown = {"name": "n", "version": 3, "created_at_ms": 1, "updated_at_ms": 2, "next_fires": [],
+             "task": "t", "cron": ["0 3 * * *"], "every_seconds": None, "timezone": "UTC"}  # fmt: skip
+    base = bodies.load_schedule_file(json.dumps(shown), source="s.json")
+    assert set(base) == {"task", "cron", "every_seconds", "timezone"}  # output-only fields gone
+    every = bodies.schedule_body(base, {"every_seconds": 60, "timezone": "Asia/Shanghai"})
+    assert every == {"task": "t", "every_seconds": 60, "timezone": "Asia/Shanghai"}
+    cron = bodies.schedule_body(every, {"cron": ["*/5 * * * *"], "paused": True})
+    assert cron == {"task": "t", "cron": ["*/5 * * * *"], "timezone": "Asia/Shanghai",
+                    "paused": True}  # fmt: skip
+    with pytest.raises(ClientError, match="not both") as both:
+        bodies.schedule_body(None, {"task": "t", "cron": ["* * * * *"], "every_seconds": 5})
+    with pytest.raises(ClientError, match="needs --task and --cron") as bare:
+        bodies.schedule_body(None, {"task": "t"})
+    assert both.value.exit_code == bare.value.exit_code == EXIT_USAGE

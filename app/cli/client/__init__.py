@@ -185,7 +185,9 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     )
     storage.set_defaults(handler=_client(cmd_system_storage))
 
-    schedules = sub.add_parser("schedules", help="list, show, pause and resume schedules")
+    schedules = sub.add_parser(
+        "schedules", help="list, show, pause, resume, put and delete schedules"
+    )
     ssub = schedules.add_subparsers(dest="schedules_command", metavar="ACTION", required=True)
     slist = ssub.add_parser("list", parents=[common], help="schedules by name")
     _paging(slist)
@@ -198,6 +200,12 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
         one = ssub.add_parser(action, parents=[common], help=what)
         one.add_argument("name")
         one.set_defaults(handler=_client(cmd_schedule_one), schedule_action=action)
+    _register_schedules_put(ssub, common)
+    sdel = ssub.add_parser(
+        "delete", parents=[common], help="delete a schedule (its queued runs are cancelled)"
+    )
+    sdel.add_argument("name")
+    sdel.set_defaults(handler=_client(cmd_schedules_delete))
 
     login = sub.add_parser(
         "login", parents=[common], help="check a token and save it with the url (0600 file)"
@@ -210,6 +218,35 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
         register_secret_actions(
             secrets.add_subparsers(dest="secrets_command", metavar="ACTION", required=True)
         )
+
+
+def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
+    put = ssub.add_parser(
+        "put",
+        parents=[common],
+        help="create or replace a schedule: from flags, or --file and flags",
+        usage="qinglong schedules put NAME --task TASK (--cron EXPR | --every SECONDS) "
+        "[flags] [--file PATH|-]",
+    )
+    put.add_argument("name")
+    put.add_argument(
+        "--file", help="the schedule body as JSON (docs/api.md §9); - reads it from stdin"
+    )
+    put.add_argument("--task", help="the task it starts")
+    put.add_argument("--revision", type=int, help="this revision (default: the task's latest)")
+    put.add_argument(
+        "--cron", action="append", metavar="EXPR",
+        help="a five-field cron expression, quoted ('0 3 * * *'); repeatable, up to 8",
+    )  # fmt: skip
+    put.add_argument("--every", type=int, dest="every_seconds", metavar="SECONDS", help="1..")
+    put.add_argument("--timezone", metavar="ZONE", help="an IANA zone for --cron (default UTC)")
+    put.add_argument("--overlap", choices=["skip", "allow", "queue_one", "replace"])
+    put.add_argument("--max-concurrent", type=int, help="runs at once under --overlap allow")
+    put.add_argument("--catchup", choices=["latest", "all", "none"])
+    put.add_argument("--catchup-window", type=int, metavar="SECONDS")
+    put.add_argument("--jitter", type=int, metavar="SECONDS", help="0..86400")
+    put.add_argument("--paused", action="store_true", help="create or leave it paused")
+    put.set_defaults(handler=_client(cmd_schedules_put))
 
 
 def register_secret_actions(ssub: Any) -> None:
@@ -767,6 +804,35 @@ def cmd_schedule_one(client: Client, args: argparse.Namespace) -> int:
     else:
         state = "paused" if schedule.get("paused") else "active"
         print(f"schedule {render.safe(schedule['name'])} is {state}")
+    return EXIT_OK
+
+
+def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
+    """Create or replace a schedule (``PUT``: every field not given takes its default)."""
+    base = None
+    if args.file is not None:
+        base = bodies.load_schedule_file(_read_file(args.file), source=_file_name(args.file))
+    body = bodies.schedule_body(base, vars(args))  # usage errors before any request
+    status, schedule = client.put(f"/schedules/{_seg(args.name)}", body)
+    if args.json:
+        _emit_json(schedule)
+        return EXIT_OK
+    what = "created" if status == 201 else "saved"
+    fires = schedule.get("next_fires") or []
+    nxt = f"; next {render.when(fires[0]['at_ms'])} ({fires[0]['local']})" if fires else ""
+    state = ", paused" if schedule.get("paused") else ""
+    print(f"schedule {render.safe(schedule['name'])} {what} (version {schedule['version']}"
+          f"{state}){render.safe(nxt)}")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_schedules_delete(client: Client, args: argparse.Namespace) -> int:
+    """DELETE a schedule; the api cancels its queued runs in the same transaction."""
+    client.request("DELETE", f"/api/v1/schedules/{_seg(args.name)}")
+    if args.json:
+        _emit_json({"name": args.name, "deleted": True})
+    else:
+        print(f"schedule {render.safe(args.name)} deleted (its queued runs were cancelled)")
     return EXIT_OK
 
 

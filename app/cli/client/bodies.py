@@ -95,13 +95,8 @@ def recipe_body(env: Sequence[str], secrets: Sequence[str]) -> dict[str, Any] | 
 REVISION_OUTPUT_ONLY = ("task", "revision", "digest", "created_at_ms")
 
 
-def load_revision_file(text: str, *, source: str) -> dict[str, Any]:
-    """A revision file's JSON object (docs/api.md §4), as the body of a new revision.
-
-    The file may also be what the api printed, so an edit starts from ``tasks show --json``:
-    a task (its ``latest`` revision is taken) or one revision (``tasks revisions --json``'s
-    items); their output-only fields are left out.
-    """
+def _json_object(text: str, *, source: str, what: str) -> dict[str, Any]:
+    """``text`` as a JSON object, or a usage error naming ``source`` and ``what`` it should be."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -109,7 +104,18 @@ def load_revision_file(text: str, *, source: str) -> dict[str, Any]:
     except ValueError:
         raise usage(f"{source} is not JSON") from None
     if not isinstance(doc, dict):
-        raise usage(f"{source} is not a JSON object (a revision body, docs/api.md §4)")
+        raise usage(f"{source} is not a JSON object ({what})")
+    return doc
+
+
+def load_revision_file(text: str, *, source: str) -> dict[str, Any]:
+    """A revision file's JSON object (docs/api.md §4), as the body of a new revision.
+
+    The file may also be what the api printed, so an edit starts from ``tasks show --json``:
+    a task (its ``latest`` revision is taken) or one revision (``tasks revisions --json``'s
+    items); their output-only fields are left out.
+    """
+    doc = _json_object(text, source=source, what="a revision body, docs/api.md §4")
     if "latest" in doc and "latest_revision" in doc:  # `tasks show --json`
         doc = doc["latest"]
         if not isinstance(doc, dict):
@@ -176,4 +182,56 @@ def retention_body(
         if field not in RETENTION_FIELDS:
             raise usage(f"unknown retention field {field}")
         body[field] = value
+    return body
+
+
+# ``schedules put`` flags and the body field each replaces (docs/api.md §9).
+SCHEDULE_FLAGS = {
+    "task": "task",
+    "revision": "revision",
+    "every_seconds": "every_seconds",
+    "timezone": "timezone",
+    "overlap": "overlap",
+    "max_concurrent": "max_concurrent",
+    "catchup": "catchup",
+    "catchup_window": "catchup_window_seconds",
+    "jitter": "jitter_seconds",
+}
+# What the api prints of a schedule beside its definition.
+SCHEDULE_OUTPUT_ONLY = ("name", "version", "created_at_ms", "updated_at_ms", "next_fires")
+
+
+def load_schedule_file(text: str, *, source: str) -> dict[str, Any]:
+    """A schedule file's JSON object (docs/api.md §9); what ``schedules show --json``
+    printed is taken too, without its output-only fields."""
+    doc = _json_object(text, source=source, what="a schedule body, docs/api.md §9")
+    return {k: v for k, v in doc.items() if k not in SCHEDULE_OUTPUT_ONLY}
+
+
+def schedule_body(base: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``PUT /schedules/{name}`` body: ``base`` (a file), then the flags.
+
+    The PUT replaces the whole schedule: a field neither gives takes the api's default.
+    ``--cron`` replaces the file's cadence (its ``every_seconds`` too) and ``--every`` the
+    other way round.
+    """
+    body = dict(base or {})
+    cron, every = flags.get("cron"), flags.get("every_seconds")
+    if cron and every is not None:
+        raise usage("give --cron or --every, not both")
+    for flag, field in SCHEDULE_FLAGS.items():
+        if flags.get(flag) is not None:
+            body[field] = flags[flag]
+    if cron:
+        body["cron"] = list(cron)
+        body.pop("every_seconds", None)
+    elif every is not None:
+        body.pop("cron", None)
+    if flags.get("paused"):
+        body["paused"] = True
+    if not body.get("task") or (not body.get("cron") and body.get("every_seconds") is None):
+        raise usage(
+            "a schedule needs --task and --cron EXPR or --every SECONDS "
+            "(qinglong schedules put NAME --task TASK --cron '0 3 * * *')"
+        )
     return body
