@@ -172,6 +172,9 @@ def _validation_detail(exc: RequestValidationError) -> tuple[int, str, str]:
         what = str(loc[-1]).replace("_", " ")
         return 422, INVALID_NAME, name_rule_broken(what)
     where = ".".join(str(p) for p in loc if p != "body") or "request"
+    if first.get("type") == "list_type":
+        # Most often one string where a list is due ("cron": "0 3 * * *"): say the form.
+        return 422, VALIDATION_FAILED, f'{where}: must be a JSON list, even of one item: ["..."]'
     # The message names the field and the rule; the offending input is never echoed.
     return 422, VALIDATION_FAILED, f"{where}: {first.get('msg', 'invalid')}"
 

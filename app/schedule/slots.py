@@ -128,6 +128,17 @@ def _require_iana(name: str) -> None:
         raise InvalidTimezone(f"not an IANA zone: {_NOT_IANA}")
 
 
+# What each field may hold, for an error naming it (cronsim's own field names).
+_FIELD_RANGES = {
+    "second": "0-59",
+    "minute": "0-59",
+    "hour": "0-23",
+    "day-of-month": "1-31 or L",
+    "month": "1-12 or jan-dec",
+    "day-of-week": "0-7 or sun-sat, 0 and 7 both Sunday",
+}
+
+
 def _parse(index: int, text: str) -> _Expr:
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_EXPRESSION_CHARS:
         raise InvalidSchedule(f"cron[{index}]: an expression of 5 or 6 fields is required")
@@ -144,7 +155,12 @@ def _parse(index: int, text: str) -> _Expr:
     try:
         sim = CronSim(expr, dt.datetime(2000, 1, 1))
     except CronSimError as exc:
-        raise InvalidSchedule(f"cron[{index}]: {exc}") from None
+        # cronsim says "Bad minute"; say what a minute may be, so the fix is in the answer.
+        said = str(exc)
+        allowed = _FIELD_RANGES.get(said.removeprefix("Bad ").strip())
+        if allowed:
+            said += f" (its values: {allowed}; a list a,b, a range a-b or a step */n)"
+        raise InvalidSchedule(f"cron[{index}]: {said}") from None
     hour = fields[-4]
     # Nested over sorted fields, the product is already ascending.
     minutes, seconds = sorted(sim.minutes), sorted(sim.seconds)

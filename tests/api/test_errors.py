@@ -86,6 +86,17 @@ def test_lone_surrogates_are_refused_not_crashed_on(client: Client, admin: dict[
     )
 
 
+def test_one_string_where_a_list_is_due_is_told_the_form(
+    client: Client, admin: dict[str, str]
+) -> None:
+    for url, body, field in (
+        ("/api/v1/schedules/nightly", {"task": "t", "cron": "0 3 * * *"}, "cron"),
+        ("/api/v1/tasks/t/revisions/1", {"argv": "/bin/true"}, "argv"),
+    ):
+        answer = assert_problem(client.put(url, json=body, headers=admin), 422, "VALIDATION_FAILED")
+        assert answer["detail"] == f'{field}: must be a JSON list, even of one item: ["..."]'
+
+
 def test_body_over_the_limit_is_refused_from_content_length(
     client: Client, admin: dict[str, str]
 ) -> None:

@@ -266,6 +266,21 @@ def test_local_iso_gives_the_zone_s_wall_time_and_its_offset() -> None:
 
 
 @pytest.mark.parametrize(
+    ("expr", "said"),
+    [
+        ("61 * * * *", "cron[0]: Bad minute (its values: 0-59; "),
+        ("* 25 * * *", "cron[0]: Bad hour (its values: 0-23; "),
+        ("* * * 13 *", "cron[0]: Bad month (its values: 1-12 or jan-dec; "),
+        ("* * * * 8", "cron[0]: Bad day-of-week (its values: 0-7 or sun-sat, 0 and 7 both Sunday; "),
+    ],
+)
+def test_a_bad_cron_field_is_refused_with_what_it_may_hold(expr: str, said: str) -> None:
+    with pytest.raises(InvalidSchedule) as caught:
+        validate(cron(expr))
+    assert caught.value.detail.startswith(said), caught.value.detail
+
+
+@pytest.mark.parametrize(
     "spec",
     [
         SlotSpec(cron=None, every_seconds=None),
