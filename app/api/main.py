@@ -1,7 +1,9 @@
-"""App factory for uvicorn (``app.api.main:create_app``)."""
+"""App factories: ``serve_app`` for uvicorn in ``qinglong api`` (``create_app`` with the
+process's log lines set up), ``create_app`` for everything else (tests build it directly)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +31,16 @@ from app.context.bootstrap import AppContext, build_context
 from app.settings import Settings
 
 VERSION = "0.1.0"
+
+
+def serve_app() -> FastAPI:
+    """The app in a uvicorn worker of ``qinglong api``, whose own log lines (a run that did
+    not start, the worker answering again) get a time and the role, as the worker's and the
+    supervisor's do. Without it they reached stderr through logging's last-resort handler:
+    the bare message, warnings only."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(message)s")
+    return create_app()
 
 
 def create_app(

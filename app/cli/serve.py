@@ -14,7 +14,7 @@ from app.cli.admin import cmd_migrate
 from app.cli.common import private_settings
 from app.settings import Settings
 
-APP_FACTORY = "app.api.main:create_app"
+APP_FACTORY = "app.api.main:serve_app"
 # ``-m app`` would put the current directory first on sys.path: started from a folder with its
 # own ``app/`` (any project checkout), the services would import that code instead of the
 # installed package. ``-P`` (Python 3.11+) leaves the current directory out.

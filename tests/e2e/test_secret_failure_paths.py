@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -185,4 +186,11 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
     (ending,) = [e["data"] for e in events(served, noexec) if e["type"] == "attempt.failed"]
     assert (ending["start_failure"], ending["errno"]) == ("EXEC_FAILED", "ENOENT"), ending
     assert missing not in "\n".join(said)  # runs, events, attempts, the service log
+    # The api's own line for it: its time, its role, the codes.
+    (line,) = [x for x in served.log().splitlines() if f"run {noexec} " in x and "did not start" in x]
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} api WARNING run \S+ attempt \S+ did not start: "
+        r"start_failed EXECUTOR_START_FAILED EXEC_FAILED",
+        line,
+    ), line
     assert any(digest in content for _, content in _all_files(stack.logs))  # it did reach the job
