@@ -19,6 +19,7 @@ e.g. a PostgreSQL server on another volume).
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 import weakref
@@ -77,6 +78,9 @@ def outage_of(
     return None
 
 
+_QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
+
+
 def connect_failure_reason(exc: BaseException) -> str | None:
     """What the driver said when a connection failed, for an operator's one line, or None.
 
@@ -84,8 +88,11 @@ def connect_failure_reason(exc: BaseException) -> str | None:
     refused", ``FATAL:  password authentication failed for user "app"``, ``FATAL:  database
     "x" does not exist``, "server closed the connection unexpectedly". A refused login and a
     server that is down are both DATABASE_UNREACHABLE (psycopg gives neither a SQLSTATE),
-    and only these words tell the operator which. libpq never puts the password in them.
-    Only the first line, printable characters, at most 200 of them.
+    and only these words tell the operator which. Only the first line, printable characters,
+    at most 200 of them. The server's own ``FATAL:`` line names a role or a database, never
+    the password. Anything else loses what it quotes: a host name may hold a fragment of a
+    password when the URL's ``@`` was not escaped (``app:p@ss@db`` makes the host
+    ``ss@db``), so a name that did not resolve is said without it.
     """
     cause: BaseException | None = exc
     for _ in range(8):  # the chain from DatabaseUnreachable down to the driver's error
@@ -97,7 +104,11 @@ def connect_failure_reason(exc: BaseException) -> str | None:
             _host, sep, reason = first.rpartition(" failed: ")
             words = reason if sep else first.removeprefix("connection failed: ")
             clean = " ".join("".join(c if c.isprintable() else " " for c in words).split())
-            return clean[:200] or None
+            if clean.startswith("FATAL:"):
+                return clean[:200]
+            if "resolve host" in clean or "translate host name" in clean:
+                return "the host name did not resolve"
+            return _QUOTED.sub('"..."', clean)[:200] or None
         cause = cause.__cause__ or cause.__context__
     return None
 
