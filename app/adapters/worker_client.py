@@ -30,6 +30,7 @@ from app.domain.model import ProcessHandle
 MAX_RESPONSE_BYTES = 1 << 20
 _POOL_MAX = 4
 _ERRNO_NAME = re.compile(r"E[A-Z0-9]{1,15}")  # what a launch failure may carry as its errno
+_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")  # what its reason may be
 _STOP_EXTRA_S = 15.0  # the worker's stop may take grace + its own bounded kill wait
 
 
@@ -142,6 +143,9 @@ class WorkerClient:
                 raise LaunchRejected(reason if isinstance(reason, str) else error)
             if error == "INTERNAL":
                 raise LaunchOutcomeUnknown(error)  # fail closed: the journal decides later
+            # Both end up on the attempt's ending event: codes only, whatever a worker sends.
+            if _CODE.fullmatch(error) is None:
+                error = "WORKER_ERROR"
             errno_name = resp.get("errno")
             valid = isinstance(errno_name, str) and _ERRNO_NAME.fullmatch(errno_name) is not None
             raise LaunchFailed(error, errno_name if valid else None)

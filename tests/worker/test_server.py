@@ -209,6 +209,12 @@ def test_client_maps_launch_outcomes(server: ControlServer) -> None:
         client.launch(failed)
     assert info.value.reason == "EXEC_FAILED" and not isinstance(info.value, LaunchRejected)
     assert info.value.errno_name == "EACCES"  # carried over the socket
+    # What reaches the attempt's ending event is codes only, whatever a worker answers.
+    odd = _request()
+    launcher.outcome[odd.attempt_id] = LaunchFailed("exec of /tmp/x failed", "/tmp/x")
+    with pytest.raises(LaunchFailed) as info:
+        client.launch(odd)
+    assert (info.value.reason, info.value.errno_name) == ("WORKER_ERROR", None)
     # The reply says when the worker committed T2 itself, and the shim's start time.
     assert client.launch_recording(_request()) == Launched(HANDLE, 123, running=False)
     recorded = _request()
