@@ -75,12 +75,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def _leaf(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
-    """The deepest sub-command parser the words of ``argv`` name."""
+    """The deepest sub-command parser the words of ``argv`` name. A word right after an
+    option is its value (``--data-dir runs``): the parsers above a leaf have no flag without
+    a value, and a leaf has no sub-commands to walk into."""
     current = parser
+    after_option = False
     for word in argv:
         subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
-        if subs and word in subs[0].choices:
+        if subs and not after_option and word in subs[0].choices:
             current = subs[0].choices[word]
+        after_option = word.startswith("-") and "=" not in word
     return current
 
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
 from app.settings import Settings
 from app.storage.engine import make_engine
@@ -48,6 +49,24 @@ def private_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def _require_sqlite_file(settings: Settings) -> None:
+    """NoDatabase when the settings name a SQLite file that is not there."""
+    url = make_url(settings.database_url)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return
+    path = Path(url.database)
+    if path.exists():
+        return
+    if settings.database_url == f"sqlite:///{settings.data_dir / 'qinglong.db'}":
+        where = (
+            "give the service's data dir with --data-dir or QL_DATA_DIR (the default, "
+            "./.qinglong, is relative to the current directory)"
+        )
+    else:
+        where = "check QL_DATABASE_URL"
+    raise NoDatabase(f"no database at {path}; {where}")
+
+
 @contextmanager
 def database(
     args: argparse.Namespace, *, private: bool = False
@@ -58,13 +77,8 @@ def database(
     create files in the data dir).
     """
     settings = private_settings(args) if private else settings_for(args)
-    if not private and settings.database_url.startswith("sqlite:///"):
-        path = Path(settings.database_url.removeprefix("sqlite:///"))
-        if not path.exists():
-            raise NoDatabase(
-                f"no database at {path}; give the service's data dir with --data-dir or "
-                "QL_DATA_DIR (the default, ./.qinglong, is relative to the current directory)"
-            )
+    if not private:
+        _require_sqlite_file(settings)
     engine = make_engine(settings.database_url)
     try:
         yield settings, engine

@@ -122,6 +122,13 @@ def test_no_database_where_a_command_looks_names_the_path_not_migrate(tmp_path: 
             "relative to the current directory)"
         ]
         assert not (tmp_path / "elsewhere").exists()  # nothing made where it looked
+    # A URL given outright (with a query) is checked as given, and so is the advice.
+    url = f"sqlite:///{tmp_path / 'gone.db'}?timeout=5"
+    result = ql("token", "list", data_dir=tmp_path / "d", env={"QL_DATABASE_URL": url})
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"qinglong: no database at {tmp_path / 'gone.db'}; check QL_DATABASE_URL"
+    ]
 
 
 def test_a_database_that_does_not_answer_is_one_line_without_the_url(tmp_path: Path) -> None:

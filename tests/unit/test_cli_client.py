@@ -516,7 +516,13 @@ def test_argv_after_double_dash_is_refused_by_commands_without_one(
 
 @pytest.mark.parametrize(
     "argv",
-    [["runs", "list", "--bogus"], ["runs", "logs", "r", "--attempt", "0"], ["token", "list", "-x"]],
+    [
+        ["runs", "list", "--bogus"],
+        ["runs", "logs", "r", "--attempt", "0"],
+        ["runs", "logs", "r", "--attempt", "x"],
+        ["token", "list", "-x"],
+        ["--data-dir", "runs", "token", "list", "-x"],  # "runs" is the dir, not the command
+    ],
 )
 def test_a_bad_option_gets_the_usage_of_its_own_command(
     argv: list[str], capsys: pytest.CaptureFixture[str]
@@ -525,8 +531,10 @@ def test_a_bad_option_gets_the_usage_of_its_own_command(
         main(argv)
     assert caught.value.code == EXIT_USAGE
     err = capsys.readouterr().err
-    command = f"qinglong {argv[0]} {argv[1]}"
+    words = argv[2:] if argv[0] == "--data-dir" else argv
+    command = f"qinglong {words[0]} {words[1]}"
     assert err.startswith(f"usage: {command} ") and f"\n{command}: error: " in err, err
+    assert "_attempt_number" not in err  # a value that is not a number is said in words
 
 
 def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:

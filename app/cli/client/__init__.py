@@ -245,7 +245,10 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
     put.add_argument("--catchup", choices=["latest", "all", "none"])
     put.add_argument("--catchup-window", type=int, metavar="SECONDS")
     put.add_argument("--jitter", type=int, metavar="SECONDS", help="0..86400")
-    put.add_argument("--paused", action="store_true", help="create or leave it paused")
+    put.add_argument(
+        "--paused", action="store_true",
+        help="store it paused; without it (and without paused in --file) it is active",
+    )  # fmt: skip
     put.set_defaults(handler=_client(cmd_schedules_put))
 
 
@@ -332,15 +335,22 @@ def _paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cursor", help="the next page (printed after a full page)")
 
 
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a whole number is required") from None
+
+
 def _attempt_number(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if value < 1:  # attempts are numbered from 1; 0 would read as "the latest"
         raise argparse.ArgumentTypeError("attempts are numbered from 1")
     return value
 
 
 def _limit(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if not 1 <= value <= 200:
         raise argparse.ArgumentTypeError("must be 1..200")
     return value
