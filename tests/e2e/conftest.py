@@ -116,7 +116,8 @@ def free_port() -> int:
     range, where only an explicit ``bind`` lands, and in this xdist worker's own slice of it,
     so two tests running at once never probe the same port; tests of one worker run one after
     another. A random start within the slice keeps consecutive tests off a port that may still
-    be in ``TIME_WAIT``.
+    be in ``TIME_WAIT``. (A host whose ephemeral range starts below 11000, or two test runs at
+    once on one host, lose part of that promise; the probe's bind still skips a taken port.)
     """
     low, count = _port_slice()
     start = random.randrange(count)

@@ -263,6 +263,7 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     page.click("#cancel")
     site.shot(page, "run-cancel-question")
     page.click("#cancel-yes")
+    page.wait_for_selector("#rerun:focus")  # the answered question is gone: not the page's top
     _badge(page, "cancelled")
     assert wait_status(site.served, run_id, {"cancelled"})["status"] == "cancelled"
     page.wait_for_selector("table.attempts .status[data-status=cancelled]")

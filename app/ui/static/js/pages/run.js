@@ -196,7 +196,8 @@ export function runPage(view, { args: [runId], signal, ready }) {
   function ask(on, focusId) {
     confirming = on;
     if (state.run) drawActions(state.run);
-    const target = actions.querySelector(`#${focusId}`);
+    // A run that ended meanwhile has no Cancel any more: the keyboard goes on from Run again.
+    const target = actions.querySelector(`#${focusId}`) || actions.querySelector('#rerun');
     if (target) target.focus();
   }
 
@@ -209,6 +210,9 @@ export function runPage(view, { args: [runId], signal, ready }) {
       confirming = false;
       actionsFor = null;
       await refresh();
+      // The answered question is gone; Cancelling… is disabled: go on from Run again.
+      const next = actions.querySelector('#rerun');
+      if (next && !actions.contains(document.activeElement)) next.focus();
     } catch (err) {
       confirming = false;
       if (state.run) drawActions(state.run);
