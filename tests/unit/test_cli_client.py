@@ -480,6 +480,7 @@ def test_tasks_put_takes_the_next_number_unless_the_latest_has_the_same_content(
         ("GET", base): httpx.Response(200, json={"task": "t", "latest_revision": 2}),
         ("PUT", f"{base}/revisions/2"): conflict,
         ("PUT", f"{base}/revisions/3"): httpx.Response(201, json=REV),
+        ("GET", "/api/v1/secrets"): httpx.Response(200, json={"items": [], "next_cursor": None}),
     }
     code, seen = _recording_main(monkeypatch, answers, *flags, "--", "/bin/true", "--", "-x")
     assert code == 0
@@ -489,20 +490,30 @@ def test_tasks_put_takes_the_next_number_unless_the_latest_has_the_same_content(
         ("GET", base, None),
         ("PUT", f"{base}/revisions/2", revision),
         ("PUT", f"{base}/revisions/3", revision),
+        ("GET", "/api/v1/secrets", None),  # is the named secret set? (a warning if not)
     ]
-    assert capsys.readouterr().out.splitlines() == [
-        "recipe localctx:sha256:1 (PW)",
-        "task t revision 3 created: sha256:ab",
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["recipe localctx:sha256:1 (PW)", "task t revision 3 created: sha256:ab"]
+    assert err.splitlines() == [
+        "warning: secret pw is not set yet; its runs fail SECRET_NOT_FOUND until "
+        "`qinglong secrets set pw`"
     ]
-    # The latest has the same content: 200, nothing new. A new task starts at 1.
+    # The latest has the same content: 200, nothing new. The secret is set now: no warning.
     answers[("PUT", f"{base}/revisions/2")] = httpx.Response(200, json=REV | {"revision": 2})
+    answers[("GET", "/api/v1/secrets")] = httpx.Response(
+        200, json={"items": [{"name": "pw", "updated_at_ms": 1}], "next_cursor": None}
+    )
     code, seen = _recording_main(monkeypatch, answers, *flags, "--", "/bin/true")
-    assert code == 0 and [s[1] for s in seen][-1] == f"{base}/revisions/2"
-    assert "revision 2 unchanged" in capsys.readouterr().out
+    assert code == 0 and [s[1] for s in seen][-2] == f"{base}/revisions/2"
+    out, err = capsys.readouterr()
+    assert "revision 2 unchanged" in out and err == ""
+    # A new task starts at 1; a token that may not list secrets gets no check and no warning.
     answers[("GET", base)] = httpx.Response(404, json={"code": "TASK_NOT_FOUND", "detail": "x"})
     answers[("PUT", f"{base}/revisions/1")] = httpx.Response(201, json=REV | {"revision": 1})
+    answers[("GET", "/api/v1/secrets")] = httpx.Response(403, json={"code": "FORBIDDEN", "detail": "x"})
     code, seen = _recording_main(monkeypatch, answers, *flags, "--", "/bin/true")
-    assert code == 0 and [s[1] for s in seen][-2:] == [base, f"{base}/revisions/1"]
+    assert code == 0 and [s[1] for s in seen][-3:-1] == [base, f"{base}/revisions/1"]
+    assert capsys.readouterr().err == ""
 
 
 def test_argv_after_double_dash_is_refused_by_commands_without_one(

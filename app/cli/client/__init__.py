@@ -697,9 +697,37 @@ def cmd_tasks_put(client: Client, args: argparse.Namespace) -> int:
     if recipe is not None:
         keys = ", ".join([*recipe["env"], *recipe["secrets"]])
         print(f"recipe {recipe['id']} ({render.safe(keys)})")
+        _warn_missing_secrets(client, set(recipe["secrets"].values()))
     what = "created" if status == 201 else "unchanged (the same content)"
     print(f"task {render.safe(rev['task'])} revision {rev['revision']} {what}: {rev['digest']}")
     return EXIT_OK
+
+
+def _warn_missing_secrets(client: Client, names: set[str]) -> None:
+    """A warning on stderr for each named secret that is not set yet: its runs would fail
+    SECRET_NOT_FOUND. Naming one before setting it is allowed (the order is the user's), so
+    this never refuses; a token that may not list secrets (secrets:write) skips the check."""
+    cursor = None
+    for _ in range(20):  # 20 pages of 200 names; beyond that, no warning rather than a crawl
+        if not names:
+            return
+        try:
+            page = client.get("/secrets", limit=200, cursor=cursor)
+        except ApiProblem:
+            return
+        names -= {item["name"] for item in page["items"]}
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+    else:
+        return
+    for name in sorted(names):
+        shown = render.safe(name)
+        print(
+            f"warning: secret {shown} is not set yet; its runs fail SECRET_NOT_FOUND until "
+            f"`qinglong secrets set {shown}`",
+            file=sys.stderr,
+        )
 
 
 def _put_next(client: Client, task: str, body: dict[str, Any]) -> tuple[int, Any]:
