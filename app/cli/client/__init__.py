@@ -866,11 +866,16 @@ def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_schedules_delete(client: Client, args: argparse.Namespace) -> int:
     """DELETE a schedule; the api cancels its queued runs in the same transaction."""
-    client.request("DELETE", f"/api/v1/schedules/{_seg(args.name)}")
+    return _delete(client, args, "schedules", then=" (its queued runs were cancelled)")
+
+
+def _delete(client: Client, args: argparse.Namespace, collection: str, *, then: str = "") -> int:
+    """DELETE ``args.name`` from ``collection``; one line (or ``--json``) saying so."""
+    client.request("DELETE", f"/api/v1/{collection}/{_seg(args.name)}")
     if args.json:
         _emit_json({"name": args.name, "deleted": True})
     else:
-        print(f"schedule {render.safe(args.name)} deleted (its queued runs were cancelled)")
+        print(f"{collection.removesuffix('s')} {render.safe(args.name)} deleted{then}")
     return EXIT_OK
 
 
@@ -906,12 +911,7 @@ def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_secrets_delete(client: Client, args: argparse.Namespace) -> int:
     """DELETE a secret."""
-    client.request("DELETE", f"/api/v1/secrets/{_seg(args.name)}")
-    if args.json:
-        _emit_json({"name": args.name, "deleted": True})
-    else:
-        print(f"secret {render.safe(args.name)} deleted")
-    return EXIT_OK
+    return _delete(client, args, "secrets")
 
 
 # -- login / logout --------------------------------------------------------------------------
