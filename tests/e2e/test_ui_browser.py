@@ -563,6 +563,16 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     page.wait_for_selector("table.attempts .status[data-status=failed]")
     ending = page.inner_text("table.attempts")
     assert "Set this secret on the Secrets page: never-set" in ending, ending
+    # A task saved with a secret nobody set is saved, with a warning that names it.
+    site.visit(page, "new-task")
+    page.wait_for_selector("main[aria-busy=false] #def-argv")
+    page.fill("#def-task", "unset-secret")
+    page.fill("#def-argv", "/bin/true")
+    page.fill("#def-secrets", "K=not-set-here")
+    page.click("#def-save")
+    warned = page.wait_for_selector("#notice .notice-warn")
+    assert "Not set yet" in warned.inner_text() and "not-set-here" in warned.inner_text()
+    assert site.api("GET", "/api/v1/tasks/unset-secret").status_code == 200
     # Resume and pause keep the keyboard on the control that replaced the one pressed (the
     # schedule was left paused, and is again).
     site.visit(page, f"schedules/{site.schedule}")

@@ -38,8 +38,8 @@ function parseHash() {
 }
 
 /** Go to a route of the UI, e.g. go('runs', {task: 'x'}); notice is shown on the new page. */
-export function go(where, params, notice) {
-  pendingNotice = notice ? [notice, 'ok'] : null;
+export function go(where, params, notice, kind = 'ok') {
+  pendingNotice = notice ? [notice, kind] : null;
   const q = params ? new URLSearchParams(Object.entries(params).filter(([, v]) => v)).toString() : '';
   const target = `#/${where}${q ? `?${q}` : ''}`;
   if (location.hash === target) render();

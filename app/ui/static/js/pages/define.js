@@ -8,7 +8,7 @@
 // Environment values and secret values are never shown: a new revision keeps the recipe by
 // default, and replacing it means typing the environment again.
 
-import { ApiError, api, path } from '../api.js';
+import { ApiError, api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { go } from '../main.js';
@@ -217,6 +217,25 @@ export function definePage(view, { args: [task], signal, ready }) {
     }
   }
 
+  // The secrets a new recipe names that are not set yet: its runs would fail
+  // SECRET_NOT_FOUND. Saving stays allowed (set them before or after); a token that may not
+  // list secrets (secrets:write) gets no check.
+  async function unsetSecrets(names) {
+    const left = new Set(names);
+    let cursor = null;
+    try {
+      for (let pages = 0; pages < 20 && left.size; pages += 1) {
+        const page = await api.get(`${path('secrets')}${query({ limit: 200, cursor })}`, { scope: 'secrets:write' });
+        for (const s of page.items) left.delete(s.name);
+        cursor = page.next_cursor;
+        if (!cursor) return [...left].sort();
+      }
+    } catch {
+      return [];
+    }
+    return [];
+  }
+
   async function onSave(ev) {
     ev.preventDefault();
     result.clear();
@@ -227,6 +246,7 @@ export function definePage(view, { args: [task], signal, ready }) {
       const revision = body();
       const n = await nextRevision(taskName);
       let recipe = null;
+      let named = [];
       if (!keepBox.hidden && keepRecipe.checked) recipe = current.recipe;
       else {
         const envMap = parsePairs(env.value, t('define.env'));
@@ -234,10 +254,15 @@ export function definePage(view, { args: [task], signal, ready }) {
         if (Object.keys(envMap).length || Object.keys(secretMap).length) {
           recipe = (await api.post(path('recipes'), { env: envMap, secrets: secretMap }, { scope: 'definitions:write' })).id;
         }
+        named = Object.values(secretMap);
       }
       if (recipe) revision.recipe = recipe;
       const saved = await api.put(path('tasks', taskName, 'revisions', n), revision, { scope: 'definitions:write' });
-      go(`tasks/${encodeURIComponent(taskName)}`, null, t('define.saved', { task: taskName, n: saved.revision }));
+      const said = t('define.saved', { task: taskName, n: saved.revision });
+      const unset = await unsetSecrets(named);
+      go(`tasks/${encodeURIComponent(taskName)}`, null,
+        unset.length ? `${said} ${t('define.secrets_unset', { names: unset.join(', ') })}` : said,
+        unset.length ? 'warn' : 'ok');
     } catch (err) {
       if (err instanceof FormError) result.message(err.message);
       else result.fail(err);
