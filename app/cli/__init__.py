@@ -40,8 +40,24 @@ def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
         logs.register(sub)
         worker.register(sub)
         lease.register(sub)
+        for name, command in sub.choices.items():
+            if name not in CLIENT_COMMANDS:
+                _data_dir_after(command)
     client.register(sub, with_secrets=client_only)
     return parser
+
+
+def _data_dir_after(parser: argparse.ArgumentParser) -> None:
+    """``--data-dir`` after the command too (``qinglong token list --data-dir X``), as
+    docs/api.md §8 promises: on every leaf of a service command that lacks it, without a
+    default, so the value given before the command stays when none is given after."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for child in subs[0].choices.values() if subs else ():
+        _data_dir_after(child)
+    if not subs and "--data-dir" not in parser._option_string_actions:
+        parser.add_argument(
+            "--data-dir", default=argparse.SUPPRESS, help="data directory (default $QL_DATA_DIR)"
+        )
 
 
 def _is_client_command(argv: Sequence[str]) -> bool:
@@ -116,7 +132,12 @@ def _service_main(argv: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from app.cli.common import NoDatabase
-    from app.domain.errors import DatabaseUnreachable, DomainError, StorageUnavailable
+    from app.domain.errors import (
+        DatabaseUnreachable,
+        DomainError,
+        KeyUnavailable,
+        StorageUnavailable,
+    )
     from app.storage.private_files import SERVICE_UMASK
 
     # Every file and directory a role creates is private to the service's OS user (SQLite's
@@ -129,6 +150,14 @@ def _service_main(argv: list[str]) -> int:
         return handler(args)
     except NoDatabase as exc:
         print(f"qinglong: {exc}", file=sys.stderr)
+        return 1
+    except KeyUnavailable as exc:
+        print(
+            f"qinglong: {exc}: the key ring lacks a key stored secrets use; QL_SECRET_KEY lists "
+            "the new key first and every older key after it (new,old) until a rotation is done "
+            "(docs/operations.md)",
+            file=sys.stderr,
+        )
         return 1
     except DatabaseUnreachable as exc:
         from app.storage.unavailable import connect_failure_reason

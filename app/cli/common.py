@@ -11,6 +11,8 @@ supervisor) either (tests/cli/test_cli_imports.py).
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,9 +32,38 @@ class NoDatabase(Exception):
     advice, which would make a second, empty database there."""
 
 
+class NotTheOwner(ValueError):
+    """root ran a service command on a data dir another user owns: every file it made there
+    (a rotated key file, SQLite's -wal and -shm, a log shard) would be root's, and the
+    service, running as that user, could not read it. One line naming the user; exit 2."""
+
+
 def settings_for(args: argparse.Namespace) -> Settings:
-    """Settings from the environment, with ``--data-dir`` applied."""
-    return Settings.from_env(data_dir=getattr(args, "data_dir", None))
+    """Settings from the environment, with ``--data-dir`` applied; NotTheOwner for root on
+    another user's data dir."""
+    settings = Settings.from_env(data_dir=getattr(args, "data_dir", None))
+    _refuse_root_on_another_users_dir(settings.data_dir)
+    return settings
+
+
+def _refuse_root_on_another_users_dir(data_dir: Path) -> None:
+    if os.geteuid() != 0:
+        return  # another user cannot write there anyway: the OS refuses, with its own words
+    try:
+        owner = data_dir.stat().st_uid
+    except OSError:
+        return  # not there yet: whoever makes it owns it
+    if owner == 0:
+        return
+    try:
+        name = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        name = str(owner)
+    raise NotTheOwner(
+        f"the data dir {data_dir} belongs to {name} (uid {owner}) and this runs as root: "
+        f"files made now would be root's, unreadable to the service; run it as {name} "
+        f"(sudo -u {name} qinglong ...; deploy/README.md uses systemd-run --uid={name})"
+    )
 
 
 def private_settings(args: argparse.Namespace) -> Settings:

@@ -56,7 +56,8 @@ that built the adapter). They are listed here, not defined here:
   (the CLI's start-up);
 - app/api/problems.py: ApiProblem, DuplicateKey (HTTP answers); app/api/asgi.py:
   _Disconnected; app/cli/shard_audit.py: AuditRefused; app/cli/common.py: NoDatabase (no
-  SQLite file where a service command looks); app/cli/client/api.py: ClientError,
+  SQLite file where a service command looks), NotTheOwner(ValueError) (root on another
+  user's data dir); app/cli/client/api.py: ClientError,
   Unreachable, ApiProblem (the HTTP client's one-line errors); app/cli/client/config.py:
   ConfigRefused.
 """

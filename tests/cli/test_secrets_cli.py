@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from app.cli import main
 from app.storage.engine import make_engine
-from app.storage.secret_crypto import KeyRing
+from app.storage.secret_crypto import KeyRing, encode_key, new_key
 from app.storage.secrets_repo import SecretRepository
 
 
@@ -24,7 +25,8 @@ def test_rotate_key_rewrites_rows_and_prints_no_material(
         SecretRepository(engine, ring).put(name="pw", value="rotate-me-value")
         old_file = (tmp_path / "secret.key").read_text()
         capsys.readouterr()
-        assert main(["--data-dir", str(tmp_path), "secrets", "rotate-key"]) == 0
+        # --data-dir after the command, as docs/api.md §8 says every command takes it.
+        assert main(["secrets", "rotate-key", "--data-dir", str(tmp_path)]) == 0
         out = capsys.readouterr().out
         assert "re-encrypted 1 secret(s)" in out
         assert old_file.split()[1] not in out and "rotate-me-value" not in out
@@ -35,3 +37,40 @@ def test_rotate_key_rewrites_rows_and_prints_no_material(
         }
     finally:
         engine.dispose()
+
+
+def test_rotating_with_a_ring_that_lacks_a_used_key_is_one_line_and_loses_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("QL_DATABASE_URL", raising=False)
+    old, new = new_key(), new_key()
+    monkeypatch.setenv("QL_SECRET_KEY", encode_key(old))
+    assert main(["--data-dir", str(tmp_path), "migrate"]) == 0
+    engine = make_engine(f"sqlite:///{tmp_path / 'qinglong.db'}")
+    try:
+        ring = KeyRing.from_settings(secret_key=encode_key(old), key_file=tmp_path / "secret.key")
+        SecretRepository(engine, ring).put(name="pw", value="kept-value")
+        monkeypatch.setenv("QL_SECRET_KEY", encode_key(new))  # the old key left out by mistake
+        capsys.readouterr()
+        assert main(["--data-dir", str(tmp_path), "secrets", "rotate-key"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("qinglong: key ") and "QL_SECRET_KEY lists the new key first" in err
+        assert "Traceback" not in err and encode_key(old) not in err and encode_key(new) not in err
+        assert SecretRepository(engine, ring).resolve(frozenset({"pw"})) == {"pw": "kept-value"}
+    finally:
+        engine.dispose()
+
+
+def test_root_on_another_users_data_dir_is_refused_before_anything_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root can write into another user's data dir")
+    data = tmp_path / "theirs"
+    data.mkdir(mode=0o700)
+    os.chown(data, 65534, 65534)
+    for command in (["secrets", "rotate-key"], ["migrate"], ["token", "list"]):
+        assert main(["--data-dir", str(data), *command]) == 2
+        err = capsys.readouterr().err
+        assert f"the data dir {data} belongs to " in err and "(uid 65534)" in err, err
+    assert list(data.iterdir()) == []  # no root-owned file was left there
