@@ -25,6 +25,7 @@ from app.api import (
 from app.api.asgi import GuardMiddleware
 from app.api.head import HeadAsGet
 from app.api.hot_reads import HotReads
+from app.api.log_lines import log_lines
 from app.api.openapi import install_openapi
 from app.api.ui import SecurityHeaders, install_ui
 from app.context.bootstrap import AppContext, build_context
@@ -38,9 +39,10 @@ def serve_app() -> FastAPI:
     not start, the worker answering again) get a time and the role, as the worker's and the
     supervisor's do. Without it they reached stderr through logging's last-resort handler:
     the bare message, warnings only."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s api %(levelname)s %(message)s")
-    return create_app()
+    log_lines()
+    app = create_app()
+    logging.getLogger(__name__).info("api process ready")
+    return app
 
 
 def create_app(

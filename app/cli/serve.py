@@ -196,6 +196,12 @@ def cmd_api(args: argparse.Namespace) -> int:
     os.environ[MULTIPROC_ENV] = str(metrics_dir)
     limits = settings.http
     _fd_room(limits.max_connections)
+    from app.api.log_lines import log_lines
+
+    log_lines()
+    logging.getLogger(__name__).info(
+        "api on http://%s:%d with %d uvicorn worker(s)", args.host, args.port, args.workers
+    )
     uvicorn.run(
         APP_FACTORY,
         factory=True,

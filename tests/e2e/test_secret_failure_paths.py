@@ -193,4 +193,7 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
         r"start_failed EXECUTOR_START_FAILED EXEC_FAILED",
         line,
     ), line
+    api_lines = [x for x in served.log().splitlines() if " api " in x]
+    assert any(x.endswith(" api INFO api process ready") for x in api_lines), api_lines
+    assert not [x for x in api_lines if "Context impl" in x or "non-transactional DDL" in x]
     assert any(digest in content for _, content in _all_files(stack.logs))  # it did reach the job
