@@ -99,9 +99,14 @@ def _utc(ms: int | None) -> str:
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     """Revoke a token by name."""
+    asked_ms = time.time_ns() // 1_000_000
     with database(args) as (_, engine):
-        _tokens(engine).revoke(args.name)
-    print(f"revoked token {args.name}")
+        record = _tokens(engine).revoke(args.name)
+    # Idempotent (exit 0 either way, so a script can "make sure"), but never a second claim.
+    if record.revoked_at_ms is not None and record.revoked_at_ms < asked_ms:
+        print(f"token {args.name} was already revoked ({_utc(record.revoked_at_ms)})")
+    else:
+        print(f"revoked token {args.name}")
     return 0
 
 

@@ -53,9 +53,13 @@ def test_token_lifecycle_shows_the_token_once_and_stores_only_its_digest(tmp_pat
     assert token not in listed.stdout
     *_, created, revoked = listed.stdout.splitlines()[0].split("\t")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", created) and revoked == "-"
-    assert ql("token", "revoke", "ci", data_dir=tmp_path).returncode == 0
+    revoked_now = ql("token", "revoke", "ci", data_dir=tmp_path)
+    assert (revoked_now.returncode, revoked_now.stdout) == (0, "revoked token ci\n")
     line = ql("token", "list", data_dir=tmp_path).stdout.splitlines()[0].split("\t")
     assert line[:2] == ["ci", "revoked"] and line[3] == created and line[4] >= created
+    # Again: still exit 0 (a script may "make sure"), but it says it was so already.
+    twice = ql("token", "revoke", "ci", data_dir=tmp_path)
+    assert (twice.returncode, twice.stdout) == (0, f"token ci was already revoked ({line[4]})\n")
     again = ql("token", "create", "--scope", "runs:read", "--name", "ci", data_dir=tmp_path)
     assert again.returncode != 0
     assert "ci was revoked; a name is never reused" in again.stderr
