@@ -421,6 +421,10 @@ def _timed_pass(dispatcher: Dispatcher) -> PassResult:
     return result
 
 
+DISK_LOW_LOG_EVERY_S = 60.0
+_disk_low_said = {"next": 0.0}
+
+
 def _log_pass(
     result: PassResult, unavailable: threading.Event, blocked: threading.Event | None = None
 ) -> bool:
@@ -438,6 +442,15 @@ def _log_pass(
     if result.worker_unavailable:
         unavailable.set()  # stop at the first unavailability; the drain backs off
         return False
+    if result.disk_low:
+        now = time.monotonic()
+        if now >= _disk_low_said["next"]:  # a minute apart: /readyz says it all along
+            _disk_low_said["next"] = now + DISK_LOW_LOG_EVERY_S
+            log.warning(
+                "queued runs wait: the data dir's free space is below the reserve plus a "
+                "log's quota (they start once space returns)"
+            )
+        return False  # the next tick tries again; another pass now would meet the same
     if result.budget_blocked and blocked is not None:
         blocked.set()
     if result.at_capacity:

@@ -115,6 +115,7 @@ class ErrorCode(StrEnum):
     EXECUTOR_START_FAILED = "EXECUTOR_START_FAILED"
     # Nothing was spawned because the worker was not there (docs/backlog-requeue.md).
     EXECUTOR_UNAVAILABLE = "EXECUTOR_UNAVAILABLE"
+    # Recorded by older builds only: a low disk now keeps the run queued until space returns.
     DISK_ADMISSION_REFUSED = "DISK_ADMISSION_REFUSED"
     POST_SPAWN_PERSIST_FAILED = "POST_SPAWN_PERSIST_FAILED"
     RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
@@ -353,7 +354,9 @@ class AdmissionRefused(Exception):
     Not a DomainError: nothing was refused for good and nothing reaches a client. ``scope``
     is ``global`` (QL_MAX_RUNNING: the pass stops) or ``task`` (the revision's
     ``max_concurrent``: the pass goes on with the rest of its page) or ``held`` (a schedule's
-    run still waiting behind an older run of its schedule: the pass goes on as well).
+    run still waiting behind an older run of its schedule: the pass goes on as well) or
+    ``disk`` (the data dir's free space minus the reserve does not cover a log's quota: the
+    pass stops, and the next tick tries again).
     """
 
     def __init__(self, scope: str) -> None:

@@ -57,7 +57,7 @@ _RUN_ENDINGS = frozenset(TERMINAL_RUN)
 _ATTEMPT_ENDINGS = frozenset(TERMINAL_ATTEMPT)
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    # A queued run may be cancelled at once, or failed before launch (missing secret, low disk).
+    # A queued run may be cancelled at once, or failed before launch (missing secret, bad env).
     RunStatus.QUEUED: frozenset({RunStatus.DISPATCHING, RunStatus.CANCELLED, RunStatus.FAILED}),
     # Back to queued only when the start provably spawned nothing (the executor was not
     # there): the attempt ends and a fresh claimed one is created in the same step.

@@ -55,12 +55,13 @@ OutcomeKind = Literal[
     "ended",  # T2 lost to the job's own ending (a very fast job): the run is terminal
     "unresolved",  # left dispatching/starting for the reconciler
     "requeued",  # no executor, nothing spawned: queued again with a fresh attempt
-    "failed_before_start",  # missing revision/recipe/secret, bad env, low disk
+    "failed_before_start",  # missing revision/recipe/secret, bad env
     "skipped_race",  # somebody else moved the candidate first
     "artifact_refused",  # the log artifact could not be created safely; run stays queued
     "at_capacity",  # QL_MAX_RUNNING runs are active: run stays queued, the pass stopped
     "task_at_capacity",  # its task is at max_concurrent: run stays queued, the pass goes on
     "held",  # waits behind an older run of its schedule: run stays queued, the pass goes on
+    "disk_low",  # free space below the reserve + a log's quota: run stays queued, pass stopped
     "error",  # an unexpected failure; the pass stopped
 ]
 _LAUNCHED = frozenset({"started", "start_failed", "lost", "ended", "unresolved", "requeued"})
@@ -102,6 +103,11 @@ class PassResult:
     def budget_blocked(self) -> bool:
         """A budget kept a candidate queued: it may start once some active run ends."""
         return self.at_capacity or any(o.kind in _WAITING for o in self.outcomes)
+
+    @property
+    def disk_low(self) -> bool:
+        """A candidate waits for free space: no other pass now (the next tick tries again)."""
+        return any(o.kind == "disk_low" for o in self.outcomes)
 
     @property
     def activated(self) -> CandidateOutcome | None:
@@ -225,8 +231,11 @@ class Dispatcher:
             command = self._materializer.materialize(candidate, listed_now=listed_now)
         except _RACES:
             return CandidateOutcome(**ids, kind="skipped_race"), False
-        except AdmissionRefused:
-            # Only the task budget is pre-checked here; the run stays queued, untouched.
+        except AdmissionRefused as exc:
+            # The task budget or the disk, pre-checked here; the run stays queued, untouched.
+            # A low disk stops the pass: every other candidate would meet it too.
+            if exc.scope == "disk":
+                return CandidateOutcome(**ids, kind="disk_low"), True
             return CandidateOutcome(**ids, kind="task_at_capacity"), False
         except RunFailedBeforeStart as exc:
             kind: OutcomeKind = "failed_before_start"

@@ -2,7 +2,7 @@
 
 A real ``qinglong serve`` (SQLite and PostgreSQL) with the real SecretRepository and key file
 drives one run into each ending that can happen once step 4 (docs/design.md §3.4) resolved its
-secrets: disk admission refused (a real full tmpfs), an invalid environment value (a stored
+secrets: a run that waits on a real full tmpfs and runs once space returns, an invalid environment value (a stored
 secret with a NUL), a failed launch (argv[0] does not exist), a timeout and a cancel. Then
 every table and column, every event and attempt the API shows, every file of the data dir
 (the SQLite database and its WAL included) and the service's own log are searched for each
@@ -31,7 +31,7 @@ from app.storage.engine import make_engine
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository
 from tests.e2e.conftest import Served, ServeFactory, wait_until
-from tests.e2e.kit import enqueue, events, put_task, read_log, wait_status
+from tests.e2e.kit import enqueue, events, get_run, put_task, read_log, wait_status
 from tests.execution.kit import all_database_text
 from tests.jobuser import job_user_or_skip
 
@@ -141,11 +141,15 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
 
     filler = _fill(stack.logs, leave_bytes=8 << 20)  # below the 36 MiB the edge profile needs
     try:
+        # On a full disk the run waits, queued and untouched, and starts once space returns.
         disk = enqueue(served, "disk")
-        wait_status(served, disk, {"failed"})
+        said = "queued runs wait"
+        wait_until("the api's line that runs wait for space", lambda: said in served.log(), 20)
+        assert get_run(served, disk)["status"] == "queued"
+        assert [e["type"] for e in events(served, disk)] == ["run.queued"]
     finally:
         filler.unlink()
-    ends = {disk: ("failed", "DISK_ADMISSION_REFUSED")}
+    ends = {disk: ("succeeded", None)}
     badenv = enqueue(served, "badenv")
     ends[badenv] = ("failed", "INVALID_ENV_VALUE")
     noexec = enqueue(served, "noexec")

@@ -90,13 +90,25 @@ def test_missing_revision_fails_before_any_artifact_or_process(
     _assert_failed_before_start(kit, run.id, "REVISION_NOT_FOUND")
 
 
-def test_low_disk_fails_before_any_artifact(engine: Engine, tmp_path: Path) -> None:
-    """Free space minus the reserve must cover the quota, else the run fails."""
+def test_a_low_disk_keeps_the_run_queued_until_space_returns(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Free space minus the reserve must cover the quota; until it does the run waits,
+    queued and untouched (no artifact, no launch, no event), and the pass stops."""
     define(engine)
     run = enqueue(engine)
     just_short = EDGE.free_space_reserve_bytes + EDGE.log_quota_bytes - 1
-    kit = make_kit(engine, tmp_path / "logs", profile=EDGE, disk=FakeDisk(just_short))
-    _assert_failed_before_start(kit, run.id, "DISK_ADMISSION_REFUSED")
+    disk = FakeDisk(just_short)
+    kit = make_kit(engine, tmp_path / "logs", profile=EDGE, disk=disk)
+    for _ in range(2):
+        result = kit.dispatcher.run_pass()
+        assert [o.kind for o in result.outcomes] == ["disk_low"] and result.disk_low
+        assert kit.run(run.id).status == "queued"
+    assert kit.launcher.calls == 0 and files_under(kit.logs_dir) == []
+    assert [e.type for e in kit.events(run.id)] == ["run.queued"]
+    disk.free = just_short + 1  # space is back: the same run starts
+    kit.dispatcher.run_pass()
+    assert kit.run(run.id).status == "running"
 
 
 def test_exactly_enough_disk_is_admitted(engine: Engine, tmp_path: Path) -> None:
