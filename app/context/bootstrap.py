@@ -271,9 +271,14 @@ def build_context(
             async_reads = AsyncReads(engine)
         reader = RunReader(engine, async_reads=async_reads)
     reserve = settings.profile.free_space_reserve_bytes
+    # With execution, also what the disk admission needs to start a run (else runs wait).
+    logs_dir = settings.logs_dir if execution else None
+    quota = settings.profile.log_quota_bytes
     checks: dict[str, ReadyCheck] = {
         "database": lambda: database_check(engine),
-        "disk": lambda: disk_check(settings.data_dir, reserve),
+        "disk": lambda: disk_check(
+            settings.data_dir, reserve, logs_dir=logs_dir, log_quota_bytes=quota
+        ),
     }
     closers: list[Hook] = []
     halt: Hook | None = None

@@ -84,8 +84,17 @@ def _pg_read_only(engine: Engine) -> bool:
         return conn.execute(text("SHOW transaction_read_only")).scalar() == "on"
 
 
-def disk_check(data_dir: str | os.PathLike[str], reserve_bytes: int) -> str | None:
-    """None when the data dir is writable and holds more free space than the reserve."""
+def disk_check(
+    data_dir: str | os.PathLike[str],
+    reserve_bytes: int,
+    *,
+    logs_dir: str | os.PathLike[str] | None = None,
+    log_quota_bytes: int = 0,
+) -> str | None:
+    """None when the data dir is writable and holds more free space than the reserve, and,
+    given ``logs_dir``, when the dispatcher's disk admission would let a run start there
+    (free space minus the reserve covers one log's quota, app/execution/materializer.py);
+    else why not. Runs that cannot start wait queued: an operator alerting on /readyz sees it."""
     try:
         st = os.statvfs(data_dir)
     except OSError as exc:
@@ -97,5 +106,18 @@ def disk_check(data_dir: str | os.PathLike[str], reserve_bytes: int) -> str | No
         return (
             f"free space in the data dir below the profile reserve "
             f"({free // MIB} MiB < {reserve_bytes // MIB} MiB)"
+        )
+    if logs_dir is None:
+        return None
+    try:  # logs/ may be a file system of its own; before the first run it may not exist yet
+        logs = os.statvfs(logs_dir)
+    except OSError:
+        logs = st
+    free = logs.f_bavail * logs.f_frsize
+    needed = reserve_bytes + log_quota_bytes
+    if free < needed:
+        return (
+            f"free space for job logs below the reserve plus one log's quota "
+            f"({free // MIB} MiB < {needed // MIB} MiB): queued runs wait"
         )
     return None

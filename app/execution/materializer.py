@@ -1,7 +1,8 @@
 """Turn one dispatch candidate into a start command, strictly in docs/design.md §3.4 order.
 
-Nothing is created on disk before step 7, and a missing revision, recipe or secret, or low
-disk, fails the exact queued candidate (CAS on the version we read) before any file exists.
+Nothing is created on disk before step 7, and a missing revision, recipe or secret fails the
+exact queued candidate (CAS on the version we read) before any file exists; a low disk keeps
+it queued, untouched, until space returns.
 """
 
 from __future__ import annotations

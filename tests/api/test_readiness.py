@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from app.api.main import create_app
+from app.context.readiness import disk_check
 from app.domain.profiles import EDGE, MIB
 from app.settings import Settings
 from app.storage.engine import make_engine
@@ -58,6 +59,20 @@ def test_readyz_answers_within_a_second_when_the_worker_is_stopped(
     finally:
         client.close()
         worker.close()
+
+
+def test_the_disk_check_says_when_runs_wait_for_space_to_start(tmp_path: Path) -> None:
+    # Above the reserve, but not by one log's quota: the dispatcher keeps runs queued
+    # (docs/design.md §3.3 rule 8), so an api that dispatches is not ready, and says why.
+    with mounted_tmpfs(tmp_path / "data") as data:
+        reserve, quota = EDGE.free_space_reserve_bytes, EDGE.log_quota_bytes
+        filler = fill(data, leave_bytes=reserve + quota - MIB)
+        assert disk_check(data, reserve) is None  # writes are fine
+        said = disk_check(data, reserve, logs_dir=data / "logs", log_quota_bytes=quota)
+        assert said is not None and said.startswith("free space for job logs below the reserve")
+        assert said.endswith("MiB < 36 MiB): queued runs wait"), said
+        filler.unlink()
+        assert disk_check(data, reserve, logs_dir=data / "logs", log_quota_bytes=quota) is None
 
 
 def test_readyz_is_503_when_free_space_is_below_the_profile_reserve(tmp_path: Path) -> None:
