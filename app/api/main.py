@@ -40,15 +40,14 @@ def serve_app() -> FastAPI:
     supervisor's do. Without it they reached stderr through logging's last-resort handler:
     the bare message, warnings only."""
     log_lines()
-    app = create_app()
-    logging.getLogger(__name__).info("api process ready")
-    return app
+    return create_app(ready_line=True)
 
 
 def create_app(
     settings: Settings | None = None,
     *,
     context: AppContext | None = None,
+    ready_line: bool = False,
     **context_overrides: Any,
 ) -> FastAPI:
     """Build the app. The lifespan builds (or adopts) the context and closes it on shutdown.
@@ -65,6 +64,8 @@ def create_app(
         app.state.facade = ctx.facade
         ctx.start_background()
         retirement.arm_on_signals()  # uvicorn's handlers are installed by now
+        if ready_line:  # serve_app's: one line per api process, once it can answer
+            logging.getLogger(__name__).info("api process ready")
         try:
             yield
         finally:

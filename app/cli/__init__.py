@@ -153,8 +153,9 @@ def _service_main(argv: list[str]) -> int:
         return 1
     except KeyUnavailable as exc:
         print(
-            f"qinglong: {exc}: the key ring lacks a key stored secrets use; QL_SECRET_KEY lists "
-            "the new key first and every older key after it (new,old) until a rotation is done "
+            f"qinglong: {exc}: a stored secret does not decrypt under this key ring. With "
+            "QL_SECRET_KEY, list the new key first and every older key a secret still uses "
+            "after it (new,old); with the key file, restore the secret.key that wrote them "
             "(docs/operations.md)",
             file=sys.stderr,
         )

@@ -99,14 +99,13 @@ def _utc(ms: int | None) -> str:
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     """Revoke a token by name."""
-    asked_ms = time.time_ns() // 1_000_000
     with database(args) as (_, engine):
-        record = _tokens(engine).revoke(args.name)
+        record, revoked_now = _tokens(engine).revoke(args.name)
     # Idempotent (exit 0 either way, so a script can "make sure"), but never a second claim.
-    if record.revoked_at_ms is not None and record.revoked_at_ms < asked_ms:
-        print(f"token {args.name} was already revoked ({_utc(record.revoked_at_ms)})")
-    else:
+    if revoked_now:
         print(f"revoked token {args.name}")
+    else:
+        print(f"token {args.name} was already revoked ({_utc(record.revoked_at_ms)})")
     return 0
 
 

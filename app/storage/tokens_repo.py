@@ -68,19 +68,20 @@ class TokenRepository:
             rows = uow.conn.execute(select(api_tokens).order_by(api_tokens.c.id)).all()
         return [_record(r) for r in rows]
 
-    def revoke(self, name: str) -> TokenRecord:
-        """Mark a token revoked (idempotent); NotFound for an unknown name."""
+    def revoke(self, name: str) -> tuple[TokenRecord, bool]:
+        """Mark a token revoked (idempotent): the record, and whether this call revoked it
+        (False: it was revoked already). NotFound for an unknown name."""
         with UnitOfWork(self._engine) as uow:
-            uow.conn.execute(
+            changed = uow.conn.execute(
                 update(api_tokens)
                 .where(api_tokens.c.name == name, api_tokens.c.revoked_at_ms.is_(None))
                 .values(revoked_at_ms=now_ms())
-            )
+            ).rowcount
             row = uow.conn.execute(select(api_tokens).where(api_tokens.c.name == name)).first()
             if row is None:
                 raise NotFound(ErrorCode.VALIDATION_FAILED, f"no token named {name}")
             uow.commit()
-        return _record(row)
+        return _record(row), changed == 1
 
     def authenticate(self, token: str) -> TokenRecord | None:
         """The live token whose digest matches ``token``, compared in constant time."""

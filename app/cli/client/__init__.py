@@ -691,13 +691,14 @@ def cmd_tasks_put(client: Client, args: argparse.Namespace) -> int:
         status, rev = client.put(f"/tasks/{task}/revisions/{args.revision}", body)
     else:
         status, rev = _put_next(client, task, body)
+    if recipe is not None:
+        _warn_missing_secrets(client, set(recipe["secrets"].values()))
     if args.json:
         _emit_json(rev)
         return EXIT_OK
     if recipe is not None:
         keys = ", ".join([*recipe["env"], *recipe["secrets"]])
         print(f"recipe {recipe['id']} ({render.safe(keys)})")
-        _warn_missing_secrets(client, set(recipe["secrets"].values()))
     what = "created" if status == 201 else "unchanged (the same content)"
     print(f"task {render.safe(rev['task'])} revision {rev['revision']} {what}: {rev['digest']}")
     return EXIT_OK
@@ -713,7 +714,7 @@ def _warn_missing_secrets(client: Client, names: set[str]) -> None:
             return
         try:
             page = client.get("/secrets", limit=200, cursor=cursor)
-        except ApiProblem:
+        except ClientError:  # a refusal, or no answer: the revision is saved all the same
             return
         names -= {item["name"] for item in page["items"]}
         cursor = page.get("next_cursor")
