@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, and_, func, select
 
-from app.domain.journal import CONSUMED
+from app.domain.journal import CONSUMED, STATES
 from app.domain.states import TERMINAL_RUN, RunStatus
 from app.storage.tables import (
     ACTIVE_ATTEMPT,
@@ -73,6 +73,7 @@ def read_snapshot(engine: Engine) -> MetricsSnapshot:
         ended_by_code={(str(s), str(code or "")): int(n) for s, code, n in ended},
         attempts_active={s: 0 for s in ACTIVE_ATTEMPT_STATUSES}
         | {str(s): int(n) for s, n in active},
-        journal_by_state={str(s): int(n) for s, n in journal},
+        # Every state not consumed, 0 included: an alert on quarantined > 0 needs the series.
+        journal_by_state={s: 0 for s in STATES - {CONSUMED}} | {str(s): int(n) for s, n in journal},
         log_bytes=int(log_bytes or 0),
     )

@@ -40,5 +40,8 @@ def test_metrics_needs_its_scope_and_counts_runs_from_the_database(
     assert got[("qinglong_runs", (("status", "succeeded"),))] == 0
     assert got[("qinglong_queue_depth", ())] == 3
     assert got[("qinglong_attempts_active", (("status", "running"),))] == 0
+    # Every journal state but consumed has its series at 0 before the first entry.
+    journal = {dict(labels)["state"] for name, labels in got if name == "qinglong_journal_entries"}
+    assert journal == {"reserved", "spawned", "spawn_failed", "quarantined", "fenced"}
     assert ("qinglong_created_to_started_seconds_count", ()) in got
     assert ("qinglong_dispatch_pass_seconds_count", ()) in got
