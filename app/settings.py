@@ -263,6 +263,11 @@ class RetentionSettings:
         return profile.retention.interval_s if self.interval_s is None else self.interval_s
 
 
+
+def default_database_url(data_dir: Path) -> str:
+    """The SQLite database in ``data_dir``: the default when QL_DATABASE_URL is unset."""
+    return f"sqlite:///{data_dir / 'qinglong.db'}"
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a process of the service needs to know about where it lives."""
@@ -304,7 +309,7 @@ class Settings:
         """Read ``QL_*`` variables; ``data_dir`` (a flag) wins over ``QL_DATA_DIR``."""
         env = os.environ if env is None else env
         root = Path(data_dir or env.get("QL_DATA_DIR") or DEFAULT_DATA_DIR).absolute()
-        url = env.get("QL_DATABASE_URL") or f"sqlite:///{root / 'qinglong.db'}"
+        url = env.get("QL_DATABASE_URL") or default_database_url(root)
         origins = tuple(o.strip() for o in env.get("QL_CORS_ORIGINS", "").split(",") if o.strip())
         socket = env.get("QL_WORKER_SOCKET")
         ttl, renew = lease_timing_from_env(env)
@@ -347,11 +352,16 @@ class Settings:
             env["QL_WORKER_SOCKET"] = str(self.worker_socket)
         return env
 
+    @property
+    def database_in_data_dir(self) -> bool:
+        """The database is the data dir's own SQLite file (no QL_DATABASE_URL elsewhere)."""
+        return self.database_url == default_database_url(self.data_dir)
+
     def with_data_dir(self, data_dir: Path) -> Settings:
         """A copy rooted elsewhere (the database URL follows only if it was the default)."""
         url = self.database_url
-        if url == f"sqlite:///{self.data_dir / 'qinglong.db'}":
-            url = f"sqlite:///{data_dir / 'qinglong.db'}"
+        if self.database_in_data_dir:
+            url = default_database_url(data_dir)
         return replace(self, data_dir=data_dir, database_url=url)
 
     @property

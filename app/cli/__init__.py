@@ -51,10 +51,10 @@ def _data_dir_after(parser: argparse.ArgumentParser) -> None:
     """``--data-dir`` after the command too (``qinglong token list --data-dir X``), as
     docs/api.md §8 promises: on every leaf of a service command that lacks it, without a
     default, so the value given before the command stays when none is given after."""
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    for child in subs[0].choices.values() if subs else ():
+    children = _subcommands(parser)
+    for child in children.values():
         _data_dir_after(child)
-    if not subs and "--data-dir" not in parser._option_string_actions:
+    if not children and "--data-dir" not in parser._option_string_actions:
         parser.add_argument(
             "--data-dir", default=argparse.SUPPRESS, help="data directory (default $QL_DATA_DIR)"
         )
@@ -97,11 +97,19 @@ def _leaf(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Argument
     current = parser
     after_option = False
     for word in argv:
-        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
-        if subs and not after_option and word in subs[0].choices:
-            current = subs[0].choices[word]
+        children = _subcommands(current)
+        if not after_option and word in children:
+            current = children[word]
         after_option = word.startswith("-") and "=" not in word
     return current
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser's sub-command parsers by name ({} for a leaf)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

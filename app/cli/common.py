@@ -88,7 +88,7 @@ def _require_sqlite_file(settings: Settings) -> None:
     path = Path(url.database)
     if path.exists():
         return
-    if settings.database_url == f"sqlite:///{settings.data_dir / 'qinglong.db'}":
+    if settings.database_in_data_dir:
         where = (
             "give the service's data dir with --data-dir or QL_DATA_DIR (the default, "
             "./.qinglong, is relative to the current directory)"

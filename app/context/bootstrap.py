@@ -273,11 +273,11 @@ def build_context(
     reserve = settings.profile.free_space_reserve_bytes
     # With execution, also what the disk admission needs to start a run (else runs wait).
     logs_dir = settings.logs_dir if execution else None
-    quota = settings.profile.log_quota_bytes
+    to_start = settings.profile.free_bytes_to_start
     checks: dict[str, ReadyCheck] = {
         "database": lambda: database_check(engine),
         "disk": lambda: disk_check(
-            settings.data_dir, reserve, logs_dir=logs_dir, log_quota_bytes=quota
+            settings.data_dir, reserve, logs_dir=logs_dir, bytes_to_start=to_start
         ),
     }
     closers: list[Hook] = []

@@ -89,12 +89,12 @@ def disk_check(
     reserve_bytes: int,
     *,
     logs_dir: str | os.PathLike[str] | None = None,
-    log_quota_bytes: int = 0,
+    bytes_to_start: int = 0,
 ) -> str | None:
     """None when the data dir is writable and holds more free space than the reserve, and,
     given ``logs_dir``, when the dispatcher's disk admission would let a run start there
-    (free space minus the reserve covers one log's quota, app/execution/materializer.py);
-    else why not. Runs that cannot start wait queued: an operator alerting on /readyz sees it."""
+    (``Profile.free_bytes_to_start``, the rule app/execution/materializer.py applies); else
+    why not. Runs that cannot start wait queued: an operator alerting on /readyz sees it."""
     try:
         st = os.statvfs(data_dir)
     except OSError as exc:
@@ -114,10 +114,9 @@ def disk_check(
     except OSError:
         logs = st
     free = logs.f_bavail * logs.f_frsize
-    needed = reserve_bytes + log_quota_bytes
-    if free < needed:
+    if free < bytes_to_start:
         return (
             f"free space for job logs below the reserve plus one log's quota "
-            f"({free // MIB} MiB < {needed // MIB} MiB): queued runs wait"
+            f"({free // MIB} MiB < {bytes_to_start // MIB} MiB): queued runs wait"
         )
     return None

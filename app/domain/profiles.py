@@ -51,6 +51,12 @@ class Profile:
     max_running: int
     retention: RetentionDefaults
 
+    @property
+    def free_bytes_to_start(self) -> int:
+        """Free space a run needs to start (the disk admission, docs/design.md §3.3 rule 8):
+        the reserve plus one log's quota. The dispatcher and /readyz apply this one rule."""
+        return self.free_space_reserve_bytes + self.log_quota_bytes
+
 
 EDGE = Profile(
     name=ProfileName.EDGE,

@@ -301,8 +301,7 @@ class Materializer:
         """AdmissionRefused("disk") when free space minus the reserve does not cover a log's
         quota: the run stays queued, untouched, and starts once space returns (a run must
         not fail because the disk filled); nothing of it exists yet (step 7 is next)."""
-        free = self._disk.free_bytes(self._settings.logs_dir)
-        if free - profile.free_space_reserve_bytes < profile.log_quota_bytes:
+        if self._disk.free_bytes(self._settings.logs_dir) < profile.free_bytes_to_start:
             raise AdmissionRefused("disk")
 
     def _create_log_artifact(self, candidate: DispatchCandidateLike) -> Path:

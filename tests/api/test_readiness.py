@@ -68,11 +68,11 @@ def test_the_disk_check_says_when_runs_wait_for_space_to_start(tmp_path: Path) -
         reserve, quota = EDGE.free_space_reserve_bytes, EDGE.log_quota_bytes
         filler = fill(data, leave_bytes=reserve + quota - MIB)
         assert disk_check(data, reserve) is None  # writes are fine
-        said = disk_check(data, reserve, logs_dir=data / "logs", log_quota_bytes=quota)
+        said = disk_check(data, reserve, logs_dir=data / "logs", bytes_to_start=reserve + quota)
         assert said is not None and said.startswith("free space for job logs below the reserve")
         assert said.endswith("MiB < 36 MiB): queued runs wait"), said
         filler.unlink()
-        assert disk_check(data, reserve, logs_dir=data / "logs", log_quota_bytes=quota) is None
+        assert disk_check(data, reserve, logs_dir=data / "logs", bytes_to_start=reserve + quota) is None
 
 
 def test_readyz_is_503_when_free_space_is_below_the_profile_reserve(tmp_path: Path) -> None:

@@ -238,7 +238,10 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
         "--cron", action="append", metavar="EXPR",
         help="a five-field cron expression, quoted ('0 3 * * *'); repeatable, up to 8",
     )  # fmt: skip
-    put.add_argument("--every", type=int, dest="every_seconds", metavar="SECONDS", help="1..")
+    put.add_argument(
+        "--every", type=int, dest="every_seconds", metavar="SECONDS",
+        help="seconds between slots, 1 or more (slots aligned to the epoch)",
+    )  # fmt: skip
     put.add_argument("--timezone", metavar="ZONE", help="an IANA zone for --cron (default UTC)")
     put.add_argument("--overlap", choices=["skip", "allow", "queue_one", "replace"])
     put.add_argument("--max-concurrent", type=int, help="runs at once under --overlap allow")
@@ -704,25 +707,29 @@ def cmd_tasks_put(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _unset(client: Client, names: set[str]) -> set[str]:
+    """Which of ``names`` no stored secret has; none when the list cannot be read (a
+    refusal, no answer: the revision is saved all the same) or is over 20 pages long."""
+    cursor = None
+    for _ in range(20):
+        if not names:
+            return names
+        try:
+            page = client.get("/secrets", limit=200, cursor=cursor)
+        except ClientError:
+            return set()
+        names = names - {item["name"] for item in page["items"]}
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return names
+    return set()
+
+
 def _warn_missing_secrets(client: Client, names: set[str]) -> None:
     """A warning on stderr for each named secret that is not set yet: its runs would fail
     SECRET_NOT_FOUND. Naming one before setting it is allowed (the order is the user's), so
     this never refuses; a token that may not list secrets (secrets:write) skips the check."""
-    cursor = None
-    for _ in range(20):  # 20 pages of 200 names; beyond that, no warning rather than a crawl
-        if not names:
-            return
-        try:
-            page = client.get("/secrets", limit=200, cursor=cursor)
-        except ClientError:  # a refusal, or no answer: the revision is saved all the same
-            return
-        names -= {item["name"] for item in page["items"]}
-        cursor = page.get("next_cursor")
-        if not cursor:
-            break
-    else:
-        return
-    for name in sorted(names):
+    for name in sorted(_unset(client, names)):
         shown = render.safe(name)
         print(
             f"warning: secret {shown} is not set yet; its runs fail SECRET_NOT_FOUND until "

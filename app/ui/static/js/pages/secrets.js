@@ -81,7 +81,7 @@ export function secretsPage(view, { signal, ready }) {
         close();
         tr.remove();
         (next ? next.querySelector('.row-actions button') : name).focus();
-        empty.hidden = Boolean(secretRow(body.firstElementChild, null));
+        empty.hidden = Boolean(body.querySelector('tr[data-secret]'));
         result.ok(t('secrets.deleted', { name: s.name }));
       } catch (err) {
         close();
@@ -91,11 +91,10 @@ export function secretsPage(view, { signal, ready }) {
     return tr;
   }
 
-  // The first secret's row from ``from`` on (``from`` itself with ``step`` null), skipping
-  // open questions' rows.
+  // The nearest secret's row past ``from`` in direction ``step``, skipping open questions' rows.
   function secretRow(from, step) {
-    let at = step ? from[step] : from;
-    while (at && !at.dataset.secret) at = at[step || 'nextElementSibling'];
+    let at = from[step];
+    while (at && !at.dataset.secret) at = at[step];
     return at;
   }
 
