@@ -114,12 +114,16 @@ def run_audit(
     except AuditRefused as exc:
         print(f"qinglong: {what} audit refused: {exc}", file=sys.stderr)
         return 1
-    print_report(report, quarantine=args.quarantine)
+    print_report(report, start=window["start"], shards=args.shards, quarantine=args.quarantine)
     return 0
 
 
-def print_report(report: AuditReport, *, quarantine: bool) -> None:
-    """One audit window's counts and the next shard cursor, as both audit commands print them."""
+def print_report(report: AuditReport, *, start: int, shards: int, quarantine: bool) -> None:
+    """One audit window's range, counts and next shard cursor, as both audit commands print
+    them. ``files found`` is said even when 0, so an empty window reads as checked."""
+    last = (start + shards - 1) % SHARD_COUNT
+    print(f"shards audited: {start:02x}..{last:02x}")
+    print(f"files found: {report.counts.total() - report.counts['move_skipped']}")
     for name in sorted(report.counts):
         print(f"{name}: {report.counts[name]}")
     if quarantine:
