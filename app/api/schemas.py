@@ -252,7 +252,7 @@ class LogOut(BaseModel):
 
 
 class CancelOut(BaseModel):
-    reason: Literal["user", "timeout", "replaced", "schedule_deleted"]
+    reason: Literal["user", "timeout", "replaced", "schedule_deleted", "service_stop"]
     at_ms: int
 
 

@@ -703,7 +703,11 @@ class RunRepository:
     # -- intents -----------------------------------------------------------------------------
 
     def request_cancel(
-        self, *, run_id: str, reason: Literal["user", "timeout"], attempt_id: str | None = None
+        self,
+        *,
+        run_id: str,
+        reason: Literal["user", "timeout", "service_stop"],
+        attempt_id: str | None = None,
     ) -> Run:
         """Record a cancel intent once; a queued run is cancelled at once.
 

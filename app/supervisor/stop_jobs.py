@@ -2,9 +2,10 @@
 
 By default a shutdown leaves jobs running (their shims are detached) and the worker
 reconciles them at its next start. With the flag, once the api and the worker are down, each
-active attempt gets a cancel intent (reason ``user``, so its ending maps to ``cancelled``
-when the worker consumes the shim's receipt at the next start) and its job is stopped by exact
-identity (docs/design.md §3.10: TERM, grace, identity re-check, KILL; a mismatched identity is never
+active attempt gets a cancel intent (reason ``service_stop``, since no user asked; like
+every reason but ``timeout`` its ending maps to ``cancelled``, never retried, when the worker
+consumes the shim's receipt at the next start) and its job is stopped by exact identity
+(docs/design.md §3.10: TERM, grace, identity re-check, KILL; a mismatched identity is never
 signalled). The shim then publishes its receipt and exits; we wait for it, bounded.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import Final
 
 from app.domain.errors import DomainError
 from app.domain.model import ProcessHandle
@@ -30,6 +32,7 @@ from app.worker.watcher import shim_alive
 _PAGE = 100
 _PARALLEL = 16
 _SHIM_WAIT_S = 5.0
+SERVICE_STOP_REASON: Final = "service_stop"
 
 
 def stop_active_jobs(settings: Settings) -> Counter[str]:
@@ -50,7 +53,7 @@ def stop_active_jobs(settings: Settings) -> Counter[str]:
             after = page[-1].attempt_id
         for attempt in active:
             with contextlib.suppress(DomainError):  # ended meanwhile: nothing to cancel
-                runs.request_cancel(run_id=attempt.run_id, reason="user")
+                runs.request_cancel(run_id=attempt.run_id, reason=SERVICE_STOP_REASON)
         grace = settings.profile.stop_grace_s
         root = detect(settings.cgroup_root)
         with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
