@@ -275,6 +275,12 @@ def test_the_cli_client_journey(
     assert code == 0 and out.startswith("schedule weekly saved (version 2, paused)"), err
     code, out, _ = run_main(capsys, served, "schedules", "show", "weekly")
     assert "when:     every 3600s" in out, out
+    # --if-version: against the real api's ETag, a stale version is refused, the current one saved.
+    code, _, err = run_main(capsys, served, "schedules", "put", "weekly", *file_args, "--if-version", "1")
+    assert code == 3 and "412 PRECONDITION_FAILED: it is at version 2, not 1" in err
+    changed = [file_args[0], file_args[1], "--every", "7200", "--if-version", "2"]
+    code, out, err = run_main(capsys, served, "schedules", "put", "weekly", *changed)
+    assert code == 0 and out.startswith("schedule weekly saved (version 3, paused)"), err
     code, _, err = run_main(capsys, served, "schedules", "put", "weekly", "--task", "hello")
     assert code == 2 and "a schedule needs --task and --cron EXPR or --every SECONDS" in err
     code, out, _ = run_main(capsys, served, "schedules", "delete", "weekly")

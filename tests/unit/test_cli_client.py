@@ -628,3 +628,39 @@ def test_a_schedule_body_is_the_file_then_the_flags_and_one_cadence() -> None:
     with pytest.raises(ClientError, match="needs --task and --cron") as bare:
         bodies.schedule_body(None, {"task": "t"})
     assert both.value.exit_code == bare.value.exit_code == EXIT_USAGE
+
+
+def test_schedules_put_if_version_sends_the_stored_etag_and_a_412_says_nothing_was_saved(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import app.cli.client as commands
+
+    path = "/api/v1/schedules/nightly"
+    stored = {"name": "nightly", "task": "t", "every_seconds": 60, "version": 2}
+    put_answer = httpx.Response(412, json={"code": "PRECONDITION_FAILED", "detail": "stale"})
+    if_match: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == path
+        if request.method == "GET":
+            return httpx.Response(200, json=stored, headers={"ETag": '"s1.2"'})
+        if_match.append(request.headers.get("if-match"))
+        return put_answer  # changed between the read and the PUT
+
+    monkeypatch.setattr(
+        commands, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(answer))
+    )
+    flags = ["--url", "http://api.test", "--token", "ql_t", "--task", "t", "--every", "60"]
+    assert main(["schedules", "put", "nightly", *flags, "--if-version", "2"]) == 3
+    assert if_match == ['"s1.2"']
+    assert capsys.readouterr().err == (
+        "error: 412 PRECONDITION_FAILED: stale; nothing was saved: someone changed it, "
+        "see qinglong schedules show nightly\n"
+    )
+    # Another version than the stored one: refused before any PUT.
+    assert main(["schedules", "put", "nightly", *flags, "--if-version", "1"]) == 3
+    assert if_match == ['"s1.2"']
+    assert "it is at version 2, not 1; nothing was saved" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        main(["schedules", "put", "nightly", *flags, "--if-version", "0"])
+    assert usage.value.code == 2 and "versions are numbered from 1" in capsys.readouterr().err

@@ -226,7 +226,7 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="create or replace a schedule: from flags, or --file and flags",
         usage="qinglong schedules put NAME --task TASK (--cron EXPR | --every SECONDS) "
-        "[flags] [--file PATH|-]",
+        "[flags] [--file PATH|-] [--if-version N]",
     )
     put.add_argument("name")
     put.add_argument(
@@ -251,6 +251,10 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
     put.add_argument(
         "--paused", action="store_true",
         help="store it paused; without it (and without paused in --file) it is active",
+    )  # fmt: skip
+    put.add_argument(
+        "--if-version", type=_version_number, metavar="N",
+        help="replace only version N of the stored schedule (refused if someone changed it)",
     )  # fmt: skip
     put.set_defaults(handler=_client(cmd_schedules_put))
 
@@ -349,6 +353,13 @@ def _attempt_number(text: str) -> int:
     value = _whole(text)
     if value < 1:  # attempts are numbered from 1; 0 would read as "the latest"
         raise argparse.ArgumentTypeError("attempts are numbered from 1")
+    return value
+
+
+def _version_number(text: str) -> int:
+    value = _whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("versions are numbered from 1")
     return value
 
 
@@ -859,7 +870,16 @@ def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
     if args.file is not None:
         base = bodies.load_schedule_file(_read_file(args.file), source=_file_name(args.file))
     body = bodies.schedule_body(base, vars(args))  # usage errors before any request
-    status, schedule = client.put(f"/schedules/{_seg(args.name)}", body)
+    path = f"/schedules/{_seg(args.name)}"
+    headers = None
+    if args.if_version is not None:
+        headers = {"If-Match": _schedule_etag(client, args.name, args.if_version)}
+    try:
+        status, schedule = client.put(path, body, headers=headers)
+    except ApiProblem as exc:
+        if exc.status != 412:
+            raise
+        raise _changed_meanwhile(exc, args.name) from None
     if args.json:
         _emit_json(schedule)
         return EXIT_OK
@@ -870,6 +890,31 @@ def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
     print(f"schedule {render.safe(schedule['name'])} {what} (version {schedule['version']}"
           f"{state}){render.safe(nxt)}")  # fmt: skip
     return EXIT_OK
+
+
+def _schedule_etag(client: Client, name: str, version: int) -> str:
+    """The stored schedule's ETag while it is at ``version``; the api then replaces that
+    version only, so a change between this read and the PUT is a 412 too."""
+    try:
+        stored, etag = client.get_tagged(f"/schedules/{_seg(name)}")
+    except ApiProblem as exc:
+        if exc.status != 404:
+            raise
+        raise ApiProblem(
+            exc.status, exc.code, f"{exc.message} (--if-version replaces a stored schedule)"
+        ) from None
+    if stored.get("version") != version or not etag:
+        at = f"412 PRECONDITION_FAILED: it is at version {stored.get('version')}, not {version}"
+        raise _changed_meanwhile(ApiProblem(412, "PRECONDITION_FAILED", at), name)
+    return etag
+
+
+def _changed_meanwhile(exc: ApiProblem, name: str) -> ApiProblem:
+    return ApiProblem(
+        exc.status, exc.code,
+        f"{exc.message}; nothing was saved: someone changed it, see qinglong schedules show "
+        f"{render.safe(name)}",
+    )  # fmt: skip
 
 
 def cmd_schedules_delete(client: Client, args: argparse.Namespace) -> int:

@@ -238,9 +238,16 @@ class Client:
         """POST ``path`` under /api/v1; the decoded JSON."""
         return _json(self.request("POST", API + path, body=body, headers=headers))
 
-    def put(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    def get_tagged(self, path: str) -> tuple[Any, str | None]:
+        """GET ``path`` under /api/v1; ``(decoded JSON, its ETag)``."""
+        response = self.request("GET", API + path)
+        return _json(response), response.headers.get("etag")
+
+    def put(
+        self, path: str, body: dict[str, Any], *, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
         """PUT ``path`` under /api/v1; ``(status, decoded JSON)`` (201 new, 200 the same)."""
-        response = self.request("PUT", API + path, body=body)
+        response = self.request("PUT", API + path, body=body, headers=headers)
         return response.status_code, _json(response)
 
     def log_bytes(self, run_id: str, number: int) -> bytes:
