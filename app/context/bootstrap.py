@@ -80,15 +80,19 @@ class Background:
         halt: Hook | None = None,
         soon: Callable[[], bool] | None = None,
         soon_interval_s: float = BUDGET_POLL_S,
-        next_due_s: Callable[[], float | None] | None = None,
+        next_due_s: Callable[[int], float | None] | None = None,
     ) -> None:
         # ``soon``: while it answers True, ``periodic`` runs every ``soon_interval_s``
         # (the budget poll, docs/concurrency-budgets.md §4).
         self._soon = soon
         self._soon_interval_s = soon_interval_s
-        # ``next_due_s``: seconds until the earliest waiting retry may start (None: none);
-        # ``periodic`` runs then rather than at its next interval (docs/retries.md §2).
+        # ``next_due_s(since_ms)``: seconds until the earliest waiting retry whose instant is
+        # later than ``since_ms`` (None: none), 0 once passed; ``periodic`` runs then rather
+        # than at its next interval (docs/retries.md §2). ``since_ms`` is when the last pass
+        # began: a retry due after that instant may have come due while the pass ran, after
+        # its promotion read, so it gets a pass of its own at once, not a whole interval later.
         self._next_due_s = next_due_s
+        self._pass_began_ms = 0
         self._on_enqueued = on_enqueued
         self._on_cancel_requested = on_cancel_requested
         self._periodic = periodic
@@ -137,6 +141,7 @@ class Background:
                 return
             self._kicked.clear()
             if not kicked:
+                self._pass_began_ms = now_ms()
                 self._run(self._periodic)
                 continue
             # The wake first: it is one socket call, and a cancel should not wait for a drain.
@@ -145,6 +150,7 @@ class Background:
                 self._run(self._on_cancel_requested)
             if self._enqueued.is_set():
                 self._enqueued.clear()
+                self._pass_began_ms = now_ms()
                 self._run(self._on_enqueued)
 
     def _timeout(self) -> float | None:
@@ -155,7 +161,7 @@ class Background:
             timeout = min(self._soon_interval_s, self._interval_s)
         if self._next_due_s is not None:
             try:
-                due = self._next_due_s()
+                due = self._next_due_s(self._pass_began_ms)
             except Exception as exc:  # a read that failed: the interval is the fallback
                 log.warning("next retry read failed: %s", type(exc).__name__)
                 due = None
@@ -215,14 +221,16 @@ class AppContext:
             self.engine.dispose()
 
 
-def retry_wake(reader: RunReader) -> Callable[[], float | None]:
-    """Seconds until the earliest waiting retry's ``not_before_ms`` (one indexed read), so
-    the dispatch loop wakes for it and for nothing else (docs/retries.md §2)."""
+def retry_wake(reader: RunReader) -> Callable[[int], float | None]:
+    """Seconds until the earliest waiting retry's ``not_before_ms`` later than ``since_ms``
+    (one indexed read; 0 when it passed already), so the dispatch loop wakes for it and for
+    nothing else (docs/retries.md §2). Those not later than ``since_ms`` were due when the
+    last pass began: that pass promoted them, or a budget holds them, which has its own poll."""
 
-    def due() -> float | None:
+    def due(since_ms: int) -> float | None:
         now = now_ms()
-        at = reader.next_retry_at_ms(after_ms=now)
-        return None if at is None else (at - now) / 1000 + 0.001
+        at = reader.next_retry_at_ms(after_ms=min(since_ms, now))
+        return None if at is None else max((at - now) / 1000 + 0.001, 0.0)
 
     return due
 

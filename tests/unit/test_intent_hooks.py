@@ -11,7 +11,7 @@ from typing import Any, cast
 from app.context.bootstrap import Background
 from app.context.execution_wiring import build_execution
 from app.context.facade import AppFacade
-from app.domain.ids import uuid7
+from app.domain.ids import now_ms, uuid7
 from app.domain.model import CancelIntent, Run
 from app.domain.profiles import EDGE
 from app.domain.states import RunStatus
@@ -197,6 +197,40 @@ def test_the_slow_loop_ticks_at_the_budget_poll_pace_only_while_soon_says_so() -
         background.stop()
 
 
+def test_a_retry_that_comes_due_during_a_pass_gets_the_next_pass_at_once() -> None:
+    """docs/retries.md §2: a pass that began before a retry's instant and read the retries
+    before it (so it promoted nothing) ends after the instant. The loop must not wait a whole
+    interval for that retry: the read that sets the next wake asks for retries due after the
+    pass began, and one already due means a pass now."""
+    waiting: list[int] = []  # the retry instants not promoted yet (as ms)
+    ticks: list[float] = []
+    two = threading.Event()
+
+    def periodic() -> None:
+        ticks.append(time.monotonic())
+        if len(ticks) == 1:  # promotes the due one, reads before the next instant, outlives it
+            waiting[:] = [now_ms() + 100]
+            time.sleep(0.3)
+        else:
+            waiting.clear()  # promoted
+            two.set()
+
+    def next_due_s(since_ms: int) -> float | None:
+        later = [at for at in waiting if at > since_ms]  # what RunReader.next_retry_at_ms does
+        return None if not later else max((min(later) - now_ms()) / 1000, 0.0)
+
+    background = Background(
+        on_enqueued=None, periodic=periodic, interval_s=3600.0, next_due_s=next_due_s
+    )
+    waiting.append(1)  # a retry long due at start: the first pass comes at once
+    background.start()
+    try:
+        assert two.wait(5), "the retry that came due during the first pass waited an interval"
+        assert ticks[1] - ticks[0] < 1.0 and waiting == []
+    finally:
+        background.stop()
+
+
 def test_the_slow_loop_wakes_at_the_earliest_retry_and_not_before() -> None:
     """docs/retries.md §2: interval 1 h; the loop sleeps until the next retry is due (read
     again after every wake), and with none waiting it does not tick at all."""
@@ -212,7 +246,7 @@ def test_the_slow_loop_wakes_at_the_earliest_retry_and_not_before() -> None:
 
     background = Background(
         on_enqueued=None, periodic=periodic, interval_s=3600.0,
-        next_due_s=lambda: due[0],
+        next_due_s=lambda _since: due[0],
     )  # fmt: skip
     background.start()
     try:
