@@ -85,6 +85,29 @@ def test_catchup_all_fires_every_missed_slot_in_order(engine: Engine) -> None:
     assert slots_of_runs(engine) == [T0 + s * 1000 for s in range(1, 6)]
 
 
+def test_catchup_all_under_skip_fires_the_oldest_and_skips_the_rest(engine: Engine) -> None:
+    """docs/schedules.md §3: each caught-up slot is decided under the overlap policy, so the
+    default ``skip`` keeps only the oldest missed slot's run (what the docs and the CLI's
+    warning say), and ``replace`` ends on the newest, the older ones cancelled."""
+    repo = make(engine, every(1, catchup="all"))
+    assert repo.fire_due(T0 + 5000).runs_created == 1
+    assert slots_of_runs(engine) == [T0 + 1000]
+    decided = repo.decisions(name="tick", limit=10, cursor=None).items
+    assert [(d.decision, d.slot_ms) for d in reversed(decided)] == [
+        ("fired", T0 + 1000), *[("skipped_overlap", T0 + s * 1000) for s in range(2, 6)]
+    ]  # fmt: skip
+
+    repo = make(engine, every(1, catchup="all", overlap="replace"), name="swap")
+    assert repo.fire_due(T0 + 5000).runs_created == 5
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(runs.c.slot_ms, runs.c.status).where(runs.c.schedule_id == repo.get(name="swap").id)
+        ).all()
+    assert sorted(rows) == [
+        *[(T0 + s * 1000, "cancelled") for s in range(1, 5)], (T0 + 5000, "queued")
+    ]  # fmt: skip
+
+
 def test_catchup_none_fires_no_missed_slot_but_the_one_due_now(engine: Engine) -> None:
     repo = make(engine, every(1, catchup="none"))
     assert repo.fire_due(T0 + 5000).runs_created == 1

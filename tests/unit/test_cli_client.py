@@ -664,3 +664,25 @@ def test_schedules_put_if_version_sends_the_stored_etag_and_a_412_says_nothing_w
     with pytest.raises(SystemExit) as usage:
         main(["schedules", "put", "nightly", *flags, "--if-version", "0"])
     assert usage.value.code == 2 and "versions are numbered from 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"catchup": "all"}, "--overlap skip, so only the oldest missed slot runs"),
+        ({"catchup": "all", "overlap": "queue_one"}, "only the two oldest missed slots run"),
+        ({"catchup": "all", "overlap": "replace"}, "only the newest slot runs"),
+        ({"catchup": "all", "overlap": "allow"}, "--overlap allow --max-concurrent 1, so only"),
+        ({"catchup": "all", "overlap": "allow", "max_concurrent": 5}, None),
+        ({"catchup": "latest"}, None),
+        ({}, None),
+    ],
+)
+def test_catchup_all_warns_when_the_overlap_policy_keeps_one_run(
+    body: dict[str, object], said: str | None
+) -> None:
+    warning = bodies.catchup_all_warning(body)
+    if said is None:
+        assert warning is None
+    else:
+        assert warning is not None and said in warning and "docs/schedules.md §3" in warning

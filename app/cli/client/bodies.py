@@ -208,6 +208,32 @@ def load_schedule_file(text: str, *, source: str) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k not in SCHEDULE_OUTPUT_ONLY}
 
 
+_ALL_UNDER = {
+    "skip": "only the oldest missed slot runs, the others skipped_overlap",
+    "queue_one": "only the two oldest missed slots run, the others skipped_overlap",
+    "replace": "only the newest slot runs, the older ones cancelled",
+}
+
+
+def catchup_all_warning(body: Mapping[str, Any]) -> str | None:
+    """What ``catchup: all`` does under an overlap policy that keeps one run at a time
+    (docs/schedules.md §3): not every missed slot runs. None when it does as it says."""
+    if body.get("catchup") != "all":
+        return None
+    overlap = body.get("overlap") or "skip"
+    limit = body.get("max_concurrent") or 1
+    what = _ALL_UNDER.get(overlap) if overlap != "allow" else (
+        _ALL_UNDER["skip"] if limit == 1 else None
+    )  # fmt: skip
+    if what is None:
+        return None
+    return (
+        f"warning: --catchup all decides each missed slot under --overlap {overlap}"
+        f"{' --max-concurrent 1' if overlap == 'allow' else ''}, so {what}; to run every one "
+        "use --overlap allow --max-concurrent N (docs/schedules.md §3)"
+    )
+
+
 def schedule_body(base: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any]:
     """The ``PUT /schedules/{name}`` body: ``base`` (a file), then the flags.
 
