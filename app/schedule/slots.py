@@ -139,6 +139,18 @@ _FIELD_RANGES = {
 }
 
 
+def _never_that_day(fields: list[str]) -> bool:
+    """cronsim refuses a day-of-month no month of the expression has (``31 2``) as a bad
+    day-of-month: true when the same expression in every month is accepted."""
+    every_month = [*fields]
+    every_month[-2] = "*"
+    try:
+        CronSim(" ".join(every_month), dt.datetime(2000, 1, 1))
+    except CronSimError:
+        return False
+    return True
+
+
 def _parse(index: int, text: str) -> _Expr:
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_EXPRESSION_CHARS:
         raise InvalidSchedule(f"cron[{index}]: an expression of 5 or 6 fields is required")
@@ -158,7 +170,12 @@ def _parse(index: int, text: str) -> _Expr:
         # cronsim says "Bad minute"; say what a minute may be, so the fix is in the answer.
         said = str(exc)
         allowed = _FIELD_RANGES.get(said.removeprefix("Bad ").strip())
-        if allowed:
+        if said == "Bad day-of-month" and _never_that_day(fields):
+            said += (
+                ": none of its months has that day (like 30 February or 31 April), "
+                "so it would never fire"
+            )
+        elif allowed:
             said += f" (its values: {allowed}; a list a,b, a range a-b or a step */n)"
         raise InvalidSchedule(f"cron[{index}]: {said}") from None
     hour = fields[-4]

@@ -272,6 +272,10 @@ def test_local_iso_gives_the_zone_s_wall_time_and_its_offset() -> None:
         ("* 25 * * *", "cron[0]: Bad hour (its values: 0-23; "),
         ("* * * 13 *", "cron[0]: Bad month (its values: 1-12 or jan-dec; "),
         ("* * * * 8", "cron[0]: Bad day-of-week (its values: 0-7 or sun-sat, 0 and 7 both Sunday; "),
+        ("0 0 32 * *", "cron[0]: Bad day-of-month (its values: 1-31 or L; "),
+        # A day every month lacks: not "its values", which would hold 31.
+        ("0 0 31 2 *", "cron[0]: Bad day-of-month: none of its months has that day "),
+        ("0 0 31 4,6 *", "cron[0]: Bad day-of-month: none of its months has that day "),
     ],
 )
 def test_a_bad_cron_field_is_refused_with_what_it_may_hold(expr: str, said: str) -> None:
