@@ -112,6 +112,31 @@ def test_run_fields_say_when_retention_removed_the_log() -> None:
     assert "log:      6 bytes, expired 1970-01-02 00:00:00: retention removed it" in text
 
 
+def test_run_fields_say_a_retry_waits_and_until_when() -> None:
+    waiting = {"number": 2, "status": "claimed", "exit_code": None, "signal": None,
+               "error_code": None, "started_at_ms": None, "finished_at_ms": None, "log": {}}  # fmt: skip
+    run = RUN | {"status": "queued", "latest_attempt": waiting, "next_attempt_at_ms": 120_000}
+    text = render.run_fields(run, tz=UTC)
+    assert "attempt:  2 claimed: a retry, waits until 1970-01-01 00:02:00" in text
+
+
+def test_schedule_fields_say_ended_bounds_and_max_only_under_allow() -> None:
+    schedule = {
+        "name": "n", "task": "t", "revision": None, "every_seconds": 60, "timezone": "UTC",
+        "overlap": "skip", "max_concurrent": 2, "catchup": "latest", "catchup_window_seconds": 60,
+        "jitter_seconds": 0, "dst_gap": "shift", "dst_fold": "first", "paused": False,
+        "start_at_ms": 0, "end_at_ms": 60_000, "version": 1, "updated_at_ms": 0, "next_fires": [],
+    }  # fmt: skip
+    text = render.schedule_fields(schedule, tz=UTC)
+    assert "state:    ended" in text and "overlap:  skip\n" in text
+    assert "bounds:   from 1970-01-01 00:00:00, until 1970-01-01 00:01:00" in text
+    assert "dst:      gap shift, fold first" in text
+    assert "allow (max 2)" in render.schedule_fields(schedule | {"overlap": "allow"}, tz=UTC)
+    assert render.schedule_state(schedule | {"end_at_ms": None}) == "active"
+    assert render.schedule_state(schedule | {"paused": True}) == "paused"
+    assert render.schedules_table([schedule]).splitlines()[1].split()[5] == "ended"  # every 60s: 2 words
+
+
 def test_user_strings_cannot_drive_the_terminal() -> None:
     evil = "bad\x1b[2J\rname\u202e"
     cell = render.table(["TASK"], [[evil]]).splitlines()[1]
@@ -686,3 +711,25 @@ def test_catchup_all_warns_when_the_overlap_policy_keeps_one_run(
         assert warning is None
     else:
         assert warning is not None and said in warning and "docs/schedules.md §3" in warning
+
+
+def test_runs_logs_of_a_retry_that_never_started_points_at_the_attempt_before(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    waiting = {"number": 2, "status": "cancelled", "started_at_ms": None, "log": {"bytes": 0}}
+    run = RUN | {"id": "r1", "status": "cancelled", "latest_attempt": waiting}
+    answers = {
+        ("GET", "/api/v1/runs/r1"): httpx.Response(200, json=run),
+        ("GET", "/api/v1/runs/r1/attempts/2/log"): httpx.Response(200, content=b""),
+        ("GET", "/api/v1/runs/r1/attempts/1/log"): httpx.Response(200, content=b"boom\n"),
+    }
+    flags = ["--url", "http://api.test", "--token", "ql_t"]
+    code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *flags)
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, "")
+    assert err == (
+        "attempt 2 has not started, so it has no output; the one before: "
+        "qinglong runs logs r1 --attempt 1\n"
+    )
+    code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", "--attempt", "1", *flags)
+    assert (code, capsys.readouterr()) == (0, ("boom\n", ""))

@@ -177,8 +177,11 @@ def run_fields(
         pairs.append(("pinned", "yes: retention keeps its log and rows"))
     if cancel:
         pairs.append(("cancel", f"{cancel.get('reason')} at {when(cancel.get('at_ms'), tz=tz)}"))
+    waits_until = run.get("next_attempt_at_ms")  # a retry waits (docs/retries.md §2)
     if attempt:
         outcome = attempt_outcome(attempt) + (f" ({why_not_started})" if why_not_started else "")
+        if waits_until is not None and outcome == "-":
+            outcome = f"a retry, waits until {when(waits_until, tz=tz)}"
         pairs.append(("attempt", f"{attempt['number']} {attempt['status']}: {outcome}"))
         size = f"{log.get('bytes', 0)} bytes"
         if log.get("truncated"):
@@ -366,6 +369,15 @@ def every(schedule: Mapping[str, Any]) -> str:
     return "cron " + " | ".join(schedule.get("cron") or [])
 
 
+def schedule_state(schedule: Mapping[str, Any], *, now_ms: int | None = None) -> str:
+    """``paused``, ``ended`` (its ``end_at_ms`` passed: no slot is left) or ``active``."""
+    if schedule.get("paused"):
+        return "paused"
+    end = schedule.get("end_at_ms")
+    now = int(datetime.now(UTC).timestamp() * 1000) if now_ms is None else now_ms
+    return "ended" if end is not None and end < now else "active"
+
+
 def _next(schedule: Mapping[str, Any], tz: tzinfo | None) -> str:
     fires = schedule.get("next_fires") or []
     return when(fires[0]["at_ms"], tz=tz) if fires else "-"
@@ -379,7 +391,7 @@ def schedules_table(schedules: Sequence[Mapping[str, Any]], *, tz: tzinfo | None
             s["task"],
             every(s),
             s.get("timezone"),
-            "paused" if s.get("paused") else "active",
+            schedule_state(s),
             _next(s, tz),
         )
         for s in schedules
@@ -390,21 +402,32 @@ def schedules_table(schedules: Sequence[Mapping[str, Any]], *, tz: tzinfo | None
 def schedule_fields(schedule: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
     """The ``schedules show`` block, with the next fire times in local time and the zone's."""
     rev = schedule.get("revision")
+    overlap = str(schedule.get("overlap"))
+    if overlap == "allow":  # the only policy max_concurrent acts under
+        overlap += f" (max {schedule.get('max_concurrent')})"
     pairs: list[tuple[str, object]] = [
         ("schedule", schedule["name"]),
         ("task", f"{schedule['task']} ({'latest' if rev is None else f'revision {rev}'})"),
         ("when", every(schedule)),
         ("zone", schedule.get("timezone")),
-        ("state", "paused" if schedule.get("paused") else "active"),
-        ("overlap", f"{schedule.get('overlap')} (max {schedule.get('max_concurrent')})"),
+        ("state", schedule_state(schedule)),
+        ("overlap", overlap),
         (
             "catch-up",
             f"{schedule.get('catchup')} within {schedule.get('catchup_window_seconds')} s",
         ),
         ("jitter", f"{schedule.get('jitter_seconds', 0)} s"),
+        ("dst", f"gap {schedule.get('dst_gap')}, fold {schedule.get('dst_fold')}"),
         ("version", schedule.get("version")),
         ("updated", when(schedule.get("updated_at_ms"), tz=tz)),
     ]
+    bounds = [
+        f"{label} {when(schedule[key], tz=tz)}"
+        for label, key in (("from", "start_at_ms"), ("until", "end_at_ms"))
+        if schedule.get(key) is not None
+    ]
+    if bounds:
+        pairs.insert(4, ("bounds", ", ".join(bounds)))
     for i, fire in enumerate(schedule.get("next_fires") or []):
         pairs.append(("next" if i == 0 else "", f"{when(fire['at_ms'], tz=tz)}  ({fire['local']})"))
     return fields(pairs)
