@@ -388,7 +388,7 @@ def test_a_strange_answer_is_one_line_and_exit_3(
 
 
 def _flags(**given: object) -> dict[str, object]:
-    names = [*bodies.REVISION_FLAGS, *bodies.RETRY_FLAGS, "retry_no_jitter"]
+    names = [*bodies.REVISION_FLAGS, *bodies.RETRY_FLAGS, "retry_jitter", "retry_no_jitter"]
     return {name: None for name in names} | given
 
 
@@ -418,6 +418,19 @@ def test_a_revision_file_is_the_base_the_flags_change() -> None:
     assert bodies.revision_body(base, ["/bin/true"], _flags())["argv"] == ["/bin/true"]
     with pytest.raises(ClientError, match="the file names another one"):
         bodies.revision_body(base | {"recipe": "other"}, [], _flags(), recipe="mine")
+
+
+def test_retry_flags_without_a_second_attempt_are_refused_and_jitter_can_be_turned_on() -> None:
+    with pytest.raises(ClientError, match="does nothing: with one attempt in all"):
+        bodies.revision_body(None, ["/bin/true"], _flags(retry_delay=5.0))
+    with pytest.raises(ClientError, match="does nothing"):
+        bodies.revision_body(None, ["/bin/true"], _flags(retry_max_attempts=1, retry_jitter=True))
+    # The file's max_attempts counts; max_attempts 1 alone turns retries off, as asked.
+    base = {"argv": ["/bin/true"], "retry": {"max_attempts": 3, "jitter": False}}
+    body = bodies.revision_body(base, [], _flags(retry_delay=5.0, retry_jitter=True))
+    assert body["retry"] == {"max_attempts": 3, "jitter": True, "initial_delay_seconds": 5.0}
+    off = bodies.revision_body(base, [], _flags(retry_max_attempts=1))
+    assert off["retry"] == {"max_attempts": 1, "jitter": False}
 
 
 def test_a_revision_file_may_be_what_the_api_printed_without_its_output_only_fields() -> None:

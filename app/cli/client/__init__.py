@@ -314,7 +314,12 @@ def _register_tasks_put(tsub: Any, common: argparse.ArgumentParser) -> None:
         choices=("failed", "timed_out", "lost"),
         help="repeatable; the endings that retry (default failed)",
     )
-    put.add_argument("--retry-no-jitter", action="store_true", help="exact waits")
+    jitter = put.add_mutually_exclusive_group()
+    jitter.add_argument(
+        "--retry-jitter", action="store_true",
+        help="each wait drawn in the upper half of its backoff (default: exact waits)",
+    )  # fmt: skip
+    jitter.add_argument("--retry-no-jitter", action="store_true", help="exact waits")
     put.set_defaults(handler=_client(cmd_tasks_put), job_argv=[])
 
 

@@ -147,11 +147,16 @@ def revision_body(
         if flags.get(flag) is not None:
             body[field] = flags[flag]
     retry = {f: flags[k] for k, f in RETRY_FLAGS.items() if flags.get(k) is not None}
-    if flags.get("retry_no_jitter"):
-        retry["jitter"] = False
+    if flags.get("retry_jitter") or flags.get("retry_no_jitter"):
+        retry["jitter"] = bool(flags.get("retry_jitter"))
     if retry:
         base_retry = body.get("retry")
         body["retry"] = (dict(base_retry) if isinstance(base_retry, dict) else {}) | retry
+        if set(retry) - {"max_attempts"} and body["retry"].get("max_attempts", 1) == 1:
+            raise usage(
+                "a retry flag without --retry-max-attempts N (2 or more) does nothing: with one "
+                "attempt in all there is no retry"
+            )
     if recipe is not None:
         if body.get("recipe") not in (None, recipe):
             raise usage("--env/--secret make the recipe; the file names another one")
