@@ -281,6 +281,9 @@ def test_the_cli_client_journey(
     changed = [file_args[0], file_args[1], "--every", "7200", "--if-version", "2"]
     code, out, err = run_main(capsys, served, "schedules", "put", "weekly", *changed)
     assert code == 0 and out.startswith("schedule weekly saved (version 3, paused)"), err
+    code, out, err = run_main(capsys, served, "schedules", "decisions", "weekly")
+    assert (code, out.split(), err) == (0, ["SLOT", "DECISION", "RUN", "MISSED", "DECIDED"],
+                                        "no decisions yet\n")  # paused since it was made
     code, _, err = run_main(capsys, served, "schedules", "put", "weekly", "--task", "hello")
     assert code == 2 and "a schedule needs --task and --cron EXPR or --every SECONDS" in err
     code, out, _ = run_main(capsys, served, "schedules", "delete", "weekly")

@@ -137,6 +137,19 @@ def test_schedule_fields_say_ended_bounds_and_max_only_under_allow() -> None:
     assert render.schedules_table([schedule]).splitlines()[1].split()[5] == "ended"  # every 60s: 2 words
 
 
+def test_decisions_table_names_the_run_and_the_missed_span() -> None:
+    decided = [
+        {"slot_ms": 180_000, "decision": "fired", "run": "r3", "count": None,
+         "until_slot_ms": None, "at_ms": 180_002},
+        {"slot_ms": 60_000, "decision": "missed", "run": None, "count": 2,
+         "until_slot_ms": 120_000, "at_ms": 180_001},
+    ]  # fmt: skip
+    lines = render.decisions_table(decided, tz=UTC).splitlines()
+    assert lines[0].split() == ["SLOT", "DECISION", "RUN", "MISSED", "DECIDED"]
+    assert lines[1].split()[2:5] == ["fired", "r3", "-"]
+    assert lines[2].split()[2:8] == ["missed", "-", "2", "slots,", "to", "1970-01-01"]
+
+
 def test_user_strings_cannot_drive_the_terminal() -> None:
     evil = "bad\x1b[2J\rname\u202e"
     cell = render.table(["TASK"], [[evil]]).splitlines()[1]

@@ -186,7 +186,7 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     storage.set_defaults(handler=_client(cmd_system_storage))
 
     schedules = sub.add_parser(
-        "schedules", help="list, show, pause, resume, put and delete schedules"
+        "schedules", help="list, show, pause, resume, put and delete schedules; their decisions"
     )
     ssub = schedules.add_subparsers(dest="schedules_command", metavar="ACTION", required=True)
     slist = ssub.add_parser("list", parents=[common], help="schedules by name")
@@ -200,6 +200,13 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
         one = ssub.add_parser(action, parents=[common], help=what)
         one.add_argument("name")
         one.set_defaults(handler=_client(cmd_schedule_one), schedule_action=action)
+    decisions = ssub.add_parser(
+        "decisions", parents=[common],
+        help="what each slot became, newest first: fired, skipped_overlap, missed, ...",
+    )  # fmt: skip
+    decisions.add_argument("name")
+    _paging(decisions)
+    decisions.set_defaults(handler=_client(cmd_schedules_decisions))
     _register_schedules_put(ssub, common)
     sdel = ssub.add_parser(
         "delete", parents=[common], help="delete a schedule (its queued runs are cancelled)"
@@ -861,6 +868,14 @@ def cmd_system_storage(client: Client, args: argparse.Namespace) -> int:
 def cmd_schedules_list(client: Client, args: argparse.Namespace) -> int:
     """One page of schedules."""
     return _listing(client, args, "/schedules", render.schedules_table, "schedules list")
+
+
+def cmd_schedules_decisions(client: Client, args: argparse.Namespace) -> int:
+    """One page of a schedule's slot decisions, newest first (why a slot did not run)."""
+    return _listing(
+        client, args, f"/schedules/{_seg(args.name)}/decisions", render.decisions_table,
+        f"schedules decisions {args.name}",
+    )  # fmt: skip
 
 
 def cmd_schedule_one(client: Client, args: argparse.Namespace) -> int:

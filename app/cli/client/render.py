@@ -269,6 +269,21 @@ def events_table(events: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = Non
     return table(("SEQ", "AT", "TYPE", "DATA"), rows, width=80)
 
 
+def decisions_table(decisions: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
+    """The ``schedules decisions`` table: slot, decision, the run it names and, for
+    ``missed``, how many slots up to which."""
+    rows = []
+    for d in decisions:
+        note = "-"
+        if d.get("decision") == "missed":
+            note = f"{d.get('count')} slots, to {when(d.get('until_slot_ms'), tz=tz)}"
+        rows.append(
+            (when(d.get("slot_ms"), tz=tz), d["decision"], d.get("run") or "-", note,
+             when(d.get("at_ms"), tz=tz))
+        )  # fmt: skip
+    return table(("SLOT", "DECISION", "RUN", "MISSED", "DECIDED"), rows)
+
+
 def _data(data: Mapping[str, Any] | None) -> str:
     pairs = [f"{k}={v}" for k, v in (data or {}).items() if v is not None]
     return " ".join(pairs) or "-"
