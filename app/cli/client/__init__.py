@@ -243,7 +243,7 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
     put.add_argument("--revision", type=int, help="this revision (default: the task's latest)")
     put.add_argument(
         "--cron", action="append", metavar="EXPR",
-        help="a cron expression, quoted ('0 3 * * *'; 6 fields: seconds first); up to 8",
+        help="a cron expression, quoted ('0 3 * * *'; 6 fields: seconds first); repeat, up to 8",
     )  # fmt: skip
     put.add_argument(
         "--every", type=int, dest="every_seconds", metavar="SECONDS",
