@@ -628,6 +628,32 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     assert page.errors == []
 
 
+def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
+    """A run between attempts says until when its retry waits; a schedule past its
+    ``end_at_ms`` says ``ended``, not ``active`` (no slot is left)."""
+    body = {"argv": ["/bin/sh", "-c", "echo first try; exit 1"],
+            "retry": {"max_attempts": 2, "initial_delay_seconds": 300, "jitter": False}}  # fmt: skip
+    assert site.api("PUT", "/api/v1/tasks/flaky/revisions/1", json=body).status_code == 201
+    run_id = enqueue(site.served, "flaky")
+    wait_until("the retry waits", lambda: get_run(site.served, run_id)["next_attempt_at_ms"], 30)
+    page = site.page()
+    site.sign_in(page, path=f"runs/{run_id}")
+    page.wait_for_selector("text=Retry waits until")
+    # The waiting attempt 2 has no output: the log shown is attempt 1's.
+    page.wait_for_selector("text=first try")
+    assert "attempt 1" in page.inner_text("h2:has-text('Log')")
+    site.shot(page, "run-retry-waits")
+    assert site.api("POST", f"/api/v1/runs/{run_id}/cancel").is_success
+    ended = {"task": "hello", "every_seconds": 60, "end_at_ms": int(time.time() * 1000) - 60_000}
+    assert site.api("PUT", "/api/v1/schedules/ended-one", json=ended).status_code == 201
+    site.visit(page, "schedules")
+    row = page.locator("tr", has_text="ended-one")
+    assert "ended" in row.inner_text() and "active" not in row.inner_text()
+    site.shot(page, "schedules-ended")
+    assert site.api("DELETE", "/api/v1/schedules/ended-one").is_success
+    assert page.errors == []
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -642,5 +668,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(site)
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
+    _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

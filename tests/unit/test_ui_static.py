@@ -97,3 +97,12 @@ def test_every_static_file_is_package_data() -> None:
         )
     ]
     assert not missing, f"not in [tool.setuptools.package-data] app: {missing}"
+
+
+def test_every_event_type_the_service_records_has_a_label_in_each_language() -> None:
+    from app.domain.events import ALL_EVENT_TYPES
+
+    for lang in LANGS:
+        labels = _dict(lang)
+        missing = sorted(t for t in ALL_EVENT_TYPES if f"event.{t}" not in labels)
+        assert missing == [], (lang, missing)

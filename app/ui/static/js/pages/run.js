@@ -105,6 +105,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
       run.trigger.rerun_of ? [t('run.rerun_of'), link(['runs', run.trigger.rerun_of], raw(run.trigger.rerun_of, 'code'))] : null,
       [t('run.pinned'), run.pinned ? t('run.pinned_yes') : t('run.pinned_no')],
       cancel ? [t('run.cancel_requested'), [t(`cancel.${cancel.reason}`), ' · ', timeEl(cancel.at_ms)]] : null,
+      run.next_attempt_at_ms != null ? [t('run.retry_waits'), timeEl(run.next_attempt_at_ms)] : null,
     ]));
     drawActions(run);
     put(attemptsBody, state.attempts.map((a) => h('tr', {},
@@ -232,7 +233,11 @@ export function runPage(view, { args: [runId], signal, ready }) {
   }
 
   function followLatest() {
-    const latest = state.attempts[state.attempts.length - 1];
+    // A retry that has not started (it waits, or was cancelled waiting) has no output yet:
+    // the attempt before it holds what the user came to read.
+    const started = state.attempts.filter((a) => a.started_at_ms != null);
+    const last = state.attempts[state.attempts.length - 1];
+    const latest = last && last.started_at_ms == null && started.length ? started[started.length - 1] : last;
     if (!latest || state.followed === latest.number) return;
     if (state.follower) state.follower.stop();
     state.followed = latest.number;

@@ -18,9 +18,10 @@ function policy(kind, name) {
 }
 
 function pausedTag(s) {
-  return s.paused
-    ? h('span', { class: 'status status-paused' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '‖'), ' ', t('schedules.paused'))
-    : h('span', { class: 'status status-active' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '▶'), ' ', t('schedules.active'));
+  if (s.paused) return h('span', { class: 'status status-paused' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '‖'), ' ', t('schedules.paused'));
+  // Past its end_at_ms no slot is left: "active" would promise runs that never come.
+  if (s.end_at_ms != null && s.end_at_ms < Date.now()) return h('span', { class: 'status status-ended' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '■'), ' ', t('schedules.ended'));
+  return h('span', { class: 'status status-active' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '▶'), ' ', t('schedules.active'));
 }
 
 export function schedulesPage(view, { signal, ready }) {
