@@ -252,7 +252,13 @@ class LogOut(BaseModel):
 
 
 class CancelOut(BaseModel):
-    reason: Literal["user", "timeout", "replaced", "schedule_deleted", "service_stop"]
+    # A string, not an enum: a reason a newer build records must not make this build's
+    # answer fail (a rollback, or hosts of two versions on one database). The known ones:
+    reason: str = Field(
+        description="user, timeout, replaced or schedule_deleted; service_stop is read "
+        "(the UI and CLI name it) but not yet written, so a rollback to an older build, "
+        "whose answer lists only the first four, stays possible; unknown values may come"
+    )
     at_ms: int
 
 

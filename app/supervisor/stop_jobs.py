@@ -2,9 +2,9 @@
 
 By default a shutdown leaves jobs running (their shims are detached) and the worker
 reconciles them at its next start. With the flag, once the api and the worker are down, each
-active attempt gets a cancel intent (reason ``service_stop``, since no user asked; like
-every reason but ``timeout`` its ending maps to ``cancelled``, never retried, when the worker
-consumes the shim's receipt at the next start) and its job is stopped by exact identity
+active attempt gets a cancel intent (reason ``user``; like every reason but ``timeout`` its
+ending maps to ``cancelled``, never retried, when the worker consumes the shim's receipt at
+the next start) and its job is stopped by exact identity
 (docs/design.md §3.10: TERM, grace, identity re-check, KILL; a mismatched identity is never
 signalled). The shim then publishes its receipt and exits; we wait for it, bounded.
 """
@@ -32,7 +32,10 @@ from app.worker.watcher import shim_alive
 _PAGE = 100
 _PARALLEL = 16
 _SHIM_WAIT_S = 5.0
-SERVICE_STOP_REASON: Final = "service_stop"
+# "user", though no user asked: builds before this one answer 500 for a reason they do not
+# know, so ``service_stop`` (read since this build) is written only once a rollback to them
+# is no longer supported (docs/operations.md, "Roll back").
+SERVICE_STOP_REASON: Final = "user"
 
 
 def stop_active_jobs(settings: Settings) -> Counter[str]:

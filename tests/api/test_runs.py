@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from sqlalchemy import update
+
 from app.domain.ids import uuid7
 from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.tables import runs
 from tests.api.conftest import Client, MakeToken, assert_problem, make_running
 
 RUN_FIELDS = {
@@ -108,6 +112,27 @@ def test_cancel_of_a_running_run_records_the_intent_once(
     assert first["status"] == "running" and first["cancel_requested"]["reason"] == "user"
     assert second["cancel_requested"] == first["cancel_requested"]
     assert second["version"] == first["version"]
+
+
+def test_a_cancel_reason_this_build_does_not_know_is_answered_not_a_500(
+    client: Client, admin: dict[str, str], task: str, settings: Settings
+) -> None:
+    """A newer build may record a reason (service_stop, or one not named yet); this build,
+    rolled back to or beside it on one database, must still answer the run and the list."""
+    run = client.post("/api/v1/runs", json={"task": task}, headers=admin).json()
+    make_running(settings, run["id"])
+    client.post(f"/api/v1/runs/{run['id']}/cancel", headers=admin)
+    engine = make_engine(settings.database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.id == run["id"]).values(cancel_reason="later"))
+    finally:
+        engine.dispose()
+    one = client.get(f"/api/v1/runs/{run['id']}", headers=admin)
+    assert one.status_code == 200 and one.json()["cancel_requested"]["reason"] == "later"
+    listed = client.get("/api/v1/runs", headers=admin)
+    assert listed.status_code == 200
+    assert listed.json()["items"][0]["cancel_requested"]["reason"] == "later"
 
 
 def test_runs_list_filters_and_pages_newest_first(

@@ -79,5 +79,5 @@ def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
     again = serve_factory(data_dir=served.data_dir, database_url=db_url)
     run = _wait_status(again, run_id, TERMINAL)
     assert run["status"] == "cancelled"
-    assert run["cancel_requested"]["reason"] == "service_stop"  # no user asked
+    assert run["cancel_requested"]["reason"] == "user"  # service_stop once older builds read it
     assert _terminal_events(again, run_id) == ["run.cancelled"]
