@@ -201,7 +201,9 @@ class WorkerProcess:
             policy=s.retention.policy(s.profile),
             budgets=GlobalBudgets(
                 total_log_bytes=s.retention.total_log_bytes_of(s.profile),
-                free_reserve_bytes=s.profile.free_space_reserve_bytes,
+                # What a run needs to start (the disk admission's rule), not the bare reserve:
+                # between the two, runs would wait for space that nothing frees.
+                free_reserve_bytes=s.profile.free_bytes_to_start,
             ),
             tasks_per_pass=d.tasks_per_pass,
             files_per_pass=d.files_per_pass,

@@ -102,7 +102,9 @@ class TaskOverride:
 
 @dataclass(frozen=True, slots=True)
 class GlobalBudgets:
-    """Budgets over every task: total log bytes (None: none), the free-space reserve."""
+    """Budgets over every task: total log bytes (None: none), and the free space to keep
+    (the worker's sweep: what a run needs to start, reserve plus a log's quota; the api's
+    storage report: the reserve)."""
 
     total_log_bytes: int | None
     free_reserve_bytes: int

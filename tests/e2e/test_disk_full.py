@@ -95,3 +95,27 @@ def test_a_job_ending_on_a_full_disk_is_recorded_with_its_exit_code_once_space_r
     assert temps == []
     # Ready again once free space is back and the refused write is forgotten (10 s).
     wait_until("ready", lambda: httpx.get(f"{base}/readyz", timeout=5).status_code == 200, 20)
+
+
+CHATTY = 3_500_000  # under the edge quota (4 MiB): no truncation, each log whole
+
+
+def test_runs_whose_own_logs_filled_the_disk_start_once_retention_frees_what_a_run_needs(
+    data_disk: Path, serve_factory: ServeFactory
+) -> None:
+    """A queue that fills its own disk with logs drains by itself. On the 60 MiB tmpfs (edge:
+    reserve 32 MiB, a run needs reserve + its 4 MiB quota = 36 MiB to start), a sixth or so
+    3.5 MiB log leaves free space between the reserve and 36 MiB. Runs then wait; the sweep
+    must free up to what a run needs (the admission's rule), not only up to the reserve, or
+    nothing frees space and the queue waits for ever."""
+    served = serve_factory(
+        data_dir=data_disk, extra_env={"QL_PROFILE": "edge", "QL_RETENTION_INTERVAL_S": "1"}
+    )
+    put_task(served, "chatty", f"head -c {CHATTY} /dev/zero")
+    ids = [enqueue(served, "chatty") for _ in range(14)]
+    for run_id in ids:  # in order: each waits for space the previous ones' logs took
+        run = wait_status(served, run_id, {"succeeded", "failed", "lost", "cancelled"}, timeout=60)
+        assert run["status"] == "succeeded" and _log_bytes(run) == CHATTY, run
+    expired = [get_run(served, r)["latest_attempt"]["log"].get("expired") for r in ids]
+    assert expired[0] is True and expired[-1] is False  # the oldest went for the newest
+    assert all(terminal_events(served, r) == ["run.succeeded"] for r in ids)
