@@ -285,7 +285,11 @@ def build_context(
     checks: dict[str, ReadyCheck] = {
         "database": lambda: database_check(engine),
         "disk": lambda: disk_check(
-            settings.data_dir, reserve, logs_dir=logs_dir, bytes_to_start=to_start
+            settings.data_dir,
+            reserve,
+            logs_dir=logs_dir,
+            bytes_to_start=to_start,
+            receipts_dir=settings.receipts_dir if execution else None,
         ),
     }
     closers: list[Hook] = []

@@ -447,8 +447,9 @@ def _log_pass(
         if now >= _disk_low_said["next"]:  # a minute apart: /readyz says it all along
             _disk_low_said["next"] = now + DISK_LOW_LOG_EVERY_S
             log.warning(
-                "queued runs wait: the data dir's free space is below the reserve plus a "
-                "log's quota (they start once space returns)"
+                "queued runs wait: too little free space for job logs (the reserve plus a "
+                "log's quota) or receipts, or a read-only file system; /readyz says which "
+                "(they start once space returns)"
             )
         return False  # the next tick tries again; another pass now would meet the same
     if result.budget_blocked and blocked is not None:

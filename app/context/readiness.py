@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from sqlalchemy import Engine, text
 
 from app.context.facade import Readiness
-from app.domain.profiles import MIB
+from app.domain.profiles import MIB, RECEIPTS_BYTES_TO_START
 from app.storage.migrate import current_revision, head_revision
 from app.storage.unavailable import WRITE_HEALTH
 
@@ -90,11 +90,14 @@ def disk_check(
     *,
     logs_dir: str | os.PathLike[str] | None = None,
     bytes_to_start: int = 0,
+    receipts_dir: str | os.PathLike[str] | None = None,
 ) -> str | None:
     """None when the data dir is writable and holds more free space than the reserve, and,
     given ``logs_dir``, when the dispatcher's disk admission would let a run start there
-    (``Profile.free_bytes_to_start``, the rule app/execution/materializer.py applies); else
-    why not. Runs that cannot start wait queued: an operator alerting on /readyz sees it."""
+    (``Profile.free_bytes_to_start``, the rule app/execution/materializer.py applies) and,
+    given ``receipts_dir``, when that takes a receipt (not read-only, at least
+    ``RECEIPTS_BYTES_TO_START`` free); else why not. Runs that cannot start wait queued: an
+    operator alerting on /readyz sees it."""
     try:
         st = os.statvfs(data_dir)
     except OSError as exc:
@@ -114,9 +117,25 @@ def disk_check(
     except OSError:
         logs = st
     free = logs.f_bavail * logs.f_frsize
+    if logs.f_flag & os.ST_RDONLY:
+        return "job logs are on a read-only file system: queued runs wait"
     if free < bytes_to_start:
         return (
             f"free space for job logs below the reserve plus one log's quota "
             f"({free // MIB} MiB < {bytes_to_start // MIB} MiB): queued runs wait"
+        )
+    if receipts_dir is None:
+        return None
+    try:  # receipts/ too may be a file system of its own (the same admission rule)
+        receipts = os.statvfs(receipts_dir)
+    except OSError:
+        receipts = st
+    if receipts.f_flag & os.ST_RDONLY:
+        return "receipts are on a read-only file system: queued runs wait"
+    free = receipts.f_bavail * receipts.f_frsize
+    if free < RECEIPTS_BYTES_TO_START:
+        return (
+            f"free space for receipts below {RECEIPTS_BYTES_TO_START // MIB} MiB "
+            f"({free // 1024} KiB): queued runs wait"
         )
     return None

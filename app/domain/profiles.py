@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 MIB = 1024 * 1024
+# receipts/ may be a file system of its own: a run's receipt takes 4 KiB there, and a run
+# starts only with this much free (docs/design.md §3.3 rule 8), else it waits queued.
+RECEIPTS_BYTES_TO_START = 1 * MIB
 
 
 class ProfileName(StrEnum):

@@ -33,7 +33,7 @@ from app.domain.errors import (
 from app.domain.execution import Leftovers
 from app.domain.ids import now_ms
 from app.domain.model import Recipe, Run, TaskRevision
-from app.domain.profiles import Profile
+from app.domain.profiles import RECEIPTS_BYTES_TO_START, Profile
 from app.domain.states import AttemptStatus, RunStatus
 from app.domain.validation import merge_environment, validate_env_value, validate_recipe
 from app.execution.ports import (
@@ -59,6 +59,9 @@ class SettingsLike(Protocol):
 
     @property
     def logs_dir(self) -> Path: ...
+
+    @property
+    def receipts_dir(self) -> Path: ...
 
     @property
     def profile(self) -> Profile: ...
@@ -128,12 +131,13 @@ class StatvfsProbe:
     """Free bytes by ``os.statvfs`` on the nearest existing ancestor of a path."""
 
     def free_bytes(self, path: Path) -> int:
-        """``f_bavail * f_frsize``: what an unprivileged writer may still use."""
+        """``f_bavail * f_frsize``: what an unprivileged writer may still use; 0 on a
+        read-only file system, where nothing may be written."""
         probe = path
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         st = os.statvfs(probe)
-        return st.f_bavail * st.f_frsize
+        return 0 if st.f_flag & os.ST_RDONLY else st.f_bavail * st.f_frsize
 
 
 _RACES = (VersionConflict, InvalidTransition)
@@ -299,9 +303,14 @@ class Materializer:
 
     def _admit_disk(self, candidate: DispatchCandidateLike, profile: Profile) -> None:
         """AdmissionRefused("disk") when free space minus the reserve does not cover a log's
-        quota: the run stays queued, untouched, and starts once space returns (a run must
-        not fail because the disk filled); nothing of it exists yet (step 7 is next)."""
-        if self._disk.free_bytes(self._settings.logs_dir) < profile.free_bytes_to_start:
+        quota, or receipts/ (a file system of its own, perhaps) cannot take a receipt: the
+        run stays queued, untouched, and starts once space returns (a run must not fail
+        because the disk filled); nothing of it exists yet (step 7 is next)."""
+        s = self._settings
+        if (
+            self._disk.free_bytes(s.logs_dir) < profile.free_bytes_to_start
+            or self._disk.free_bytes(s.receipts_dir) < RECEIPTS_BYTES_TO_START
+        ):
             raise AdmissionRefused("disk")
 
     def _create_log_artifact(self, candidate: DispatchCandidateLike) -> Path:

@@ -238,7 +238,8 @@ class DiskProbe(Protocol):
     """Free space of the filesystem holding a path (statvfs in production)."""
 
     def free_bytes(self, path: Path) -> int:
-        """Bytes available to an unprivileged writer on ``path``'s filesystem.
+        """Bytes available to an unprivileged writer on ``path``'s filesystem (0 when it is
+        mounted read-only).
 
         Raises: OSError (statvfs failed even on the nearest existing ancestor).
         """

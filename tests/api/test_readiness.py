@@ -4,6 +4,7 @@ data dir below the profile's free-space reserve (a tmpfs), a check that hangs.""
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -73,6 +74,32 @@ def test_the_disk_check_says_when_runs_wait_for_space_to_start(tmp_path: Path) -
         assert said.endswith("MiB < 36 MiB): queued runs wait"), said
         filler.unlink()
         assert disk_check(data, reserve, logs_dir=data / "logs", bytes_to_start=reserve + quota) is None
+
+
+def test_the_disk_check_says_when_receipts_of_their_own_are_full_or_read_only(
+    tmp_path: Path,
+) -> None:
+    """receipts/ (or logs/) as a file system of its own: full or read-only, runs wait queued
+    (the dispatcher's admission), and the check says which, where before it said ready."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    check = {"logs_dir": data / "logs", "bytes_to_start": 0, "receipts_dir": data / "receipts"}
+    assert disk_check(data, 0, **check) is None
+    with mounted_tmpfs(data / "receipts", size_mib=2) as receipts:
+        assert disk_check(data, 0, **check) is None
+        filler = fill(receipts, leave_bytes=512 * 1024)
+        said = disk_check(data, 0, **check)
+        assert said is not None and said.startswith("free space for receipts below 1 MiB"), said
+        assert said.endswith("KiB): queued runs wait")
+        filler.unlink()
+        assert disk_check(data, 0, **check) is None
+        subprocess.run(["mount", "-o", "remount,ro", str(receipts)], check=True)
+        said = disk_check(data, 0, **check)
+        assert said == "receipts are on a read-only file system: queued runs wait"
+    with mounted_tmpfs(data / "logs", size_mib=2) as logs:
+        subprocess.run(["mount", "-o", "remount,ro", str(logs)], check=True)
+        said = disk_check(data, 0, **check)
+        assert said == "job logs are on a read-only file system: queued runs wait"
 
 
 def test_readyz_is_503_when_free_space_is_below_the_profile_reserve(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ and no temp file is left in ``receipts/``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from tests.disk import fill, mounted_tmpfs
 from tests.e2e.conftest import ServeFactory, wait_until
-from tests.e2e.kit import enqueue, get_run, put_task, terminal_events, wait_status
+from tests.e2e.kit import enqueue, events, get_run, put_task, terminal_events, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -119,3 +120,41 @@ def test_runs_whose_own_logs_filled_the_disk_start_once_retention_frees_what_a_r
     expired = [get_run(served, r)["latest_attempt"]["log"].get("expired") for r in ids]
     assert expired[0] is True and expired[-1] is False  # the oldest went for the newest
     assert all(terminal_events(served, r) == ["run.succeeded"] for r in ids)
+
+
+@pytest.fixture
+def own_receipts(tmp_path: Path) -> Iterator[Path]:
+    """A data dir whose receipts/ is a 2 MiB tmpfs of its own; requested before
+    ``serve_factory`` so it is unmounted after the service stopped."""
+    data = tmp_path / "data-own-receipts"
+    data.mkdir(mode=0o700)
+    with mounted_tmpfs(data / "receipts", size_mib=2):
+        yield data
+
+
+def test_a_run_waits_while_receipts_of_their_own_cannot_take_a_receipt(
+    own_receipts: Path, serve_factory: ServeFactory
+) -> None:
+    """receipts/ on a file system of its own, full: the launch's receipt reservation would
+    fail (RECEIPT_RESERVE_FAILED ENOSPC, the run failed for good). The admission sees it
+    first: the run stays queued with nothing but its queued event, /readyz says why, and it
+    runs once space returns."""
+    filler = fill(own_receipts / "receipts")
+    served = serve_factory(data_dir=own_receipts)
+    put_task(served, "noop", "echo ran")
+    run_id = enqueue(served, "noop")
+    try:
+        wait_until(
+            "readyz says receipts",
+            lambda: "free space for receipts below 1 MiB"
+            in httpx.get(f"{served.base_url}/readyz", timeout=5).text,
+            20,
+        )
+        time.sleep(2.5)  # a slow tick (2 s) retried the admission: still waiting
+        assert get_run(served, run_id)["status"] == "queued"
+        assert [e["type"] for e in events(served, run_id)] == ["run.queued"]
+    finally:
+        filler.unlink()
+    run = wait_status(served, run_id, {"succeeded", "failed", "lost", "cancelled"}, timeout=30)
+    assert run["status"] == "succeeded", run
+    assert terminal_events(served, run_id) == ["run.succeeded"]

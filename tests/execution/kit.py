@@ -28,21 +28,28 @@ PLENTY = 1 << 50  # free bytes reported by the roomy fake disk
 
 @dataclass(frozen=True)
 class FakeSettings:
-    """The two settings the execution layer reads."""
+    """The settings the execution layer reads."""
 
     logs_dir: Path
     profile: Profile = STANDALONE
+
+    @property
+    def receipts_dir(self) -> Path:
+        return self.logs_dir.parent / "receipts"
 
 
 class FakeDisk:
     """Reports a fixed amount of free space and counts the probes."""
 
-    def __init__(self, free: int = PLENTY) -> None:
+    def __init__(self, free: int = PLENTY, *, receipts: int | None = None) -> None:
         self.free = free
+        self.receipts = receipts  # receipts/ as a file system of its own (None: the same)
         self.probed: list[Path] = []
 
     def free_bytes(self, path: Path) -> int:
         self.probed.append(path)
+        if self.receipts is not None and path.name == "receipts":
+            return self.receipts
         return self.free
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from app.domain.artifacts import log_relpath
 from app.domain.errors import Conflict
-from app.domain.profiles import EDGE, MIB
+from app.domain.profiles import EDGE, MIB, RECEIPTS_BYTES_TO_START
 from app.execution.dispatcher import build_dispatcher
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.run_reads import RunReader
@@ -111,6 +111,24 @@ def test_a_low_disk_keeps_the_run_queued_until_space_returns(
     assert kit.run(run.id).status == "running"
 
 
+def test_receipts_that_cannot_take_a_receipt_keep_the_run_queued(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """receipts/ on a file system of its own, full or read-only (the probe says 0): the run
+    waits queued, untouched, like a low disk for logs; it was failed RECEIPT_RESERVE_FAILED
+    by the worker's launch before."""
+    define(engine)
+    run = enqueue(engine)
+    disk = FakeDisk(receipts=RECEIPTS_BYTES_TO_START - 1)
+    kit = make_kit(engine, tmp_path / "logs", profile=EDGE, disk=disk)
+    result = kit.dispatcher.run_pass()
+    assert [o.kind for o in result.outcomes] == ["disk_low"] and result.disk_low
+    assert kit.launcher.calls == 0 and [e.type for e in kit.events(run.id)] == ["run.queued"]
+    disk.receipts = RECEIPTS_BYTES_TO_START
+    kit.dispatcher.run_pass()
+    assert kit.run(run.id).status == "running"
+
+
 def test_exactly_enough_disk_is_admitted(engine: Engine, tmp_path: Path) -> None:
     """The admission boundary: reserve + quota free bytes is enough."""
     define(engine)
@@ -162,7 +180,8 @@ def test_materialization_follows_the_design_order(engine: Engine, tmp_path: Path
         "definitions.get_revision",
         "definitions.get_recipe",
         "secrets.resolve",
-        "disk.free_bytes",
+        "disk.free_bytes",  # logs/
+        "disk.free_bytes",  # receipts/
         "transitions.begin_dispatch",
         "log_exists=True",
         "launcher.launch",
