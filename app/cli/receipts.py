@@ -10,7 +10,7 @@ unknown regular files older than ``--min-age-s`` are *eligible*; only ``--quaran
 moves them, by hard link + unlink into a private 0700 ``.orphan-quarantine`` (no deletion
 is offered). Symlinks, directories and other types are reported ``unsafe``. A shard with
 more than ``--per-shard`` entries is ``overflow``: nothing in it moves this round, so a
-partial listing can never be mistaken for the whole. Output: the window, the files found,
+partial listing can never be mistaken for the whole. Output: the window, the entries found,
 counts and ``next shard``.
 """
 

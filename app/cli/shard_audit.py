@@ -120,10 +120,11 @@ def run_audit(
 
 def print_report(report: AuditReport, *, start: int, shards: int, quarantine: bool) -> None:
     """One audit window's range, counts and next shard cursor, as both audit commands print
-    them. ``files found`` is said even when 0, so an empty window reads as checked."""
+    them. ``entries found`` (every class, an overflowed shard's first ``--per-shard`` only) is
+    said even when 0, so an empty window reads as checked."""
     last = (start + shards - 1) % SHARD_COUNT
     print(f"shards audited: {start:02x}..{last:02x}")
-    print(f"files found: {report.counts.total() - report.counts['move_skipped']}")
+    print(f"entries found: {report.counts.total() - report.counts['move_skipped']}")
     for name in sorted(report.counts):
         print(f"{name}: {report.counts[name]}")
     if quarantine:

@@ -82,7 +82,7 @@ def test_audit_classifies_and_only_quarantine_moves_eligible_files(
         code, out = _run(capsys, "--shard", one, "--shards", "1", "--per-shard", "64")
         assert code == 0 and out.pop("next shard") == f"{(int(one, 16) + 1) % 256:02x}"
         assert out.pop("shards audited") == f"{one}..{one}"
-        assert int(out.pop("files found")) == sum(int(v) for v in out.values())
+        assert int(out.pop("entries found")) == sum(int(v) for v in out.values())
         totals.update({k: int(v) for k, v in out.items()})
     assert totals == {"eligible": 3, "unsafe": 2, "young": 1, "registered": 1, "active": 1}
     assert all(p.exists() for p in [*kept, *eligible, young])  # read-only by default
@@ -118,7 +118,7 @@ def test_an_empty_window_says_it_found_nothing(
     (data / "receipts").mkdir(exist_ok=True)
     code, out = _run(capsys, "--shard", "10", "--shards", "8")
     assert (code, out) == (
-        0, {"shards audited": "10..17", "files found": "0", "next shard": "18"}
+        0, {"shards audited": "10..17", "entries found": "0", "next shard": "18"}
     )  # fmt: skip
 
 
