@@ -705,7 +705,7 @@ def test_schedules_put_if_version_sends_the_stored_etag_and_a_412_says_nothing_w
     assert main(["schedules", "put", "nightly", *flags, "--if-version", "2"]) == 3
     assert if_match == ['"s1.2"']
     assert capsys.readouterr().err == (
-        "error: 412 PRECONDITION_FAILED: stale; nothing was saved: someone changed it, "
+        "error: 412 PRECONDITION_FAILED: stale; nothing was saved: "
         "see qinglong schedules show nightly\n"
     )
     # Another version than the stored one: refused before any PUT.

@@ -243,7 +243,8 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
     put.add_argument("--revision", type=int, help="this revision (default: the task's latest)")
     put.add_argument(
         "--cron", action="append", metavar="EXPR",
-        help="a cron expression, quoted ('0 3 * * *'; 6 fields: seconds first); repeat, up to 8",
+        help="a cron expression, quoted ('0 3 * * *'; 6 fields: seconds first); "
+        "repeatable, up to 8",
     )  # fmt: skip
     put.add_argument(
         "--every", type=int, dest="every_seconds", metavar="SECONDS",
@@ -935,7 +936,13 @@ def _schedule_etag(client: Client, name: str, version: int) -> str:
         raise ApiProblem(
             exc.status, exc.code, f"{exc.message} (--if-version replaces a stored schedule)"
         ) from None
-    if stored.get("version") != version or not etag:
+    if not etag:  # not this api (a proxy that drops headers?): refuse rather than overwrite
+        raise ClientError(
+            "the server sent no ETag for the schedule, so --if-version cannot be checked; "
+            "nothing was saved",
+            EXIT_API_ERROR,
+        )
+    if stored.get("version") != version:  # a stale or mistyped N: the server would refuse
         at = f"412 PRECONDITION_FAILED: it is at version {stored.get('version')}, not {version}"
         raise _changed_meanwhile(ApiProblem(412, "PRECONDITION_FAILED", at), name)
     return etag
@@ -944,8 +951,7 @@ def _schedule_etag(client: Client, name: str, version: int) -> str:
 def _changed_meanwhile(exc: ApiProblem, name: str) -> ApiProblem:
     return ApiProblem(
         exc.status, exc.code,
-        f"{exc.message}; nothing was saved: someone changed it, see qinglong schedules show "
-        f"{render.safe(name)}",
+        f"{exc.message}; nothing was saved: see qinglong schedules show {render.safe(name)}",
     )  # fmt: skip
 
 
