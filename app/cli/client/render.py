@@ -181,7 +181,9 @@ def run_fields(
     if attempt:
         outcome = attempt_outcome(attempt) + (f" ({why_not_started})" if why_not_started else "")
         if waits_until is not None and outcome == "-":
-            outcome = f"a retry, waits until {when(waits_until, tz=tz)}"
+            # Past its instant it waits for something else (a budget, the worker): "due".
+            due = waits_until <= int(datetime.now(UTC).timestamp() * 1000)
+            outcome = f"a retry, {'due since' if due else 'waits until'} {when(waits_until, tz=tz)}"
         pairs.append(("attempt", f"{attempt['number']} {attempt['status']}: {outcome}"))
         size = f"{log.get('bytes', 0)} bytes"
         if log.get("truncated"):

@@ -105,7 +105,9 @@ export function runPage(view, { args: [runId], signal, ready }) {
       run.trigger.rerun_of ? [t('run.rerun_of'), link(['runs', run.trigger.rerun_of], raw(run.trigger.rerun_of, 'code'))] : null,
       [t('run.pinned'), run.pinned ? t('run.pinned_yes') : t('run.pinned_no')],
       cancel ? [t('run.cancel_requested'), [t(`cancel.${cancel.reason}`), ' · ', timeEl(cancel.at_ms)]] : null,
-      run.next_attempt_at_ms != null ? [t('run.retry_waits'), timeEl(run.next_attempt_at_ms)] : null,
+      run.next_attempt_at_ms != null
+        ? [t(run.next_attempt_at_ms > Date.now() ? 'run.retry_waits' : 'run.retry_due'), timeEl(run.next_attempt_at_ms)]
+        : null,
     ]));
     drawActions(run);
     put(attemptsBody, state.attempts.map((a) => h('tr', {},
