@@ -748,15 +748,24 @@ def test_runs_logs_of_a_retry_that_never_started_points_at_the_attempt_before(
         ("GET", "/api/v1/runs/r1"): httpx.Response(200, json=run),
         ("GET", "/api/v1/runs/r1/attempts/2/log"): httpx.Response(200, content=b""),
         ("GET", "/api/v1/runs/r1/attempts/1/log"): httpx.Response(200, content=b"boom\n"),
-    }
+        ("GET", "/api/v1/runs/r1/attempts"): httpx.Response(200, json={"items": [
+            {"number": 1, "started_at_ms": 1_000}, {"number": 2, "started_at_ms": None},
+        ], "next_cursor": None}),
+    }  # fmt: skip
     flags = ["--url", "http://api.test", "--token", "ql_t"]
     code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *flags)
     out, err = capsys.readouterr()
     assert (code, out) == (0, "")
     assert err == (
-        "attempt 2 has not started, so it has no output; the one before: "
+        "attempt 2 has not started, so it has no output; the last that ran: "
         "qinglong runs logs r1 --attempt 1\n"
     )
+    # Requeued before anything ran (the worker was unavailable): no attempt to point at.
+    answers[("GET", "/api/v1/runs/r1/attempts")] = httpx.Response(200, json={"items": [
+        {"number": 1, "started_at_ms": None}, {"number": 2, "started_at_ms": None},
+    ]})  # fmt: skip
+    _recording_main(monkeypatch, answers, "runs", "logs", "r1", *flags)
+    assert capsys.readouterr().err.endswith("no output; none of its attempts has started yet\n")
     code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", "--attempt", "1", *flags)
     assert (code, capsys.readouterr()) == (0, ("boom\n", ""))
 

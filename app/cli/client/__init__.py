@@ -538,13 +538,15 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
     data = client.log_bytes(run["id"], number)
     latest = run.get("latest_attempt") or {}
     if not data and args.attempt is None and number > 1 and latest.get("started_at_ms") is None:
-        # A retry that never started (waiting, or cancelled in its wait): the output is
-        # the attempt before's, and an empty stdout alone would say nothing.
-        print(
-            f"attempt {number} has not started, so it has no output; the one before: "
-            f"qinglong runs logs {render.safe(args.run)} --attempt {number - 1}",
-            file=sys.stderr,
-        )
+        # A retry that never started (waiting, or cancelled in its wait): the output is an
+        # earlier attempt's, and an empty stdout alone would say nothing.
+        tried = client.get(f"/runs/{_seg(run['id'])}/attempts").get("items") or []
+        ran = [a["number"] for a in tried if a.get("started_at_ms") is not None]
+        where = (
+            f"the last that ran: qinglong runs logs {render.safe(args.run)} --attempt {ran[-1]}"
+            if ran else "none of its attempts has started yet"
+        )  # fmt: skip
+        print(f"attempt {number} has not started, so it has no output; {where}", file=sys.stderr)
     if args.json:
         text = data.decode("utf-8", errors="replace")
         _emit_json({"run": run["id"], "attempt": number, "text": text})
