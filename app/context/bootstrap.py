@@ -225,7 +225,8 @@ def retry_wake(reader: RunReader) -> Callable[[int], float | None]:
     """Seconds until the earliest waiting retry's ``not_before_ms`` later than ``since_ms``
     (one indexed read; 0 when it passed already), so the dispatch loop wakes for it and for
     nothing else (docs/retries.md §2). Those not later than ``since_ms`` were due when the
-    last pass began: that pass promoted them, or a budget holds them, which has its own poll."""
+    last pass began: that pass promoted them; else a budget holds them (it has its own poll),
+    or the pass promoted its limit or met no worker, and the slow tick comes back for them."""
 
     def due(since_ms: int) -> float | None:
         now = now_ms()

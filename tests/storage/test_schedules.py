@@ -88,7 +88,8 @@ def test_catchup_all_fires_every_missed_slot_in_order(engine: Engine) -> None:
 def test_catchup_all_under_skip_fires_the_oldest_and_skips_the_rest(engine: Engine) -> None:
     """docs/schedules.md §3: each caught-up slot is decided under the overlap policy, so the
     default ``skip`` keeps only the oldest missed slot's run (what the docs and the CLI's
-    warning say), and ``replace`` ends on the newest, the older ones cancelled."""
+    warning say), ``queue_one`` the two oldest, and ``replace`` ends on the newest, the older
+    ones cancelled."""
     repo = make(engine, every(1, catchup="all"))
     assert repo.fire_due(T0 + 5000).runs_created == 1
     assert slots_of_runs(engine) == [T0 + 1000]
@@ -96,6 +97,11 @@ def test_catchup_all_under_skip_fires_the_oldest_and_skips_the_rest(engine: Engi
     assert [(d.decision, d.slot_ms) for d in reversed(decided)] == [
         ("fired", T0 + 1000), *[("skipped_overlap", T0 + s * 1000) for s in range(2, 6)]
     ]  # fmt: skip
+
+    repo = make(engine, every(1, catchup="all", overlap="queue_one"), name="pair")
+    assert repo.fire_due(T0 + 5000).runs_created == 2
+    decided = repo.decisions(name="pair", limit=10, cursor=None).items
+    assert [d.decision for d in reversed(decided)] == ["fired", "queued", *["skipped_overlap"] * 3]
 
     repo = make(engine, every(1, catchup="all", overlap="replace"), name="swap")
     assert repo.fire_due(T0 + 5000).runs_created == 5

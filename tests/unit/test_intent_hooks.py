@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from app.context.bootstrap import Background
+from app.context.bootstrap import Background, retry_wake
 from app.context.execution_wiring import build_execution
 from app.context.facade import AppFacade
 from app.domain.ids import now_ms, uuid7
@@ -16,6 +16,7 @@ from app.domain.model import CancelIntent, Run
 from app.domain.profiles import EDGE
 from app.domain.states import RunStatus
 from app.settings import Settings
+from app.storage.run_reads import RunReader
 
 
 class _Intents:
@@ -229,6 +230,30 @@ def test_a_retry_that_comes_due_during_a_pass_gets_the_next_pass_at_once() -> No
         assert ticks[1] - ticks[0] < 1.0 and waiting == []
     finally:
         background.stop()
+
+
+def test_retry_wake_asks_from_the_pass_start_and_says_zero_for_an_instant_passed() -> None:
+    """The real ``retry_wake`` over a stub reader: the read asks for retries later than the
+    earlier of the pass's start and now; one already passed is a wake now (0), a later one
+    its distance; none waiting is None."""
+    asked: list[int] = []
+    waiting: list[int] = []
+
+    class Reader:
+        def next_retry_at_ms(self, *, after_ms: int) -> int | None:
+            asked.append(after_ms)
+            later = [at for at in waiting if at > after_ms]
+            return min(later) if later else None
+
+    due = retry_wake(cast(RunReader, Reader()))
+    now = now_ms()
+    assert due(now - 5_000) is None and asked[-1] == now - 5_000  # none waits
+    waiting.append(now - 1_000)  # came due during the pass that began 5 s ago
+    assert due(now - 5_000) == 0.0
+    assert due(now + 60_000) is None and asked[-1] <= now_ms()  # never asks from the future
+    waiting[:] = [now + 30_000]
+    seconds = due(now)
+    assert seconds is not None and 29.0 < seconds <= 30.1
 
 
 def test_the_slow_loop_wakes_at_the_earliest_retry_and_not_before() -> None:
