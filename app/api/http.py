@@ -49,7 +49,8 @@ _DESCRIPTIONS = {
     413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
     415: "a body sent with a Content-Type other than JSON (UNSUPPORTED_MEDIA_TYPE)",
     412: "If-Match names another version (PRECONDITION_FAILED)",
-    410: "retention removed the attempt's log (LOG_EXPIRED)",
+    410: "the attempt's log is gone: retention removed it (LOG_EXPIRED), or something outside "
+    "the service did (LOG_MISSING)",
     416: "range not satisfiable",
     422: "validation failed (VALIDATION_FAILED, DUPLICATE_KEY or a specific code)",
     429: "QL_MAX_QUEUED runs are queued (QUEUE_FULL, with Retry-After)",

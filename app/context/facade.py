@@ -426,6 +426,15 @@ class AppFacade:
             if again.log is not None and again.log.expired:
                 log.close()
                 _refuse_expired(again)
+            if again.log is not None and again.log.bytes > 0:
+                # It ended with output on record, and nothing of the service removes a log
+                # but retention: someone did, outside it. An empty 200 would hide that.
+                log.close()
+                raise Gone(
+                    ErrorCode.LOG_MISSING,
+                    f"the log file is gone ({again.log.bytes} bytes were recorded): removed "
+                    "outside the service (by hand, or a restore without logs/)",
+                )
         return log
 
     # -- retention (docs/retention.md) -------------------------------------------------------

@@ -15,7 +15,7 @@ line which of these it raises. The api turns them into problem+json in app/api/p
     │   │   └── InvalidTimezone       not an IANA zone (INVALID_TIMEZONE)            [422]
     │   ├── NotFound                  a referenced resource does not exist           [404]
     │   │   └── SecretsMissing        secrets a recipe names are not stored (names)  [404]
-    │   ├── Gone                      it existed and retention removed it (LOG_EXPIRED) [410]
+    │   ├── Gone                      it existed and is gone (LOG_EXPIRED, LOG_MISSING) [410]
     │   ├── Conflict                  contradicts what is stored                     [409]
     │   │   └── InvalidTransition     a state change refused (INVALID_TRANSITION)    [409]
     │   ├── VersionConflict           a compare-and-set lost (VERSION_CONFLICT)      [409]
@@ -135,6 +135,9 @@ class ErrorCode(StrEnum):
     QUEUE_FULL = "QUEUE_FULL"
     # Retention removed the attempt's log (docs/retention.md §4).
     LOG_EXPIRED = "LOG_EXPIRED"
+    # An ended attempt recorded log bytes, yet its file is not there: removed outside the
+    # service (by hand, a restore without logs/). Not an empty log.
+    LOG_MISSING = "LOG_MISSING"
 
 
 class DomainError(Exception):

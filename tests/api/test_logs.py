@@ -7,8 +7,12 @@ import os
 import threading
 from pathlib import Path
 
+from sqlalchemy import update
+
 from app.domain.artifacts import log_relpath, truncation_fact_relpath
 from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.tables import attempts
 from tests.api.conftest import Client, assert_problem, fail_run, make_running
 
 CONTENT = b"line one\nline two\r\nunicode \xe2\x9c\x93 end\n"
@@ -125,6 +129,34 @@ def test_follow_of_a_finished_attempt_sends_everything_then_end(
     assert int(chunks[-1]["id"]) == len(CONTENT)
     assert events[-1]["event"] == "end"
     assert json.loads(events[-1]["data"]) == {"status": "failed", "bytes": len(CONTENT)}
+
+
+def test_an_ended_log_removed_outside_the_service_is_410_log_missing_not_empty(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    """An ended attempt recorded its bytes; its file was deleted by hand. Answering 200 with
+    nothing would read as a job that printed nothing."""
+    run_id, attempt_id, path = _run_with_log(client, admin, settings, CONTENT)
+    fail_run(settings, run_id, attempt_id)
+    engine = make_engine(settings.database_url)
+    try:
+        with engine.begin() as conn:  # what the ending records (the shim's size)
+            conn.execute(
+                update(attempts).where(attempts.c.id == attempt_id).values(log_bytes=len(CONTENT))
+            )
+    finally:
+        engine.dispose()
+    path.unlink()
+    body = assert_problem(client.get(_url(run_id), headers=admin), 410, "LOG_MISSING")
+    assert f"({len(CONTENT)} bytes were recorded)" in body["detail"]
+    followed = client.get(_url(run_id), params={"follow": "true"}, headers=admin)
+    assert_problem(followed, 410, "LOG_MISSING")  # before any stream, as LOG_EXPIRED
+    # An attempt that ended with no output recorded and no file is still an empty log.
+    other, other_attempt, other_path = _run_with_log(client, admin, settings, b"")
+    fail_run(settings, other, other_attempt)
+    other_path.unlink()
+    empty = client.get(_url(other), headers=admin)
+    assert empty.status_code == 200 and empty.content == b""
 
 
 def test_follow_resumes_from_last_event_id(

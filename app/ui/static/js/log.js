@@ -103,7 +103,7 @@ export class LogFollower {
       return true;
     }
     if (event === 'error') {
-      const status = { FORBIDDEN: 403, LOG_EXPIRED: 410 }[payload.code] || 401;
+      const status = { FORBIDDEN: 403, LOG_EXPIRED: 410, LOG_MISSING: 410 }[payload.code] || 401;
       this.handlers.onError(new ApiError(status, payload, 'logs:read'));
       this.stopped = true;
       return true;
