@@ -118,4 +118,6 @@ class CompletionService:
         moved = self._receipts.quarantine(attempt_id)
         if not moved:
             log.warning("receipt quarantine could not move the file (reason %s)", reason)
+        else:  # a receipt that was not the job's own: worth an operator's eye (codes only)
+            log.warning("receipt of attempt %s quarantined (reason %s)", attempt_id, reason)
         return ConsumeResult("quarantined", reason=reason)

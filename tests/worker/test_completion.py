@@ -8,6 +8,7 @@ commit and cleanup (the file is left). Either way, exactly one terminal event.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -231,7 +232,9 @@ def _bad_bodies(armed: Armed) -> dict[str, bytes]:
     ["UNKNOWN_KEY", "DUPLICATE_KEY", "NOT_INTEGER", "OUT_OF_RANGE", "OVERSIZE", "NOT_JSON",
      "WRONG_TOKEN", "WRONG_SEQUENCE", "WRONG_IDS"],
 )
-def test_bad_receipts_are_quarantined_and_the_run_is_untouched(env: Env, kind: str) -> None:
+def test_bad_receipts_are_quarantined_and_the_run_is_untouched(
+    env: Env, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
     armed = env.running()
     other = env.running()
     if kind == "WRONG_IDS":
@@ -241,8 +244,13 @@ def test_bad_receipts_are_quarantined_and_the_run_is_untouched(env: Env, kind: s
         body = _bad_bodies(armed)[kind]
     path = env.publish(armed, body=body)
     before = env.run(armed)
-    result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
+    with caplog.at_level(logging.WARNING, logger="app.execution.completion"):
+        result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
     assert result.status == "quarantined" and result.reason
+    # One line for the operator, with codes only: never the receipt's bytes or its token.
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"receipt of attempt {armed.attempt_id} quarantined (reason {result.reason})"]
+    assert armed.token not in said[0]
     if kind == "WRONG_SEQUENCE":
         assert result.reason in ("OUT_OF_RANGE", "WRONG_SEQUENCE")  # codec catches 0 first
     after = env.run(armed)
