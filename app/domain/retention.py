@@ -9,8 +9,9 @@ functions decide which logs expire and which rows go. The same rules hold for ev
 - kept by policy (the union): the newest ``keep_runs`` runs of the task, runs younger than
   ``keep_days`` (0 keeps nothing by age), the latest succeeded and the latest failed run;
 - under byte pressure (the task's log bytes over its budget, the total over its budget, or
-  free space below the profile's reserve) the oldest logs kept only by ``keep_runs`` or
-  ``keep_days`` go too; the latest succeeded and failed run keep theirs;
+  free space below what a run needs to start, the reserve plus a log's quota) the oldest
+  logs kept only by ``keep_runs`` or ``keep_days`` go too; the latest succeeded and failed
+  run keep theirs;
 - a run's rows (run, attempts, events) go only past ``keep_rows`` (the row budget, larger than
   ``keep_runs``), once none of its logs is left and nothing above keeps it.
 """
@@ -180,7 +181,7 @@ def plan_logs(
     """Logs to expire from ``candidates`` (oldest first), at most ``limit``.
 
     A log with no keep reason expires. While ``over_bytes`` (bytes past the task's or the
-    global budget, or missing below the free-space reserve) is positive, the oldest logs kept
+    global budget, or missing below the free-space target) is positive, the oldest logs kept
     only by a soft reason (keep_runs, keep_days) expire too, until it is covered.
     """
     expire: list[str] = []

@@ -186,9 +186,13 @@ class RetentionRepository:
             rows = uow.conn.execute(query.limit(limit)).all()
         return [_candidate(row, log_present=True) for row in rows]
 
-    def global_candidates(self, *, limit: int) -> list[tuple[str, Candidate]]:
-        """The oldest logs still there over every task: (task, candidate), oldest run first."""
-        query = self._present_logs().order_by(attempts.c.id)
+    def global_candidates(
+        self, *, limit: int, after_attempt: str | None = None
+    ) -> list[tuple[str, Candidate]]:
+        """The oldest logs still there over every task: (task, candidate), oldest first by
+        attempt id (uuid7: creation order); ``after_attempt`` resumes past a page looked at."""
+        where = () if after_attempt is None else (attempts.c.id > after_attempt,)
+        query = self._present_logs(*where).order_by(attempts.c.id)
         with UnitOfWork(self._engine, write=False) as uow:
             rows = uow.conn.execute(query.limit(limit)).all()
         return [(row.task, _candidate(row, log_present=True)) for row in rows]

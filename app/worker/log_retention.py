@@ -57,10 +57,14 @@ _PAGE_SLACK = 2
 
 
 def free_bytes_of(path: Path) -> int | None:
-    """Free space available to the service at ``path`` (statvfs), None when unknown."""
+    """Free space available to the service at ``path`` (statvfs), None when unknown or when
+    the file system is read-only: no unlink could free anything there, so no free-space
+    pressure (the admission keeps runs waiting and /readyz says why)."""
     try:
         st = os.statvfs(path)
     except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
         return None
     return st.f_bavail * st.f_frsize
 
@@ -100,6 +104,9 @@ class LogSweep:
         self._clock = clock
         self._free_bytes = free_bytes
         self._cursor: str | None = None
+        # The global step's resume point: past logs it looked at and had to keep (a task's
+        # evidence floor, say), so many such tasks cannot hide what may go behind them.
+        self._global_after: str | None = None
 
     def run_pass(self, *, first: Sequence[str] = (), full: bool = True) -> SweepReport:
         """Finish ``expiring`` logs, then the tasks in ``first`` and (``full``) the next ones
@@ -122,6 +129,8 @@ class LogSweep:
             files_left -= self._task(task, policy, now, files_left, report)
         if full or (free is not None and free < self._budgets.free_reserve_bytes):
             total = self._repo.total_log_bytes()
+            if report.expired_logs:  # the task step freed some: measure what it left
+                free = self._free_bytes(self._root)
             if files_left > 0:
                 files_left -= self._global(total, free, now, files_left, report)
         if full or report.expired_logs or report.deleted_runs or report.finished_expiring:
@@ -194,18 +203,23 @@ class LogSweep:
         if free is not None:
             deficit = max(deficit, self._budgets.free_reserve_bytes - free)
         if deficit <= 0:
+            self._global_after = None
             return 0
-        page = self._repo.global_candidates(limit=files_left + _PAGE_SLACK)
+        limit = files_left + _PAGE_SLACK
+        page = self._repo.global_candidates(limit=limit, after_attempt=self._global_after)
         overrides = self._repo.overrides([task for task, _ in page])
         anchors: dict[str, TaskAnchors] = {}
         chosen: list[str] = []
         freed = 0
+        looked: str | None = None  # the last candidate decided
+        capped = False
         for task, c in page:
             if freed >= deficit or len(chosen) >= files_left:
                 break
             if task not in anchors:
                 if len(anchors) >= self._tasks_per_pass * 4:
-                    break  # many small tasks: the next pass goes on
+                    capped = True  # many small tasks: the next pass goes on from here
+                    break
                 policy = self._policy_of(task, overrides)
                 anchors[task], _ = self._repo.anchors(
                     task, keep_runs=policy.keep_runs, keep_rows=policy.keep_rows
@@ -214,6 +228,11 @@ class LogSweep:
             if reasons <= SOFT and c.attempt_id is not None:
                 chosen.append(c.attempt_id)
                 freed += max(c.log_bytes, 1)
+            looked = c.attempt_id or looked
+        # Covered: the next shortfall starts from the oldest again. Not covered: the next
+        # pass resumes past what this one looked at, and wraps once the end was read.
+        more = capped or len(page) == limit
+        self._global_after = looked if freed < deficit and more else None
         return self.expire(chosen, report)
 
     def expire(self, attempt_ids: Sequence[str], report: SweepReport) -> int:

@@ -224,3 +224,40 @@ def test_free_space_below_the_reserve_expires_the_oldest_eligible_logs_first(
         assert report.expired_logs == 8
         assert gone == set(order[1:9])
         assert file_and_row_agree(engine, root) == ([], [])
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_free_space_pressure_reaches_past_many_tasks_whose_oldest_logs_must_stay(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Twenty idle cron tasks, each with one run (its evidence floor, never expired), hold the
+    oldest logs; a chatty task's newer logs are kept only by keep_runs. Under free-space
+    pressure the global step looks at 16 tasks a pass (edge: 4 x 4): it must resume past
+    those it had to keep, not read the same oldest page every pass and free nothing."""
+    root = tmp_path / "logs"
+    start = now_ms() - 30 * DAY_MS
+    seed(engine, root, tasks=[f"idle{i:02d}" for i in range(20)], runs_per_task=1, start_ms=start)
+    chatty = seed(engine, root, tasks=["chatty"], runs_per_task=10, start_ms=start + 1000)
+    generous = RetentionPolicy(keep_runs=100, keep_days=0, keep_rows=200, task_log_bytes=None)
+    sweep = LogSweep(
+        repo=RetentionRepository(engine), logs_root=root, policy=generous,
+        budgets=GlobalBudgets(total_log_bytes=None, free_reserve_bytes=2**40),
+        tasks_per_pass=4, files_per_pass=256, free_bytes=lambda _path: 0,
+    )  # fmt: skip
+    expired = sum(sweep.run_pass().expired_logs for _ in range(3))
+    assert expired == 9  # every chatty log but its latest (the floor); no idle task's
+    with engine.connect() as conn:
+        gone = set(conn.execute(select(attempts.c.id).where(attempts.c.log_state == "expired")).scalars())
+    assert gone == {s.attempt_id for s in chatty[:-1]}
+    assert file_and_row_agree(engine, root) == ([], [])
+
+
+def test_a_read_only_logs_file_system_puts_no_free_space_pressure(tmp_path: Path) -> None:
+    """No unlink could free anything there: the sweep must not mark logs expiring (they
+    would read 410 and stay on disk); the admission keeps runs waiting instead."""
+    from app.worker.log_retention import free_bytes_of
+
+    with mounted_tmpfs(tmp_path / "ro", size_mib=2) as mount:
+        assert free_bytes_of(mount) == free_bytes(mount) > 0
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        assert free_bytes_of(mount) is None
