@@ -426,14 +426,17 @@ class AppFacade:
             if again.log is not None and again.log.expired:
                 log.close()
                 _refuse_expired(again)
-            if again.log is not None and again.log.bytes > 0:
-                # It ended with output on record, and nothing of the service removes a log
-                # but retention: someone did, outside it. An empty 200 would hide that.
+            ours = self.own_instance_id is None or again.worker_instance_id == self.own_instance_id
+            if ours and again.log is not None and again.log.bytes > 0:
+                # It ended with output on record here, and nothing of the service removes a
+                # log but retention: it is not on this disk. An empty 200 would hide that.
+                # (With several hosts an attempt of no recorded host, older than migration
+                # 0008, may be another host's: it keeps reading as empty.)
                 log.close()
                 raise Gone(
                     ErrorCode.LOG_MISSING,
-                    f"the log file is gone ({again.log.bytes} bytes were recorded): removed "
-                    "outside the service (by hand, or a restore without logs/)",
+                    f"the log file is not on this host's disk ({again.log.bytes} bytes were "
+                    "recorded): removed by hand, or a backup restored without it",
                 )
         return log
 

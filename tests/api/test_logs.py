@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -138,19 +139,33 @@ def test_an_ended_log_removed_outside_the_service_is_410_log_missing_not_empty(
     nothing would read as a job that printed nothing."""
     run_id, attempt_id, path = _run_with_log(client, admin, settings, CONTENT)
     fail_run(settings, run_id, attempt_id)
-    engine = make_engine(settings.database_url)
-    try:
-        with engine.begin() as conn:  # what the ending records (the shim's size)
-            conn.execute(
-                update(attempts).where(attempts.c.id == attempt_id).values(log_bytes=len(CONTENT))
-            )
-    finally:
-        engine.dispose()
+    own = client.app.state.facade.own_instance_id  # this host's id on PostgreSQL, else None
+
+    def record(**values: object) -> None:
+        engine = make_engine(settings.database_url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(update(attempts).where(attempts.c.id == attempt_id).values(**values))
+        finally:
+            engine.dispose()
+
+    # What the ending records: the shim's size, and the host that ran it.
+    record(log_bytes=len(CONTENT), worker_instance_id=own)
     path.unlink()
     body = assert_problem(client.get(_url(run_id), headers=admin), 410, "LOG_MISSING")
     assert f"({len(CONTENT)} bytes were recorded)" in body["detail"]
     followed = client.get(_url(run_id), params={"follow": "true"}, headers=admin)
     assert_problem(followed, 410, "LOG_MISSING")  # before any stream, as LOG_EXPIRED
+    # Several hosts: an attempt of no recorded host (older than migration 0008) may have
+    # its log on another host, so its absence here proves nothing: still an empty log.
+    record(worker_instance_id=None)
+    single = client.app.state.facade
+    client.app.state.facade = dataclasses.replace(single, own_instance_id="this-host")
+    try:
+        unknown = client.get(_url(run_id), headers=admin)
+        assert unknown.status_code == 200 and unknown.content == b""
+    finally:
+        client.app.state.facade = single
     # An attempt that ended with no output recorded and no file is still an empty log.
     other, other_attempt, other_path = _run_with_log(client, admin, settings, b"")
     fail_run(settings, other, other_attempt)

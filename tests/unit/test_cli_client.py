@@ -775,3 +775,16 @@ def test_a_retry_past_its_instant_is_due_not_waiting() -> None:
                "error_code": None, "started_at_ms": None, "finished_at_ms": None, "log": {}}  # fmt: skip
     run = RUN | {"status": "queued", "latest_attempt": waiting, "next_attempt_at_ms": 1_000}
     assert "attempt:  2 claimed: a retry, due since 1970-01-01 00:00:01" in render.run_fields(run, tz=UTC)
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("UNAUTHENTICATED", 401), ("FORBIDDEN", 403), ("LOG_EXPIRED", 410), ("LOG_MISSING", 410)],
+)
+def test_a_follow_ended_by_the_server_says_the_status_its_refusal_has(code: str, status: int) -> None:
+    from app.cli.client.api import ApiProblem, _follow_item
+
+    with pytest.raises(ApiProblem) as ended:
+        _follow_item("error", json.dumps({"code": code, "detail": "why"}), None)
+    assert ended.value.status == status
+    assert str(ended.value.message) == f"{status} {code}: why (the log follow was ended)"

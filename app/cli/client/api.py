@@ -334,7 +334,9 @@ def _follow_item(event: str, data: str, ident: str | None) -> LogChunk | LogEnd 
     if event == "error":
         code = one_line(str(doc.get("code", "")), limit=64)
         detail = one_line(str(doc.get("detail", "")))
-        status = 401 if code == "UNAUTHENTICATED" else 403
+        # The status the same refusal has as an answer (docs/api.md §2), so the line reads
+        # the same whether the follow began refused or was ended later.
+        status = {"UNAUTHENTICATED": 401, "LOG_EXPIRED": 410, "LOG_MISSING": 410}.get(code, 403)
         raise ApiProblem(status, code, f"{status} {code}: {detail} (the log follow was ended)")
     return None
 
