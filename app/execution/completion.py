@@ -117,7 +117,10 @@ class CompletionService:
         self._journal.mark_quarantined(attempt_id=attempt_id, reason=reason)
         moved = self._receipts.quarantine(attempt_id)
         if not moved:
-            log.warning("receipt quarantine could not move the file (reason %s)", reason)
+            log.warning(
+                "receipt of attempt %s quarantined, but its file could not be moved (reason %s)",
+                attempt_id, reason,
+            )  # fmt: skip
         else:  # a receipt that was not the job's own: worth an operator's eye (codes only)
             log.warning("receipt of attempt %s quarantined (reason %s)", attempt_id, reason)
         return ConsumeResult("quarantined", reason=reason)

@@ -642,6 +642,7 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
     # The waiting attempt 2 has no output: the log shown is attempt 1's.
     page.wait_for_selector("text=first try")
     assert "attempt 1" in page.inner_text("h2:has-text('Log')")
+    assert "A retry, not started yet." in page.inner_text("table.attempts")
     site.shot(page, "run-retry-waits")
     assert site.api("POST", f"/api/v1/runs/{run_id}/cancel").is_success
     ended = {"task": "hello", "every_seconds": 60, "end_at_ms": int(time.time() * 1000) - 60_000}

@@ -72,7 +72,9 @@ export function explainEnding(a) {
     const key = `code.${a.error_code}`;
     parts.push(has(key) ? t(key) : t('ending.error_code'));
   }
-  if (!parts.length) parts.push(TERMINAL.has(a.status) ? t('ending.none') : t('ending.not_yet'));
+  // A retry that waits for its instant has not started: "not ended yet" would suggest it runs.
+  const waiting = a.status === 'claimed' && a.not_before_ms != null;
+  if (!parts.length) parts.push(TERMINAL.has(a.status) ? t('ending.none') : t(waiting ? 'ending.retry_waits' : 'ending.not_yet'));
   return parts.join(' ');
 }
 

@@ -4,7 +4,7 @@
 
 import { api, call, path } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
-import { has, t } from '../i18n.js';
+import { has, t, tOr } from '../i18n.js';
 import { TERMINAL, bytes, duration, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
 import { go } from '../main.js';
@@ -104,7 +104,8 @@ export function runPage(view, { args: [runId], signal, ready }) {
       [t('runs.duration'), duration(run.started_at_ms, run.finished_at_ms)],
       run.trigger.rerun_of ? [t('run.rerun_of'), link(['runs', run.trigger.rerun_of], raw(run.trigger.rerun_of, 'code'))] : null,
       [t('run.pinned'), run.pinned ? t('run.pinned_yes') : t('run.pinned_no')],
-      cancel ? [t('run.cancel_requested'), [t(`cancel.${cancel.reason}`), ' · ', timeEl(cancel.at_ms)]] : null,
+      // A reason a newer build records is shown as it is, not as a missing label.
+      cancel ? [t('run.cancel_requested'), [tOr('cancel.', cancel.reason) || raw(cancel.reason, 'code'), ' · ', timeEl(cancel.at_ms)]] : null,
       run.next_attempt_at_ms != null
         ? [t(run.next_attempt_at_ms > Date.now() ? 'run.retry_waits' : 'run.retry_due'), timeEl(run.next_attempt_at_ms)]
         : null,
@@ -257,6 +258,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
       onEnd: (end) => { setLogState('ended', end.status); refresh().catch(() => {}); },
       onError: (err) => {
         if (err.code === 'LOG_EXPIRED') { refresh().catch(() => {}); showExpired(latest); return; }
+        if (err.code === 'LOG_MISSING') download.disabled = true; // there is nothing to download
         logState.replaceChildren(errorBox(err) || '');
       },
     }).start();
