@@ -112,30 +112,34 @@ def disk_check(
         )
     if logs_dir is None:
         return None
-    try:  # logs/ may be a file system of its own; before the first run it may not exist yet
-        logs = os.statvfs(logs_dir)
+    # logs/ and receipts/ may be file systems of their own (before the first run they may
+    # not exist yet: the data dir's figures stand for them).
+    return _room(
+        logs_dir, st, "job logs", bytes_to_start, "the reserve plus one log's quota", MIB
+    ) or (
+        None
+        if receipts_dir is None
+        else _room(receipts_dir, st, "receipts", RECEIPTS_BYTES_TO_START, "1 MiB", 1024)
+    )
+
+
+def _room(
+    path: str | os.PathLike[str], fallback: os.statvfs_result, what: str, need: int,
+    need_words: str, unit: int,
+) -> str | None:
+    """Why runs wait for ``what`` on ``path`` (read-only, or less than ``need`` free; the
+    dispatcher's own rule), or None."""
+    try:
+        st = os.statvfs(path)
     except OSError:
-        logs = st
-    free = logs.f_bavail * logs.f_frsize
-    if logs.f_flag & os.ST_RDONLY:
-        return "job logs are on a read-only file system: queued runs wait"
-    if free < bytes_to_start:
+        st = fallback
+    if st.f_flag & os.ST_RDONLY:
+        return f"{what} are on a read-only file system: queued runs wait"
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        name = "MiB" if unit == MIB else "KiB"
         return (
-            f"free space for job logs below the reserve plus one log's quota "
-            f"({free // MIB} MiB < {bytes_to_start // MIB} MiB): queued runs wait"
-        )
-    if receipts_dir is None:
-        return None
-    try:  # receipts/ too may be a file system of its own (the same admission rule)
-        receipts = os.statvfs(receipts_dir)
-    except OSError:
-        receipts = st
-    if receipts.f_flag & os.ST_RDONLY:
-        return "receipts are on a read-only file system: queued runs wait"
-    free = receipts.f_bavail * receipts.f_frsize
-    if free < RECEIPTS_BYTES_TO_START:
-        return (
-            f"free space for receipts below {RECEIPTS_BYTES_TO_START // MIB} MiB "
-            f"({free // 1024} KiB): queued runs wait"
+            f"free space for {what} below {need_words} "
+            f"({free // unit} {name} < {need // unit} {name}): queued runs wait"
         )
     return None
