@@ -17,6 +17,22 @@ Handler = Callable[[argparse.Namespace], int]
 CLIENT_COMMANDS = frozenset({"runs", "tasks", "schedules", "system", "login", "logout"})
 
 
+class _Version(argparse.Action):
+    """``--version``: read only when asked (the migrations are not loaded for every command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kw: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from app.storage.migrate import head_revision
+
+        try:
+            build = version("qinglong-control")
+        except PackageNotFoundError:
+            build = "unknown"
+        print(f"qinglong-control {build} (database migrations up to {head_revision()})")
+        parser.exit()
+
+
 def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
     """The full argument parser; each module registers its own sub-commands.
 
@@ -29,6 +45,11 @@ def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
         prog="qinglong", description="Run local tasks safely and record how they ended."
     )
     parser.add_argument("--data-dir", help="data directory (default $QL_DATA_DIR or ./.qinglong)")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0,
+        help="the build's version and the newest database migration it knows (a rollback "
+        "may go only to a build that knows the database's migration)",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if not client_only:
         from app.cli import admin, lease, logs, receipts, secrets, serve, worker

@@ -56,11 +56,11 @@ def _tokens(engine: Engine) -> TokenRepository:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Upgrade the database to the newest migration."""
-    from app.storage.migrate import upgrade_to_head
+    from app.storage.migrate import head_revision, upgrade_to_head
 
     with database(args, private=True) as (_, engine):
         upgrade_to_head(engine)
-    print("database migrated to head")
+    print(f"database migrated to head ({head_revision()})")  # what a rollback must know
     return 0
 
 

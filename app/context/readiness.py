@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 
 from app.context.facade import Readiness
 from app.domain.profiles import MIB, RECEIPTS_BYTES_TO_START
-from app.storage.migrate import current_revision, head_revision
+from app.storage.migrate import current_revision, head_revision, unknown_revision
 from app.storage.unavailable import WRITE_HEALTH
 
 ReadyCheck = Callable[[], str | None]
@@ -69,6 +69,11 @@ def database_check(engine: Engine) -> str | None:
     except Exception as exc:  # any driver error means "not reachable" to a probe
         return f"database unreachable ({type(exc).__name__})"
     if current != head_revision():
+        if current is not None and unknown_revision(engine) is not None:
+            return (
+                f"database is at migration {current}, newer than this build knows "
+                f"(its newest is {head_revision()})"
+            )
         return "database is not migrated to head (run `qinglong migrate`)"
     if read_only:
         return "database is read-only (a standby, or transaction_read_only is on)"

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, QueuePool
 
 from app.context.worker_lease import LeaseKeeper
-from app.domain.errors import NotMigrated
 from app.domain.retention import GlobalBudgets
 from app.execution.completion import CompletionService, ConsumeResult
 from app.execution.worker_recovery import WorkerRecovery
@@ -24,7 +23,7 @@ from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.lease_repo import several_hosts
-from app.storage.migrate import current_revision, head_revision
+from app.storage.migrate import current_revision, head_revision, not_migrated
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -86,8 +85,9 @@ class WorkerProcess:
         policy = self.job_policy()
         engine = make_engine(s.database_url)
         try:
-            if current_revision(engine) != head_revision():
-                raise NotMigrated()
+            current = current_revision(engine)
+            if current != head_revision():
+                raise not_migrated(current)
             s.ensure_data_dir()
             # Before anything touches runs: one live worker per database (docs/worker-lease.md).
             lease = LeaseKeeper.take(settings=s, engine=engine, on_lost=self.request_stop)

@@ -220,13 +220,23 @@ class InvalidTransition(Conflict):
 
 
 class NotMigrated(DomainError):
-    """The database is not at the newest migration: the worker never migrates."""
+    """The database is not at the newest migration: the worker never migrates. ``newer``:
+    the database is at a migration this build does not know (a newer build wrote it), where
+    `qinglong migrate` cannot help; ``known``: this build's newest."""
 
-    def __init__(self) -> None:
-        super().__init__(
-            ErrorCode.NOT_MIGRATED,
-            "the database is not migrated to the newest schema; run `qinglong migrate` first",
-        )
+    def __init__(self, *, newer: str | None = None, known: str | None = None) -> None:
+        if newer is None:
+            detail = (
+                "the database is not migrated to the newest schema; run `qinglong migrate` first"
+            )
+        else:
+            detail = (
+                f"the database is at migration {newer}, newer than this build knows (its "
+                f"newest is {known}): run the build that migrated it or a newer one, or restore "
+                "a backup made for this build (docs/operations.md, Roll back)"
+            )
+        super().__init__(ErrorCode.NOT_MIGRATED, detail)
+        self.newer = newer
 
 
 def _utc(ms: int) -> str:

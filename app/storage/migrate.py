@@ -11,6 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from app.domain.errors import NotMigrated
+
 
 def migrations_dir() -> Path:
     """The migration scripts shipped inside the package (docs/packaging.md §Migrations)."""
@@ -30,7 +32,14 @@ def alembic_config() -> Config:
 
 
 def upgrade_to_head(engine: Engine) -> None:
-    """Apply every migration not yet applied, in one connection."""
+    """Apply every migration not yet applied, in one connection.
+
+    Raises: NotMigrated (``newer``) when the database is at a migration this build does
+    not know: a newer build wrote it, and there is nothing to apply (Alembic would fail).
+    """
+    newer = unknown_revision(engine)
+    if newer is not None:
+        raise NotMigrated(newer=newer, known=head_revision())
     config = alembic_config()
     with engine.connect() as conn:
         config.attributes["connection"] = conn
@@ -50,3 +59,22 @@ def current_revision(engine: Engine) -> str | None:
     """The migration id recorded in the database, or None for an empty database."""
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def unknown_revision(engine: Engine) -> str | None:
+    """The database's migration id when this build's scripts do not hold it (a newer build
+    migrated the database), else None."""
+    current = current_revision(engine)
+    return current if current is not None and not _is_known(current) else None
+
+
+def not_migrated(current: str | None) -> NotMigrated:
+    """The refusal for a database not at this build's head: behind (migrate) or newer."""
+    if current is not None and not _is_known(current):
+        return NotMigrated(newer=current, known=head_revision())
+    return NotMigrated()
+
+
+def _is_known(revision: str) -> bool:
+    scripts = ScriptDirectory.from_config(alembic_config())
+    return any(script.revision == revision for script in scripts.walk_revisions())

@@ -173,3 +173,36 @@ def test_a_login_the_server_refuses_is_told_apart_from_a_server_that_is_down(
             f"(DATABASE_UNREACHABLE): {said}; check QL_DATABASE_URL and that the server is up"
         ]
         assert "s3cret-pw" not in done.stdout + done.stderr
+
+
+def test_a_database_a_newer_build_migrated_is_one_line_that_says_so_not_migrate(
+    tmp_path: Path,
+) -> None:
+    """A rollback past the documented bound (docs/operations.md, Roll back): the database
+    is at a migration this build does not know. `migrate` printed Alembic's traceback, and
+    the worker and /readyz advised `qinglong migrate`, which cannot help."""
+    from app.context.readiness import database_check
+    from app.storage.engine import make_engine
+
+    migrated = ql("migrate", data_dir=tmp_path)
+    version = ql("--version", data_dir=tmp_path)
+    head = re.fullmatch(r"qinglong-control \S+ \(database migrations up to (\w+)\)\n", version.stdout)
+    assert version.returncode == 0 and head, version.stdout
+    assert migrated.stdout == f"database migrated to head ({head.group(1)})\n"
+    db = tmp_path / "qinglong.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+    said = "the database is at migration 0099, newer than this build knows (its newest is "
+    for command in (("migrate",), ("worker",)):
+        done = ql(*command, data_dir=tmp_path)
+        assert done.returncode == 1, (command, done.stderr)
+        assert "Traceback" not in done.stderr
+        # The worker may warn first (jobs as the service's own user, when root runs it).
+        assert done.stderr.splitlines()[-1].startswith(f"qinglong: {said}"), done.stderr
+        assert "run the build that migrated it or a newer one" in done.stderr
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        reason = database_check(engine)
+    finally:
+        engine.dispose()
+    assert reason is not None and reason.startswith("database is at migration 0099, newer than")
