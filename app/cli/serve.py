@@ -151,7 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
     ]
     env = child_env(settings, listen_url(args.host, args.port))
-    code = Supervisor(services=services, env=env).run()
+    jobs = "then the jobs: --stop-jobs-on-exit" if args.stop_jobs_on_exit else "jobs keep running"
+    code = Supervisor(services=services, env=env, jobs_on_stop=jobs).run()
     # A refused worker never held the lease: the active attempts belong to the worker that
     # does, so this instance must not touch them (docs/worker-lease.md).
     if args.stop_jobs_on_exit and code != EXIT_LEASE_HELD:

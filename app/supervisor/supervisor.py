@@ -122,6 +122,8 @@ class Supervisor:
     env: Mapping[str, str]
     policy: BackoffPolicy = field(default_factory=BackoffPolicy)
     stop_timeout_s: float = 15.0
+    # What becomes of the jobs once the services stopped, for the stop's log line.
+    jobs_on_stop: str = "jobs keep running"
     _children: list[_Service] = field(default_factory=list, init=False)
     _stopping: bool = field(default=False, init=False)
     _exit_code: int = field(default=0, init=False)
@@ -273,7 +275,7 @@ class Supervisor:
                     self._kill(child, time.monotonic())
             return
         self._stopping = True
-        log.info("%s: stopping the services in order (jobs keep running)", reason)
+        log.info("%s: stopping the services in order (%s)", reason, self.jobs_on_stop)
         for child in self._children:
             child.restart_at = None
 

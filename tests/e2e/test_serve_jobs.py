@@ -75,6 +75,7 @@ def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
     # The fixture's check covers it: no shim or job process is left after the exit.
     assert served.stop() == 0
     assert "stop-jobs-on-exit: 1 stopped" in served.log()
+    assert "stopping the services in order (then the jobs: --stop-jobs-on-exit)" in served.log()
 
     again = serve_factory(data_dir=served.data_dir, database_url=db_url)
     run = _wait_status(again, run_id, TERMINAL)
