@@ -135,6 +135,11 @@ def test_schedule_fields_say_ended_bounds_and_max_only_under_allow() -> None:
     assert render.schedule_state(schedule | {"end_at_ms": None}) == "active"
     assert render.schedule_state(schedule | {"paused": True}) == "paused"
     assert render.schedules_table([schedule]).splitlines()[1].split()[5] == "ended"  # every 60s: 2 words
+    # The next fire in the schedule's own zone, with its offset, beside the ZONE column.
+    fires = [{"at_ms": 0, "local": "1970-01-01T08:00:00+08:00"}]
+    shanghai = schedule | {"end_at_ms": None, "timezone": "Asia/Shanghai", "next_fires": fires}
+    row = render.schedules_table([shanghai], tz=UTC).splitlines()[1].split()
+    assert row[4:] == ["Asia/Shanghai", "active", "1970-01-01", "08:00:00+08:00"]
 
 
 def test_decisions_table_names_the_run_and_the_missed_span() -> None:

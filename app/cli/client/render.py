@@ -396,8 +396,13 @@ def schedule_state(schedule: Mapping[str, Any], *, now_ms: int | None = None) ->
 
 
 def _next(schedule: Mapping[str, Any], tz: tzinfo | None) -> str:
+    """The next fire in the schedule's own zone with its offset, beside the ZONE column (the
+    client's local time there read as the zone's); ``-`` when no slot is left."""
     fires = schedule.get("next_fires") or []
-    return when(fires[0]["at_ms"], tz=tz) if fires else "-"
+    if not fires:
+        return "-"
+    local = fires[0].get("local")
+    return safe(str(local).replace("T", " ")) if local else when(fires[0]["at_ms"], tz=tz)
 
 
 def schedules_table(schedules: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
