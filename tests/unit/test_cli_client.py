@@ -722,6 +722,13 @@ def test_schedules_put_if_version_sends_the_stored_etag_and_a_412_says_nothing_w
     assert usage.value.code == 2 and "versions are numbered from 1" in capsys.readouterr().err
 
 
+def test_max_concurrent_warns_under_a_policy_it_does_not_act_under() -> None:
+    said = bodies.max_concurrent_warning({"max_concurrent": 3})
+    assert said is not None and "acts under --overlap allow only; under --overlap skip" in said
+    assert bodies.max_concurrent_warning({"max_concurrent": 3, "overlap": "allow"}) is None
+    assert bodies.max_concurrent_warning({"overlap": "replace"}) is None
+
+
 @pytest.mark.parametrize(
     ("body", "said"),
     [

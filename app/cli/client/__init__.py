@@ -912,9 +912,10 @@ def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
         if exc.status != 412:
             raise
         raise _changed_meanwhile(exc, args.name) from None
-    warning = bodies.catchup_all_warning(body)  # stored as asked; said on stderr, --json too
-    if warning is not None:
-        print(warning, file=sys.stderr)
+    # Stored as asked; said on stderr, --json too.
+    for warning in (bodies.catchup_all_warning(body), bodies.max_concurrent_warning(body)):
+        if warning is not None:
+            print(warning, file=sys.stderr)
     if args.json:
         _emit_json(schedule)
         return EXIT_OK

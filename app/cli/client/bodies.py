@@ -239,6 +239,18 @@ def catchup_all_warning(body: Mapping[str, Any]) -> str | None:
     )
 
 
+def max_concurrent_warning(body: Mapping[str, Any]) -> str | None:
+    """``max_concurrent`` above 1 under a policy it does not act under (docs/schedules.md
+    §5: only ``allow`` counts it), or None."""
+    overlap = body.get("overlap") or "skip"
+    if (body.get("max_concurrent") or 1) > 1 and overlap != "allow":
+        return (
+            f"warning: --max-concurrent acts under --overlap allow only; under --overlap "
+            f"{overlap} one run at a time still holds"
+        )
+    return None
+
+
 def schedule_body(base: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any]:
     """The ``PUT /schedules/{name}`` body: ``base`` (a file), then the flags.
 
