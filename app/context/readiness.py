@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 
 from app.context.facade import Readiness
 from app.domain.profiles import MIB, RECEIPTS_BYTES_TO_START
-from app.storage.migrate import current_revision, head_revision, unknown_revision
+from app.storage.migrate import current_revision, head_revision, is_known
 from app.storage.unavailable import WRITE_HEALTH
 
 ReadyCheck = Callable[[], str | None]
@@ -69,7 +69,7 @@ def database_check(engine: Engine) -> str | None:
     except Exception as exc:  # any driver error means "not reachable" to a probe
         return f"database unreachable ({type(exc).__name__})"
     if current != head_revision():
-        if current is not None and unknown_revision(engine) is not None:
+        if current is not None and not is_known(current):  # no second database read
             return (
                 f"database is at migration {current}, newer than this build knows "
                 f"(its newest is {head_revision()})"
@@ -119,21 +119,28 @@ def disk_check(
         return None
     # logs/ and receipts/ may be file systems of their own (before the first run they may
     # not exist yet: the data dir's figures stand for them).
-    return _room(
-        logs_dir, st, "job logs", bytes_to_start, "the reserve plus one log's quota", MIB
-    ) or (
-        None
-        if receipts_dir is None
-        else _room(receipts_dir, st, "receipts", RECEIPTS_BYTES_TO_START, "1 MiB", 1024)
+    logs = _room(
+        logs_dir, st, "job logs", bytes_to_start, "the reserve plus one log's quota", "MiB"
     )
+    if logs is not None or receipts_dir is None:
+        return logs
+    need = RECEIPTS_BYTES_TO_START
+    return _room(receipts_dir, st, "receipts", need, f"{need // MIB} MiB", "KiB")
+
+
+_UNITS = {"MiB": MIB, "KiB": 1024}
 
 
 def _room(
-    path: str | os.PathLike[str], fallback: os.statvfs_result, what: str, need: int,
-    need_words: str, unit: int,
+    path: str | os.PathLike[str],
+    fallback: os.statvfs_result,
+    what: str,
+    need: int,
+    need_words: str,
+    unit: str,
 ) -> str | None:
     """Why runs wait for ``what`` on ``path`` (read-only, or less than ``need`` free; the
-    dispatcher's own rule), or None."""
+    dispatcher's own rule), or None; sizes in ``unit``."""
     try:
         st = os.statvfs(path)
     except OSError:
@@ -142,9 +149,9 @@ def _room(
         return f"{what} are on a read-only file system: queued runs wait"
     free = st.f_bavail * st.f_frsize
     if free < need:
-        name = "MiB" if unit == MIB else "KiB"
+        size = _UNITS[unit]
         return (
             f"free space for {what} below {need_words} "
-            f"({free // unit} {name} < {need // unit} {name}): queued runs wait"
+            f"({free // size} {unit} < {need // size} {unit}): queued runs wait"
         )
     return None

@@ -233,7 +233,7 @@ class NotMigrated(DomainError):
             detail = (
                 f"the database is at migration {newer}, newer than this build knows (its "
                 f"newest is {known}): run the build that migrated it or a newer one, or restore "
-                "a backup made for this build (docs/operations.md, Roll back)"
+                "a backup made for this build (docs/operations.md §4)"
             )
         super().__init__(ErrorCode.NOT_MIGRATED, detail)
         self.newer = newer

@@ -32,7 +32,8 @@ def alembic_config() -> Config:
 
 
 def upgrade_to_head(engine: Engine) -> None:
-    """Apply every migration not yet applied, in one connection.
+    """Apply every migration not yet applied, in one connection (after a read of the
+    database's migration on one of its own).
 
     Raises: NotMigrated (``newer``) when the database is at a migration this build does
     not know: a newer build wrote it, and there is nothing to apply (Alembic would fail).
@@ -64,17 +65,19 @@ def current_revision(engine: Engine) -> str | None:
 def unknown_revision(engine: Engine) -> str | None:
     """The database's migration id when this build's scripts do not hold it (a newer build
     migrated the database), else None."""
-    current = current_revision(engine)
-    return current if current is not None and not _is_known(current) else None
+    with engine.connect() as conn:  # every recorded head: one row normally
+        heads = MigrationContext.configure(conn).get_current_heads()
+    return next((head for head in heads if not is_known(head)), None)
 
 
 def not_migrated(current: str | None) -> NotMigrated:
     """The refusal for a database not at this build's head: behind (migrate) or newer."""
-    if current is not None and not _is_known(current):
+    if current is not None and not is_known(current):
         return NotMigrated(newer=current, known=head_revision())
     return NotMigrated()
 
 
-def _is_known(revision: str) -> bool:
+def is_known(revision: str) -> bool:
+    """Whether this build's migration scripts hold ``revision`` (else a newer build wrote it)."""
     scripts = ScriptDirectory.from_config(alembic_config())
     return any(script.revision == revision for script in scripts.walk_revisions())

@@ -238,7 +238,8 @@ class Supervisor:
         if code in child.spec.fatal_exit_codes:
             log.error("%s exited (%s): a restart cannot help", child.spec.name, what)
             self._exit_code = code
-            self._begin_stop(f"{child.spec.name} {what}")
+            # A fatal exit (another worker holds the lease): serve stops no job then.
+            self._begin_stop(f"{child.spec.name} {what}", jobs="jobs keep running")
             return
         if child.restart_now:
             child.restart_at = time.monotonic()
@@ -267,7 +268,7 @@ class Supervisor:
                 child.restart_now = True
                 os.kill(child.pid, signal.SIGTERM)
 
-    def _begin_stop(self, reason: str) -> None:
+    def _begin_stop(self, reason: str, *, jobs: str | None = None) -> None:
         if self._stopping:
             log.warning("%s again: killing the services now", reason)
             for child in self._children:
@@ -275,7 +276,7 @@ class Supervisor:
                     self._kill(child, time.monotonic())
             return
         self._stopping = True
-        log.info("%s: stopping the services in order (%s)", reason, self.jobs_on_stop)
+        log.info("%s: stopping the services in order (%s)", reason, jobs or self.jobs_on_stop)
         for child in self._children:
             child.restart_at = None
 

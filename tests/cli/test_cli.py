@@ -184,8 +184,10 @@ def test_a_database_a_newer_build_migrated_is_one_line_that_says_so_not_migrate(
     from app.context.readiness import database_check
     from app.storage.engine import make_engine
 
+    nowhere = tmp_path / "none"
+    version = ql("--version", data_dir=nowhere)
+    assert not nowhere.exists()  # it reads the build only: no data dir, no database
     migrated = ql("migrate", data_dir=tmp_path)
-    version = ql("--version", data_dir=tmp_path)
     head = re.fullmatch(r"qinglong-control \S+ \(database migrations up to (\w+)\)\n", version.stdout)
     assert version.returncode == 0 and head, version.stdout
     assert migrated.stdout == f"database migrated to head ({head.group(1)})\n"
@@ -206,3 +208,10 @@ def test_a_database_a_newer_build_migrated_is_one_line_that_says_so_not_migrate(
     finally:
         engine.dispose()
     assert reason is not None and reason.startswith("database is at migration 0099, newer than")
+    with sqlite3.connect(db) as conn:  # behind (a known, older migration): migrate helps
+        conn.execute("UPDATE alembic_version SET version_num = '0001'")
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        assert database_check(engine) == "database is not migrated to head (run `qinglong migrate`)"
+    finally:
+        engine.dispose()

@@ -42,7 +42,8 @@ def _serve_until_exit(data_dir: Path, url: str) -> subprocess.CompletedProcess[s
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     env |= {"QL_DATA_DIR": str(data_dir), "QL_DATABASE_URL": url} | LEASE_ENV
     argv = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1"]
-    argv += ["--port", str(free_port()), "--data-dir", str(data_dir)]
+    # --stop-jobs-on-exit: a refused serve must still leave the holder's jobs alone.
+    argv += ["--port", str(free_port()), "--data-dir", str(data_dir), "--stop-jobs-on-exit"]
     return subprocess.run(
         argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
         text=True, timeout=90, check=False,
@@ -69,6 +70,8 @@ def test_a_second_host_serves_alongside_and_a_second_service_of_one_data_dir_is_
     assert f"instance {_instance(first.data_dir)}" in lines[0]
     assert f"pid {worker_pid}" in lines[0]
     assert refused.stderr.count("worker started") == 1  # refused once, never restarted
+    assert "stopping the services in order (jobs keep running)" in refused.stderr
+    assert "stop-jobs-on-exit:" not in refused.stderr
     assert first.healthz_ok() and first.ping_pid() == worker_pid  # the first is untouched
     assert second.healthz_ok() and second.ping_pid() is not None
     engine = make_engine(shared_pg_url)
