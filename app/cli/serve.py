@@ -131,7 +131,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, then supervise the api and the worker until SIGTERM/SIGINT."""
     from app.context.worker_lease import EXIT_LEASE_HELD
     from app.supervisor.stop_jobs import stop_active_jobs
-    from app.supervisor.supervisor import ServiceSpec, Supervisor
+    from app.supervisor.supervisor import JOBS_KEEP_RUNNING, ServiceSpec, Supervisor
     from app.worker.job_user import job_policy
 
     _log_to_stderr(logging.getLogger("qinglong.supervisor"))
@@ -151,7 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
     ]
     env = child_env(settings, listen_url(args.host, args.port))
-    jobs = "then the jobs: --stop-jobs-on-exit" if args.stop_jobs_on_exit else "jobs keep running"
+    jobs = "then the jobs: --stop-jobs-on-exit" if args.stop_jobs_on_exit else JOBS_KEEP_RUNNING
     code = Supervisor(services=services, env=env, jobs_on_stop=jobs).run()
     # A refused worker never held the lease: the active attempts belong to the worker that
     # does, so this instance must not touch them (docs/worker-lease.md).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def upgrade_to_head(engine: Engine) -> None:
     """
     newer = unknown_revision(engine)
     if newer is not None:
-        raise NotMigrated(newer=newer, known=head_revision())
+        raise not_migrated(newer)
     config = alembic_config()
     with engine.connect() as conn:
         config.attributes["connection"] = conn
@@ -50,10 +51,18 @@ def upgrade_to_head(engine: Engine) -> None:
 
 def head_revision() -> str:
     """The newest migration id in the scripts."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    return _revisions()[0]
+
+
+@functools.cache
+def _revisions() -> tuple[str, frozenset[str]]:
+    """(the head, every id) of this build's scripts, read once a process: /readyz and every
+    start ask, and the scripts a process runs with do not change under it."""
+    scripts = ScriptDirectory.from_config(alembic_config())
+    head = scripts.get_current_head()
     if head is None:
         raise RuntimeError("no migrations found")
-    return head
+    return head, frozenset(script.revision for script in scripts.walk_revisions())
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -79,5 +88,4 @@ def not_migrated(current: str | None) -> NotMigrated:
 
 def is_known(revision: str) -> bool:
     """Whether this build's migration scripts hold ``revision`` (else a newer build wrote it)."""
-    scripts = ScriptDirectory.from_config(alembic_config())
-    return any(script.revision == revision for script in scripts.walk_revisions())
+    return revision in _revisions()[1]

@@ -34,7 +34,7 @@ _PARALLEL = 16
 _SHIM_WAIT_S = 5.0
 # "user", though no user asked: builds before this one answer 500 for a reason they do not
 # know, so ``service_stop`` (read since this build) is written only once a rollback to them
-# is no longer supported (docs/operations.md, "Roll back").
+# is no longer supported (docs/operations.md §4).
 SERVICE_STOP_REASON: Final = "user"
 
 

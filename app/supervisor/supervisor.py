@@ -114,6 +114,9 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+JOBS_KEEP_RUNNING = "jobs keep running"
+
+
 @dataclass
 class Supervisor:
     """Starts the services, keeps them up, and stops them on SIGTERM/SIGINT."""
@@ -123,7 +126,7 @@ class Supervisor:
     policy: BackoffPolicy = field(default_factory=BackoffPolicy)
     stop_timeout_s: float = 15.0
     # What becomes of the jobs once the services stopped, for the stop's log line.
-    jobs_on_stop: str = "jobs keep running"
+    jobs_on_stop: str = JOBS_KEEP_RUNNING
     _children: list[_Service] = field(default_factory=list, init=False)
     _stopping: bool = field(default=False, init=False)
     _exit_code: int = field(default=0, init=False)
@@ -239,7 +242,7 @@ class Supervisor:
             log.error("%s exited (%s): a restart cannot help", child.spec.name, what)
             self._exit_code = code
             # A fatal exit (another worker holds the lease): serve stops no job then.
-            self._begin_stop(f"{child.spec.name} {what}", jobs="jobs keep running")
+            self._begin_stop(f"{child.spec.name} {what}", jobs=JOBS_KEEP_RUNNING)
             return
         if child.restart_now:
             child.restart_at = time.monotonic()

@@ -182,7 +182,7 @@ def run_fields(
         outcome = attempt_outcome(attempt) + (f" ({why_not_started})" if why_not_started else "")
         if waits_until is not None and outcome == "-":
             # Past its instant it waits for something else (a budget, the worker): "due".
-            due = waits_until <= int(datetime.now(UTC).timestamp() * 1000)
+            due = waits_until <= _now_ms()
             outcome = f"a retry, {'due since' if due else 'waits until'} {when(waits_until, tz=tz)}"
         pairs.append(("attempt", f"{attempt['number']} {attempt['status']}: {outcome}"))
         size = f"{log.get('bytes', 0)} bytes"
@@ -386,12 +386,16 @@ def every(schedule: Mapping[str, Any]) -> str:
     return "cron " + " | ".join(schedule.get("cron") or [])
 
 
+def _now_ms() -> int:
+    return int(datetime.now(UTC).timestamp() * 1000)
+
+
 def schedule_state(schedule: Mapping[str, Any], *, now_ms: int | None = None) -> str:
     """``paused``, ``ended`` (its ``end_at_ms`` passed: no slot is left) or ``active``."""
     if schedule.get("paused"):
         return "paused"
     end = schedule.get("end_at_ms")
-    now = int(datetime.now(UTC).timestamp() * 1000) if now_ms is None else now_ms
+    now = _now_ms() if now_ms is None else now_ms
     return "ended" if end is not None and end < now else "active"
 
 
