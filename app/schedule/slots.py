@@ -45,6 +45,9 @@ _ALIASES = {
     "@weekly": "0 0 * * 0",
     "@monthly": "0 0 1 * *",
     "@yearly": "0 0 1 1 *",
+    # Vixie cron's other names for the same slots.
+    "@annually": "0 0 1 1 *",
+    "@midnight": "0 0 * * *",
 }
 GAP_POLICIES = ("shift", "skip")
 FOLD_POLICIES = ("first", "both")
@@ -155,6 +158,11 @@ def _parse(index: int, text: str) -> _Expr:
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_EXPRESSION_CHARS:
         raise InvalidSchedule(f"cron[{index}]: an expression of 5 or 6 fields is required")
     expr = _ALIASES.get(text.strip().lower(), text)
+    if expr.strip().lower() == "@reboot":
+        raise InvalidSchedule(
+            f"cron[{index}]: @reboot has no time to fire at; a schedule fires at times "
+            "(run the task from what starts the service instead)"
+        )
     if expr.lstrip().startswith("@"):
         raise InvalidSchedule(
             f"cron[{index}]: unknown alias; use one of {', '.join(sorted(_ALIASES))}"

@@ -116,10 +116,21 @@ def test_day_of_month_and_day_of_week_are_ored_when_both_are_restricted() -> Non
         ("@weekly", ["2026-01-04T00:00:00Z", "2026-01-11T00:00:00Z"]),
         ("@monthly", ["2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z"]),
         ("@yearly", ["2026-01-01T00:00:00Z", "2027-01-01T00:00:00Z"]),
+        ("@annually", ["2026-01-01T00:00:00Z", "2027-01-01T00:00:00Z"]),
+        ("@midnight", ["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"]),
     ],
 )
-def test_the_five_aliases_mean_their_cron_expressions(alias: str, first_two: list[str]) -> None:
+def test_the_aliases_mean_their_cron_expressions(alias: str, first_two: list[str]) -> None:
     assert slots_after(cron(alias), T0 - 1, 2) == [ms(t) for t in first_two]
+
+
+def test_reboot_is_refused_with_why_and_an_unknown_alias_lists_the_known_ones() -> None:
+    with pytest.raises(InvalidSchedule) as caught:
+        validate(cron("@reboot"))
+    assert "no time to fire at" in caught.value.detail
+    with pytest.raises(InvalidSchedule) as caught:
+        validate(cron("@fortnightly"))
+    assert "@annually" in caught.value.detail and "@midnight" in caught.value.detail
 
 
 def test_a_six_field_expression_has_seconds_first() -> None:
