@@ -18,6 +18,7 @@ from sqlalchemy import Engine, QueuePool
 from app.context.worker_lease import LeaseKeeper
 from app.domain.retention import GlobalBudgets
 from app.execution.completion import CompletionService, ConsumeResult
+from app.execution.journal_settle import SettleReport
 from app.execution.worker_recovery import WorkerRecovery
 from app.settings import Settings
 from app.storage.engine import make_engine
@@ -140,7 +141,7 @@ class WorkerProcess:
             watcher.start()
             # The start-up backlog, settled back to back before serving (journal_settle.py),
             # by the same rule as the passes' sweep; then the loop's first pass.
-            self.parts.recovery.settle_backlog(threads=_settle_threads(engine))
+            _log_backlog(self.parts.recovery.settle_backlog(threads=_settle_threads(engine)))
             self.parts.recovery.start()
             self.retention = self._retention(engine)
             if self.retention is not None:
@@ -262,6 +263,25 @@ def _parallel_lanes(engine: Engine) -> int:
     if not isinstance(engine.pool, QueuePool):
         return 0
     return max(1, min(_SETTLE_THREADS, engine.pool.size()))
+
+
+def _log_backlog(report: SettleReport) -> None:
+    """What the start-up found of the jobs launched before it (counts only, no ids)."""
+    if not report.examined:
+        return
+    seen = report.outcomes.get
+    log.info(
+        "start-up: %d job(s) launched before this start: %d ended meanwhile and are recorded "
+        "from their receipts, %d still run (watched), %d were already recorded, %d ended "
+        "without a receipt (the reconcile pass decides), %d stopped, %d undecided",
+        report.examined,
+        seen("completed", 0),
+        seen("watched", 0),
+        seen("settled", 0),
+        seen("left", 0),
+        report.stopped,
+        report.undecided,
+    )
 
 
 def _settle_threads(engine: Engine) -> int:

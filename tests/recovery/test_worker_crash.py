@@ -60,6 +60,12 @@ def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig
         assert f"past-g1-{i}".encode() in rig.log_bytes(a)
         wait_for(lambda a=a: _state(rig.journal, a.attempt_id) == CONSUMED, "consumed")
         assert not rig.store.path_of(a.attempt_id).exists()
+    # The start-up says what it found, in counts: the two that ended while it was down, the
+    # three that still ran.
+    assert (
+        "start-up: 5 job(s) launched before this start: 2 ended meanwhile and are recorded "
+        "from their receipts, 3 still run (watched)"
+    ) in rig.worker.stderr()
 
 
 def test_crash_after_the_transaction_before_cleanup_records_nothing_twice(rig: Rig) -> None:
