@@ -438,6 +438,17 @@ class AppFacade:
                     f"the log file is not on this host's disk ({again.log.bytes} bytes were "
                     "recorded): removed by hand, or a backup restored without it",
                 )
+            if ours and again.log is None and again.started_at_ms is not None:
+                # Its job started, so its shim had opened the log; no size was recorded at its
+                # ending because the file was already gone (or recovery ended it): what it
+                # printed is lost, not nothing.
+                log.close()
+                raise Gone(
+                    ErrorCode.LOG_MISSING,
+                    "the log file is not on this host's disk, and its size was never "
+                    "recorded: removed by hand while the job ran or before its ending was "
+                    "recorded, or a backup restored without it",
+                )
         return log
 
     # -- retention (docs/retention.md) -------------------------------------------------------

@@ -141,11 +141,11 @@ def test_an_ended_log_removed_outside_the_service_is_410_log_missing_not_empty(
     fail_run(settings, run_id, attempt_id)
     own = client.app.state.facade.own_instance_id  # this host's id on PostgreSQL, else None
 
-    def record(**values: object) -> None:
+    def record(target: str = attempt_id, **values: object) -> None:
         engine = make_engine(settings.database_url)
         try:
             with engine.begin() as conn:
-                conn.execute(update(attempts).where(attempts.c.id == attempt_id).values(**values))
+                conn.execute(update(attempts).where(attempts.c.id == target).values(**values))
         finally:
             engine.dispose()
 
@@ -170,8 +170,18 @@ def test_an_ended_log_removed_outside_the_service_is_410_log_missing_not_empty(
     other, other_attempt, other_path = _run_with_log(client, admin, settings, b"")
     fail_run(settings, other, other_attempt)
     other_path.unlink()
+    record(other_attempt, log_bytes=0, worker_instance_id=own)
     empty = client.get(_url(other), headers=admin)
     assert empty.status_code == 200 and empty.content == b""
+    # One whose job started but whose size was never recorded (the file was gone at its
+    # ending: removed while the job ran) lost its output: not an empty log either.
+    record(other_attempt, log_bytes=None)
+    body = assert_problem(client.get(_url(other), headers=admin), 410, "LOG_MISSING")
+    assert "its size was never recorded" in body["detail"]
+    # One that never started (its job never ran: no log was ever opened) reads empty.
+    record(other_attempt, started_at_ms=None)
+    never = client.get(_url(other), headers=admin)
+    assert never.status_code == 200 and never.content == b""
 
 
 def test_follow_resumes_from_last_event_id(

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.domain.artifacts import log_relpath
 from tests.e2e.conftest import ServeFactory, alive, kill_exact, wait_until
 from tests.e2e.kit import TERMINAL
 from tests.e2e.kit import enqueue as _enqueue
@@ -82,3 +83,35 @@ def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
     assert run["status"] == "cancelled"
     assert run["cancel_requested"]["reason"] == "user"  # service_stop once older builds read it
     assert _terminal_events(again, run_id) == ["run.cancelled"]
+
+
+def test_a_log_removed_while_its_job_runs_reads_410_log_missing_after_the_ending(
+    serve_factory: ServeFactory, tmp_path: Path
+) -> None:
+    """The ending finds no file, so no size is recorded; the output is lost, and the log must
+    not read as an empty 200 (a job that printed nothing)."""
+    served = serve_factory()
+    _put_task(
+        served,
+        "prints",
+        "echo before; while [ ! -e GO ]; do sleep 0.05; done; echo after",
+        tmp_path,
+    )
+    run_id = _enqueue(served, "prints")
+    try:
+        _wait_status(served, run_id, {"running"})
+        attempts = httpx.get(
+            f"{served.base_url}/api/v1/runs/{run_id}/attempts", headers=served.auth
+        ).json()
+        log = served.data_dir / "logs" / log_relpath(attempts["items"][0]["id"])
+        wait_until("the job's first line", lambda: log.exists() and log.stat().st_size > 0, 10)
+        log.unlink()
+    finally:
+        (tmp_path / "GO").touch()
+    assert _wait_status(served, run_id, TERMINAL)["status"] == "succeeded"
+    answer = httpx.get(
+        f"{served.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=served.auth
+    )
+    assert answer.status_code == 410, answer.text
+    assert answer.json()["code"] == "LOG_MISSING"
+    assert "its size was never recorded" in answer.json()["detail"]
