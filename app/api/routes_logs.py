@@ -7,8 +7,9 @@ read the raw bytes with ``Range``). ``: heartbeat`` comments keep proxies open. 
 attempt is terminal and every byte was sent: ``event: end`` with ``{"status", "bytes"}``.
 The file is polled only while somebody follows; a disconnect cancels the generator.
 
-The stream's token is checked again before every poll (through the token cache, so at most
-one database read per second per token): once it is revoked or no longer carries
+The stream's token is checked again before every poll, and between chunks once a poll's
+interval has passed (a slow reader's poll may hold the whole quota), through the token cache,
+so at most one database read per second per token: once it is revoked or no longer carries
 ``logs:read``, the stream sends ``event: error`` with ``{"code", "detail"}``
 (``UNAUTHENTICATED`` or ``FORBIDDEN``) and ends, within a poll plus the cache's 1 s.
 """
@@ -183,6 +184,7 @@ async def _follow(
         if refusal is not None:
             yield f"event: error\ndata: {refusal}\n\n"
             return
+        checked = time.monotonic()
         try:
             log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
         except Gone as exc:  # retention removed it while somebody followed
@@ -193,6 +195,14 @@ async def _follow(
             # The status was read before the size: terminal here means the file is complete.
             terminal = log.attempt.status in TERMINAL_ATTEMPT
             while offset < log.size:
+                if time.monotonic() - checked >= poll_s:
+                    # A slow reader may take minutes over one poll's bytes (up to the log's
+                    # quota): the token is checked as often inside a poll as between polls.
+                    refusal = await _refusal(facade, token)
+                    if refusal is not None:
+                        yield f"event: error\ndata: {refusal}\n\n"
+                        return
+                    checked = time.monotonic()
                 data = await run_in_threadpool(log.read, offset, CHUNK_BYTES)
                 cut = len(data) if terminal and offset + len(data) >= log.size else _utf8_cut(data)
                 if cut == 0:

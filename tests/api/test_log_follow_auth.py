@@ -11,9 +11,12 @@ import threading
 import time
 from collections.abc import Callable
 
+import anyio
+import anyio.to_thread
 import pytest
 from sqlalchemy import update
 
+from app.api.routes_logs import CHUNK_BYTES, _follow
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.tables import api_tokens
@@ -104,3 +107,39 @@ def test_a_token_that_loses_logs_read_ends_its_open_follow(
     assert events[-1]["event"] == "error", events[-3:]
     assert json.loads(events[-1]["data"])["code"] == "FORBIDDEN"
     assert seconds < ENDS_WITHIN_S
+
+
+def test_a_slow_reader_mid_poll_is_cut_once_its_token_is_revoked(
+    client: Client, settings: Settings, task: str, reader_token: str
+) -> None:
+    """One poll may hold the whole log (up to its quota): a reader that takes minutes over it
+    must not keep reading for minutes after the revocation (security walk-through)."""
+    admin = {"Authorization": f"Bearer {reader_token}"}
+    chunks = 40
+    run_id, _, _ = _run_with_log(client, admin, settings, b"x" * (CHUNK_BYTES * chunks))
+    facade = client.app.state.facade
+
+    def revoke() -> None:
+        engine = make_engine(settings.database_url)
+        try:
+            repo = TokenRepository(engine)
+            (name,) = [r.name for r in repo.list() if r.scopes == {"runs:write", "logs:read"}]
+            repo.revoke(name)
+        finally:
+            engine.dispose()
+
+    async def slow_reader() -> list[str]:
+        stream = _follow(
+            facade, token=reader_token, run_id=run_id, number=1, offset=0,
+            poll_s=0.05, heartbeat_s=10.0,
+        )  # fmt: skip
+        got = [await anext(stream)]  # the first chunk of the poll's 40
+        await anyio.to_thread.run_sync(revoke)
+        await anyio.sleep(1.2)  # the reader is slow: past the token cache's 1 s and a poll
+        got += [event async for event in stream]
+        return got
+
+    events = anyio.run(slow_reader)
+    assert events[-1].startswith("event: error\n"), events[-1][:80]
+    assert '"UNAUTHENTICATED"' in events[-1]
+    assert sum(e.startswith("event: chunk\n") for e in events) == 1  # nothing after the check
