@@ -1,7 +1,7 @@
 """Bearer-token authentication and scope checks as FastAPI dependencies.
 
 ``Ctx`` gives a route the facade; ``Reader``-style aliases give it the authenticated
-principal after checking one scope (docs/api.md §1: ``admin`` implies every scope).
+principal after checking its scopes (docs/api.md §1: ``admin`` implies every scope).
 """
 
 from __future__ import annotations
@@ -30,18 +30,21 @@ Ctx = Annotated[AppFacade, Depends(get_facade)]
 
 
 class _Require(HTTPBearer):
-    """One dependency that authenticates the bearer token and demands one scope.
+    """One dependency that authenticates the bearer token and demands its scopes (all of them).
 
     A subclass of ``HTTPBearer`` so the OpenAPI document keeps the bearer scheme, but a single
     node of the dependency graph: resolving the header, the token and the scope as separate
     dependencies cost more than the database read of GET one run (bench/api_reads.py).
     """
 
-    def __init__(self, scope: str) -> None:
+    def __init__(self, *scopes: str) -> None:
         super().__init__(
             auto_error=False, description=_BEARER_DESCRIPTION, scheme_name="HTTPBearer"
         )
-        self.required_scope = scope  # read by the scope tests and the OpenAPI extension
+        self.required_scopes = scopes
+        # Space-separated, as OAuth writes several: read by the scope tests and the OpenAPI
+        # extension.
+        self.required_scope = " ".join(scopes)
 
     async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
         values = request.headers.getlist("authorization")
@@ -60,8 +63,9 @@ class _Require(HTTPBearer):
             raise ApiProblem(
                 401, UNAUTHENTICATED, "the token is unknown or revoked", headers=_CHALLENGE
             )
-        if not principal.can(self.required_scope):
-            raise ApiProblem(403, FORBIDDEN, f"this token lacks the {self.required_scope} scope")
+        for scope in self.required_scopes:
+            if not principal.can(scope):
+                raise ApiProblem(403, FORBIDDEN, f"this token lacks the {scope} scope")
         return principal
 
 
@@ -83,13 +87,17 @@ def bearer_token(authorization: str) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def require(scope: str) -> _Require:
-    """A dependency that authenticates and then demands ``scope`` (403 FORBIDDEN)."""
-    return _Require(scope)
+def require(*scopes: str) -> _Require:
+    """A dependency that authenticates and then demands every one of ``scopes`` (403
+    FORBIDDEN naming the first one missing)."""
+    return _Require(*scopes)
 
 
 DefinitionsReader = Annotated[Principal, Depends(require("definitions:read"))]
 DefinitionsWriter = Annotated[Principal, Depends(require("definitions:write"))]
+# What makes runs start (or cancels them) is a runs:write power too: a schedule's creation,
+# change, resume and deletion (docs/job-user.md, "What each API scope allows").
+SchedulesWriter = Annotated[Principal, Depends(require("definitions:write", "runs:write"))]
 SecretsWriter = Annotated[Principal, Depends(require("secrets:write"))]
 Reader = Annotated[Principal, Depends(require("runs:read"))]
 RunsWriter = Annotated[Principal, Depends(require("runs:write"))]

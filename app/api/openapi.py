@@ -32,9 +32,11 @@ def build_document(app: FastAPI) -> dict[str, Any]:
         for operation in path_item.values():
             scope = scopes.get(operation.get("operationId"))
             if scope:
-                operation["x-required-scope"] = scope
+                operation["x-required-scope"] = scope  # space-separated when several
+                named = " and ".join(f"`{one}`" for one in scope.split())
+                plural = "s" if " " in scope else ""
                 operation["description"] = (
-                    operation.get("description", "") + f"\n\nScope: `{scope}` (or `admin`)."
+                    operation.get("description", "") + f"\n\nScope{plural}: {named} (or `admin`)."
                 ).strip()
             for status, response in operation.get("responses", {}).items():
                 if status[0] in "45":

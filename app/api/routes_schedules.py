@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Request, Response
 
-from app.api.auth import Ctx, DefinitionsReader, DefinitionsWriter
+from app.api.auth import Ctx, DefinitionsReader, DefinitionsWriter, SchedulesWriter
 from app.api.http import READ_ERRORS, WRITE_ERRORS, PageQuery, problems
 from app.api.schemas import (
     DecisionOut,
@@ -56,7 +56,7 @@ def put_schedule(
     body: ScheduleIn,
     response: Response,
     facade: Ctx,
-    _: DefinitionsWriter,
+    _: SchedulesWriter,
     request: Request,
     if_match: IfMatch = None,
 ) -> ScheduleOut:
@@ -121,7 +121,7 @@ def pause_schedule(
     responses=problems(*READ_ERRORS),
 )
 def resume_schedule(
-    name: ScheduleName, response: Response, facade: Ctx, _: DefinitionsWriter
+    name: ScheduleName, response: Response, facade: Ctx, _: SchedulesWriter
 ) -> ScheduleOut:
     """Decide slots again; the catch-up policy covers the paused span."""
     return _out(facade, facade.resume_schedule(name=name), response)
@@ -134,7 +134,7 @@ def resume_schedule(
     response_class=Response,
     responses=problems(*READ_ERRORS),
 )
-def delete_schedule(name: ScheduleName, facade: Ctx, _: DefinitionsWriter) -> Response:
+def delete_schedule(name: ScheduleName, facade: Ctx, _: SchedulesWriter) -> Response:
     """Delete the schedule; its queued runs are cancelled in the same transaction."""
     facade.delete_schedule(name=name)
     return Response(status_code=204)

@@ -47,7 +47,7 @@ ROUTES = _protected_routes()
 
 def test_the_walk_found_every_protected_operation() -> None:
     assert len(ROUTES) == 30  # 17, the seven schedule operations (docs/api.md §9), rerun, five of retention (§10)
-    assert all(scope in SCOPES for _, _, scope in ROUTES), ROUTES
+    assert all(set(scope.split()) <= SCOPES for _, _, scope in ROUTES), ROUTES
 
 
 @pytest.mark.parametrize(("method", "path", "scope"), ROUTES)
@@ -59,14 +59,44 @@ def test_route_without_token_is_refused_with_a_bearer_challenge(
     assert response.headers["www-authenticate"] == "Bearer"
 
 
-@pytest.mark.parametrize(("method", "path", "scope"), ROUTES)
+@pytest.mark.parametrize(
+    ("method", "path", "scope"),
+    # A route that demands several scopes is refused without any one of them.
+    [(m, p, one) for m, p, scopes in ROUTES for one in scopes.split()],
+)
 def test_route_with_a_token_lacking_its_scope_is_forbidden(
     client: Client, make_token: MakeToken, method: str, path: str, scope: str
 ) -> None:
     others = sorted(SCOPES - {scope, "admin"})
     token = make_token(*others)
     response = client.request(method, _url(path), headers={"Authorization": f"Bearer {token}"})
-    assert_problem(response, 403, "FORBIDDEN")
+    body = assert_problem(response, 403, "FORBIDDEN")
+    assert f"lacks the {scope} scope" in body["detail"]
+
+
+def test_what_starts_or_cancels_runs_through_a_schedule_also_needs_runs_write() -> None:
+    """A schedule makes runs happen: definitions:write alone must not run code that
+    POST /runs would refuse it (security walk-through)."""
+    demanded = {(m, p): scope for m, p, scope in ROUTES if p.startswith("/api/v1/schedules")}
+    both = "definitions:write runs:write"
+    assert demanded[("PUT", "/api/v1/schedules/{name}")] == both
+    assert demanded[("POST", "/api/v1/schedules/{name}/resume")] == both
+    assert demanded[("DELETE", "/api/v1/schedules/{name}")] == both  # cancels its queued runs
+    assert demanded[("POST", "/api/v1/schedules/{name}/pause")] == "definitions:write"
+
+
+def test_a_schedule_is_put_with_both_scopes_and_refused_with_definitions_write_alone(
+    client: Client, make_token: MakeToken, task: str
+) -> None:
+    body = {"task": task, "every_seconds": 3600}
+    alone = {"Authorization": f"Bearer {make_token('definitions:write')}"}
+    refused = client.put("/api/v1/schedules/hourly", json=body, headers=alone)
+    assert "lacks the runs:write scope" in assert_problem(refused, 403, "FORBIDDEN")["detail"]
+    both = {"Authorization": f"Bearer {make_token('definitions:write', 'runs:write')}"}
+    assert client.put("/api/v1/schedules/hourly", json=body, headers=both).status_code == 201
+    assert client.post("/api/v1/schedules/hourly/pause", headers=alone).status_code == 200
+    assert client.delete("/api/v1/schedules/hourly", headers=alone).status_code == 403
+    assert client.delete("/api/v1/schedules/hourly", headers=both).status_code == 204
 
 
 @pytest.mark.parametrize(
