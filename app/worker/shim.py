@@ -651,8 +651,23 @@ def _job_home(spec: dict[str, Any]) -> str | None:
     return f"{job['home_root']}/ql-home-{spec['attempt_id']}-{os.urandom(6).hex()}"
 
 
+_HOME_REMOVAL_S = 120.0  # then the remover is killed and what is left of the HOME stays
+
+
+def _names(fd: int) -> list[str]:
+    try:
+        with os.scandir(fd) as entries:
+            return [entry.name for entry in entries]
+    except OSError:
+        return []
+
+
 def _remove_entry(dir_fd: int, name: str) -> None:
-    """Remove ``name`` under ``dir_fd`` and all below it, never following a symlink."""
+    """Remove ``name`` under ``dir_fd`` and all below it, never following a symlink.
+
+    Iterative, one fd per level (a job may nest directories deeper than any recursion
+    limit): a depth the fd limit cannot hold is left, as is whatever cannot be removed.
+    """
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(name, flags, dir_fd=dir_fd)
@@ -662,34 +677,99 @@ def _remove_entry(dir_fd: int, name: str) -> None:
         except OSError:
             pass
         return
-    try:
-        with os.scandir(fd) as entries:
-            names = [entry.name for entry in entries]
-        for child in names:
-            _remove_entry(fd, child)
-    finally:
+    stack = [(dir_fd, name, fd, _names(fd))]
+    while stack:
+        parent, here, fd, names = stack[-1]
+        if names:
+            child = names.pop()
+            try:
+                below = os.open(child, flags, dir_fd=fd)
+            except OSError:  # not a directory (or one it cannot open): unlink it
+                try:  # noqa: SIM105
+                    os.unlink(child, dir_fd=fd)
+                except OSError:
+                    pass
+                continue
+            stack.append((fd, child, below, _names(below)))
+            continue
+        stack.pop()
         os.close(fd)
-    try:  # noqa: SIM105
-        os.rmdir(name, dir_fd=dir_fd)
-    except OSError:
-        pass
+        try:  # noqa: SIM105
+            os.rmdir(here, dir_fd=parent)
+        except OSError:
+            pass
 
 
 def _remove_home(job: dict[str, Any], home: str) -> None:
     """Remove the per-job HOME as the job user (a forked child: the shim never needs rights
-    over the job's files), best effort and bounded by the child's own exit."""
+    over the job's files), best effort, and bounded: another job of the same user can stop
+    the remover (SIGSTOP), so after ``_HOME_REMOVAL_S`` the shim kills it and exits."""
     try:
         pid = os.fork()
     except OSError:
         return
     if pid == 0:
         try:
+            # Nothing of the shim's (the log and receipt directories) stays open in a process
+            # the job user owns.
+            for entry in os.listdir("/proc/self/fd"):
+                if int(entry) > 2:
+                    try:  # noqa: SIM105
+                        os.close(int(entry))
+                    except OSError:
+                        pass
             _become(job)
+            _raise_fd_limit()  # one fd per level of the tree
             parent, name = home.rsplit("/", 1)
             dir_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             _remove_entry(dir_fd, name)
         finally:
             os._exit(0)
+    _reap_within(pid, _HOME_REMOVAL_S)
+
+
+def _raise_fd_limit() -> None:
+    try:
+        import resource  # only the remover needs it, after the job ended
+
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
+def _reap_within(pid: int, seconds: float) -> None:
+    """Wait for the child ``pid`` at most ``seconds``, then SIGKILL and reap it."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = -1
+    if pidfd >= 0:
+        try:
+            select.select([pidfd], [], [], seconds)  # readable once it exited
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+    else:  # no pidfd (an old kernel): poll, at first often, the usual remover is quick
+        deadline, pause = time.monotonic() + seconds, 0.001
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return
+    except ChildProcessError:
+        return
+    try:  # noqa: SIM105
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
     try:  # noqa: SIM105
         os.waitpid(pid, 0)
     except ChildProcessError:
