@@ -28,7 +28,8 @@ export function runsPage(view, { params, signal, ready }) {
     h('thead', {}, h('tr', {},
       h('th', { scope: 'col' }, t('runs.status')),
       h('th', { scope: 'col' }, t('runs.task')),
-      h('th', { scope: 'col' }, t('runs.run')),
+      // At phone width the run's id shows under the task instead: the table fits 360 px.
+      h('th', { scope: 'col', class: 'wide' }, t('runs.run')),
       h('th', { scope: 'col', class: 'wide' }, t('runs.trigger')),
       h('th', { scope: 'col' }, t('runs.created')),
       h('th', { scope: 'col', class: 'wide' }, t('runs.duration')))),
@@ -53,8 +54,9 @@ export function runsPage(view, { params, signal, ready }) {
   function row(run) {
     return h('tr', { dataset: { run: run.id } },
       h('td', {}, statusBadge(run.status)),
-      h('td', {}, link(['tasks', run.task], raw(run.task))),
-      h('td', {}, link(['runs', run.id], raw(shortId(run.id), 'code'))),
+      h('td', {}, link(['tasks', run.task], raw(run.task)),
+        h('div', { class: 'narrow' }, link(['runs', run.id], raw(shortId(run.id), 'code')))),
+      h('td', { class: 'wide' }, link(['runs', run.id], raw(shortId(run.id), 'code'))),
       h('td', { class: 'wide' }, run.trigger && run.trigger.kind === 'schedule'
         ? [t('runs.by_schedule'), ' ', raw(run.trigger.schedule || '')] : t('runs.manual')),
       h('td', {}, timeEl(run.created_at_ms)),
