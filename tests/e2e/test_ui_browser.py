@@ -630,7 +630,8 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
 
 def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
     """A run between attempts says until when its retry waits; a schedule past its
-    ``end_at_ms`` says ``ended``, not ``active`` (no slot is left)."""
+    ``end_at_ms`` says ``ended``, not ``active`` (no slot is left); one changed line of two
+    revisions reads in the singular."""
     body = {"argv": ["/bin/sh", "-c", "echo first try; exit 1"],
             "retry": {"max_attempts": 2, "initial_delay_seconds": 300, "jitter": False}}  # fmt: skip
     assert site.api("PUT", "/api/v1/tasks/flaky/revisions/1", json=body).status_code == 201
@@ -652,6 +653,12 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
     assert "ended" in row.inner_text() and "active" not in row.inner_text()
     site.shot(page, "schedules-ended")
     assert site.api("DELETE", "/api/v1/schedules/ended-one").is_success
+    # Two revisions one line apart: the compare section says so in the singular.
+    for n, timeout in ((1, 5), (2, 6)):
+        body = {"argv": ["/bin/true"], "timeout_seconds": timeout}
+        assert site.api("PUT", f"/api/v1/tasks/one-line/revisions/{n}", json=body).is_success
+    site.visit(page, "tasks/one-line")
+    page.wait_for_selector("text=1 line differs.")
     assert page.errors == []
 
 

@@ -169,7 +169,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
     const cell = (side, text, mark) => h('td', { class: side }, text === null ? '' : [
       h('span', { class: 'diff-mark', 'aria-hidden': 'true' }, mark || ' '), raw(text, 'code')]);
     put(diffBox,
-      h('p', { class: 'help' }, changed ? t('tasks.diff_count', { n: changed }) : t('tasks.diff_same')),
+      h('p', { class: 'help' }, changed === 1 ? t('tasks.diff_count_one') : changed ? t('tasks.diff_count', { n: changed }) : t('tasks.diff_same')),
       h('div', { class: 'table-wrap' }, h('table', { class: 'diff' },
         h('thead', {}, h('tr', {},
           h('th', { scope: 'col' }, t('tasks.revision_n', { n: a.revision })),
