@@ -54,6 +54,15 @@ def test_every_zh_cn_label_is_chinese() -> None:
     assert not latin, f"Latin words in zh-CN labels (tests/browser.py ZH_AS_IS_WORDS): {latin}"
 
 
+def test_zh_cn_has_one_word_for_a_revision_and_another_for_the_service_version() -> None:
+    """A task's revision is "版本" everywhere (not also "修订"); the System page's version of
+    the server is "服务版本", so "版本" alone never means two things."""
+    zh = _dict("zh-CN")
+    assert not {k: v for k, v in zh.items() if "修订" in v}
+    assert zh["system.version"] == "服务版本"
+    assert zh["run.revision"] == zh["tasks.revisions"] == "版本"
+
+
 def test_every_label_the_code_names_is_in_the_dictionary() -> None:
     en = _dict("en")
     used = {key for path in _scripts() for key in _LABEL.findall(path.read_text("utf-8"))}
