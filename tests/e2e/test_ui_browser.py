@@ -206,8 +206,12 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     page.keyboard.press("Enter")
     page.wait_for_selector("#signout:visible")
     assert page.evaluate("document.activeElement.id") == "view"
+    # The focused content draws no ring round the whole page; a control's ring stays.
+    outline = "getComputedStyle(document.activeElement).outlineStyle"
+    assert page.evaluate(outline) == "none"
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.getAttribute('href')") == "#/tasks"
+    assert page.evaluate(outline) == "solid"
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.id") == "filter-task"
     row = page.wait_for_selector(f"tr[data-run='{site.finished_run}']")
