@@ -666,22 +666,32 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
     assert page.errors == []
 
 
-def _the_runs_table_fits_a_phone_in_both_languages(site: Site) -> None:
-    """English status words are wider than Chinese ones: at 360 and 390 px the runs table
-    fits its box in both (the run's id moves under the task), no column scrolled out."""
+def _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site: Site) -> None:
+    """English status words are wider than Chinese ones: at 360 and 390 px the runs and the
+    schedules tables fit their box in both (a run's id, a schedule's task and cadence move
+    under the name), no column scrolled out; a cron expression stays on one line."""
+    cron = {"task": "hello", "cron": "*/15 9-17 * * 1-5", "paused": True}
+    assert site.api("PUT", "/api/v1/schedules/office-hours", json=cron).status_code == 201
     fits = "[...document.querySelectorAll('.table-wrap')].map((w) => w.scrollWidth - w.clientWidth)"
+    lines = "e => e.getClientRects().length"  # an inline element: one box a line it spans
     for locale in ("en-US", "zh-CN"):
         page = site.page(locale=locale, width=390)
         site.sign_in(page, path="runs")
         page.wait_for_selector("tbody tr[data-run] td:nth-child(2) .narrow a:visible")
-        for width in (390, 360):
-            page.set_viewport_size({"width": width, "height": 800})
-            over = page.evaluate(fits)
-            assert over == [0], f"runs in {locale} at {width} px: {over} px too wide"
-        if locale == "en-US":  # the zh-CN one is taken with every page below
-            site.shot(page, "runs-360-en")
+        for route in ("runs", "schedules"):
+            site.visit(page, route)
+            for width in (390, 360):
+                page.set_viewport_size({"width": width, "height": 800})
+                over = page.evaluate(fits)
+                assert over == [0], f"{route} in {locale} at {width} px: {over} px too wide"
+            if route == "schedules":
+                assert page.eval_on_selector(".narrow .cron code", lines) == 1
+            if locale == "en-US":  # the zh-CN ones are taken with every page below
+                site.shot(page, f"{route}-360-en")
+            page.set_viewport_size({"width": 390, "height": 800})
         assert page.errors == []
         page.context.close()
+    assert site.api("DELETE", "/api/v1/schedules/office-hours").is_success
 
 
 def _decisions(site: Site) -> list[dict[str, Any]]:
@@ -699,6 +709,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
-    _the_runs_table_fits_a_phone_in_both_languages(site)
+    _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

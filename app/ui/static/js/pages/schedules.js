@@ -9,7 +9,12 @@ import { errorBox, facts, loadMore, missing, resultSlot } from './common.js';
 
 function cadence(s) {
   if (s.every_seconds) return t('schedules.every', { n: s.every_seconds });
-  if (s.cron) return [t('schedules.cron'), ' ', raw((Array.isArray(s.cron) ? s.cron : [s.cron]).join(' | '), 'code')];
+  // One expression never wraps inside itself ("* * *" over "* *" reads as two); a line may
+  // break between expressions.
+  if (s.cron) {
+    const exprs = Array.isArray(s.cron) ? s.cron : [s.cron];
+    return [t('schedules.cron'), ' ', exprs.map((c, i) => [i ? ' | ' : '', h('span', { class: 'cron' }, raw(c, 'code'))])];
+  }
   return '—';
 }
 
@@ -35,7 +40,7 @@ export function schedulesPage(view, { signal, ready }) {
     h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {},
         h('th', { scope: 'col' }, t('schedules.name')),
-        h('th', { scope: 'col' }, t('runs.task')),
+        h('th', { scope: 'col', class: 'wide' }, t('runs.task')),
         h('th', { scope: 'col', class: 'wide' }, t('schedules.cadence')),
         h('th', { scope: 'col' }, t('schedules.state')),
         h('th', { scope: 'col' }, t('schedules.next')))),
@@ -49,9 +54,12 @@ export function schedulesPage(view, { signal, ready }) {
     for (const s of page.items) {
       const next = s.next_fires && s.next_fires[0];
       body.append(h('tr', {},
-        // At phone width the cadence column is hidden; the cadence shows under the name instead.
-        h('td', {}, link(['schedules', s.name], raw(s.name)), h('div', { class: 'narrow muted' }, cadence(s))),
-        h('td', {}, link(['tasks', s.task], raw(s.task))),
+        // At phone width the task and cadence columns are hidden; both show under the name
+        // instead (a cron expression does not wrap, and state and next fire keep their room).
+        h('td', {}, link(['schedules', s.name], raw(s.name)),
+          h('div', { class: 'narrow muted' }, cadence(s)),
+          h('div', { class: 'narrow muted' }, t('runs.task'), ' ', link(['tasks', s.task], raw(s.task)))),
+        h('td', { class: 'wide' }, link(['tasks', s.task], raw(s.task))),
         h('td', { class: 'wide' }, cadence(s)),
         h('td', {}, pausedTag(s)),
         h('td', {}, next ? timeEl(next.at_ms) : '—')));
