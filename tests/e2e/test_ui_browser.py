@@ -670,7 +670,7 @@ def _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site: Site) -> 
     """English status words are wider than Chinese ones: at 360 and 390 px the runs and the
     schedules tables fit their box in both (a run's id, a schedule's task and cadence move
     under the name), no column scrolled out; a cron expression stays on one line."""
-    cron = {"task": "hello", "cron": "*/15 9-17 * * 1-5", "paused": True}
+    cron = {"task": "hello", "cron": ["*/15 9-17 * * 1-5"], "paused": True}
     assert site.api("PUT", "/api/v1/schedules/office-hours", json=cron).status_code == 201
     fits = "[...document.querySelectorAll('.table-wrap')].map((w) => w.scrollWidth - w.clientWidth)"
     lines = "e => e.getClientRects().length"  # an inline element: one box a line it spans
@@ -694,6 +694,25 @@ def _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site: Site) -> 
     assert site.api("DELETE", "/api/v1/schedules/office-hours").is_success
 
 
+def _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site: Site) -> None:
+    """Listed next fire times of a paused schedule do not read as runs to come."""
+    page = site.page()
+    site.sign_in(page, path="schedules")
+    row = page.locator("tr", has_text=site.schedule)
+    assert "only if resumed" in row.inner_text()
+    site.visit(page, f"schedules/{site.schedule}")
+    note = "Paused: none of these fires until the schedule is resumed."
+    assert page.locator(f"text={note}").is_visible()
+    page.click("#resume")
+    page.wait_for_selector("#pause:focus")
+    assert not page.locator(f"text={note}").is_visible()
+    page.click("#pause")
+    page.wait_for_selector("#resume:focus")
+    assert page.locator(f"text={note}").is_visible()
+    assert page.errors == []
+    page.context.close()
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -710,5 +729,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
     _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)
+    _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

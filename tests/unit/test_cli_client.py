@@ -140,6 +140,12 @@ def test_schedule_fields_say_ended_bounds_and_max_only_under_allow() -> None:
     shanghai = schedule | {"end_at_ms": None, "timezone": "Asia/Shanghai", "next_fires": fires}
     row = render.schedules_table([shanghai], tz=UTC).splitlines()[1].split()
     assert row[4:] == ["Asia/Shanghai", "active", "1970-01-01", "08:00:00+08:00"]
+    # Paused: the next slot is where it would fire, only if resumed by then.
+    paused = shanghai | {"paused": True}
+    row = render.schedules_table([paused], tz=UTC).splitlines()[1].split()
+    assert row[4:] == ["Asia/Shanghai", "paused", "1970-01-01", "08:00:00+08:00", "if", "resumed"]
+    assert "next if resumed: 1970-01-01 00:00:00" in render.schedule_fields(paused, tz=UTC)
+    assert "\nnext:" in render.schedule_fields(shanghai, tz=UTC)
 
 
 def test_decisions_table_names_the_run_and_the_missed_span() -> None:

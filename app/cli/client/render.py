@@ -401,12 +401,14 @@ def schedule_state(schedule: Mapping[str, Any], *, now_ms: int | None = None) ->
 
 def _next(schedule: Mapping[str, Any], tz: tzinfo | None) -> str:
     """The next fire in the schedule's own zone with its offset, beside the ZONE column (the
-    client's local time there read as the zone's); ``-`` when no slot is left."""
+    client's local time there read as the zone's); ``-`` when no slot is left. A paused
+    schedule's says ``if resumed``: it fires then only if resumed by then."""
     fires = schedule.get("next_fires") or []
     if not fires:
         return "-"
     local = fires[0].get("local")
-    return safe(str(local).replace("T", " ")) if local else when(fires[0]["at_ms"], tz=tz)
+    at = safe(str(local).replace("T", " ")) if local else when(fires[0]["at_ms"], tz=tz)
+    return f"{at} if resumed" if schedule.get("paused") else at
 
 
 def schedules_table(schedules: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
@@ -454,8 +456,10 @@ def schedule_fields(schedule: Mapping[str, Any], *, tz: tzinfo | None = None) ->
     ]
     if bounds:
         pairs.insert(4, ("bounds", ", ".join(bounds)))
+    # A paused schedule fires none of them unless resumed first.
+    label = "next if resumed" if schedule.get("paused") else "next"
     for i, fire in enumerate(schedule.get("next_fires") or []):
-        pairs.append(("next" if i == 0 else "", f"{when(fire['at_ms'], tz=tz)}  ({fire['local']})"))
+        pairs.append((label if i == 0 else "", f"{when(fire['at_ms'], tz=tz)}  ({fire['local']})"))
     return fields(pairs)
 
 

@@ -62,7 +62,9 @@ export function schedulesPage(view, { signal, ready }) {
         h('td', { class: 'wide' }, link(['tasks', s.task], raw(s.task))),
         h('td', { class: 'wide' }, cadence(s)),
         h('td', {}, pausedTag(s)),
-        h('td', {}, next ? timeEl(next.at_ms) : '—')));
+        // A paused schedule's next slot is where it would fire: only once it is resumed.
+        h('td', {}, next ? timeEl(next.at_ms) : '—',
+          next && s.paused ? h('div', { class: 'muted' }, h('small', {}, t('schedules.next_if_resumed'))) : null)));
     }
     empty.hidden = body.rows.length > 0;
     return page.next_cursor;
@@ -77,10 +79,11 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   const info = h('div', { class: 'card' });
   const actions = h('div', { class: 'actions' });
   const fires = h('tbody');
+  const pausedNote = h('p', { class: 'notice notice-warn', hidden: true }, t('schedules.paused_fires'));
   const decisions = h('tbody');
   const more = loadMore(async (cursor) => addDecisions(await fetchDecisions(cursor)));
   put(view, h('section', { class: 'page' }, head, problem, actions, result.el, info,
-    h('section', {}, h('h2', {}, t('schedules.next_fires')),
+    h('section', {}, h('h2', {}, t('schedules.next_fires')), pausedNote,
       h('div', { class: 'table-wrap' }, h('table', {},
         h('thead', {}, h('tr', {},
           h('th', { scope: 'col' }, t('schedules.local_browser')),
@@ -127,6 +130,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
         ? h('button', { type: 'button', id: 'resume', on: { click: () => act('resume') } }, t('schedules.resume'))
         : h('button', { type: 'button', id: 'pause', class: 'secondary', on: { click: () => act('pause') } }, t('schedules.pause')),
       h('a', { href: `#/runs?task=${encodeURIComponent(s.task)}` }, t('tasks.see_runs')));
+    pausedNote.hidden = !s.paused;
     put(fires, (s.next_fires || []).map((f) => h('tr', {},
       h('td', {}, localTime(f.at_ms)),
       h('td', {}, raw(f.local, 'code')),
