@@ -788,6 +788,36 @@ def test_runs_logs_of_a_retry_that_never_started_points_at_the_attempt_before(
     assert (code, capsys.readouterr()) == (0, ("boom\n", ""))
 
 
+def test_runs_logs_of_an_attempt_that_never_started_says_so_and_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused = {"number": 1, "status": "failed", "started_at_ms": None, "finished_at_ms": 5,
+               "error_code": "SECRET_NOT_FOUND", "log": {"bytes": 0}}  # fmt: skip
+    run = RUN | {"id": "r1", "status": "failed", "latest_attempt": refused}
+    answers = {
+        ("GET", "/api/v1/runs/r1"): httpx.Response(200, json=run),
+        ("GET", "/api/v1/runs/r1/attempts/1/log"): httpx.Response(200, content=b""),
+    }
+    flags = ["--url", "http://api.test", "--token", "ql_t"]
+    for extra in ([], ["--attempt", "1"]):
+        code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *extra, *flags)
+        assert (code, capsys.readouterr()) == (0, ("", (
+            "attempt 1 never started (SECRET_NOT_FOUND), so it has no output; "
+            "why: qinglong runs show r1\n"
+        )))  # fmt: skip
+    # Queued, not launched yet: no ending to name.
+    waiting = refused | {"status": "claimed", "finished_at_ms": None, "error_code": None}
+    answers[("GET", "/api/v1/runs/r1")] = httpx.Response(200, json=run | {"latest_attempt": waiting})
+    code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *flags)
+    said = capsys.readouterr().err
+    assert (code, said) == (0, "attempt 1 has not started yet, so it has no output\n")
+    # A job that ran and printed nothing: nothing is said.
+    ran = refused | {"status": "succeeded", "started_at_ms": 4, "error_code": None}
+    answers[("GET", "/api/v1/runs/r1")] = httpx.Response(200, json=run | {"latest_attempt": ran})
+    code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *flags)
+    assert (code, capsys.readouterr()) == (0, ("", ""))
+
+
 def test_a_retry_past_its_instant_is_due_not_waiting() -> None:
     waiting = {"number": 2, "status": "claimed", "exit_code": None, "signal": None,
                "error_code": None, "started_at_ms": None, "finished_at_ms": None, "log": {}}  # fmt: skip

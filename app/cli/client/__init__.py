@@ -547,6 +547,19 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
             if ran else "none of its attempts has started yet"
         )  # fmt: skip
         print(f"attempt {number} has not started, so it has no output; {where}", file=sys.stderr)
+    elif not data and (shown := _attempt(client, run, number)).get("started_at_ms") is None:
+        # An attempt that never ran (a launch refused before the job, or not started yet):
+        # an empty stdout alone would read as a job that printed nothing.
+        code = shown.get("error_code")
+        if shown.get("finished_at_ms") is not None or shown.get("status") in TERMINAL:
+            why = f" ({render.safe(code)})" if code else ""
+            print(
+                f"attempt {number} never started{why}, so it has no output; why: "
+                f"qinglong runs show {render.safe(args.run)}",
+                file=sys.stderr,
+            )
+        else:
+            print(f"attempt {number} has not started yet, so it has no output", file=sys.stderr)
     if args.json:
         text = data.decode("utf-8", errors="replace")
         _emit_json({"run": run["id"], "attempt": number, "text": text})
@@ -555,6 +568,15 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
     return EXIT_OK
+
+
+def _attempt(client: Client, run: dict[str, Any], number: int) -> dict[str, Any]:
+    """Attempt ``number`` of ``run``: its latest one as the run carries it, else read."""
+    latest: dict[str, Any] = run.get("latest_attempt") or {}
+    if latest.get("number") == number:
+        return latest
+    tried = client.get(f"/runs/{_seg(run['id'])}/attempts").get("items") or []
+    return next((a for a in tried if a.get("number") == number), {"started_at_ms": 0})
 
 
 def cmd_runs_cancel(client: Client, args: argparse.Namespace) -> int:
