@@ -33,6 +33,11 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+# One wording everywhere --data-dir is taken (app/settings.py DEFAULT_DATA_DIR; a unit test
+# holds the two together): this module does not import the settings, to start fast.
+DATA_DIR_HELP = "data directory (default $QL_DATA_DIR, else ./.qinglong in the current directory)"
+
+
 def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
     """The full argument parser; each module registers its own sub-commands.
 
@@ -44,7 +49,7 @@ def build_parser(*, client_only: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qinglong", description="Run local tasks safely and record how they ended."
     )
-    parser.add_argument("--data-dir", help="data directory (default $QL_DATA_DIR or ./.qinglong)")
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
     parser.add_argument(
         "--version", action=_Version, nargs=0,
         help="the build's version and the newest database migration it knows (a rollback "
@@ -76,9 +81,7 @@ def _data_dir_after(parser: argparse.ArgumentParser) -> None:
     for child in children.values():
         _data_dir_after(child)
     if not children and "--data-dir" not in parser._option_string_actions:
-        parser.add_argument(
-            "--data-dir", default=argparse.SUPPRESS, help="data directory (default $QL_DATA_DIR)"
-        )
+        parser.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)
 
 
 def _is_client_command(argv: Sequence[str]) -> bool:

@@ -10,6 +10,7 @@ import socket
 import sys
 from typing import Any
 
+from app.cli import DATA_DIR_HELP
 from app.cli.admin import cmd_migrate
 from app.cli.common import private_settings
 from app.settings import Settings
@@ -53,9 +54,7 @@ def _add_listen_flags(parser: argparse.ArgumentParser) -> None:
         "--workers", type=_positive, default=1, help="uvicorn worker processes (default 1)"
     )
     # SUPPRESS: an absent sub-command flag must not hide `qinglong --data-dir DIR serve`.
-    parser.add_argument(
-        "--data-dir", default=argparse.SUPPRESS, help="data directory (default $QL_DATA_DIR)"
-    )
+    parser.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)
 
 
 def register(sub: Any) -> None:

@@ -215,3 +215,21 @@ def test_a_database_a_newer_build_migrated_is_one_line_that_says_so_not_migrate(
         assert database_check(engine) == "database is not migrated to head (run `qinglong migrate`)"
     finally:
         engine.dispose()
+
+
+def test_every_data_dir_flag_says_the_same_true_default() -> None:
+    """``qinglong --help`` and each command's ``--help`` give one default for the data dir,
+    the one app/settings.py applies (they disagreed: one left out ./.qinglong)."""
+    from app.cli import DATA_DIR_HELP, _subcommands, build_parser
+    from app.settings import DEFAULT_DATA_DIR
+
+    assert "$QL_DATA_DIR" in DATA_DIR_HELP and DEFAULT_DATA_DIR in DATA_DIR_HELP
+    helps = []
+    todo = [build_parser()]
+    while todo:
+        parser = todo.pop()
+        todo.extend(_subcommands(parser).values())
+        action = parser._option_string_actions.get("--data-dir")
+        if action is not None:
+            helps.append(action.help)
+    assert len(helps) > 10 and set(helps) == {DATA_DIR_HELP}
