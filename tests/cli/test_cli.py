@@ -49,13 +49,14 @@ def test_token_lifecycle_shows_the_token_once_and_stores_only_its_digest(tmp_pat
     assert token.encode() not in stored
     assert sha256_digest(token.encode()).encode() in stored
     listed = ql("token", "list", data_dir=tmp_path)
+    assert listed.stdout.splitlines()[0] == "NAME\tSTATE\tSCOPES\tCREATED\tREVOKED"
     assert "ci\tactive\tlogs:read runs:read" in listed.stdout
     assert token not in listed.stdout
-    *_, created, revoked = listed.stdout.splitlines()[0].split("\t")
+    *_, created, revoked = listed.stdout.splitlines()[1].split("\t")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", created) and revoked == "-"
     revoked_now = ql("token", "revoke", "ci", data_dir=tmp_path)
     assert (revoked_now.returncode, revoked_now.stdout) == (0, "revoked token ci\n")
-    line = ql("token", "list", data_dir=tmp_path).stdout.splitlines()[0].split("\t")
+    line = ql("token", "list", data_dir=tmp_path).stdout.splitlines()[1].split("\t")
     assert line[:2] == ["ci", "revoked"] and line[3] == created and line[4] >= created
     # Again: still exit 0 (a script may "make sure"), but it says it was so already.
     twice = ql("token", "revoke", "ci", data_dir=tmp_path)
