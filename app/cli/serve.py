@@ -129,11 +129,12 @@ def _log_to_stderr(logger: logging.Logger) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, then supervise the api and the worker until SIGTERM/SIGINT."""
     from app.context.worker_lease import EXIT_LEASE_HELD
-    from app.supervisor.stop_jobs import stop_active_jobs
+    from app.supervisor.stop_jobs import RECORD_WAIT_S, stop_active_jobs
     from app.supervisor.supervisor import JOBS_KEEP_RUNNING, ServiceSpec, Supervisor
     from app.worker.job_user import job_policy
 
-    _log_to_stderr(logging.getLogger("qinglong.supervisor"))
+    supervisor_log = logging.getLogger("qinglong.supervisor")
+    _log_to_stderr(supervisor_log)
     settings = private_settings(args)
     if settings.job.configured:
         job_policy(settings.job)  # refuse here, once, before migrating (docs/job-user.md)
@@ -141,23 +142,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cmd_migrate(args)
     api_argv = [sys.executable, *_ISOLATED, "-m", "app", "api", "--host", args.host]
     api_argv += ["--port", str(args.port), "--workers", str(args.workers)]
+
+    stopped_before: list[bool] = []
+
+    def stop_jobs(record_wait_s: float) -> None:
+        counts = stop_active_jobs(settings, record_wait_s=record_wait_s)
+        if counts or not stopped_before:  # the second look says only what it found
+            summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none active"
+            supervisor_log.info("stop-jobs-on-exit: %s", summary)
+        stopped_before.append(True)
+
     services = [
         ServiceSpec("api", api_argv, reloads=True, forwards_hup=args.workers > 1),
         ServiceSpec(
             "worker",
             [sys.executable, *_ISOLATED, "-m", "app", "worker"],
             fatal_exit_codes=frozenset({EXIT_LEASE_HELD}),
+            # The api is down (nothing launches); the worker still runs and records the
+            # endings of the jobs stopped now (app/supervisor/stop_jobs.py).
+            before_stop=(lambda: stop_jobs(RECORD_WAIT_S)) if args.stop_jobs_on_exit else None,
         ),
     ]
     env = child_env(settings, listen_url(args.host, args.port))
-    jobs = "then the jobs: --stop-jobs-on-exit" if args.stop_jobs_on_exit else JOBS_KEEP_RUNNING
+    jobs = (
+        "the jobs before the worker: --stop-jobs-on-exit"
+        if args.stop_jobs_on_exit
+        else JOBS_KEEP_RUNNING
+    )
     code = Supervisor(services=services, env=env, jobs_on_stop=jobs).run()
     # A refused worker never held the lease: the active attempts belong to the worker that
     # does, so this instance must not touch them (docs/worker-lease.md).
+    # What the worker's turn left (it was down then, or a job started meanwhile): stopped
+    # now, recorded at the next start.
     if args.stop_jobs_on_exit and code != EXIT_LEASE_HELD:
-        counts = stop_active_jobs(settings)
-        summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none active"
-        logging.getLogger("qinglong.supervisor").info("stop-jobs-on-exit: %s", summary)
+        stop_jobs(0.0)
     return code
 
 

@@ -30,7 +30,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from app.worker.identity import group_alive
@@ -79,6 +79,9 @@ class ServiceSpec:
     # Exit statuses that a restart cannot cure (the worker lease held by another worker):
     # the supervisor stops every service and exits with that status instead.
     fatal_exit_codes: frozenset[int] = frozenset()
+    # Run once an orderly stop reaches this service, before its SIGTERM, while it still runs
+    # (``serve --stop-jobs-on-exit`` stops the jobs while the worker records their endings).
+    before_stop: Callable[[], None] | None = None
 
 
 @dataclass
@@ -287,6 +290,12 @@ class Supervisor:
         """Advance the stop of ``child``, the first one still up; False: give up waiting."""
         assert child.pid is not None
         if child.stop_deadline is None:
+            if child.spec.before_stop is not None and not child.killed:
+                try:
+                    child.spec.before_stop()
+                except Exception as exc:  # the stop goes on: what it left is settled later
+                    log.warning("before stopping %s: %s", child.spec.name, type(exc).__name__)
+                now = time.monotonic()
             log.info("stopping %s", child.spec.name)
             child.stop_deadline = now + self.stop_timeout_s
             os.kill(child.pid, signal.SIGTERM)

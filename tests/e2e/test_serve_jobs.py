@@ -9,8 +9,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from app.domain.artifacts import log_relpath
+from app.domain.ids import now_ms
+from app.storage.engine import make_engine
+from app.storage.tables import run_events, runs
 from tests.e2e.conftest import ServeFactory, alive, kill_exact, wait_until
 from tests.e2e.kit import TERMINAL
 from tests.e2e.kit import enqueue as _enqueue
@@ -75,8 +79,30 @@ def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
 
     # The fixture's check covers it: no shim or job process is left after the exit.
     assert served.stop() == 0
-    assert "stop-jobs-on-exit: 1 stopped" in served.log()
-    assert "stopping the services in order (then the jobs: --stop-jobs-on-exit)" in served.log()
+    log = served.log()
+    assert "stop-jobs-on-exit: 1 recorded, 1 stopped" in log
+    assert "stopping the services in order (the jobs before the worker: --stop-jobs-on-exit)" in log
+    # Stopped while the worker still ran: it recorded the ending before it stopped, so the run
+    # is cancelled now, with the instant it ended, not at the host's next start (several-hosts
+    # walk-through: a host stopped for good left them running for ever).
+    assert log.index("stop-jobs-on-exit:") < log.index("stopping worker")
+    assert "stop-jobs-on-exit: none active" not in log  # the second look found nothing
+    stopped_at_ms = now_ms()
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                select(runs.c.status, runs.c.finished_at_ms).where(runs.c.id == run_id)
+            ).one()
+            endings = conn.execute(
+                select(run_events.c.type).where(
+                    run_events.c.run_id == run_id, run_events.c.type == "run.cancelled"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    assert row.status == "cancelled" and row.finished_at_ms <= stopped_at_ms
+    assert len(endings) == 1
 
     again = serve_factory(data_dir=served.data_dir, database_url=db_url)
     run = _wait_status(again, run_id, TERMINAL)
