@@ -78,7 +78,8 @@ class RetentionRepository:
     def __init__(self, engine: Engine, *, worker_instance_id: str | None = None) -> None:
         self._engine = engine
         # A worker of several hosts (docs/several-hosts.md §2) expires only the logs its own
-        # host holds: attempts its instance launched (and those from before migration 0008).
+        # host holds: attempts its instance launched (and those from before migration 0008),
+        # and it measures its byte budgets on those same logs (docs/retention.md §1).
         self._own: list[Any] = []
         if worker_instance_id is not None:
             self._own = [
@@ -272,11 +273,12 @@ class RetentionRepository:
         ]
 
     def task_log_bytes(self, task: str) -> int:
-        """Bytes of the task's logs still there (recorded sizes)."""
+        """Bytes of the task's logs still there (recorded sizes); with several hosts, of the
+        logs this host holds, as the candidates: a host's budget is paid from its own disk."""
         query = (
             select(func.coalesce(func.sum(attempts.c.log_bytes), 0))
             .select_from(attempts.join(runs, attempts.c.run_id == runs.c.id))
-            .where(runs.c.task == task, _LOG_PRESENT)
+            .where(runs.c.task == task, _LOG_PRESENT, *self._own)
         )
         with UnitOfWork(self._engine, write=False) as uow:
             return int(uow.conn.execute(query).scalar() or 0)
@@ -316,14 +318,13 @@ class RetentionRepository:
         )
 
     def total_log_bytes(self) -> int:
-        """Bytes of every log still there (recorded sizes)."""
+        """Bytes of every log still there (recorded sizes); with several hosts, of the logs
+        this host holds (those of no recorded host included, as in the candidates)."""
+        query = select(func.coalesce(func.sum(attempts.c.log_bytes), 0)).where(
+            _LOG_PRESENT, *self._own
+        )
         with UnitOfWork(self._engine, write=False) as uow:
-            return int(
-                uow.conn.execute(
-                    select(func.coalesce(func.sum(attempts.c.log_bytes), 0)).where(_LOG_PRESENT)
-                ).scalar()
-                or 0
-            )
+            return int(uow.conn.execute(query).scalar() or 0)
 
     def expiring(self, *, limit: int) -> list[str]:
         """Attempts whose log is ``expiring`` (a sweep died between its marks), by id."""

@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 
 from app.domain.canonical import sha256_digest
 from app.domain.errors import LeaseLost
+from app.domain.ids import now_ms
 from app.domain.model import Run
+from app.domain.retention import GlobalBudgets, RetentionPolicy
 from app.storage.hosts_repo import expire_vanished_hosts
 from app.storage.lease_repo import LeaseRepository
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.storage.tables import runs, worker_leases
+from app.storage.tables import attempts, runs, worker_leases
+from app.worker.log_retention import LogSweep
 from tests.storage.helpers import HANDLE, TOKEN, define_task, enqueue, event_types
+from tests.storage.retention_kit import DAY_MS, file_and_row_agree, seed
 from tests.storage.test_worker_lease import SHORT_TTL_MS, TTL_MS, alive, claimant
 
 
@@ -120,6 +125,49 @@ def test_a_hosts_retention_sees_only_the_logs_that_host_holds(engine: Engine) ->
     assert [c.run_id for c in scoped.log_candidates("job", limit=10)] == [mine.id]
     everyone = RetentionRepository(engine)  # SQLite, or the api's figures
     assert {c.run_id for _, c in everyone.global_candidates(limit=10)} == {mine.id, theirs.id}
+
+
+def test_a_hosts_byte_budgets_count_only_the_logs_that_host_holds(
+    engine: Engine, tmp_path: Path
+) -> None:
+    # One log of no recorded host (older than migration 0008), then 3 of host a, then 3 of
+    # host b, 10 bytes each: 70 in all, 40 on each host's books (the old one counts on both,
+    # as it is a candidate on both).
+    root = tmp_path / "logs"
+    old = seed(engine, root, tasks=["t"], runs_per_task=1, start_ms=now_ms() - DAY_MS)
+    on_a = seed(engine, root, tasks=["t"], runs_per_task=3, start_ms=now_ms() - DAY_MS + 10)
+    on_b = seed(engine, root, tasks=["t"], runs_per_task=3, start_ms=now_ms() - DAY_MS + 20)
+    with engine.begin() as conn:
+        for host, seeded in (("host-a", on_a), ("host-b", on_b)):
+            ids = [s.attempt_id for s in seeded]
+            conn.execute(
+                update(attempts).where(attempts.c.id.in_(ids)).values(worker_instance_id=host)
+            )
+    repo_a = RetentionRepository(engine, worker_instance_id="host-a")
+    repo_b = RetentionRepository(engine, worker_instance_id="host-b")
+    assert (repo_b.task_log_bytes("t"), repo_b.total_log_bytes()) == (40, 40)
+    assert RetentionRepository(engine).total_log_bytes() == 70
+
+    def sweep(repo: RetentionRepository, task_bytes: int | None, total: int | None) -> int:
+        policy = RetentionPolicy(
+            keep_runs=10, keep_days=0, keep_rows=100, task_log_bytes=task_bytes
+        )
+        return LogSweep(
+            repo=repo, logs_root=root, policy=policy,
+            budgets=GlobalBudgets(total_log_bytes=total, free_reserve_bytes=0),
+            tasks_per_pass=10, files_per_pass=100, free_bytes=lambda _root: None,
+        ).run_pass().expired_logs  # fmt: skip
+
+    # Host b's 40 bytes are within its task budget of 40: it keeps its recent logs (counting
+    # a's too, it expired the old log and two of its own, a's older ones kept).
+    assert sweep(repo_b, 40, None) == 0
+    # Host a's 40 bytes are 10 over its total budget of 30: it pays those 10 bytes, with the
+    # oldest log it may expire, not the 40 that the logs of both hosts are over.
+    assert sweep(repo_a, None, 30) == 1
+    with engine.connect() as conn:
+        gone = conn.execute(select(attempts.c.id).where(attempts.c.log_state.is_not(None)))
+        assert [r[0] for r in gone] == [old[0].attempt_id]
+    assert file_and_row_agree(engine, root) == ([], [])
 
 
 @pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
