@@ -209,7 +209,9 @@ class WorkerProcess:
             tasks_per_pass=d.tasks_per_pass,
             files_per_pass=d.files_per_pass,
         )
-        return RetentionLoop(sweep, interval_s=s.retention.interval_of(s.profile))
+        # Gated like recovery: a worker whose lease is no longer surely held decides nothing.
+        may_run = self.lease.held if self.lease is not None else _always
+        return RetentionLoop(sweep, interval_s=s.retention.interval_of(s.profile), may_run=may_run)
 
     def _wake(self, reconcile: bool) -> None:
         parts = self.parts

@@ -19,7 +19,8 @@ transaction. A pass is bounded: at most ``files_per_pass`` logs and ``tasks_per_
 tasks, each read one page.
 
 ``RetentionLoop`` runs passes on one thread: at start, every ``interval_s``, and soon after a
-run ended (``kick``; coalesced, at most one per ``min_gap_s``).
+run ended (``kick``; coalesced, at most one per ``min_gap_s``); none while ``may_run`` says
+the worker's lease is not surely held.
 """
 
 from __future__ import annotations
@@ -288,7 +289,11 @@ class RetentionLoop:
         *,
         interval_s: float,
         min_gap_s: float = 1.0,
+        may_run: Callable[[], bool] = lambda: True,
     ) -> None:
+        # The worker's lease is surely held (docs/several-hosts.md §4): a worker whose lease
+        # may be superseded starts no pass (fail closed) until it stops; kicks wait meanwhile.
+        self._may_run = may_run
         self._sweep = sweep
         self._interval_s = interval_s
         self._min_gap_s = min_gap_s
@@ -319,6 +324,9 @@ class RetentionLoop:
     def _loop(self) -> None:
         next_full = time.monotonic()
         while not self._stopping.is_set():
+            if not self._may_run():
+                self._stopping.wait(self._min_gap_s)
+                continue
             self._event.clear()  # before reading the kicks: a later kick sets it again
             full = time.monotonic() >= next_full
             with self._lock:

@@ -13,8 +13,10 @@ from sqlalchemy import Engine, select, update
 
 from app.context.execution_wiring import DispatchBackoff, build_execution
 from app.context.worker_lease import LeaseKeeper
+from app.context.worker_process import WorkerProcess
 from app.domain.errors import LaunchFailed
 from app.domain.execution import Launched, LaunchRequest, StopResult
+from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
@@ -28,6 +30,7 @@ from app.worker.server import ControlServer
 from tests.disk import fill, mounted_tmpfs
 from tests.execution.kit import CountingClient, MemorySecrets, define, enqueue
 from tests.storage.helpers import HANDLE
+from tests.storage.retention_kit import DAY_MS, counts, seed
 
 REQUEST = LaunchRequest(
     run_id="r",
@@ -262,3 +265,59 @@ def _write_until_refused(db: Path) -> None:
                 return
     finally:
         conn.close()
+
+
+def test_a_worker_whose_lease_is_lost_runs_no_retention_pass(
+    engine: Engine, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/several-hosts.md §4: a host whose lease is not surely held decides nothing; the
+    # retention sweep is gated like the recovery loop.
+    data_dir = tmp_path / "a"
+    data_dir.mkdir()
+    s = Settings.from_env(
+        {
+            "QL_DATA_DIR": str(data_dir), "QL_DATABASE_URL": db_url,
+            "QL_WORKER_LEASE_TTL_S": "1.0", "QL_WORKER_LEASE_RENEW_S": "0.1",
+            "QL_RETENTION_KEEP_RUNS": "1", "QL_RETENTION_KEEP_DAYS": "0",
+            "QL_RETENTION_INTERVAL_S": "3600",
+        }
+    )  # fmt: skip
+    lost = threading.Event()
+    keeper = LeaseKeeper.take(settings=s, engine=engine, on_lost=lost.set)
+    checks: list[bool] = []
+    held = keeper.held
+
+    def counted() -> bool:
+        checks.append(held())
+        return checks[-1]
+
+    monkeypatch.setattr(keeper, "held", counted)
+    process = WorkerProcess(s)
+    process.lease = keeper
+    start = now_ms() - DAY_MS
+    seed(engine, s.logs_dir, tasks=["t"], runs_per_task=3, start_ms=start)
+    loop = process._retention(engine)
+    assert loop is not None
+    try:
+        loop.start()
+        deadline = time.monotonic() + 10
+        while loop.passes < 1:  # held: the start-up pass expires all but the newest log
+            assert time.monotonic() < deadline, "no retention pass while the lease is held"
+            time.sleep(0.01)
+        assert counts(engine)["expired"] == 2
+        with engine.begin() as conn:  # another worker took it over (epoch bumped)
+            conn.execute(update(worker_leases).values(epoch=worker_leases.c.epoch + 1))
+        assert lost.wait(5), "the keeper did not notice the new epoch"
+        seed(engine, s.logs_dir, tasks=["t"], runs_per_task=3, start_ms=start + 100)
+        asked = len(checks)
+        loop.kick("t")  # a run of t ended: a held worker would sweep t within a second
+        deadline = time.monotonic() + 10
+        while len(checks) < asked + 3:  # the loop came round three times and looked
+            assert loop.passes == 1, "a retention pass ran after the lease was lost"
+            assert time.monotonic() < deadline, "the retention loop never asked for the lease"
+            time.sleep(0.01)
+        assert loop.passes == 1 and not any(checks[asked:])
+        assert counts(engine)["expired"] == 2  # the 3 newer logs' elders all still there
+    finally:
+        loop.stop()
+        keeper.release()
