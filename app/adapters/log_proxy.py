@@ -6,9 +6,14 @@ another host's attempt forwards the same request to that host's api, at the base
 lease row advertises, and streams the answer back unchanged (status, range and truncation
 headers, bytes or SSE events). The forwarded request carries ``X-QL-Log-Forwarded`` so a
 host that does not hold the log either (a misconfigured address) answers 503 instead of
-forwarding again. A host that does not answer within the connect timeout is
-``LogHostUnavailable`` (503 ``LOG_HOST_UNAVAILABLE``); so is a stream that breaks before
-its headers arrived. httpx: the async client the test suite already uses, kept and typed.
+forwarding again. A host whose answer has not started within ``ANSWER_TIMEOUT_S`` (its
+status and headers: connecting, sending the request and receiving them, all told) is
+``LogHostUnavailable`` (503 ``LOG_HOST_UNAVAILABLE``): one that is cut off, and one that
+accepts the connection and never answers (a frozen process, its kernel still accepting).
+So is a stream that breaks before its headers arrived. The body then streams with
+``READ_TIMEOUT_S`` between two of its reads, longer than a follow's heartbeat; a body that
+goes silent that long ends, without an error. httpx: the async client the test suite already
+uses, kept and typed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
+import anyio
 import httpx
 
 from app.domain.errors import LogHostUnavailable
@@ -28,8 +34,10 @@ _RESPONSE_HEADERS = (
     "content-type", "content-length", "content-range", "accept-ranges", "cache-control",
     "x-log-truncated", "x-accel-buffering", "retry-after",
 )  # fmt: skip
-CONNECT_TIMEOUT_S = 2.0
-# Longer than the follow's heartbeat (10 s): a silent follow is still alive.
+# From the start of the forward to the answer's status and headers: connect, send, wait.
+ANSWER_TIMEOUT_S = 2.0
+# Between two reads of the body, once the headers are in: longer than the follow's
+# heartbeat (10 s), so a silent follow is still alive.
 READ_TIMEOUT_S = 30.0
 
 
@@ -63,17 +71,22 @@ async def open_remote_log(
 ) -> RemoteLog:
     """Send the log request to ``base_url``; the answer with its body unread.
 
-    Raises: LogHostUnavailable (no connection, a timeout, or no answer).
+    Raises: LogHostUnavailable (no connection, an error, or no status and headers within
+    ``ANSWER_TIMEOUT_S``).
     """
     forwarded = {k: v for k, v in headers.items() if k.lower() in _REQUEST_HEADERS}
     forwarded[FORWARDED_HEADER] = "1"
-    timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+    # httpx's timeouts bound each operation (a connect, one read), not the answer: a host
+    # that accepts and never answers would take the whole read timeout. So the answer's
+    # start has a deadline of its own; the read timeout is left to the body.
+    timeout = httpx.Timeout(READ_TIMEOUT_S, connect=ANSWER_TIMEOUT_S)
     client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False)
     url = f"{base_url.rstrip('/')}{path}" + (f"?{query}" if query else "")
     try:
         request = client.build_request("GET", url, headers=forwarded)
-        response = await client.send(request, stream=True)
-    except httpx.HTTPError:
+        with anyio.fail_after(ANSWER_TIMEOUT_S):
+            response = await client.send(request, stream=True)
+    except (httpx.HTTPError, TimeoutError):
         await client.aclose()
         raise LogHostUnavailable(host) from None
     kept = {k: v for k, v in response.headers.items() if k.lower() in _RESPONSE_HEADERS}
