@@ -33,10 +33,12 @@ DEFAULT_LIMIT = 50
 def problems(
     *statuses: int, extra: Mapping[Any, Any] | None = None
 ) -> dict[int | str, dict[str, Any]]:
-    """``responses=`` entries documenting problem+json answers (media type fixed in openapi)."""
+    """``responses=`` entries documenting problem+json answers (media type fixed in openapi);
+    an entry of ``extra`` for one of ``statuses`` replaces the generic one."""
     out: dict[int | str, dict[str, Any]] = dict(extra or {})
     for status in statuses:
-        out[status] = {"model": Problem, "description": _DESCRIPTIONS.get(status, "problem")}
+        if status not in out:
+            out[status] = {"model": Problem, "description": _DESCRIPTIONS.get(status, "problem")}
     return out
 
 

@@ -61,9 +61,9 @@ _CONTENT = {
             503: {
                 "model": Problem,
                 "description": (
-                    "the attempt ran on another host, whose api does not answer "
-                    "(LOG_HOST_UNAVAILABLE); or the database cannot take the request now "
-                    "(STORAGE_UNAVAILABLE, DATABASE_UNREACHABLE, DATABASE_BUSY)"
+                    "the attempt ran on another host, whose api does not answer within "
+                    "2 s (LOG_HOST_UNAVAILABLE); or the database cannot take the request now "
+                    "(STORAGE_UNAVAILABLE, DATABASE_UNREACHABLE, DATABASE_BUSY; with Retry-After)"
                 ),
             },
             200: {
