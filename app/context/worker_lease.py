@@ -40,6 +40,8 @@ EXIT_LEASE_LOST = 76
 _JOIN_S = 5.0
 # Attempts of one vanished host ended per renewal (the next renewal takes the next page).
 EXPIRE_PAGE = 64
+# How long a lost lease's line waits to name who holds the lease now.
+HOLDER_READ_S = 1.0
 
 
 def _clock() -> float:
@@ -174,11 +176,22 @@ class LeaseKeeper:
             )  # fmt: skip
 
     def _holder_now(self) -> Lease | None:
-        """Who holds the lease now, to say so in the one line (None if unreadable)."""
-        try:
-            return self._repo.current(self.lease.instance_id)
-        except (SQLAlchemyError, StorageUnavailable):
-            return None
+        """Who holds the lease now, to say so in the one line (None if unreadable, or not
+        read within ``HOLDER_READ_S``). The read runs on a thread of its own, left to end
+        on its own if late: behind a silent partition it waits for the connection's bounds
+        (a connect timeout or more), and the worker must not wait that long to stop."""
+        got: list[Lease | None] = []
+
+        def read() -> None:
+            try:
+                got.append(self._repo.current(self.lease.instance_id))
+            except (SQLAlchemyError, StorageUnavailable):
+                got.append(None)
+
+        reader = threading.Thread(target=read, name="ql-lease-holder", daemon=True)
+        reader.start()
+        reader.join(HOLDER_READ_S)
+        return got[0] if got else None
 
     def _lose(self, exc: LeaseLost) -> None:
         self._lost = True

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import OperationalError
 
+from app.context import worker_lease
 from app.context.execution_wiring import DispatchBackoff, build_execution
 from app.context.worker_lease import LeaseKeeper
 from app.context.worker_process import WorkerProcess
@@ -145,6 +147,39 @@ def test_a_worker_cut_off_from_the_database_for_a_ttl_stops_launching_before_exp
         assert lost.wait(30), "a renewal that came after the TTL did not end the lease"
         assert keeper.lost
     finally:
+        keeper.release()
+
+
+def test_a_lease_lost_behind_a_silent_database_stops_without_waiting_on_the_holders_read(
+    engine: Engine, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    # Behind a silent partition every round trip waits its bounds (docs/worker-lease.md,
+    # "Limits"): once the TTL ran out, the read of who holds the lease now (for the line)
+    # must not hold up the stop; it once waited a connect timeout or more first.
+    lost = threading.Event()
+    keeper = LeaseKeeper.take(
+        settings=settings(db_url, tmp_path / "a"), engine=engine, on_lost=lost.set
+    )
+    silent = threading.Event()
+
+    def unreachable(**_: object) -> None:
+        raise OperationalError("renew", {}, Exception("no route to host"))
+
+    def current(*_: object) -> None:
+        silent.wait(30)  # no answer until the test ends
+
+    monkeypatch.setattr(keeper._repo, "renew", unreachable)
+    monkeypatch.setattr(keeper._repo, "current", current)
+    try:
+        bound = keeper._ttl_s + worker_lease.HOLDER_READ_S + 2.0  # 2 s: a loaded host
+        assert lost.wait(bound), "the stop waited for the database's answer"
+        assert keeper.lost
+        assert any(
+            "could not be renewed before it expired" in r.getMessage() for r in caplog.records
+        )
+    finally:
+        silent.set()
         keeper.release()
 
 
