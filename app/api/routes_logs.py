@@ -33,7 +33,7 @@ from app.api.schemas import Problem
 from app.api.strict_json import StrictJSONRoute
 from app.context.facade import LOG_FORWARDED_HEADER, AppFacade
 from app.context.logs import LogFile
-from app.domain.errors import Gone, LogHostUnavailable
+from app.domain.errors import DomainError, LogHostUnavailable, StorageUnavailable
 from app.domain.states import TERMINAL_ATTEMPT
 
 router = APIRouter(prefix="/api/v1", tags=["logs"], route_class=StrictJSONRoute)
@@ -178,52 +178,62 @@ async def _follow(
     heartbeat_s: float,
 ) -> AsyncIterator[str]:
     """The SSE body: chunks as the file grows, heartbeats, then ``end`` once terminal."""
-    last_beat = time.monotonic()
-    while True:
-        refusal = await _refusal(facade, token)
-        if refusal is not None:
-            yield f"event: error\ndata: {refusal}\n\n"
-            return
-        checked = time.monotonic()
-        try:
+    try:
+        last_beat = time.monotonic()
+        while True:
+            refusal = await _refusal(facade, token)
+            if refusal is not None:
+                yield f"event: error\ndata: {refusal}\n\n"
+                return
+            checked = time.monotonic()
+            # Gone: retention removed it while somebody followed (any refusal ends the
+            # stream the same way, below).
             log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
-        except Gone as exc:  # retention removed it while somebody followed
-            payload = json.dumps({"code": str(exc.code), "detail": exc.detail})
-            yield f"event: error\ndata: {payload}\n\n"
-            return
-        try:
-            # The status was read before the size: terminal here means the file is complete.
-            terminal = log.attempt.status in TERMINAL_ATTEMPT
-            while offset < log.size:
-                if time.monotonic() - checked >= poll_s:
-                    # A slow reader may take minutes over one poll's bytes (up to the log's
-                    # quota): the token is checked as often inside a poll as between polls.
-                    refusal = await _refusal(facade, token)
-                    if refusal is not None:
-                        yield f"event: error\ndata: {refusal}\n\n"
-                        return
-                    checked = time.monotonic()
-                data = await run_in_threadpool(log.read, offset, CHUNK_BYTES)
-                cut = len(data) if terminal and offset + len(data) >= log.size else _utf8_cut(data)
-                if cut == 0:
-                    break  # only part of a character so far: wait for the rest
-                text = data[:cut].decode("utf-8", errors="replace")
-                payload = json.dumps({"offset": offset, "text": text}, ensure_ascii=False)
-                offset += cut
+            try:
+                # The status was read before the size: terminal here means the file is complete.
+                terminal = log.attempt.status in TERMINAL_ATTEMPT
+                while offset < log.size:
+                    if time.monotonic() - checked >= poll_s:
+                        # A slow reader may take minutes over one poll's bytes (up to the log's
+                        # quota): the token is checked as often inside a poll as between polls.
+                        refusal = await _refusal(facade, token)
+                        if refusal is not None:
+                            yield f"event: error\ndata: {refusal}\n\n"
+                            return
+                        checked = time.monotonic()
+                    data = await run_in_threadpool(log.read, offset, CHUNK_BYTES)
+                    cut = (
+                        len(data)
+                        if terminal and offset + len(data) >= log.size
+                        else _utf8_cut(data)
+                    )
+                    if cut == 0:
+                        break  # only part of a character so far: wait for the rest
+                    text = data[:cut].decode("utf-8", errors="replace")
+                    payload = json.dumps({"offset": offset, "text": text}, ensure_ascii=False)
+                    offset += cut
+                    last_beat = time.monotonic()
+                    yield f"event: chunk\nid: {offset}\ndata: {payload}\n\n"
+                size = log.size
+                status = log.attempt.status
+            finally:
+                log.close()
+            if terminal and offset >= size:
+                payload = json.dumps({"status": status, "bytes": size})
+                yield f"event: end\ndata: {payload}\n\n"
+                return
+            if time.monotonic() - last_beat >= heartbeat_s:
                 last_beat = time.monotonic()
-                yield f"event: chunk\nid: {offset}\ndata: {payload}\n\n"
-            size = log.size
-            status = log.attempt.status
-        finally:
-            log.close()
-        if terminal and offset >= size:
-            payload = json.dumps({"status": status, "bytes": size})
-            yield f"event: end\ndata: {payload}\n\n"
-            return
-        if time.monotonic() - last_beat >= heartbeat_s:
-            last_beat = time.monotonic()
-            yield ": heartbeat\n\n"
-        await anyio.sleep(poll_s)
+                yield ": heartbeat\n\n"
+            await anyio.sleep(poll_s)
+    except (DomainError, StorageUnavailable) as exc:
+        # Once the stream began, a refusal (the log expired or went missing) or an outage
+        # (the database went away: docs/api.md §2, 503, never a 500) can only be an error
+        # event with its code; it ends the stream, and a client resumes with Last-Event-ID.
+        # Raised on, it reached the exception handlers after the response started: a
+        # RuntimeError and a cut stream.
+        payload = json.dumps({"code": str(exc.code), "detail": exc.detail})
+        yield f"event: error\ndata: {payload}\n\n"
 
 
 async def _refusal(facade: AppFacade, token: str) -> str | None:

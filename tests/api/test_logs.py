@@ -8,9 +8,11 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
 from sqlalchemy import update
 
 from app.domain.artifacts import log_relpath, truncation_fact_relpath
+from app.domain.errors import DatabaseUnreachable, ErrorCode, NotFound
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.tables import attempts
@@ -269,3 +271,45 @@ def test_odd_range_and_last_event_id_headers_never_fail(
         _url(run_id), params={"follow": "true"}, headers=admin | {"Last-Event-ID": b"\xb2"}
     )
     assert response.status_code == 200 and response.text.rstrip().endswith("}")
+
+
+class _FailingFacade(_CountingFacade):
+    """The real facade for the route's open and the stream's first poll; then its log opens
+    raise ``fail`` (what the engine raises when the database went away, or a refusal that
+    came meanwhile)."""
+
+    fail: Exception | None = None
+
+    def open_log(self, **kwargs: object) -> object:
+        if self.opens >= 2 and self.fail is not None:
+            raise self.fail
+        return super().open_log(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (DatabaseUnreachable(), "DATABASE_UNREACHABLE"),
+        (NotFound(ErrorCode.RUN_NOT_FOUND, "no such run"), "RUN_NOT_FOUND"),
+    ],
+)
+def test_an_outage_or_a_refusal_during_a_follow_ends_it_with_an_error_event_not_a_cut(
+    client: Client,
+    admin: dict[str, str],
+    settings: Settings,
+    task: str,
+    error: Exception,
+    code: str,
+) -> None:
+    """Raised on after the response began, it reached the exception handlers: a RuntimeError
+    in the api's log and a stream cut with no ending event (several-hosts walk-through)."""
+    state = client.app.state
+    state.log_poll_s = 0.02
+    failing = _FailingFacade(state.facade)
+    failing.fail = error
+    state.facade = failing
+    run_id, _, _ = _run_with_log(client, admin, settings, CONTENT)
+    response = client.get(_url(run_id), params={"follow": "true"}, headers=admin)
+    events = _events(response.text)
+    assert [e.get("event") for e in events] == ["chunk", "error"], events
+    assert json.loads(events[-1]["data"])["code"] == code

@@ -827,7 +827,10 @@ def test_a_retry_past_its_instant_is_due_not_waiting() -> None:
 
 @pytest.mark.parametrize(
     ("code", "status"),
-    [("UNAUTHENTICATED", 401), ("FORBIDDEN", 403), ("LOG_EXPIRED", 410), ("LOG_MISSING", 410)],
+    [
+        ("UNAUTHENTICATED", 401), ("FORBIDDEN", 403), ("LOG_EXPIRED", 410), ("LOG_MISSING", 410),
+        ("RUN_NOT_FOUND", 404), ("DATABASE_UNREACHABLE", 503), ("STORAGE_UNAVAILABLE", 503),
+    ],
 )
 def test_a_follow_ended_by_the_server_says_the_status_its_refusal_has(code: str, status: int) -> None:
     from app.cli.client.api import ApiProblem, _follow_item

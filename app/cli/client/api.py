@@ -320,6 +320,15 @@ def _still_trying(since: float | None, message: str) -> float:
     return since
 
 
+# A database outage is a 503, which the follow resumes through (RECONNECT_FOR_S), as when a
+# follow cannot begin for it.
+_FOLLOW_ERROR_STATUS = {
+    "UNAUTHENTICATED": 401, "LOG_EXPIRED": 410, "LOG_MISSING": 410, "RUN_NOT_FOUND": 404,
+    "ATTEMPT_NOT_FOUND": 404, "STORAGE_UNAVAILABLE": 503, "DATABASE_UNREACHABLE": 503,
+    "DATABASE_BUSY": 503,
+}  # fmt: skip
+
+
 def _follow_item(event: str, data: str, ident: str | None) -> LogChunk | LogEnd | None:
     try:
         doc = json.loads(data)
@@ -336,7 +345,7 @@ def _follow_item(event: str, data: str, ident: str | None) -> LogChunk | LogEnd 
         detail = one_line(str(doc.get("detail", "")))
         # The status the same refusal has as an answer (docs/api.md §2), so the line reads
         # the same whether the follow began refused or was ended later.
-        status = {"UNAUTHENTICATED": 401, "LOG_EXPIRED": 410, "LOG_MISSING": 410}.get(code, 403)
+        status = _FOLLOW_ERROR_STATUS.get(code, 403)
         raise ApiProblem(status, code, f"{status} {code}: {detail} (the log follow was ended)")
     return None
 
