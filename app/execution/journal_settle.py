@@ -181,14 +181,18 @@ class JournalSettle:
         stopped = False
         if plausible_handle(handle):
             assert handle is not None
-            if self._probe.job_alive(handle):
+            alive = self._probe.job_alive(handle)
+            if alive or handle.cgroup is not None:
                 # Ended in the database yet running (a worker killed mid-launch after the
                 # coordinator gave up; a shim SIGKILLed after its run ended): docs/design.md §3.10,
                 # stop the exact identity before the entry may leave the journal's scan set.
+                # A job cgroup is ended too, as in the attempt pass: its shim, killed, never
+                # removed it (another host ended the run `lost` meanwhile, say), and whatever
+                # is left in it goes with it.
                 result = self._controller.stop(handle, grace_seconds=self._stop_grace_s)
                 if result == "unknown":
                     return _Settled("undecided")  # fail closed: kept for the next sweep
-                stopped = True  # or it exited meanwhile: either way no job is left
+                stopped = alive or result == "stopped"  # either way no job is left
             if self._probe.shim_alive(handle):
                 if self._watch is not None:
                     self._watch(entry.run_id, entry.attempt_id, handle)

@@ -18,6 +18,7 @@ from app.domain.errors import ErrorCode
 from app.domain.ids import now_ms
 from app.domain.model import ProcessHandle
 from app.storage.tables import attempts
+from app.worker.cgroups import detect
 from app.worker.identity import current_boot_id, read_identity, wait_exit
 from tests.recovery.kit import (
     DEADLINE,
@@ -173,4 +174,34 @@ def test_a_dead_shims_job_that_ended_leaves_nothing_of_its_cgroup(rig: Rig) -> N
     assert wait_exit(h.pid, DEADLINE)  # the main process ended on its own
     rig.assert_ended(a, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
     assert wait_exit(escapee, DEADLINE)  # and nothing of the job outlived its run
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
+
+
+def test_a_killed_shims_cgroup_is_removed_when_its_run_was_ended_elsewhere(rig: Rig) -> None:
+    """The whole host was killed (shim and job with it); another host ended the run ``lost``
+    meanwhile. This host's start-up finds the ended attempt's entry still ``spawned``: the
+    job cgroup its killed shim never removed goes too (several-hosts walk-through)."""
+    rig.worker.start()
+    a = rig.arm()
+    h = rig.launch(a, gated("never", then="exit 0"))
+    if h.cgroup is None:
+        pytest.skip("no writable cgroup v2 here: nothing to leave behind")
+    root = detect("")
+    assert root is not None
+    path = root.job_dir(h.cgroup)
+    assert path is not None
+    wait_for(lambda: b"start" in rig.log_bytes(a), "the job to run")
+    rig.kill_worker()
+    os.kill(h.shim_pid, signal.SIGKILL)
+    os.killpg(h.pgid, signal.SIGKILL)
+    assert wait_exit(h.pid, DEADLINE)
+    wait_for(lambda: (path / "cgroup.procs").read_text() == "", "the job's processes to end")
+    assert path.exists()  # what a killed shim leaves
+    rig.runs.fail_attempt(
+        run_id=a.run_id, attempt_id=a.attempt_id, error_code=ErrorCode.WORKER_LEASE_EXPIRED,
+        lost=True,
+    )  # fmt: skip
+    rig.worker.start()  # the start-up drain settles the entry
+    assert _journal_state(rig, a) == "consumed"
+    assert not path.exists(), "the job's cgroup was left behind"
     assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
