@@ -648,6 +648,12 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
     page.wait_for_selector("text=first try")
     assert "attempt 1" in page.inner_text("h2:has-text('Log')")
     assert "A retry, not started yet." in page.inner_text("table.attempts")
+    # The waiting attempt's status is a word a user reads ("waiting", not "claimed"), and
+    # the retry's instant in the events reads as a time, not 13 digits.
+    assert "waiting" in page.inner_text("table.attempts")
+    events = page.inner_text(".timeline")
+    assert "not_before=" in events and "not_before_ms" not in events, events
+    assert "signal=null" not in events
     site.shot(page, "run-retry-waits")
     assert site.api("POST", f"/api/v1/runs/{run_id}/cancel").is_success
     ended = {"task": "hello", "every_seconds": 60, "end_at_ms": int(time.time() * 1000) - 60_000}

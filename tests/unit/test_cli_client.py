@@ -630,6 +630,12 @@ def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:
     assert render.events_table(events, tz=UTC).splitlines()[1].split() == [
         "1", "1970-01-01", "00:00:00", "attempt.failed", "exit_code=3",
     ]  # fmt: skip
+    # An instant reads as a time, not 13 digits; nulls say nothing; a span stays a number.
+    waits = {"attempt": 2, "not_before_ms": 1_796_601_785_065, "signal": None, "delay_ms": 2000}
+    events = [{"seq": 2, "type": "run.retry_scheduled", "at_ms": 0, "data": waits}]
+    assert render.events_table(events, tz=UTC).splitlines()[1].split()[4:] == [
+        "attempt=2", "not_before=2026-12-07T00:03:05", "delay_ms=2000",
+    ]  # fmt: skip
     rows = [line.split() for line in render.retention_table(policy).splitlines()[2:]]
     assert rows == [["keep-runs", "2", "2"], ["keep-days", "global", "30"],
                     ["keep-rows", "global", "9"], ["task-log-bytes", "global", "no", "limit"]]  # fmt: skip

@@ -264,7 +264,7 @@ def events_table(events: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = Non
             e["seq"],
             when(e.get("at_ms"), tz=tz),
             e["type"],
-            _data(e.get("data")),
+            _data(e.get("data"), tz=tz),
         )
         for e in events
     ]
@@ -286,8 +286,18 @@ def decisions_table(decisions: Sequence[Mapping[str, Any]], *, tz: tzinfo | None
     return table(("SLOT", "DECISION", "RUN", "MISSED", "DECIDED"), rows)
 
 
-def _data(data: Mapping[str, Any] | None) -> str:
-    pairs = [f"{k}={v}" for k, v in (data or {}).items() if v is not None]
+_EPOCH_MS_FROM = 10**12  # 2001-09-09: a ``*_ms`` value past it is an instant, not a span
+
+
+def _data(data: Mapping[str, Any] | None, *, tz: tzinfo | None = None) -> str:
+    """``k=v`` pairs, nulls left out; an instant (``not_before_ms``) as a local time."""
+    pairs = []
+    for k, v in (data or {}).items():
+        if v is None:
+            continue
+        if k.endswith("_ms") and isinstance(v, int) and v >= _EPOCH_MS_FROM:
+            k, v = k.removesuffix("_ms"), when(v, tz=tz).replace(" ", "T")
+        pairs.append(f"{k}={v}")
     return " ".join(pairs) or "-"
 
 

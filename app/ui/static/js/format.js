@@ -36,6 +36,17 @@ export function utcTime(ms) {
   return new Date(ms).toISOString().replace(/\.\d{3}Z$/, 'Z');
 }
 
+/** An event's data as ``k=v`` pairs: nulls left out, an instant (``not_before_ms``, past
+ *  2001) as a local time without its ``_ms``, anything else as JSON. */
+export function eventData(data) {
+  return Object.entries(data || {})
+    .filter(([, v]) => v !== null && v !== undefined)
+    .map(([k, v]) => (k.endsWith('_ms') && Number.isInteger(v) && v >= 1e12
+      ? `${k.slice(0, -3)}=${localTime(v)}`
+      : `${k}=${JSON.stringify(v)}`))
+    .join(' ');
+}
+
 /** A <time> with the local time shown and UTC on hover. */
 export function timeEl(ms) {
   if (ms === null || ms === undefined) return h('span', { class: 'muted' }, '—');

@@ -5,7 +5,7 @@
 import { api, call, path } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t, tOr } from '../i18n.js';
-import { TERMINAL, bytes, duration, explainEnding, statusBadge, timeEl } from '../format.js';
+import { TERMINAL, bytes, duration, eventData, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
 import { go } from '../main.js';
 import { errorBox, every, facts, missing, resultSlot } from './common.js';
@@ -126,8 +126,8 @@ export function runPage(view, { args: [runId], signal, ready }) {
       timeEl(e.at_ms), ' ',
       h('span', { class: 'event-type' }, has(`event.${e.type}`) ? t(`event.${e.type}`) : raw(e.type)),
       ' ', raw(e.type, 'code'),
-      Object.keys(e.data || {}).length
-        ? h('span', { class: 'event-data' }, ' ', raw(Object.entries(e.data).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(' ')))
+      eventData(e.data)
+        ? h('span', { class: 'event-data' }, ' ', raw(eventData(e.data)))
         : null)));
     followLatest();
     drawTruncation();
