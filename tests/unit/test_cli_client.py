@@ -845,3 +845,12 @@ def test_a_follow_ended_by_the_server_says_the_status_its_refusal_has(code: str,
         _follow_item("error", json.dumps({"code": code, "detail": "why"}), None)
     assert ended.value.status == status
     assert str(ended.value.message) == f"{status} {code}: why (the log follow was ended)"
+
+
+def test_runs_events_shows_a_whole_history_in_one_page_by_default() -> None:
+    """20 a page cut a run of three attempts before its ending (new-user walk-through)."""
+    from app.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["runs", "events", "R"]).limit == 200
+    assert parser.parse_args(["runs", "list"]).limit == 20

@@ -117,7 +117,8 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     cancel.set_defaults(handler=_client(cmd_runs_cancel))
     events = rsub.add_parser("events", parents=[common], help="a run's events in order")
     events.add_argument("run")
-    _paging(events)
+    # A run's history in one page: 20 cut a run of three attempts before its ending.
+    _paging(events, default=200)
     events.set_defaults(handler=_client(cmd_runs_events))
     rerun = rsub.add_parser(
         "rerun", parents=[common], help="a new run of the same revision and priority"
@@ -350,8 +351,10 @@ def _url_and_maybe_token(args: argparse.Namespace) -> tuple[str, str]:
     return target.url, target.token
 
 
-def _paging(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--limit", type=_limit, default=20, help="items per page (1..200)")
+def _paging(parser: argparse.ArgumentParser, *, default: int = 20) -> None:
+    parser.add_argument(
+        "--limit", type=_limit, default=default, help=f"items per page (1..200, default {default})"
+    )
     parser.add_argument("--cursor", help="the next page (printed after a full page)")
 
 
