@@ -45,24 +45,35 @@ def cmd_lease_show(args: argparse.Namespace) -> int:
     from app.storage.uow import UnitOfWork
 
     with database(args) as (_, engine):
-        leases = LeaseRepository(engine).leases()
+        repo = LeaseRepository(engine)
+        leases = repo.leases()
         with UnitOfWork(engine, write=False) as uow:
             now = db_now_ms(uow.conn)
+        lines = []
+        for lease in leases:
+            if lease.released_at_ms is not None:
+                state = f"released at {_utc(lease.released_at_ms)}"
+            elif lease.live(now):
+                state = f"held, expires {_utc(lease.expires_at_ms)} unless renewed"
+            else:
+                state = f"expired at {_utc(lease.expires_at_ms)}"
+                # The epoch moved past what that pid held: say who moved it, and why.
+                moved = repo.superseded(lease.instance_id, lease.epoch)
+                if moved is not None:
+                    state += (
+                        f"; host {moved.by_host} ended its {moved.attempts_lost} active "
+                        f"attempt(s) lost and moved its epoch from {moved.held_epoch}, so that "
+                        "worker, back, is refused"
+                    )
+            api = f" api {lease.base_url}" if lease.base_url else ""
+            lines.append(
+                f"instance {lease.instance_id} host {lease.host} pid {lease.pid} "
+                f"epoch {lease.epoch}{api} since {_utc(lease.acquired_at_ms)}: {state}"
+            )
     if not leases:
         print("no worker has taken the lease yet")
         return 0
-    for lease in leases:
-        if lease.released_at_ms is not None:
-            state = f"released at {_utc(lease.released_at_ms)}"
-        elif lease.live(now):
-            state = f"held, expires {_utc(lease.expires_at_ms)} unless renewed"
-        else:
-            state = f"expired at {_utc(lease.expires_at_ms)}"
-        api = f" api {lease.base_url}" if lease.base_url else ""
-        print(
-            f"instance {lease.instance_id} host {lease.host} pid {lease.pid} "
-            f"epoch {lease.epoch}{api} since {_utc(lease.acquired_at_ms)}: {state}"
-        )
+    print("\n".join(lines))
     return 0
 
 

@@ -37,6 +37,7 @@ from app.domain.errors import LeaseHeld, LeaseLost
 from app.domain.ids import now_ms, uuid7
 from app.domain.lease import (
     WORKER_LEASE_ACQUIRED,
+    WORKER_LEASE_EXPIRED,
     WORKER_LEASE_RELEASED,
     WORKER_LEASE_TAKEN_OVER,
     Claimant,
@@ -65,6 +66,19 @@ _FENCE_PG = (
     .where(_L.slot == bindparam("slot"))
     .with_for_update(read=True)
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """Another host ended an expired lease's attempts: the epoch its holder had, that host,
+    and how many attempts it ended ``lost``."""
+
+    held_epoch: int
+    by_host: str
+    attempts_lost: int
+
+
+_SUPERSEDED_SCAN = 500  # expiry events read, newest first: enough for any one host's pages
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +298,27 @@ class LeaseRepository:
         with UnitOfWork(self._engine, write=False) as uow:
             rows = uow.conn.execute(select(worker_leases).order_by(_L.acquired_at_ms)).all()
         return [_lease(r) for r in rows]
+
+    def superseded(self, instance_id: str, epoch: int) -> Superseded | None:
+        """How another host moved ``instance_id``'s expired lease to ``epoch`` by ending its
+        attempts ``lost`` (docs/several-hosts.md §4), from the newest expiry events; None
+        when it did not."""
+        query = (
+            select(service_events.c.data)
+            .where(service_events.c.type == WORKER_LEASE_EXPIRED)
+            .order_by(service_events.c.id.desc())
+            .limit(_SUPERSEDED_SCAN)
+        )
+        with UnitOfWork(self._engine, write=False) as uow:
+            found = [json.loads(r.data) for r in uow.conn.execute(query)]
+        chain = [d for d in found if d.get("instance_id") == instance_id]
+        held, by_host, lost = epoch, None, 0
+        for facts in chain:  # newest first: each page of a pass moved the epoch by one
+            if facts.get("new_epoch") != held:
+                continue
+            held, lost = int(facts["old_epoch"]), lost + int(facts.get("attempts_lost", 0))
+            by_host = by_host or str(facts.get("by_host", "?"))
+        return None if by_host is None else Superseded(held, by_host, lost)
 
     def history(self, *, limit: int) -> list[ServiceEvent]:
         """The newest ``limit`` service events, oldest first."""

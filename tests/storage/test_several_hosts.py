@@ -17,7 +17,7 @@ from app.domain.ids import now_ms
 from app.domain.model import Run
 from app.domain.retention import GlobalBudgets, RetentionPolicy
 from app.storage.hosts_repo import expire_vanished_hosts
-from app.storage.lease_repo import LeaseRepository
+from app.storage.lease_repo import LeaseRepository, Superseded
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -105,6 +105,9 @@ def test_a_vanished_hosts_attempts_end_lost_and_its_epoch_is_superseded(engine: 
     history = [e for e in leases.history(limit=10) if e.type == "worker.lease_expired"]
     assert [e.data["attempts_lost"] for e in history] == [2, 1]
     assert history[0].data["by_instance_id"] == a.instance_id
+    # What `lease show` says of b's row: its epoch (3) is not the one its pid held (1).
+    assert leases.superseded(b.instance_id, 3) == Superseded(1, "host-a", 3)
+    assert leases.superseded(a.instance_id, lease_a.epoch) is None  # never moved
     with pytest.raises(LeaseLost) as lost:  # the partitioned worker comes back
         leases.renew(instance_id=b.instance_id, epoch=1, ttl_ms=TTL_MS)
     assert "superseded" in lost.value.detail
