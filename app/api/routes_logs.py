@@ -11,7 +11,9 @@ The stream's token is checked again before every poll, and between chunks once a
 interval has passed (a slow reader's poll may hold the whole quota), through the token cache,
 so at most one database read per second per token: once it is revoked or no longer carries
 ``logs:read``, the stream sends ``event: error`` with ``{"code", "detail"}``
-(``UNAUTHENTICATED`` or ``FORBIDDEN``) and ends, within a poll plus the cache's 1 s.
+(``UNAUTHENTICATED`` or ``FORBIDDEN``) and ends, within a poll plus the cache's 1 s. Any other
+refusal once the stream began ends it the same way (``LOG_EXPIRED``, ``LOG_MISSING``,
+``RUN_NOT_FOUND``); a database outage ends it with only a comment, to be resumed.
 """
 
 from __future__ import annotations
@@ -226,12 +228,15 @@ async def _follow(
                 last_beat = time.monotonic()
                 yield ": heartbeat\n\n"
             await anyio.sleep(poll_s)
-    except (DomainError, StorageUnavailable) as exc:
-        # Once the stream began, a refusal (the log expired or went missing) or an outage
-        # (the database went away: docs/api.md §2, 503, never a 500) can only be an error
-        # event with its code; it ends the stream, and a client resumes with Last-Event-ID.
-        # Raised on, it reached the exception handlers after the response started: a
-        # RuntimeError and a cut stream.
+    except StorageUnavailable as exc:
+        # The database went away (docs/api.md §2: a 503 for a new request). The stream ends
+        # without an event, as when the api restarts: every client, older ones too, resumes
+        # with Last-Event-ID and meets the 503s until it answers. A comment says why.
+        yield f": {exc.code}: the stream ends; resume with Last-Event-ID\n\n"
+    except DomainError as exc:
+        # A refusal once the stream began (the log expired or went missing, the run was
+        # deleted) is an error event with its code. Raised on, either reached the exception
+        # handlers after the response started: a RuntimeError and a cut stream.
         payload = json.dumps({"code": str(exc.code), "detail": exc.detail})
         yield f"event: error\ndata: {payload}\n\n"
 

@@ -103,7 +103,12 @@ export class LogFollower {
       return true;
     }
     if (event === 'error') {
-      const status = { FORBIDDEN: 403, LOG_EXPIRED: 410, LOG_MISSING: 410 }[payload.code] || 401;
+      // The status the same refusal has as an answer; an unknown code is shown with its own
+      // words (problem.CODE) or as itself, never as a signed-out token.
+      const status = {
+        UNAUTHENTICATED: 401, FORBIDDEN: 403, LOG_EXPIRED: 410, LOG_MISSING: 410,
+        RUN_NOT_FOUND: 404, ATTEMPT_NOT_FOUND: 404,
+      }[payload.code] || 400;
       this.handlers.onError(new ApiError(status, payload, 'logs:read'));
       this.stopped = true;
       return true;

@@ -126,11 +126,13 @@ export function runPage(view, { args: [runId], signal, ready }) {
       timeEl(e.at_ms), ' ',
       h('span', { class: 'event-type' }, has(`event.${e.type}`) ? t(`event.${e.type}`) : raw(e.type)),
       ' ', raw(e.type, 'code'),
-      eventData(e.data)
-        ? h('span', { class: 'event-data' }, ' ', raw(eventData(e.data)))
-        : null)));
+      eventDataSpan(eventData(e.data)))));
     followLatest();
     drawTruncation();
+  }
+
+  function eventDataSpan(text) {
+    return text ? h('span', { class: 'event-data' }, ' ', raw(text)) : null;
   }
 
   // Why an attempt never ran, from its ending event (the attempt itself has only its code):
