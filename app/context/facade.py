@@ -7,6 +7,7 @@ tokens, argv of runs or environments (the domain values it returns carry none of
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -55,7 +56,7 @@ from app.domain.validation import (
     validate_run_as,
     validate_timeout,
 )
-from app.schedule.slots import local_iso, slots_after, validate
+from app.schedule.slots import local_iso, slots_after, stored_cron, validate
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.lease_repo import LeaseRepository
 from app.storage.retention_repo import RetentionRepository, StorageFigures
@@ -551,6 +552,8 @@ class AppFacade:
         if definition.revision is not None:
             _check_revision(definition.revision)
         validate(spec_of(definition))
+        if definition.cron is not None:
+            definition = dataclasses.replace(definition, cron=stored_cron(definition.cron))
         schedule, created = self._schedule_repo().put_schedule(
             name=name, definition=definition, paused=paused, if_match=if_match
         )

@@ -49,6 +49,13 @@ _ALIASES = {
     "@annually": "0 0 1 1 *",
     "@midnight": "0 0 * * *",
 }
+# Those are stored under the older name: a build before them (a rollback target) reads it.
+_STORED_AS = {"@annually": "@yearly", "@midnight": "@daily"}
+
+
+def stored_cron(exprs: tuple[str, ...]) -> tuple[str, ...]:
+    """``exprs`` as stored: an alias only newer builds know becomes its older synonym."""
+    return tuple(_STORED_AS.get(e.strip().lower(), e) for e in exprs)
 GAP_POLICIES = ("shift", "skip")
 FOLD_POLICIES = ("first", "both")
 CATCHUP_POLICIES = ("latest", "all", "none")
