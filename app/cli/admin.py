@@ -80,12 +80,13 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 def cmd_token_list(args: argparse.Namespace) -> int:
     """List token names, state, scopes, and when each was created and revoked (UTC), one
-    tab-separated line each under a header line, as the other tables have; ``-`` for a token
-    not revoked."""
+    tab-separated line each; ``-`` for a token not revoked. On a terminal a header line comes
+    first, as the other tables have; a script reads one line a token, as it always did."""
     with database(args) as (_, engine):
         records = _tokens(engine).list()
-    print("\t".join(("NAME", "STATE", "SCOPES", "CREATED", "REVOKED")))
-    if not records:  # the header alone reads like a failure; stdout stays the table
+    if sys.stdout.isatty():
+        print("\t".join(("NAME", "STATE", "SCOPES", "CREATED", "REVOKED")))
+    if not records:  # nothing at all reads like a failure; stdout stays the table
         print("no tokens yet", file=sys.stderr)
     for record in records:
         state = "revoked" if record.revoked_at_ms is not None else "active"

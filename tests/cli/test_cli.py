@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import re
 import socket
 import sqlite3
@@ -49,14 +50,14 @@ def test_token_lifecycle_shows_the_token_once_and_stores_only_its_digest(tmp_pat
     assert token.encode() not in stored
     assert sha256_digest(token.encode()).encode() in stored
     listed = ql("token", "list", data_dir=tmp_path)
-    assert listed.stdout.splitlines()[0] == "NAME\tSTATE\tSCOPES\tCREATED\tREVOKED"
-    assert "ci\tactive\tlogs:read runs:read" in listed.stdout
+    # Not a terminal: one line a token, no header (what scripts have always read).
+    assert listed.stdout.splitlines()[0].startswith("ci\tactive\tlogs:read runs:read\t")
     assert token not in listed.stdout
-    *_, created, revoked = listed.stdout.splitlines()[1].split("\t")
+    *_, created, revoked = listed.stdout.splitlines()[0].split("\t")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", created) and revoked == "-"
     revoked_now = ql("token", "revoke", "ci", data_dir=tmp_path)
     assert (revoked_now.returncode, revoked_now.stdout) == (0, "revoked token ci\n")
-    line = ql("token", "list", data_dir=tmp_path).stdout.splitlines()[1].split("\t")
+    line = ql("token", "list", data_dir=tmp_path).stdout.splitlines()[0].split("\t")
     assert line[:2] == ["ci", "revoked"] and line[3] == created and line[4] >= created
     # Again: still exit 0 (a script may "make sure"), but it says it was so already.
     twice = ql("token", "revoke", "ci", data_dir=tmp_path)
@@ -65,6 +66,41 @@ def test_token_lifecycle_shows_the_token_once_and_stores_only_its_digest(tmp_pat
     assert again.returncode != 0
     assert "ci was revoked; a name is never reused" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_token_list_on_a_terminal_has_a_header_line(tmp_path: Path) -> None:
+    """A person reads columns by their names; a script (no terminal) reads rows only."""
+    assert ql("migrate", data_dir=tmp_path).returncode == 0
+    none = ql("token", "list", data_dir=tmp_path)  # nothing yet: said on stderr, not stdout
+    assert (none.returncode, none.stdout, none.stderr) == (0, "", "no tokens yet\n")
+    made = ql("token", "create", "--scope", "runs:read", "--name", "ci", data_dir=tmp_path)
+    assert made.returncode == 0, made.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    primary, secondary = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "token", "list"], stdout=secondary,
+            stderr=subprocess.PIPE, env=env | {"QL_DATA_DIR": str(tmp_path)}, timeout=60,
+        )  # fmt: skip
+        os.close(secondary)
+        secondary = -1
+        out = b""
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(primary)
+        if secondary >= 0:
+            os.close(secondary)
+    assert done.returncode == 0, done.stderr
+    lines = out.decode().splitlines()
+    assert lines[0] == "NAME\tSTATE\tSCOPES\tCREATED\tREVOKED"
+    assert lines[1].startswith("ci\tactive\truns:read\t")
 
 
 def test_bootstrap_prints_an_admin_token_only_the_first_time(tmp_path: Path) -> None:
