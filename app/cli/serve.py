@@ -129,8 +129,8 @@ def _log_to_stderr(logger: logging.Logger) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Migrate, then supervise the api and the worker until SIGTERM/SIGINT."""
     from app.context.worker_lease import EXIT_LEASE_HELD
-    from app.supervisor.stop_jobs import RECORD_WAIT_S, stop_active_jobs
-    from app.supervisor.supervisor import JOBS_KEEP_RUNNING, ServiceSpec, Supervisor
+    from app.supervisor.stop_jobs import stop_active_jobs, stop_through_worker
+    from app.supervisor.supervisor import JOBS_KEEP_RUNNING, ServiceSpec, StopWait, Supervisor
     from app.worker.job_user import job_policy
 
     supervisor_log = logging.getLogger("qinglong.supervisor")
@@ -143,14 +143,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_argv = [sys.executable, *_ISOLATED, "-m", "app", "api", "--host", args.host]
     api_argv += ["--port", str(args.port), "--workers", str(args.workers)]
 
-    stopped_before: list[bool] = []
+    through_worker: list[bool] = []
 
-    def stop_jobs(record_wait_s: float) -> None:
-        counts = stop_active_jobs(settings, record_wait_s=record_wait_s)
-        if counts or not stopped_before:  # the second look says only what it found
-            summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none active"
-            supervisor_log.info("stop-jobs-on-exit: %s", summary)
-        stopped_before.append(True)
+    def before_worker_stops(worker_pid: int) -> StopWait | None:
+        through_worker.append(True)
+        return stop_through_worker(settings, worker_pid)
 
     services = [
         ServiceSpec("api", api_argv, reloads=True, forwards_hup=args.workers > 1),
@@ -160,7 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             fatal_exit_codes=frozenset({EXIT_LEASE_HELD}),
             # The api is down (nothing launches); the worker still runs and records the
             # endings of the jobs stopped now (app/supervisor/stop_jobs.py).
-            before_stop=(lambda: stop_jobs(RECORD_WAIT_S)) if args.stop_jobs_on_exit else None,
+            before_stop=before_worker_stops if args.stop_jobs_on_exit else None,
         ),
     ]
     env = child_env(settings, listen_url(args.host, args.port))
@@ -172,10 +169,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     code = Supervisor(services=services, env=env, jobs_on_stop=jobs).run()
     # A refused worker never held the lease: the active attempts belong to the worker that
     # does, so this instance must not touch them (docs/worker-lease.md).
-    # What the worker's turn left (it was down then, or a job started meanwhile): stopped
-    # now, recorded at the next start.
+    # What the worker's turn left (it was down or without its lease then, an ending not
+    # recorded in time): stopped now, recorded at the next start.
     if args.stop_jobs_on_exit and code != EXIT_LEASE_HELD:
-        stop_jobs(0.0)
+        counts = stop_active_jobs(settings)
+        if counts or not through_worker:  # after the worker's turn, only what it found
+            summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none active"
+            supervisor_log.info("stop-jobs-on-exit, after the services: %s", summary)
     return code
 
 

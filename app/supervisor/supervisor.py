@@ -32,6 +32,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from app.worker.identity import group_alive
 
@@ -41,6 +42,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 _TICK_S = 1.0
+_WAIT_TICK_S = 0.1  # how often a before_stop wait is looked at
 _KILL_WAIT_S = 10.0
 
 
@@ -79,9 +81,24 @@ class ServiceSpec:
     # Exit statuses that a restart cannot cure (the worker lease held by another worker):
     # the supervisor stops every service and exits with that status instead.
     fatal_exit_codes: frozenset[int] = frozenset()
-    # Run once an orderly stop reaches this service, before its SIGTERM, while it still runs
-    # (``serve --stop-jobs-on-exit`` stops the jobs while the worker records their endings).
-    before_stop: Callable[[], None] | None = None
+    # Called once an orderly stop reaches this service, before its SIGTERM, with its pid,
+    # while it still runs (``serve --stop-jobs-on-exit``: the jobs are stopped while the
+    # worker records their endings). What it returns is waited for, in the loop (signals
+    # still handled), until done or past its deadline; then the SIGTERM.
+    before_stop: Callable[[int], StopWait | None] | None = None
+
+
+class StopWait(Protocol):
+    """What a service's ``before_stop`` began; the stop waits for it (bounded)."""
+
+    deadline: float  # monotonic: the stop goes on then, done or not
+
+    def done(self) -> bool:
+        """True once what began is over."""
+
+    def close(self, *, finished: bool) -> None:
+        """The wait is over (``finished``: ``done`` said so; else the deadline, a second
+        signal, or the service's exit): release what it holds, say what became of it."""
 
 
 @dataclass
@@ -95,6 +112,8 @@ class _Service:
     restart_now: bool = False  # the next exit was asked for (SIGHUP): restart at once
     stop_deadline: float | None = None  # shutdown: TERM sent; KILL to the group after this
     killed: bool = False
+    before_stop_called: bool = False
+    waiting: StopWait | None = None  # what before_stop began, until it is over
 
 
 def _libc() -> ctypes.CDLL:
@@ -167,8 +186,10 @@ class Supervisor:
                     return
                 if not self._stop_step(child, now):
                     return
-                assert child.stop_deadline is not None
-                timeout = max(min(child.stop_deadline - now, _TICK_S), 0.05)
+                if child.stop_deadline is None:  # waiting for its before_stop
+                    timeout = _WAIT_TICK_S
+                else:
+                    timeout = max(min(child.stop_deadline - now, _TICK_S), 0.05)
             else:
                 self._start_due(now)
                 timeout = self._next_timeout(now)
@@ -235,11 +256,14 @@ class Supervisor:
 
     def _on_exit(self, child: _Service, status: int) -> None:
         child.pid = None
+        self._end_wait(child, finished=False)
         code = os.waitstatus_to_exitcode(status)
         what = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
         lived = time.monotonic() - child.started_at
         if self._stopping:
             log.info("%s exited (%s)", child.spec.name, what)
+            if code in child.spec.fatal_exit_codes:
+                self._exit_code = code  # refused during the stop: still what serve says
             return
         if code in child.spec.fatal_exit_codes:
             log.error("%s exited (%s): a restart cannot help", child.spec.name, what)
@@ -290,11 +314,20 @@ class Supervisor:
         """Advance the stop of ``child``, the first one still up; False: give up waiting."""
         assert child.pid is not None
         if child.stop_deadline is None:
-            if child.spec.before_stop is not None and not child.killed:
+            if child.spec.before_stop is not None and not child.before_stop_called:
+                child.before_stop_called = True
                 try:
-                    child.spec.before_stop()
+                    child.waiting = child.spec.before_stop(child.pid)
                 except Exception as exc:  # the stop goes on: what it left is settled later
                     log.warning("before stopping %s: %s", child.spec.name, type(exc).__name__)
+            if child.waiting is not None:
+                try:
+                    finished = child.waiting.done()
+                except Exception:  # a failed look is not "done": the deadline still holds
+                    finished = False
+                if not finished and now < child.waiting.deadline:
+                    return True  # the loop goes on: signals and exits are still handled
+                self._end_wait(child, finished=finished)
                 now = time.monotonic()
             log.info("stopping %s", child.spec.name)
             child.stop_deadline = now + self.stop_timeout_s
@@ -307,8 +340,18 @@ class Supervisor:
             self._kill(child, now)
         return True
 
+    @staticmethod
+    def _end_wait(child: _Service, *, finished: bool) -> None:
+        waiting, child.waiting = child.waiting, None
+        if waiting is not None:
+            try:
+                waiting.close(finished=finished)
+            except Exception as exc:
+                log.warning("before stopping %s: %s", child.spec.name, type(exc).__name__)
+
     def _kill(self, child: _Service, now: float) -> None:
         assert child.pid is not None
+        self._end_wait(child, finished=False)
         child.killed = True
         child.stop_deadline = min(child.stop_deadline or now, now)
         _killpg(child.pid, signal.SIGKILL)  # unreaped leader: the number is ours

@@ -80,13 +80,14 @@ def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
     # The fixture's check covers it: no shim or job process is left after the exit.
     assert served.stop() == 0
     log = served.log()
-    assert "stop-jobs-on-exit: 1 recorded, 1 stopped" in log
+    assert "stop-jobs-on-exit: 1 job(s) stopped through the worker, 1 recorded" in log
     assert "stopping the services in order (the jobs before the worker: --stop-jobs-on-exit)" in log
     # Stopped while the worker still ran: it recorded the ending before it stopped, so the run
     # is cancelled now, with the instant it ended, not at the host's next start (several-hosts
     # walk-through: a host stopped for good left them running for ever).
     assert log.index("stop-jobs-on-exit:") < log.index("stopping worker")
-    assert "stop-jobs-on-exit: none active" not in log  # the second look found nothing
+    assert "after the services" not in log  # the second look found nothing left
+    assert "not recorded before the worker stops" not in log
     stopped_at_ms = now_ms()
     engine = make_engine(db_url)
     try:

@@ -1,0 +1,103 @@
+"""What a service's ``before_stop`` begins is waited for in the supervisor's loop.
+
+``serve --stop-jobs-on-exit`` asks the running worker to stop and record the jobs before it
+stops the worker. A real supervisor process runs two real children; the wait ends when the
+test says it is done, or a second SIGTERM kills at once: signals are never held up by it
+(review: a blocking hook held a second SIGTERM 8.5 s).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.integration.kit import poll_until
+from tests.worker.kit import ROOT
+
+SUPERVISOR_MAIN = textwrap.dedent(
+    """
+    import logging, os, sys, time
+    from pathlib import Path
+    from app.supervisor.supervisor import ServiceSpec, Supervisor
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    here = Path(sys.argv[1])
+
+    class Wait:
+        deadline = time.monotonic() + 3600
+        def done(self):
+            return (here / "done").exists()
+        def close(self, *, finished):
+            (here / "closed").write_text(f"finished={finished}")
+
+    def before_stop(pid):
+        (here / "began").write_text(str(pid))
+        return Wait()
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    api = ServiceSpec("api", sleeper)
+    worker = ServiceSpec("worker", sleeper, before_stop=before_stop)
+    supervisor = Supervisor(services=[api, worker], env=dict(os.environ), stop_timeout_s=5)
+    raise SystemExit(supervisor.run())
+    """
+)
+
+
+def _start(tmp_path: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR_MAIN, str(tmp_path)], cwd=ROOT,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    return proc
+
+
+def _stderr_until_started(proc: subprocess.Popen[str]) -> list[str]:
+    assert proc.stderr is not None
+    lines: list[str] = []
+    while sum("started (pid" in line for line in lines) < 2:
+        line = proc.stderr.readline()
+        assert line, lines
+        lines.append(line)
+    return lines
+
+
+def test_the_worker_is_stopped_only_once_what_before_stop_began_is_done(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        _stderr_until_started(proc)
+        proc.send_signal(signal.SIGTERM)
+        poll_until(lambda: (tmp_path / "began").exists())
+        time.sleep(0.5)  # a few of the loop's looks: it must still wait
+        assert proc.poll() is None and not (tmp_path / "closed").exists()
+        (tmp_path / "done").touch()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert (tmp_path / "closed").read_text() == "finished=True"
+    assert err.index("stopping api") < err.index("stopping worker")
+    assert "worker exited (signal SIGTERM)" in err
+
+
+def test_a_second_sigterm_during_the_wait_kills_at_once(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        _stderr_until_started(proc)
+        proc.send_signal(signal.SIGTERM)
+        poll_until(lambda: (tmp_path / "began").exists())
+        again = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - again
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "SIGTERM again: killing the services now" in err
+    assert (tmp_path / "closed").read_text() == "finished=False"
+    assert took < 10, took  # not the wait's hour, nor a stop timeout per service
