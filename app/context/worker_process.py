@@ -272,18 +272,17 @@ def _log_backlog(report: SettleReport) -> None:
     if not report.examined:
         return
     seen = report.outcomes.get
-    log.info(
-        "start-up: %d job(s) launched before this start: %d ended meanwhile and are recorded "
-        "from their receipts, %d still run (watched), %d were already recorded, %d ended "
-        "without a receipt (the reconcile pass decides), %d stopped, %d undecided",
-        report.examined,
-        seen("completed", 0),
-        seen("watched", 0),
-        seen("settled", 0),
-        seen("left", 0),
-        report.stopped,
-        report.undecided,
-    )
+    parts = [
+        (seen("recorded", 0), "ended meanwhile, recorded now from their receipts"),
+        (seen("already_recorded", 0) + seen("settled", 0), "already recorded"),
+        (seen("watched", 0), "still running (watched)"),
+        (seen("left", 0), "ended without a receipt (the reconcile pass decides)"),
+        (seen("quarantined", 0), "with an unreadable receipt (quarantined)"),
+        (seen("fenced", 0) + report.undecided, "not decided yet (retried)"),
+    ]
+    said = "; ".join(f"{n} {what}" for n, what in parts if n)
+    stopped = f"; {report.stopped} of them had to be stopped" if report.stopped else ""
+    log.info("start-up: %d job(s) launched before this start: %s%s", report.examined, said, stopped)
 
 
 def _settle_threads(engine: Engine) -> int:

@@ -49,11 +49,21 @@ log = logging.getLogger(__name__)
 DRAIN_PAGE = 64  # entries per page of the start-up drain (one active_among query each)
 
 WatchCallback = Callable[[str, str, ProcessHandle], None]
-# watched: a live shim is (re-)watched; completed: a receipt was consumed or quarantined;
-# settled: no receipt and no process left, marked consumed; left: an active attempt whose
-# shim is gone without a receipt, the attempt pass's to decide; undecided: the stop said
-# unknown; failed: an error, retried by the next sweep.
-Outcome = Literal["watched", "completed", "settled", "left", "undecided", "failed"]
+# watched: a live shim is (re-)watched; recorded: its receipt recorded the ending;
+# already_recorded: a receipt whose ending was recorded before (or by another host);
+# quarantined: its receipt could not be read (the attempt pass decides); fenced: this
+# worker's lease was superseded, nothing written; settled: no receipt and no process left,
+# marked consumed; left: an active attempt whose shim is gone without a receipt, the attempt
+# pass's to decide; undecided: the stop said unknown; failed: an error, retried by the next
+# sweep.
+Outcome = Literal[
+    "watched", "recorded", "already_recorded", "quarantined", "fenced", "settled", "left",
+    "undecided", "failed",
+]  # fmt: skip
+_CONSUMED: dict[str, Outcome] = {
+    "applied": "recorded", "already_terminal": "already_recorded",
+    "quarantined": "quarantined", "fenced": "fenced",
+}  # fmt: skip
 
 
 class Completion(Protocol):
@@ -174,7 +184,7 @@ class JournalSettle:
         # The shim is gone: it published its receipt (or failed to) before exiting, so this
         # is what the watcher does on a shim exit; a missing receipt is the attempt pass's.
         result = self._completion.consume(run_id=entry.run_id, attempt_id=entry.attempt_id)
-        return _Settled("left" if result.status == "absent" else "completed")
+        return _Settled(_CONSUMED.get(result.status, "left"))
 
     def _ended(self, entry: JournalEntryView) -> _Settled:
         handle = entry.handle
@@ -192,14 +202,14 @@ class JournalSettle:
                 result = self._controller.stop(handle, grace_seconds=self._stop_grace_s)
                 if result == "unknown":
                     return _Settled("undecided")  # fail closed: kept for the next sweep
-                stopped = alive or result == "stopped"  # either way no job is left
+                stopped = alive  # either way no job is left
             if self._probe.shim_alive(handle):
                 if self._watch is not None:
                     self._watch(entry.run_id, entry.attempt_id, handle)
                 return _Settled("watched", stopped)  # its receipt is still to come
         consumed = self._completion.consume(run_id=entry.run_id, attempt_id=entry.attempt_id)
         if consumed.status != "absent":
-            return _Settled("completed", stopped)
+            return _Settled(_CONSUMED.get(consumed.status, "recorded"), stopped)
         # The attempt ended without this receipt and no process of it is left to publish one.
         self._journal.mark_consumed(attempt_id=entry.attempt_id)
         return _Settled("settled", stopped)

@@ -63,8 +63,8 @@ def test_kill9_worker_while_five_jobs_run_every_ending_is_recorded_once(rig: Rig
     # The start-up says what it found, in counts: the two that ended while it was down, the
     # three that still ran.
     assert (
-        "start-up: 5 job(s) launched before this start: 2 ended meanwhile and are recorded "
-        "from their receipts, 3 still run (watched)"
+        "start-up: 5 job(s) launched before this start: 2 ended meanwhile, recorded now from "
+        "their receipts; 3 still running (watched)\n"
     ) in rig.worker.stderr()
 
 

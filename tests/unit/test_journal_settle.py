@@ -257,7 +257,7 @@ def test_a_receipt_left_by_an_ended_attempt_is_replayed_not_marked(how: str) -> 
     assert rig.completion.calls == [(e.attempt_id, "spawned", False)]
     assert rig.journal.marked == []  # the completion transaction marked it itself
     assert rig.journal.state(e.attempt_id) == "consumed"
-    assert report.outcomes == {"completed": 1}
+    assert report.outcomes == {"already_recorded": 1}  # its ending was recorded before
 
 
 @pytest.mark.parametrize("how", WALKS)
@@ -303,7 +303,7 @@ def test_the_drain_consumes_what_an_active_attempts_exited_shim_left() -> None:
     report = rig.settle.drain()
     assert rig.completion.calls == [(e.attempt_id, "spawned", False)]
     assert rig.journal.state(e.attempt_id) == "consumed" and rig.journal.marked == []
-    assert report.outcomes == {"completed": 1}
+    assert report.outcomes == {"recorded": 1}
 
 
 def test_an_active_attempt_without_receipt_is_left_to_the_attempt_pass() -> None:
