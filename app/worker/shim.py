@@ -710,16 +710,19 @@ def _remove_home(job: dict[str, Any], home: str) -> None:
         return
     if pid == 0:
         try:
-            # Nothing of the shim's (the log and receipt directories) stays open in a process
-            # the job user owns.
+            # Nothing of the shim's (the log and receipt directories, the worker's status
+            # pipe on stdout) stays open in a process the job user owns.
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
             for entry in os.listdir("/proc/self/fd"):
                 if int(entry) > 2:
                     try:  # noqa: SIM105
                         os.close(int(entry))
                     except OSError:
                         pass
+            _raise_fd_limit()  # one fd per level of the tree; before the switch of user
             _become(job)
-            _raise_fd_limit()  # one fd per level of the tree
             parent, name = home.rsplit("/", 1)
             dir_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             _remove_entry(dir_fd, name)
@@ -729,6 +732,7 @@ def _remove_home(job: dict[str, Any], home: str) -> None:
 
 
 def _raise_fd_limit() -> None:
+    """The soft limit of open files up to the hard one (a raise the job user keeps)."""
     try:
         import resource  # only the remover needs it, after the job ended
 
@@ -746,7 +750,9 @@ def _reap_within(pid: int, seconds: float) -> None:
         pidfd = -1
     if pidfd >= 0:
         try:
-            select.select([pidfd], [], [], seconds)  # readable once it exited
+            waiter = select.poll()  # any fd number, unlike select()
+            waiter.register(pidfd, select.POLLIN)
+            waiter.poll(int(seconds * 1000))  # readable once it exited
         except OSError:
             pass
         finally:
@@ -766,10 +772,10 @@ def _reap_within(pid: int, seconds: float) -> None:
             return
     except ChildProcessError:
         return
-    try:  # noqa: SIM105
+    try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
-        pass
+        return  # not ours to wait for any more
     try:  # noqa: SIM105
         os.waitpid(pid, 0)
     except ChildProcessError:
