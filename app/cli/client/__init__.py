@@ -550,7 +550,9 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
             if ran else "none of its attempts has started yet"
         )  # fmt: skip
         print(f"attempt {number} has not started, so it has no output; {where}", file=sys.stderr)
-    elif not data and (shown := _attempt(client, run, number)).get("started_at_ms") is None:
+    elif not data and (shown := _attempt(client, run, number) or {}).get(
+        "started_at_ms", 0
+    ) is None:
         # An attempt that never ran (a launch refused before the job, or not started yet):
         # an empty stdout alone would read as a job that printed nothing.
         code = shown.get("error_code")
@@ -573,13 +575,14 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _attempt(client: Client, run: dict[str, Any], number: int) -> dict[str, Any]:
-    """Attempt ``number`` of ``run``: its latest one as the run carries it, else read."""
+def _attempt(client: Client, run: dict[str, Any], number: int) -> dict[str, Any] | None:
+    """Attempt ``number`` of ``run``: its latest one as the run carries it, else read; None
+    when the run has no such attempt."""
     latest: dict[str, Any] = run.get("latest_attempt") or {}
     if latest.get("number") == number:
         return latest
     tried = client.get(f"/runs/{_seg(run['id'])}/attempts").get("items") or []
-    return next((a for a in tried if a.get("number") == number), {"started_at_ms": 0})
+    return next((a for a in tried if a.get("number") == number), None)
 
 
 def cmd_runs_cancel(client: Client, args: argparse.Namespace) -> int:

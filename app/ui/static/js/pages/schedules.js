@@ -140,7 +140,9 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   async function act(what) {
     result.clear();
     try {
-      draw(await api.post(path('schedules', name, what), undefined, { scope: 'definitions:write' }));
+      // Resuming starts runs again: it needs runs:write too (the server's 403 names which).
+      const scope = what === 'resume' ? 'runs:write' : 'definitions:write';
+      draw(await api.post(path('schedules', name, what), undefined, { scope }));
       result.ok(t(`schedules.done_${what}`));
       actions.querySelector('button').focus(); // pause became resume: the keyboard stays here
     } catch (err) {
