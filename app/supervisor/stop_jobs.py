@@ -59,11 +59,7 @@ def stop_active_jobs(settings: Settings) -> Counter[str]:
     engine = make_engine(settings.database_url)
     counts: Counter[str] = Counter()
     try:
-        reader, runs = _reader(settings, engine), RunRepository(engine)
-        active = _active(reader)
-        for attempt in active:
-            with contextlib.suppress(DomainError):  # ended meanwhile: nothing to cancel
-                runs.request_cancel(run_id=attempt.run_id, reason=SERVICE_STOP_REASON)
+        _, active = _cancel_active(settings, engine)
         grace = settings.profile.stop_grace_s
         root = detect(settings.cgroup_root)
         with ThreadPoolExecutor(max_workers=_PARALLEL) as pool:
@@ -122,11 +118,7 @@ def stop_through_worker(settings: Settings, worker_pid: int) -> ThroughWorker | 
             return None
         engine = make_engine(settings.database_url)
         try:
-            reader, runs = _reader(settings, engine), RunRepository(engine)
-            active = _active(reader)
-            for attempt in active:
-                with contextlib.suppress(DomainError):  # ended meanwhile: nothing to cancel
-                    runs.request_cancel(run_id=attempt.run_id, reason=SERVICE_STOP_REASON)
+            reader, active = _cancel_active(settings, engine)
         except BaseException:
             engine.dispose()
             raise
@@ -139,6 +131,16 @@ def stop_through_worker(settings: Settings, worker_pid: int) -> ThroughWorker | 
         return ThroughWorker(engine, reader, [a.attempt_id for a in active], wait_s)
     finally:
         client.close()
+
+
+def _cancel_active(settings: Settings, engine: Engine) -> tuple[RunReader, list[ActiveAttempt]]:
+    """A cancel intent on each of this host's starting or running attempts; those attempts."""
+    reader, runs = _reader(settings, engine), RunRepository(engine)
+    active = _active(reader)
+    for attempt in active:
+        with contextlib.suppress(DomainError):  # ended meanwhile: nothing to cancel
+            runs.request_cancel(run_id=attempt.run_id, reason=SERVICE_STOP_REASON)
+    return reader, active
 
 
 def _reader(settings: Settings, engine: Engine) -> RunReader:

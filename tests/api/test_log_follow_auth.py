@@ -63,6 +63,17 @@ def _follow_while(
     return _events(response.text), ended_at - changed_at[0]
 
 
+def _revoke_the_reader(settings: Settings) -> None:
+    """Revoke the ``reader_token`` (a real revocation, committed in the database)."""
+    engine = make_engine(settings.database_url)
+    try:
+        repo = TokenRepository(engine)
+        (name,) = [r.name for r in repo.list() if r.scopes == {"runs:write", "logs:read"}]
+        repo.revoke(name)
+    finally:
+        engine.dispose()
+
+
 @pytest.fixture
 def reader_token(make_token: MakeToken) -> str:
     """A token with runs:write (to enqueue) and logs:read."""
@@ -72,16 +83,9 @@ def reader_token(make_token: MakeToken) -> str:
 def test_a_revoked_token_ends_its_open_follow(
     client: Client, settings: Settings, task: str, reader_token: str
 ) -> None:
-    def revoke() -> None:
-        engine = make_engine(settings.database_url)
-        try:
-            repo = TokenRepository(engine)
-            (name,) = [r.name for r in repo.list() if r.scopes == {"runs:write", "logs:read"}]
-            repo.revoke(name)
-        finally:
-            engine.dispose()
-
-    events, seconds = _follow_while(client, settings, reader_token, revoke)
+    events, seconds = _follow_while(
+        client, settings, reader_token, lambda: _revoke_the_reader(settings)
+    )
     assert events[-1]["event"] == "error", events[-3:]
     assert json.loads(events[-1]["data"])["code"] == "UNAUTHENTICATED"
     assert not any(e.get("event") == "end" for e in events)  # not the attempt's ending
@@ -119,22 +123,13 @@ def test_a_slow_reader_mid_poll_is_cut_once_its_token_is_revoked(
     run_id, _, _ = _run_with_log(client, admin, settings, b"x" * (CHUNK_BYTES * chunks))
     facade = client.app.state.facade
 
-    def revoke() -> None:
-        engine = make_engine(settings.database_url)
-        try:
-            repo = TokenRepository(engine)
-            (name,) = [r.name for r in repo.list() if r.scopes == {"runs:write", "logs:read"}]
-            repo.revoke(name)
-        finally:
-            engine.dispose()
-
     async def slow_reader() -> list[str]:
         stream = _follow(
             facade, token=reader_token, run_id=run_id, number=1, offset=0,
             poll_s=0.05, heartbeat_s=10.0,
         )  # fmt: skip
         got = [await anext(stream)]  # the first chunk of the poll's 40
-        await anyio.to_thread.run_sync(revoke)
+        await anyio.to_thread.run_sync(_revoke_the_reader, settings)
         await anyio.sleep(1.2)  # the reader is slow: past the token cache's 1 s and a poll
         got += [event async for event in stream]
         return got
