@@ -54,7 +54,7 @@ PUBLISH_RETRY_MAX_S = 5.0
 # spare's own name (a test SIGKILLs it there).
 TEST_HOOKS = (
     "exit_before_receipt", "exit_after_temp_write", "stop_after_temp_write", "no_clone3",
-    "stop_after_reserve_link",
+    "stop_after_reserve_link", "stall_home_removal",
 )  # fmt: skip
 # After the job's main process ended (leftovers "kill"): how long the shim waits for the rest
 # of the job to die before it gives up and publishes anyway (docs/leftovers.md).
@@ -651,7 +651,7 @@ def _job_home(spec: dict[str, Any]) -> str | None:
     return f"{job['home_root']}/ql-home-{spec['attempt_id']}-{os.urandom(6).hex()}"
 
 
-_HOME_REMOVAL_S = 120.0  # then the remover is killed and what is left of the HOME stays
+_HOME_REMOVAL_S = 120.0  # then the remover's alarm ends it, and what is left of the HOME stays
 
 
 def _names(fd: int) -> list[str]:
@@ -700,35 +700,43 @@ def _remove_entry(dir_fd: int, name: str) -> None:
             pass
 
 
-def _remove_home(job: dict[str, Any], home: str) -> None:
-    """Remove the per-job HOME as the job user (a forked child: the shim never needs rights
-    over the job's files), best effort, and bounded: another job of the same user can stop
-    the remover (SIGSTOP), so after ``_HOME_REMOVAL_S`` the shim kills it and exits."""
+def _remove_home(job: dict[str, Any], home: str, hook: str | None = None) -> None:
+    """Remove the per-job HOME as the job user, in a forked child the shim does not wait for
+    (the shim never needs rights over the job's files): the worker records the ending at the
+    shim's exit, which a large HOME, or another job of the same user stopping the remover
+    (SIGSTOP), must not delay. Best effort, and bounded: after ``_HOME_REMOVAL_S`` the
+    remover's own alarm ends it; an orphan, it is reaped by the supervisor or init."""
     try:
         pid = os.fork()
     except OSError:
         return
-    if pid == 0:
-        try:
-            # Nothing of the shim's (the log and receipt directories, the worker's status
-            # pipe on stdout) stays open in a process the job user owns.
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            for entry in os.listdir("/proc/self/fd"):
-                if int(entry) > 2:
-                    try:  # noqa: SIM105
-                        os.close(int(entry))
-                    except OSError:
-                        pass
-            _raise_fd_limit()  # one fd per level of the tree; before the switch of user
-            _become(job)
-            parent, name = home.rsplit("/", 1)
-            dir_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            _remove_entry(dir_fd, name)
-        finally:
-            os._exit(0)
-    _reap_within(pid, _HOME_REMOVAL_S)
+    if pid != 0:
+        return
+    try:
+        # Nothing of the shim's (the log and receipt directories, the worker's status pipe
+        # on stdout) stays open in a process the job user owns.
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        for entry in os.listdir("/proc/self/fd"):
+            if int(entry) > 2:
+                try:  # noqa: SIM105
+                    os.close(int(entry))
+                except OSError:
+                    pass
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(int(_HOME_REMOVAL_S))  # the default action ends it then
+        _raise_fd_limit()  # one fd per level of the tree; before the switch of user
+        _become(job)
+        if hook == "stall_home_removal":  # what another job of the user can do to it
+            with open(f"{home}.remover-pid", "w") as said:
+                said.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        parent, name = home.rsplit("/", 1)
+        dir_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _remove_entry(dir_fd, name)
+    finally:
+        os._exit(0)
 
 
 def _raise_fd_limit() -> None:
@@ -739,46 +747,6 @@ def _raise_fd_limit() -> None:
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ImportError, OSError, ValueError):
-        pass
-
-
-def _reap_within(pid: int, seconds: float) -> None:
-    """Wait for the child ``pid`` at most ``seconds``, then SIGKILL and reap it."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        pidfd = -1
-    if pidfd >= 0:
-        try:
-            waiter = select.poll()  # any fd number, unlike select()
-            waiter.register(pidfd, select.POLLIN)
-            waiter.poll(int(seconds * 1000))  # readable once it exited
-        except OSError:
-            pass
-        finally:
-            os.close(pidfd)
-    else:  # no pidfd (an old kernel): poll, at first often, the usual remover is quick
-        deadline, pause = time.monotonic() + seconds, 0.001
-        while time.monotonic() < deadline:
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    return
-            except ChildProcessError:
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return
-    except ChildProcessError:
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        return  # not ours to wait for any more
-    try:  # noqa: SIM105
-        os.waitpid(pid, 0)
-    except ChildProcessError:
         pass
 
 
@@ -1350,7 +1318,7 @@ def _run_shim(
     # Until it is published the run stays running (the shim lives), never lost.
     _until_done(receipt_file.publish, _canonical(receipt), hook)
     if home is not None:
-        _remove_home(spec["job"], home)  # after the ending is recorded: it never delays it
+        _remove_home(spec["job"], home, hook)  # after the receipt; never waited for
     os._exit(0)
 
 
