@@ -173,7 +173,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # recorded in time): stopped now, recorded at the next start.
     if args.stop_jobs_on_exit and code != EXIT_LEASE_HELD:
         counts = stop_active_jobs(settings)
-        if counts or not through_worker:  # after the worker's turn, only what it found
+        if counts.pop("held", 0):
+            supervisor_log.warning(
+                "stop-jobs-on-exit, after the services: a live worker holds the lease; its "
+                "jobs are left to it"
+            )
+        elif counts or not through_worker:  # after the worker's turn, only what it found
             summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none active"
             supervisor_log.info("stop-jobs-on-exit, after the services: %s", summary)
     return code

@@ -80,7 +80,7 @@ def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
     # The fixture's check covers it: no shim or job process is left after the exit.
     assert served.stop() == 0
     log = served.log()
-    assert "stop-jobs-on-exit: 1 job(s) stopped through the worker, 1 recorded" in log
+    assert "stop-jobs-on-exit: asked the worker to stop 1 job(s); 1 recorded" in log
     assert "stopping the services in order (the jobs before the worker: --stop-jobs-on-exit)" in log
     # Stopped while the worker still ran: it recorded the ending before it stopped, so the run
     # is cancelled now, with the instant it ended, not at the host's next start (several-hosts

@@ -25,9 +25,10 @@ SUPERVISOR_MAIN = textwrap.dedent(
     from app.supervisor.supervisor import ServiceSpec, Supervisor
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     here = Path(sys.argv[1])
+    wait_s = float(sys.argv[2])
 
     class Wait:
-        deadline = time.monotonic() + 3600
+        deadline = time.monotonic() + wait_s
         def done(self):
             return (here / "done").exists()
         def close(self, *, finished):
@@ -38,17 +39,25 @@ SUPERVISOR_MAIN = textwrap.dedent(
         return Wait()
 
     sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    # The worker exits 75 (another worker holds the lease) once the test says so.
+    refusing = [sys.executable, "-c", (
+        "import os, sys, time\\n"
+        f"while not os.path.exists({str(here / 'refuse')!r}): time.sleep(0.02)\\n"
+        "sys.exit(75)"
+    )]
     api = ServiceSpec("api", sleeper)
-    worker = ServiceSpec("worker", sleeper, before_stop=before_stop)
+    worker = ServiceSpec(
+        "worker", refusing, before_stop=before_stop, fatal_exit_codes=frozenset({75})
+    )
     supervisor = Supervisor(services=[api, worker], env=dict(os.environ), stop_timeout_s=5)
     raise SystemExit(supervisor.run())
     """
 )
 
 
-def _start(tmp_path: Path) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, wait_s: float = 3600) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", SUPERVISOR_MAIN, str(tmp_path)], cwd=ROOT,
+        [sys.executable, "-c", SUPERVISOR_MAIN, str(tmp_path), str(wait_s)], cwd=ROOT,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     return proc
@@ -101,3 +110,39 @@ def test_a_second_sigterm_during_the_wait_kills_at_once(tmp_path: Path) -> None:
     assert "SIGTERM again: killing the services now" in err
     assert (tmp_path / "closed").read_text() == "finished=False"
     assert took < 10, took  # not the wait's hour, nor a stop timeout per service
+
+
+def test_past_its_deadline_the_wait_ends_and_the_worker_is_stopped(tmp_path: Path) -> None:
+    proc = _start(tmp_path, wait_s=1.0)
+    try:
+        _stderr_until_started(proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert (tmp_path / "closed").read_text() == "finished=False"
+    assert "worker exited (signal SIGTERM)" in err
+
+
+def test_a_worker_refused_during_the_wait_ends_it_and_is_serves_exit_status(
+    tmp_path: Path,
+) -> None:
+    """A refusal (another worker holds the lease) while stopping is still what serve exits
+    with, so the stop of the jobs after the services does not run for it (review)."""
+    proc = _start(tmp_path)
+    try:
+        _stderr_until_started(proc)
+        proc.send_signal(signal.SIGTERM)
+        poll_until(lambda: (tmp_path / "began").exists())
+        (tmp_path / "refuse").touch()  # the worker exits 75 during the wait
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 75, err
+    assert (tmp_path / "closed").read_text() == "finished=False"
+    assert "worker exited (status 75)" in err

@@ -1,5 +1,7 @@
 """``serve --stop-jobs-on-exit`` stops the jobs through the running worker, which records
-them: only when that worker answers holding its lease; otherwise nothing is touched.
+them: only when that worker answers holding its lease; otherwise nothing is touched. What
+that left is stopped after the services, holding this host's lease: never while a live
+worker holds it.
 
 A real worker subprocess and real jobs on both engines (``rig``). The supervisor's side (the
 wait in its loop) is tests/integration/test_supervisor_before_stop.py; the whole of it
@@ -8,11 +10,14 @@ through ``qinglong serve`` is tests/e2e/test_serve_jobs.py.
 
 from __future__ import annotations
 
+import logging
 import time
+
+import pytest
 
 from app.domain.profiles import EDGE
 from app.settings import Settings
-from app.supervisor.stop_jobs import stop_through_worker
+from app.supervisor.stop_jobs import stop_active_jobs, stop_through_worker
 from app.worker.identity import wait_exit
 from tests.recovery.kit import DEADLINE, Rig, gated, terminal_events, wait_for
 
@@ -25,7 +30,7 @@ def _settings(rig: Rig) -> Settings:
 
 
 def test_the_worker_stops_and_records_the_jobs_and_another_pid_touches_nothing(
-    rig: Rig,
+    rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
     rig.worker.start()
     armed = [rig.arm() for _ in range(2)]
@@ -36,14 +41,20 @@ def test_the_worker_stops_and_records_the_jobs_and_another_pid_touches_nothing(
     settings = _settings(rig)
     assert rig.worker.proc is not None
     # Not this serve's worker (a stale socket, another process): nothing is cancelled.
-    assert stop_through_worker(settings, rig.worker.proc.pid + 1) is None
+    other = stop_through_worker(settings, rig.worker.proc.pid + 1)
+    wait_for(other.done, "the look to end")
+    other.close(finished=True)
     assert all(rig.run(a).status == "running" and rig.run(a).cancel is None for a in armed)
+    # Nor after the services while this worker holds the lease.
+    assert stop_active_jobs(settings) == {"held": 1}
+    assert all(rig.run(a).cancel is None for a in armed)
 
+    caplog.set_level(logging.INFO, logger="qinglong.supervisor")
     waiting = stop_through_worker(settings, rig.worker.proc.pid)
-    assert waiting is not None
     assert waiting.deadline > time.monotonic()
     wait_for(waiting.done, "the worker to stop and record every job")
     waiting.close(finished=True)
+    assert "asked the worker to stop 2 job(s); 2 recorded" in caplog.text
     for a, h in zip(armed, handles, strict=True):
         assert wait_exit(h.pid, DEADLINE)
         assert rig.run(a).status == "cancelled"
@@ -51,7 +62,22 @@ def test_the_worker_stops_and_records_the_jobs_and_another_pid_touches_nothing(
     assert rig.worker.proc.poll() is None  # the worker itself is stopped by the supervisor
 
 
-def test_nothing_is_touched_when_no_worker_answers(rig: Rig) -> None:
+def test_with_the_worker_gone_the_jobs_are_stopped_after_it_and_recorded_at_its_start(
+    rig: Rig,
+) -> None:
+    rig.worker.start()
     a = rig.arm()
-    assert stop_through_worker(_settings(rig), 999_999) is None  # no socket at all
-    assert rig.run(a).cancel is None
+    h = rig.launch(a, gated("never", then="exit 0"))
+    wait_for(lambda: b"start" in rig.log_bytes(a), "the job to print")
+    rig.kill_worker()  # its lease is still on the row: the fallback takes it over at once
+    settings = _settings(rig)
+    waiting = stop_through_worker(settings, 999_999)  # nobody answers
+    wait_for(waiting.done, "the look to end")
+    waiting.close(finished=True)
+    assert rig.run(a).cancel is None  # nothing touched through a worker that is not there
+    counts = stop_active_jobs(settings)
+    assert counts == {"stopped": 1}
+    assert wait_exit(h.pid, DEADLINE)
+    rig.worker.start()  # its start records the ending from the shim's receipt
+    assert rig.wait_status(a).status == "cancelled"
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.cancelled", "run.cancelled"]
