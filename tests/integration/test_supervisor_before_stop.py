@@ -8,11 +8,13 @@ test says it is done, or a second SIGTERM kills at once: signals are never held 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.integration.kit import poll_until
@@ -55,38 +57,41 @@ SUPERVISOR_MAIN = textwrap.dedent(
 )
 
 
-def _start(tmp_path: Path, wait_s: float = 3600) -> subprocess.Popen[str]:
+@contextlib.contextmanager
+def _stopping(tmp_path: Path, wait_s: float = 3600) -> Iterator[subprocess.Popen[str]]:
+    """A supervisor whose two services started, told to stop (SIGTERM): its wait for the
+    worker's ``before_stop`` has begun. Killed by its pid if the test left it running."""
     proc = subprocess.Popen(
         [sys.executable, "-c", SUPERVISOR_MAIN, str(tmp_path), str(wait_s)], cwd=ROOT,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    return proc
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        while sum("started (pid" in line for line in lines) < 2:
+            line = proc.stderr.readline()
+            assert line, lines
+            lines.append(line)
+        proc.send_signal(signal.SIGTERM)
+        poll_until(lambda: (tmp_path / "began").exists())
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # its services get PDEATHSIG
+            proc.communicate()
 
 
-def _stderr_until_started(proc: subprocess.Popen[str]) -> list[str]:
-    assert proc.stderr is not None
-    lines: list[str] = []
-    while sum("started (pid" in line for line in lines) < 2:
-        line = proc.stderr.readline()
-        assert line, lines
-        lines.append(line)
-    return lines
+def _stderr_to_the_end(proc: subprocess.Popen[str]) -> str:
+    _, err = proc.communicate(timeout=30)
+    return err
 
 
 def test_the_worker_is_stopped_only_once_what_before_stop_began_is_done(tmp_path: Path) -> None:
-    proc = _start(tmp_path)
-    try:
-        _stderr_until_started(proc)
-        proc.send_signal(signal.SIGTERM)
-        poll_until(lambda: (tmp_path / "began").exists())
+    with _stopping(tmp_path) as proc:
         time.sleep(0.5)  # a few of the loop's looks: it must still wait
         assert proc.poll() is None and not (tmp_path / "closed").exists()
         (tmp_path / "done").touch()
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        err = _stderr_to_the_end(proc)
     assert proc.returncode == 0, err
     assert (tmp_path / "closed").read_text() == "finished=True"
     assert err.index("stopping api") < err.index("stopping worker")
@@ -94,34 +99,19 @@ def test_the_worker_is_stopped_only_once_what_before_stop_began_is_done(tmp_path
 
 
 def test_a_second_sigterm_during_the_wait_kills_at_once(tmp_path: Path) -> None:
-    proc = _start(tmp_path)
-    try:
-        _stderr_until_started(proc)
-        proc.send_signal(signal.SIGTERM)
-        poll_until(lambda: (tmp_path / "began").exists())
+    with _stopping(tmp_path) as proc:
         again = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        err = _stderr_to_the_end(proc)
         took = time.monotonic() - again
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert "SIGTERM again: killing the services now" in err
     assert (tmp_path / "closed").read_text() == "finished=False"
     assert took < 10, took  # not the wait's hour, nor a stop timeout per service
 
 
 def test_past_its_deadline_the_wait_ends_and_the_worker_is_stopped(tmp_path: Path) -> None:
-    proc = _start(tmp_path, wait_s=1.0)
-    try:
-        _stderr_until_started(proc)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    with _stopping(tmp_path, wait_s=1.0) as proc:
+        err = _stderr_to_the_end(proc)
     assert proc.returncode == 0, err
     assert (tmp_path / "closed").read_text() == "finished=False"
     assert "worker exited (signal SIGTERM)" in err
@@ -132,17 +122,9 @@ def test_a_worker_refused_during_the_wait_ends_it_and_is_serves_exit_status(
 ) -> None:
     """A refusal (another worker holds the lease) while stopping is still what serve exits
     with, so the stop of the jobs after the services does not run for it (review)."""
-    proc = _start(tmp_path)
-    try:
-        _stderr_until_started(proc)
-        proc.send_signal(signal.SIGTERM)
-        poll_until(lambda: (tmp_path / "began").exists())
+    with _stopping(tmp_path) as proc:
         (tmp_path / "refuse").touch()  # the worker exits 75 during the wait
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        err = _stderr_to_the_end(proc)
     assert proc.returncode == 75, err
     assert (tmp_path / "closed").read_text() == "finished=False"
     assert "worker exited (status 75)" in err
