@@ -652,6 +652,7 @@ def _job_home(spec: dict[str, Any]) -> str | None:
 
 
 _HOME_REMOVAL_S = 120.0  # then the remover's alarm ends it, and what is left of the HOME stays
+_HOME_WAIT_S = 1.0  # how long the shim waits for the remover before it goes on without it
 
 
 def _names(fd: int) -> list[str]:
@@ -701,18 +702,22 @@ def _remove_entry(dir_fd: int, name: str) -> None:
 
 
 def _remove_home(job: dict[str, Any], home: str, hook: str | None = None) -> None:
-    """Remove the per-job HOME as the job user, in a forked child the shim does not wait for
-    (the shim never needs rights over the job's files): the worker records the ending at the
-    shim's exit, which a large HOME, or another job of the same user stopping the remover
-    (SIGSTOP), must not delay. Best effort, and bounded: after ``_HOME_REMOVAL_S`` the
-    remover's own alarm ends it; an orphan, it is reaped by the supervisor or init."""
+    """Remove the per-job HOME as the job user, in a forked child (the shim never needs
+    rights over the job's files). The shim waits for it ``_HOME_WAIT_S`` at most: the usual
+    HOME is gone in a millisecond, before the ending is recorded (at the shim's exit, or its
+    failure line); a large one, or a remover another job of the same user stopped (SIGSTOP),
+    must not delay the ending longer. Past that the remover goes on alone, in a session of
+    its own (no group kill meant for others reaches it), until its own alarm after
+    ``_HOME_REMOVAL_S``; an orphan, it is reaped by the supervisor or init."""
     try:
         pid = os.fork()
     except OSError:
         return
     if pid != 0:
+        _wait_a_little(pid, _HOME_WAIT_S)
         return
     try:
+        os.setsid()
         # Nothing of the shim's (the log and receipt directories, the worker's status pipe
         # on stdout) stays open in a process the job user owns.
         null = os.open(os.devnull, os.O_RDWR)
@@ -737,6 +742,37 @@ def _remove_home(job: dict[str, Any], home: str, hook: str | None = None) -> Non
         _remove_entry(dir_fd, name)
     finally:
         os._exit(0)
+
+
+def _wait_a_little(pid: int, seconds: float) -> None:
+    """Reap the child ``pid`` if it ends within ``seconds``; else leave it running."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = -1
+    if pidfd >= 0:
+        try:
+            waiter = select.poll()  # any fd number, unlike select()
+            waiter.register(pidfd, select.POLLIN)
+            waiter.poll(int(seconds * 1000))  # readable once it exited
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+    else:  # no pidfd (an old kernel): poll, at first often
+        deadline, pause = time.monotonic() + seconds, 0.001
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+    try:  # noqa: SIM105
+        os.waitpid(pid, os.WNOHANG)  # reaped if it ended; else it outlives the shim
+    except ChildProcessError:
+        pass
 
 
 def _raise_fd_limit() -> None:
@@ -1318,7 +1354,7 @@ def _run_shim(
     # Until it is published the run stays running (the shim lives), never lost.
     _until_done(receipt_file.publish, _canonical(receipt), hook)
     if home is not None:
-        _remove_home(spec["job"], home, hook)  # after the receipt; never waited for
+        _remove_home(spec["job"], home, hook)  # after the receipt; waited for 1 s at most
     os._exit(0)
 
 

@@ -3,8 +3,9 @@ removal never holds up the job's ending.
 
 Real shims and real jobs as ``nobody`` (docs/job-user.md). A job can nest directories
 deeper than Python's recursion limit; another job of the same user can SIGSTOP the remover:
-neither may leave the HOME behind (the first) or keep the shim from exiting, which is when
-the worker records the ending (security walk-through, review).
+neither may leave the HOME behind (the first) or keep the shim from exiting for more than
+the second it waits for the remover, which is when the worker records the ending (security
+walk-through, review).
 """
 
 from __future__ import annotations
