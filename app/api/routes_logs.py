@@ -183,10 +183,7 @@ async def _follow(
     try:
         last_beat = time.monotonic()
         while True:
-            refusal = await _refusal(facade, token)
-            if refusal is not None:
-                yield f"event: error\ndata: {refusal}\n\n"
-                return
+            await _check_token(facade, token)
             checked = time.monotonic()
             # Gone: retention removed it while somebody followed (any refusal ends the
             # stream the same way, below).
@@ -198,10 +195,7 @@ async def _follow(
                     if time.monotonic() - checked >= poll_s:
                         # A slow reader may take minutes over one poll's bytes (up to the log's
                         # quota): the token is checked as often inside a poll as between polls.
-                        refusal = await _refusal(facade, token)
-                        if refusal is not None:
-                            yield f"event: error\ndata: {refusal}\n\n"
-                            return
+                        await _check_token(facade, token)
                         checked = time.monotonic()
                     data = await run_in_threadpool(log.read, offset, CHUNK_BYTES)
                     cut = (
@@ -233,22 +227,30 @@ async def _follow(
         # without an event, as when the api restarts: every client, older ones too, resumes
         # with Last-Event-ID and meets the 503s until it answers. A comment says why.
         yield f": {exc.code}: the stream ends; resume with Last-Event-ID\n\n"
-    except DomainError as exc:
-        # A refusal once the stream began (the log expired or went missing, the run was
-        # deleted) is an error event with its code. Raised on, either reached the exception
-        # handlers after the response started: a RuntimeError and a cut stream.
+    except (DomainError, _Refused) as exc:
+        # A refusal once the stream began (the token revoked or without logs:read, the log
+        # expired or went missing, the run deleted) is an error event with its code. Raised
+        # on, it reached the exception handlers after the response started: a RuntimeError
+        # and a cut stream.
         payload = json.dumps({"code": str(exc.code), "detail": exc.detail})
         yield f"event: error\ndata: {payload}\n\n"
 
 
-async def _refusal(facade: AppFacade, token: str) -> str | None:
-    """None while ``token`` may still read logs, else the ``error`` event's JSON data."""
+class _Refused(Exception):
+    """The follow's token may no longer read logs (``code``: UNAUTHENTICATED or FORBIDDEN)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(code)
+        self.code, self.detail = code, detail
+
+
+async def _check_token(facade: AppFacade, token: str) -> None:
+    """Raise ``_Refused`` once ``token`` may no longer read logs."""
     principal = await authenticated(facade, token) if token else None
     if principal is None:
-        return json.dumps({"code": UNAUTHENTICATED, "detail": "the token is unknown or revoked"})
+        raise _Refused(UNAUTHENTICATED, "the token is unknown or revoked")
     if not principal.can(LOGS_SCOPE):
-        return json.dumps({"code": FORBIDDEN, "detail": f"this token lacks the {LOGS_SCOPE} scope"})
-    return None
+        raise _Refused(FORBIDDEN, f"this token lacks the {LOGS_SCOPE} scope")
 
 
 def _utf8_cut(data: bytes) -> int:
