@@ -55,7 +55,8 @@ that built the adapter). They are listed here, not defined here:
   app/adapters/worker_client.py: _Broken; app/worker/job_user.py: JobUserUnavailable(ValueError)
   (the CLI's start-up);
 - app/api/problems.py: ApiProblem, DuplicateKey (HTTP answers); app/api/asgi.py:
-  _Disconnected; app/cli/shard_audit.py: AuditRefused; app/cli/common.py: NoDatabase (no
+  _Disconnected; app/api/routes_logs.py: _Refused (a follow's token refused, its stream's
+  error event); app/cli/shard_audit.py: AuditRefused; app/cli/common.py: NoDatabase (no
   SQLite file where a service command looks), NotTheOwner(ValueError) (root on another
   user's data dir); app/cli/client/api.py: ClientError,
   Unreachable, ApiProblem (the HTTP client's one-line errors); app/cli/client/config.py:
