@@ -77,7 +77,8 @@ def own_cgroup(proc_cgroup: str) -> str | None:
     return None
 
 
-def _auto_candidate(mounts: list[tuple[str, Path]], own: str | None) -> Path | None:
+def mounted_path(mounts: list[tuple[str, Path]], own: str | None) -> Path | None:
+    """Where the cgroup ``own`` (a ``/proc/<pid>/cgroup`` path) is, through ``mounts``."""
     if own is None:
         return None
     for root, point in mounts:
@@ -123,7 +124,7 @@ def detect(setting: str) -> CgroupRoot | None:
     except OSError:
         mounts, own = [], None
     if setting == AUTO:
-        candidate = _auto_candidate(mounts, own)
+        candidate = mounted_path(mounts, own)
         if candidate is None:
             log.info("no cgroup v2 hierarchy: leftovers are stopped by process tree only")
             return None

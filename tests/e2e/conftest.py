@@ -46,6 +46,8 @@ from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.tokens_repo import TokenRepository
+from app.worker.cgroups import PREFIX as CGROUP_PREFIX
+from app.worker.cgroups import cgroup2_mounts, mounted_path, own_cgroup
 from app.worker.identity import stat_fields
 from tests.worker.kit import kill_exact  # pidfd-pinned, start time re-checked
 
@@ -95,6 +97,33 @@ def descendants(root: int) -> dict[int, int]:
             found[pid] = stats[pid][3]
         todo.extend(children.get(pid, []))
     return found
+
+
+def job_cgroup(pid: int) -> Path | None:
+    """The job cgroup (``ql-<attempt id>``) process ``pid`` is in, or None."""
+    try:
+        mounts = cgroup2_mounts(Path("/proc/self/mountinfo").read_text())
+        own = own_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+    except OSError:
+        return None
+    if own is None or not own.rsplit("/", 1)[-1].startswith(CGROUP_PREFIX):
+        return None
+    return mounted_path(mounts, own)
+
+
+def remove_empty_cgroup(path: Path) -> None:
+    """Remove the cgroup ``path`` once its killed members are gone (up to 2 s)."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
@@ -249,12 +278,7 @@ class Served:
             return self.exit_code
         left_before = descendants(self.pid) if self.proc.poll() is None else {}
         if leave_jobs:
-            groups = set(self.service_pids().values())
-            for pid, ticks in list(left_before.items()):
-                stat = proc_stat(pid)
-                if stat is not None and stat[2] not in groups:
-                    self.left_jobs[pid] = ticks
-                    del left_before[pid]
+            self._leave_jobs(left_before)
         if self.proc.poll() is None:
             os.kill(self.pid, signal.SIGTERM)
         try:
@@ -268,24 +292,42 @@ class Served:
         self._cleanup(left_before)
         return self.exit_code
 
-    def kill_host(self) -> None:
+    def kill_host(self, *, leave_jobs: bool = False) -> None:
         """SIGKILL the supervisor and every process below it, by pid: a host that vanished.
 
         The supervisor is stopped (SIGSTOP) first, so it neither restarts a killed service
         nor, by dying first, lets PDEATHSIG give the services an orderly stop.
+        ``leave_jobs``: only the supervisor and its services die (a crash of the service, not
+        of the host); job shims and jobs go on, in ``left_jobs``, as with ``stop``.
         """
         os.kill(self.pid, signal.SIGSTOP)
-        for pid, ticks in descendants(self.pid).items():
+        below = descendants(self.pid)
+        if leave_jobs:
+            self._leave_jobs(below)
+        for pid, ticks in below.items():
             kill_exact(pid, ticks)
         kill_exact(self.pid, self._start_ticks)
         self.exit_code = self.proc.wait(timeout=10)
         self.killed = True
         shutil.rmtree(self._socket_dir, ignore_errors=True)
 
+    def _leave_jobs(self, below: dict[int, int]) -> None:
+        """Move the processes outside the api's and the worker's process groups (job shims
+        and jobs) from ``below`` to ``left_jobs``."""
+        groups = set(self.service_pids().values())
+        for pid, ticks in list(below.items()):
+            stat = proc_stat(pid)
+            if stat is not None and stat[2] not in groups:
+                self.left_jobs[pid] = ticks
+                del below[pid]
+
     def _cleanup(self, known: dict[int, int]) -> None:
         left = {p: t for p, t in known.items() if alive(p, t)}
+        cgroups = {job_cgroup(pid) for pid in left} - {None}
         for pid, ticks in left.items():
             kill_exact(pid, ticks)
+        for path in cgroups:  # emptied by the kills; the shim that removes it was killed
+            remove_empty_cgroup(path)
         shutil.rmtree(self._socket_dir, ignore_errors=True)
         if left:
             pytest.fail(f"processes left after qinglong serve exited: {sorted(left)}")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.worker.cgroups import _auto_candidate, cgroup2_mounts, own_cgroup, settle
+from app.worker.cgroups import cgroup2_mounts, mounted_path, own_cgroup, settle
 
 HYBRID = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -35,15 +35,15 @@ def test_own_cgroup_is_the_v2_line() -> None:
 def test_the_workers_own_cgroup_is_the_default_root() -> None:
     mounts = cgroup2_mounts(UNIFIED)
     unit = "/system.slice/qinglong-worker.service"
-    assert _auto_candidate(mounts, unit) == Path("/sys/fs/cgroup/system.slice/qinglong-worker.service")
-    assert _auto_candidate(cgroup2_mounts(HYBRID), "/") == Path("/sys/fs/cgroup/unified")
+    assert mounted_path(mounts, unit) == Path("/sys/fs/cgroup/system.slice/qinglong-worker.service")
+    assert mounted_path(cgroup2_mounts(HYBRID), "/") == Path("/sys/fs/cgroup/unified")
     # A mount of a subtree (e.g. a container's view): the path is taken relative to it.
     sub = [("/jobs", Path("/mnt/cg"))]
-    assert _auto_candidate(sub, "/jobs/worker") == Path("/mnt/cg/worker")
-    assert _auto_candidate(sub, "/jobsworker") is None
-    assert _auto_candidate(sub, "/other") is None
-    assert _auto_candidate(mounts, None) is None
-    assert _auto_candidate([], unit) is None
+    assert mounted_path(sub, "/jobs/worker") == Path("/mnt/cg/worker")
+    assert mounted_path(sub, "/jobsworker") is None
+    assert mounted_path(sub, "/other") is None
+    assert mounted_path(mounts, None) is None
+    assert mounted_path([], unit) is None
 
 
 def test_a_cgroup_removed_mid_read_counts_as_gone(
