@@ -5,6 +5,8 @@ On SQLite and PostgreSQL (``db_url``).
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import httpx
@@ -110,6 +112,54 @@ def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
     assert run["status"] == "cancelled"
     assert run["cancel_requested"]["reason"] == "user"  # service_stop once older builds read it
     assert _terminal_events(again, run_id) == ["run.cancelled"]
+
+
+def test_a_serve_killed_while_it_stops_its_jobs_leaves_each_run_one_ending(
+    serve_factory: ServeFactory, db_url: str, tmp_path: Path
+) -> None:
+    """The crash window of ``--stop-jobs-on-exit``: the cancel intent is written and the
+    worker is stopping the job (TERM ignored, so it waits the stop grace) when the supervisor
+    and the worker are SIGKILLed. The job lives on; the next start stops it by identity and
+    records the run ``cancelled``, once. The edge profile's stop grace (5 s) is waited twice."""
+    edge = {"QL_PROFILE": "edge"}
+    served = serve_factory(stop_jobs_on_exit=True, database_url=db_url, extra_env=edge)
+    _put_task(served, "stubborn", "trap '' TERM; echo up; while :; do sleep 0.05; done", tmp_path)
+    run_id = _enqueue(served, "stubborn")
+    _wait_status(served, run_id, {"running"})
+    engine = make_engine(db_url)
+    try:
+        os.kill(served.pid, signal.SIGTERM)
+
+        def asked() -> bool:
+            with engine.connect() as conn:
+                row = conn.execute(
+                    select(runs.c.status, runs.c.cancel_reason).where(runs.c.id == run_id)
+                ).one()
+            assert row.status == "running", "the job ignores TERM: it ends at the grace's end"
+            return row.cancel_reason is not None
+
+        wait_until("the stop's cancel intent", asked, 20)
+        served.kill_host(leave_jobs=True)
+        assert any(alive(p, t) for p, t in served.left_jobs.items()), "the job goes on"
+        with engine.connect() as conn:
+            status = conn.execute(select(runs.c.status).where(runs.c.id == run_id)).scalar_one()
+        assert status == "running"
+
+        again = serve_factory(data_dir=served.data_dir, database_url=db_url, extra_env=edge)
+        run = _wait_status(again, run_id, TERMINAL)
+        wait_until(
+            "the job processes to end",
+            lambda: not any(alive(p, t) for p, t in served.left_jobs.items()),
+            30,
+        )
+    finally:
+        engine.dispose()
+        for pid, ticks in served.left_jobs.items():
+            kill_exact(pid, ticks)
+    assert run["status"] == "cancelled"
+    assert _terminal_events(again, run_id) == ["run.cancelled"]
+    log = httpx.get(f"{again.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=again.auth)
+    assert log.text.splitlines() == ["up"]
 
 
 def test_a_log_removed_while_its_job_runs_reads_410_log_missing_after_the_ending(
