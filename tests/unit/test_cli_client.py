@@ -854,3 +854,55 @@ def test_runs_events_shows_a_whole_history_in_one_page_by_default() -> None:
     parser = build_parser()
     assert parser.parse_args(["runs", "events", "R"]).limit == 200
     assert parser.parse_args(["runs", "list"]).limit == 20
+
+
+# A job's output: colours, then an OSC 52 (set the clipboard), a clear-screen, a C1 CSI, a NUL.
+HOSTILE = "\x1b[31mred\x1b[0m\t1\r2\n\x1b]52;c;ZXZpbA==\x07\x1b[2J\x9b6n\x00end\n"
+SHOWN = "\x1b[31mred\x1b[0m\t1\r2\n\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J\\x9b6n\\x00end\n"
+
+
+def test_a_jobs_output_on_a_terminal_keeps_its_colours_and_shows_every_other_control() -> None:
+    assert render.terminal_text(HOSTILE) == SHOWN
+    # Chunk by chunk, wherever a chunk ends: a colour split in two still passes whole.
+    for cut in range(1, len(HOSTILE)):
+        screen = render.TerminalText()
+        assert screen.feed(HOSTILE[:cut]) + screen.feed(HOSTILE[cut:]) + screen.end() == SHOWN
+    # An ESC at the very end is held, then shown once nothing can complete it.
+    screen = render.TerminalText()
+    assert (screen.feed("a\x1b"), screen.end()) == ("a", "\\x1b")
+
+
+class _Terminal(io.TextIOWrapper):
+    def __init__(self) -> None:
+        super().__init__(io.BytesIO(), encoding="utf-8", newline="")
+
+    def isatty(self) -> bool:
+        return True
+
+    def written(self) -> bytes:
+        self.flush()
+        return cast(io.BytesIO, self.buffer).getvalue()
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_runs_logs_on_a_terminal_shows_escapes_unless_raw(
+    monkeypatch: pytest.MonkeyPatch, follow: bool
+) -> None:
+    done = RUN | {"id": "r1", "status": "succeeded"}
+    done["latest_attempt"] = RUN["latest_attempt"] | {"status": "succeeded", "exit_code": 0}  # type: ignore[operator]
+    raw = HOSTILE.encode()
+    if follow:  # the same output in two chunks, cut inside the first colour
+        end = f"event: end\ndata: {json.dumps({'status': 'succeeded', 'bytes': len(raw)})}\n\n"
+        log = httpx.Response(200, content=_sse(_chunk(0, HOSTILE[:3]), _chunk(3, HOSTILE[3:]), end))
+    else:
+        log = httpx.Response(200, content=raw)
+    answers = {
+        ("GET", "/api/v1/runs/r1"): httpx.Response(200, json=done),
+        ("GET", "/api/v1/runs/r1/attempts/1/log"): log,
+    }
+    flags = ["--url", "http://api.test", "--token", "ql_t"] + (["--follow"] if follow else [])
+    for extra, expected in (([], SHOWN.encode()), (["--raw"], raw)):
+        terminal = _Terminal()
+        monkeypatch.setattr(sys, "stdout", terminal)
+        code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *extra, *flags)
+        assert (code, terminal.written()) == (0, expected)

@@ -74,6 +74,18 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+def _log_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--follow", "-f", action="store_true", help="stream the log, end with the run's status"
+    )
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="write the job's output as it is, on a terminal too (there, by default, only "
+        "colours pass: other escape sequences and control characters show as \\xNN)",
+    )
+
+
 def register(sub: Any, *, with_secrets: bool = False) -> None:
     """Add ``runs``, ``tasks``, ``schedules``, ``login`` and ``logout`` to the parser.
 
@@ -91,9 +103,7 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     start.add_argument("--revision", type=int, help="the revision (default: the latest)")
     start.add_argument("--priority", type=int, help="the priority (default: the revision's)")
     start.add_argument("--idempotency-key", help="the same key and body return the first run")
-    start.add_argument(
-        "--follow", "-f", action="store_true", help="stream the log, end with the run's status"
-    )
+    _log_flags(start)
     start.set_defaults(handler=_client(cmd_runs_start))
     lst = rsub.add_parser("list", parents=[common], help="runs, newest first")
     lst.add_argument("--task", help="only runs of this task")
@@ -108,9 +118,7 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     logs.add_argument(
         "--attempt", type=_attempt_number, help="this attempt number, from 1 (default: the latest)"
     )
-    logs.add_argument(
-        "--follow", "-f", action="store_true", help="stream the log, end with the run's status"
-    )
+    _log_flags(logs)
     logs.set_defaults(handler=_client(cmd_runs_logs))
     cancel = rsub.add_parser("cancel", parents=[common], help="request that a run stops")
     cancel.add_argument("run")
@@ -125,9 +133,7 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     )
     rerun.add_argument("run")
     rerun.add_argument("--idempotency-key", help="the same key returns the first rerun")
-    rerun.add_argument(
-        "--follow", "-f", action="store_true", help="stream the log, end with the run's status"
-    )
+    _log_flags(rerun)
     rerun.set_defaults(handler=_client(cmd_runs_rerun))
     for action, what in (
         ("pin", "keep a run's log and rows against every retention policy"),
@@ -500,7 +506,7 @@ def cmd_runs_start(client: Client, args: argparse.Namespace) -> int:
         f"revision {run['revision']})",
         file=sys.stderr,
     )
-    return _follow_and_report(client, run, attempt=None, as_json=args.json)
+    return _follow_and_report(client, run, attempt=None, args=args)
 
 
 def cmd_runs_list(client: Client, args: argparse.Namespace) -> int:
@@ -534,7 +540,7 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
     """The log of the run's latest (or the given) attempt; --follow streams it."""
     run = client.get(f"/runs/{_seg(args.run)}")
     if args.follow:
-        return _follow_and_report(client, run, attempt=args.attempt, as_json=args.json)
+        return _follow_and_report(client, run, attempt=args.attempt, args=args)
     number = args.attempt or (run.get("latest_attempt") or {}).get("number")
     if number is None:
         raise ClientError(f"run {args.run} has no attempt yet", EXIT_USAGE)
@@ -568,6 +574,9 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         text = data.decode("utf-8", errors="replace")
         _emit_json({"run": run["id"], "attempt": number, "text": text})
+    elif sys.stdout.isatty() and not args.raw:
+        sys.stdout.write(render.terminal_text(data.decode("utf-8", errors="replace")))
+        sys.stdout.flush()
     else:
         sys.stdout.flush()
         sys.stdout.buffer.write(data)
@@ -615,7 +624,7 @@ def cmd_runs_rerun(client: Client, args: argparse.Namespace) -> int:
     )
     if args.follow:
         print(line, file=sys.stderr)
-        return _follow_and_report(client, run, attempt=None, as_json=args.json)
+        return _follow_and_report(client, run, attempt=None, args=args)
     if args.json:
         _emit_json(run)
     else:
@@ -636,12 +645,13 @@ def cmd_runs_pin(client: Client, args: argparse.Namespace) -> int:
 
 
 def _follow_and_report(
-    client: Client, run: dict[str, Any], *, attempt: int | None, as_json: bool
+    client: Client, run: dict[str, Any], *, attempt: int | None, args: argparse.Namespace
 ) -> int:
     """Follow, print the final status line (and with --json the run); the exit code."""
+    as_json = args.json
     log_out = sys.stderr if as_json else sys.stdout
     try:
-        run, ended = _follow(client, run, log_out=log_out, only=attempt)
+        run, ended = _follow(client, run, log_out=log_out, only=attempt, raw=args.raw)
     except KeyboardInterrupt:
         log_out.flush()
         print(
@@ -680,26 +690,31 @@ def _why_not_started(client: Client, run: dict[str, Any]) -> str:
 
 
 def _follow(
-    client: Client, run: dict[str, Any], *, log_out: TextIO, only: int | None
+    client: Client, run: dict[str, Any], *, log_out: TextIO, only: int | None, raw: bool
 ) -> tuple[dict[str, Any], str]:
     """Stream each attempt's log in turn until the run ends; ``(run, final status)``.
 
     A requeued run (docs/backlog-requeue.md) gets a new attempt: its log follows the first
-    one's. ``only``: follow that attempt and end with its status.
+    one's. ``only``: follow that attempt and end with its status. On a terminal, unless
+    ``raw``, the output is made safe for it (``render.TerminalText``).
     """
     run_id = run["id"]
     number = only or (run.get("latest_attempt") or {}).get("number") or 1
     tail = "\n"
     while True:
         status = ""
+        screen = None if raw or not log_out.isatty() else render.TerminalText()
         for item in client.follow(run_id, number):
             if isinstance(item, LogChunk):
-                if item.text:
-                    log_out.write(item.text)
+                if text := screen.feed(item.text) if screen else item.text:
+                    log_out.write(text)
                     log_out.flush()
-                    tail = item.text[-1]
+                    tail = text[-1]
             else:
                 status = item.status
+        if screen and (text := screen.end()):
+            log_out.write(text)
+            tail = text[-1]
         if tail != "\n" and log_out.isatty():
             log_out.write("\n")
             tail = "\n"

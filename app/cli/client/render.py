@@ -7,6 +7,7 @@ would otherwise let a crafted name move the cursor or rewrite the screen.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, tzinfo
@@ -25,6 +26,46 @@ def safe(text: object) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+# A job's output on a terminal (``runs logs``, a follow): colours (SGR: ``ESC [ ... m``) pass,
+# as do newline, tab and carriage return (progress bars); every other C0/C1 control character,
+# the ESC of any other sequence included, is shown as ``\xNN``. An OSC could otherwise set the
+# clipboard (OSC 52) or the window title, a DCS or a CSI query make the terminal type an
+# answer into the operator's shell, a cursor move rewrite lines already shown.
+_TERMINAL = re.compile(r"(\x1b\[[0-9;:]*m)|([\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f])")
+# What may still become a colour once the next chunk comes (held back at a chunk's end).
+_COLOUR_START = re.compile(r"\x1b(\[[0-9;:]{0,32})?\Z")
+
+
+def _shown(match: re.Match[str]) -> str:
+    return match.group(1) or f"\\x{ord(match.group(2)):02x}"
+
+
+class TerminalText:
+    """A job's output made safe for a terminal, chunk by chunk (a colour split across two
+    chunks still passes): ``feed`` each chunk, ``end`` once the output ends."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        """What of ``held + text`` can be shown now."""
+        text, self._held = self._held + text, ""
+        if (start := _COLOUR_START.search(text)) is not None:
+            text, self._held = text[: start.start()], text[start.start() :]
+        return _TERMINAL.sub(_shown, text)
+
+    def end(self) -> str:
+        """What was held back, shown (no colour can complete it now)."""
+        text, self._held = self._held, ""
+        return _TERMINAL.sub(_shown, text)
+
+
+def terminal_text(text: str) -> str:
+    """A whole output made safe for a terminal (``TerminalText``)."""
+    out = TerminalText()
+    return out.feed(text) + out.end()
 
 
 def one_line(text: object, *, limit: int = 300) -> str:
