@@ -22,6 +22,7 @@ from app.api import (
     routes_schedules,
     routes_secrets,
 )
+from app.api.api_docs import install_api_docs
 from app.api.asgi import GuardMiddleware
 from app.api.head import HeadAsGet
 from app.api.hot_reads import HotReads
@@ -76,7 +77,7 @@ def create_app(
         version=VERSION,
         description="Run local tasks safely and record how they ended.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # install_api_docs: pinned assets, checked (app/api/api_docs.py)
         redoc_url=None,
         # A path with a slash too many is 404 problem+json like any unknown path, not a 307
         # answered before authentication with a Location built from the client's Host header.
@@ -94,6 +95,7 @@ def create_app(
     ):
         app.include_router(module.router)
     install_ui(app)  # /ui: static files, outside the OpenAPI document (docs/ui.md)
+    install_api_docs(app)
     app.add_middleware(HotReads)  # innermost: CORS and the guard still wrap it
     if settings.cors_origins:
         app.add_middleware(

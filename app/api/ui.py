@@ -4,7 +4,8 @@ The UI is one more client of the public REST API (docs/ui.md): plain HTML, CSS a
 JavaScript modules from ``app/ui/static`` (package data), no build step, nothing fetched from
 anywhere but this origin. Every response of the app carries ``X-Content-Type-Options:
 nosniff`` and ``Referrer-Policy: no-referrer``; those under ``/ui`` also carry a strict
-Content-Security-Policy (no inline script or style, ``frame-ancestors 'none'``).
+Content-Security-Policy (no inline script or style, ``frame-ancestors 'none'``); ``/docs``
+carries its own (app/api/api_docs.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
+from app.api.api_docs import DOCS_CSP, DOCS_PATH
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "ui" / "static"
@@ -36,6 +38,11 @@ _UI_RESPONSES = [
     # Revalidate every time (ETag / Last-Modified answer 304): an upgrade shows at once.
     (b"cache-control", b"no-cache"),
 ]
+_DOCS_RESPONSES = [  # /docs: its own policy (app/api/api_docs.py)
+    (b"content-security-policy", DOCS_CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
 
 
 class SecurityHeaders:
@@ -52,6 +59,8 @@ class SecurityHeaders:
         extra = list(_EVERY_RESPONSE)
         if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
             extra += _UI_RESPONSES
+        elif path == DOCS_PATH:
+            extra += _DOCS_RESPONSES
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":

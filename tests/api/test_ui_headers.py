@@ -3,12 +3,23 @@ the app carries nosniff and a Referrer-Policy; QL_CORS_ORIGINS still works besid
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from app.api.api_docs import (
+    DOCS_CSP,
+    SWAGGER_CSS,
+    SWAGGER_CSS_SRI,
+    SWAGGER_JS,
+    SWAGGER_JS_SRI,
+    SWAGGER_UI,
+)
 from app.api.main import create_app
 from app.api.ui import CONTENT_SECURITY_POLICY
 from app.settings import Settings
@@ -51,6 +62,33 @@ def test_ui_files_carry_a_strict_csp_and_no_sniffing(client: Client) -> None:
     assert not [p for p in client.get("/openapi.json").json()["paths"] if p.startswith("/ui")]
 
 
+def test_api_docs_load_one_pinned_swagger_release_checked_under_their_own_csp(
+    client: Client,
+) -> None:
+    r = client.get("/docs")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    csp = r.headers["content-security-policy"]
+    assert csp == DOCS_CSP
+    assert r.headers["x-frame-options"] == "DENY"
+    # Every script and stylesheet: the pinned release's file, with its digest to check.
+    assert re.findall(r"<(?:script|link)[^>]* (?:src|href)=\"https://[^>]*>", page) == [
+        f'<link rel="stylesheet" href="{SWAGGER_CSS}" integrity="{SWAGGER_CSS_SRI}" '
+        'crossorigin="anonymous">',
+        f'<script src="{SWAGGER_JS}" integrity="{SWAGGER_JS_SRI}" crossorigin="anonymous">',
+    ]
+    assert re.fullmatch(r"https://cdn\.jsdelivr\.net/npm/swagger-ui-dist@\d+\.\d+\.\d+", SWAGGER_UI)
+    # The one inline script is the one the policy allows by its hash; nothing else inline.
+    inline = re.findall(r"<script>(.*?)</script>", page, re.S)
+    assert len(inline) == 1
+    digest = base64.b64encode(hashlib.sha256(inline[0].encode()).digest()).decode()
+    script_src = next(d for d in csp.split("; ") if d.startswith("script-src "))
+    assert script_src == f"script-src {SWAGGER_JS} 'sha256-{digest}'"
+    assert "unsafe" not in csp and "connect-src 'self'" in csp and "default-src 'none'" in csp
+    assert 'data-spec="/openapi.json"' in page and "validatorUrl: null" in page
+    assert client.get("/openapi.json").status_code == 200
+
+
 def test_api_answers_carry_nosniff_and_cors_still_works(
     settings: Settings, make_token: MakeToken
 ) -> None:
@@ -61,7 +99,7 @@ def test_api_answers_carry_nosniff_and_cors_still_works(
         assert denied.status_code == 401
         assert denied.headers["x-content-type-options"] == "nosniff"
         assert denied.headers["referrer-policy"] == "no-referrer"
-        assert "content-security-policy" not in denied.headers  # /docs loads its own assets
+        assert "content-security-policy" not in denied.headers  # JSON answers: no page
         preflight = client.request(
             "OPTIONS",
             "/api/v1/runs",

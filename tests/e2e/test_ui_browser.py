@@ -23,6 +23,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from app.api.api_docs import SWAGGER_UI
 from app.domain.tokens import new_api_token
 from app.settings import Settings
 from app.storage.engine import make_engine
@@ -308,6 +309,33 @@ def _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(
     assert page.locator("img").count() == 0
     assert dialogs == []
     assert page.errors == []
+
+
+def _the_api_docs_page_runs_no_swagger_bytes_but_the_pinned_ones(site: Site) -> None:
+    """/docs loads Swagger UI from a CDN (docs/ui.md §3): bytes other than the pinned
+    release's, as a compromised CDN would serve, are refused before they run."""
+    page = site.page()
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "integrity" in m.text else None)
+    kinds = {".js": "application/javascript", ".css": "text/css"}
+
+    def tampered(route: Any) -> None:
+        url = route.request.url
+        body = "window.tampered = true;" if url.endswith(".js") else "body { color: red }"
+        cors = {"Access-Control-Allow-Origin": "*"}
+        route.fulfill(status=200, body=body, content_type=kinds[url[url.rindex(".") :]],
+                      headers=cors)  # fmt: skip
+
+    page.route(f"{SWAGGER_UI}/**", tampered)
+    page.goto(f"{site.served.base_url}/docs")
+    for _ in range(100):  # the console's events arrive while Playwright waits
+        if len(refused) >= 2:
+            break
+        page.wait_for_timeout(100)
+    assert page.evaluate("window.tampered === undefined && window.ui === undefined")
+    assert page.inner_html("#swagger-ui") == ""
+    assert [m for m in refused if "swagger-ui-bundle.js" in m or "swagger-ui.css" in m] == refused
+    page.context.close()
 
 
 def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -> None:
@@ -731,6 +759,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(site)
     _cancel_a_long_run_ends_cancelled(site)
     _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(site)
+    _the_api_docs_page_runs_no_swagger_bytes_but_the_pinned_ones(site)
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
