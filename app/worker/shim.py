@@ -865,8 +865,10 @@ def _supervise(
             if fd == read_fd:
                 eof = not drain.read_once(read_fd)
         _reap(job_pid, status)
-    while not status:  # EOF came first: the job closed its output but has not exited yet
-        select.select([pidfd], [], [])
+    if not status:  # EOF came first: the job closed its output but has not exited yet
+        poller.unregister(read_fd)  # readable for ever at EOF; the pidfd stays registered
+    while not status:
+        poller.poll()
         _reap(job_pid, status)
     os.close(pidfd)
     if on_exit is not None:

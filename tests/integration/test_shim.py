@@ -124,6 +124,19 @@ def test_quota_truncates_log_and_keeps_exit_code(tmp_path: Path, launched: Launc
     )
 
 
+def test_a_job_that_closes_its_output_then_runs_on_is_waited_for(
+    tmp_path: Path, launched: Launched
+) -> None:
+    """EOF before the exit: the shim waits on the job's pidfd alone (the pipe at EOF would
+    wake it for ever), then records the real exit code and time."""
+    _spec, _status, receipt = run_to_receipt(
+        tmp_path, ["/bin/sh", "-c", "echo out; exec >&- 2>&-; sleep 0.5; exit 4"], launched
+    )
+    assert receipt.exit_code == 4 and receipt.signal is None
+    assert receipt.finished_at_ms - receipt.started_at_ms >= 500
+    assert (tmp_path / "job.log").read_bytes() == b"out\n"
+
+
 def test_killed_by_signal_sets_signal_field(tmp_path: Path, launched: Launched) -> None:
     _spec, _status, receipt = run_to_receipt(
         tmp_path, ["/bin/sh", "-c", "echo bye; kill -KILL $$"], launched
