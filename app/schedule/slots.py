@@ -502,6 +502,14 @@ def slots_after(spec: SlotSpec, after_ms: int, limit: int) -> list[int]:
     return _after(kind, a, b, limit)
 
 
+def last_slot(spec: SlotSpec, after_ms: int, until_ms: int) -> int | None:
+    """The newest slot in (after_ms, until_ms], within start/end, or None when there is none."""
+    kind = _compile(spec)
+    a, b = _bounds(spec, after_ms, until_ms)
+    found = _before(kind, a, b, 1)
+    return found[0] if found else None
+
+
 def next_slot(spec: SlotSpec, after_ms: int) -> int | None:
     """The first slot strictly after ``after_ms``, or None when there is none."""
     found = slots_after(spec, after_ms, 1)

@@ -26,9 +26,9 @@ from app.schedule.slots import (
     CatchupPlan,
     SlotSpec,
     jitter_ms,
+    last_slot,
     next_slot,
     plan_catchup,
-    slots_after,
 )
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.definitions_repo import revision_row
@@ -454,8 +454,9 @@ def _plan(
     if definition.catchup == "all" or at <= cursor:
         return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)
     reach = ON_TIME_GRACE_MS + definition.jitter_seconds * 1000
-    near = [s for s in slots_after(spec, max(cursor, at - reach - 1), 8) if s <= at]
-    on_time = near[-1] if near else None
+    # The newest due slot, however many the reach holds (every second with a minute of
+    # jitter: sixty); an older one would move the cursor past slots nothing decided.
+    on_time = last_slot(spec, max(cursor, at - reach - 1), at)
     jitter = 0 if on_time is None else jitter_ms(schedule_id, on_time, definition.jitter_seconds)
     if on_time is None or at - on_time > ON_TIME_GRACE_MS + jitter:
         return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)

@@ -317,3 +317,46 @@ def test_a_backlog_slot_fired_before_its_jittered_instant_counts_as_caught_up(
     # schedule's id is random, so its jitters are: count them rather than assume at most one).
     within_grace = [s for s in slots if 0 <= at - (s + jitter_ms(sid, s, 600)) <= ON_TIME_GRACE_MS]
     assert len(on_time) == len(within_grace)
+
+
+def decided_slots(repo: ScheduleRepository, name: str, every_ms: int) -> list[int]:
+    """Every slot the schedule's decisions cover, a missed span slot by slot, ascending."""
+    covered: list[int] = []
+    for d in repo.decisions(name=name, limit=200, cursor=None).items:
+        if d.decision == "missed":
+            assert d.until_slot_ms is not None
+            covered += range(d.slot_ms, d.until_slot_ms + 1, every_ms)
+        else:
+            covered.append(d.slot_ms)
+    return sorted(covered)
+
+
+def test_a_late_pass_within_a_jitter_of_many_slots_leaves_no_slot_undecided(
+    engine: Engine,
+) -> None:
+    # Every second with up to 60 s of jitter: the on-time reach (the grace plus the jitter)
+    # holds dozens of slots. The on-time slot is the newest due one; a pass that took one
+    # from the start of the reach moved the cursor past the slots after it, which no
+    # decision ever covered (docs/schedules.md §2: every slot decided exactly once).
+    define_task(engine)
+    repo = ScheduleRepository(engine)
+    eighth = T0 + 8000
+    for n in range(50):  # the ids, so the jitters, are random: take one this pass can meet
+        name = f"tick{n}"
+        schedule, _ = repo.put_schedule(
+            name=name,
+            definition=every(1, jitter_seconds=60, overlap="allow", max_concurrent=100),
+            paused=False,
+            at_ms=T0,
+        )
+        assert schedule.next_due_ms is not None
+        delay = jitter_ms(schedule.id, eighth, 60)
+        # A pass late enough that more than eight slots are due, with the eighth on time
+        # and its jitter elapsed (what the pass used to take for the newest).
+        at = max(schedule.next_due_ms, eighth + max(delay, 1000))
+        if at - eighth <= ON_TIME_GRACE_MS + delay and at < T0 + 60_000:
+            break
+        repo.delete(name=name)
+    assert repo.fire_due(at).schedules_decided == 1
+    cursor = repo.get(name=name).cursor_ms
+    assert decided_slots(repo, name, 1000) == list(range(T0 + 1000, cursor + 1, 1000))

@@ -18,6 +18,7 @@ from app.schedule.slots import (
     CatchupPlan,
     SlotSpec,
     jitter_ms,
+    last_slot,
     local_iso,
     next_slot,
     plan_catchup,
@@ -52,6 +53,16 @@ def test_an_interval_is_aligned_to_the_epoch_not_to_the_first_question() -> None
     assert slots_after(every(7), 7_000, 2) == [14_000, 21_000]
     assert slots_after(every(3600), T0 + 1, 2) == [T0 + HOUR, T0 + 2 * HOUR]
     assert next_slot(every(1), T0 + 999) == T0 + 1000
+
+
+def test_the_last_slot_is_the_newest_in_the_range_however_many_it_holds() -> None:
+    assert last_slot(every(1), T0, T0 + 60_500) == T0 + 60_000
+    assert last_slot(every(1), T0, T0 + 999) is None
+    assert last_slot(every(1, end_at_ms=T0 + 5_000), T0, T0 + 60_000) == T0 + 5_000
+    ny = cron("30 2 * * *", "0 * * * *", tz="America/New_York")
+    assert last_slot(ny, ms("2026-03-07T00:00:00Z"), ms("2026-03-08T07:10:00Z")) == ms(
+        "2026-03-08T07:00:00Z"
+    )  # 02:30 shifts to 03:00-04:00, the slot 0 * * * * shares with it
 
 
 def test_an_interval_ignores_the_time_zone_and_dst() -> None:
