@@ -112,6 +112,21 @@ def test_run_fields_say_when_retention_removed_the_log() -> None:
     assert "log:      6 bytes, expired 1970-01-02 00:00:00: retention removed it" in text
 
 
+def test_schedule_fields_give_the_catchup_window_only_under_latest() -> None:
+    # The window bounds what "latest" fires; "all" and "none" never read it
+    # (docs/schedules-time.md §4), so "all within 60 s" would promise a bound that is not.
+    schedule = {
+        "name": "n", "task": "t", "revision": None, "every_seconds": 60, "timezone": "UTC",
+        "overlap": "skip", "max_concurrent": 1, "catchup": "latest", "catchup_window_seconds": 60,
+        "jitter_seconds": 0, "dst_gap": "shift", "dst_fold": "first", "paused": False,
+        "version": 1, "updated_at_ms": 0, "next_fires": [],
+    }  # fmt: skip
+    assert "catch-up: latest within 60 s\n" in render.schedule_fields(schedule, tz=UTC)
+    for catchup in ("all", "none"):
+        text = render.schedule_fields(schedule | {"catchup": catchup}, tz=UTC)
+        assert f"catch-up: {catchup}\n" in text and "within" not in text
+
+
 def test_run_fields_say_a_retry_waits_and_until_when() -> None:
     waiting = {"number": 2, "status": "claimed", "exit_code": None, "signal": None,
                "error_code": None, "started_at_ms": None, "finished_at_ms": None, "log": {}}  # fmt: skip

@@ -484,6 +484,9 @@ def schedule_fields(schedule: Mapping[str, Any], *, tz: tzinfo | None = None) ->
     overlap = str(schedule.get("overlap"))
     if overlap == "allow":  # the only policy max_concurrent acts under
         overlap += f" (max {schedule.get('max_concurrent')})"
+    catchup = str(schedule.get("catchup"))
+    if catchup == "latest":  # the only policy the window bounds (docs/schedules-time.md §4)
+        catchup += f" within {schedule.get('catchup_window_seconds')} s"
     pairs: list[tuple[str, object]] = [
         ("schedule", schedule["name"]),
         ("task", f"{schedule['task']} ({'latest' if rev is None else f'revision {rev}'})"),
@@ -491,10 +494,7 @@ def schedule_fields(schedule: Mapping[str, Any], *, tz: tzinfo | None = None) ->
         ("zone", schedule.get("timezone")),
         ("state", schedule_state(schedule)),
         ("overlap", overlap),
-        (
-            "catch-up",
-            f"{schedule.get('catchup')} within {schedule.get('catchup_window_seconds')} s",
-        ),
+        ("catch-up", catchup),
         ("jitter", f"{schedule.get('jitter_seconds', 0)} s"),
         ("dst", f"gap {schedule.get('dst_gap')}, fold {schedule.get('dst_fold')}"),
         ("version", schedule.get("version")),
