@@ -532,12 +532,30 @@ def jitter_ms(schedule_id: str, slot_ms: int, jitter_seconds: int) -> int:
     """A delay in [0, jitter_seconds * 1000) fixed by the schedule and the slot."""
     if jitter_seconds < 0:
         raise InvalidSchedule("jitter_seconds must be >= 0")
-    if jitter_seconds == 0:
+    return _jitter(schedule_id, slot_ms, jitter_seconds * 1000)
+
+
+def slot_jitter_ms(spec: SlotSpec, schedule_id: str, slot_ms: int, jitter_seconds: int) -> int:
+    """The slot's jitter within its own interval: a delay in [0, min(jitter, the time to the
+    next slot)), fixed by the schedule and the slot. Each slot is then due before the next
+    one's instant, so slots fall due in their order (a jitter longer than the interval would
+    let a pass take the slots still in their jitter for a backlog, recorded ``missed``);
+    where the jitter is shorter than the interval it is ``jitter_ms`` exactly."""
+    if jitter_seconds < 0:
+        raise InvalidSchedule("jitter_seconds must be >= 0")
+    span = jitter_seconds * 1000
+    if span and (after := next_slot(spec, slot_ms)) is not None:
+        span = min(span, after - slot_ms)
+    return _jitter(schedule_id, slot_ms, span)
+
+
+def _jitter(schedule_id: str, slot_ms: int, span_ms: int) -> int:
+    if span_ms <= 0:
         return 0
     digest = hashlib.blake2b(
         f"{schedule_id}\x00{slot_ms}".encode(), digest_size=8, person=b"ql-jitter"
     ).digest()
-    return int.from_bytes(digest, "big") % (jitter_seconds * 1000)
+    return int.from_bytes(digest, "big") % span_ms
 
 
 def plan_catchup(

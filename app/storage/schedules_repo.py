@@ -25,10 +25,10 @@ from app.schedule.overlap import ActiveRun, decide_overlap
 from app.schedule.slots import (
     CatchupPlan,
     SlotSpec,
-    jitter_ms,
     last_slot,
     next_slot,
     plan_catchup,
+    slot_jitter_ms,
 )
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.definitions_repo import revision_row
@@ -106,10 +106,11 @@ def _due_after(
     """When the first slot after the cursor is due: the slot plus its deterministic jitter."""
     if paused:
         return None
-    slot = next_slot(spec_of(definition), cursor_ms)
+    spec = spec_of(definition)
+    slot = next_slot(spec, cursor_ms)
     if slot is None:
         return None
-    return slot + jitter_ms(schedule_id, slot, definition.jitter_seconds)
+    return slot + slot_jitter_ms(spec, schedule_id, slot, definition.jitter_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +362,7 @@ class ScheduleRepository:
                 # The newest slot fires at its instant plus its jitter (the same after a
                 # crash, docs/schedules.md §4); until then the cursor stays just before it.
                 last = fire[-1]
-                if last + jitter_ms(row.id, last, definition.jitter_seconds) > at:
+                if last + slot_jitter_ms(spec, row.id, last, definition.jitter_seconds) > at:
                     fire.pop()
                     cursor = last - 1
             decisions: list[dict[str, Any]] = []
@@ -433,7 +434,7 @@ class ScheduleRepository:
             committed = at + (time.perf_counter() - began) * 1000
             lateness = []
             for slot in fire:
-                due = slot + jitter_ms(row.id, slot, definition.jitter_seconds)
+                due = slot + slot_jitter_ms(spec, row.id, slot, definition.jitter_seconds)
                 late_s = max(committed - due, 0.0) / 1000
                 # A backlog slot fired before its jittered instant is caught up, not on time.
                 lateness.append(SlotLateness(late_s, 0 <= at - due <= ON_TIME_GRACE_MS))
@@ -457,7 +458,10 @@ def _plan(
     # The newest due slot, however many the reach holds (every second with a minute of
     # jitter: sixty); an older one would move the cursor past slots nothing decided.
     on_time = last_slot(spec, max(cursor, at - reach - 1), at)
-    jitter = 0 if on_time is None else jitter_ms(schedule_id, on_time, definition.jitter_seconds)
+    jitter = (
+        0 if on_time is None
+        else slot_jitter_ms(spec, schedule_id, on_time, definition.jitter_seconds)
+    )  # fmt: skip
     if on_time is None or at - on_time > ON_TIME_GRACE_MS + jitter:
         return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)
     backlog = plan_catchup(spec, cursor, on_time - 1, catchup="none", window_s=window_s)

@@ -9,10 +9,10 @@ from sqlalchemy import Engine, select
 
 from app.domain.errors import NotFound, PreconditionFailed
 from app.domain.model import ScheduleDefinition
-from app.schedule.slots import jitter_ms
+from app.schedule.slots import jitter_ms, slot_jitter_ms
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
-from app.storage.schedules_repo import ON_TIME_GRACE_MS, ScheduleRepository
+from app.storage.schedules_repo import ON_TIME_GRACE_MS, ScheduleRepository, spec_of
 from app.storage.tables import runs
 from tests.storage.helpers import define_task, start
 
@@ -298,25 +298,40 @@ def test_a_slot_that_finds_the_queue_full_is_dropped_not_queued(engine: Engine) 
     assert repo.get(name="tick").cursor_ms == T0 + 3000  # decided: never fired later
 
 
-def test_a_backlog_slot_fired_before_its_jittered_instant_counts_as_caught_up(
+def test_a_backlog_under_a_jitter_longer_than_the_interval_fires_in_order_and_is_caught_up(
     engine: Engine,
 ) -> None:
-    # Every minute, jitter up to 10 minutes, down for 20 minutes, catchup all: the backlog
-    # fires at once, some slots before their jittered instant; none of them is on time.
-    repo = make(
-        engine,
-        every(60, catchup="all", overlap="allow", max_concurrent=50, jitter_seconds=600),
-    )
+    # Every minute, jitter up to 10 minutes (each slot's own is within its minute), down for
+    # 20 minutes, catchup all: the backlog fires at once, every slot after its own jittered
+    # instant (they fall due in order); on time only one whose instant fell within the grace.
+    definition = every(60, catchup="all", overlap="allow", max_concurrent=50, jitter_seconds=600)
+    repo = make(engine, definition)
     sid, at = repo.get(name="tick").id, T0 + 1_200_000
+    spec = spec_of(definition)
     slots = [T0 + 60_000 * k for k in range(1, 21)]
-    early = [s for s in slots[:-1] if s + jitter_ms(sid, s, 600) > at]
+    due = {s: s + slot_jitter_ms(spec, sid, s, 600) for s in slots}
     result = repo.fire_due(at)
-    assert result.runs_created >= 19 and early
-    on_time = [late for late in result.lateness if late.on_time]
-    # On time: only a slot whose jittered instant fell within the grace before the pass (the
-    # schedule's id is random, so its jitters are: count them rather than assume at most one).
-    within_grace = [s for s in slots if 0 <= at - (s + jitter_ms(sid, s, 600)) <= ON_TIME_GRACE_MS]
-    assert len(on_time) == len(within_grace)
+    fired = slots_of_runs(engine)
+    assert fired == [s for s, d in due.items() if d <= at] and len(fired) >= 19
+    assert all(d < s + 60_000 for s, d in due.items())
+    within_grace = [s for s in fired if at - due[s] <= ON_TIME_GRACE_MS]
+    assert len([late for late in result.lateness if late.on_time]) == len(within_grace)
+
+
+def test_a_jitter_longer_than_the_interval_misses_no_slot_while_the_loop_keeps_up(
+    engine: Engine,
+) -> None:
+    """Every second with up to 10 s of jitter, catchup latest: a pass at each due instant
+    fires each slot (a jitter past the next slot's instant made every pass take the slots
+    still in their jitter for a backlog: 57 of 58 recorded missed on a real serve)."""
+    repo = make(engine, every(1, jitter_seconds=10, overlap="allow", max_concurrent=100))
+    for _ in range(60):
+        due = repo.get(name="tick").next_due_ms
+        assert due is not None
+        repo.fire_due(due)
+    decisions = repo.decisions(name="tick", limit=200, cursor=None).items
+    assert {d.decision for d in decisions} == {"fired"}
+    assert slots_of_runs(engine) == [T0 + 1000 * k for k in range(1, 61)]
 
 
 def decided_slots(repo: ScheduleRepository, name: str, every_ms: int) -> list[int]:
@@ -338,25 +353,13 @@ def test_a_late_pass_within_a_jitter_of_many_slots_leaves_no_slot_undecided(
     # holds dozens of slots. The on-time slot is the newest due one; a pass that took one
     # from the start of the reach moved the cursor past the slots after it, which no
     # decision ever covered (docs/schedules.md §2: every slot decided exactly once).
-    define_task(engine)
-    repo = ScheduleRepository(engine)
-    eighth = T0 + 8000
-    for n in range(50):  # the ids, so the jitters, are random: take one this pass can meet
-        name = f"tick{n}"
-        schedule, _ = repo.put_schedule(
-            name=name,
-            definition=every(1, jitter_seconds=60, overlap="allow", max_concurrent=100),
-            paused=False,
-            at_ms=T0,
-        )
-        assert schedule.next_due_ms is not None
-        delay = jitter_ms(schedule.id, eighth, 60)
-        # A pass late enough that more than eight slots are due, with the eighth on time
-        # and its jitter elapsed (what the pass used to take for the newest).
-        at = max(schedule.next_due_ms, eighth + max(delay, 1000))
-        if at - eighth <= ON_TIME_GRACE_MS + delay and at < T0 + 60_000:
-            break
-        repo.delete(name=name)
+    definition = every(1, jitter_seconds=60, overlap="allow", max_concurrent=100)
+    repo = make(engine, definition)
+    name, schedule = "tick", repo.get(name="tick")
+    ninth = T0 + 9000
+    # Nine slots due, the ninth on time: a pass within its jitter (under 1 s, its interval).
+    at = ninth + slot_jitter_ms(spec_of(definition), schedule.id, ninth, 60)
     assert repo.fire_due(at).schedules_decided == 1
     cursor = repo.get(name=name).cursor_ms
+    assert cursor >= ninth
     assert decided_slots(repo, name, 1000) == list(range(T0 + 1000, cursor + 1, 1000))

@@ -22,6 +22,7 @@ from app.schedule.slots import (
     local_iso,
     next_slot,
     plan_catchup,
+    slot_jitter_ms,
     slots_after,
     validate,
 )
@@ -272,6 +273,28 @@ def test_jitter_is_the_same_for_the_same_schedule_and_slot_and_stays_in_range() 
     ) != jitter_ms("sched-2", T0 + MIN, 30)
     assert jitter_ms("sched-1", T0, 0) == 0
     assert all(jitter_ms("s", T0 + i, 1) < 1000 for i in range(100))
+
+
+def test_a_slots_jitter_stays_within_its_own_interval_so_slots_fall_due_in_order() -> None:
+    # Shorter than every interval: exactly jitter_ms (schedules keep their instants).
+    slots = [T0 + i * MIN for i in range(500)]
+    assert [slot_jitter_ms(every(60), "s", t, 30) for t in slots] == [
+        jitter_ms("s", t, 30) for t in slots
+    ]
+    # Ten minutes of jitter on an every-minute schedule: spread over the slot's own minute.
+    values = [slot_jitter_ms(every(60), "s", t, 600) for t in slots]
+    assert all(0 <= v < MIN for v in values) and max(values) > 50_000 and min(values) < 10_000
+    dues = [t + v for t, v in zip(slots, values, strict=True)]
+    assert dues == sorted(dues)
+    # Irregular cron gaps (9:00 and 9:10, then the next day): each slot's own gap bounds it.
+    spec = cron("0,10 9 * * *")
+    firsts = slots_after(spec, T0, 200)
+    for first, second in itertools.pairwise(firsts):
+        assert 0 <= slot_jitter_ms(spec, "s", first, 3600) < second - first
+    # The last slot of a bounded schedule keeps the whole jitter.
+    last = every(60, end_at_ms=T0 + MIN)
+    assert slot_jitter_ms(last, "s", T0 + MIN, 600) == jitter_ms("s", T0 + MIN, 600)
+    assert slot_jitter_ms(every(60), "s", T0, 0) == 0
 
 
 def test_local_iso_gives_the_zone_s_wall_time_and_its_offset() -> None:
