@@ -145,7 +145,9 @@ def test_schedule_fields_say_ended_bounds_and_max_only_under_allow() -> None:
     text = render.schedule_fields(schedule, tz=UTC)
     assert "state:    ended" in text and "overlap:  skip\n" in text
     assert "bounds:   from 1970-01-01 00:00:00, until 1970-01-01 00:01:00" in text
-    assert "dst:      gap shift, fold first" in text
+    assert "dst:" not in text  # an interval never meets a DST gap or fold
+    nightly = schedule | {"every_seconds": None, "cron": ["0 3 * * *"]}
+    assert "dst:      gap shift, fold first\n" in render.schedule_fields(nightly, tz=UTC)
     assert "allow (max 2)" in render.schedule_fields(schedule | {"overlap": "allow"}, tz=UTC)
     assert render.schedule_state(schedule | {"end_at_ms": None}) == "active"
     assert render.schedule_state(schedule | {"paused": True}) == "paused"

@@ -487,6 +487,10 @@ def schedule_fields(schedule: Mapping[str, Any], *, tz: tzinfo | None = None) ->
     catchup = str(schedule.get("catchup"))
     if catchup == "latest":  # the only policy the window bounds (docs/schedules-time.md §4)
         catchup += f" within {schedule.get('catchup_window_seconds')} s"
+    dst = (  # an interval never meets a DST gap or fold
+        [("dst", f"gap {schedule.get('dst_gap')}, fold {schedule.get('dst_fold')}")]
+        if schedule.get("cron") else []
+    )  # fmt: skip
     pairs: list[tuple[str, object]] = [
         ("schedule", schedule["name"]),
         ("task", f"{schedule['task']} ({'latest' if rev is None else f'revision {rev}'})"),
@@ -496,10 +500,11 @@ def schedule_fields(schedule: Mapping[str, Any], *, tz: tzinfo | None = None) ->
         ("overlap", overlap),
         ("catch-up", catchup),
         ("jitter", f"{schedule.get('jitter_seconds', 0)} s"),
-        ("dst", f"gap {schedule.get('dst_gap')}, fold {schedule.get('dst_fold')}"),
+        *dst,
         ("version", schedule.get("version")),
         ("updated", when(schedule.get("updated_at_ms"), tz=tz)),
     ]
+
     bounds = [
         f"{label} {when(schedule[key], tz=tz)}"
         for label, key in (("from", "start_at_ms"), ("until", "end_at_ms"))
