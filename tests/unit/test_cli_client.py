@@ -75,7 +75,7 @@ def test_runs_table_aligns_columns_and_shows_the_outcome() -> None:
 
 def test_run_fields_say_trigger_truncation_and_outcome_in_words() -> None:
     text = render.run_fields(RUN, tz=UTC)
-    assert "trigger:  schedule nightly" in text
+    assert "trigger:  schedule nightly, slot 1970-01-01 00:00:00\n" in text
     assert "attempt:  1 failed: exit 3" in text
     assert "truncated (7 bytes dropped: quota)" in text
     assert "took:     1m05s" in text

@@ -139,6 +139,12 @@ def trigger(run: Mapping[str, Any]) -> str:
     return str(trig.get("kind") or "manual")
 
 
+def _slot(run: Mapping[str, Any], tz: tzinfo | None) -> str:
+    """``, slot 2026-12-03 03:00:00`` for a scheduled run: the slot it is the run of."""
+    slot = (run.get("trigger") or {}).get("slot_ms")
+    return "" if slot is None else f", slot {when(slot, tz=tz)}"
+
+
 def runs_table(runs: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -> str:
     """The ``runs list`` table, in the API's order (newest first)."""
     rows = [
@@ -204,7 +210,7 @@ def run_fields(
         ("run", run["id"]),
         ("task", f"{run['task']} (revision {run['revision']})"),
         ("status", run["status"]),
-        ("trigger", trigger(run)),
+        ("trigger", trigger(run) + _slot(run, tz)),
         ("priority", run.get("priority")),
         ("created", when(run.get("created_at_ms"), tz=tz)),
         ("started", when(run.get("started_at_ms"), tz=tz)),
