@@ -8,7 +8,8 @@ after unescaping (``"a"`` and ``"\\u0061"`` are the same key), at every depth.
 One hook for every JSON route: each router uses ``StrictJSONRoute`` as its route class, which
 hands FastAPI a request whose ``json()`` parses with ``object_pairs_hook``. FastAPI parses the
 body exactly once, as before; only the hook runs in addition (one ``dict()`` per object).
-Routes without a body keep FastAPI's own handler untouched.
+A write route without a body (cancel, rerun, pause, a DELETE) refuses one (422): it would
+be ignored. Read routes without a body keep FastAPI's own handler untouched.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
 from app.api.asgi import is_json
-from app.api.problems import UNSUPPORTED_MEDIA_TYPE, ApiProblem, DuplicateKey
+from app.api.problems import UNSUPPORTED_MEDIA_TYPE, VALIDATION_FAILED, ApiProblem, DuplicateKey
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -38,6 +39,19 @@ def loads_strict(raw: bytes) -> Any:
     return json.loads(raw, object_pairs_hook=_unique)
 
 
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def _empty(raw: bytes) -> bool:
+    """No body, blanks, or an empty JSON object (some clients send ``{}`` by default)."""
+    if not raw.strip():
+        return True
+    try:
+        return bool(json.loads(raw) == {})
+    except ValueError:
+        return False
+
+
 class _StrictRequest(Request):
     async def json(self) -> Any:
         # FastAPI calls this once per request, only for a JSON (or untyped) body.
@@ -50,7 +64,21 @@ class StrictJSONRoute(APIRoute):
     def get_route_handler(self) -> Handler:
         handler = super().get_route_handler()
         if self.body_field is None:
-            return handler
+            if not (self.methods or set()) & _WRITES:
+                return handler
+
+            async def bodyless_handler(request: Request) -> Response:
+                # A write that takes no body (cancel, rerun, pause, a DELETE): a body sent
+                # anyway would be ignored, so ``{"priority": 9}`` on a rerun would seem to
+                # change what it cannot. None, or an empty object, is taken.
+                if not _empty(await request.body()):
+                    raise ApiProblem(
+                        422, VALIDATION_FAILED,
+                        f"{request.method} {self.path} takes no body; send none",
+                    )  # fmt: skip
+                return await handler(request)
+
+            return bodyless_handler
 
         async def strict_handler(request: Request) -> Response:
             strict = _StrictRequest(request.scope, request.receive)

@@ -116,3 +116,28 @@ def test_a_body_of_another_media_type_is_415_and_nothing_is_written(
     # No body at all is the model's business (a required body is missing), not a media type's.
     empty = {"Content-Type": "application/x-www-form-urlencoded"}
     assert_problem(client.post("/api/v1/runs", headers=admin | empty), 422, "VALIDATION_FAILED")
+
+
+def test_a_write_that_takes_no_body_refuses_one_instead_of_ignoring_it(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    run = client.post("/api/v1/runs", json={"task": task}, headers=admin).json()
+    # A priority on a rerun would be ignored: refused, and no rerun is made.
+    problem = assert_problem(
+        client.post(f"/api/v1/runs/{run['id']}/rerun", json={"priority": 9}, headers=admin),
+        422,
+        "VALIDATION_FAILED",
+    )
+    assert problem["detail"] == "POST /api/v1/runs/{run_id}/rerun takes no body; send none"
+    assert len(client.get("/api/v1/runs", headers=admin).json()["items"]) == 1
+    for raw in (b"not json", b'{"reason": "x"}', b"[]"):
+        refused = client.post(f"/api/v1/runs/{run['id']}/cancel", content=raw, headers=admin)
+        assert_problem(refused, 422, "VALIDATION_FAILED")
+    assert client.get(f"/api/v1/runs/{run['id']}", headers=admin).json()["cancel_requested"] is None
+    # None, blanks or an empty object (some clients send one by default) are taken.
+    for raw in (b"", b" \n", b"{}", b"{ }"):
+        pinned = client.post(f"/api/v1/runs/{run['id']}/pin", content=raw, headers=admin | JSON)
+        assert pinned.status_code == 200, (raw, pinned.text)
+    assert client.post(f"/api/v1/runs/{run['id']}/cancel", headers=admin).status_code in (200, 202)
+    # Reads are untouched.
+    assert client.request("GET", "/api/v1/runs", content=b"x", headers=admin).status_code == 200
