@@ -575,7 +575,10 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
         text = data.decode("utf-8", errors="replace")
         _emit_json({"run": run["id"], "attempt": number, "text": text})
     elif sys.stdout.isatty() and not args.raw:
-        sys.stdout.write(render.terminal_text(data.decode("utf-8", errors="replace")))
+        # Shown, not copied: what the terminal cannot show is replaced (--raw keeps bytes).
+        shown = render.terminal_text(data.decode("utf-8", errors="replace"))
+        sys.stdout.flush()
+        sys.stdout.buffer.write(shown.encode(sys.stdout.encoding or "utf-8", errors="replace"))
         sys.stdout.flush()
     else:
         sys.stdout.flush()
