@@ -570,13 +570,17 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     assert "not a number" in refused.inner_text()
     site.shot(page, "number-refused-desktop")
     assert site.api("GET", "/api/v1/tasks/hello/retention").json()["override"] == kept
-    # An unknown run or task is the 404 and a way back, no controls that act on nothing.
+    # An unknown run or task is the 404 and a way back, no controls that act on nothing,
+    # under the page's heading (a page without a heading has nothing in a screen reader's
+    # list of headings).
     site.visit(page, "runs/01900000-0000-7000-8000-000000000000")
     assert "Back to Runs" in page.inner_text("main")
+    assert page.inner_text("main h1") == "Run 01900000-0000-7000-8000-000000000000"
     assert page.query_selector("main .error-box") and page.query_selector("#log") is None
     site.shot(page, "run-unknown-desktop")
     site.visit(page, "tasks/no-such-task")
     assert page.query_selector("main .error-box") and page.query_selector("#start-run") is None
+    assert page.inner_text("main h1") == "Task no-such-task"
     # A run whose program is not there says so in words beside the code (from its ending
     # event; the attempt itself only has EXECUTOR_START_FAILED).
     put = site.api("PUT", "/api/v1/tasks/ghost/revisions/1", json={"argv": ["/nonexistent/ql"]})

@@ -30,10 +30,12 @@ export function errorBox(err) {
 
 /** When the page's own run, task or schedule does not exist (404), the whole page becomes
  *  that error and a way back to the list: no empty cards, no buttons that act on nothing.
- *  True when it did so. */
-export function missing(view, err, list) {
+ *  It keeps the page's heading (what was asked for), so a screen reader's heading list still
+ *  names the page. True when it did so. */
+export function missing(view, err, list, heading) {
   if (!(err instanceof ApiError) || err.status !== 404) return false;
   put(view, h('section', { class: 'page' },
+    h('div', { class: 'page-head' }, h('h1', {}, heading)),
     errorBox(err),
     h('p', {}, link([list], t('common.back_to', { page: t(`nav.${list}`) })))));
   return true;

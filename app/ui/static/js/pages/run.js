@@ -66,7 +66,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
       state.events = events;
       draw();
     } catch (err) {
-      if (missing(view, err, 'runs')) {
+      if (missing(view, err, 'runs', [t('run.title'), ' ', raw(runId, 'code')])) {
         state.gone = true;
         if (state.follower) state.follower.stop();
       }

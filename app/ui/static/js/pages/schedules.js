@@ -106,7 +106,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       decisions.replaceChildren();
       more.set(addDecisions(await fetchDecisions(null)));
     } catch (err) {
-      if (!missing(view, err, 'schedules')) problem.replaceChildren(errorBox(err) || '');
+      if (!missing(view, err, 'schedules', [t('schedules.schedule'), ' ', raw(name)])) problem.replaceChildren(errorBox(err) || '');
     } finally {
       ready();
     }

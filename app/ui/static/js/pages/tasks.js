@@ -87,7 +87,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
       more.set(addRevisions(await fetchRevisions(null)));
       await Promise.all([drawRecipe(info.latest.recipe), retention.load()]);
     } catch (err) {
-      if (!missing(view, err, 'tasks')) problem.replaceChildren(errorBox(err) || '');
+      if (!missing(view, err, 'tasks', [t('tasks.task'), ' ', raw(task)])) problem.replaceChildren(errorBox(err) || '');
     } finally {
       ready();
     }
