@@ -705,9 +705,11 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
 
 
 def _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site: Site) -> None:
-    """English status words are wider than Chinese ones: at 360 and 390 px the runs and the
-    schedules tables fit their box in both (a run's id, a schedule's task and cadence move
-    under the name), no column scrolled out; a cron expression stays on one line."""
+    """English status words are wider than Chinese ones: at 360 and 390 px the runs, the
+    schedules and a run's attempts tables fit their box in both (a run's id, a schedule's task
+    and cadence move under the name, the attempts' headers wrap), no column scrolled out (a
+    table without a link in it could not even be scrolled by keyboard); a cron expression
+    stays on one line."""
     cron = {"task": "hello", "cron": ["*/15 9-17 * * 1-5"], "paused": True}
     assert site.api("PUT", "/api/v1/schedules/office-hours", json=cron).status_code == 201
     fits = "[...document.querySelectorAll('.table-wrap')].map((w) => w.scrollWidth - w.clientWidth)"
@@ -716,16 +718,17 @@ def _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site: Site) -> 
         page = site.page(locale=locale, width=390)
         site.sign_in(page, path="runs")
         page.wait_for_selector("tbody tr[data-run] td:nth-child(2) .narrow a:visible")
-        for route in ("runs", "schedules"):
+        routes = {"runs": "runs", "schedules": "schedules", "run": f"runs/{site.finished_run}"}
+        for name, route in routes.items():
             site.visit(page, route)
             for width in (390, 360):
                 page.set_viewport_size({"width": width, "height": 800})
                 over = page.evaluate(fits)
-                assert over == [0], f"{route} in {locale} at {width} px: {over} px too wide"
-            if route == "schedules":
+                assert over == [0], f"{name} in {locale} at {width} px: {over} px too wide"
+            if name == "schedules":
                 assert page.eval_on_selector(".narrow .cron code", lines) == 1
             if locale == "en-US":  # the zh-CN ones are taken with every page below
-                site.shot(page, f"{route}-360-en")
+                site.shot(page, f"{name}-360-en")
             page.set_viewport_size({"width": 390, "height": 800})
         assert page.errors == []
         page.context.close()
