@@ -229,6 +229,9 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     # Streaming before the end: the job waits for the gate, so the run is not over yet.
     assert page.get_attribute(".page-head .status", "data-status") not in TERMINAL
     assert page.get_attribute(".log-state", "class") == "log-state log-live"
+    # The log box takes the keyboard (arrow keys scroll it) and is named by its heading: a
+    # <pre> as such may carry no aria-label (axe aria-prohibited-attr).
+    assert page.get_by_role("region", name="Log (attempt 1)").get_attribute("id") == "log"
     box = "e => [e.offsetTop, e.getBoundingClientRect().height]"
     streaming = page.eval_on_selector("#log", box)
     # A dropped connection resumes from the last offset: no byte twice, none skipped.

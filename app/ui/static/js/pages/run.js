@@ -26,7 +26,8 @@ export function runPage(view, { args: [runId], signal, ready }) {
   const truncation = h('p', { class: 'notice notice-warn truncation', hidden: true });
   const expiredNote = h('p', { class: 'notice notice-info log-expired', id: 'log-expired', hidden: true });
   const logText = document.createTextNode('');
-  const logBox = h('pre', { class: 'log raw', tabindex: '0', 'aria-label': t('run.log'), id: 'log' }, logText);
+  // Focusable so arrow keys scroll it; a named region, since a bare <pre> may carry no name.
+  const logBox = h('pre', { class: 'log raw', tabindex: '0', role: 'region', 'aria-labelledby': 'log-title', id: 'log' }, logText);
   const logTitle = h('span', {});
   const download = h('button', { type: 'button', class: 'secondary', disabled: true, on: { click: onDownload } }, t('run.download'));
   const problem = h('div');
@@ -34,7 +35,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
 
   put(view, h('section', { class: 'page' },
     head, problem, summary, actions, result.el,
-    h('section', { class: 'log-section', 'aria-labelledby': 'log-title' },
+    h('section', { class: 'log-section' },
       h('div', { class: 'section-head' }, h('h2', { id: 'log-title' }, t('run.log'), ' ', logTitle),
         h('div', { class: 'log-tools' }, logState, download)),
       truncation, expiredNote, logBox),
