@@ -183,6 +183,19 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
                 shutil.rmtree(gate_dir, ignore_errors=True)
 
 
+# The form controls whose help text (the ``p.help`` of their field, or right after them) is
+# not their description: a screen reader would not read it with the control.
+_UNTIED_HELP = """() => [...document.querySelectorAll('main input, main select, main textarea')]
+  .filter((c) => {
+    const field = c.closest('.field');
+    const next = c.nextElementSibling;
+    const help = (field && field.querySelector(':scope > p.help'))
+      || (next && next.matches('p.help') ? next : null);
+    const described = (c.getAttribute('aria-describedby') || '').split(' ');
+    return help && !(help.id && described.includes(help.id));
+  }).map((c) => c.id)"""
+
+
 def _run_id(page: Any) -> str:
     page.wait_for_url(re.compile(r"#/runs/[0-9a-f-]{36}$"))
     return str(page.url.rsplit("/", 1)[1])
@@ -199,6 +212,7 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     page.goto(site.ui)
     page.wait_for_selector("#token:focus")
     site.shot(page, "signin-desktop")
+    assert page.evaluate(_UNTIED_HELP) == []
     # By keyboard: the token field has the focus, Enter submits (an empty field is told so),
     # the new page has the focus and Tab reaches its first control.
     page.keyboard.press("Enter")
@@ -346,6 +360,7 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     site.sign_in(page, path="tasks")
     page.click("#new-task")
     page.wait_for_selector("main[aria-busy=false] #def-argv")
+    assert page.evaluate(_UNTIED_HELP) == []  # "Seconds; empty: none." is the timeout's too
     # A bad argv: the API's 422 problem detail is shown next to the form; nothing is stored.
     page.fill("#def-task", "made-in-ui")
     page.fill("#def-argv", "echo\nhi")
@@ -372,6 +387,7 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     page.click("#new-revision")
     page.wait_for_selector("main[aria-busy=false] #def-keep-recipe:checked")
     assert page.input_value("#def-argv") == "/bin/sh\n-c\n" + script
+    assert page.evaluate(_UNTIED_HELP) == []
     assert "in the ui" not in page.content()
     page.check("#def-retry")
     page.fill("#def-retry-max", "2")
@@ -627,6 +643,7 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     site.visit(page, "secrets")
     row = "tr[data-secret='gone-soon']"
     page.wait_for_selector(row)
+    assert page.evaluate(_UNTIED_HELP) == []
     # What the secret form lacks is said in the page (not a browser bubble) and nothing is sent.
     page.click("form.secret-form button[type=submit]")
     said = page.wait_for_selector(".result .error-box:focus")

@@ -50,7 +50,10 @@ export function parsePairs(text, label) {
   return out;
 }
 
+/** A labelled field; its help, when it has one, is the control's description too (a screen
+ *  reader reads "Seconds; empty: none." with the timeout, not only when reading the page). */
 function field(id, label, input, help) {
+  if (help) input.setAttribute('aria-describedby', `${id}-help`);
   return h('div', { class: 'field' },
     h('label', { for: id }, label), input,
     help ? h('p', { class: 'help', id: `${id}-help` }, help) : null);
@@ -65,14 +68,14 @@ export function definePage(view, { args: [task], signal, ready }) {
   const isNew = !task;
   const result = resultSlot();
   const problem = h('div');
-  const name = h('input', { id: 'def-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', pattern: '[a-z0-9][a-z0-9._\\-]{0,127}', 'aria-describedby': 'def-task-help' });
-  const argv = h('textarea', { id: 'def-argv', name: 'argv', rows: '5', required: true, spellcheck: 'false', autocomplete: 'off', class: 'mono', 'aria-describedby': 'def-argv-help' });
+  const name = h('input', { id: 'def-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', pattern: '[a-z0-9][a-z0-9._\\-]{0,127}' });
+  const argv = h('textarea', { id: 'def-argv', name: 'argv', rows: '5', required: true, spellcheck: 'false', autocomplete: 'off', class: 'mono' });
   const argvNote = h('p', { class: 'notice notice-warn', hidden: true }, t('define.argv_unshown'));
-  const cwd = h('input', { id: 'def-cwd', name: 'cwd', spellcheck: 'false', autocomplete: 'off', 'aria-describedby': 'def-cwd-help' });
+  const cwd = h('input', { id: 'def-cwd', name: 'cwd', spellcheck: 'false', autocomplete: 'off' });
   const timeout = numberInput('def-timeout', null, { min: '1', max: '604800' });
   const priority = numberInput('def-priority', 0, { min: '-100', max: '100' });
   const maxConcurrent = numberInput('def-max-concurrent', null, { min: '1', max: '1000' });
-  const runAs = h('input', { id: 'def-run-as', name: 'run_as', spellcheck: 'false', autocomplete: 'off', 'aria-describedby': 'def-run-as-help' });
+  const runAs = h('input', { id: 'def-run-as', name: 'run_as', spellcheck: 'false', autocomplete: 'off' });
   const leftovers = h('select', { id: 'def-leftovers', name: 'leftovers' },
     ['kill', 'keep'].map((v) => h('option', { value: v }, t(`define.leftovers_${v}`))));
   const retryOn = h('input', { id: 'def-retry', type: 'checkbox', on: { change: syncRetry } });
@@ -85,12 +88,12 @@ export function definePage(view, { args: [task], signal, ready }) {
     jitter: h('input', { id: 'def-retry-jitter', type: 'checkbox' }),
     on: Object.fromEntries(RETRY_ON.map((s) => [s, h('input', { id: `def-retry-on-${s}`, type: 'checkbox', checked: RETRY_DEFAULTS.on.includes(s) })])),
   };
-  const keepRecipe = h('input', { id: 'def-keep-recipe', type: 'checkbox', on: { change: syncRecipe } });
+  const keepRecipe = h('input', { id: 'def-keep-recipe', type: 'checkbox', 'aria-describedby': 'def-keep-help', on: { change: syncRecipe } });
   const keepBox = h('div', { class: 'field check', hidden: true },
     keepRecipe, ' ', h('label', { for: 'def-keep-recipe' }, t('define.keep_recipe')),
     h('p', { class: 'help', id: 'def-keep-help' }));
-  const env = h('textarea', { id: 'def-env', name: 'env', rows: '3', spellcheck: 'false', autocomplete: 'off', class: 'mono', placeholder: t('define.env_placeholder'), 'aria-describedby': 'def-env-help' });
-  const secrets = h('textarea', { id: 'def-secrets', name: 'secrets', rows: '2', spellcheck: 'false', autocomplete: 'off', class: 'mono', placeholder: t('define.secrets_placeholder'), 'aria-describedby': 'def-secrets-help' });
+  const env = h('textarea', { id: 'def-env', name: 'env', rows: '3', spellcheck: 'false', autocomplete: 'off', class: 'mono', placeholder: t('define.env_placeholder') });
+  const secrets = h('textarea', { id: 'def-secrets', name: 'secrets', rows: '2', spellcheck: 'false', autocomplete: 'off', class: 'mono', placeholder: t('define.secrets_placeholder') });
   const save = h('button', { type: 'submit', id: 'def-save' }, isNew ? t('define.create_task') : t('define.create_revision'));
   let current = null; // the latest revision (a new revision starts from it)
 

@@ -15,7 +15,7 @@ export function secretsPage(view, { signal, ready }) {
   const result = resultSlot();
   const empty = h('p', { class: 'empty', hidden: true }, t('secrets.empty'));
   const name = h('input', { id: 'secret-name', name: 'name', required: true, autocomplete: 'off', spellcheck: 'false', 'aria-describedby': 'secret-name-help' });
-  const value = h('input', { id: 'secret-value', name: 'value', type: 'password', required: true, autocomplete: 'new-password', spellcheck: 'false' });
+  const value = h('input', { id: 'secret-value', name: 'value', type: 'password', required: true, autocomplete: 'new-password', spellcheck: 'false', 'aria-describedby': 'secret-value-help' });
   const save = h('button', { type: 'submit' }, t('secrets.save'));
   const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
   put(view, h('section', { class: 'page' },
@@ -25,7 +25,7 @@ export function secretsPage(view, { signal, ready }) {
       h('label', { for: 'secret-name' }, t('secrets.name')), name,
       h('p', { id: 'secret-name-help', class: 'help' }, t('secrets.name_help')),
       h('label', { for: 'secret-value' }, t('secrets.value')), value,
-      h('p', { class: 'help' }, t('secrets.write_only')),
+      h('p', { id: 'secret-value-help', class: 'help' }, t('secrets.write_only')),
       h('div', { class: 'actions' }, save)),
     result.el, problem,
     h('div', { class: 'table-wrap' }, h('table', {},

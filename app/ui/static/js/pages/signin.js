@@ -9,7 +9,7 @@ export function signInPage(view, { message, onDone }) {
     id: 'token', name: 'token', type: 'password', autocomplete: 'off', spellcheck: 'false',
     required: true, 'aria-describedby': 'token-help',
   });
-  const base = h('input', { id: 'api-base', name: 'api-base', type: 'url', placeholder: location.origin, autocomplete: 'url' });
+  const base = h('input', { id: 'api-base', name: 'api-base', type: 'url', placeholder: location.origin, autocomplete: 'url', 'aria-describedby': 'api-base-help' });
   const error = h('p', { class: 'form-error', role: 'alert' });
   const submit = h('button', { type: 'submit' }, t('signin.submit'));
   // novalidate: an empty token is told in the page's own words (signin.empty).
@@ -23,7 +23,7 @@ export function signInPage(view, { message, onDone }) {
       h('summary', {}, t('signin.advanced')),
       h('label', { for: 'api-base' }, t('signin.api_base')),
       base,
-      h('p', { class: 'help' }, t('signin.api_base_help'))),
+      h('p', { id: 'api-base-help', class: 'help' }, t('signin.api_base_help'))),
     error,
     h('div', { class: 'actions' }, submit));
   put(view, form);
