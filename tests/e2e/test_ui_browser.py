@@ -721,6 +721,9 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
         assert site.api("PUT", f"/api/v1/tasks/one-line/revisions/{n}", json=body).is_success
     site.visit(page, "tasks/one-line")
     page.wait_for_selector("text=1 line differs.")
+    # Its marks and colours are hidden from a screen reader, which reads the kind in words.
+    assert page.text_content("tr.diff-changed td.new .sr-only") == "changed: "
+    assert page.text_content("tr.diff-changed td.new").startswith("changed: ")
     assert page.errors == []
 
 

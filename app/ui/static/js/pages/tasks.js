@@ -166,8 +166,11 @@ export function taskPage(view, { args: [task], signal, ready }) {
     const changed = rows.filter((r) => r.kind !== 'same').length;
     const leftMark = { changed: '~', removed: '−' };
     const rightMark = { changed: '~', added: '+' };
-    const cell = (side, text, mark) => h('td', { class: side }, text === null ? '' : [
-      h('span', { class: 'diff-mark', 'aria-hidden': 'true' }, mark || ' '), raw(text, 'code')]);
+    // The mark and the colour are for the eye; a screen reader reads the kind in words.
+    const cell = (side, text, mark, kind) => h('td', { class: side }, text === null ? '' : [
+      h('span', { class: 'diff-mark', 'aria-hidden': 'true' }, mark || ' '),
+      mark ? h('span', { class: 'sr-only' }, t(`tasks.diff_${kind}`), ' ') : null,
+      raw(text, 'code')]);
     put(diffBox,
       h('p', { class: 'help' }, changed === 1 ? t('tasks.diff_count_one') : changed ? t('tasks.diff_count', { n: changed }) : t('tasks.diff_same')),
       h('div', { class: 'table-wrap' }, h('table', { class: 'diff' },
@@ -175,8 +178,8 @@ export function taskPage(view, { args: [task], signal, ready }) {
           h('th', { scope: 'col' }, t('tasks.revision_n', { n: a.revision })),
           h('th', { scope: 'col' }, t('tasks.revision_n', { n: b.revision })))),
         h('tbody', {}, rows.map((r) => h('tr', { class: `diff-${r.kind}` },
-          cell('old', r.left, leftMark[r.kind]),
-          cell('new', r.right, rightMark[r.kind])))))));
+          cell('old', r.left, leftMark[r.kind], r.kind),
+          cell('new', r.right, rightMark[r.kind], r.kind)))))));
   }
 
   async function onStart() {
