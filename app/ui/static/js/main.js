@@ -138,6 +138,9 @@ async function start() {
   document.getElementById('lang').addEventListener('change', async (ev) => {
     await loadLanguage(ev.target.value, true);
     render();
+    // The same page in the other language: no navigation, so the keyboard stays on the switch
+    // (an arrow key changes it at once; the focus must not jump into the page meanwhile).
+    ev.target.focus();
   });
   document.getElementById('signout').addEventListener('click', () => {
     session.signOut();
