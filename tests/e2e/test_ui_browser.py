@@ -262,6 +262,8 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     with page.expect_download() as download:
         page.click("text=Download whole log")
     assert Path(download.value.path()).read_text() == expected
+    # Disabled while it fetched, the button gets the keyboard back (not the page's top).
+    page.wait_for_selector("button:has-text('Download whole log'):focus")
     assert "Exited with code 0 (success)." in page.inner_text("table.attempts")
     site.shot(page, "run-desktop")
     assert page.errors == []
@@ -299,6 +301,15 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     site.visit(page, "runs?task=ticker")
     tasks = {c.inner_text() for c in page.query_selector_all("tbody tr td:nth-child(2)")}
     assert tasks == {"ticker"}
+    # A run that ends (cancelled elsewhere) while the keyboard is on Cancel: the focus goes
+    # on from Run again, not from the page's top.
+    other = enqueue(site.served, "sleeper")
+    site.visit(page, f"runs/{other}")
+    page.wait_for_selector("#cancel:enabled")
+    page.focus("#cancel")
+    assert site.api("POST", f"/api/v1/runs/{other}/cancel").is_success
+    _badge(page, "cancelled")
+    page.wait_for_selector("#rerun:focus")
     assert page.errors == []
 
 
@@ -407,6 +418,7 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     page.fill("#ret-keep_rows", "50")
     page.click("#retention-save")
     page.wait_for_selector(".retention-form .result .notice-ok")
+    assert page.evaluate("document.activeElement.id") == "retention-save"  # not the page's top
     override = site.api("GET", "/api/v1/tasks/made-in-ui/retention").json()["override"]
     assert override == {"keep_runs": 5, "keep_days": None, "keep_rows": 50, "task_log_bytes": None}
     # Start it, re-run it, pin and unpin the new run.
@@ -660,6 +672,12 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     page.wait_for_selector(".result .error-box:focus:has-text('Type the value')")
     names = {s["name"] for s in site.api("GET", "/api/v1/secrets").json()["items"]}
     assert not names & {"no-value", "Bad Name"}, names
+    # Saved: the button, disabled while it saved, has the keyboard again.
+    page.fill("#secret-name", "via-form")
+    page.fill("#secret-value", "v")
+    page.click("form.secret-form button[type=submit]")
+    page.wait_for_selector(".result .notice-ok")
+    page.wait_for_selector("form.secret-form button[type=submit]:focus")
     columns = "[...document.querySelectorAll('thead th')].map((th) => th.getBoundingClientRect().x)"
     before_x = page.evaluate(columns)
     page.click(f"{row} .row-actions button")
@@ -676,6 +694,22 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     focused = page.evaluate("document.activeElement.closest('tr[data-secret]')?.dataset.secret")
     names = {s["name"] for s in site.api("GET", "/api/v1/secrets").json()["items"]}
     assert "gone-soon" not in names and focused in names, (focused, names)
+    # "Load more" by keyboard: the focus goes on from the first row it added (the button is
+    # gone after the last page), not from the page's top.
+    many = [f"zz-more-{n:02d}" for n in range(50)]
+    for secret in many:
+        assert site.api("PUT", f"/api/v1/secrets/{secret}", json={"value": "v"}).is_success
+    page.reload()  # the same address: site.visit would not draw the page again
+    page.wait_for_selector("main[aria-busy=false] .load-more:visible")
+    shown = len(page.query_selector_all("tr[data-secret]"))
+    page.focus(".load-more")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".load-more", state="hidden")
+    page.wait_for_selector("tr[data-secret]:focus")
+    secret_rows = "[...document.querySelectorAll('tr[data-secret]')]"
+    assert page.evaluate(f"{secret_rows}.indexOf(document.activeElement)") == shown
+    for secret in many:
+        assert site.api("DELETE", f"/api/v1/secrets/{secret}").is_success
     # The system page does not keep saying "Ready" once the service is gone.
     site.visit(page, "system")
     page.wait_for_selector("ul.checks")
@@ -725,7 +759,6 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
     page.wait_for_selector("text=1 line differs.")
     # Its marks and colours are hidden from a screen reader, which reads the kind in words.
     assert page.text_content("tr.diff-changed td.new .sr-only") == "changed: "
-    assert page.text_content("tr.diff-changed td.new").startswith("changed: ")
     assert page.errors == []
 
 

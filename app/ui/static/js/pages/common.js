@@ -82,14 +82,37 @@ export function every(ms, signal, fn, onError = () => {}) {
   signal.addEventListener('abort', () => clearTimeout(timer));
 }
 
-/** A "load more" button that asks loadPage(cursor) for the next keyset page. */
-export function loadMore(loadPage) {
+/** Disable a button while its write runs; the function returned enables it again. Disabled,
+ *  the button drops the keyboard focus to the page's body (Tab would start over at the top):
+ *  if it had the focus and nothing took it meanwhile (an error box, a new page), it gets it
+ *  back. */
+export function busy(button) {
+  const had = document.activeElement === button;
+  button.disabled = true;
+  return () => {
+    button.disabled = false;
+    if (had && (!document.activeElement || document.activeElement === document.body)) button.focus();
+  };
+}
+
+/** A "load more" button that asks loadPage(cursor) for the next keyset page of rows (the
+ *  tbody rows). The keyboard goes on from the first row it added (Tab then reaches that row's
+ *  links), or stays on the button: disabled while it loads, and hidden after the last page,
+ *  the button would drop it to the page's top. */
+export function loadMore(loadPage, rows) {
   let cursor = null;
   const button = h('button', { type: 'button', class: 'secondary load-more', hidden: true }, t('common.load_more'));
   button.addEventListener('click', async () => {
+    const had = document.activeElement === button;
+    const last = rows.lastElementChild;
     button.disabled = true;
-    try { cursor = await loadPage(cursor); } finally { button.disabled = false; }
-    button.hidden = !cursor;
+    try { cursor = await loadPage(cursor); } finally {
+      button.disabled = false;
+      button.hidden = !cursor;
+      const first = last ? last.nextElementSibling : rows.firstElementChild;
+      if (had && first) { first.tabIndex = -1; first.focus(); }
+      else if (had && !button.hidden) button.focus();
+    }
   });
   return {
     el: button,

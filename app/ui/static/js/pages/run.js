@@ -8,7 +8,7 @@ import { has, t, tOr } from '../i18n.js';
 import { TERMINAL, bytes, duration, eventData, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
 import { go } from '../main.js';
-import { errorBox, every, facts, missing, resultSlot } from './common.js';
+import { busy, errorBox, every, facts, missing, resultSlot } from './common.js';
 
 const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
@@ -174,11 +174,15 @@ export function runPage(view, { args: [runId], signal, ready }) {
     buttons.push(h('button', { type: 'button', id: 'rerun', on: { click: onRerun } }, t('run.rerun')));
     buttons.push(h('button', { type: 'button', class: 'secondary', id: 'pin', 'aria-pressed': String(Boolean(run.pinned)), on: { click: onPin } },
       run.pinned ? t('run.unpin') : t('run.pin')));
-    buttons.push(link(['runs'], t('run.back')));
+    const back = link(['runs'], t('run.back'));
+    back.id = 'back-to-runs';
+    buttons.push(back);
     const focused = actions.contains(document.activeElement) ? document.activeElement.id : null;
     put(actions, buttons);
-    // A redraw keeps the keyboard where it was (pin -> unpin is the same control).
-    if (focused) { const again = actions.querySelector(`#${focused}`); if (again) again.focus(); }
+    // A redraw keeps the keyboard where it was (pin -> unpin is the same control); a control
+    // that went or is off now (Cancel, once the run ended or another client cancelled it)
+    // hands it to Run again rather than drop it to the page's top.
+    if (focused) (actions.querySelector(`#${focused}:not(:disabled)`) || actions.querySelector('#rerun')).focus();
   }
 
   async function onPin(ev) {
@@ -316,7 +320,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
   async function onDownload() {
     const number = state.followed;
     if (!number) return;
-    download.disabled = true;
+    const done = busy(download);
     try {
       const r = await call('GET', path('runs', runId, 'attempts', number, 'log'), { raw: true, scope: 'logs:read' });
       const blob = await r.blob();
@@ -329,7 +333,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     } catch (err) {
       result.fail(err);
     } finally {
-      download.disabled = false;
+      done();
     }
   }
 

@@ -41,7 +41,7 @@ export function runsPage(view, { params, signal, ready }) {
     const page = await fetchPage(cursor);
     page.items.forEach((run) => upsert(run, false));
     return page.next_cursor;
-  });
+  }, body);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('runs.title')),
       h('a', { href: '#/tasks', class: 'button' }, t('runs.start_from_task'))),

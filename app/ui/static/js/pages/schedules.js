@@ -33,7 +33,7 @@ export function schedulesPage(view, { signal, ready }) {
   const body = h('tbody');
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t('schedules.empty'));
-  const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
+  const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('schedules.title'))),
     problem,
@@ -81,7 +81,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   const fires = h('tbody');
   const pausedNote = h('p', { class: 'notice notice-warn', hidden: true }, t('schedules.paused_fires'));
   const decisions = h('tbody');
-  const more = loadMore(async (cursor) => addDecisions(await fetchDecisions(cursor)));
+  const more = loadMore(async (cursor) => addDecisions(await fetchDecisions(cursor)), decisions);
   put(view, h('section', { class: 'page' }, head, problem, actions, result.el, info,
     h('section', {}, h('h2', {}, t('schedules.next_fires')), pausedNote,
       h('div', { class: 'table-wrap' }, h('table', {},

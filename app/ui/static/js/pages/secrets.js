@@ -5,7 +5,7 @@ import { api, path, query } from '../api.js';
 import { h, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { timeEl } from '../format.js';
-import { FormError, errorBox, loadMore, resultSlot } from './common.js';
+import { FormError, busy, errorBox, loadMore, resultSlot } from './common.js';
 
 const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
 
@@ -17,7 +17,7 @@ export function secretsPage(view, { signal, ready }) {
   const name = h('input', { id: 'secret-name', name: 'name', required: true, autocomplete: 'off', spellcheck: 'false', 'aria-describedby': 'secret-name-help' });
   const value = h('input', { id: 'secret-value', name: 'value', type: 'password', required: true, autocomplete: 'new-password', spellcheck: 'false', 'aria-describedby': 'secret-value-help' });
   const save = h('button', { type: 'submit' }, t('secrets.save'));
-  const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
+  const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('secrets.title'))),
     h('form', { class: 'card secret-form', novalidate: true, on: { submit: onSave } },
@@ -103,7 +103,7 @@ export function secretsPage(view, { signal, ready }) {
   async function onSave(ev) {
     ev.preventDefault();
     result.clear();
-    save.disabled = true;
+    const done = busy(save);
     try {
       const secret = name.value.trim();
       if (!secret) throw new FormError(t('secrets.err_name_empty'));
@@ -122,7 +122,7 @@ export function secretsPage(view, { signal, ready }) {
       if (err.status === 403) problem.replaceChildren();
       result.fail(err);
     } finally {
-      save.disabled = false;
+      done();
     }
   }
 

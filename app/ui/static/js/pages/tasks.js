@@ -8,13 +8,13 @@ import { t } from '../i18n.js';
 import { bytes, timeEl } from '../format.js';
 import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
-import { FormError, errorBox, facts, loadMore, missing, numberOrNull, resultSlot } from './common.js';
+import { FormError, busy, errorBox, facts, loadMore, missing, numberOrNull, resultSlot } from './common.js';
 
 export function tasksPage(view, { signal, ready }) {
   const body = h('tbody');
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t('tasks.empty'));
-  const more = loadMore(async (cursor) => add(await fetchPage(cursor)));
+  const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('tasks.title')),
       h('div', { class: 'actions' }, h('a', { class: 'button', id: 'new-task', href: '#/new-task' }, t('define.new_task')))),
@@ -54,7 +54,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
   const right = h('select', { id: 'diff-right', 'aria-label': t('tasks.diff_right') });
   const diffBox = h('div', { class: 'diff-box' });
   const revisions = new Map();
-  const more = loadMore(async (cursor) => addRevisions(await fetchRevisions(cursor)));
+  const more = loadMore(async (cursor) => addRevisions(await fetchRevisions(cursor)), revBody);
   const retention = retentionForm(task, signal);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('tasks.task'), ' ', raw(task)),
@@ -243,7 +243,7 @@ function retentionForm(task, signal) {
   async function onSave(ev) {
     ev.preventDefault();
     result.clear();
-    save.disabled = true;
+    const done = busy(save);
     const body = {};
     try {
       for (const k of RETENTION_FIELDS) body[k] = numberOrNull(inputs[k]);
@@ -253,7 +253,7 @@ function retentionForm(task, signal) {
       if (err instanceof FormError) result.message(err.message);
       else result.fail(err);
     } finally {
-      save.disabled = false;
+      done();
     }
   }
 
