@@ -710,6 +710,16 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     assert page.evaluate(f"{secret_rows}.indexOf(document.activeElement)") == shown
     for secret in many:
         assert site.api("DELETE", f"/api/v1/secrets/{secret}").is_success
+    # A poll that keeps failing shows its error once: the same alert put again at each tick
+    # (2 s) would be read out again and again by a screen reader.
+    site.visit(page, "runs")
+    runs_list = re.compile(r"/api/v1/runs\?")
+    page.route(runs_list, lambda route: route.abort())
+    said = page.wait_for_selector("main .error-box")
+    page.wait_for_timeout(4_500)
+    assert said.evaluate("(e) => e.isConnected") and len(page.query_selector_all(".error-box")) == 1
+    page.unroute(runs_list)
+    page.wait_for_selector("main .error-box", state="detached")  # and gone once it answers
     # The system page does not keep saying "Ready" once the service is gone.
     site.visit(page, "system")
     page.wait_for_selector("ul.checks")

@@ -28,6 +28,16 @@ export function errorBox(err) {
   return box;
 }
 
+/** A polled call's failure in slot. One that keeps failing the same way leaves the box that
+ *  is there: a new alert at every tick would be read out again and again by a screen reader. */
+export function showProblem(slot, err) {
+  const box = errorBox(err);
+  const shown = slot.firstElementChild;
+  if (box && shown && slot.childElementCount === 1 && shown.classList.contains('error-box')
+    && shown.textContent === box.textContent) return;
+  slot.replaceChildren(box || '');
+}
+
 /** When the page's own run, task or schedule does not exist (404), the whole page becomes
  *  that error and a way back to the list: no empty cards, no buttons that act on nothing.
  *  It keeps the page's heading (what was asked for), so a screen reader's heading list still

@@ -8,7 +8,7 @@ import { has, t, tOr } from '../i18n.js';
 import { TERMINAL, bytes, duration, eventData, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
 import { go } from '../main.js';
-import { busy, errorBox, every, facts, missing, resultSlot } from './common.js';
+import { busy, errorBox, every, facts, missing, resultSlot, showProblem } from './common.js';
 
 const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
@@ -71,7 +71,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
         state.gone = true;
         if (state.follower) state.follower.stop();
       }
-      else problem.replaceChildren(errorBox(err) || '');
+      else showProblem(problem, err);
       throw err;
     }
   }
@@ -297,10 +297,13 @@ export function runPage(view, { args: [runId], signal, ready }) {
   }
 
   function setLogState(what, status) {
-    logState.className = `log-state log-${what}`;
-    logState.textContent = what === 'ended'
+    const text = what === 'ended'
       ? t('run.log_ended', { status: has(`status.${status}`) ? t(`status.${status}`) : status })
       : t(`run.log_${what}`);
+    // A live region: a follower that keeps reconnecting says "Reconnecting…" once.
+    if (logState.className === `log-state log-${what}` && logState.textContent === text) return;
+    logState.className = `log-state log-${what}`;
+    logState.textContent = text;
   }
 
   function drawTruncation() {

@@ -5,7 +5,7 @@ import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { RUN_STATUSES, TERMINAL, duration, shortId, statusBadge, timeEl } from '../format.js';
 import { go } from '../main.js';
-import { errorBox, every, loadMore } from './common.js';
+import { every, loadMore, showProblem } from './common.js';
 
 const PAGE = 50;
 const POLL_MS = 2000;
@@ -93,7 +93,7 @@ export function runsPage(view, { params, signal, ready }) {
       if (!more.initialised) { more.set(page.next_cursor); more.initialised = true; }
       empty.hidden = rows.size > 0;
     } catch (err) {
-      problem.replaceChildren(errorBox(err) || '');
+      showProblem(problem, err);
       throw err;
     }
   }

@@ -5,7 +5,7 @@ import { call, features, session } from '../api.js';
 import { h, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { bytes, timeEl } from '../format.js';
-import { errorBox, every, facts } from './common.js';
+import { errorBox, every, facts, showProblem } from './common.js';
 
 const CHECKS = ['database', 'disk', 'worker'];
 
@@ -88,5 +88,5 @@ export function systemPage(view, { signal, ready: drawn }) {
   }
 
   load().finally(drawn);
-  every(5000, signal, readiness, (err) => put(ready, errorBox(err) || ''));
+  every(5000, signal, readiness, (err) => showProblem(ready, err));
 }
