@@ -431,10 +431,11 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     second = _run_id(page)
     assert site.api("GET", f"/api/v1/runs/{second}").json()["trigger"]["rerun_of"] == first
     page.click("#pin")
-    page.wait_for_selector("#pin[aria-pressed=true]:focus")
+    page.wait_for_selector("#pin:focus:text-is('Unpin')")
+    assert page.get_attribute("#pin", "aria-pressed") is None  # its words say what it does
     assert site.api("GET", f"/api/v1/runs/{second}").json()["pinned"] is True
     page.keyboard.press("Enter")  # the same control, still focused, now unpins
-    page.wait_for_selector("#pin[aria-pressed=false]")
+    page.wait_for_selector("#pin:focus:text-is('Pin (keep)')")
     assert site.api("GET", f"/api/v1/runs/{second}").json()["pinned"] is False
     # A log that retention removed reads "expired", not an error.
     wait_until(

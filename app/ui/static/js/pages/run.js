@@ -172,7 +172,9 @@ export function runPage(view, { args: [runId], signal, ready }) {
         run.cancel_requested ? t('run.cancelling') : t('run.cancel')));
     }
     buttons.push(h('button', { type: 'button', id: 'rerun', on: { click: onRerun } }, t('run.rerun')));
-    buttons.push(h('button', { type: 'button', class: 'secondary', id: 'pin', 'aria-pressed': String(Boolean(run.pinned)), on: { click: onPin } },
+    // An action named by what it does (Pin / Unpin), not a toggle: a pressed "Unpin" read
+    // "Unpin, toggle button, pressed", a state and a label that contradict each other.
+    buttons.push(h('button', { type: 'button', class: 'secondary', id: 'pin', on: { click: onPin } },
       run.pinned ? t('run.unpin') : t('run.pin')));
     const back = link(['runs'], t('run.back'));
     back.id = 'back-to-runs';
