@@ -455,6 +455,71 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     assert page.errors == []
 
 
+def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:
+    """Issue 17's new-user suggestion: schedules made in the UI, not only paused there."""
+    page = site.page()
+    site.sign_in(page, path="tasks/hello")
+    page.click("#schedule-task")
+    page.wait_for_selector("main[aria-busy=false] #sch-name")
+    assert page.input_value("#sch-task") == "hello"
+    page.fill("#sch-name", "ui-made")
+    page.fill("#sch-cron", "61 3 * * *")
+    page.fill("#sch-timezone", "Asia/Shanghai")
+    # The policies' own fields show only where they act.
+    assert page.is_hidden("#sch-max-concurrent") and page.is_visible("#sch-window")
+    page.click("#sch-save")
+    page.wait_for_selector(".result .error-box")
+    assert "The schedule is not valid" in page.inner_text(".result .error-box")  # and its detail
+    assert site.api("GET", "/api/v1/schedules/ui-made").status_code == 404
+    page.fill("#sch-cron", "0 3 * * *\n30 12 * * 1-5")
+    page.click("#sch-save")
+    page.wait_for_selector("#edit-schedule")
+    assert "Saved schedule “ui-made”." in page.inner_text("#notice")
+    made = site.api("GET", "/api/v1/schedules/ui-made").json()
+    assert (made["task"], made["cron"], made["timezone"]) == (
+        "hello", ["0 3 * * *", "30 12 * * 1-5"], "Asia/Shanghai"
+    )
+    assert (made["revision"], made["overlap"], made["paused"]) == (None, "skip", False)
+    # An edit starts from the stored definition; a change made elsewhere meanwhile is not
+    # overwritten (If-Match): 412, said in words.
+    page.click("#edit-schedule")
+    page.wait_for_selector("main[aria-busy=false] #sch-save")
+    assert page.input_value("#sch-cron") == "0 3 * * *\n30 12 * * 1-5"
+    elsewhere = made | {"jitter_seconds": 5}
+    for key in ("name", "version", "created_at_ms", "updated_at_ms", "next_fires"):
+        del elsewhere[key]
+    assert site.api("PUT", "/api/v1/schedules/ui-made", json=elsewhere).status_code == 200
+    page.select_option("#sch-overlap", "allow")
+    page.fill("#sch-max-concurrent", "3")
+    page.click("#sch-save")
+    page.wait_for_selector(".result .error-box")
+    assert "changed this schedule meanwhile" in page.inner_text(".result .error-box")
+    page.reload()
+    page.wait_for_selector("main[aria-busy=false] #sch-save")
+    assert page.input_value("#sch-jitter") == "5"
+    page.select_option("#sch-overlap", "allow")
+    page.fill("#sch-max-concurrent", "3")
+    page.check("#sch-paused")
+    page.click("#sch-save")
+    page.wait_for_selector("#edit-schedule")
+    edited = site.api("GET", "/api/v1/schedules/ui-made").json()
+    assert (edited["overlap"], edited["max_concurrent"], edited["jitter_seconds"]) == ("allow", 3, 5)
+    assert edited["paused"] and edited["cron"] == made["cron"]
+    # Delete after the in-page question; "Keep it" first keeps it.
+    page.click("#delete-schedule")
+    assert page.evaluate("document.activeElement.textContent") == "Keep it"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "delete-schedule"
+    assert site.api("GET", "/api/v1/schedules/ui-made").status_code == 200
+    page.click("#delete-schedule")
+    page.click("#delete-yes")
+    page.wait_for_selector("#new-schedule")
+    assert "Deleted schedule “ui-made”." in page.inner_text("#notice")
+    assert site.api("GET", "/api/v1/schedules/ui-made").status_code == 404
+    assert page.errors == []
+    page.context.close()
+
+
 def _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site: Site) -> None:
     page = site.page()
     site.sign_in(page, site.read_only, path="tasks/hello")
@@ -546,6 +611,8 @@ def _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site: Sit
         "new-revision": "tasks/hello/new-revision",
         "schedules": "schedules",
         "schedule": f"schedules/{site.schedule}",
+        "new-schedule": "new-schedule",
+        "edit-schedule": f"schedules/{site.schedule}/edit",
         "secrets": "secrets",
         "system": "system",
     }
@@ -837,6 +904,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(site)
     _the_api_docs_page_runs_no_swagger_bytes_but_the_pinned_ones(site)
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
+    _create_edit_and_delete_a_schedule_in_the_ui(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
     _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)

@@ -8,6 +8,7 @@ import { runPage } from './pages/run.js';
 import { tasksPage, taskPage } from './pages/tasks.js';
 import { definePage } from './pages/define.js';
 import { schedulesPage, schedulePage } from './pages/schedules.js';
+import { scheduleFormPage } from './pages/schedule-form.js';
 import { secretsPage } from './pages/secrets.js';
 import { systemPage } from './pages/system.js';
 import { signInPage } from './pages/signin.js';
@@ -21,6 +22,8 @@ const ROUTES = [
   [/^tasks\/([^/]+)\/new-revision$/, definePage, 'tasks'],
   [/^schedules$/, schedulesPage, 'schedules'],
   [/^schedules\/([^/]+)$/, schedulePage, 'schedules'],
+  [/^new-schedule$/, scheduleFormPage, 'schedules'],
+  [/^schedules\/([^/]+)\/edit$/, scheduleFormPage, 'schedules'],
   [/^secrets$/, secretsPage, 'secrets'],
   [/^system$/, systemPage, 'system'],
 ];

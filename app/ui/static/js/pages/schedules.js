@@ -6,6 +6,7 @@ import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { localTime, shortId, timeEl, utcTime } from '../format.js';
 import { errorBox, facts, loadMore, missing, resultSlot } from './common.js';
+import { go } from '../main.js';
 
 function cadence(s) {
   if (s.every_seconds) return t('schedules.every', { n: s.every_seconds });
@@ -35,7 +36,8 @@ export function schedulesPage(view, { signal, ready }) {
   const empty = h('p', { class: 'empty', hidden: true }, t('schedules.empty'));
   const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
   put(view, h('section', { class: 'page' },
-    h('div', { class: 'page-head' }, h('h1', {}, t('schedules.title'))),
+    h('div', { class: 'page-head' }, h('h1', {}, t('schedules.title')),
+      h('div', { class: 'actions' }, h('a', { class: 'button', id: 'new-schedule', href: '#/new-schedule' }, t('schedule_form.new')))),
     problem,
     h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {},
@@ -122,20 +124,54 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       // The policy's name as the API spells it, and what it does in words (a name the UI
       // does not know yet: the name alone).
       [t('schedules.overlap'), policy('overlap', s.overlap)],
-      [t('schedules.catchup'), [policy('catchup', s.catchup), ' · ', t('time.seconds', { n: s.catchup_window_seconds })]],
+      // The window bounds "latest" only (docs/schedules-time.md §4): under the others it
+      // would read as a bound that is not.
+      [t('schedules.catchup'), s.catchup === 'latest'
+        ? [policy('catchup', s.catchup), ' · ', t('schedules.within', { n: s.catchup_window_seconds })]
+        : policy('catchup', s.catchup)],
       [t('schedules.updated'), timeEl(s.updated_at_ms)],
     ]));
     put(actions,
       s.paused
         ? h('button', { type: 'button', id: 'resume', on: { click: () => act('resume') } }, t('schedules.resume'))
         : h('button', { type: 'button', id: 'pause', class: 'secondary', on: { click: () => act('pause') } }, t('schedules.pause')),
-      h('a', { href: `#/runs?task=${encodeURIComponent(s.task)}` }, t('tasks.see_runs')));
+      h('a', { class: 'button secondary', id: 'edit-schedule', href: `#/schedules/${encodeURIComponent(s.name)}/edit` }, t('schedule_form.edit_button')),
+      removal.start,
+      h('a', { href: `#/runs?task=${encodeURIComponent(s.task)}` }, t('tasks.see_runs')),
+      removal.question);
     pausedNote.hidden = !s.paused;
     put(fires, (s.next_fires || []).map((f) => h('tr', {},
       h('td', {}, localTime(f.at_ms)),
       h('td', {}, raw(f.local, 'code')),
       h('td', { class: 'wide' }, raw(utcTime(f.at_ms), 'code')))));
   }
+
+  // Delete after an in-page question (the keyboard on "Keep it", the answer that changes
+  // nothing); the runs it started stay, and name it still.
+  const removal = (() => {
+    const keep = h('button', { type: 'button', class: 'secondary', on: { click: () => close() } }, t('secrets.keep'));
+    const yes = h('button', { type: 'button', class: 'danger', id: 'delete-yes', on: { click: onDelete } }, t('secrets.confirm_delete'));
+    const question = h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'delete-question', hidden: true },
+      h('span', { id: 'delete-question' }, t('schedules.confirm_delete')), ' ', yes, ' ', keep);
+    const start = h('button', { type: 'button', class: 'danger', id: 'delete-schedule', 'aria-expanded': 'false', on: { click: open } }, t('secrets.delete'));
+    function open() { question.hidden = false; start.setAttribute('aria-expanded', 'true'); keep.focus(); }
+    function close() { question.hidden = true; start.setAttribute('aria-expanded', 'false'); start.focus(); }
+    async function onDelete() {
+      result.clear();
+      yes.disabled = true;
+      try {
+        // Deleting stops a schedule's runs from coming: like resume, it needs runs:write too.
+        await api.del(path('schedules', name), { scope: 'definitions:write runs:write' });
+        go('schedules', null, t('schedules.deleted', { name }));
+      } catch (err) {
+        yes.disabled = false;
+        question.hidden = true;
+        start.setAttribute('aria-expanded', 'false');
+        result.fail(err);
+      }
+    }
+    return { start, question };
+  })();
 
   async function act(what) {
     result.clear();

@@ -60,6 +60,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
     h('div', { class: 'page-head' }, h('h1', {}, t('tasks.task'), ' ', raw(task)),
       h('div', { class: 'actions' }, start,
         h('a', { class: 'button secondary', id: 'new-revision', href: `#/tasks/${encodeURIComponent(task)}/new-revision` }, t('define.new_revision')),
+        h('a', { class: 'button secondary', id: 'schedule-task', href: `#/new-schedule?task=${encodeURIComponent(task)}` }, t('schedule_form.schedule_task')),
         h('a', { class: 'button secondary', href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs')))),
     result.el, problem,
     h('section', {}, h('h2', {}, t('tasks.latest')), latestBox),

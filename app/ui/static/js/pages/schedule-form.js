@@ -1,0 +1,229 @@
+// New schedule and edit schedule: one form over PUT /api/v1/schedules/{name}. A schedule's
+// body is its whole definition, so an edit starts from the stored one and sends it back with
+// If-Match (the ETag read with it): a change made meanwhile elsewhere answers 412, never lost.
+// Its bounds (start_at_ms, end_at_ms) are not edited here and are sent back as they are.
+// Saving needs definitions:write and runs:write (a schedule starts runs).
+
+import { ApiError, api, path, query } from '../api.js';
+import { h, link, put, raw } from '../dom.js';
+import { t } from '../i18n.js';
+import { go } from '../main.js';
+import { localTime } from '../format.js';
+import { FormError, busy, errorBox, missing, numberOrNull, resultSlot } from './common.js';
+
+const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
+const OVERLAP = ['skip', 'allow', 'queue_one', 'replace'];
+const CATCHUP = ['latest', 'all', 'none'];
+const SCOPES = 'definitions:write runs:write';
+
+function field(id, label, input, help) {
+  if (help) input.setAttribute('aria-describedby', `${id}-help`);
+  return h('div', { class: 'field' },
+    h('label', { for: id }, label), input,
+    help ? h('p', { class: 'help', id: `${id}-help` }, help) : null);
+}
+
+function number(id, attrs = {}) {
+  return h('input', { id, name: id, type: 'number', inputmode: 'numeric', ...attrs });
+}
+
+function choice(id, values, words) {
+  return h('select', { id, name: id }, values.map((v) => h('option', { value: v }, words(v))));
+}
+
+function browserZone() {
+  try { return Intl.DateTimeFormat().resolvedOptions().timeZone || 'UTC'; } catch { return 'UTC'; }
+}
+
+/** #/new-schedule (?task= fills the task) or #/schedules/{name}/edit. */
+export function scheduleFormPage(view, { args: [name], params, signal, ready }) {
+  const isNew = !name;
+  const result = resultSlot();
+  const problem = h('div');
+  const heading = isNew ? t('schedule_form.new') : [t('schedule_form.edit'), ' ', raw(name)];
+  const nameInput = h('input', { id: 'sch-name', name: 'name', required: true, autocomplete: 'off', spellcheck: 'false' });
+  const tasks = h('datalist', { id: 'sch-tasks' });
+  const task = h('input', { id: 'sch-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', list: 'sch-tasks', value: params.get('task') || '' });
+  const revision = number('sch-revision', { min: '1' });
+  const kindCron = h('input', { type: 'radio', name: 'sch-kind', id: 'sch-kind-cron', value: 'cron', checked: true, on: { change: sync } });
+  const kindEvery = h('input', { type: 'radio', name: 'sch-kind', id: 'sch-kind-every', value: 'every', on: { change: sync } });
+  const cron = h('textarea', { id: 'sch-cron', name: 'cron', rows: '2', spellcheck: 'false', autocomplete: 'off', class: 'mono', placeholder: '0 3 * * *' });
+  const everySeconds = number('sch-every', { min: '1' });
+  const timezone = h('input', { id: 'sch-timezone', name: 'timezone', autocomplete: 'off', spellcheck: 'false', value: isNew ? browserZone() : '' });
+  const overlap = choice('sch-overlap', OVERLAP, (v) => t(`overlap.${v}`));
+  const maxConcurrent = number('sch-max-concurrent', { min: '1', max: '1000', value: '1' });
+  const catchup = choice('sch-catchup', CATCHUP, (v) => t(`catchup.${v}`));
+  const windowInput = number('sch-window', { min: '0', value: '3600' });
+  const jitter = number('sch-jitter', { min: '0', max: '86400', value: '0' });
+  const dstGap = choice('sch-dst-gap', ['shift', 'skip'], (v) => t(`schedule_form.dst_gap_${v}`));
+  const dstFold = choice('sch-dst-fold', ['first', 'both'], (v) => t(`schedule_form.dst_fold_${v}`));
+  const paused = h('input', { id: 'sch-paused', type: 'checkbox' });
+  const boundsNote = h('p', { class: 'notice notice-info', hidden: true });
+  const save = h('button', { type: 'submit', id: 'sch-save' }, isNew ? t('schedule_form.create') : t('schedule_form.save'));
+  const cronBox = field('sch-cron', t('schedule_form.cron'), cron, t('schedule_form.cron_help'));
+  const everyBox = field('sch-every', t('schedule_form.every'), everySeconds, t('schedule_form.every_help'));
+  const windowBox = field('sch-window', t('schedule_form.window'), windowInput, t('schedule_form.window_help'));
+  const maxBox = field('sch-max-concurrent', t('schedule_form.max_concurrent'), maxConcurrent, t('schedule_form.max_concurrent_help'));
+  const dstBox = h('div', {},
+    field('sch-dst-gap', t('schedule_form.dst_gap'), dstGap),
+    field('sch-dst-fold', t('schedule_form.dst_fold'), dstFold));
+  let etag = null;
+  let bounds = { start_at_ms: null, end_at_ms: null };
+
+  put(view, h('section', { class: 'page' },
+    h('div', { class: 'page-head' }, h('h1', {}, heading)),
+    problem,
+    h('form', { class: 'card define-form', novalidate: true, on: { submit: onSave } },
+      isNew ? field('sch-name', t('schedule_form.name'), nameInput, t('define.task_help')) : null,
+      h('div', { class: 'form-grid' },
+        field('sch-task', t('runs.task'), task),
+        field('sch-revision', t('run.revision'), revision, t('schedule_form.revision_help'))),
+      tasks,
+      h('fieldset', { class: 'checks-row' }, h('legend', {}, t('schedules.cadence')),
+        h('span', { class: 'check' }, kindCron, ' ', h('label', { for: 'sch-kind-cron' }, t('schedule_form.kind_cron'))),
+        h('span', { class: 'check' }, kindEvery, ' ', h('label', { for: 'sch-kind-every' }, t('schedule_form.kind_every')))),
+      cronBox, everyBox,
+      field('sch-timezone', t('schedules.timezone'), timezone, t('schedule_form.timezone_help')),
+      dstBox,
+      // The policies' choices are sentences: each select has a row of its own.
+      field('sch-overlap', t('schedules.overlap'), overlap),
+      field('sch-catchup', t('schedules.catchup'), catchup),
+      h('div', { class: 'form-grid' },
+        maxBox,
+        windowBox,
+        field('sch-jitter', t('schedule_form.jitter'), jitter, t('schedule_form.jitter_help'))),
+      h('div', { class: 'field check' }, paused, ' ', h('label', { for: 'sch-paused' }, t('schedule_form.paused'))),
+      boundsNote,
+      h('div', { class: 'actions' }, save,
+        isNew ? link(['schedules'], t('schedule_form.back_list')) : link(['schedules', name], t('schedule_form.back_schedule'))),
+      result.el)));
+  overlap.addEventListener('change', sync);
+  catchup.addEventListener('change', sync);
+
+  // Fields a choice makes meaningless are hidden, and not sent: max_concurrent acts under
+  // "allow" only, the window bounds "latest" only, DST rules meet a cron's local times only.
+  function sync() {
+    const isCron = kindCron.checked;
+    cronBox.hidden = !isCron;
+    everyBox.hidden = isCron;
+    dstBox.hidden = !isCron;
+    maxBox.hidden = overlap.value !== 'allow';
+    windowBox.hidden = catchup.value !== 'latest';
+  }
+
+  async function load() {
+    try {
+      await Promise.all([fillTasks(), isNew ? null : prefill()]);
+    } catch (err) {
+      if (!missing(view, err, 'schedules', heading)) problem.replaceChildren(errorBox(err) || '');
+    } finally {
+      sync();
+      ready();
+    }
+  }
+
+  // Suggestions only (a token without definitions:read still types the name).
+  async function fillTasks() {
+    try {
+      const page = await api.get(`${path('tasks')}${query({ limit: 200 })}`, { scope: 'definitions:read', signal });
+      put(tasks, page.items.map((item) => h('option', { value: item.name })));
+    } catch (err) {
+      if (err.name === 'AbortError') throw err;
+    }
+  }
+
+  async function prefill() {
+    const r = await api.get(path('schedules', name), { scope: 'definitions:read', signal, raw: true });
+    etag = r.headers.get('ETag');
+    const s = await r.json();
+    task.value = s.task;
+    revision.value = s.revision ? String(s.revision) : '';
+    kindCron.checked = Boolean(s.cron);
+    kindEvery.checked = !s.cron;
+    cron.value = s.cron ? s.cron.join('\n') : '';
+    everySeconds.value = s.every_seconds ? String(s.every_seconds) : '';
+    timezone.value = s.timezone;
+    overlap.value = s.overlap;
+    maxConcurrent.value = String(s.max_concurrent);
+    catchup.value = s.catchup;
+    windowInput.value = String(s.catchup_window_seconds);
+    jitter.value = String(s.jitter_seconds);
+    dstGap.value = s.dst_gap;
+    dstFold.value = s.dst_fold;
+    paused.checked = s.paused;
+    bounds = { start_at_ms: s.start_at_ms, end_at_ms: s.end_at_ms };
+    if (bounds.start_at_ms !== null || bounds.end_at_ms !== null) {
+      boundsNote.hidden = false;
+      put(boundsNote, t('schedule_form.bounds_kept', {
+        from: bounds.start_at_ms === null ? '—' : localTime(bounds.start_at_ms),
+        until: bounds.end_at_ms === null ? '—' : localTime(bounds.end_at_ms),
+      }));
+    }
+  }
+
+  function body() {
+    const out = { task: task.value.trim(), timezone: timezone.value.trim() || 'UTC' };
+    if (!out.task) throw new FormError(t('schedule_form.err_task_empty'));
+    const rev = numberOrNull(revision);
+    if (rev !== null) out.revision = rev;
+    if (kindCron.checked) {
+      out.cron = cron.value.split('\n').map((line) => line.trim()).filter(Boolean);
+      if (!out.cron.length) throw new FormError(t('schedule_form.err_cron_empty'));
+      out.dst_gap = dstGap.value;
+      out.dst_fold = dstFold.value;
+    } else {
+      out.every_seconds = numberOrNull(everySeconds);
+      if (out.every_seconds === null) throw new FormError(t('schedule_form.err_every_empty'));
+    }
+    out.overlap = overlap.value;
+    if (overlap.value === 'allow') {
+      const n = numberOrNull(maxConcurrent);
+      if (n !== null) out.max_concurrent = n;
+    }
+    out.catchup = catchup.value;
+    if (catchup.value === 'latest') {
+      const n = numberOrNull(windowInput);
+      if (n !== null) out.catchup_window_seconds = n;
+    }
+    const j = numberOrNull(jitter);
+    if (j !== null) out.jitter_seconds = j;
+    if (bounds.start_at_ms !== null) out.start_at_ms = bounds.start_at_ms;
+    if (bounds.end_at_ms !== null) out.end_at_ms = bounds.end_at_ms;
+    out.paused = paused.checked;
+    return out;
+  }
+
+  async function exists(schedule) {
+    try {
+      await api.get(path('schedules', schedule), { scope: 'definitions:read' });
+      return true;
+    } catch (err) {
+      // Not there; or a token that may write but not read schedules (the PUT decides).
+      if (err instanceof ApiError && (err.status === 404 || err.status === 403)) return false;
+      throw err;
+    }
+  }
+
+  async function onSave(ev) {
+    ev.preventDefault();
+    result.clear();
+    const done = busy(save);
+    const schedule = isNew ? nameInput.value.trim() : name;
+    try {
+      if (isNew && !schedule) throw new FormError(t('schedule_form.err_name_empty'));
+      if (isNew && !NAME.test(schedule)) throw new FormError(t('problem.INVALID_NAME'));
+      const sent = body();
+      if (isNew && await exists(schedule)) throw new FormError(t('schedule_form.err_exists', { name: schedule }));
+      const headers = etag ? { 'If-Match': etag } : undefined;
+      await api.put(path('schedules', schedule), sent, { scope: SCOPES, headers });
+      go(`schedules/${encodeURIComponent(schedule)}`, null, t('schedule_form.saved', { name: schedule }));
+    } catch (err) {
+      if (err instanceof FormError) result.message(err.message);
+      else result.fail(err);
+    } finally {
+      done();
+    }
+  }
+
+  load();
+}
