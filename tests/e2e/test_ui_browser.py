@@ -293,6 +293,7 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     page.wait_for_selector("table.attempts .status[data-status=cancelled]")
     ending = page.inner_text("table.attempts")
     assert "Stopped by signal" in ending or "Exited with code" in ending, ending
+    assert "Cancelled: the service stopped it." in ending  # not a signal from who knows where
     assert page.query_selector("#cancel") is None
     # The runs filter: by status, then by task.
     site.visit(page, "runs?status=cancelled")

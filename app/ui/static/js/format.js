@@ -73,6 +73,9 @@ export function bytes(n) {
 /** How an attempt ended, in words: exit code, signal and error code each explained. */
 export function explainEnding(a) {
   const parts = [];
+  // The service stopped it (its time limit, a cancel): the signal alone would read as if
+  // something else had killed the job.
+  if (a.status === 'timed_out' || a.status === 'cancelled') parts.push(t(`ending.${a.status}`));
   if (a.exit_code !== null && a.exit_code !== undefined) {
     parts.push(a.exit_code === 0 ? t('ending.exit_zero') : t('ending.exit_code', { code: a.exit_code }));
   }
