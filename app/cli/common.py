@@ -17,9 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from app.domain.errors import KeyUnavailable, StorageUnavailable
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.private_files import require_private
@@ -96,6 +98,41 @@ def _require_sqlite_file(settings: Settings) -> None:
     else:
         where = "check QL_DATABASE_URL"
     raise NoDatabase(f"no database at {path}; {where}")
+
+
+def require_key_for_stored_secrets(settings: Settings) -> None:
+    """KeyUnavailable when there is no key file (and ``QL_SECRET_KEY`` is unset) while the
+    database already holds secrets: the key file made on first use would decrypt none of
+    them, and each secret set under it would be lost once the right key file is put back
+    (a data dir restored without its ``secret.key``, docs/operations.md §3). Checked by
+    ``serve``, ``api`` and ``secrets rotate-key`` before anything makes the key file; the
+    database is read only when the file is missing (a database not migrated yet, or not
+    answering, holds no secret this could protect: the api answers 503 for it as before)."""
+    if settings.secret_key or settings.key_file.exists():
+        return
+    from app.storage.tables import secrets
+    from app.storage.uow import UnitOfWork
+
+    try:
+        _require_sqlite_file(settings)
+    except NoDatabase:
+        return
+    engine = make_engine(settings.database_url)
+    try:
+        if not inspect(engine).has_table(secrets.name):
+            return
+        with UnitOfWork(engine, write=False) as uow:
+            key_ids = sorted(uow.conn.execute(select(secrets.c.key_id).distinct()).scalars())
+    except (StorageUnavailable, SQLAlchemyError):
+        return
+    finally:
+        engine.dispose()
+    if key_ids:
+        raise KeyUnavailable(
+            f"no key file at {settings.key_file} and QL_SECRET_KEY is unset, but the database "
+            f"holds secrets under key(s) {' '.join(key_ids)}: a new key file would decrypt "
+            "none of them, so none is made"
+        )
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from app.cli.client import register_secret_actions
-from app.cli.common import database
+from app.cli.common import database, require_key_for_stored_secrets
 
 
 def register(sub: Any) -> None:
@@ -32,6 +32,7 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
 
     with database(args) as (settings, engine):
         settings.ensure_data_dir()
+        require_key_for_stored_secrets(settings)
         ring = KeyRing.from_settings(secret_key=settings.secret_key, key_file=settings.key_file)
         rewritten, dropped = SecretRepository(engine, ring).rotate()
     print(f"re-encrypted {rewritten} secret(s) under key {ring.current.id}")

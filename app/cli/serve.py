@@ -12,7 +12,7 @@ from typing import Any
 
 from app.cli import DATA_DIR_HELP
 from app.cli.admin import cmd_migrate
-from app.cli.common import private_settings
+from app.cli.common import private_settings, require_key_for_stored_secrets
 from app.settings import Settings
 
 APP_FACTORY = "app.api.main:serve_app"
@@ -140,6 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         job_policy(settings.job)  # refuse here, once, before migrating (docs/job-user.md)
     _check_listen(args.host, args.port)
     cmd_migrate(args)
+    require_key_for_stored_secrets(settings)  # before the api makes a new key file
     api_argv = [sys.executable, *_ISOLATED, "-m", "app", "api", "--host", args.host]
     api_argv += ["--port", str(args.port), "--workers", str(args.workers)]
 
@@ -208,6 +209,7 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     assert GRACEFUL_SHUTDOWN_S > retirement.IDLE_GRACE_S
     settings = private_settings(args)
+    require_key_for_stored_secrets(settings)  # before build_context makes a new key file
     # uvicorn builds the app in each worker it spawns by calling the factory without
     # arguments, so the environment they inherit is the only way in: the one channel
     # ``Settings.to_env`` (``--data-dir`` included), read back by ``create_app``.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,82 @@ def test_root_on_another_users_data_dir_is_refused_before_anything_is_made(
         err = capsys.readouterr().err
         assert f"the data dir {data} belongs to " in err and "(uid 65534)" in err, err
     assert list(data.iterdir()) == []  # no root-owned file was left there
+
+
+@pytest.fixture
+def in_process_service() -> Iterator[None]:
+    """``api`` and ``serve`` run in this process: what they set up for their children (the
+    environment, the supervisor's log handler) is undone, so later tests of this worker do
+    not inherit a metrics dir that is gone."""
+    environ = dict(os.environ)
+    supervisor_log = logging.getLogger("qinglong.supervisor")
+    handlers = list(supervisor_log.handlers)
+    yield
+    os.environ.clear()
+    os.environ.update(environ)
+    supervisor_log.handlers[:] = handlers
+
+
+@pytest.mark.usefixtures("in_process_service")
+@pytest.mark.parametrize("command", ["api", "serve", "rotate-key"])
+def test_a_data_dir_restored_without_its_key_file_is_refused_not_given_a_new_key(
+    command: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A backup put back without secret.key (docs/operations.md §3 keeps it apart): a key made
+    # now decrypts none of the stored secrets, and a secret set under it would be lost once
+    # the right key file is put back. The services and rotate-key refuse with one line.
+    import uvicorn
+
+    from app.supervisor.supervisor import Supervisor
+    from tests.e2e.conftest import free_port
+
+    monkeypatch.delenv("QL_SECRET_KEY", raising=False)
+    monkeypatch.delenv("QL_DATABASE_URL", raising=False)
+    monkeypatch.setenv("QL_WORKER_SOCKET", str(tmp_path / "w.sock"))
+    served: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append("api"))
+    monkeypatch.setattr(Supervisor, "run", lambda self: served.append("serve") or 0)
+    assert main(["--data-dir", str(tmp_path), "migrate"]) == 0
+    key_file = tmp_path / "secret.key"
+    engine = make_engine(f"sqlite:///{tmp_path / 'qinglong.db'}")
+    try:
+        ring = KeyRing.from_settings(secret_key=None, key_file=key_file)
+        SecretRepository(engine, ring).put(name="pw", value="restored-value")
+        old_id = ring.current.id
+        key_file.unlink()  # the restore left it out
+        capsys.readouterr()
+        argv = {
+            "api": ["api", "--port", str(free_port())],
+            "serve": ["serve", "--port", str(free_port())],
+            "rotate-key": ["secrets", "rotate-key"],
+        }[command]
+        assert main(["--data-dir", str(tmp_path), *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"qinglong: no key file at {key_file}"), err
+        assert old_id in err and "restore the secret.key" in err and "Traceback" not in err
+        assert "restored-value" not in err
+        assert served == [] and not key_file.exists()  # nothing started, no new key made
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.usefixtures("in_process_service")
+def test_a_fresh_data_dir_still_gets_its_key_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    from tests.e2e.conftest import free_port
+
+    monkeypatch.delenv("QL_SECRET_KEY", raising=False)
+    monkeypatch.delenv("QL_DATABASE_URL", raising=False)
+    served: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append("api"))
+    # Not migrated yet, then migrated without secrets: no refusal either way.
+    assert main(["--data-dir", str(tmp_path), "api", "--port", str(free_port())]) == 0
+    assert main(["--data-dir", str(tmp_path), "migrate"]) == 0
+    assert main(["--data-dir", str(tmp_path), "secrets", "rotate-key"]) == 0
+    assert served == ["api"] and (tmp_path / "secret.key").exists()
