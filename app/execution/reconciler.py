@@ -186,7 +186,8 @@ class Reconciler:
             if result == "unknown":
                 report.undecided += 1  # fail closed: never mark lost while it may still run
                 return
-            report.stopped += 1
+            if result == "stopped":  # not ``already_exited``: gone before (a restored backup)
+                report.stopped += 1
         self._after_grace(attempt, ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT, report)
 
     def _starting(self, attempt: ActiveAttemptView, report: PassReport) -> None:

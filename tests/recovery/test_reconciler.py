@@ -205,3 +205,24 @@ def test_a_killed_shims_cgroup_is_removed_when_its_run_was_ended_elsewhere(rig: 
     assert _journal_state(rig, a) == "consumed"
     assert not path.exists(), "the job's cgroup was left behind"
     assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
+
+
+def test_a_job_gone_before_the_pass_is_lost_and_not_counted_stopped(rig: Rig) -> None:
+    # A restored backup (docs/operations.md §3): its running attempt's job and shim are long
+    # gone. The pass stops nothing, and its log line must not say it stopped a job.
+    gone = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    real = read_identity(gone.pid)
+    assert real is not None
+    gone.kill()
+    gone.wait(DEADLINE)
+    a = rig.arm()
+    handle = ProcessHandle(
+        boot_id=current_boot_id(), pid=real.pid, pgid=real.pgid, start_ticks=real.start_ticks,
+        shim_pid=real.pid, shim_start_ticks=real.start_ticks, cgroup=f"ql-{a.attempt_id}",
+    )  # fmt: skip
+    rig.runs.record_running(
+        run_id=a.run_id, attempt_id=a.attempt_id, handle=handle, started_at_ms=now_ms()
+    )
+    report = in_process_reconciler(rig.engine, rig.store, [now_ms()]).run_pass()
+    assert (report.lost, report.stopped) == (1, 0)
+    assert terminal_events(rig.engine, a.run_id) == ["attempt.lost", "run.lost"]
