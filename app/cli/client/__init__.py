@@ -576,9 +576,9 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
         _emit_json({"run": run["id"], "attempt": number, "text": text})
     elif sys.stdout.isatty() and not args.raw:
         # Shown, not copied: what the terminal cannot show is replaced (--raw keeps bytes).
-        shown = render.terminal_text(data.decode("utf-8", errors="replace"))
+        safe = render.terminal_text(data.decode("utf-8", errors="replace"))
         sys.stdout.flush()
-        sys.stdout.buffer.write(shown.encode(sys.stdout.encoding or "utf-8", errors="replace"))
+        sys.stdout.buffer.write(safe.encode(sys.stdout.encoding or "utf-8", errors="replace"))
         sys.stdout.flush()
     else:
         sys.stdout.flush()
