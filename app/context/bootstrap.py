@@ -31,6 +31,7 @@ from sqlalchemy import Engine
 
 from app.context.execution_wiring import BUDGET_POLL_S, build_execution
 from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade, RetentionConfig
+from app.context.failure_log import FailureLog
 from app.context.logs import LogStore
 from app.context.metrics import render as render_metrics
 from app.context.readiness import (
@@ -103,6 +104,11 @@ class Background:
         self._cancel_requested = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        # One per hook: a wake that works beside a drain that fails must not log both turns.
+        self._failures = {
+            name: FailureLog(log, f"background pass ({name})")
+            for name in ("periodic", "cancel", "enqueued")
+        }
 
     def enqueued(self) -> None:
         """Ask for an ``on_enqueued`` pass soon; never blocks, never raises."""
@@ -142,16 +148,16 @@ class Background:
             self._kicked.clear()
             if not kicked:
                 self._pass_began_ms = now_ms()
-                self._run(self._periodic)
+                self._run(self._periodic, "periodic")
                 continue
             # The wake first: it is one socket call, and a cancel should not wait for a drain.
             if self._cancel_requested.is_set():
                 self._cancel_requested.clear()
-                self._run(self._on_cancel_requested)
+                self._run(self._on_cancel_requested, "cancel")
             if self._enqueued.is_set():
                 self._enqueued.clear()
                 self._pass_began_ms = now_ms()
-                self._run(self._on_enqueued)
+                self._run(self._on_enqueued, "enqueued")
 
     def _timeout(self) -> float | None:
         if self._periodic is None:
@@ -169,14 +175,14 @@ class Background:
                 timeout = min(timeout, max(due, 0.0))
         return timeout
 
-    @staticmethod
-    def _run(hook: Hook | None) -> None:
+    def _run(self, hook: Hook | None, name: str) -> None:
         if hook is None:
             return
         try:
             hook()
+            self._failures[name].succeeded()
         except Exception as exc:  # a failed pass is retried by the next kick or tick
-            log.error("background pass failed: %s", type(exc).__name__)
+            self._failures[name].failed(exc)  # a line when it starts, then one a minute
 
 
 @dataclass

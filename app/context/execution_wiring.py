@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.adapters.worker_client import WorkerClient
+from app.context.failure_log import FailureLog
 from app.context.metrics import CREATED_TO_STARTED, DISPATCH_PASS
 from app.domain.errors import ErrorCode, WorkerUnavailable
 from app.domain.model import ProcessHandle, Run
@@ -366,10 +367,11 @@ def _drain_concurrently(
         return unavailable.is_set()
     if not _log_pass(_timed_pass(dispatcher), unavailable, blocked):
         return unavailable.is_set()
+    failures = FailureLog(log, "background pass (drain helper)")
     helpers = [
         threading.Thread(
             target=_drain_logged,
-            args=(dispatcher, unavailable, halted, blocked),
+            args=(dispatcher, unavailable, halted, blocked, failures),
             name="ql-drain",
             daemon=True,
         )
@@ -390,11 +392,12 @@ def _drain_logged(
     unavailable: threading.Event,
     halted: threading.Event,
     blocked: threading.Event,
+    failures: FailureLog,
 ) -> None:
     try:
         _drain(dispatcher, unavailable, halted, blocked)
     except Exception as exc:  # a failed pass is retried by the next kick or tick
-        log.error("background pass failed: %s", type(exc).__name__)
+        failures.failed(exc)  # helpers failing the same way: one line
 
 
 def _drain(

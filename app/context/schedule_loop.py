@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from app.context.failure_log import FailureLog
 from app.context.metrics import FIRE_LATENESS, SLOT_CAUGHT_UP, SLOT_ON_TIME
 from app.domain.ids import now_ms
 from app.storage.schedules_repo import ScheduleRepository
@@ -69,12 +70,14 @@ class ScheduleLoop:
             thread.join(timeout_s)
 
     def _loop(self) -> None:
+        failures = FailureLog(log, "schedule pass")
         while not self._stopping.is_set():
             self._wake.clear()
             try:
                 sleep_s = self.pass_once()
+                failures.succeeded()
             except Exception as exc:  # the next pass retries; the slot stays due
-                log.error("schedule pass failed: %s", type(exc).__name__)
+                failures.failed(exc)  # a line when it starts, then one a minute
                 sleep_s = RETRY_S
             if sleep_s > 0:
                 self._wake.wait(sleep_s)

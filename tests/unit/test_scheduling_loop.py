@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, cast
 
+import pytest
+
+from app.context import schedule_loop
 from app.context.metrics import FIRE_LATENESS
 from app.context.schedule_loop import NOTHING_DECIDED_S, ScheduleLoop
+from app.domain.errors import NotMigrated
 from app.domain.ids import now_ms
 from app.storage.schedules_repo import FireResult, ScheduleRepository, SlotLateness
 
@@ -107,3 +112,29 @@ def test_a_schedule_change_wakes_the_sleeping_loop() -> None:
         assert time.monotonic() - started < 1.0
     finally:
         loop.stop()
+
+
+class FailingRepo(FakeRepo):
+    """Every pass refused (a database not migrated), as ``qinglong api`` meets it."""
+
+    def fire_due(self) -> FireResult:
+        self.passes += 1
+        if self.passes >= 3:
+            self.passed.set()
+        raise NotMigrated()
+
+
+def test_a_pass_that_keeps_failing_is_one_line_not_one_a_second(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schedule_loop, "RETRY_S", 0.01)
+    repo = FailingRepo(None, FireResult(0, 0, page_full=False))
+    loop = loop_of(repo)
+    with caplog.at_level(logging.INFO, logger="qinglong.schedules"):
+        loop.start()
+        try:
+            assert repo.passed.wait(5)
+        finally:
+            loop.stop()
+    assert repo.passes >= 3
+    assert caplog.messages == ["schedule pass failed: NotMigrated"]

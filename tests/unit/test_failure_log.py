@@ -1,0 +1,46 @@
+"""A pass that keeps failing logs when it starts, once a minute after, and when it recovers
+(app/context/failure_log.py): the database away for an hour is not 3,600 same lines."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from app.context.failure_log import FailureLog
+from app.domain.errors import NotMigrated
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_failure_is_logged_when_it_starts_then_once_a_minute_then_its_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    failures = FailureLog(logging.getLogger("qinglong.test"), "schedule pass", clock=clock)
+    with caplog.at_level(logging.INFO, logger="qinglong.test"):
+        for second in range(150):  # a pass a second for 150 s, all refused the same way
+            clock.now = float(second)
+            failures.failed(NotMigrated())
+        clock.now = 150.0
+        failures.failed(RuntimeError("a detail that is never logged"))  # another kind: at once
+        failures.succeeded()
+        failures.succeeded()  # nothing more: it was not failing
+    assert caplog.messages == [
+        "schedule pass failed: NotMigrated",
+        "schedule pass failed: NotMigrated (60 more time(s) since the last line)",
+        "schedule pass failed: NotMigrated (60 more time(s) since the last line)",
+        "schedule pass failed: RuntimeError",
+        "schedule pass works again after 151 failure(s)",
+    ]
+    assert [r.levelno for r in caplog.records] == [logging.ERROR] * 4 + [logging.INFO]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="qinglong.test"):
+        failures.failed(NotMigrated())  # a new outage: said at once again
+    assert caplog.messages == ["schedule pass failed: NotMigrated"]
