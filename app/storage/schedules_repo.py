@@ -450,23 +450,28 @@ def _plan(
     (decided within ``ON_TIME_GRACE_MS`` of its instant plus its jitter), fires under
     ``latest`` and ``none`` alike, and the older ones are the backlog (``latest`` is then
     satisfied by the on-time slot). ``all`` fires in order as it is (docs/schedules.md §3).
+    A newest slot still in its jitter is not due: it is held (the cursor stays just before
+    it) and the slot before it is the one judged, so a pass a few ms after a jittered slot's
+    due instant, once the next slot's instant has passed too, fires it rather than calling it
+    missed (its jitter ends before that instant: ``slot_jitter_ms``).
     """
     window_s = definition.catchup_window_seconds
     if definition.catchup == "all" or at <= cursor:
         return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)
-    reach = ON_TIME_GRACE_MS + definition.jitter_seconds * 1000
-    # The newest due slot, however many the reach holds (every second with a minute of
-    # jitter: sixty); an older one would move the cursor past slots nothing decided.
-    on_time = last_slot(spec, max(cursor, at - reach - 1), at)
-    jitter = (
-        0 if on_time is None
-        else slot_jitter_ms(spec, schedule_id, on_time, definition.jitter_seconds)
-    )  # fmt: skip
-    if on_time is None or at - on_time > ON_TIME_GRACE_MS + jitter:
-        return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)
-    backlog = plan_catchup(spec, cursor, on_time - 1, catchup="none", window_s=window_s)
+
+    def due(slot: int) -> int:
+        return slot + slot_jitter_ms(spec, schedule_id, slot, definition.jitter_seconds)
+
+    until = at
+    newest = last_slot(spec, cursor, at)
+    if newest is not None and due(newest) > at:
+        until = newest - 1
+        newest = last_slot(spec, cursor, until)
+    if newest is None or at - due(newest) > ON_TIME_GRACE_MS:
+        return plan_catchup(spec, cursor, until, catchup=definition.catchup, window_s=window_s)
+    backlog = plan_catchup(spec, cursor, newest - 1, catchup="none", window_s=window_s)
     return CatchupPlan(
-        (on_time,), backlog.missed_count, backlog.missed_first_ms, backlog.missed_last_ms, at
+        (newest,), backlog.missed_count, backlog.missed_first_ms, backlog.missed_last_ms, until
     )
 
 
