@@ -56,6 +56,9 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):  # behind a proxy's prefix, uvicorn keeps it here
+            path = path[len(root) :]
         extra = list(_EVERY_RESPONSE)
         if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
             extra += _UI_RESPONSES

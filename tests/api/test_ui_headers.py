@@ -10,6 +10,8 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import anyio
+import httpx
 import pytest
 
 from app.api.api_docs import (
@@ -118,3 +120,21 @@ def test_api_answers_carry_nosniff_and_cors_still_works(
         assert listed.headers["x-content-type-options"] == "nosniff"
     finally:
         client.close()
+
+
+def test_below_a_root_path_the_ui_and_the_docs_keep_their_policies(settings: Settings) -> None:
+    # Behind a proxy's prefix (uvicorn --root-path) the path in the scope keeps the prefix:
+    # matched without it, as the routes are (the review of the /docs change found both bare).
+    transport = httpx.ASGITransport(app=create_app(settings, execution=False), root_path="/q")
+
+    async def get(path: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            return await http.get(path)
+
+    docs = anyio.run(get, "/q/docs")
+    assert docs.status_code == 200 and docs.headers["content-security-policy"] == DOCS_CSP
+    assert 'data-spec="/q/openapi.json"' in docs.text and 'href="/q/ui/favicon.svg"' in docs.text
+    ui = anyio.run(get, "/q/ui/")
+    assert ui.status_code == 200
+    assert ui.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert ui.headers["x-frame-options"] == "DENY"
