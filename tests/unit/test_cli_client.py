@@ -887,11 +887,19 @@ def test_a_jobs_output_on_a_terminal_keeps_its_colours_and_shows_every_other_con
     # An ESC at the very end is held, then shown once nothing can complete it.
     screen = render.TerminalText()
     assert (screen.feed("a\x1b"), screen.end()) == ("a", "\\x1b")
+    # grep's and gcc's colours erase to the line's end (ESC [ K): that passes, no other erase.
+    grep = "\x1b[01;31m\x1b[Kerror\x1b[m\x1b[K"
+    assert render.terminal_text(grep + "\x1b[3K\x1b[2J") == grep + "\\x1b[3K\\x1b[2J"
+    # A 24-bit foreground and background colour, cut anywhere across two chunks.
+    wide = "\x1b[38;2;255;255;255;48;2;10;20;30mok"
+    for cut in range(1, len(wide)):
+        screen = render.TerminalText()
+        assert screen.feed(wide[:cut]) + screen.feed(wide[cut:]) + screen.end() == wide
 
 
 class _Terminal(io.TextIOWrapper):
-    def __init__(self) -> None:
-        super().__init__(io.BytesIO(), encoding="utf-8", newline="")
+    def __init__(self, encoding: str = "utf-8") -> None:
+        super().__init__(io.BytesIO(), encoding=encoding, newline="")
 
     def isatty(self) -> bool:
         return True
@@ -923,3 +931,29 @@ def test_runs_logs_on_a_terminal_shows_escapes_unless_raw(
         monkeypatch.setattr(sys, "stdout", terminal)
         code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *extra, *flags)
         assert (code, terminal.written()) == (0, expected)
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_log_a_terminal_cannot_encode_is_shown_with_replacements_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, follow: bool
+) -> None:
+    done = RUN | {"id": "r1", "status": "succeeded"}
+    done["latest_attempt"] = RUN["latest_attempt"] | {"status": "succeeded", "exit_code": 0}  # type: ignore[operator]
+    text = "中文 ok\n"
+    if follow:
+        end = f"event: end\ndata: {json.dumps({'status': 'succeeded', 'bytes': 9})}\n\n"
+        log = httpx.Response(200, content=_sse(_chunk(0, text), end))
+    else:
+        log = httpx.Response(200, content=text.encode())
+    answers = {
+        ("GET", "/api/v1/runs/r1"): httpx.Response(200, json=done),
+        ("GET", "/api/v1/runs/r1/attempts/1/log"): log,
+    }
+    flags = ["--url", "http://api.test", "--token", "ql_t"] + (["--follow"] if follow else [])
+    for extra in ([], ["--raw"]):
+        if extra and not follow:
+            continue  # without --follow, --raw writes the bytes as they are
+        terminal = _Terminal("latin-1")
+        monkeypatch.setattr(sys, "stdout", terminal)
+        code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *extra, *flags)
+        assert (code, terminal.written()) == (0, b"?? ok\n")

@@ -576,15 +576,24 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
         _emit_json({"run": run["id"], "attempt": number, "text": text})
     elif sys.stdout.isatty() and not args.raw:
         # Shown, not copied: what the terminal cannot show is replaced (--raw keeps bytes).
-        safe = render.terminal_text(data.decode("utf-8", errors="replace"))
-        sys.stdout.flush()
-        sys.stdout.buffer.write(safe.encode(sys.stdout.encoding or "utf-8", errors="replace"))
-        sys.stdout.flush()
+        _write_shown(sys.stdout, render.terminal_text(data.decode("utf-8", errors="replace")))
     else:
         sys.stdout.flush()
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
     return EXIT_OK
+
+
+def _write_shown(stream: TextIO, text: str) -> None:
+    """``text`` on ``stream`` in the stream's encoding, what it cannot hold replaced: a log
+    line in Chinese on a Latin-1 terminal is ``??``, never a UnicodeEncodeError."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        stream.write(text)
+    else:
+        stream.flush()
+        buffer.write(text.encode(stream.encoding or "utf-8", errors="replace"))
+    stream.flush()
 
 
 def _attempt(client: Client, run: dict[str, Any], number: int) -> dict[str, Any] | None:
@@ -710,13 +719,12 @@ def _follow(
         for item in client.follow(run_id, number):
             if isinstance(item, LogChunk):
                 if text := screen.feed(item.text) if screen else item.text:
-                    log_out.write(text)
-                    log_out.flush()
+                    _write_shown(log_out, text)
                     tail = text[-1]
             else:
                 status = item.status
         if screen and (text := screen.end()):
-            log_out.write(text)
+            _write_shown(log_out, text)
             tail = text[-1]
         if tail != "\n" and log_out.isatty():
             log_out.write("\n")

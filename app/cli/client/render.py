@@ -29,13 +29,17 @@ def safe(text: object) -> str:
 
 
 # A job's output on a terminal (``runs logs``, a follow): colours (SGR: ``ESC [ ... m``) pass,
-# as do newline, tab and carriage return (progress bars); every other C0/C1 control character,
-# the ESC of any other sequence included, is shown as ``\xNN``. An OSC could otherwise set the
+# and the erase to the line's end that grep and gcc send with them (``ESC [ K``), as do
+# newline, tab and carriage return (progress bars); every other C0/C1 control character, the
+# ESC of any other sequence included, is shown as ``\xNN``. An OSC could otherwise set the
 # clipboard (OSC 52) or the window title, a DCS or a CSI query make the terminal type an
 # answer into the operator's shell, a cursor move rewrite lines already shown.
-_TERMINAL = re.compile(r"(\x1b\[[0-9;:]*m)|([\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f])")
-# What may still become a colour once the next chunk comes (held back at a chunk's end).
-_COLOUR_START = re.compile(r"\x1b(\[[0-9;:]{0,32})?\Z")
+_PARAMS = 256  # a 24-bit foreground and background colour is about 40
+_TERMINAL = re.compile(
+    rf"(\x1b\[[0-9;:]{{0,{_PARAMS}}}m|\x1b\[[012]?K)|([\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f])"
+)
+# What may still become a colour (or an erase) once the next chunk comes: held at its end.
+_COLOUR_START = re.compile(rf"\x1b(\[[0-9;:]{{0,{_PARAMS}}})?\Z")
 
 
 def _shown(match: re.Match[str]) -> str:
