@@ -15,6 +15,7 @@ be ignored. Read routes without a body keep FastAPI's own handler untouched.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -42,14 +43,13 @@ def loads_strict(raw: bytes) -> Any:
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
+# No body, blanks, or an empty JSON object (some clients send ``{}`` by default), a UTF-8
+# byte order mark allowed: matched, never parsed (``[[[...`` would recurse).
+_EMPTY = re.compile(rb"(\xef\xbb\xbf)?\s*(\{\s*\})?\s*")
+
+
 def _empty(raw: bytes) -> bool:
-    """No body, blanks, or an empty JSON object (some clients send ``{}`` by default)."""
-    if not raw.strip():
-        return True
-    try:
-        return bool(json.loads(raw) == {})
-    except ValueError:
-        return False
+    return _EMPTY.fullmatch(raw) is not None
 
 
 class _StrictRequest(Request):

@@ -130,12 +130,12 @@ def test_a_write_that_takes_no_body_refuses_one_instead_of_ignoring_it(
     )
     assert problem["detail"] == "POST /api/v1/runs/{run_id}/rerun takes no body; send none"
     assert len(client.get("/api/v1/runs", headers=admin).json()["items"]) == 1
-    for raw in (b"not json", b'{"reason": "x"}', b"[]"):
+    for raw in (b"not json", b'{"reason": "x"}', b"[]", b"[" * 200_000):
         refused = client.post(f"/api/v1/runs/{run['id']}/cancel", content=raw, headers=admin)
         assert_problem(refused, 422, "VALIDATION_FAILED")
     assert client.get(f"/api/v1/runs/{run['id']}", headers=admin).json()["cancel_requested"] is None
     # None, blanks or an empty object (some clients send one by default) are taken.
-    for raw in (b"", b" \n", b"{}", b"{ }"):
+    for raw in (b"", b" \n", b"{}", b"{ }", b"\xef\xbb\xbf{}"):
         pinned = client.post(f"/api/v1/runs/{run['id']}/pin", content=raw, headers=admin | JSON)
         assert pinned.status_code == 200, (raw, pinned.text)
     assert client.post(f"/api/v1/runs/{run['id']}/cancel", headers=admin).status_code in (200, 202)
