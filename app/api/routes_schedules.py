@@ -34,6 +34,16 @@ IfMatch = Annotated[
 ]
 
 
+IfNoneMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-None-Match",
+        max_length=128,
+        description="`*`: create only; an existing schedule answers 412 PRECONDITION_FAILED",
+    ),
+]
+
+
 def _out(facade: AppFacade, schedule: Schedule, response: Response) -> ScheduleOut:
     response.headers["ETag"] = schedule.etag
     fires = [NextFireOut(at_ms=f.at_ms, local=f.local) for f in facade.next_fires(schedule)]
@@ -59,14 +69,18 @@ def put_schedule(
     _: SchedulesWriter,
     request: Request,
     if_match: IfMatch = None,
+    if_none_match: IfNoneMatch = None,
 ) -> ScheduleOut:
     """Create (201) or replace (200) a schedule; a change never fires a past slot."""
+    # Several lines of one header are one list (RFC 9110 §5.3); the parameter holds the first.
     if if_match is not None:
-        # Several If-Match lines are one list (RFC 9110 §5.3); the parameter holds the first.
         if_match = ", ".join(request.headers.getlist("if-match"))
+    if if_none_match is not None:
+        if_none_match = ", ".join(request.headers.getlist("if-none-match"))
     schedule, created = facade.put_schedule(
-        name=name, definition=body.definition(), paused=body.paused, if_match=if_match
-    )
+        name=name, definition=body.definition(), paused=body.paused, if_match=if_match,
+        if_none_match=if_none_match,
+    )  # fmt: skip
     response.status_code = 201 if created else 200
     return _out(facade, schedule, response)
 

@@ -544,7 +544,13 @@ class AppFacade:
     # -- schedules (docs/schedules.md) ------------------------------------------------------
 
     def put_schedule(
-        self, *, name: str, definition: ScheduleDefinition, paused: bool, if_match: str | None
+        self,
+        *,
+        name: str,
+        definition: ScheduleDefinition,
+        paused: bool,
+        if_match: str | None,
+        if_none_match: str | None = None,
     ) -> tuple[Schedule, bool]:
         """Create or replace a schedule; ``(schedule, created)``; wake the loop."""
         validate_name(name, what="schedule name")
@@ -555,8 +561,9 @@ class AppFacade:
         if definition.cron is not None:
             definition = dataclasses.replace(definition, cron=stored_cron(definition.cron))
         schedule, created = self._schedule_repo().put_schedule(
-            name=name, definition=definition, paused=paused, if_match=if_match
-        )
+            name=name, definition=definition, paused=paused, if_match=if_match,
+            if_none_match=if_none_match,
+        )  # fmt: skip
         self._schedule_hooks.schedule_changed()
         return schedule, created
 

@@ -160,10 +160,13 @@ class ScheduleRepository:
         definition: ScheduleDefinition,
         paused: bool,
         if_match: str | None = None,
+        if_none_match: str | None = None,
         at_ms: int | None = None,
     ) -> tuple[Schedule, bool]:
         """Create or replace; ``(schedule, created)``. A change never fires a past slot:
-        the cursor becomes the later of now and the old cursor."""
+        the cursor becomes the later of now and the old cursor. ``if_none_match`` (``*``, or
+        tags none of which may be current): PreconditionFailed when the schedule exists (and
+        matches), so a create never replaces one made meanwhile."""
         at = now_ms() if at_ms is None else at_ms
         body = canonical_json(definition.body()).decode("utf-8")
         with UnitOfWork(self._engine) as uow:
@@ -172,6 +175,8 @@ class ScheduleRepository:
             row = conn.execute(_locked(conn, _BY_NAME), {"name": name}).first()
             if if_match is not None and (row is None or not _matches(if_match, row)):
                 raise PreconditionFailed()
+            if if_none_match is not None and row is not None and _matches(if_none_match, row):
+                raise PreconditionFailed(f"the schedule {name} exists (If-None-Match)")
             if row is None:
                 new_id = uuid7(at)
                 values = {

@@ -61,6 +61,24 @@ def test_put_creates_then_replaces_with_version_etag_and_next_fires(
     assert_problem(absent, 412, "PRECONDITION_FAILED")
 
 
+def test_if_none_match_star_creates_only(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    # The UI's "new schedule" never replaces one made meanwhile (RFC 9110 §13.1.2).
+    create_only = {**admin, "If-None-Match": "*"}
+    assert client.put(URL, json=body(), headers=create_only).status_code == 201
+    taken = client.put(URL, json=body(every_seconds=60), headers=create_only)
+    assert "exists" in assert_problem(taken, 412, "PRECONDITION_FAILED")["detail"]
+    got = client.get(URL, headers=admin).json()
+    assert (got["version"], got["every_seconds"]) == (1, 3600)
+    # Tags: refused only when one of them is current.
+    current = client.get(URL, headers=admin).headers["ETag"]
+    assert_problem(client.put(URL, json=body(every_seconds=60), headers={
+        **admin, "If-None-Match": current}), 412, "PRECONDITION_FAILED")  # fmt: skip
+    other = {**admin, "If-None-Match": '"elsewhere.1"'}
+    assert client.put(URL, json=body(every_seconds=60), headers=other).status_code == 200
+
+
 def test_next_fires_start_at_start_at_ms_and_show_the_local_offset(
     client: Client, admin: dict[str, str], task: str
 ) -> None:

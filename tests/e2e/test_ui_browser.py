@@ -456,6 +456,20 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     assert page.errors == []
 
 
+def _the_tasks_list_says_each_tasks_last_run(site: Site) -> None:
+    put_task(site.served, "never-ran", "true")
+    newest = site.api("GET", "/api/v1/runs", params={"task": "hello", "limit": 1}).json()
+    page = site.page()
+    site.sign_in(page, path="tasks")
+    cell = page.wait_for_selector("td.last-run[data-task=hello] .status")
+    assert cell.get_attribute("data-status") == newest["items"][0]["status"]
+    link = page.get_attribute("td.last-run[data-task=hello] a:has(.status)", "href")
+    assert link == f"#/runs/{newest['items'][0]['id']}"
+    page.wait_for_selector("td.last-run[data-task=never-ran]:has-text('never run')")
+    assert page.errors == []
+    page.context.close()
+
+
 def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:
     """Issue 17's new-user suggestion: schedules made in the UI, not only paused there."""
     page = site.page()
@@ -486,26 +500,31 @@ def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:
     page.click("#edit-schedule")
     page.wait_for_selector("main[aria-busy=false] #sch-save")
     assert page.input_value("#sch-cron") == "0 3 * * *\n30 12 * * 1-5"
-    elsewhere = made | {"jitter_seconds": 5}
+    # What the form hides (max_concurrent under skip, the window under all) or does not edit
+    # (the bounds, paused) goes back as stored, not reset by a plain save.
+    until = int(time.time() * 1000) + 10 * 86_400_000
+    elsewhere = made | {"jitter_seconds": 5, "max_concurrent": 4, "end_at_ms": until}
     for key in ("name", "version", "created_at_ms", "updated_at_ms", "next_fires"):
         del elsewhere[key]
     assert site.api("PUT", "/api/v1/schedules/ui-made", json=elsewhere).status_code == 200
-    page.select_option("#sch-overlap", "allow")
-    page.fill("#sch-max-concurrent", "3")
+    page.select_option("#sch-catchup", "all")
     page.click("#sch-save")
     page.wait_for_selector(".result .error-box")
-    assert "changed this schedule meanwhile" in page.inner_text(".result .error-box")
+    assert "The schedule changed meanwhile" in page.inner_text(".result .error-box")
     page.reload()
     page.wait_for_selector("main[aria-busy=false] #sch-save")
-    assert page.input_value("#sch-jitter") == "5"
-    page.select_option("#sch-overlap", "allow")
-    page.fill("#sch-max-concurrent", "3")
-    page.check("#sch-paused")
+    assert page.input_value("#sch-jitter") == "5" and page.is_hidden("#sch-max-concurrent")
+    assert page.query_selector("#sch-paused") is None  # pause and resume are the page's
+    page.fill("#sch-window", "120")
+    page.select_option("#sch-catchup", "all")
+    page.fill("#sch-jitter", "7")
     page.click("#sch-save")
     page.wait_for_selector("#edit-schedule")
     edited = site.api("GET", "/api/v1/schedules/ui-made").json()
-    assert (edited["overlap"], edited["max_concurrent"], edited["jitter_seconds"]) == ("allow", 3, 5)
-    assert edited["paused"] and edited["cron"] == made["cron"]
+    assert (edited["catchup"], edited["jitter_seconds"], edited["max_concurrent"]) == ("all", 7, 4)
+    assert (edited["catchup_window_seconds"], edited["end_at_ms"]) == (3600, until)  # hidden: kept
+    assert not edited["paused"] and edited["cron"] == made["cron"]
+    assert edited["overlap"] == "skip"
     # Delete after the in-page question; "Keep it" first keeps it.
     page.click("#delete-schedule")
     assert page.evaluate("document.activeElement.textContent") == "Keep it"
@@ -906,6 +925,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _the_api_docs_page_runs_no_swagger_bytes_but_the_pinned_ones(site)
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
     _create_edit_and_delete_a_schedule_in_the_ui(site)
+    _the_tasks_list_says_each_tasks_last_run(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
     _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)

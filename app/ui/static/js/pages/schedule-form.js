@@ -68,6 +68,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
     field('sch-dst-gap', t('schedule_form.dst_gap'), dstGap),
     field('sch-dst-fold', t('schedule_form.dst_fold'), dstFold));
   let etag = null;
+  let stored = null; // an edit's schedule as read: what the form does not show is sent back
   let bounds = { start_at_ms: null, end_at_ms: null };
 
   put(view, h('section', { class: 'page' },
@@ -92,7 +93,9 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
         maxBox,
         windowBox,
         field('sch-jitter', t('schedule_form.jitter'), jitter, t('schedule_form.jitter_help'))),
-      h('div', { class: 'field check' }, paused, ' ', h('label', { for: 'sch-paused' }, t('schedule_form.paused'))),
+      // A new schedule may start paused. An edit keeps the state: unticking here would be a
+      // PUT paused:false, which starts from now without the catch-up Resume does.
+      isNew ? h('div', { class: 'field check' }, paused, ' ', h('label', { for: 'sch-paused' }, t('schedule_form.paused'))) : null,
       boundsNote,
       h('div', { class: 'actions' }, save,
         isNew ? link(['schedules'], t('schedule_form.back_list')) : link(['schedules', name], t('schedule_form.back_schedule'))),
@@ -136,6 +139,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
     const r = await api.get(path('schedules', name), { scope: 'definitions:read', signal, raw: true });
     etag = r.headers.get('ETag');
     const s = await r.json();
+    stored = s;
     task.value = s.task;
     revision.value = s.revision ? String(s.revision) : '';
     kindCron.checked = Boolean(s.cron);
@@ -161,8 +165,18 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
     }
   }
 
+  // An edit starts from the stored definition, so a field the form hides (max_concurrent
+  // under skip, the DST rules of an interval, the window under all) goes back unchanged: a
+  // plain save must not reset what the API or the CLI set. A new schedule sends only what
+  // the form shows (the API's defaults for the rest).
   function body() {
-    const out = { task: task.value.trim(), timezone: timezone.value.trim() || 'UTC' };
+    const out = stored ? {
+      max_concurrent: stored.max_concurrent,
+      catchup_window_seconds: stored.catchup_window_seconds,
+      dst_gap: stored.dst_gap,
+      dst_fold: stored.dst_fold,
+    } : {};
+    Object.assign(out, { task: task.value.trim(), timezone: timezone.value.trim() || 'UTC' });
     if (!out.task) throw new FormError(t('schedule_form.err_task_empty'));
     const rev = numberOrNull(revision);
     if (rev !== null) out.revision = rev;
@@ -189,7 +203,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
     if (j !== null) out.jitter_seconds = j;
     if (bounds.start_at_ms !== null) out.start_at_ms = bounds.start_at_ms;
     if (bounds.end_at_ms !== null) out.end_at_ms = bounds.end_at_ms;
-    out.paused = paused.checked;
+    out.paused = stored ? stored.paused : paused.checked;
     return out;
   }
 
@@ -214,7 +228,9 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
       if (isNew && !NAME.test(schedule)) throw new FormError(t('problem.INVALID_NAME'));
       const sent = body();
       if (isNew && await exists(schedule)) throw new FormError(t('schedule_form.err_exists', { name: schedule }));
-      const headers = etag ? { 'If-Match': etag } : undefined;
+      // A new one is created only (one made meanwhile elsewhere answers 412, untouched); an
+      // edit replaces the version read, or answers 412.
+      const headers = isNew ? { 'If-None-Match': '*' } : etag ? { 'If-Match': etag } : undefined;
       await api.put(path('schedules', schedule), sent, { scope: SCOPES, headers });
       go(`schedules/${encodeURIComponent(schedule)}`, null, t('schedule_form.saved', { name: schedule }));
     } catch (err) {

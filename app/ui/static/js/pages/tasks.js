@@ -5,7 +5,7 @@
 import { api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
-import { bytes, timeEl } from '../format.js';
+import { bytes, statusBadge, timeEl } from '../format.js';
 import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
 import { FormError, busy, errorBox, facts, loadMore, missing, numberOrNull, resultSlot } from './common.js';
@@ -23,7 +23,7 @@ export function tasksPage(view, { signal, ready }) {
       h('thead', {}, h('tr', {},
         h('th', { scope: 'col' }, t('runs.task')),
         h('th', { scope: 'col' }, t('tasks.latest_revision')),
-        h('th', { scope: 'col' }, t('tasks.runs')))),
+        h('th', { scope: 'col' }, t('tasks.last_run')))),
       body)),
     empty, more.el));
 
@@ -31,14 +31,41 @@ export function tasksPage(view, { signal, ready }) {
     return api.get(`${path('tasks')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
   }
   function add(page) {
+    const cells = [];
     for (const item of page.items) {
+      const last = h('td', { class: 'last-run', dataset: { task: item.task } }, '…');
+      cells.push(last);
       body.append(h('tr', {},
         h('td', {}, link(['tasks', item.task], raw(item.task))),
         h('td', {}, raw(item.latest_revision)),
-        h('td', {}, h('a', { href: `#/runs?task=${encodeURIComponent(item.task)}` }, t('tasks.see_runs')))));
+        last));
     }
+    lastRuns(cells);
     empty.hidden = body.rows.length > 0;
     return page.next_cursor;
+  }
+  // Each task's newest run (GET /api/v1/runs?task=&limit=1), four at a time: what a person
+  // asks first of a task list ("did last night's backup work?"). A token without runs:read
+  // gets a dash (the runs are not its to read); the link to all of the task's runs stays.
+  async function lastRuns(cells) {
+    const queue = [...cells];
+    const one = async () => {
+      for (let cell = queue.shift(); cell; cell = queue.shift()) {
+        const task = cell.dataset.task;
+        const all = h('div', { class: 'muted' }, h('small', {}, h('a', { href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs'))));
+        try {
+          const page = await api.get(`${path('runs')}${query({ task, limit: 1 })}`, { scope: 'runs:read', signal });
+          const run = page.items[0];
+          put(cell, run
+            ? [link(['runs', run.id], statusBadge(run.status)), ' ', timeEl(run.created_at_ms), all]
+            : [h('span', { class: 'muted' }, t('tasks.never_run')), all]);
+        } catch (err) {
+          if (err.name === 'AbortError') return;
+          put(cell, '—', all);
+        }
+      }
+    };
+    await Promise.all([one(), one(), one(), one()]);
   }
   fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || '')).finally(ready);
 }
