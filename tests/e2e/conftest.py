@@ -111,6 +111,18 @@ def job_cgroup(pid: int) -> Path | None:
     return mounted_path(mounts, own)
 
 
+def end_jobs(jobs: dict[int, int]) -> None:
+    """SIGKILL each process {pid: start ticks} still alive, and remove the job cgroups the
+    kills emptied (the shim that removes its cgroup may be among them)."""
+    left = {p: t for p, t in jobs.items() if alive(p, t)}
+    cgroups = {job_cgroup(pid) for pid in left} - {None}
+    for pid, ticks in left.items():
+        kill_exact(pid, ticks)
+    for path in cgroups:
+        if path is not None:
+            remove_empty_cgroup(path)
+
+
 def remove_empty_cgroup(path: Path) -> None:
     """Remove the cgroup ``path`` once its killed members are gone (up to 2 s)."""
     deadline = time.monotonic() + 2.0
@@ -323,11 +335,7 @@ class Served:
 
     def _cleanup(self, known: dict[int, int]) -> None:
         left = {p: t for p, t in known.items() if alive(p, t)}
-        cgroups = {job_cgroup(pid) for pid in left} - {None}
-        for pid, ticks in left.items():
-            kill_exact(pid, ticks)
-        for path in cgroups:  # emptied by the kills; the shim that removes it was killed
-            remove_empty_cgroup(path)
+        end_jobs(left)
         shutil.rmtree(self._socket_dir, ignore_errors=True)
         if left:
             pytest.fail(f"processes left after qinglong serve exited: {sorted(left)}")

@@ -17,7 +17,7 @@ from app.domain.artifacts import log_relpath
 from app.domain.ids import now_ms
 from app.storage.engine import make_engine
 from app.storage.tables import run_events, runs
-from tests.e2e.conftest import ServeFactory, alive, kill_exact, wait_until
+from tests.e2e.conftest import ServeFactory, alive, end_jobs, kill_exact, wait_until
 from tests.e2e.kit import TERMINAL
 from tests.e2e.kit import enqueue as _enqueue
 from tests.e2e.kit import get_run as _run
@@ -154,8 +154,7 @@ def test_a_serve_killed_while_it_stops_its_jobs_leaves_each_run_one_ending(
         )
     finally:
         engine.dispose()
-        for pid, ticks in served.left_jobs.items():
-            kill_exact(pid, ticks)
+        end_jobs(served.left_jobs)  # a failure above may leave the job and its cgroup
     assert run["status"] == "cancelled"
     assert _terminal_events(again, run_id) == ["run.cancelled"]
     log = httpx.get(f"{again.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=again.auth)
