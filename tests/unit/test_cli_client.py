@@ -909,24 +909,35 @@ class _Terminal(io.TextIOWrapper):
         return cast(io.BytesIO, self.buffer).getvalue()
 
 
+def _ended_log(chunks: list[str], *, follow: bool) -> dict[tuple[str, str], httpx.Response]:
+    """Answers for run r1, succeeded, whose attempt 1 wrote ``chunks``: as a follow's SSE
+    events (one a chunk) or, without --follow, as the log's bytes."""
+    done = RUN | {"id": "r1", "status": "succeeded"}
+    done["latest_attempt"] = RUN["latest_attempt"] | {"status": "succeeded", "exit_code": 0}  # type: ignore[operator]
+    raw = "".join(chunks).encode()
+    if follow:
+        events, offset = [], 0
+        for chunk in chunks:
+            events.append(_chunk(offset, chunk))
+            offset += len(chunk.encode())
+        end = f"event: end\ndata: {json.dumps({'status': 'succeeded', 'bytes': len(raw)})}\n\n"
+        log = httpx.Response(200, content=_sse(*events, end))
+    else:
+        log = httpx.Response(200, content=raw)
+    return {
+        ("GET", "/api/v1/runs/r1"): httpx.Response(200, json=done),
+        ("GET", "/api/v1/runs/r1/attempts/1/log"): log,
+    }
+
+
 @pytest.mark.parametrize("follow", [False, True])
 def test_runs_logs_on_a_terminal_shows_escapes_unless_raw(
     monkeypatch: pytest.MonkeyPatch, follow: bool
 ) -> None:
-    done = RUN | {"id": "r1", "status": "succeeded"}
-    done["latest_attempt"] = RUN["latest_attempt"] | {"status": "succeeded", "exit_code": 0}  # type: ignore[operator]
-    raw = HOSTILE.encode()
-    if follow:  # the same output in two chunks, cut inside the first colour
-        end = f"event: end\ndata: {json.dumps({'status': 'succeeded', 'bytes': len(raw)})}\n\n"
-        log = httpx.Response(200, content=_sse(_chunk(0, HOSTILE[:3]), _chunk(3, HOSTILE[3:]), end))
-    else:
-        log = httpx.Response(200, content=raw)
-    answers = {
-        ("GET", "/api/v1/runs/r1"): httpx.Response(200, json=done),
-        ("GET", "/api/v1/runs/r1/attempts/1/log"): log,
-    }
+    # Followed, the same output in two chunks, cut inside the first colour.
+    answers = _ended_log([HOSTILE[:3], HOSTILE[3:]], follow=follow)
     flags = ["--url", "http://api.test", "--token", "ql_t"] + (["--follow"] if follow else [])
-    for extra, expected in (([], SHOWN.encode()), (["--raw"], raw)):
+    for extra, expected in (([], SHOWN.encode()), (["--raw"], HOSTILE.encode())):
         terminal = _Terminal()
         monkeypatch.setattr(sys, "stdout", terminal)
         code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *extra, *flags)
@@ -937,18 +948,7 @@ def test_runs_logs_on_a_terminal_shows_escapes_unless_raw(
 def test_a_log_a_terminal_cannot_encode_is_shown_with_replacements_not_a_traceback(
     monkeypatch: pytest.MonkeyPatch, follow: bool
 ) -> None:
-    done = RUN | {"id": "r1", "status": "succeeded"}
-    done["latest_attempt"] = RUN["latest_attempt"] | {"status": "succeeded", "exit_code": 0}  # type: ignore[operator]
-    text = "中文 ok\n"
-    if follow:
-        end = f"event: end\ndata: {json.dumps({'status': 'succeeded', 'bytes': 9})}\n\n"
-        log = httpx.Response(200, content=_sse(_chunk(0, text), end))
-    else:
-        log = httpx.Response(200, content=text.encode())
-    answers = {
-        ("GET", "/api/v1/runs/r1"): httpx.Response(200, json=done),
-        ("GET", "/api/v1/runs/r1/attempts/1/log"): log,
-    }
+    answers = _ended_log(["中文 ok\n"], follow=follow)
     flags = ["--url", "http://api.test", "--token", "ql_t"] + (["--follow"] if follow else [])
     for extra in ([], ["--raw"]):
         if extra and not follow:
