@@ -106,6 +106,7 @@ def create_app(
                 "Authorization",
                 "Content-Type",
                 "Idempotency-Key",
+                "If-Match",  # a schedule's edit (the UI's form sends it)
                 "If-None-Match",
                 "Last-Event-ID",
                 "Range",

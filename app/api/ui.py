@@ -56,8 +56,10 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):  # behind a proxy's prefix, uvicorn keeps it here
+        root = scope.get("root_path", "").rstrip("/")
+        # Behind a proxy's prefix, uvicorn keeps it in the path: stripped at a segment's
+        # boundary only (a root of "/d" must not turn "/docs" into "ocs").
+        if root and (path == root or path.startswith(root + "/")):
             path = path[len(root) :]
         extra = list(_EVERY_RESPONSE)
         if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):

@@ -113,6 +113,13 @@ def test_api_answers_carry_nosniff_and_cors_still_works(
         )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == origin
+        # Every header the UI sends: a schedule's edit (If-Match) and its creation.
+        for sent in ("if-match", "if-none-match", "idempotency-key", "last-event-id"):
+            conditional = client.request("OPTIONS", "/api/v1/schedules/nightly", headers={
+                "Origin": origin, "Access-Control-Request-Method": "PUT",
+                "Access-Control-Request-Headers": f"authorization,content-type,{sent}",
+            })  # fmt: skip
+            assert conditional.status_code == 200, (sent, conditional.text)
         token = {"Authorization": f"Bearer {make_token('runs:read')}", "Origin": origin}
         listed = client.get("/api/v1/runs", headers=token)
         assert listed.status_code == 200
@@ -138,3 +145,13 @@ def test_below_a_root_path_the_ui_and_the_docs_keep_their_policies(settings: Set
     assert ui.status_code == 200
     assert ui.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     assert ui.headers["x-frame-options"] == "DENY"
+    # A root that is a prefix of a path but not a segment of it strips nothing.
+    for root in ("/d", "/do", "/"):
+        bare = httpx.ASGITransport(app=create_app(settings, execution=False), root_path=root)
+
+        async def get_docs(transport: httpx.ASGITransport = bare) -> httpx.Response:
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                return await http.get("/docs")
+
+        docs = anyio.run(get_docs)
+        assert docs.status_code != 200 or docs.headers["content-security-policy"] == DOCS_CSP
