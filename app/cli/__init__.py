@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _service_main(argv: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.cli.common import NoDatabase
+    from app.cli.common import KeyFileMissing, NoDatabase
     from app.domain.errors import (
         DatabaseUnreachable,
         DomainError,
@@ -180,7 +180,7 @@ def _service_main(argv: list[str]) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except NoDatabase as exc:
+    except (NoDatabase, KeyFileMissing) as exc:
         print(f"qinglong: {exc}", file=sys.stderr)
         return 1
     except KeyUnavailable as exc:

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.domain.errors import KeyUnavailable, StorageUnavailable
+from app.domain.errors import StorageUnavailable
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.private_files import require_private
@@ -100,14 +100,20 @@ def _require_sqlite_file(settings: Settings) -> None:
     raise NoDatabase(f"no database at {path}; {where}")
 
 
+class KeyFileMissing(Exception):
+    """No key file and no ``QL_SECRET_KEY`` while the database holds secrets, or cannot say
+    whether it does: one line saying where the key must come from, exit 1."""
+
+
 def require_key_for_stored_secrets(settings: Settings) -> None:
-    """KeyUnavailable when there is no key file (and ``QL_SECRET_KEY`` is unset) while the
+    """KeyFileMissing when there is no key file (and ``QL_SECRET_KEY`` is unset) while the
     database already holds secrets: the key file made on first use would decrypt none of
     them, and each secret set under it would be lost once the right key file is put back
-    (a data dir restored without its ``secret.key``, docs/operations.md §3). Checked by
-    ``serve``, ``api`` and ``secrets rotate-key`` before anything makes the key file; the
-    database is read only when the file is missing (a database not migrated yet, or not
-    answering, holds no secret this could protect: the api answers 503 for it as before)."""
+    (a data dir restored without its ``secret.key``, docs/operations.md §3; a new host of a
+    shared PostgreSQL, docs/several-hosts.md). Checked by ``serve``, ``api`` and ``secrets
+    rotate-key`` before anything makes the key file; the database is read only when the
+    file is missing. A database not made or not migrated yet holds no secret; one that does
+    not answer cannot say, so nothing is made until it does (the api's unit restarts it)."""
     if settings.secret_key or settings.key_file.exists():
         return
     from app.storage.tables import secrets
@@ -117,21 +123,29 @@ def require_key_for_stored_secrets(settings: Settings) -> None:
         _require_sqlite_file(settings)
     except NoDatabase:
         return
+    where = (
+        f"no key file at {settings.key_file} and QL_SECRET_KEY is unset, but the database "
+    )
     engine = make_engine(settings.database_url)
     try:
         if not inspect(engine).has_table(secrets.name):
             return
         with UnitOfWork(engine, write=False) as uow:
             key_ids = sorted(uow.conn.execute(select(secrets.c.key_id).distinct()).scalars())
-    except (StorageUnavailable, SQLAlchemyError):
-        return
+    except (StorageUnavailable, SQLAlchemyError) as exc:
+        raise KeyFileMissing(
+            f"{where}does not answer ({type(exc).__name__}), so whether it holds secrets is "
+            "unknown and no key file is made: start again once it answers"
+        ) from None
     finally:
         engine.dispose()
     if key_ids:
-        raise KeyUnavailable(
-            f"no key file at {settings.key_file} and QL_SECRET_KEY is unset, but the database "
-            f"holds secrets under key(s) {' '.join(key_ids)}: a new key file would decrypt "
-            "none of them, so none is made"
+        raise KeyFileMissing(
+            f"{where}holds secrets under key(s) {' '.join(key_ids)}, which a new key file "
+            "would not decrypt, so none is made: restore the secret.key that wrote them (a "
+            "backup keeps it apart, docs/operations.md §3), copy it from a host that shares "
+            "this database, or set the same QL_SECRET_KEY on every host "
+            "(docs/several-hosts.md)"
         )
 
 

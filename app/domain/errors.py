@@ -58,9 +58,9 @@ that built the adapter). They are listed here, not defined here:
   _Disconnected; app/api/routes_logs.py: _Refused (a follow's token refused, its stream's
   error event); app/cli/shard_audit.py: AuditRefused; app/cli/common.py: NoDatabase (no
   SQLite file where a service command looks), NotTheOwner(ValueError) (root on another
-  user's data dir); app/cli/client/api.py: ClientError,
-  Unreachable, ApiProblem (the HTTP client's one-line errors); app/cli/client/config.py:
-  ConfigRefused.
+  user's data dir), KeyFileMissing (no key file while the database holds secrets);
+  app/cli/client/api.py: ClientError, Unreachable, ApiProblem (the HTTP client's one-line
+  errors); app/cli/client/config.py: ConfigRefused.
 """
 
 from __future__ import annotations

@@ -132,10 +132,32 @@ def test_a_data_dir_restored_without_its_key_file_is_refused_not_given_a_new_key
         err = capsys.readouterr().err
         assert err.startswith(f"qinglong: no key file at {key_file}"), err
         assert old_id in err and "restore the secret.key" in err and "Traceback" not in err
+        assert "QL_SECRET_KEY on every host" in err and "decrypt under this key ring" not in err
         assert "restored-value" not in err
         assert served == [] and not key_file.exists()  # nothing started, no new key made
     finally:
         engine.dispose()
+
+
+@pytest.mark.usefixtures("in_process_service")
+def test_no_key_file_is_made_while_the_database_cannot_say_whether_it_holds_secrets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new host of a shared PostgreSQL started before the server answers: a key made now
+    # could be one no stored secret decrypts under (the second review).
+    import uvicorn
+
+    from tests.e2e.conftest import free_port
+
+    monkeypatch.delenv("QL_SECRET_KEY", raising=False)
+    monkeypatch.setenv("QL_DATABASE_URL", f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
+    served: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append("api"))
+    assert main(["--data-dir", str(tmp_path), "api", "--port", str(free_port())]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("qinglong: no key file at ") and "does not answer" in err, err
+    assert "start again once it answers" in err and "Traceback" not in err
+    assert served == [] and not (tmp_path / "secret.key").exists()
 
 
 @pytest.mark.usefixtures("in_process_service")
