@@ -3,13 +3,15 @@
 A background pass retries every second or so (the schedule loop, the dispatcher's drains);
 with the database away, or not migrated, one line per try wrote 3,600 lines an hour into
 the service's log, each the same. ``FailureLog`` writes the first failure of a kind, then
-at most one line per ``every_s`` saying how many more failed the same way, and one line when
-a pass succeeds again. Only the exception's type is written (no message: it may hold data).
+at most one line per ``every_s`` saying how many more failed the same way, and a line when a
+pass succeeds again (at most one per ``every_s``: a pass failing on and off must not write
+two lines a turn). Only the exception's type is written (no message: it may hold data).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +20,10 @@ REPEAT_EVERY_S = 60.0
 
 
 class FailureLog:
-    """Failures of one pass, logged without flooding (thread-safe)."""
+    """Failures of one pass, logged without flooding (thread-safe): a failure of a kind is
+    written at most once per ``every_s`` (the next line counts those not written), and the
+    recovery at most once per ``every_s`` too, so a pass that fails on and off, or in turns
+    of several kinds, writes a few lines a minute at most."""
 
     def __init__(
         self,
@@ -32,34 +37,41 @@ class FailureLog:
         self._log, self._what, self._level = logger, what, level
         self._every_s, self._clock = every_s, clock
         self._lock = threading.Lock()
-        self._kind: str | None = None  # the failing kind, None while passes succeed
-        self._logged_at = 0.0
-        self._unlogged = 0  # failures since the last line
-        self._total = 0  # failures since the first of this run of them
+        self._logged: dict[str, float] = {}  # kind: when its last line was written
+        self._unlogged: dict[str, int] = {}  # kind: failures since that line
+        self._failing = False
+        self._total = 0  # failures since the last recovery line
+        self._recovered_at = -math.inf
 
     def failed(self, exc: BaseException) -> None:
-        """A pass failed with ``exc``: a line when the failure is new or a minute passed."""
+        """A pass failed with ``exc``: a line unless this kind had one within ``every_s``."""
         kind = type(exc).__name__
         with self._lock:
             now = self._clock()
+            self._failing = True
             self._total += 1
-            if kind != self._kind:
-                self._kind, self._logged_at, self._unlogged = kind, now, 0
-                self._log.log(self._level, "%s failed: %s", self._what, kind)
-            elif now - self._logged_at >= self._every_s:
+            if now - self._logged.get(kind, -math.inf) < self._every_s:
+                self._unlogged[kind] = self._unlogged.get(kind, 0) + 1
+                return
+            self._logged[kind] = now
+            more = self._unlogged.pop(kind, 0)
+            if more:
                 self._log.log(
-                    self._level,
-                    "%s failed: %s (%d more time(s) since the last line)",
-                    self._what, kind, self._unlogged + 1,
+                    self._level, "%s failed: %s (%d more time(s) since the last line)",
+                    self._what, kind, more,
                 )  # fmt: skip
-                self._logged_at, self._unlogged = now, 0
             else:
-                self._unlogged += 1
+                self._log.log(self._level, "%s failed: %s", self._what, kind)
 
     def succeeded(self) -> None:
-        """A pass succeeded: one line if it had been failing."""
+        """A pass succeeded: a line if it had been failing, at most one per ``every_s``."""
         with self._lock:
-            if self._kind is None:
+            if not self._failing:
                 return
+            self._failing = False
+            now = self._clock()
+            if now - self._recovered_at < self._every_s:
+                return  # on and off: the next recovery line counts these failures too
+            self._recovered_at = now
             self._log.info("%s works again after %d failure(s)", self._what, self._total)
-            self._kind, self._unlogged, self._total = None, 0, 0
+            self._total = 0

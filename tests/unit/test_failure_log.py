@@ -34,13 +34,24 @@ def test_a_failure_is_logged_when_it_starts_then_once_a_minute_then_its_end(
         failures.succeeded()  # nothing more: it was not failing
     assert caplog.messages == [
         "schedule pass failed: NotMigrated",
-        "schedule pass failed: NotMigrated (60 more time(s) since the last line)",
-        "schedule pass failed: NotMigrated (60 more time(s) since the last line)",
+        "schedule pass failed: NotMigrated (59 more time(s) since the last line)",
+        "schedule pass failed: NotMigrated (59 more time(s) since the last line)",
         "schedule pass failed: RuntimeError",
         "schedule pass works again after 151 failure(s)",
     ]
     assert [r.levelno for r in caplog.records] == [logging.ERROR] * 4 + [logging.INFO]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="qinglong.test"):
-        failures.failed(NotMigrated())  # a new outage: said at once again
-    assert caplog.messages == ["schedule pass failed: NotMigrated"]
+        # On and off within the minute, in turns of two kinds: nothing more is written.
+        for kind in (NotMigrated(), RuntimeError(), NotMigrated(), RuntimeError()):
+            clock.now += 5
+            failures.failed(kind)
+            failures.succeeded()
+        assert caplog.messages == []
+        clock.now += 60  # a minute later, a new outage: said at once, with what went unsaid
+        failures.failed(NotMigrated())
+        failures.succeeded()
+    assert caplog.messages == [
+        "schedule pass failed: NotMigrated (31 more time(s) since the last line)",
+        "schedule pass works again after 5 failure(s)",
+    ]
