@@ -61,6 +61,7 @@ FIRE_PAGE = 32
 # every catch-up policy (docs/schedules.md §3). The loop wakes at the slot; this absorbs a slow
 # transaction or a short restart, not downtime.
 ON_TIME_GRACE_MS = 5_000
+REFUSAL_LOG_EVERY_S = 60.0
 DELETED_REASON = "schedule_deleted"
 REPLACED_REASON = "replaced"
 
@@ -150,6 +151,9 @@ class ScheduleRepository:
         # QL_MAX_QUEUED: a slot that finds this many runs queued is dropped, not queued
         # (``dropped_queue_full``, docs/concurrency-budgets.md §3).
         self._max_queued = max_queued
+        # (schedule id, code): when "schedule fire refused" was last written for it. A refused
+        # schedule stays due and is tried again every pass: one line a minute, not 50 a second.
+        self._refusals_logged: dict[tuple[str, str], float] = {}
 
     # -- definitions -------------------------------------------------------------------------
 
@@ -333,7 +337,12 @@ class ScheduleRepository:
             except DomainError as exc:
                 # One schedule refused (its pinned revision unreadable) must not hold back the
                 # others due behind it; it stays due and is tried again on the next pass.
-                log.error("schedule fire refused: %s", exc.code)
+                key, clock = (schedule_id, str(exc.code)), time.monotonic()
+                if clock - self._refusals_logged.get(key, -REFUSAL_LOG_EVERY_S) >= (
+                    REFUSAL_LOG_EVERY_S
+                ):
+                    self._refusals_logged[key] = clock
+                    log.error("schedule fire refused: %s (schedule %s)", exc.code, schedule_id)
                 made = None
             if made is not None:
                 created += made[0]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 
 from app.domain.errors import NotFound, PreconditionFailed
 from app.domain.model import ScheduleDefinition
@@ -13,7 +14,7 @@ from app.schedule.slots import jitter_ms, slot_jitter_ms
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
 from app.storage.schedules_repo import ON_TIME_GRACE_MS, ScheduleRepository, spec_of
-from app.storage.tables import runs
+from app.storage.tables import runs, schedules
 from tests.storage.helpers import define_task, start
 
 T0 = 1_699_999_200_000  # a whole hour in the past: the tests pass their own clock, and a
@@ -393,3 +394,24 @@ def test_a_late_pass_within_a_jitter_of_many_slots_leaves_no_slot_undecided(
     cursor = repo.get(name=name).cursor_ms
     assert cursor >= ninth
     assert decided_slots(repo, name, 1000) == list(range(T0 + 1000, cursor + 1, 1000))
+
+
+def test_a_schedule_this_build_refuses_is_said_once_a_minute_not_every_pass(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A body a newer build stored (a rollback): this build refuses it, the schedule stays
+    # due and is tried again each pass (20 ms apart), the others due behind it go on.
+    repo = make(engine, every(1))
+    make(engine, every(1), name="other")
+    broken = repo.get(name="tick")
+    with engine.begin() as conn:
+        conn.execute(
+            update(schedules).where(schedules.c.id == broken.id)
+            .values(body='{"task": "job", "revision": null, "cron": ["99 * * * *"], "every_seconds": null}')
+        )  # fmt: skip
+    with caplog.at_level(logging.ERROR, logger="qinglong.schedules"):
+        for n in range(1, 6):
+            repo.fire_due(T0 + 1000 * n)
+    refused = [m for m in caplog.messages if m.startswith("schedule fire refused")]
+    assert refused == [f"schedule fire refused: INVALID_SCHEDULE (schedule {broken.id})"]
+    assert repo.get(name="other").cursor_ms == T0 + 5000  # decided every pass meanwhile
