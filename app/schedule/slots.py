@@ -535,17 +535,24 @@ def jitter_ms(schedule_id: str, slot_ms: int, jitter_seconds: int) -> int:
     return _jitter(schedule_id, slot_ms, jitter_seconds * 1000)
 
 
+# Two due instants are at least this far apart (or half the interval, if shorter).
+JITTER_MARGIN_MS = 1000
+
+
 def slot_jitter_ms(spec: SlotSpec, schedule_id: str, slot_ms: int, jitter_seconds: int) -> int:
-    """The slot's jitter within its own interval: a delay in [0, min(jitter, the time to the
-    next slot)), fixed by the schedule and the slot. Each slot is then due before the next
-    one's instant, so slots fall due in their order (a jitter longer than the interval would
-    let a pass take the slots still in their jitter for a backlog, recorded ``missed``);
-    where the jitter is shorter than the interval it is ``jitter_ms`` exactly."""
+    """The slot's jitter within its own interval: a delay in [0, min(jitter, gap - margin)),
+    the gap the time to the next slot and the margin min(1 s, half the gap), fixed by the
+    schedule and the slot. Each slot is then due at least the margin before the next one's
+    instant, so slots fall due in their order, at least that far apart: a pass later than a
+    slot's due instant by less than the margin meets no other slot due (a jitter as long as
+    the interval let a pass take the slots still in their jitter for a backlog, recorded
+    ``missed``). Where the jitter is shorter than that, it is ``jitter_ms`` exactly."""
     if jitter_seconds < 0:
         raise InvalidSchedule("jitter_seconds must be >= 0")
     span = jitter_seconds * 1000
     if span and (after := next_slot(spec, slot_ms)) is not None:
-        span = min(span, after - slot_ms)
+        gap = after - slot_ms
+        span = min(span, gap - min(gap // 2, JITTER_MARGIN_MS))
     return _jitter(schedule_id, slot_ms, span)
 
 

@@ -281,16 +281,20 @@ def test_a_slots_jitter_stays_within_its_own_interval_so_slots_fall_due_in_order
     assert [slot_jitter_ms(every(60), "s", t, 30) for t in slots] == [
         jitter_ms("s", t, 30) for t in slots
     ]
-    # Ten minutes of jitter on an every-minute schedule: spread over the slot's own minute.
+    # Ten minutes of jitter on an every-minute schedule: spread over the slot's own minute but
+    # its last second, so two due instants are a second apart at least.
     values = [slot_jitter_ms(every(60), "s", t, 600) for t in slots]
-    assert all(0 <= v < MIN for v in values) and max(values) > 50_000 and min(values) < 10_000
+    assert all(0 <= v < MIN - 1000 for v in values) and max(values) > 50_000 and min(values) < 10_000
     dues = [t + v for t, v in zip(slots, values, strict=True)]
-    assert dues == sorted(dues)
+    assert all(b - a > 1000 for a, b in itertools.pairwise(dues))
+    # Every second: within the first half of the slot's second, dues half a second apart.
+    halves = [slot_jitter_ms(every(1), "s", T0 + 1000 * i, 10) for i in range(500)]
+    assert max(halves) < 500 < max(halves) + 20
     # Irregular cron gaps (9:00 and 9:10, then the next day): each slot's own gap bounds it.
     spec = cron("0,10 9 * * *")
     firsts = slots_after(spec, T0, 200)
     for first, second in itertools.pairwise(firsts):
-        assert 0 <= slot_jitter_ms(spec, "s", first, 3600) < second - first
+        assert 0 <= slot_jitter_ms(spec, "s", first, 3600) < second - first - 1000
     # The last slot of a bounded schedule keeps the whole jitter.
     last = every(60, end_at_ms=T0 + MIN)
     assert slot_jitter_ms(last, "s", T0 + MIN, 600) == jitter_ms("s", T0 + MIN, 600)
