@@ -79,11 +79,14 @@ def spec_of(definition: ScheduleDefinition) -> SlotSpec:
     )
 
 
-def _matches(if_match: str, row: Any) -> bool:
+def _matches(if_match: str, row: Any, *, weak: bool = False) -> bool:
     """RFC 9110 §13.1.1: ``*`` matches any current version; else a list of entity tags
-    matches when one of them is the current one (strong comparison: a weak tag never does).
-    Ours hold no comma, so splitting on commas cannot make one of a client's tags ours."""
+    matches when one of them is the current one (strong comparison: a weak tag never does;
+    ``weak``, If-None-Match's comparison, §13.1.2: ``W/"x"`` matches ``"x"``). Ours hold no
+    comma, so splitting on commas cannot make one of a client's tags ours."""
     tags = {tag.strip() for tag in if_match.split(",")}
+    if weak:
+        tags = {tag.removeprefix("W/") for tag in tags}
     return "*" in tags or _schedule_of(row).etag in tags
 
 
@@ -179,7 +182,10 @@ class ScheduleRepository:
             row = conn.execute(_locked(conn, _BY_NAME), {"name": name}).first()
             if if_match is not None and (row is None or not _matches(if_match, row)):
                 raise PreconditionFailed()
-            if if_none_match is not None and row is not None and _matches(if_none_match, row):
+            if (
+                if_none_match is not None and row is not None
+                and _matches(if_none_match, row, weak=True)
+            ):  # fmt: skip
                 raise PreconditionFailed(f"the schedule {name} exists (If-None-Match)")
             if row is None:
                 new_id = uuid7(at)

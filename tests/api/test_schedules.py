@@ -75,6 +75,9 @@ def test_if_none_match_star_creates_only(
     current = client.get(URL, headers=admin).headers["ETag"]
     assert_problem(client.put(URL, json=body(every_seconds=60), headers={
         **admin, "If-None-Match": current}), 412, "PRECONDITION_FAILED")  # fmt: skip
+    weak = {**admin, "If-None-Match": "W/" + current}  # If-None-Match compares weakly
+    assert_problem(client.put(URL, json=body(every_seconds=60), headers=weak), 412,
+                   "PRECONDITION_FAILED")  # fmt: skip
     other = {**admin, "If-None-Match": '"elsewhere.1"'}
     assert client.put(URL, json=body(every_seconds=60), headers=other).status_code == 200
 
