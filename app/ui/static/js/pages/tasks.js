@@ -2,7 +2,7 @@
 // recipe as environment keys and secret names (never values), "start a run", links to the
 // new-task and new-revision forms (./define.js), and the task's retention policy.
 
-import { api, path, query } from '../api.js';
+import { ApiError, api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { bytes, statusBadge, timeEl } from '../format.js';
@@ -33,7 +33,7 @@ export function tasksPage(view, { signal, ready }) {
   function add(page) {
     const cells = [];
     for (const item of page.items) {
-      const last = h('td', { class: 'last-run', dataset: { task: item.task } }, '…');
+      const last = h('td', { class: 'last-run', 'aria-busy': 'true', dataset: { task: item.task } }, '…');
       cells.push(last);
       body.append(h('tr', {},
         h('td', {}, link(['tasks', item.task], raw(item.task))),
@@ -49,11 +49,13 @@ export function tasksPage(view, { signal, ready }) {
   // gets a dash (the runs are not its to read); the link to all of the task's runs stays.
   async function lastRuns(cells) {
     const queue = [...cells];
+    let refused = false; // a token without runs:read: one 403 says it for every row
     const one = async () => {
       for (let cell = queue.shift(); cell; cell = queue.shift()) {
         const task = cell.dataset.task;
         const all = h('div', { class: 'muted' }, h('small', {}, h('a', { href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs'))));
         try {
+          if (refused) throw new ApiError(403, {}, 'runs:read');
           const page = await api.get(`${path('runs')}${query({ task, limit: 1 })}`, { scope: 'runs:read', signal });
           const run = page.items[0];
           put(cell, run
@@ -61,8 +63,11 @@ export function tasksPage(view, { signal, ready }) {
             : [h('span', { class: 'muted' }, t('tasks.never_run')), all]);
         } catch (err) {
           if (err.name === 'AbortError') return;
-          put(cell, '—', all);
+          refused = refused || err.status === 403;
+          // Not the runs of this token's to read, or not read now: a dash that says which.
+          put(cell, h('span', { title: err.status === 403 ? t('tasks.last_run_hidden') : t('tasks.last_run_unread') }, '—'), all);
         }
+        cell.removeAttribute('aria-busy');
       }
     };
     await Promise.all([one(), one(), one(), one()]);
