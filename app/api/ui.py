@@ -15,6 +15,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette._utils import get_route_path
 
 from app.api.api_docs import DOCS_CSP, DOCS_PATH
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
@@ -55,12 +56,10 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
-        root = scope.get("root_path", "").rstrip("/")
-        # Behind a proxy's prefix, uvicorn keeps it in the path: stripped at a segment's
-        # boundary only (a root of "/d" must not turn "/docs" into "ocs").
-        if root and (path == root or path.startswith(root + "/")):
-            path = path[len(root) :]
+        # Behind a proxy's prefix uvicorn keeps it in the path: the path the router matches,
+        # by the router's own function, so the two never disagree (a root of "/d" leaves
+        # "/docs" whole; a root of "/p/" makes "/p//ui/x" "/ui/x").
+        path = get_route_path(scope)
         extra = list(_EVERY_RESPONSE)
         if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
             extra += _UI_RESPONSES

@@ -145,7 +145,18 @@ def test_below_a_root_path_the_ui_and_the_docs_keep_their_policies(settings: Set
     assert ui.status_code == 200
     assert ui.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
     assert ui.headers["x-frame-options"] == "DENY"
-    # A root that is a prefix of a path but not a segment of it strips nothing.
+    # Stripped as the router strips it: "/p/" makes "/p//ui/" the UI; a root that is a
+    # prefix of a path but not a segment of it strips nothing.
+    slashed = httpx.ASGITransport(app=create_app(settings, execution=False), root_path="/p/")
+
+    async def get_slashed(path: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=slashed, base_url="http://t") as http:
+            return await http.get(path)
+
+    for path, policy in (("/p//ui/", CONTENT_SECURITY_POLICY), ("/p//docs", DOCS_CSP)):
+        answer = anyio.run(get_slashed, path)
+        assert answer.status_code == 200, path
+        assert answer.headers["content-security-policy"] == policy, path
     for root in ("/d", "/do", "/"):
         bare = httpx.ASGITransport(app=create_app(settings, execution=False), root_path=root)
 
