@@ -4,8 +4,9 @@ A background pass retries every second or so (the schedule loop, the dispatcher'
 with the database away, or not migrated, one line per try wrote 3,600 lines an hour into
 the service's log, each the same. ``FailureLog`` writes the first failure of a kind, then
 at most one line per ``every_s`` saying how many more failed the same way, and a line when a
-pass succeeds again (at most one per ``every_s``: a pass failing on and off must not write
-two lines a turn). Only the exception's type is written (no message: it may hold data).
+pass succeeds again (after every failure line written, else at most one per ``every_s``: a
+pass failing on and off must not write two lines a turn, nor end the log on a failure).
+Only the exception's type is written (no message: it may hold data).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class FailureLog:
         self._failing = False
         self._total = 0  # failures since the last recovery line
         self._recovered_at = -math.inf
+        self._said_failing = False  # a failure line written since the last recovery line
 
     def failed(self, exc: BaseException) -> None:
         """A pass failed with ``exc``: a line unless this kind had one within ``every_s``."""
@@ -54,6 +56,7 @@ class FailureLog:
                 self._unlogged[kind] = self._unlogged.get(kind, 0) + 1
                 return
             self._logged[kind] = now
+            self._said_failing = True
             more = self._unlogged.pop(kind, 0)
             if more:
                 self._log.log(
@@ -64,14 +67,16 @@ class FailureLog:
                 self._log.log(self._level, "%s failed: %s", self._what, kind)
 
     def succeeded(self) -> None:
-        """A pass succeeded: a line if it had been failing, at most one per ``every_s``."""
+        """A pass succeeded: a line if it had been failing, at most one per ``every_s``
+        unless a failure line was written since the last one (the log never ends on a
+        failure the pass has recovered from)."""
         with self._lock:
             if not self._failing:
                 return
             self._failing = False
             now = self._clock()
-            if now - self._recovered_at < self._every_s:
-                return  # on and off: the next recovery line counts these failures too
-            self._recovered_at = now
+            if not self._said_failing and now - self._recovered_at < self._every_s:
+                return  # on and off, unsaid: the next recovery line counts these too
+            self._recovered_at, self._said_failing = now, False
             self._log.info("%s works again after %d failure(s)", self._what, self._total)
             self._total = 0

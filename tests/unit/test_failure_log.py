@@ -55,3 +55,25 @@ def test_a_failure_is_logged_when_it_starts_then_once_a_minute_then_its_end(
         "schedule pass failed: NotMigrated (31 more time(s) since the last line)",
         "schedule pass works again after 5 failure(s)",
     ]
+
+
+def test_the_log_never_ends_on_a_failure_the_pass_recovered_from(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The third review: a failure line written after a suppressed recovery had no recovery.
+    clock = Clock()
+    failures = FailureLog(logging.getLogger("qinglong.test"), "schedule pass", clock=clock)
+    with caplog.at_level(logging.INFO, logger="qinglong.test"):
+        failures.failed(NotMigrated())
+        clock.now = 1.0
+        failures.succeeded()
+        clock.now = 30.0
+        failures.failed(RuntimeError())  # a new kind: written
+        clock.now = 31.0
+        failures.succeeded()  # within the minute, but after a failure line: written too
+    assert caplog.messages == [
+        "schedule pass failed: NotMigrated",
+        "schedule pass works again after 1 failure(s)",
+        "schedule pass failed: RuntimeError",
+        "schedule pass works again after 1 failure(s)",
+    ]
