@@ -133,9 +133,13 @@ def require_key_for_stored_secrets(settings: Settings) -> None:
         with UnitOfWork(engine, write=False) as uow:
             key_ids = sorted(uow.conn.execute(select(secrets.c.key_id).distinct()).scalars())
     except (StorageUnavailable, SQLAlchemyError) as exc:
+        from app.storage.unavailable import connect_failure_reason
+
+        # The driver's words tell a server that is down from a refused login or a bad file.
+        reason = connect_failure_reason(exc) or type(exc).__name__
         raise KeyFileMissing(
-            f"{where}does not answer ({type(exc).__name__}), so whether it holds secrets is "
-            "unknown and no key file is made: start again once it answers"
+            f"{where}could not be read ({reason}), so whether it holds secrets is unknown "
+            "and no key file is made: start again once it can be read"
         ) from None
     finally:
         engine.dispose()

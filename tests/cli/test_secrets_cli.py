@@ -155,8 +155,9 @@ def test_no_key_file_is_made_while_the_database_cannot_say_whether_it_holds_secr
     monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append("api"))
     assert main(["--data-dir", str(tmp_path), "api", "--port", str(free_port())]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("qinglong: no key file at ") and "does not answer" in err, err
-    assert "start again once it answers" in err and "Traceback" not in err
+    assert err.startswith("qinglong: no key file at ") and "could not be read (" in err, err
+    assert "Connection refused" in err and "start again once it can be read" in err
+    assert "Traceback" not in err
     assert served == [] and not (tmp_path / "secret.key").exists()
 
 
