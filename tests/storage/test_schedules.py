@@ -319,17 +319,19 @@ def test_a_backlog_under_a_jitter_longer_than_the_interval_fires_in_order_and_is
     assert len([late for late in result.lateness if late.on_time]) == len(within_grace)
 
 
+@pytest.mark.parametrize("late", [0, 20, 400])
 def test_a_jitter_longer_than_the_interval_misses_no_slot_while_the_loop_keeps_up(
-    engine: Engine,
+    engine: Engine, late: int
 ) -> None:
-    """Every second with up to 10 s of jitter, catchup latest: a pass at each due instant
-    fires each slot (a jitter past the next slot's instant made every pass take the slots
-    still in their jitter for a backlog: 57 of 58 recorded missed on a real serve)."""
+    """Every second with up to 10 s of jitter, catchup latest: a pass at each due instant,
+    or ``late`` ms after it (under the half-second margin), fires each slot (a jitter past
+    the next slot's instant made every pass take the slots still in their jitter for a
+    backlog: 57 of 58 recorded missed on a real serve)."""
     repo = make(engine, every(1, jitter_seconds=10, overlap="allow", max_concurrent=100))
     for _ in range(60):
         due = repo.get(name="tick").next_due_ms
         assert due is not None
-        repo.fire_due(due)
+        repo.fire_due(due + late)
     decisions = repo.decisions(name="tick", limit=200, cursor=None).items
     assert {d.decision for d in decisions} == {"fired"}
     assert slots_of_runs(engine) == [T0 + 1000 * k for k in range(1, 61)]

@@ -30,6 +30,7 @@ export function tasksPage(view, { signal, ready }) {
   function fetchPage(cursor) {
     return api.get(`${path('tasks')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
   }
+  let refused = false; // a token without runs:read: one 403 says it for every row, every page
   function add(page) {
     const cells = [];
     for (const item of page.items) {
@@ -49,7 +50,6 @@ export function tasksPage(view, { signal, ready }) {
   // gets a dash (the runs are not its to read); the link to all of the task's runs stays.
   async function lastRuns(cells) {
     const queue = [...cells];
-    let refused = false; // a token without runs:read: one 403 says it for every row
     const one = async () => {
       for (let cell = queue.shift(); cell; cell = queue.shift()) {
         const task = cell.dataset.task;
@@ -64,8 +64,10 @@ export function tasksPage(view, { signal, ready }) {
         } catch (err) {
           if (err.name === 'AbortError') return;
           refused = refused || err.status === 403;
-          // Not the runs of this token's to read, or not read now: a dash that says which.
-          put(cell, h('span', { title: err.status === 403 ? t('tasks.last_run_hidden') : t('tasks.last_run_unread') }, '—'), all);
+          // Not the runs of this token's to read, or not read now: a dash, and why in words
+          // for a screen reader (a title alone is not read reliably).
+          const why = err.status === 403 ? t('tasks.last_run_hidden') : t('tasks.last_run_unread');
+          put(cell, h('span', { 'aria-hidden': 'true', title: why }, '—'), h('span', { class: 'sr-only' }, why), all);
         }
         cell.removeAttribute('aria-busy');
       }
