@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, inspect, select
+from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.domain.errors import StorageUnavailable
+from app.domain.errors import NotMigrated, StorageUnavailable
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.private_files import require_private
@@ -116,8 +116,7 @@ def require_key_for_stored_secrets(settings: Settings) -> None:
     not answer cannot say, so nothing is made until it does (the api's unit restarts it)."""
     if settings.secret_key or settings.key_file.exists():
         return
-    from app.storage.tables import secrets
-    from app.storage.uow import UnitOfWork
+    from app.storage.secrets_repo import stored_key_ids
 
     try:
         _require_sqlite_file(settings)
@@ -128,10 +127,9 @@ def require_key_for_stored_secrets(settings: Settings) -> None:
     )
     engine = make_engine(settings.database_url)
     try:
-        if not inspect(engine).has_table(secrets.name):
-            return
-        with UnitOfWork(engine, write=False) as uow:
-            key_ids = sorted(uow.conn.execute(select(secrets.c.key_id).distinct()).scalars())
+        key_ids = stored_key_ids(engine)
+    except NotMigrated:
+        return  # no secrets table yet (a statement against a missing table: NotMigrated)
     except (StorageUnavailable, SQLAlchemyError) as exc:
         from app.storage.unavailable import connect_failure_reason
 

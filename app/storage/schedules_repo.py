@@ -112,8 +112,12 @@ def _due_after(
         return None
     spec = spec_of(definition)
     slot = next_slot(spec, cursor_ms)
-    if slot is None:
-        return None
+    return None if slot is None else _due(spec, schedule_id, definition, slot)
+
+
+def _due(spec: SlotSpec, schedule_id: str, definition: ScheduleDefinition, slot: int) -> int:
+    """When ``slot`` is due: its instant plus its jitter (``slot_jitter_ms``), the one rule of
+    ``next_due_ms``, the on-time judgement, the hold of a slot in its jitter and lateness."""
     return slot + slot_jitter_ms(spec, schedule_id, slot, definition.jitter_seconds)
 
 
@@ -382,7 +386,7 @@ class ScheduleRepository:
                 # The newest slot fires at its instant plus its jitter (the same after a
                 # crash, docs/schedules.md §4); until then the cursor stays just before it.
                 last = fire[-1]
-                if last + slot_jitter_ms(spec, row.id, last, definition.jitter_seconds) > at:
+                if _due(spec, row.id, definition, last) > at:
                     fire.pop()
                     cursor = last - 1
             decisions: list[dict[str, Any]] = []
@@ -454,7 +458,7 @@ class ScheduleRepository:
             committed = at + (time.perf_counter() - began) * 1000
             lateness = []
             for slot in fire:
-                due = slot + slot_jitter_ms(spec, row.id, slot, definition.jitter_seconds)
+                due = _due(spec, row.id, definition, slot)
                 late_s = max(committed - due, 0.0) / 1000
                 # A backlog slot fired before its jittered instant is caught up, not on time.
                 lateness.append(SlotLateness(late_s, 0 <= at - due <= ON_TIME_GRACE_MS))
@@ -478,16 +482,12 @@ def _plan(
     window_s = definition.catchup_window_seconds
     if definition.catchup == "all" or at <= cursor:
         return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)
-
-    def due(slot: int) -> int:
-        return slot + slot_jitter_ms(spec, schedule_id, slot, definition.jitter_seconds)
-
     until = at
     newest = last_slot(spec, cursor, at)
-    if newest is not None and due(newest) > at:
+    if newest is not None and _due(spec, schedule_id, definition, newest) > at:
         until = newest - 1
         newest = last_slot(spec, cursor, until)
-    if newest is None or at - due(newest) > ON_TIME_GRACE_MS:
+    if newest is None or at - _due(spec, schedule_id, definition, newest) > ON_TIME_GRACE_MS:
         return plan_catchup(spec, cursor, until, catchup=definition.catchup, window_s=window_s)
     backlog = plan_catchup(spec, cursor, newest - 1, catchup="none", window_s=window_s)
     return CatchupPlan(

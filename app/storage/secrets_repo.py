@@ -112,9 +112,7 @@ class SecretRepository:
                 break
             for name in stale:
                 rewritten += self._reencrypt(name, current)
-        with UnitOfWork(self._engine, write=False) as uow:
-            used = set(uow.conn.execute(select(secrets.c.key_id).distinct()).scalars().all())
-        return rewritten, self._ring.keep_only(used)
+        return rewritten, self._ring.keep_only(set(stored_key_ids(self._engine)))
 
     def _reencrypt(self, name: str, current: str) -> int:
         with UnitOfWork(self._engine) as uow:
@@ -132,3 +130,10 @@ class SecretRepository:
             )
             uow.commit()
         return 1
+
+
+def stored_key_ids(engine: Engine) -> list[str]:
+    """The ids of the keys the stored secrets are sealed under, sorted (none: no secret). No
+    key ring needed: ``qinglong serve`` asks before it has one (app/cli/common.py)."""
+    with UnitOfWork(engine, write=False) as uow:
+        return sorted(uow.conn.execute(select(secrets.c.key_id).distinct()).scalars())
