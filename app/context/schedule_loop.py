@@ -26,8 +26,8 @@ log = logging.getLogger("qinglong.schedules")
 MAX_SLEEP_S = 30.0
 # After a failed pass (database down), wait before trying again rather than spinning.
 RETRY_S = 1.0
-# A due schedule another loop holds locked (it commits in milliseconds), or one that was
-# refused: look again soon, without spinning.
+# A due schedule another loop holds locked (it commits in milliseconds): look again soon,
+# without spinning. (One this build refuses is not due again until its retry.)
 NOTHING_DECIDED_S = 0.02
 
 

@@ -13,7 +13,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, bindparam, delete, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    Select,
+    bindparam,
+    delete,
+    insert,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json
@@ -62,6 +73,10 @@ FIRE_PAGE = 32
 # transaction or a short restart, not downtime.
 ON_TIME_GRACE_MS = 5_000
 REFUSAL_LOG_EVERY_S = 60.0
+# A schedule this build refuses (a body a newer build stored) is tried again this long after,
+# not at every pass: left due, it would fill the due page and starve the schedules behind it.
+# A change of the schedule (a new version) is tried at once.
+REFUSAL_RETRY_MS = 10_000
 DELETED_REASON = "schedule_deleted"
 REPLACED_REASON = "replaced"
 
@@ -161,6 +176,9 @@ class ScheduleRepository:
         # (schedule id, code): when "schedule fire refused" was last written for it. A refused
         # schedule stays due and is tried again every pass: one line a minute, not 50 a second.
         self._refusals_logged: dict[tuple[str, str], float] = {}
+        # schedule id -> (its refused version, the instant to try it again): left out of the
+        # due page and of the earliest due instant until then.
+        self._refused: dict[str, tuple[int, int]] = {}
 
     # -- definitions -------------------------------------------------------------------------
 
@@ -318,10 +336,23 @@ class ScheduleRepository:
         nxt = encode_cursor("decisions", [rows[limit - 1].id]) if len(rows) > limit else None
         return Page(items=items, next_cursor=nxt)
 
-    def earliest_due_ms(self) -> int | None:
-        """The earliest ``next_due_ms`` of any schedule (one indexed query), or None."""
+    def earliest_due_ms(self, now: int | None = None) -> int | None:
+        """The earliest ``next_due_ms`` of any schedule (one indexed query), or None; a
+        refused schedule counts from the instant it is to be tried again."""
+        at = now_ms() if now is None else now
         with self._engine.connect() as conn:
-            return conn.execute(_EARLIEST_DUE).scalar()
+            earliest = conn.execute(self._without_refused(_EARLIEST_DUE, at)).scalar()
+        retries = [until for _, until in self._refused.values()]
+        return min([*retries, *([] if earliest is None else [earliest])], default=None)
+
+    def _without_refused(self, query: Select[Any], at: int) -> Select[Any]:
+        """``query`` leaving out the schedules refused at their current version whose retry
+        has not come; forgets the retries that have."""
+        self._refused = {k: v for k, v in self._refused.items() if v[1] > at}
+        if not self._refused:
+            return query
+        pairs = [(schedule_id, version) for schedule_id, (version, _) in self._refused.items()]
+        return query.where(tuple_(schedules.c.id, schedules.c.version).not_in(pairs))
 
     # -- the fire --------------------------------------------------------------------------
 
@@ -330,23 +361,24 @@ class ScheduleRepository:
         at = now_ms() if now is None else now
         began = time.perf_counter()  # a commit's instant is ``at`` plus the time since
         due = (
-            select(schedules.c.id)
+            select(schedules.c.id, schedules.c.version)
             .where(schedules.c.next_due_ms <= at)
             .order_by(schedules.c.next_due_ms)
             .limit(page)
         )
         with self._engine.connect() as conn:
-            ids = conn.execute(due).scalars().all()
+            ids = conn.execute(self._without_refused(due, at)).all()
         created = decided = cancels = 0
         lateness: list[SlotLateness] = []
-        for schedule_id in ids:
+        for schedule_id, version in ids:
             try:
                 made = self._fire_one(schedule_id, at, began)
             except IntegrityError:
                 made = None  # another loop inserted the slot's run first: its commit decided
             except DomainError as exc:
-                # One schedule refused (its pinned revision unreadable) must not hold back the
-                # others due behind it; it stays due and is tried again on the next pass.
+                # One schedule refused (a body or pinned revision this build cannot read) must
+                # not hold back the others due behind it: it stays due, left out until its retry.
+                self._refused[schedule_id] = (version, at + REFUSAL_RETRY_MS)
                 key, clock = (schedule_id, str(exc.code)), time.monotonic()
                 if clock - self._refusals_logged.get(key, -REFUSAL_LOG_EVERY_S) >= (
                     REFUSAL_LOG_EVERY_S

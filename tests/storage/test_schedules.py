@@ -13,7 +13,13 @@ from app.domain.model import ScheduleDefinition
 from app.schedule.slots import jitter_ms, slot_jitter_ms
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
-from app.storage.schedules_repo import ON_TIME_GRACE_MS, ScheduleRepository, spec_of
+from app.storage.schedules_repo import (
+    FIRE_PAGE,
+    ON_TIME_GRACE_MS,
+    REFUSAL_RETRY_MS,
+    ScheduleRepository,
+    spec_of,
+)
 from app.storage.tables import runs, schedules
 from tests.storage.helpers import define_task, start
 
@@ -403,7 +409,7 @@ def test_a_schedule_this_build_refuses_is_said_once_a_minute_not_every_pass(
     engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A body a newer build stored (a rollback): this build refuses it, the schedule stays
-    # due and is tried again each pass (20 ms apart), the others due behind it go on.
+    # due and is tried again now and then, the others due behind it go on.
     repo = make(engine, every(1))
     make(engine, every(1), name="other")
     broken = repo.get(name="tick")
@@ -418,3 +424,54 @@ def test_a_schedule_this_build_refuses_is_said_once_a_minute_not_every_pass(
     refused = [m for m in caplog.messages if m.startswith("schedule fire refused")]
     assert refused == [f"schedule fire refused: INVALID_SCHEDULE (schedule {broken.id})"]
     assert repo.get(name="other").cursor_ms == T0 + 5000  # decided every pass meanwhile
+
+
+NEWER_BODY = '{"task": "job", "revision": null, "cron": ["99 * * * *"], "every_seconds": null}'
+
+
+def refuse(engine: Engine, *names: str) -> None:
+    """Store a body this build refuses (as a newer build's would be) for each schedule."""
+    with engine.begin() as conn:
+        conn.execute(update(schedules).where(schedules.c.name.in_(names)).values(body=NEWER_BODY))
+
+
+def test_refused_schedules_filling_the_due_page_do_not_starve_the_ones_behind_them(
+    engine: Engine,
+) -> None:
+    # More refused schedules than a page, all due before a good one: each pass selected the
+    # same page of refused ones and the good schedule never fired (the loop, seeing a full
+    # page, passed again at once: a spin).
+    repo = make(engine, every(1), name="r00")
+    names = [f"r{n:02}" for n in range(FIRE_PAGE + 8)]
+    for name in names[1:]:
+        repo.put_schedule(name=name, definition=every(1), paused=False, at_ms=T0)
+    repo.put_schedule(name="good", definition=every(2), paused=False, at_ms=T0)
+    refuse(engine, *names)
+    at = T0 + 2000
+    passes = [repo.fire_due(at) for _ in range(3)]
+    assert [p.schedules_decided for p in passes] == [0, 1, 0]
+    assert [p.page_full for p in passes] == [True, False, False]
+    assert repo.get(name="good").cursor_ms == T0 + 2000
+    # Until their retry the refused ones are not due: the loop sleeps until then.
+    assert repo.earliest_due_ms(at) == min(at + REFUSAL_RETRY_MS, T0 + 4000)
+
+
+def test_a_refused_schedule_is_tried_again_after_its_retry_or_at_once_once_changed(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo = make(engine, every(1))
+    refuse(engine, "tick")
+    with caplog.at_level(logging.ERROR, logger="qinglong.schedules"):
+        assert repo.fire_due(T0 + 1000).schedules_decided == 0
+        assert repo.earliest_due_ms(T0 + 1000) == T0 + 1000 + REFUSAL_RETRY_MS
+        # The build that refused it cannot read it later either; the retry comes anyway
+        # (an unreadable revision may be one that is only slow to come back).
+        refused_at = T0 + 1000 + REFUSAL_RETRY_MS
+        assert repo.fire_due(refused_at - 1).schedules_decided == 0
+        assert repo.fire_due(refused_at).schedules_decided == 0
+        assert repo.earliest_due_ms(refused_at) == refused_at + REFUSAL_RETRY_MS
+        # A new version (a PUT from any api process) is read at the next pass.
+        repo.put_schedule(name="tick", definition=every(2), paused=False, at_ms=refused_at)
+        assert repo.fire_due(refused_at + 2000).schedules_decided == 1
+    tried = [m for m in caplog.messages if m.startswith("schedule fire refused")]
+    assert len(tried) == 1  # the second refusal is within the minute of the first line
