@@ -413,14 +413,9 @@ class ScheduleRepository:
             definition = ScheduleDefinition.from_body(json.loads(row.body))
             spec = spec_of(definition)
             plan = _plan(spec, definition, row.id, row.cursor_ms, at)
-            fire, cursor = list(plan.fire), plan.cursor_ms
-            if fire and definition.jitter_seconds and (plan.missed_last_ms or 0) < fire[-1]:
-                # The newest slot fires at its instant plus its jitter (the same after a
-                # crash, docs/schedules.md §4); until then the cursor stays just before it.
-                last = fire[-1]
-                if _due(spec, row.id, definition, last) > at:
-                    fire.pop()
-                    cursor = last - 1
+            # A newest slot still in its jitter is not in the plan: the cursor stays just
+            # before it until its instant plus its jitter (the same after a crash, §4).
+            fire, cursor = plan.fire, plan.cursor_ms
             decisions: list[dict[str, Any]] = []
             if plan.missed_count and plan.missed_first_ms is not None:
                 decisions.append(
@@ -512,14 +507,18 @@ def _plan(
     missed (its jitter ends before that instant: ``slot_jitter_ms``).
     """
     window_s = definition.catchup_window_seconds
-    if definition.catchup == "all" or at <= cursor:
+    if at <= cursor:
         return plan_catchup(spec, cursor, at, catchup=definition.catchup, window_s=window_s)
     until = at
     newest = last_slot(spec, cursor, at)
     if newest is not None and _due(spec, schedule_id, definition, newest) > at:
-        until = newest - 1
+        until = newest - 1  # under ``all`` too: past 100 slots it is not in the missed range
         newest = last_slot(spec, cursor, until)
-    if newest is None or at - _due(spec, schedule_id, definition, newest) > ON_TIME_GRACE_MS:
+    if (
+        definition.catchup == "all"
+        or newest is None
+        or at - _due(spec, schedule_id, definition, newest) > ON_TIME_GRACE_MS
+    ):
         return plan_catchup(spec, cursor, until, catchup=definition.catchup, window_s=window_s)
     backlog = plan_catchup(spec, cursor, newest - 1, catchup="none", window_s=window_s)
     return CatchupPlan(

@@ -475,3 +475,27 @@ def test_a_refused_schedule_is_tried_again_after_its_retry_or_at_once_once_chang
         assert repo.fire_due(refused_at + 2000).schedules_decided == 1
     tried = [m for m in caplog.messages if m.startswith("schedule fire refused")]
     assert len(tried) == 1  # the second refusal is within the minute of the first line
+
+
+def test_catchup_all_past_100_slots_holds_a_newest_slot_still_in_its_jitter(
+    engine: Engine,
+) -> None:
+    # Every second with up to 1 s of jitter, catchup all, down for over 150 slots: the pass
+    # fires the 100 oldest and records the rest missed, but the newest slot, whose instant
+    # has passed and whose jitter has not, is not due: it was counted in the missed range,
+    # decided before it was due. It is held, then fires on time at its due instant.
+    definition = every(1, catchup="all", overlap="allow", max_concurrent=1000, jitter_seconds=1)
+    repo = make(engine, definition)
+    spec, sid = spec_of(definition), repo.get(name="tick").id
+    newest = next(
+        T0 + 1000 * k for k in range(150, 400) if slot_jitter_ms(spec, sid, T0 + 1000 * k, 1) >= 100
+    )
+    repo.fire_due(newest + 50)
+    decisions = repo.decisions(name="tick", limit=1000, cursor=None).items
+    (missed,) = [d for d in decisions if d.decision == "missed"]
+    assert (missed.slot_ms, missed.until_slot_ms) == (T0 + 101_000, newest - 1000)
+    assert slots_of_runs(engine) == [T0 + 1000 * k for k in range(1, 101)]
+    due = newest + slot_jitter_ms(spec, sid, newest, 1)
+    assert (repo.get(name="tick").cursor_ms, repo.get(name="tick").next_due_ms) == (newest - 1, due)
+    (on_time,) = repo.fire_due(due).lateness
+    assert on_time.on_time and slots_of_runs(engine)[-1] == newest
