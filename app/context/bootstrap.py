@@ -31,7 +31,6 @@ from sqlalchemy import Engine
 
 from app.context.execution_wiring import BUDGET_POLL_S, build_execution
 from app.context.facade import NO_SCHEDULE_HOOKS, AppFacade, RetentionConfig
-from app.context.failure_log import FailureLog
 from app.context.logs import LogStore
 from app.context.metrics import render as render_metrics
 from app.context.readiness import (
@@ -44,6 +43,7 @@ from app.context.readiness import (
 from app.context.schedule_loop import ScheduleLoop
 from app.domain.ids import now_ms
 from app.domain.retention import GlobalBudgets
+from app.failure_log import FailureLog
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
 from app.storage.engine import make_engine

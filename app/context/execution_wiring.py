@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.adapters.worker_client import WorkerClient
-from app.context.failure_log import FailureLog
 from app.context.metrics import CREATED_TO_STARTED, DISPATCH_PASS
 from app.domain.errors import ErrorCode, WorkerUnavailable
 from app.domain.model import ProcessHandle, Run
@@ -27,6 +26,7 @@ from app.execution.ports import (
     RunTransitions,
     SecretSource,
 )
+from app.failure_log import FailureLog
 from app.settings import Settings
 from app.worker.identity import read_identity, runs
 from app.worker.instance import instance_id

@@ -16,9 +16,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from app.context.failure_log import FailureLog
 from app.context.metrics import FIRE_LATENESS, SLOT_CAUGHT_UP, SLOT_ON_TIME
 from app.domain.ids import now_ms
+from app.failure_log import FailureLog
 from app.storage.schedules_repo import ScheduleRepository
 
 log = logging.getLogger("qinglong.schedules")

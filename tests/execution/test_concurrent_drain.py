@@ -69,7 +69,7 @@ def test_a_failing_helper_is_logged_and_never_raises(caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.ERROR, logger="qinglong.dispatch"):
         _drain_concurrently(fake, 3, threading.Event())  # type: ignore[arg-type]
     assert fake.calls == 4  # the first pass, two failing helpers, and this thread's last pass
-    # Two helpers failing the same way: one line (app/context/failure_log.py).
+    # Two helpers failing the same way: one line (app/failure_log.py).
     assert caplog.text.count("background pass (drain helper) failed: RuntimeError") == 1
 
 

@@ -1,5 +1,5 @@
 """A pass that keeps failing logs when it starts, once a minute after, and when it recovers
-(app/context/failure_log.py): the database away for an hour is not 3,600 same lines."""
+(app/failure_log.py): the database away for an hour is not 3,600 same lines."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.context.failure_log import FailureLog
 from app.domain.errors import NotMigrated
+from app.failure_log import FailureLog
 
 
 class Clock:

@@ -7,6 +7,11 @@ at most one line per ``every_s`` saying how many more failed the same way, and a
 pass succeeds again (after every failure line written, else at most one per ``every_s``: a
 pass failing on and off must not write two lines a turn, nor end the log on a failure).
 Only the exception's type is written (no message: it may hold data).
+
+It is a module of its own, the lowest layer (docs/packages.md): the api's loops
+(app/context), the worker's retention loop (app/worker) and its recovery loop
+(app/execution) all use it, and it imports nothing of ``app``. The domain and the slot
+arithmetic may not import it: writing a log line is I/O.
 """
 
 from __future__ import annotations
