@@ -3,7 +3,9 @@
 A full reconcile pass runs at start and every ``profile.reconcile_interval_s``; the
 cancellation sweep runs after it and on a faster tick, or at once when woken (the ``wake``
 socket op after the api committed a cancel intent). Passes run on this thread only, so they
-can never overlap; stop sets the Event and joins with a bound.
+can never overlap; stop sets the Event and joins with a bound. A pass that keeps failing (the
+database away or not migrated) is logged when it starts, once a minute, and when it works
+again (``FailureLog``, one per kind of pass), not every half second.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 
 from app.execution.cancellation import CancellationSweep
 from app.execution.reconciler import Reconciler
+from app.failure_log import FailureLog
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,12 @@ class RecoveryLoop:
         self._full_requested = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ql-recovery", daemon=True)
         self.passes = 0  # completed full passes (observability for tests and logs)
+        # One per kind: a sweep that works beside a reconcile that fails must not log both
+        # every turn as a failure and a recovery.
+        self._failures = {
+            what: FailureLog(log, f"{what} pass", level=logging.WARNING)
+            for what in ("reconcile", "cancellation")
+        }
 
     def start(self) -> None:
         """Start the thread; its first iteration is the start-up reconcile pass."""
@@ -104,9 +113,11 @@ class RecoveryLoop:
                 report.purged,
             )
 
-    @staticmethod
-    def _guard(what: str, fn: Callable[[], object]) -> None:
+    def _guard(self, what: str, fn: Callable[[], object]) -> None:
+        failures = self._failures[what]
         try:
             fn()
         except Exception as exc:  # a database hiccup ends this pass only; the next one retries
-            log.warning("%s pass failed: %s", what, type(exc).__name__)
+            failures.failed(exc)
+        else:
+            failures.succeeded()

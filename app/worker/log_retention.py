@@ -20,7 +20,8 @@ tasks, each read one page.
 
 ``RetentionLoop`` runs passes on one thread: at start, every ``interval_s``, and soon after a
 run ended (``kick``; coalesced, at most one per ``min_gap_s``); none while ``may_run`` says
-the worker's lease is not surely held.
+the worker's lease is not surely held. A pass that keeps failing is logged when it starts,
+once a minute, and when it works again (``FailureLog``), not once a pass.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from app.domain.retention import (
     plan_logs,
     rows_deletable,
 )
+from app.failure_log import FailureLog
 from app.storage.durable import fsync_dir
 from app.storage.retention_repo import RetentionRepository, SweepRecord
 
@@ -303,6 +305,7 @@ class RetentionLoop:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ql-retention", daemon=True)
         self.passes = 0
+        self._failures = FailureLog(log, "retention pass", level=logging.WARNING)
 
     def start(self) -> None:
         """Start the thread; its first pass runs at once (it finishes ``expiring`` logs)."""
@@ -335,6 +338,10 @@ class RetentionLoop:
             if full or kicked:
                 try:
                     report = self._sweep.run_pass(first=kicked, full=full)
+                except Exception as exc:  # a database hiccup ends this pass; the next retries
+                    self._failures.failed(exc)
+                else:
+                    self._failures.succeeded()
                     self.passes += 1
                     if report.expired_logs or report.deleted_runs or report.finished_expiring:
                         log.info(
@@ -343,8 +350,6 @@ class RetentionLoop:
                             report.finished_expiring,
                             report.deleted_runs,
                         )
-                except Exception as exc:  # a database hiccup ends this pass; the next retries
-                    log.warning("retention pass failed: %s", type(exc).__name__)
                 if full:
                     next_full = time.monotonic() + self._interval_s
                 self._stopping.wait(self._min_gap_s)

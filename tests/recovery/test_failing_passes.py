@@ -1,0 +1,138 @@
+"""The worker's loops on a database that is not migrated: a line when the failure starts and
+one when it ends, not a line per pass (app/failure_log.py, docs/operations.md §5).
+
+Real repositories on a real SQLite file with no tables: every statement is refused with
+NotMigrated, as a worker started before ``qinglong migrate`` meets it. The lease gate
+(``may_run``) counts the loops' turns and closes while the test migrates, so no pass races
+the migration.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from app.domain.ids import now_ms
+from app.domain.profiles import EDGE
+from app.domain.retention import GlobalBudgets, RetentionPolicy
+from app.execution.cancellation import CancellationSweep
+from app.execution.recovery_loop import RecoveryLoop
+from app.storage.engine import make_engine
+from app.storage.migrate import upgrade_to_head
+from app.storage.retention_repo import RetentionRepository
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.launcher import IdentityController
+from app.worker.log_retention import LogSweep, RetentionLoop
+from app.worker.receipts import ReceiptStore
+from tests.recovery.kit import in_process_reconciler
+
+TURNS = 60  # failed turns of a loop, each a pass (two in the recovery loop)
+
+
+class Gate:
+    """The loop's lease gate: open for ``turns`` turns, then closed until reopened."""
+
+    def __init__(self, turns: int) -> None:
+        self.turns = turns
+        self.count = 0
+        self.closed = threading.Event()
+        self.reopened = threading.Event()
+
+    def __call__(self) -> bool:
+        if self.count >= self.turns and not self.reopened.is_set():
+            self.closed.set()
+            return False
+        self.count += 1
+        return True
+
+
+@pytest.fixture
+def unmigrated(tmp_path: Path) -> Iterator[Engine]:
+    """An engine on a SQLite file with no tables yet."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'not-migrated.db'}")
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _until(done: threading.Event | None = None, check: object = None) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if (done is not None and done.is_set()) or (callable(check) and check()):
+            return
+        time.sleep(0.005)
+    raise AssertionError("the loop did not get there in 20 s")
+
+
+def _lines(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == logger]
+
+
+def test_a_recovery_loop_failing_every_pass_logs_each_kind_once_then_its_recovery(
+    unmigrated: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = unmigrated
+    gate = Gate(TURNS)
+    loop = RecoveryLoop(
+        reconciler=in_process_reconciler(engine, ReceiptStore(tmp_path / "receipts"), [now_ms()]),
+        cancellation=CancellationSweep(
+            attempts=RunReader(engine), intents=RunRepository(engine),
+            controller=IdentityController(), profile=EDGE,
+        ),
+        interval_s=0.0,  # a reconcile pass every turn, then a sweep
+        sweep_interval_s=0.001,
+        may_run=gate,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="app.execution.recovery_loop"):
+        loop.start()
+        try:
+            _until(gate.closed)
+            failing = _lines(caplog, "app.execution.recovery_loop")
+            upgrade_to_head(engine)
+            gate.reopened.set()
+            _until(check=lambda: loop.passes >= 2)  # a pass, its sweep, another pass
+        finally:
+            loop.stop(timeout=10)
+    # 60 turns, 120 failed passes: one line per kind, not 120.
+    assert failing == ["reconcile pass failed: NotMigrated", "cancellation pass failed: NotMigrated"]
+    assert _lines(caplog, "app.execution.recovery_loop")[2:] == [
+        f"reconcile pass works again after {TURNS} failure(s)",
+        f"cancellation pass works again after {TURNS} failure(s)",
+    ]
+
+
+def test_a_retention_loop_failing_every_pass_logs_once_then_its_recovery(
+    unmigrated: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = Gate(TURNS)
+    sweep = LogSweep(
+        repo=RetentionRepository(unmigrated),
+        logs_root=tmp_path / "logs",
+        policy=RetentionPolicy(keep_runs=10, keep_days=0, keep_rows=20, task_log_bytes=None),
+        budgets=GlobalBudgets(total_log_bytes=None, free_reserve_bytes=0),
+        tasks_per_pass=10,
+        files_per_pass=100,
+    )
+    loop = RetentionLoop(sweep, interval_s=0.0, min_gap_s=0.001, may_run=gate)
+    with caplog.at_level(logging.INFO, logger="app.worker.log_retention"):
+        loop.start()
+        try:
+            _until(gate.closed)
+            failing = _lines(caplog, "app.worker.log_retention")
+            upgrade_to_head(unmigrated)
+            gate.reopened.set()
+            _until(check=lambda: loop.passes >= 1)
+        finally:
+            loop.stop(timeout=10)
+    assert failing == ["retention pass failed: NotMigrated"]  # 60 failed passes, one line
+    assert _lines(caplog, "app.worker.log_retention")[1:] == [
+        f"retention pass works again after {TURNS} failure(s)"
+    ]
