@@ -132,7 +132,7 @@ def test_run_fields_say_a_retry_waits_and_until_when() -> None:
                "error_code": None, "started_at_ms": None, "finished_at_ms": None, "log": {}}  # fmt: skip
     run = RUN | {"status": "queued", "latest_attempt": waiting, "next_attempt_at_ms": 4_102_444_800_000}
     text = render.run_fields(run, tz=UTC)
-    assert "attempt:  2 claimed: a retry, waits until 2100-01-01 00:00:00" in text
+    assert "attempt:  2 waiting: a retry, waits until 2100-01-01 00:00:00" in text
 
 
 def test_schedule_fields_say_ended_bounds_and_max_only_under_allow() -> None:
@@ -845,7 +845,7 @@ def test_a_retry_past_its_instant_is_due_not_waiting() -> None:
     waiting = {"number": 2, "status": "claimed", "exit_code": None, "signal": None,
                "error_code": None, "started_at_ms": None, "finished_at_ms": None, "log": {}}  # fmt: skip
     run = RUN | {"status": "queued", "latest_attempt": waiting, "next_attempt_at_ms": 1_000}
-    assert "attempt:  2 claimed: a retry, due since 1970-01-01 00:00:01" in render.run_fields(run, tz=UTC)
+    assert "attempt:  2 waiting: a retry, due since 1970-01-01 00:00:01" in render.run_fields(run, tz=UTC)
 
 
 @pytest.mark.parametrize(

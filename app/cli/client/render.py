@@ -121,6 +121,19 @@ def fields(pairs: Sequence[tuple[str, object]]) -> str:
     )
 
 
+# An attempt's status in the words a user reads (the web UI's too, docs/ui.md): ``claimed``
+# is the service's name for an attempt that waits in the queue, not yet handed to the worker
+# (its run is ``queued``; a retry waits for its instant). ``starting`` is taken: the worker
+# is launching it. ``--json`` keeps the API's names (the contract, docs/api.md §2).
+_ATTEMPT_WORDS = {"claimed": "waiting"}
+
+
+def attempt_status(attempt: Mapping[str, Any]) -> str:
+    """``waiting`` for a claimed attempt, else its status as the API names it."""
+    status = str(attempt.get("status"))
+    return _ATTEMPT_WORDS.get(status, status)
+
+
 def attempt_outcome(attempt: Mapping[str, Any] | None) -> str:
     """``exit 0``, ``signal 9``, ``EXECUTOR_START_FAILED`` or ``-`` for an attempt."""
     if not attempt:
@@ -235,7 +248,7 @@ def run_fields(
             # Past its instant it waits for something else (a budget, the worker): "due".
             due = waits_until <= _now_ms()
             outcome = f"a retry, {'due since' if due else 'waits until'} {when(waits_until, tz=tz)}"
-        pairs.append(("attempt", f"{attempt['number']} {attempt['status']}: {outcome}"))
+        pairs.append(("attempt", f"{attempt['number']} {attempt_status(attempt)}: {outcome}"))
         size = f"{log.get('bytes', 0)} bytes"
         if log.get("truncated"):
             reason = log.get("truncation_reason") or "quota"
@@ -251,7 +264,7 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]], *, tz: tzinfo | None =
     rows = [
         (
             a["number"],
-            a["status"],
+            attempt_status(a),
             when(a.get("started_at_ms"), tz=tz),
             duration(a.get("started_at_ms"), a.get("finished_at_ms")),
             attempt_outcome(a),
