@@ -109,6 +109,9 @@ class Background:
             name: FailureLog(log, f"background pass ({name})")
             for name in ("periodic", "cancel", "enqueued")
         }
+        # The read that sets the next wake runs before every pass: the database away, it
+        # failed once a tick, each failure a line of its own.
+        self._due_failures = FailureLog(log, "next retry read", level=logging.WARNING)
 
     def enqueued(self) -> None:
         """Ask for an ``on_enqueued`` pass soon; never blocks, never raises."""
@@ -169,8 +172,10 @@ class Background:
             try:
                 due = self._next_due_s(self._pass_began_ms)
             except Exception as exc:  # a read that failed: the interval is the fallback
-                log.warning("next retry read failed: %s", type(exc).__name__)
+                self._due_failures.failed(exc)
                 due = None
+            else:
+                self._due_failures.succeeded()
             if due is not None:
                 timeout = min(timeout, max(due, 0.0))
         return timeout

@@ -239,6 +239,8 @@ def build_execution(
     wait: dict[str, float | None] = {"active": None, "at": 0.0}
     shards_made = threading.Event()
     swept = {"next": 0.0}  # when the next sweep of dead processes' log spares is due
+    # Before every drain's passes while the worker answers: the database away, a line a tick.
+    promote_failures = FailureLog(log, "promoting due retries", level=logging.WARNING)
 
     def drain() -> None:
         try:
@@ -290,7 +292,9 @@ def build_execution(
             try:
                 promote_due(MAX_PASSES_PER_DRAIN)  # at most as many as a drain can start
             except Exception as exc:  # the queue's other runs still dispatch; next drain again
-                log.warning("promoting due retries failed: %s", type(exc).__name__)
+                promote_failures.failed(exc)
+            else:
+                promote_failures.succeeded()
         blocked = threading.Event()
         if _drain_concurrently(dispatcher, drainers, halted=halted, blocked=blocked):
             pause.unavailable()
