@@ -56,6 +56,7 @@ from app.execution.ports import (
     ReceiptReservations,
     RunTransitions,
 )
+from app.failure_log import FailureLog
 
 log = logging.getLogger(__name__)
 # What RunTransitions raises when the attempt moved on before this pass wrote (its Raises:).
@@ -124,6 +125,9 @@ class Reconciler:
             attempts=attempts, journal=journal, completion=completion, probe=probe,
             controller=controller, stop_grace_s=profile.stop_grace_s, watch=watch,
         )  # fmt: skip
+        # An attempt that fails every pass (its journal unreadable, say) is retried each pass:
+        # a line when it starts, once a minute, and when a pass reconciles all it examined.
+        self._attempt_failures = FailureLog(log, "reconcile of an attempt", level=logging.WARNING)
 
     def claimed(self, attempt_id: str) -> bool:
         """True while a pass is stopping this attempt to record its own ending.
@@ -145,6 +149,7 @@ class Reconciler:
         """Reconcile at most pages x page size attempts, sweep the journal, purge retention."""
         report = PassReport()
         size = self._profile.reconcile_page_size
+        failed = 0
         for _ in range(self._profile.reconcile_pages):
             page = self._attempts.active_attempts(limit=size, after_id=self._cursor)
             for attempt in page:
@@ -153,11 +158,14 @@ class Reconciler:
                     self._one(attempt, report)
                 except Exception as exc:  # one attempt never stops the pass; retried next pass
                     report.undecided += 1
-                    log.warning("reconcile of an attempt failed: %s", type(exc).__name__)
+                    failed += 1
+                    self._attempt_failures.failed(exc)
             if len(page) < size:
                 self._cursor = None  # wrapped around: the next pass starts from the beginning
                 break
             self._cursor = page[-1].attempt_id
+        if not failed:
+            self._attempt_failures.succeeded()
         self._sweep_journal(report)
         report.purged = self.purge_retention()
         return report

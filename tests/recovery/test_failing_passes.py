@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
+from app.domain.errors import NotMigrated
 from app.domain.ids import now_ms
 from app.domain.profiles import EDGE
 from app.domain.retention import GlobalBudgets, RetentionPolicy
@@ -28,10 +29,12 @@ from app.storage.migrate import upgrade_to_head
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.storage.tables import receipt_journal
 from app.worker.launcher import IdentityController
 from app.worker.log_retention import LogSweep, RetentionLoop
 from app.worker.receipts import ReceiptStore
 from tests.recovery.kit import in_process_reconciler
+from tests.worker.kit import armed_run
 
 TURNS = 60  # failed turns of a loop, each a pass (two in the recovery loop)
 
@@ -135,4 +138,27 @@ def test_a_retention_loop_failing_every_pass_logs_once_then_its_recovery(
     assert failing == ["retention pass failed: NotMigrated"]  # 60 failed passes, one line
     assert _lines(caplog, "app.worker.log_retention")[1:] == [
         f"retention pass works again after {TURNS} failure(s)"
+    ]
+
+
+def test_attempts_that_fail_every_reconcile_pass_are_one_line_not_one_each_a_pass(
+    unmigrated: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = unmigrated
+    upgrade_to_head(engine)
+    for _ in range(3):
+        armed_run(engine)  # starting: each pass reads its journal entry
+    with engine.begin() as conn:  # a restore that lost one table: every entry read fails
+        conn.execute(text(f"DROP TABLE {receipt_journal.name}"))
+    rec = in_process_reconciler(engine, ReceiptStore(tmp_path / "receipts"), [now_ms()])
+    with caplog.at_level(logging.INFO, logger="app.execution.reconciler"):
+        for _ in range(20):
+            with pytest.raises(NotMigrated):  # the journal sweep after them fails the pass
+                rec.run_pass()
+        failing = _lines(caplog, "app.execution.reconciler")
+        receipt_journal.create(engine)
+        assert rec.run_pass().examined == 3
+    assert failing == ["reconcile of an attempt failed: NotMigrated"]  # 20 passes x 3 attempts
+    assert _lines(caplog, "app.execution.reconciler")[1:] == [
+        "reconcile of an attempt works again after 60 failure(s)"
     ]
