@@ -910,6 +910,52 @@ def _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site: Site) -> Non
     page.context.close()
 
 
+# Tab order against the order seen: rows top to bottom, left to right within a row (two
+# boxes whose vertical extents overlap by half the smaller height share a row).
+_HEADER_ORDERS = """() => {
+  const seen = (e) => e.getClientRects().length > 0;
+  const controls = [...document.querySelectorAll('header.top a, header.top select, header.top button')].filter(seen);
+  const name = (e) => e.id || e.getAttribute('href') || e.tagName;
+  const box = (e) => e.getBoundingClientRect();
+  const visual = [...controls].sort((a, b) => {
+    const [p, q] = [box(a), box(b)];
+    const overlap = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
+    if (overlap < Math.min(p.height, q.height) / 2) return p.top - q.top;
+    return p.left - q.left;
+  });
+  const positive = [...document.querySelectorAll('[tabindex]')].filter((e) => e.tabIndex > 0);
+  return [controls.map(name), visual.map(name), positive.map(name)];
+}"""
+
+_FOCUSED = "(e => e.id || e.getAttribute('href') || e.tagName)(document.activeElement)"
+
+
+def _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site: Site) -> None:
+    """At phone width the header wraps onto rows: its Tab order (the document's, no positive
+    tabindex) must read as the rows do, in both languages."""
+    for locale in ("en-US", "zh-CN"):
+        page = site.page(locale=locale, width=1280)
+        site.sign_in(page, path="runs")
+        for width in (1280, 640, 390, 360, 320):
+            page.set_viewport_size({"width": width, "height": 800})
+            tab, seen, positive = page.evaluate(_HEADER_ORDERS)
+            assert positive == [], positive
+            assert tab == seen, f"{locale} at {width} px: Tab {tab}, seen {seen}"
+            width_px = page.evaluate("document.documentElement.scrollWidth")
+            assert width_px <= width, f"header in {locale} is {width_px} px wide at {width} px"
+            if width == 360:
+                site.shot(page, f"header-360-{locale}")
+        # The keyboard itself: from the skip link, Tab walks the header in that order.
+        page.focus("#skip-link")
+        walked = []
+        for _ in range(len(tab)):
+            page.keyboard.press("Tab")
+            walked.append(page.evaluate(_FOCUSED))
+        assert walked == tab, walked
+        assert page.errors == []
+        page.context.close()
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -930,5 +976,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
     _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)
     _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site)
+    _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)
