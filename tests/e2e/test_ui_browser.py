@@ -956,6 +956,37 @@ def _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site: Site) -
         page.context.close()
 
 
+def _a_runs_status_change_is_announced_once(site: Site) -> None:
+    """The run page's status is a polite live region that stays in place: a status the poll
+    sees change (here a run cancelled while queued, before any attempt started) is read out,
+    and a poll that sees the same status changes nothing in it, so nothing is read again."""
+    body = {"argv": ["/bin/sh", "-c", "exec sleep 300"], "max_concurrent": 1}
+    r = site.api("PUT", "/api/v1/tasks/one-at-a-time/revisions/1", json=body)
+    assert r.status_code in (200, 201), r.text
+    first = enqueue(site.served, "one-at-a-time")
+    wait_status(site.served, first, {"running"})
+    queued = enqueue(site.served, "one-at-a-time")
+    page = site.page()
+    site.sign_in(page, path=f"runs/{queued}")
+    _badge(page, "queued")
+    region = ".page-head [role=status]"
+    assert page.get_attribute(region, "aria-live") == "polite"
+    assert page.get_attribute(region, "aria-atomic") == "true"
+    page.evaluate(f"document.querySelector('{region}').qlKept = true")
+    page.evaluate(f"document.querySelector('{region} .status').qlKept = true")
+    page.wait_for_timeout(2500)  # two polls that see the same status
+    assert page.evaluate(f"document.querySelector('{region} .status').qlKept === true")
+    assert site.api("POST", f"/api/v1/runs/{queued}/cancel").is_success
+    page.wait_for_selector(f"{region} .status[data-status=cancelled]")
+    assert page.evaluate(f"document.querySelector('{region}').qlKept === true")
+    assert get_run(site.served, queued)["started_at_ms"] is None  # no attempt ever ran
+    assert page.inner_text(region).split() == ["Status", "⊘", "cancelled"]
+    assert site.api("POST", f"/api/v1/runs/{first}/cancel").is_success
+    wait_status(site.served, first, {"cancelled"})
+    assert page.errors == []
+    page.context.close()
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -977,5 +1008,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)
     _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site)
     _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site)
+    _a_runs_status_change_is_announced_once(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

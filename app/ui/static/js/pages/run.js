@@ -17,6 +17,11 @@ const SHOWN_CHARS = 2_000_000;
 export function runPage(view, { args: [runId], signal, ready }) {
   const state = { run: null, attempts: [], events: [], follower: null, followed: null };
   const head = h('div', { class: 'page-head' });
+  // The status is a polite live region that stays in place: a change the poll sees (a run
+  // cancelled before any attempt started has no log to say it) is read out once, and a poll
+  // that sees the same status leaves it untouched, so nothing is read again.
+  const statusLive = h('span', { role: 'status', 'aria-live': 'polite', 'aria-atomic': 'true' });
+  let shownStatus = null;
   const summary = h('div', { class: 'card' });
   const actions = h('div', { class: 'actions run-actions' });
   const result = resultSlot();
@@ -90,7 +95,12 @@ export function runPage(view, { args: [runId], signal, ready }) {
 
   function draw() {
     const run = state.run;
-    put(head, h('h1', {}, t('run.title'), ' ', raw(run.id, 'code')), statusBadge(run.status));
+    if (shownStatus !== run.status) {
+      shownStatus = run.status;
+      put(statusLive, h('span', { class: 'sr-only' }, t('runs.status'), ' '), statusBadge(run.status));
+    }
+    // Filled before it is first shown: the status the page opens with is not announced.
+    if (!head.contains(statusLive)) put(head, h('h1', {}, t('run.title'), ' ', raw(run.id, 'code')), statusLive);
     const cancel = run.cancel_requested;
     put(summary, facts([
       [t('runs.task'), link(['tasks', run.task], raw(run.task))],
