@@ -987,6 +987,36 @@ def _a_runs_status_change_is_announced_once(site: Site) -> None:
     page.context.close()
 
 
+_TIMES = """() => [...document.querySelectorAll('main time')].map((e) => {
+  const utc = e.getAttribute('datetime').replace(/\\.\\d{3}Z$/, 'Z');
+  const hidden = e.querySelector('.utc');
+  return [utc, e.textContent, hidden ? hidden.getBoundingClientRect().width : null, e.title];
+})"""
+
+
+def _a_times_utc_form_is_in_its_text_not_only_a_title(site: Site) -> None:
+    """A title reaches neither the keyboard, a touch screen nor (reliably) a screen reader:
+    each time carries its UTC form as text, hidden until hovered, in both languages, and no
+    title besides (Chromium reads a title as the time's description: the UTC form twice)."""
+    for locale in ("en-US", "zh-CN"):
+        page = site.page(locale=locale)
+        site.sign_in(page, path=f"runs/{site.finished_run}")
+        page.wait_for_selector("main[aria-busy=false] .timeline time")
+        times = page.evaluate(_TIMES)
+        assert times, "no time on the run page"
+        for utc, text, hidden_width, title in times:
+            assert utc in text, (utc, text)
+            assert hidden_width is not None and hidden_width <= 1, (utc, hidden_width)
+            assert title == "", (utc, title)
+        page.hover(".facts time")
+        shown = page.eval_on_selector(".facts time .utc", "e => e.getBoundingClientRect().width")
+        assert shown > 50, shown
+        if locale == "en-US":
+            site.shot(page, "time-hover-desktop")
+        assert page.errors == []
+        page.context.close()
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -1009,5 +1039,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site)
     _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site)
     _a_runs_status_change_is_announced_once(site)
+    _a_times_utc_form_is_in_its_text_not_only_a_title(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

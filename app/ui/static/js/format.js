@@ -47,10 +47,13 @@ export function eventData(data) {
     .join(' ');
 }
 
-/** A <time> with the local time shown and UTC on hover. */
+/** A <time> with the local time shown and its UTC form as text: read by a screen reader,
+ *  shown on hover (app.css .utc). A title reached no keyboard, touch screen or screen
+ *  reader, and beside this text it would be read twice (as the time's description). */
 export function timeEl(ms) {
   if (ms === null || ms === undefined) return h('span', { class: 'muted' }, '—');
-  return h('time', { datetime: new Date(ms).toISOString(), title: utcTime(ms) }, localTime(ms));
+  return h('time', { datetime: new Date(ms).toISOString() }, localTime(ms),
+    h('span', { class: 'utc' }, t('time.utc', { utc: utcTime(ms) })));
 }
 
 export function duration(startMs, endMs) {
