@@ -1017,6 +1017,53 @@ def _a_times_utc_form_is_in_its_text_not_only_a_title(site: Site) -> None:
         page.context.close()
 
 
+_SCROLLS_UNREACHABLY = """() => [...document.querySelectorAll('.table-wrap')]
+  .filter((w) => w.scrollWidth > w.clientWidth
+    && w.tabIndex < 0 && !w.querySelector('a[href], button, input, select, textarea, [tabindex]'))
+  .map((w) => `${w.querySelector('table').className || 'table'} ${w.scrollWidth - w.clientWidth} px`)"""
+
+
+def _nothing_is_wider_than_a_320_px_phone(site: Site) -> None:
+    """WCAG 1.4.10 reflow at 320 px, in English (the wider words) and zh-CN: nothing widens
+    the page, a run's attempts (with a log retention removed, the widest) fit their box, and
+    a table that still scrolls sideways holds a control, so the keyboard can scroll it."""
+    routes = {
+        "runs": "runs",
+        "run": f"runs/{site.finished_run}",
+        "expired": f"runs/{site.expiring_run}",
+        "tasks": "tasks",
+        "task": "tasks/hello",
+        "new-task": "new-task",
+        "schedules": "schedules",
+        "schedule": f"schedules/{site.schedule}",
+        "new-schedule": "new-schedule",
+        "secrets": "secrets",
+        "system": "system",
+    }
+    wider = []
+    for locale in ("en-US", "zh-CN"):
+        page = site.page(locale=locale, width=320)
+        site.sign_in(page, path="runs")
+        for name, route in routes.items():
+            site.visit(page, route)
+            width_px = page.evaluate("document.documentElement.scrollWidth")
+            if width_px > 320:
+                wider.append(f"{name} in {locale}: the page is {width_px} px")
+            if name in ("run", "expired"):
+                page.wait_for_selector("table.attempts .status")
+                over = page.eval_on_selector(
+                    ".table-wrap:has(table.attempts)", "w => w.scrollWidth - w.clientWidth"
+                )
+                if over:
+                    wider.append(f"{name} in {locale}: the attempts are {over} px too wide")
+            wider.extend(f"{name} in {locale}: {w}" for w in page.evaluate(_SCROLLS_UNREACHABLY))
+            if name == "expired":
+                site.shot(page, f"run-320-{locale}")
+        assert page.errors == []
+        page.context.close()
+    assert not wider, wider
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -1040,5 +1087,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site)
     _a_runs_status_change_is_announced_once(site)
     _a_times_utc_form_is_in_its_text_not_only_a_title(site)
+    _nothing_is_wider_than_a_320_px_phone(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

@@ -52,7 +52,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
           h('th', { scope: 'col' }, t('run.ending')),
           h('th', { scope: 'col', class: 'wide' }, t('run.started')),
           h('th', { scope: 'col', class: 'wide' }, t('runs.duration')),
-          h('th', { scope: 'col' }, t('run.log_size')))),
+          h('th', { scope: 'col', class: 'wide' }, t('run.log_size')))),
         attemptsBody))),
     h('section', {}, h('h2', {}, t('run.timeline')), timeline)));
 
@@ -122,16 +122,19 @@ export function runPage(view, { args: [runId], signal, ready }) {
         : null,
     ]));
     drawActions(run);
+    const logSize = (a) => [bytes(a.log.bytes),
+      a.log.truncated ? [' ', h('span', { class: 'tag warn' }, t('run.truncated_short'))] : null,
+      a.log.expired ? [' ', h('span', { class: 'tag idle' }, t('run.expired_short'))] : null];
+    // At phone width the log size goes under the ending (its column would not fit 320 px).
     put(attemptsBody, state.attempts.map((a) => h('tr', {},
       h('td', {}, raw(a.number)),
       h('td', {}, statusBadge(a.status)),
       h('td', {}, h('span', {}, explainEnding(a)),
-        a.error_code ? [' ', raw(a.error_code, 'code')] : null, startFailure(a)),
+        a.error_code ? [' ', raw(a.error_code, 'code')] : null, startFailure(a),
+        h('span', { class: 'narrow' }, t('run.log_size_is'), ' ', logSize(a))),
       h('td', { class: 'wide' }, timeEl(a.started_at_ms)),
       h('td', { class: 'wide' }, duration(a.started_at_ms, a.finished_at_ms)),
-      h('td', {}, bytes(a.log.bytes),
-        a.log.truncated ? [' ', h('span', { class: 'tag warn' }, t('run.truncated_short'))] : null,
-        a.log.expired ? [' ', h('span', { class: 'tag idle' }, t('run.expired_short'))] : null))));
+      h('td', { class: 'wide' }, logSize(a)))));
     if (!state.attempts.length) put(attemptsBody, h('tr', {}, h('td', { colspan: '6', class: 'empty' }, t('run.no_attempts'))));
     put(timeline, state.events.map((e) => h('li', {},
       timeEl(e.at_ms), ' ',
