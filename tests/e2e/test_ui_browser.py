@@ -1064,6 +1064,22 @@ def _nothing_is_wider_than_a_320_px_phone(site: Site) -> None:
     assert not wider, wider
 
 
+_CRON_CODES = "[...document.querySelectorAll('#sch-cron-help code')].map((c) => c.textContent)"
+
+
+def _the_cron_help_names_the_aliases_in_both_languages(site: Site) -> None:
+    """The aliases are data, not words: in code elements, so zh-CN names them too."""
+    for locale in ("en-US", "zh-CN"):
+        page = site.page(locale=locale)
+        site.sign_in(page, path="new-schedule")
+        page.wait_for_selector("main[aria-busy=false] #sch-cron-help")
+        codes = page.evaluate(_CRON_CODES)
+        for alias in ("@hourly", "@daily", "@weekly", "@monthly", "@yearly"):
+            assert alias in codes, (locale, codes)
+        assert page.errors == []
+        page.context.close()
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -1088,5 +1104,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _a_runs_status_change_is_announced_once(site)
     _a_times_utc_form_is_in_its_text_not_only_a_title(site)
     _nothing_is_wider_than_a_320_px_phone(site)
+    _the_cron_help_names_the_aliases_in_both_languages(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

@@ -23,6 +23,16 @@ function field(id, label, input, help) {
     help ? h('p', { class: 'help', id: `${id}-help` }, help) : null);
 }
 
+// The aliases the API reads (app/schedule/slots.py; @annually and @midnight are stored as
+// @yearly and @daily). They are data, not words: in code elements, so zh-CN names them too.
+const CRON_ALIASES = ['@hourly', '@daily', '@weekly', '@monthly', '@yearly'];
+
+function cronHelp() {
+  const [before, after] = t('schedule_form.cron_help').split('{aliases}');
+  const sep = t('schedule_form.cron_alias_sep');
+  return [before, CRON_ALIASES.map((a, i) => [i ? sep : null, raw(a, 'code')]), after];
+}
+
 function number(id, attrs = {}) {
   return h('input', { id, name: id, type: 'number', inputmode: 'numeric', ...attrs });
 }
@@ -60,7 +70,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
   const paused = h('input', { id: 'sch-paused', type: 'checkbox' });
   const boundsNote = h('p', { class: 'notice notice-info', hidden: true });
   const save = h('button', { type: 'submit', id: 'sch-save' }, isNew ? t('schedule_form.create') : t('schedule_form.save'));
-  const cronBox = field('sch-cron', t('schedule_form.cron'), cron, t('schedule_form.cron_help'));
+  const cronBox = field('sch-cron', t('schedule_form.cron'), cron, cronHelp());
   const everyBox = field('sch-every', t('schedule_form.every'), everySeconds, t('schedule_form.every_help'));
   const windowBox = field('sch-window', t('schedule_form.window'), windowInput, t('schedule_form.window_help'));
   const maxBox = field('sch-max-concurrent', t('schedule_form.max_concurrent'), maxConcurrent, t('schedule_form.max_concurrent_help'));
