@@ -22,13 +22,19 @@ from sqlalchemy import (
     delete,
     insert,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json
-from app.domain.errors import DomainError, ErrorCode, NotFound, PreconditionFailed, VersionConflict
+from app.domain.errors import (
+    Conflict,
+    DomainError,
+    ErrorCode,
+    NotFound,
+    PreconditionFailed,
+    VersionConflict,
+)
 from app.domain.ids import now_ms, uuid7
 from app.domain.model import Page, Schedule, ScheduleDecision, ScheduleDefinition
 from app.domain.states import TERMINAL_RUN, RunStatus
@@ -64,8 +70,6 @@ _CAS_SCHEDULE = update(schedules).where(
     schedules.c.id == bindparam("where_id"), schedules.c.cursor_ms == bindparam("where_cursor")
 )
 _INSERT_DECISION = insert(schedule_decisions)
-_EARLIEST_DUE = select(schedules.c.next_due_ms).where(schedules.c.next_due_ms.is_not(None))
-_EARLIEST_DUE = _EARLIEST_DUE.order_by(schedules.c.next_due_ms).limit(1)
 # How many due schedules one fire_due call decides; the loop calls again at once if full.
 FIRE_PAGE = 32
 # A slot decided at most this long after its instant is on time, not missed: it fires under
@@ -173,8 +177,8 @@ class ScheduleRepository:
         # QL_MAX_QUEUED: a slot that finds this many runs queued is dropped, not queued
         # (``dropped_queue_full``, docs/concurrency-budgets.md §3).
         self._max_queued = max_queued
-        # (schedule id, code): when "schedule fire refused" was last written for it. A refused
-        # schedule stays due and is tried again every pass: one line a minute, not 50 a second.
+        # (schedule id, what and code): when "schedule fire refused" (or "raced") was last
+        # written for it: one line a minute, not one a pass; entries older than that go.
         self._refusals_logged: dict[tuple[str, str], float] = {}
         # schedule id -> (its refused version, the instant to try it again): left out of the
         # due page and of the earliest due instant until then.
@@ -340,19 +344,23 @@ class ScheduleRepository:
         """The earliest ``next_due_ms`` of any schedule (one indexed query), or None; a
         refused schedule counts from the instant it is to be tried again."""
         at = now_ms() if now is None else now
-        with self._engine.connect() as conn:
-            earliest = conn.execute(self._without_refused(_EARLIEST_DUE, at)).scalar()
+        query = select(schedules.c.id, schedules.c.version, schedules.c.next_due_ms).where(
+            schedules.c.next_due_ms.is_not(None)
+        )
+        first = self._unrefused(query.order_by(schedules.c.next_due_ms), 1, at)
         retries = [until for _, until in self._refused.values()]
-        return min([*retries, *([] if earliest is None else [earliest])], default=None)
+        return min([*retries, *(row.next_due_ms for row in first)], default=None)
 
-    def _without_refused(self, query: Select[Any], at: int) -> Select[Any]:
-        """``query`` leaving out the schedules refused at their current version whose retry
-        has not come; forgets the retries that have."""
+    def _unrefused(self, query: Select[Any], limit: int, at: int) -> list[Row[Any]]:
+        """The first ``limit`` rows of ``query`` (of schedules: id, version, ...) but those
+        refused at their current version whose retry has not come; forgets the retries that
+        have. The refused are skipped here, not in SQL: a rollback may leave thousands, more
+        than a statement may bind."""
         self._refused = {k: v for k, v in self._refused.items() if v[1] > at}
-        if not self._refused:
-            return query
-        pairs = [(schedule_id, version) for schedule_id, (version, _) in self._refused.items()]
-        return query.where(tuple_(schedules.c.id, schedules.c.version).not_in(pairs))
+        with self._engine.connect() as conn:
+            rows = conn.execute(query.limit(limit + len(self._refused))).all()
+        kept = [r for r in rows if self._refused.get(r.id, (None,))[0] != r.version]
+        return kept[:limit]
 
     # -- the fire --------------------------------------------------------------------------
 
@@ -360,31 +368,25 @@ class ScheduleRepository:
         """Decide every due slot of up to ``page`` due schedules, one transaction each."""
         at = now_ms() if now is None else now
         began = time.perf_counter()  # a commit's instant is ``at`` plus the time since
-        due = (
-            select(schedules.c.id, schedules.c.version)
-            .where(schedules.c.next_due_ms <= at)
-            .order_by(schedules.c.next_due_ms)
-            .limit(page)
-        )
-        with self._engine.connect() as conn:
-            ids = conn.execute(self._without_refused(due, at)).all()
+        due = select(schedules.c.id, schedules.c.version).where(schedules.c.next_due_ms <= at)
+        ids = self._unrefused(due.order_by(schedules.c.next_due_ms), page, at)
         created = decided = cancels = 0
         lateness: list[SlotLateness] = []
-        for schedule_id, version in ids:
+        for schedule_id, version in ((row.id, row.version) for row in ids):
             try:
                 made = self._fire_one(schedule_id, at, began)
             except IntegrityError:
                 made = None  # another loop inserted the slot's run first: its commit decided
+            except (VersionConflict, Conflict) as exc:
+                # A run of the schedule moved first (overlap replace's cancel lost its
+                # compare-and-set to the dispatcher or an ending): tried again next pass.
+                self._log_once_a_minute(logging.INFO, "schedule fire raced", schedule_id, exc)
+                made = None
             except DomainError as exc:
                 # One schedule refused (a body or pinned revision this build cannot read) must
                 # not hold back the others due behind it: it stays due, left out until its retry.
                 self._refused[schedule_id] = (version, at + REFUSAL_RETRY_MS)
-                key, clock = (schedule_id, str(exc.code)), time.monotonic()
-                if clock - self._refusals_logged.get(key, -REFUSAL_LOG_EVERY_S) >= (
-                    REFUSAL_LOG_EVERY_S
-                ):
-                    self._refusals_logged[key] = clock
-                    log.error("schedule fire refused: %s (schedule %s)", exc.code, schedule_id)
+                self._log_once_a_minute(logging.ERROR, "schedule fire refused", schedule_id, exc)
                 made = None
             if made is not None:
                 created += made[0]
@@ -398,6 +400,18 @@ class ScheduleRepository:
             cancels_requested=cancels,
             lateness=tuple(lateness),
         )
+
+    def _log_once_a_minute(
+        self, level: int, what: str, schedule_id: str, exc: DomainError
+    ) -> None:
+        """``what: CODE (schedule ID)``, at most once a minute for each schedule and code."""
+        key, clock = (schedule_id, f"{what}:{exc.code}"), time.monotonic()
+        if clock - self._refusals_logged.get(key, -REFUSAL_LOG_EVERY_S) >= REFUSAL_LOG_EVERY_S:
+            self._refusals_logged = {
+                k: t for k, t in self._refusals_logged.items() if clock - t < REFUSAL_LOG_EVERY_S
+            }
+            self._refusals_logged[key] = clock
+            log.log(level, "%s: %s (schedule %s)", what, exc.code, schedule_id)
 
     def _fire_one(
         self, schedule_id: str, at: int, began: float

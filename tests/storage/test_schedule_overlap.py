@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
-from app.domain.errors import AdmissionRefused, ErrorCode
+from app.domain.errors import AdmissionRefused, ErrorCode, VersionConflict
 from app.domain.model import Run, ScheduleDefinition
 from app.schedule.slots import jitter_ms
+from app.storage import schedules_repo
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
 from app.storage.schedules_repo import ScheduleRepository
@@ -181,3 +183,35 @@ def test_caught_up_slots_fire_at_once_and_only_the_newest_waits_for_its_jitter(
     assert repo.get(name="tick").next_due_ms == newest + delay
     assert repo.fire_due(newest + delay).runs_created == 1
     assert sorted(by_slot(engine)) == [60, 120, 180, 240]
+
+
+def test_a_replace_whose_cancel_loses_its_race_fires_on_the_next_pass_not_after_a_refusal(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under replace the fire cancels the active run by compare-and-set; on PostgreSQL the
+    # dispatcher or the run's ending may move it between the fire's read and that write
+    # (VersionConflict). That is a race lost, tried again at the next pass (20 ms), not a
+    # schedule this build refuses: held back 10 s, its slot was missed under catchup none.
+    define(engine)
+    repo = ScheduleRepository(engine)
+    definition = ScheduleDefinition(
+        task="job", revision=None, cron=None, every_seconds=60, overlap="replace", catchup="none"
+    )
+    repo.put_schedule(name="tick", definition=definition, paused=False, at_ms=T0)
+    repo.fire_due(T0 + 60_000)
+    start(engine, by_slot(engine)[60])
+    real_cancel_in, raced = schedules_repo.cancel_in, []
+
+    def cancel_in_losing_once(conn: Any, row: Any, *args: Any) -> Any:
+        if not raced:
+            raced.append(row.id)
+            raise VersionConflict(row.id)
+        return real_cancel_in(conn, row, *args)
+
+    monkeypatch.setattr(schedules_repo, "cancel_in", cancel_in_losing_once)
+    assert repo.fire_due(T0 + 120_000).schedules_decided == 0  # rolled back whole
+    assert repo.earliest_due_ms(T0 + 120_000) == T0 + 120_000  # still due now
+    again = repo.fire_due(T0 + 120_020)
+    assert (again.runs_created, again.cancels_requested) == (1, 1)
+    assert [late.on_time for late in again.lateness] == [True]
+    assert [(s, d) for s, d, _ in decisions(repo)] == [(60, "fired"), (120, "replaced")]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, event, select, update
 
 from app.domain.errors import NotFound, PreconditionFailed
 from app.domain.model import ScheduleDefinition
@@ -457,24 +459,56 @@ def test_refused_schedules_filling_the_due_page_do_not_starve_the_ones_behind_th
 
 
 def test_a_refused_schedule_is_tried_again_after_its_retry_or_at_once_once_changed(
-    engine: Engine, caplog: pytest.LogCaptureFixture
+    engine: Engine, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo = make(engine, every(1))
     refuse(engine, "tick")
+    tries: list[int] = []
+    real_fire_one = repo._fire_one
+
+    def fire_one(schedule_id: str, at: int, began: float) -> object:
+        tries.append(at)
+        return real_fire_one(schedule_id, at, began)
+
+    monkeypatch.setattr(repo, "_fire_one", fire_one)
     with caplog.at_level(logging.ERROR, logger="qinglong.schedules"):
         assert repo.fire_due(T0 + 1000).schedules_decided == 0
         assert repo.earliest_due_ms(T0 + 1000) == T0 + 1000 + REFUSAL_RETRY_MS
         # The build that refused it cannot read it later either; the retry comes anyway
         # (an unreadable revision may be one that is only slow to come back).
         refused_at = T0 + 1000 + REFUSAL_RETRY_MS
-        assert repo.fire_due(refused_at - 1).schedules_decided == 0
+        repo.fire_due(T0 + 1020)
+        repo.fire_due(refused_at - 1)
+        assert tries == [T0 + 1000]  # left out until its retry
         assert repo.fire_due(refused_at).schedules_decided == 0
+        assert tries == [T0 + 1000, refused_at]
         assert repo.earliest_due_ms(refused_at) == refused_at + REFUSAL_RETRY_MS
         # A new version (a PUT from any api process) is read at the next pass.
         repo.put_schedule(name="tick", definition=every(2), paused=False, at_ms=refused_at)
         assert repo.fire_due(refused_at + 2000).schedules_decided == 1
     tried = [m for m in caplog.messages if m.startswith("schedule fire refused")]
     assert len(tried) == 1  # the second refusal is within the minute of the first line
+
+
+def test_thousands_of_refused_schedules_are_left_out_in_python_not_bound_in_sql(
+    engine: Engine,
+) -> None:
+    # A rollback can leave every schedule refused; each would be two bound parameters of a
+    # NOT IN, past what a statement binds: 65535 with psycopg, 32766 in SQLite's default
+    # build (this one's Python allows more: the test sets the default). The page still reads.
+    def sqlite_default_limit(dbapi_conn: Any, *_: Any) -> None:
+        if isinstance(dbapi_conn, sqlite3.Connection):
+            dbapi_conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32766)
+
+    repo = make(engine, every(1))
+    repo.put_schedule(name="later", definition=every(5), paused=False, at_ms=T0)
+    repo._refused.update({f"gone-{n}": (1, T0 + 60_000) for n in range(40_000)})
+    event.listen(engine, "checkout", sqlite_default_limit)
+    try:
+        assert repo.fire_due(T0 + 1000).schedules_decided == 1
+        assert repo.earliest_due_ms(T0 + 1000) == T0 + 2000
+    finally:
+        event.remove(engine, "checkout", sqlite_default_limit)
 
 
 def test_catchup_all_past_100_slots_holds_a_newest_slot_still_in_its_jitter(
