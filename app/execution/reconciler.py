@@ -126,8 +126,10 @@ class Reconciler:
             controller=controller, stop_grace_s=profile.stop_grace_s, watch=watch,
         )  # fmt: skip
         # An attempt that fails every pass (its journal unreadable, say) is retried each pass:
-        # a line when it starts, once a minute, and when a pass reconciles all it examined.
+        # a line when it starts, once a minute, and when a whole round of the active attempts
+        # (one or more passes, from the first to the last) had none failing.
         self._attempt_failures = FailureLog(log, "reconcile of an attempt", level=logging.WARNING)
+        self._failed_this_round = False  # since the cursor last wrapped around
 
     def claimed(self, attempt_id: str) -> bool:
         """True while a pass is stopping this attempt to record its own ending.
@@ -149,7 +151,6 @@ class Reconciler:
         """Reconcile at most pages x page size attempts, sweep the journal, purge retention."""
         report = PassReport()
         size = self._profile.reconcile_page_size
-        failed = 0
         for _ in range(self._profile.reconcile_pages):
             page = self._attempts.active_attempts(limit=size, after_id=self._cursor)
             for attempt in page:
@@ -158,14 +159,17 @@ class Reconciler:
                     self._one(attempt, report)
                 except Exception as exc:  # one attempt never stops the pass; retried next pass
                     report.undecided += 1
-                    failed += 1
+                    self._failed_this_round = True
                     self._attempt_failures.failed(exc)
             if len(page) < size:
                 self._cursor = None  # wrapped around: the next pass starts from the beginning
+                # Works again only once a whole round of the active attempts had no failure:
+                # a pass that did not reach the failing attempt proves nothing of it.
+                if not self._failed_this_round:
+                    self._attempt_failures.succeeded()
+                self._failed_this_round = False
                 break
             self._cursor = page[-1].attempt_id
-        if not failed:
-            self._attempt_failures.succeeded()
         self._sweep_journal(report)
         report.purged = self.purge_retention()
         return report

@@ -162,3 +162,38 @@ def test_attempts_that_fail_every_reconcile_pass_are_one_line_not_one_each_a_pas
     assert _lines(caplog, "app.execution.reconciler")[1:] == [
         "reconcile of an attempt works again after 60 failure(s)"
     ]
+
+
+def test_a_pass_that_did_not_reach_the_failing_attempt_does_not_say_it_works_again(
+    unmigrated: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Seventeen active attempts, 16 a pass on the edge profile: passes alternate between
+    # reaching the failing one and not. "works again" after a pass that did not reach it
+    # hid a failure that never went away; it waits for a whole round with none failing.
+    engine = unmigrated
+    upgrade_to_head(engine)
+    for _ in range(17):
+        armed_run(engine)
+    rec = in_process_reconciler(engine, ReceiptStore(tmp_path / "receipts"), [now_ms()])
+    real_one, broken = rec._one, RunReader(engine).active_attempts(limit=1, after_id=None)
+    failing = {broken[0].attempt_id}
+
+    def one(attempt: object, report: object) -> None:
+        if getattr(attempt, "attempt_id", None) in failing:
+            raise RuntimeError("this attempt's entry cannot be read")
+        real_one(attempt, report)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rec, "_one", one)
+    with caplog.at_level(logging.INFO, logger="app.execution.reconciler"):
+        for _ in range(6):
+            rec.run_pass()
+        assert _lines(caplog, "app.execution.reconciler") == [
+            "reconcile of an attempt failed: RuntimeError"
+        ]
+        failing.clear()
+        for _ in range(2):  # the round that reaches it, then one whole round without
+            rec.run_pass()
+    assert _lines(caplog, "app.execution.reconciler")[1:] == [
+        "reconcile of an attempt works again after 3 failure(s)"
+    ]
