@@ -252,9 +252,13 @@ def _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(
     page.evaluate("window.qlLogFollower.drop()")
     page.wait_for_function("() => window.qlLogFollower.reconnects >= 1")
     page.wait_for_selector(".log-state.log-live")
+    assert page.get_attribute(".log-state", "aria-live") == "polite"
     site.gate.touch()
     page.wait_for_selector(".log-state.log-ended")
     _badge(page, "succeeded")
+    # The ending is read out once, by the status region: the log's "Ended" stays quiet.
+    assert page.get_attribute(".log-state", "aria-live") == "off"
+    assert page.inner_text(".page-head [role=status]").split()[-1] == "succeeded"
     assert page.eval_on_selector("#log", box) == streaming  # no layout jump as it streamed
     expected = "line 1\nline 2\nline 3\nline 4\nline 5\n"
     assert page.text_content("#log") == expected
@@ -1009,10 +1013,18 @@ def _a_times_utc_form_is_in_its_text_not_only_a_title(site: Site) -> None:
             assert hidden_width is not None and hidden_width <= 1, (utc, hidden_width)
             assert title == "", (utc, title)
         page.hover(".facts time")
-        shown = page.eval_on_selector(".facts time .utc", "e => e.getBoundingClientRect().width")
+        width = "e => e.getBoundingClientRect().width"
+        shown = page.eval_on_selector(".facts time .utc", width)
         assert shown > 50, shown
         if locale == "en-US":
             site.shot(page, "time-hover-desktop")
+        # WCAG 1.4.13: Escape hides it without moving the pointer; it shows again once the
+        # pointer has left the time and come back.
+        page.keyboard.press("Escape")
+        assert page.eval_on_selector(".facts time .utc", width) <= 1
+        page.hover("h1")
+        page.hover(".facts time")
+        assert page.eval_on_selector(".facts time .utc", width) > 50
         assert page.errors == []
         page.context.close()
 

@@ -158,6 +158,15 @@ async function start() {
     ev.preventDefault();
     document.getElementById('view').focus();
   });
+  // Escape hides a time's UTC box shown on hover (WCAG 1.4.13: hover content can be
+  // dismissed without moving the pointer); leaving the time lets it show again.
+  const root = document.documentElement;
+  document.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Escape') root.classList.add('utc-dismissed');
+  });
+  document.addEventListener('mouseout', (ev) => {
+    if (ev.target instanceof Element && ev.target.closest('time')) root.classList.remove('utc-dismissed');
+  });
   window.addEventListener('hashchange', render);
   render();
 }

@@ -317,6 +317,9 @@ export function runPage(view, { args: [runId], signal, ready }) {
       : t(`run.log_${what}`);
     // A live region: a follower that keeps reconnecting says "Reconnecting…" once.
     if (logState.className === `log-state log-${what}` && logState.textContent === text) return;
+    // The ending is read out by the status region above (the run's status changes with it):
+    // said here too, a screen reader would hear it twice.
+    logState.setAttribute('aria-live', what === 'ended' ? 'off' : 'polite');
     logState.className = `log-state log-${what}`;
     logState.textContent = text;
   }
