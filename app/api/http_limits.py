@@ -17,7 +17,9 @@ only the pause between two requests, and nothing covers a connection that never 
 - at ``max_connections`` open connections in this process, a new one closes the oldest that
   has no request in progress (idle keep-alive or an incomplete head), so a flood of idle or
   slow connections cannot lock clients out; when every connection has a request in progress
-  the new one gets 503 ``TOO_MANY_CONNECTIONS`` and is closed.
+  the new one gets 503 ``TOO_MANY_CONNECTIONS`` and is closed;
+- a connection is never switched to another protocol (WebSocket): the request is answered as
+  HTTP, since a switched connection would leave the bound's count only at a restart.
 
 The parser-specific parts (when a head or body is complete) are ``HttpToolsLimits`` (parser
 callbacks) and ``H11Limits`` (h11's public connection state).
@@ -120,6 +122,23 @@ class Limits(ProblemFraming):
     def connection_lost(self, exc: Exception | None) -> None:
         self._forget()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    # -- no protocol switch -----------------------------------------------------------------
+    # uvicorn hands a WebSocket upgrade to another protocol object, and this one then never
+    # gets its connection_lost: each upgrade kept a place in the bound for good, so as many
+    # unauthenticated upgrade requests as the bound locked every client out (503). The api
+    # has no WebSocket route, so an Upgrade header is ignored (RFC 9110 §7.8 lets a server)
+    # and the request is answered as HTTP, problem+json included, without a log line each.
+
+    def _should_upgrade_to_ws(self) -> bool:
+        return False
+
+    def _unsupported_upgrade_warning(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and hasattr(cycle, "keep_alive"):
+            # httptools parses nothing more on a connection once it saw an upgrade: close it
+            # after this answer rather than leave a next request unanswered.
+            cycle.keep_alive = False
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]

@@ -332,3 +332,61 @@ def test_connections_beyond_the_bound_close_an_idle_one_or_get_503_and_the_api_s
             sock.close()
         _until_server_holds(served, 0)
         assert served.healthz_s() < 1
+
+
+_UPGRADE = (
+    b"Host: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_websocket_upgrades_are_answered_as_http_and_never_keep_a_place_in_the_bound(
+    parser: str, tmp_path: Path
+) -> None:
+    # Before: uvicorn handed each upgrade to its WebSocket protocol, the app refused it with
+    # a plain-text 403, and the connection left the HTTP protocol without its
+    # connection_lost: it kept its place in the bound for good. `bound` such requests, with
+    # no token, locked every client out of the api process (503 TOO_MANY_CONNECTIONS) until
+    # a restart.
+    bound = 5
+    served, stop = _start_api(tmp_path, parser, QL_HTTP_MAX_CONNECTIONS=str(bound))
+    with ExitStack() as stack:
+        stack.callback(stop)
+        answers = []
+        for _ in range(2 * bound):
+            with served.connect() as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\n" + _UPGRADE + b"\r\n")
+                answers.append(_answer_then_close(sock))
+        _until_server_holds(served, 0)
+        assert served.healthz_s() < 1  # before: 503 TOO_MANY_CONNECTIONS, for good
+        for status, _, body in answers:
+            assert (status, json.loads(body)) == (200, {"status": "ok"}), body
+        with served.connect() as sock:  # an api route: the app's own problem+json, not 403
+            sock.sendall(b"GET /api/v1/runs HTTP/1.1\r\n" + _UPGRADE + b"\r\n")
+            status, headers, body = _answer_then_close(sock)
+        assert status == 401, body
+        assert headers["content-type"] == "application/problem+json"
+        assert json.loads(body)["code"] == "UNAUTHENTICATED"
+        _until_server_holds(served, 0)
+        assert served.healthz_s() < 1
+    assert b"Unsupported upgrade" not in (tmp_path / "api.log").read_bytes()
+
+
+def _answer_then_close(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The first answer on ``sock`` (read to its Content-Length); the client closes after it."""
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    while len(body) < int(headers.get("content-length", "0")):
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
