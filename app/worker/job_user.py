@@ -104,7 +104,8 @@ def job_policy(settings: JobUserSettings) -> JobPolicy:
     """Resolve and check the configured job users; JobUserUnavailable names what is wrong.
 
     Refused: an unknown user, the service's own user (that would be a silent same-user run),
-    root, and a process that cannot switch (not root and the capabilities not ambient).
+    root, a user whose primary group is root's or one of this process's, and a process that
+    cannot switch (not root and the capabilities not ambient).
     """
     names = ([settings.user] if settings.user else []) + list(settings.allowed)
     users = {name: resolve(name) for name in names}
@@ -116,6 +117,14 @@ def job_policy(settings: JobUserSettings) -> JobPolicy:
             )
         if user.uid == 0:
             raise JobUserUnavailable(f"job user {name!r} is root; name an unprivileged user")
+        if user.gid in _service_groups():
+            # The shim drops supplementary groups but keeps the primary one: the job would
+            # hold the group of the service's group-readable files (the environment file of
+            # deploy/, root:qinglong 0640, with the database password and the key).
+            raise JobUserUnavailable(
+                f"job user {name!r}: its primary group (gid {user.gid}) is the service's "
+                "(or root's); give it a group of its own"
+            )
     if users:
         missing = missing_capabilities()
         if missing:
@@ -135,6 +144,11 @@ def job_policy(settings: JobUserSettings) -> JobPolicy:
     default = users[settings.user] if settings.user else None
     allowed = {name: users[name] for name in settings.allowed}
     return JobPolicy(default, allowed, settings.umask, settings.home, settings.home_root)
+
+
+def _service_groups() -> set[int]:
+    """Groups a job's primary group must not be: root's and every group of this process."""
+    return {0, os.getegid(), os.getgid(), *os.getgroups()}
 
 
 def home_root_problem(root: Path, user: JobUser) -> str | None:

@@ -71,3 +71,37 @@ def test_an_unknown_or_own_job_user_is_refused_before_anything_is_opened(tmp_pat
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and words in done.stderr, done.stderr
         assert not (data_dir / "qinglong.db").exists()
+
+
+@pytest.mark.parametrize("role", ["worker", "serve"])
+def test_a_job_user_whose_primary_group_is_the_services_is_refused(
+    role: str, tmp_path: Path
+) -> None:
+    # The service runs with nobody's group (nogroup) as its own: a job as nobody would hold
+    # the group of the service's group-readable files, such as the environment file the
+    # systemd units read (root:qinglong 0640, with the database password and the key).
+    job_user_or_skip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    data_dir = tmp_path / "data"
+    args = [role] if role == "worker" else [role, "--port", str(free_port())]
+    argv = ["setpriv", f"--regid={JOB_UID}", "--clear-groups",
+            sys.executable, "-m", "app", *args]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, env={**env, "QL_DATA_DIR": str(data_dir), "QL_JOB_USER": "nobody"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # it started: stop it (serve stops its services first), by its pid
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        pytest.fail(f"{role} started with a job user of its own group")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2, err
+    assert len(lines) == 1, err
+    assert f"primary group (gid {JOB_UID}) is the service's" in lines[0], err
+    assert not (data_dir / "qinglong.db").exists()
