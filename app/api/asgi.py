@@ -2,7 +2,9 @@
 ``Connection: close`` on every response of a retiring process (app/api/retirement.py).
 
 Bodies are refused from ``Content-Length`` before any byte is read, or while streaming as
-soon as the count passes the limit: the app never sees more than ``max_body`` bytes.
+soon as the count passes the limit: the app never sees more than ``max_body`` bytes. A body
+is read only from a client whose bearer token is valid (401 first, the body unread): no
+route without a token takes one, and a trickled body must not hold a connection for free.
 Requests without a body (GET, SSE follows) pass straight through with the original
 ``receive``, so disconnects still reach streaming responses.
 """
@@ -10,18 +12,21 @@ Requests without a body (GET, SSE follows) pass straight through with the origin
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from app.api import retirement
+from app.api.auth import bearer_principal
 from app.api.problems import (
     INTERNAL_ERROR,
     MALFORMED_JSON,
     MALFORMED_REQUEST,
     PAYLOAD_TOO_LARGE,
     PROBLEM_MEDIA_TYPE,
+    ApiProblem,
     problem_bytes,
 )
+from app.domain.errors import NotMigrated, StorageUnavailable
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -100,6 +105,18 @@ class GuardMiddleware:
             if declared > self.max_body:
                 await _problem(send, 413, PAYLOAD_TOO_LARGE, _too_large(self.max_body))
                 return None
+            if declared == 0:
+                return _replay(b"", receive)
+        refusal = await _unauthenticated(scope, headers)
+        if refusal is not None:
+            # Never a byte of a body from a client without a valid token: trickled a byte just
+            # inside each stall timeout, its request would stay in progress and hold a place
+            # in the connection bound as long as it liked (docs/http-limits.md). No route
+            # without a token takes a body; the connection closes with the body unread.
+            await _problem(
+                send, refusal.status, refusal.code, refusal.detail, headers=refusal.headers
+            )
+            return None
         body = bytearray()
         more = True
         while more:
@@ -118,6 +135,22 @@ class GuardMiddleware:
                 await _problem(send, 400, MALFORMED_JSON, "the body is not valid UTF-8")
                 return None
         return _replay(bytes(body), receive)
+
+
+async def _unauthenticated(scope: Scope, headers: dict[bytes, bytes]) -> ApiProblem | None:
+    """The 401 of a request whose token would be refused, or None: a valid token, or the
+    database cannot tell now (the route's own check then answers, 503 included)."""
+    facade = getattr(scope["app"].state, "facade", None) if "app" in scope else None
+    if facade is None:
+        return None
+    values = [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"]
+    try:
+        await bearer_principal(facade, values)
+    except ApiProblem as problem:
+        return problem
+    except (StorageUnavailable, NotMigrated):
+        return None
+    return None
 
 
 def _closing(start: Message) -> Message:
@@ -155,8 +188,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _problem(send: Send, status: int, code: str, detail: str) -> None:
+async def _problem(
+    send: Send, status: int, code: str, detail: str, *, headers: Mapping[str, str] | None = None
+) -> None:
     raw = problem_bytes(status, code, detail)
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
@@ -164,6 +200,7 @@ async def _problem(send: Send, status: int, code: str, detail: str) -> None:
             "headers": [
                 (b"content-type", PROBLEM_MEDIA_TYPE.encode()),
                 (b"content-length", str(len(raw)).encode()),
+                *extra,
                 (b"connection", b"close"),
             ],
         }

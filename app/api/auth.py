@@ -48,25 +48,35 @@ class _Require(HTTPBearer):
 
     async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
         values = request.headers.getlist("authorization")
-        if len(values) > 1:
-            # A proxy and the service could each read another one (as with a key twice in
-            # a body, app/api/strict_json.py): refused, never one of them picked.
-            raise ApiProblem(
-                401, UNAUTHENTICATED, "send one Authorization header, not several",
-                headers=_CHALLENGE,
-            )  # fmt: skip
-        token = bearer_token(values[0] if values else "")
-        if token is None:
-            raise ApiProblem(401, UNAUTHENTICATED, "a bearer token is required", headers=_CHALLENGE)
-        principal = await authenticated(request.app.state.facade, token)
-        if principal is None:
-            raise ApiProblem(
-                401, UNAUTHENTICATED, "the token is unknown or revoked", headers=_CHALLENGE
-            )
+        principal = await bearer_principal(request.app.state.facade, values)
         for scope in self.required_scopes:
             if not principal.can(scope):
                 raise ApiProblem(403, FORBIDDEN, f"this token lacks the {scope} scope")
         return principal
+
+
+async def bearer_principal(facade: AppFacade, values: list[str]) -> Principal:
+    """The principal of the one bearer token among ``values`` (the request's Authorization
+    headers); else ApiProblem 401 UNAUTHENTICATED saying why (the route's dependency, and the
+    guard before it reads a body, app/api/asgi.py).
+
+    Raises: ApiProblem (401), StorageUnavailable or NotMigrated (the database's answer).
+    """
+    if len(values) > 1:
+        # A proxy and the service could each read another one (as with a key twice in a
+        # body, app/api/strict_json.py): refused, never one of them picked.
+        raise ApiProblem(
+            401, UNAUTHENTICATED, "send one Authorization header, not several", headers=_CHALLENGE
+        )
+    token = bearer_token(values[0] if values else "")
+    if token is None:
+        raise ApiProblem(401, UNAUTHENTICATED, "a bearer token is required", headers=_CHALLENGE)
+    principal = await authenticated(facade, token)
+    if principal is None:
+        raise ApiProblem(
+            401, UNAUTHENTICATED, "the token is unknown or revoked", headers=_CHALLENGE
+        )
+    return principal
 
 
 async def authenticated(facade: AppFacade, token: str) -> Principal | None:

@@ -274,6 +274,7 @@ def test_a_body_shorter_than_its_content_length_is_ended_after_the_body_timeout(
     with api.connect() as sock:
         sock.sendall(
             b"POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + api.token.encode() + b"\r\n"
             b"Content-Length: 100\r\n\r\n" + b'{"task": "'
         )
         started = time.monotonic()
@@ -321,10 +322,15 @@ def test_connections_beyond_the_bound_close_an_idle_one_or_get_503_and_the_api_s
         for sock in slow:
             sock.close()
         _until_server_holds(served, 0)
-        # The bound full of requests in progress (bodies still owed): the new one gets 503.
+        # The bound full of requests in progress (bodies still owed, with a valid token: a
+        # body without one is refused unread): the new one gets 503.
         busy = [stack.enter_context(served.connect()) for _ in range(bound)]
+        owed = (
+            b"POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n"
+            b"Authorization: Bearer " + served.token.encode() + b"\r\n\r\n{"
+        )
         for sock in busy:
-            sock.sendall(b"POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{")
+            sock.sendall(owed)
         _until_server_holds(served, bound)
         with served.connect() as sock:
             _problem(sock, 503, "TOO_MANY_CONNECTIONS")
@@ -390,3 +396,48 @@ def _answer_then_close(sock: socket.socket) -> tuple[int, dict[str, str], bytes]
         assert chunk, data
         body += chunk
     return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_a_body_without_a_valid_token_is_refused_unread_and_never_holds_a_place_in_the_bound(
+    parser: str, tmp_path: Path
+) -> None:
+    # Before: the guard read every body before the route authenticated, so a client with no
+    # token that trickled bodies (a byte just inside each stall timeout, 1 MiB each) held
+    # `bound` requests in progress for as long as it liked, and every other client got 503.
+    bound = 5
+    served, stop = _start_api(tmp_path, parser, QL_HTTP_MAX_CONNECTIONS=str(bound))
+    heads = {
+        "no token": b"",
+        "unknown token": b"Authorization: Bearer ql_" + b"A" * 43 + b"\r\n",
+        "two tokens": (b"Authorization: Bearer " + served.token.encode() + b"\r\n") * 2,
+        "chunked": b"Transfer-Encoding: chunked\r\n",
+    }
+    with ExitStack() as stack:
+        stack.callback(stop)
+        for name, extra in heads.items():
+            owed = [stack.enter_context(served.connect()) for _ in range(bound)]
+            framing = b"" if b"chunked" in extra else b"Content-Length: 1000\r\n"
+            for sock in owed:
+                sock.sendall(
+                    b"PUT /api/v1/secrets/s HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\n" + framing + extra + b"\r\n"
+                    + (b"5\r\n" if not framing else b"") + b'{"val'
+                )
+            for sock in owed:
+                sock.settimeout(5)
+                status, headers, body = _answer(sock)  # at once, then closed
+                assert status == 401, (name, body)
+                assert headers["content-type"] == "application/problem+json"
+                assert headers["connection"] == "close"
+                assert headers["www-authenticate"] == "Bearer"
+                assert json.loads(body)["code"] == "UNAUTHENTICATED"
+            for sock in owed:
+                sock.close()
+            assert served.healthz_s() < 1, name
+        r = httpx.put(
+            f"http://127.0.0.1:{served.port}/api/v1/secrets/s", json={"value": "v"},
+            headers={"Authorization": f"Bearer {served.token}"}, timeout=10,
+        )  # fmt: skip
+        assert r.status_code == 204, r.text  # with its token, a body is read as before
