@@ -35,8 +35,15 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads_strict(raw: bytes) -> Any:
-    """``json.loads`` that raises ``DuplicateKey`` for a repeated key in any object."""
-    return json.loads(raw, object_pairs_hook=_unique)
+    """``json.loads`` of UTF-8 (a leading byte order mark allowed) that raises
+    ``DuplicateKey`` for a repeated key in any object.
+
+    Decoded here, never by ``json.loads`` itself: given bytes it guesses UTF-16 or UTF-32
+    from the NULs, and ASCII in those encodings without a byte order mark is valid UTF-8
+    (the guard's check, app/api/asgi.py), so a body another reader takes for NUL-laden UTF-8
+    would have run. Decoded as UTF-8, its NULs are not JSON: ``JSONDecodeError``.
+    """
+    return json.loads(raw.decode("utf-8-sig"), object_pairs_hook=_unique)
 
 
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})

@@ -80,6 +80,25 @@ def test_malformed_json_keeps_its_own_code(client: Client, admin: dict[str, str]
     )
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
+def test_a_body_in_utf_16_or_32_is_malformed_json_and_no_run_is_created(
+    client: Client, admin: dict[str, str], task: str, encoding: str
+) -> None:
+    # Without a byte order mark, ASCII text in these encodings is valid UTF-8 (NULs between
+    # the letters), so the guard's UTF-8 check let it through, and json.loads of bytes
+    # guesses the encoding: the run was created. A proxy or WAF that reads the body as the
+    # UTF-8 it must be (RFC 8259 §8.1) would have judged other bytes than the service ran.
+    raw = ('{"task":"' + task + '"}').encode(encoding)
+    assert_problem(
+        client.post("/api/v1/runs", content=raw, headers=admin | JSON), 400, "MALFORMED_JSON"
+    )
+    assert client.get("/api/v1/runs", headers=admin).json()["items"] == []
+    # UTF-8 with its byte order mark is still taken (as before).
+    bom = b"\xef\xbb\xbf" + ('{"task":"' + task + '"}').encode()
+    ok = client.post("/api/v1/runs", content=bom, headers=admin | JSON)
+    assert ok.status_code == 201, ok.text
+
+
 def test_no_route_of_the_app_escapes_the_strict_route_class(settings: Settings) -> None:
     routes = api_routes(create_app(settings, execution=False).routes)
     assert len(routes) > 10
