@@ -8,8 +8,10 @@ tokens, argv of runs or environments (the domain values it returns carry none of
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -65,6 +67,7 @@ from app.storage.runs_repo import RunRepository
 from app.storage.schedules_repo import ScheduleRepository, spec_of
 from app.storage.secrets_repo import SecretRepository
 from app.storage.tokens_repo import TokenRepository
+from app.worker.identity import current_boot_id
 
 NEXT_FIRES = 5
 RECIPE_ID = re.compile(r"localctx:sha256:[0-9a-f]{64}")
@@ -524,6 +527,11 @@ class AppFacade:
         lease = self._leases.current(ran_on)
         if lease is None or not lease.base_url:
             raise LogHostUnavailable(None if lease is None else lease.host)
+        if _loopback(lease.base_url) and lease.boot_id != current_boot_id():
+            # A host on another machine that advertised a loopback address (its default when
+            # it binds 127.0.0.1 behind a proxy): forwarded, the client's token would go to
+            # whatever listens on that port of this machine, a job perhaps. Refused instead.
+            raise LogHostUnavailable(lease.host)
         return lease.base_url, lease.host
 
     async def open_remote_log(
@@ -647,3 +655,14 @@ def _check_run_id(run_id: str) -> None:
     # (NUL, surrogates) away from the database driver.
     if not is_uuid7(run_id):
         raise NotFound(ErrorCode.RUN_NOT_FOUND, "no such run")
+
+
+def _loopback(base_url: str) -> bool:
+    """Whether ``base_url`` names this machine's loopback (127.0.0.0/8, ::1, localhost)."""
+    host = (urllib.parse.urlsplit(base_url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
 import os
 import threading
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import insert, update
 
 from app.domain.artifacts import log_relpath, truncation_fact_relpath
 from app.domain.errors import DatabaseUnreachable, ErrorCode, NotFound
 from app.settings import Settings
 from app.storage.engine import make_engine
-from app.storage.tables import attempts
+from app.storage.lease_repo import LeaseRepository
+from app.storage.tables import attempts, worker_leases
+from app.worker.identity import current_boot_id
 from tests.api.conftest import Client, assert_problem, fail_run, make_running
 
 CONTENT = b"line one\nline two\r\nunicode \xe2\x9c\x93 end\n"
@@ -318,3 +321,55 @@ def test_an_outage_or_a_refusal_during_a_follow_ends_it_cleanly_not_with_a_cut(
         return
     assert [e.get("event") for e in events] == ["chunk", "error"], events
     assert json.loads(events[-1]["data"])["code"] == code
+
+
+def test_another_machines_log_is_never_forwarded_to_a_loopback_address_here(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    """A host on another machine (another boot id) that advertised 127.0.0.1 (its default
+    when it binds loopback behind a proxy) holds the log: forwarded, the reader's token went
+    to whatever listens on that port of this machine, a job's listener perhaps. Refused with
+    LOG_HOST_UNAVAILABLE; a host of this machine (the same boot id) is still forwarded to."""
+    seen: list[str | None] = []
+
+    class Listener(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Length", "6")
+            self.end_headers()
+            self.wfile.write(b"remote")
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Listener)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    run_id, attempt_id, _ = _run_with_log(client, admin, settings, CONTENT)
+    fail_run(settings, run_id, attempt_id)
+    engine = make_engine(settings.database_url)
+    single = client.app.state.facade
+    leases = LeaseRepository(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(update(attempts).where(attempts.c.id == attempt_id).values(worker_instance_id="other-host"))
+            conn.execute(insert(worker_leases).values(
+                slot=leases.slot_of("other-host"), instance_id="other-host", host="far-away",
+                boot_id="another-machine", pid=1, start_ticks=1, epoch=1, acquired_at_ms=1,
+                renewed_at_ms=1, expires_at_ms=2**50, released_at_ms=None,
+                base_url=f"http://127.0.0.1:{server.server_address[1]}",
+            ))  # fmt: skip
+        client.app.state.facade = dataclasses.replace(
+            single, own_instance_id="this-host", _leases=leases
+        )
+        body = assert_problem(client.get(_url(run_id), headers=admin), 503, "LOG_HOST_UNAVAILABLE")
+        assert "far-away" in body["detail"] and seen == []
+        with engine.begin() as conn:
+            conn.execute(update(worker_leases).values(boot_id=current_boot_id()))
+        forwarded = client.get(_url(run_id), headers=admin)
+        assert forwarded.content == b"remote" and seen == [admin["Authorization"]]
+    finally:
+        client.app.state.facade = single
+        server.shutdown()
+        server.server_close()
+        engine.dispose()
