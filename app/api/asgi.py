@@ -35,6 +35,12 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MAX_BODY_BYTES = 1024 * 1024
+# Request headers read as one value: sent twice, the request is refused (400), never one of
+# them picked. (Authorization twice is the route's 401, app/api/auth.py.)
+_ONCE_ONLY = (
+    b"content-type", b"idempotency-key", b"if-match", b"if-none-match", b"range",
+    b"last-event-id",
+)  # fmt: skip
 log = logging.getLogger("qinglong.api")
 
 
@@ -84,6 +90,15 @@ class GuardMiddleware:
                 await _problem(send, 500, INTERNAL_ERROR, "an internal error occurred")
 
     async def _checked_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        names = [k.lower() for k, _ in scope.get("headers", [])]
+        for name in _ONCE_ONLY:
+            if names.count(name) > 1:
+                # A proxy may read the last where the service reads the first (the body's
+                # type, which write an Idempotency-Key or If-Match stands for): neither is
+                # picked, as for two Authorization headers (app/api/auth.py).
+                said = f"send one {name.decode('latin-1').title()} header, not several"
+                await _problem(send, 400, MALFORMED_REQUEST, said)
+                return None
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         length = headers.get(b"content-length")
         chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()

@@ -157,3 +157,26 @@ def test_two_authorization_headers_are_refused_whichever_comes_first(
         assert problem["detail"] == "send one Authorization header, not several"
         assert response.headers["www-authenticate"] == "Bearer"
     assert client.get("/api/v1/tasks", headers=admin).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("Content-Type", "application/json"),
+        ("Idempotency-Key", "k-1"),
+        ("If-Match", '"1"'),
+        ("If-None-Match", "*"),
+        ("Range", "bytes=0-1"),
+        ("Last-Event-ID", "0"),
+    ],
+)
+def test_a_header_read_as_one_value_sent_twice_is_refused_not_one_picked(
+    client: Client, admin: dict[str, str], name: str, value: str
+) -> None:
+    # The guard read the last Content-Type where the route read the first; two
+    # Idempotency-Keys or If-Matches had one silently picked. A proxy may pick the other.
+    headers = [*admin.items(), (name, value), (name, value)]
+    response = client.post("/api/v1/runs", json={"task": "nothing-made"}, headers=headers)
+    problem = assert_problem(response, 400, "MALFORMED_REQUEST")
+    assert problem["detail"] == f"send one {name.title()} header, not several"
+    assert client.get("/api/v1/runs", headers=admin).json()["items"] == []
