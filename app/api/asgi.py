@@ -36,11 +36,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MAX_BODY_BYTES = 1024 * 1024
 # Request headers read as one value: sent twice, the request is refused (400), never one of
-# them picked. (Authorization twice is the route's 401, app/api/auth.py.)
-_ONCE_ONLY = (
-    b"content-type", b"idempotency-key", b"if-match", b"if-none-match", b"range",
-    b"last-event-id",
-)  # fmt: skip
+# them picked. (Authorization twice is the route's 401, app/api/auth.py; If-Match and
+# If-None-Match are lists, their lines read as one, RFC 9110 §5.3.)
+_ONCE_ONLY = (b"content-type", b"idempotency-key", b"range", b"last-event-id")
 log = logging.getLogger("qinglong.api")
 
 
@@ -94,8 +92,8 @@ class GuardMiddleware:
         for name in _ONCE_ONLY:
             if names.count(name) > 1:
                 # A proxy may read the last where the service reads the first (the body's
-                # type, which write an Idempotency-Key or If-Match stands for): neither is
-                # picked, as for two Authorization headers (app/api/auth.py).
+                # type, which write an Idempotency-Key stands for): neither is picked, as for
+                # two Authorization headers (app/api/auth.py).
                 said = f"send one {name.decode('latin-1').title()} header, not several"
                 await _problem(send, 400, MALFORMED_REQUEST, said)
                 return None

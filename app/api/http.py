@@ -106,7 +106,7 @@ def strong_etag(digest: str) -> str:
 
 def matches_if_none_match(request: Request, etag: str) -> bool:
     """True when ``If-None-Match`` names ``etag`` (weak comparison, RFC 9110 §13.1.2) or ``*``."""
-    header = request.headers.get("if-none-match")
+    header = ", ".join(request.headers.getlist("if-none-match"))  # lines are one list
     if not header:
         return False
     for candidate in header.split(","):
