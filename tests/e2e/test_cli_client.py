@@ -37,7 +37,7 @@ from tests.e2e.conftest import (
     proc_stat,
     wait_until,
 )
-from tests.e2e.kit import put_task, wait_status
+from tests.e2e.kit import enqueue, put_task, wait_status
 from tests.worker.kit import kill_exact
 
 
@@ -465,3 +465,48 @@ def test_an_unreachable_server_is_one_line_and_exit_4() -> None:
         "; is the service running there (qinglong serve), and is --url (QL_URL) its address?"
     ), line
     assert result.stdout == ""
+
+
+def _ql_into(
+    served: Served, write_end: int, *args: str, unbuffered: bool
+) -> subprocess.Popen[bytes]:
+    """``python -m app ARGS`` with stdout on ``write_end`` (closed here once handed over);
+    ``unbuffered``: PYTHONUNBUFFERED=1, as many container images set it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    env |= {"QL_URL": served.base_url, "QL_TOKEN": served.token}
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", *args], cwd=REPO_ROOT, env=env,
+            stdout=write_end, stderr=subprocess.PIPE,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+
+
+def test_output_cut_short_by_a_reader_that_went_away_is_exit_141_without_a_word(
+    cli_served: Served,
+) -> None:
+    served = cli_served
+    put_task(served, "big", "head -c 1000000 /dev/zero | tr '\\0' x")  # many pipe buffers
+    run_id = enqueue(served, "big")
+    assert wait_status(served, run_id, {"succeeded"})["status"] == "succeeded"
+
+    # `| head -c 10`: the reader takes a little of the log and goes while the write is under
+    # way. Unbuffered, stdout's one write() takes part and answers its count, with no error.
+    read_end, write_end = os.pipe()
+    proc = _ql_into(served, write_end, "runs", "logs", run_id, unbuffered=True)
+    with os.fdopen(read_end, "rb") as reader:
+        assert reader.read(10) == b"x" * 10
+    assert proc.communicate(timeout=60)[1] == b""
+    assert proc.returncode == 141
+
+    # `--json | head -n 3` after the reader went: buffered, the page fits print()'s buffer,
+    # which is written at the end, past the command.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    proc = _ql_into(served, write_end, "runs", "list", "--json", "--limit", "200", unbuffered=False)
+    assert proc.communicate(timeout=60)[1] == b""
+    assert proc.returncode == 141

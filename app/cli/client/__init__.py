@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 from urllib.parse import quote
 
 from app.cli.client import bodies, render
@@ -404,7 +404,11 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
             else:
                 url, token = _url_and_maybe_token(args)
             with Client(url, token) as client:
-                return command(client, args)
+                code = command(client, args)
+            # What print() buffered is written here, inside the handler: at the interpreter's
+            # exit a reader gone (``| head``) would be "Exception ignored" and exit 120.
+            sys.stdout.flush()
+            return code
         except ApiProblem as exc:
             if exc.status == 401 and token_from:  # which token, and what to do about it
                 exc = ApiProblem(
@@ -579,9 +583,18 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
         _write_shown(sys.stdout, render.terminal_text(data.decode("utf-8", errors="replace")))
     else:
         sys.stdout.flush()
-        sys.stdout.buffer.write(data)
+        _write_all(sys.stdout.buffer, data)
         sys.stdout.flush()
     return EXIT_OK
+
+
+def _write_all(buffer: BinaryIO, data: bytes) -> None:
+    """Every byte of ``data``, or BrokenPipeError. Unbuffered (PYTHONUNBUFFERED) stdout's
+    write is one write(2): a pipe whose reader goes away mid-write takes part of it and
+    answers that count, without an error."""
+    view = memoryview(data)
+    while view:
+        view = view[buffer.write(view) :]
 
 
 def _write_shown(stream: TextIO, text: str) -> None:
@@ -592,7 +605,7 @@ def _write_shown(stream: TextIO, text: str) -> None:
         stream.write(text)
     else:
         stream.flush()
-        buffer.write(text.encode(stream.encoding or "utf-8", errors="replace"))
+        _write_all(buffer, text.encode(stream.encoding or "utf-8", errors="replace"))
     stream.flush()
 
 
