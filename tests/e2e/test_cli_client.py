@@ -510,3 +510,19 @@ def test_output_cut_short_by_a_reader_that_went_away_is_exit_141_without_a_word(
     proc = _ql_into(served, write_end, "runs", "list", "--json", "--limit", "200", unbuffered=False)
     assert proc.communicate(timeout=60)[1] == b""
     assert proc.returncode == 141
+
+
+def test_output_that_cannot_be_written_is_one_line_and_exit_74(cli_served: Served) -> None:
+    served = cli_served
+    run_id = enqueue(served, "bad")
+    wait_status(served, run_id, {"failed"})
+    for args, unbuffered in (
+        (["runs", "logs", run_id], True),
+        (["runs", "logs", run_id], False),
+        (["tasks", "list"], False),  # a table print() keeps in its buffer until the end
+    ):
+        full = os.open("/dev/full", os.O_WRONLY)  # `> file` on a full disk
+        proc = _ql_into(served, full, *args, unbuffered=unbuffered)
+        err = proc.communicate(timeout=60)[1].decode()
+        assert one_error_line(err) == "error: cannot write the output: No space left on device"
+        assert proc.returncode == 74, args

@@ -55,6 +55,7 @@ RUN_STATUSES = (
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
 POLL_S = 0.25
 EXIT_BROKEN_PIPE = 141
+EXIT_OUTPUT_FAILED = 74  # sysexits' EX_IOERR, as the service's 75 and 76 are theirs
 
 Command = Callable[[Client, argparse.Namespace], int]
 
@@ -422,6 +423,13 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
         except BrokenPipeError:
             _quiet_stdout()
             return EXIT_BROKEN_PIPE
+        except OSError as exc:
+            # Our output could not be written (`> file` on a full disk): the files the client
+            # opens itself (the config, --file) turn theirs into a ClientError where they do.
+            _quiet_stdout()
+            return _fail(
+                ClientError(f"cannot write the output: {exc.strerror or exc}", EXIT_OUTPUT_FAILED)
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # A 2xx whose JSON lacks what docs/api.md promises: another server, or another
             # version of it. One line, not a traceback.
