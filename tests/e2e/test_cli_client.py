@@ -244,7 +244,7 @@ def test_the_cli_client_journey(
     assert json.loads(out)["latest"]["argv"] == ["/bin/sh", "-c", hello(served)]
 
     # secrets: the value from stdin, never printed back; names listed; delete, then 404.
-    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cret-value\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"s3cret-value\n")))
     code, out, _ = run_main(capsys, served, "secrets", "set", "db-pass")
     assert (code, out) == (0, "secret db-pass set\n")
     code, out, _ = run_main(capsys, served, "secrets", "list")
@@ -365,7 +365,7 @@ def _definitions_reruns_and_retention(
         out, err = capsys.readouterr()
         return code, out, err
 
-    monkeypatch.setattr(sys, "stdin", io.StringIO("pw-value"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"pw-value")))
     assert run_main(capsys, served, "secrets", "set", "greet-pw")[0] == 0
     # The flag form: the recipe first (an env value, a secret by name), then revision 1.
     script = 'echo "$GREETING ${#GREET_PW} $(pwd)"'

@@ -957,3 +957,18 @@ def test_a_log_a_terminal_cannot_encode_is_shown_with_replacements_not_a_traceba
         monkeypatch.setattr(sys, "stdout", terminal)
         code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *extra, *flags)
         assert (code, terminal.written()) == (0, b"?? ok\n")
+
+
+def test_a_secret_value_that_is_not_utf8_is_refused_as_such_not_blamed_on_the_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `qinglong secrets set key < key.bin`: the locale reads the bytes as surrogates, which
+    # the JSON body could not carry.
+    stdin = io.TextIOWrapper(io.BytesIO(b"\xff\xfe\x00k"), errors="surrogateescape")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    sent = httpx.Response(500, json={"detail": "a request was sent"})
+    assert _main_against(monkeypatch, sent, "secrets", "set", "key") == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "error: the value on stdin is not UTF-8 text, and a secret is text: give a binary one "
+        "as base64 (base64 -w0 FILE | qinglong secrets set key); nothing was set\n"
+    )

@@ -1067,7 +1067,15 @@ def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:
     if sys.stdin.isatty():
         value = getpass.getpass(f"value of {args.name}: ")
     else:
-        value = sys.stdin.read().removesuffix("\n")
+        try:  # the bytes, not the locale's reading of them, which may keep them as surrogates
+            value = sys.stdin.buffer.read().decode("utf-8").removesuffix("\n")
+        except UnicodeDecodeError:
+            raise ClientError(
+                "the value on stdin is not UTF-8 text, and a secret is text: give a binary "
+                f"one as base64 (base64 -w0 FILE | qinglong secrets set {render.safe(args.name)});"
+                " nothing was set",
+                EXIT_USAGE,
+            ) from None
     if not value:
         raise ClientError("an empty secret value; nothing was set", EXIT_USAGE)
     client.request("PUT", f"/api/v1/secrets/{_seg(args.name)}", body={"value": value})
