@@ -972,3 +972,52 @@ def test_a_secret_value_that_is_not_utf8_is_refused_as_such_not_blamed_on_the_se
         "error: the value on stdin is not UTF-8 text, and a secret is text: give a binary one "
         "as base64 (base64 -w0 FILE | qinglong secrets set key); nothing was set\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (  # `tasks put old -- /bin/ls /mnt/<a GBK file name>` in a UTF-8 locale
+            ["tasks", "put", "old", "--revision", "1", "--", "/bin/ls", "/mnt/\udcc4\udce3"],
+            "error: an argument holds bytes that are not UTF-8 text (b'\\xc4\\xe3'); "
+            "the api takes UTF-8 only",
+        ),
+        (
+            ["runs", "show", "\udcff"],
+            "error: an argument holds bytes that are not UTF-8 text (b'\\xff'); "
+            "the api takes UTF-8 only",
+        ),
+        (
+            ["runs", "start", "backup", "--idempotency-key", "nächtlich"],
+            "error: a header value holds '\\xe4': --idempotency-key takes ASCII characters only",
+        ),
+    ],
+)
+def test_an_argument_the_request_cannot_carry_is_named_not_blamed_on_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    line: str,
+) -> None:
+    import app.cli.client as commands
+
+    sent = httpx.Response(500, json={"detail": "a request was sent"})
+    monkeypatch.setattr(
+        commands, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(lambda _: sent))
+    )
+    monkeypatch.setenv("QL_URL", "http://api.test")  # not flags: after `--` they are the job's
+    monkeypatch.setenv("QL_TOKEN", "ql_t")
+    assert main(args) == EXIT_USAGE
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_what_the_terminal_cannot_hold_is_shown_as_a_question_mark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    latin1 = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(latin1, encoding="latin-1"))
+    listed = httpx.Response(
+        200, json={"items": [{"task": "café-备份", "latest_revision": 2}], "next_cursor": None}
+    )
+    assert _main_against(monkeypatch, listed, "tasks", "list") == 0
+    assert latin1.getvalue().decode("latin-1").splitlines()[1].split() == ["café-??", "2"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
+import io
 import json
 import os
 import sys
@@ -398,6 +399,10 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
 
     def handler(args: argparse.Namespace) -> int:
         token_from = ""
+        if isinstance(sys.stdout, io.TextIOWrapper):
+            # What the output's encoding cannot hold is '?', as in a log (docs/cli.md §3): a
+            # task's argv in Chinese on a Latin-1 terminal is no UnicodeEncodeError.
+            sys.stdout.reconfigure(errors="replace")
         try:
             if token_needed:
                 target = resolve(args.url, args.token)
@@ -430,6 +435,9 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
             return _fail(
                 ClientError(f"cannot write the output: {exc.strerror or exc}", EXIT_OUTPUT_FAILED)
             )
+        except UnicodeEncodeError as exc:
+            # Only the request is encoded strictly (the output replaces): it is the user's.
+            return _fail(_unsendable(exc))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # A 2xx whose JSON lacks what docs/api.md promises: another server, or another
             # version of it. One line, not a traceback.
@@ -442,6 +450,22 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
             )
 
     return handler
+
+
+def _unsendable(exc: UnicodeEncodeError) -> ClientError:
+    """Why a word of the command cannot go into the request, naming it (exit 2)."""
+    part = exc.object[exc.start : exc.end]
+    if exc.encoding == "ascii":  # an HTTP header: --idempotency-key
+        return ClientError(
+            f"a header value holds {part!a}: --idempotency-key takes ASCII characters only",
+            EXIT_USAGE,
+        )
+    # The locale read bytes that are not UTF-8 as surrogates (a file name from an old NAS).
+    raw = part.encode("utf-8", errors="surrogateescape")
+    return ClientError(
+        f"an argument holds bytes that are not UTF-8 text ({raw!r}); the api takes UTF-8 only",
+        EXIT_USAGE,
+    )
 
 
 def _fail(exc: ClientError) -> int:
