@@ -1021,3 +1021,23 @@ def test_what_the_terminal_cannot_hold_is_shown_as_a_question_mark(
     )
     assert _main_against(monkeypatch, listed, "tasks", "list") == 0
     assert latin1.getvalue().decode("latin-1").splitlines()[1].split() == ["café-??", "2"]
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_log_cut_at_its_quota_says_so_after_its_last_byte(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], follow: bool
+) -> None:
+    # Its last line, cut in the middle, would read as the job's own end.
+    answers = _ended_log(["line 1\nline 2 is cu"], follow=follow)
+    flags = ["--url", "http://api.test", "--token", "ql_t"] + (["--follow"] if follow else [])
+    code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *flags)
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, "line 1\nline 2 is cu")
+    assert "log truncated at 10 bytes: 7 more bytes dropped (quota)\n" in err
+    # A whole log: nothing is said.
+    whole = _ended_log(["line 1\n"], follow=follow)
+    done = whole[("GET", "/api/v1/runs/r1")].json()
+    done["latest_attempt"]["log"] = {"bytes": 7, "truncated": False}
+    whole[("GET", "/api/v1/runs/r1")] = httpx.Response(200, json=done)
+    _recording_main(monkeypatch, whole, "runs", "logs", "r1", *flags)
+    assert "truncated" not in capsys.readouterr().err

@@ -617,7 +617,24 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
         sys.stdout.flush()
         _write_all(sys.stdout.buffer, data)
         sys.stdout.flush()
+    if data:
+        _say_if_truncated(client, run, number)
     return EXIT_OK
+
+
+def _say_if_truncated(client: Client, run: dict[str, Any], number: int) -> None:
+    """On stderr, when attempt ``number``'s log was cut (its quota, a full disk): the output
+    stops there, mid-line perhaps, while the job wrote on, and would read as its end."""
+    try:
+        log = (_attempt(client, run, number) or {}).get("log") or {}
+    except ClientError:
+        return  # the run was read; its attempts were not (gone since, a scope): say nothing
+    if log.get("truncated"):
+        print(
+            f"log truncated at {log.get('bytes', 0)} bytes: {log.get('dropped_bytes', 0)} more "
+            f"bytes dropped ({render.safe(log.get('truncation_reason') or 'quota')})",
+            file=sys.stderr,
+        )
 
 
 def _write_all(buffer: BinaryIO, data: bytes) -> None:
@@ -717,6 +734,9 @@ def _follow_and_report(
             file=sys.stderr,
         )
         return 130
+    followed = attempt or (run.get("latest_attempt") or {}).get("number")
+    if followed:
+        _say_if_truncated(client, run, followed)
     if as_json:
         _emit_json(run)
     outcome = render.attempt_outcome(run.get("latest_attempt"))
