@@ -1041,3 +1041,26 @@ def test_a_log_cut_at_its_quota_says_so_after_its_last_byte(
     whole[("GET", "/api/v1/runs/r1")] = httpx.Response(200, json=done)
     _recording_main(monkeypatch, whole, "runs", "logs", "r1", *flags)
     assert "truncated" not in capsys.readouterr().err
+
+
+def test_runs_list_of_a_task_that_does_not_exist_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def problem(status: int, code: str) -> httpx.Response:
+        return httpx.Response(status, json={"status": status, "code": code, "detail": "no"})
+
+    empty = httpx.Response(200, json={"items": [], "next_cursor": None})
+    answers = {
+        ("GET", "/api/v1/runs"): empty,
+        ("GET", "/api/v1/tasks/bakcup"): problem(404, "TASK_NOT_FOUND"),
+    }
+    flags = ["--url", "http://api.test", "--token", "ql_t"]
+    code, _ = _recording_main(monkeypatch, answers, "runs", "list", "--task", "bakcup", *flags)
+    assert (code, capsys.readouterr().err) == (
+        0, "no runs match these filters: no task is named bakcup (qinglong tasks list)\n"
+    )
+    # A task that exists, or a token that may not read tasks: only the filters are named.
+    for answer in (httpx.Response(200, json={"task": "bakcup"}), problem(403, "FORBIDDEN")):
+        answers[("GET", "/api/v1/tasks/bakcup")] = answer
+        _recording_main(monkeypatch, answers, "runs", "list", "--task", "bakcup", *flags)
+        assert capsys.readouterr().err == "no runs match these filters\n"

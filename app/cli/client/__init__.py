@@ -492,10 +492,12 @@ def _listing(
     path: str,
     table: Callable[[list[Any]], str],
     command: str,
+    unknown: Callable[[], str] = lambda: "",
     **filters: Any,
 ) -> int:
     """One page of a listing: with --json the page as the API answered it, else ``table`` of
-    its items and, when there is more, the command that reads the next page (on stderr)."""
+    its items and, when there is more, the command that reads the next page (on stderr).
+    ``unknown``: for a first page that is empty, what the filters name that does not exist."""
     page = client.get(path, **filters, limit=args.limit, cursor=args.cursor)
     if args.json:
         _emit_json(page)
@@ -507,7 +509,7 @@ def _listing(
         if args.cursor:
             said = f"no more {noun}"
         elif any(v is not None for v in filters.values()):
-            said = f"no {noun} match these filters"
+            said = f"no {noun} match these filters{unknown()}"
         else:
             said = f"no {noun} yet"
         print(said, file=sys.stderr)
@@ -554,8 +556,23 @@ def cmd_runs_list(client: Client, args: argparse.Namespace) -> int:
     )
     return _listing(
         client, args, "/runs", render.runs_table, f"runs list{filters}",
-        task=args.task, status=args.status,
+        unknown=lambda: _no_such_task(client, args.task), task=args.task, status=args.status,
     )  # fmt: skip
+
+
+def _no_such_task(client: Client, task: str | None) -> str:
+    """``: no task is named T ...`` when --task names none (a typo lists no runs, not an
+    error); "" when it exists or cannot be asked (a token without definitions:read)."""
+    if task is None:
+        return ""
+    try:
+        client.get(f"/tasks/{_seg(task)}")
+    except ApiProblem as exc:
+        if exc.code == "TASK_NOT_FOUND":
+            return f": no task is named {render.safe(task)} (qinglong tasks list)"
+    except ClientError:
+        pass
+    return ""
 
 
 def cmd_runs_show(client: Client, args: argparse.Namespace) -> int:
