@@ -1064,3 +1064,47 @@ def test_runs_list_of_a_task_that_does_not_exist_says_so(
         answers[("GET", "/api/v1/tasks/bakcup")] = answer
         _recording_main(monkeypatch, answers, "runs", "list", "--task", "bakcup", *flags)
         assert capsys.readouterr().err == "no runs match these filters\n"
+
+
+def test_a_follow_says_how_an_attempt_ended_and_until_when_its_retry_waits(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import app.cli.client as commands
+
+    def end(status: str, size: int) -> str:
+        return f"event: end\ndata: {json.dumps({'status': status, 'bytes': size})}\n\n"
+
+    first = {"number": 1, "status": "failed", "exit_code": 4, "log": {"bytes": 7}}
+    second = {"number": 2, "status": "claimed", "exit_code": None, "log": {"bytes": 0}}
+    waiting = RUN | {"id": "r1", "status": "queued", "latest_attempt": second,
+                     "next_attempt_at_ms": 4_102_444_800_000}  # fmt: skip
+    done = RUN | {"id": "r1", "status": "failed", "latest_attempt": second | {
+        "status": "failed", "exit_code": 4, "log": {"bytes": 7, "truncated": False}}}  # fmt: skip
+    reads = iter([waiting, waiting, done])  # the start, after attempt 1, after attempt 2
+    answers = {
+        "/api/v1/runs": httpx.Response(201, json=waiting | {"latest_attempt": first | {
+            "status": "claimed", "exit_code": None}}),
+        "/api/v1/runs/r1/attempts/1/log": httpx.Response(
+            200, content=_sse(_chunk(0, "trying\n"), end("failed", 7))),
+        "/api/v1/runs/r1/attempts/2/log": httpx.Response(
+            200, content=_sse(_chunk(0, "trying\n"), end("failed", 7))),
+        "/api/v1/runs/r1/attempts": httpx.Response(
+            200, json={"items": [first, second], "next_cursor": None}),
+    }  # fmt: skip
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/runs/r1":
+            return httpx.Response(200, json=next(reads))
+        return answers[request.url.path]
+
+    monkeypatch.setattr(
+        commands, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(answer))
+    )
+    flags = ["--url", "http://api.test", "--token", "ql_t"]
+    assert main(["runs", "start", "hello", "--follow", *flags]) == 1
+    out, err = capsys.readouterr()
+    assert out == "trying\ntrying\n"
+    assert (
+        "attempt 1 ended failed (exit 4); following attempt 2, a retry that waits until "
+        f"{render.when(4_102_444_800_000)}\n"
+    ) in err

@@ -819,13 +819,26 @@ def _follow(
                 return run, str(run["status"])
             latest = (run.get("latest_attempt") or {}).get("number") or number
             if latest != number:
-                print(
-                    f"attempt {number} ended {status}; following attempt {latest}",
-                    file=sys.stderr,
-                )
+                print(_next_attempt_line(client, run, number, status, latest), file=sys.stderr)
                 number = latest
                 break
             time.sleep(POLL_S)
+
+
+def _next_attempt_line(
+    client: Client, run: dict[str, Any], ended: int, status: str, latest: int
+) -> str:
+    """``attempt 1 ended failed (exit 3); following attempt 2, a retry that waits until ...``:
+    the follow is silent through a retry's backoff (docs/retries.md §1), up to a day."""
+    try:
+        outcome = render.attempt_outcome(_attempt(client, run, ended))
+    except ClientError:
+        outcome = "-"  # the run was read; its attempts were not (a scope): the status says it
+    said = f"attempt {ended} ended {status}" + ("" if outcome == "-" else f" ({outcome})")
+    waits = run.get("next_attempt_at_ms")
+    if waits is None:  # a requeue (docs/backlog-requeue.md) or a retry that waits no more
+        return f"{said}; following attempt {latest}"
+    return f"{said}; following attempt {latest}, a retry that waits until {render.when(waits)}"
 
 
 # -- tasks -----------------------------------------------------------------------------------
