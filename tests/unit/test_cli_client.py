@@ -732,9 +732,8 @@ def test_schedules_put_if_version_sends_the_stored_etag_and_a_412_says_nothing_w
         if_match.append(request.headers.get("if-match"))
         return put_answer  # changed between the read and the PUT
 
-    monkeypatch.setattr(
-        commands, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(answer))
-    )
+    transport = httpx.MockTransport(answer)
+    monkeypatch.setattr(commands, "Client", lambda url, token: Client(url, token, transport=transport))
     flags = ["--url", "http://api.test", "--token", "ql_t", "--task", "t", "--every", "60"]
     assert main(["schedules", "put", "nightly", *flags, "--if-version", "2"]) == 3
     assert if_match == ['"s1.2"']
@@ -1001,10 +1000,8 @@ def test_an_argument_the_request_cannot_carry_is_named_not_blamed_on_the_server(
 ) -> None:
     import app.cli.client as commands
 
-    sent = httpx.Response(500, json={"detail": "a request was sent"})
-    monkeypatch.setattr(
-        commands, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(lambda _: sent))
-    )
+    sent = httpx.MockTransport(lambda _: httpx.Response(500, json={"detail": "a request was sent"}))
+    monkeypatch.setattr(commands, "Client", lambda url, token: Client(url, token, transport=sent))
     monkeypatch.setenv("QL_URL", "http://api.test")  # not flags: after `--` they are the job's
     monkeypatch.setenv("QL_TOKEN", "ql_t")
     assert main(args) == EXIT_USAGE
@@ -1097,9 +1094,8 @@ def test_a_follow_says_how_an_attempt_ended_and_until_when_its_retry_waits(
             return httpx.Response(200, json=next(reads))
         return answers[request.url.path]
 
-    monkeypatch.setattr(
-        commands, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(answer))
-    )
+    transport = httpx.MockTransport(answer)
+    monkeypatch.setattr(commands, "Client", lambda url, token: Client(url, token, transport=transport))
     flags = ["--url", "http://api.test", "--token", "ql_t"]
     assert main(["runs", "start", "hello", "--follow", *flags]) == 1
     out, err = capsys.readouterr()
@@ -1108,3 +1104,24 @@ def test_a_follow_says_how_an_attempt_ended_and_until_when_its_retry_waits(
         "attempt 1 ended failed (exit 4); following attempt 2, a retry that waits until "
         f"{render.when(4_102_444_800_000)}\n"
     ) in err
+
+
+def test_a_route_the_api_lacks_asks_whether_the_url_is_the_service_root(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import app.cli.client as commands
+
+    problem = {"status": 404, "code": "NOT_FOUND", "detail": "no such resource"}
+    no_route = httpx.MockTransport(lambda _: httpx.Response(404, json=problem))
+    monkeypatch.setattr(commands, "Client", lambda url, token: Client(url, token, transport=no_route))
+    monkeypatch.setenv("QL_CLIENT_CONFIG", str(tmp_path / "client.toml"))
+    said = (
+        "error: 404 NOT_FOUND: no such resource under http://nas:8000/api/v1: is that the "
+        "service's root url (without /api/v1), and a qinglong api of this version?\n"
+    )
+    url = ["--url", "http://me:pw@nas:8000/api/v1", "--token", "ql_" + "A" * 43]
+    assert main(["runs", "list", *url]) == 3
+    assert capsys.readouterr().err == said
+    assert main(["login", *url]) == 3
+    assert capsys.readouterr().err == said
+    assert not (tmp_path / "client.toml").exists()

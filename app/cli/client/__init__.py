@@ -398,7 +398,7 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
     """The handler: resolve the target, run ``command``, one line for every problem."""
 
     def handler(args: argparse.Namespace) -> int:
-        token_from = ""
+        token_from = url = ""
         if isinstance(sys.stdout, io.TextIOWrapper):
             # What the output's encoding cannot hold is '?', as in a log (docs/cli.md §3): a
             # task's argv in Chinese on a Latin-1 terminal is no UnicodeEncodeError.
@@ -422,7 +422,7 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
                     f"{exc.message} (the token from {token_from}; "
                     "check it or run `qinglong login`)",
                 )  # fmt: skip
-            return _fail(exc)
+            return _fail(_no_route(exc, url))
         except ClientError as exc:
             return _fail(exc)
         except BrokenPipeError:
@@ -450,6 +450,18 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
             )
 
     return handler
+
+
+def _no_route(exc: ApiProblem, url: str) -> ApiProblem:
+    """404 NOT_FOUND is a route the api lacks, and the client asks only for routes it has:
+    the url is not the service's root (``--url http://nas:8000/api/v1``), or another version."""
+    if exc.code != "NOT_FOUND":
+        return exc
+    return ApiProblem(
+        exc.status, exc.code,
+        f"{exc.message} under {public_url(url)}: is that the service's root url (without "
+        "/api/v1), and a qinglong api of this version?",
+    )  # fmt: skip
 
 
 def _unsendable(exc: UnicodeEncodeError) -> ClientError:
@@ -1180,7 +1192,7 @@ def cmd_login(args: argparse.Namespace) -> int:
                 client.get("/runs", limit=1)
             except ApiProblem as exc:
                 if exc.status != 403:  # a token without runs:read is still a token
-                    raise
+                    raise _no_route(exc, url) from None
         write_config(path, url=url, token=token)
     except ClientError as exc:
         return _fail(exc)
