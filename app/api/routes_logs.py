@@ -28,6 +28,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
+from app.api import retirement
 from app.api.auth import LOGS_SCOPE, Ctx, LogsReader, authenticated, bearer_token
 from app.api.http import READ_ERRORS, problems
 from app.api.problems import FORBIDDEN, RANGE_NOT_SATISFIABLE, UNAUTHENTICATED, ApiProblem
@@ -191,7 +192,7 @@ async def _follow(
             try:
                 # The status was read before the size: terminal here means the file is complete.
                 terminal = log.attempt.status in TERMINAL_ATTEMPT
-                while offset < log.size:
+                while offset < log.size and not retirement.retiring():
                     if time.monotonic() - checked >= poll_s:
                         # A slow reader may take minutes over one poll's bytes (up to the log's
                         # quota): the token is checked as often inside a poll as between polls.
@@ -217,6 +218,12 @@ async def _follow(
             if terminal and offset >= size:
                 payload = json.dumps({"status": status, "bytes": size})
                 yield f"event: end\ndata: {payload}\n\n"
+                return
+            if retirement.retiring():
+                # This process stops (serve's stop, a rolling restart): end here, as when the
+                # database goes, rather than be cut at uvicorn's graceful bound 5 s later with
+                # an ERROR line; the client resumes with Last-Event-ID on an api that serves.
+                yield ": the api stops: the stream ends; resume with Last-Event-ID\n\n"
                 return
             if time.monotonic() - last_beat >= heartbeat_s:
                 last_beat = time.monotonic()

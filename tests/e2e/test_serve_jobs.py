@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import select
 
+from app.cli.serve import GRACEFUL_SHUTDOWN_S
 from app.domain.artifacts import log_relpath
 from app.domain.ids import now_ms
 from app.storage.engine import make_engine
@@ -191,3 +194,38 @@ def test_a_log_removed_while_its_job_runs_reads_410_log_missing_after_the_ending
     assert answer.status_code == 410, answer.text
     assert answer.json()["code"] == "LOG_MISSING"
     assert "its size was never recorded" in answer.json()["detail"]
+
+
+def test_a_log_follow_open_at_the_stop_ends_at_once_for_the_client_to_resume(
+    serve_factory: ServeFactory, tmp_path: Path
+) -> None:
+    served = serve_factory()
+    _put_task(served, "ticks", "echo tick; while [ ! -e GO ]; do sleep 0.05; done", tmp_path)
+    run_id = _enqueue(served, "ticks")
+    _wait_status(served, run_id, {"running"})
+    url = f"{served.base_url}/api/v1/runs/{run_id}/attempts/1/log"
+    stopped: list[int] = []
+    stopper = threading.Thread(target=lambda: stopped.append(served.stop(leave_jobs=True)))
+    try:
+        with httpx.stream(
+            "GET", url, params={"follow": "true"}, headers=served.auth, timeout=30
+        ) as follow:
+            lines = follow.iter_lines()
+            assert next(line for line in lines if line.startswith("data:")).endswith('"tick\\n"}')
+            began = time.monotonic()
+            stopper.start()
+            rest = list(lines)  # a stream cut at uvicorn's graceful bound raises here
+            took = time.monotonic() - began
+        stopper.join(timeout=60)
+        assert stopped == [0]
+        assert ": the api stops: the stream ends; resume with Last-Event-ID" in rest
+        assert took < GRACEFUL_SHUTDOWN_S, took
+        assert "graceful shutdown exceeded" not in served.log()
+    finally:
+        (tmp_path / "GO").touch()
+        stopper.join(timeout=60)
+        wait_until(
+            "the job processes to end",
+            lambda: not any(alive(p, t) for p, t in served.left_jobs.items()),
+            30,
+        )
