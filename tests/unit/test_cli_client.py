@@ -1125,3 +1125,15 @@ def test_a_route_the_api_lacks_asks_whether_the_url_is_the_service_root(
     assert main(["login", *url]) == 3
     assert capsys.readouterr().err == said
     assert not (tmp_path / "client.toml").exists()
+
+
+def test_ca_certificates_that_cannot_be_loaded_are_named_as_such(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # httpx loads them as the client is made, before any request, for an http:// url too.
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "no-such-ca.pem"))
+    assert main(["runs", "list", "--url", "http://api.test", "--token", "ql_t"]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "error: cannot load the CA certificates of SSL_CERT_FILE or SSL_CERT_DIR: "
+        "[Errno 2] No such file or directory\n"
+    )

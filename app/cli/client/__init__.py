@@ -429,8 +429,9 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
             _quiet_stdout()
             return EXIT_BROKEN_PIPE
         except OSError as exc:
-            # Our output could not be written (`> file` on a full disk): the files the client
-            # opens itself (the config, --file) turn theirs into a ClientError where they do.
+            # Our output could not be written (`> file` on a full disk): what the client reads
+            # itself (the config, --file, stdin, the CA certificates) turns its OSError into a
+            # ClientError where it does.
             _quiet_stdout()
             return _fail(
                 ClientError(f"cannot write the output: {exc.strerror or exc}", EXIT_OUTPUT_FAILED)
@@ -1155,6 +1156,10 @@ def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:
     else:
         try:  # the bytes, not the locale's reading of them, which may keep them as surrogates
             value = sys.stdin.buffer.read().decode("utf-8").removesuffix("\n")
+        except OSError as exc:  # EIO of a terminal gone: the input's error, not the output's
+            raise ClientError(
+                f"cannot read the value from stdin: {exc.strerror}", EXIT_USAGE
+            ) from None
         except UnicodeDecodeError:
             raise ClientError(
                 "the value on stdin is not UTF-8 text, and a secret is text: give a binary "
@@ -1221,7 +1226,10 @@ def cmd_logout(args: argparse.Namespace) -> int:
 def _read_token() -> str:
     if sys.stdin.isatty():
         return getpass.getpass("API token: ").strip()
-    return sys.stdin.readline().strip()
+    try:
+        return sys.stdin.readline().strip()
+    except OSError as exc:  # not the config file's error, which login's caller names
+        raise ClientError(f"cannot read the token from stdin: {exc.strerror}", EXIT_USAGE) from None
 
 
 def _env(name: str) -> str | None:

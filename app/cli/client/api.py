@@ -181,6 +181,11 @@ class Client:
             )
         except (httpx.InvalidURL, ValueError) as exc:
             raise ClientError(f"invalid server url {public_url(url)}: {exc}", EXIT_USAGE) from None
+        except OSError as exc:  # httpx loads the CA certificates here, for http:// urls too
+            raise ClientError(
+                f"cannot load the CA certificates of SSL_CERT_FILE or SSL_CERT_DIR: {exc}",
+                EXIT_USAGE,
+            ) from None
         self._sleep = sleep
 
     def close(self) -> None:
