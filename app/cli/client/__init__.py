@@ -1152,7 +1152,11 @@ def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     if sys.stdin.isatty():
-        value = getpass.getpass(f"value of {args.name}: ")
+        try:
+            value = getpass.getpass(f"value of {args.name}: ")
+        except EOFError:  # Ctrl-D at the prompt, which getpass leaves without its newline
+            print(file=sys.stderr)
+            raise ClientError("no value given; nothing was set", EXIT_USAGE) from None
     else:
         try:  # the bytes, not the locale's reading of them, which may keep them as surrogates
             value = sys.stdin.buffer.read().decode("utf-8").removesuffix("\n")
@@ -1225,7 +1229,11 @@ def cmd_logout(args: argparse.Namespace) -> int:
 
 def _read_token() -> str:
     if sys.stdin.isatty():
-        return getpass.getpass("API token: ").strip()
+        try:
+            return getpass.getpass("API token: ").strip()
+        except EOFError:  # Ctrl-D at the prompt, which getpass leaves without its newline
+            print(file=sys.stderr)
+            raise ClientError("no token given; nothing was saved", EXIT_USAGE) from None
     try:
         return sys.stdin.readline().strip()
     except OSError as exc:  # not the config file's error, which login's caller names
