@@ -1137,3 +1137,14 @@ def test_ca_certificates_that_cannot_be_loaded_are_named_as_such(
         "error: cannot load the CA certificates of SSL_CERT_FILE or SSL_CERT_DIR: "
         "[Errno 2] No such file or directory\n"
     )
+
+
+def test_json_on_an_output_that_is_not_utf8_escapes_what_it_cannot_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    latin1 = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(latin1, encoding="latin-1"))
+    page = {"items": [{"task": "café-备份", "latest_revision": 2}], "next_cursor": None}
+    listed = httpx.Response(200, json=page)
+    assert _main_against(monkeypatch, listed, "tasks", "list", "--json") == 0
+    assert json.loads(latin1.getvalue().decode("latin-1")) == page  # not "caf?-??"

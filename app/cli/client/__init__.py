@@ -9,6 +9,7 @@ only" (pyproject.toml) holds that.
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import getpass
 import io
@@ -496,7 +497,10 @@ def _quiet_stdout() -> None:
 
 
 def _emit_json(doc: Any) -> None:
-    print(json.dumps(doc, indent=2, ensure_ascii=False))
+    # Where the output is not UTF-8, JSON's own escapes keep every character (a table's '?'
+    # would change the document a script reads).
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    print(json.dumps(doc, indent=2, ensure_ascii=codecs.lookup(encoding).name != "utf-8"))
 
 
 def _listing(
