@@ -202,7 +202,9 @@ def test_the_cli_client_journey(
     page = json.loads(out)
     assert [r["id"] for r in page["items"]] == [bad_id]
     code, out, err = run_main(capsys, served, "runs", "list", "--limit", "1")
-    assert err.startswith("more: qinglong runs list --limit 1 --cursor ")
+    # The --url given goes with it, so the command is of the same server; the token never.
+    assert err.startswith(f"more: qinglong runs list --url {served.base_url} --limit 1 --cursor ")
+    assert served.token not in err
     cursor = err.split("--cursor ")[1].strip()
     assert cursor == page["next_cursor"]
     code, out, _ = run_main(capsys, served, "runs", "list", "--limit", "1", "--cursor", cursor, "--json")
@@ -211,7 +213,8 @@ def test_the_cli_client_journey(
     for listing in (["runs", "events", bad_id], ["tasks", "list"]):
         code, out, err = run_main(capsys, served, *listing, "--limit", "1")
         assert code == 0 and len(out.splitlines()) == 2, out  # the header and one row
-        assert err.startswith(f"more: qinglong {' '.join(listing)} --limit 1 --cursor "), err
+        hint = f"more: qinglong {' '.join(listing)} --url {served.base_url} --limit 1 --cursor "
+        assert err.startswith(hint), err
         cursor = err.split("--cursor ")[1].strip()
         code, out, _ = run_main(capsys, served, *listing, "--limit", "1", "--cursor", cursor)
         assert code == 0 and len(out.splitlines()) == 2, out

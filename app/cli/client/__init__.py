@@ -15,6 +15,7 @@ import getpass
 import io
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -531,7 +532,11 @@ def _listing(
             said = f"no {noun} yet"
         print(said, file=sys.stderr)
     if cursor := page.get("next_cursor"):
-        print(f"more: qinglong {command} --limit {args.limit} --cursor {cursor}", file=sys.stderr)
+        # The --url given on the command line goes with it: the next page is of that server
+        # (a token given there is never printed; it is looked up again as before).
+        url = f" --url {shlex.quote(public_url(args.url))}" if args.url else ""
+        more = f"more: qinglong {command}{url} --limit {args.limit} --cursor {cursor}"
+        print(more, file=sys.stderr)
     return EXIT_OK
 
 
