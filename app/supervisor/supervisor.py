@@ -261,7 +261,10 @@ class Supervisor:
         what = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
         lived = time.monotonic() - child.started_at
         if self._stopping:
-            log.info("%s exited (%s)", child.spec.name, what)
+            # The end this stop asked for (its TERM, a KILL after the grace, or a clean exit)
+            # is "stopped": "exited (signal SIGTERM)" read as a failure after an orderly stop.
+            asked = code in (0, -signal.SIGTERM, -signal.SIGKILL)
+            log.info("%s %s (%s)", child.spec.name, "stopped" if asked else "exited", what)
             if code in child.spec.fatal_exit_codes:
                 self._exit_code = code  # refused during the stop: still what serve says
             return

@@ -95,7 +95,7 @@ def test_the_worker_is_stopped_only_once_what_before_stop_began_is_done(tmp_path
     assert proc.returncode == 0, err
     assert (tmp_path / "closed").read_text() == "finished=True"
     assert err.index("stopping api") < err.index("stopping worker")
-    assert "worker exited (signal SIGTERM)" in err
+    assert "worker stopped (signal SIGTERM)" in err
 
 
 def test_a_second_sigterm_during_the_wait_kills_at_once(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_past_its_deadline_the_wait_ends_and_the_worker_is_stopped(tmp_path: Pat
         err = _stderr_to_the_end(proc)
     assert proc.returncode == 0, err
     assert (tmp_path / "closed").read_text() == "finished=False"
-    assert "worker exited (signal SIGTERM)" in err
+    assert "worker stopped (signal SIGTERM)" in err
 
 
 def test_a_worker_refused_during_the_wait_ends_it_and_is_serves_exit_status(

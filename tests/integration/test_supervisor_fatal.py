@@ -41,5 +41,5 @@ def test_a_fatal_exit_stops_every_service_and_the_supervisor_exits_with_it() -> 
     assert done.returncode == EXIT_LEASE_HELD, done.stderr
     assert done.stderr.count("worker started") == 1, done.stderr  # never restarted
     assert "worker exited (status 75): a restart cannot help" in done.stderr
-    assert "api exited (signal SIGTERM)" in done.stderr  # stopped, not left running
+    assert "api stopped (signal SIGTERM)" in done.stderr  # stopped, not left running
     assert time.monotonic() - started < 30
