@@ -108,16 +108,17 @@ def validate_env_key(key: str) -> str:
     return key
 
 
-def validate_env_value(value: str) -> str:
-    """Environment values: at most 32 KiB, no NUL."""
+def validate_env_value(value: str, *, key: str | None = None) -> str:
+    """Environment values: at most 32 KiB, no NUL. ``key``, a valid key, names the value in
+    the refusal (never the value itself)."""
+    whose = "an environment value" if key is None else f"the value of {key}"
     if not isinstance(value, str) or not _no_nul(value):
         raise ValidationFailed(
-            ErrorCode.INVALID_ENV_VALUE, "environment values must be strings without NUL"
+            ErrorCode.INVALID_ENV_VALUE, f"{whose} must be a string without NUL"
         )
     if _utf8_len(value) > MAX_ENV_VALUE_BYTES:
         raise ValidationFailed(
-            ErrorCode.LIMIT_EXCEEDED,
-            f"an environment value is longer than {MAX_ENV_VALUE_BYTES} bytes",
+            ErrorCode.LIMIT_EXCEEDED, f"{whose} is longer than {MAX_ENV_VALUE_BYTES} bytes"
         )
     return value
 
@@ -132,7 +133,7 @@ def validate_recipe(
         )
     for key, value in env.items():
         validate_env_key(key)
-        validate_env_value(value)
+        validate_env_value(value, key=key)
     for key, ref in secrets.items():
         validate_env_key(key)
         validate_name(ref, what="secret reference")

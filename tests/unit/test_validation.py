@@ -77,6 +77,17 @@ def test_env_values_are_bounded_and_nul_free() -> None:
         validate_env_value("a\x00")
 
 
+def test_a_recipes_refused_value_is_named_by_its_key_never_shown() -> None:
+    # One of many keys was "an environment value is longer than 32768 bytes": which one?
+    long = "s3cr3t" * 6000
+    with pytest.raises(ValidationFailed) as info:
+        validate_recipe({"SHORT": "x", "BIG_BLOB": long}, {})
+    assert info.value.detail == "the value of BIG_BLOB is longer than 32768 bytes"
+    with pytest.raises(ValidationFailed) as info:
+        validate_recipe({"NUL_HERE": "a\x00b"}, {})
+    assert info.value.detail == "the value of NUL_HERE must be a string without NUL"
+
+
 def test_recipe_refuses_a_key_in_both_maps_and_too_many_keys() -> None:
     with pytest.raises(ValidationFailed) as info:
         validate_recipe({"A": "1"}, {"A": "secret-a"})
