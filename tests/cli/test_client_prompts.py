@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 
-def _answer_eof(args: list[str], env: dict[str, str], prompt: bytes) -> tuple[int, str]:
-    """Run ``python -m app ARGS`` on a pty, send Ctrl-D once ``prompt`` shows; (exit code,
-    what the terminal showed)."""
+def _answer_eof(
+    args: list[str], env: dict[str, str], prompt: bytes, key: bytes = b"\x04"
+) -> tuple[int, str]:
+    """Run ``python -m app ARGS`` on a pty, send ``key`` (Ctrl-D) once ``prompt`` shows; (exit
+    code, what the terminal showed)."""
     primary, secondary = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", *args], stdin=secondary, stdout=secondary,
@@ -33,7 +35,7 @@ def _answer_eof(args: list[str], env: dict[str, str], prompt: bytes) -> tuple[in
     try:
         while time.monotonic() < deadline:
             if not sent and prompt in shown:
-                os.write(primary, b"\x04")
+                os.write(primary, key)
                 sent = True
             ready, _, _ = select.select([primary], [], [], 0.1)
             if not ready:
@@ -73,5 +75,17 @@ def test_ctrl_d_at_a_prompt_is_one_line_and_exit_2(
     code, shown = _answer_eof(args, env, prompt)
     assert "Traceback" not in shown, shown
     assert shown.strip().splitlines()[-1] == said, shown
+    assert code == 2
+    assert not (tmp_path / "client.toml").exists()
+
+
+def test_enter_alone_at_logins_prompt_says_no_token_was_given(tmp_path: Path) -> None:
+    # It said "no API token: pass --token, set QL_TOKEN or run `qinglong login`", to a user
+    # running qinglong login.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["QL_CLIENT_CONFIG"] = str(tmp_path / "client.toml")
+    args = ["login", "--url", "http://127.0.0.1:9"]
+    code, shown = _answer_eof(args, env, b"API token: ", key=b"\r")
+    assert shown.strip().splitlines()[-1] == "error: no token given; nothing was saved", shown
     assert code == 2
     assert not (tmp_path / "client.toml").exists()

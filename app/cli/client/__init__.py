@@ -1239,10 +1239,13 @@ def cmd_logout(args: argparse.Namespace) -> int:
 def _read_token() -> str:
     if sys.stdin.isatty():
         try:
-            return getpass.getpass("API token: ").strip()
+            token = getpass.getpass("API token: ").strip()
         except EOFError:  # Ctrl-D at the prompt, which getpass leaves without its newline
             print(file=sys.stderr)
             raise ClientError("no token given; nothing was saved", EXIT_USAGE) from None
+        if not token:  # Enter alone: not "run qinglong login" to a user who is running it
+            raise ClientError("no token given; nothing was saved", EXIT_USAGE)
+        return token
     try:
         return sys.stdin.readline().strip()
     except OSError as exc:  # not the config file's error, which login's caller names
