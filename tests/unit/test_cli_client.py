@@ -89,6 +89,9 @@ def test_a_launch_that_failed_is_told_in_words_from_its_ending_event() -> None:
     assert said(start_failure="EXEC_FAILED", errno="ENOENT") == (
         "EXEC_FAILED ENOENT: the program was not found"
     )
+    assert said(start_failure="EXEC_FAILED", errno="ENOEXEC").endswith(
+        "(a script without its #! line?)"
+    )  # the usual cause: cron ran scripts through sh, a job runs argv as it is
     assert said(start_failure="CWD_INVALID", errno="ENOENT") == (
         "CWD_INVALID ENOENT: the working directory does not exist"
     )

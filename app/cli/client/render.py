@@ -184,7 +184,9 @@ def runs_table(runs: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -
 _START_FAILURES = {
     ("EXEC_FAILED", "ENOENT"): "the program was not found",
     ("EXEC_FAILED", "EACCES"): "the program may not be run (permission denied)",
-    ("EXEC_FAILED", "ENOEXEC"): "the program is not in a format this host can run",
+    ("EXEC_FAILED", "ENOEXEC"): (
+        "the program is not in a format this host can run (a script without its #! line?)"
+    ),
     ("EXEC_FAILED", "ENOTDIR"): "a part of the program's path is not a directory",
     ("CWD_INVALID", "ENOENT"): "the working directory does not exist",
     ("CWD_INVALID", "EACCES"): "the working directory may not be entered (permission denied)",
