@@ -58,8 +58,11 @@ IdempotencyKey = Annotated[
     responses=problems(*READ_ERRORS),
 )
 async def get_run(run_id: str, facade: Ctx, _: Reader) -> RunOut:
-    """One run with its latest attempt."""
-    return RunOut.of(await facade.get_run_async(run_id=run_id))
+    """One run with its latest attempt; a queued one says what holds it back."""
+    run = await facade.get_run_async(run_id=run_id)
+    if run.status != "queued":
+        return RunOut.of(run)
+    return RunOut.of(run, await read(facade, facade.run_waiting, run=run))
 
 
 @router.get(

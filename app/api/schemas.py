@@ -15,6 +15,7 @@ from app.domain.model import (
     ScheduleDecision,
     ScheduleDefinition,
     TaskRevision,
+    Waiting,
 )
 from app.domain.retention import MAX_KEEP_DAYS, MAX_KEEP_RUNS
 from app.domain.validation import NAME_PATTERN, PRIORITY_MAX, PRIORITY_MIN
@@ -262,6 +263,17 @@ class CancelOut(BaseModel):
     at_ms: int
 
 
+class WaitingOut(BaseModel):
+    # A string, not an enum, as the cancel reason: a later build may add reasons.
+    reason: str = Field(
+        description="max_running (QL_MAX_RUNNING runs are active), max_concurrent (its "
+        "task's limit is reached) or held (an older run of its schedule has not ended); "
+        "unknown values may come"
+    )
+    limit: int | None = Field(default=None, description="the budget, for the first two")
+    active: int | None = Field(default=None, description="the runs holding it, for the first two")
+
+
 class LatestAttemptOut(BaseModel):
     number: int
     status: AttemptStatusName
@@ -353,9 +365,15 @@ class RunOut(BaseModel):
     pinned: bool = Field(
         default=False, description="kept against every retention policy (docs/retention.md)"
     )
+    waiting: WaitingOut | None = Field(
+        default=None,
+        description="why a queued run has not started, when a budget or its schedule holds "
+        "it (docs/concurrency-budgets.md); given by GET /api/v1/runs/{run_id} only, null in "
+        "lists and whenever nothing holds it back",
+    )
 
     @classmethod
-    def of(cls, r: Run) -> RunOut:
+    def of(cls, r: Run, waiting: Waiting | None = None) -> RunOut:
         cancel = None
         if r.cancel is not None:
             cancel = CancelOut.model_validate({"reason": r.cancel.reason, "at_ms": r.cancel.at_ms})
@@ -383,6 +401,13 @@ class RunOut(BaseModel):
                 "attempts": r.attempts,
                 "next_attempt_at_ms": r.next_attempt_at_ms,
                 "pinned": r.pinned,
+                "waiting": (
+                    None
+                    if waiting is None
+                    else WaitingOut(
+                        reason=waiting.reason, limit=waiting.limit, active=waiting.active
+                    )
+                ),
             }
         )
 

@@ -362,6 +362,7 @@ def build_context(
         run_as_allowed=frozenset(settings.job.allowed),
         job_isolation="job_user" if settings.job.user else "same_user",
         max_queued=settings.max_queued,
+        max_running=settings.max_running,
         _schedules=schedule_repo,
         _schedule_hooks=loop if loop is not None else NO_SCHEDULE_HOOKS,
         own_instance_id=instance_id(settings.data_dir) if several else None,

@@ -40,6 +40,7 @@ from app.domain.model import (
     ScheduleDefinition,
     SecretName,
     TaskRevision,
+    Waiting,
 )
 from app.domain.retention import GlobalBudgets, RetentionPolicy, TaskOverride
 from app.domain.retry import validate_retry
@@ -195,6 +196,8 @@ class AppFacade:
     job_isolation: str = "same_user"
     # QL_MAX_QUEUED: enqueue beyond it is refused 429 QUEUE_FULL (docs/concurrency-budgets.md)
     max_queued: int | None = None
+    # QL_MAX_RUNNING: what a queued run may be waiting for (``run_waiting``).
+    max_running: int | None = None
     # GET /metrics: the exposition text (app/context/metrics.py, docs/metrics.md).
     _metrics: Callable[[], bytes] | None = None
     # Retention (docs/retention.md): policies, pins, the storage figures.
@@ -394,6 +397,28 @@ class AppFacade:
         if self.reads_inline:
             return self._with_logs(self._reader.get_run(run_id))
         return self._with_logs(await self._reader.get_run_async(run_id))
+
+    def run_waiting(self, *, run: Run) -> Waiting | None:
+        """Why ``run``, queued, has not started, in the dispatcher's order of checks
+        (docs/concurrency-budgets.md §2): every active slot taken, its task's limit reached,
+        or held behind an older run of its schedule; None when it is not queued, a retry's
+        wait says it (``next_attempt_at_ms``) or no budget holds it back (it starts at the
+        next pass, or waits for the worker: ``/readyz`` says that)."""
+        if run.status != RunStatus.QUEUED.value:
+            return None
+        retry_at = run.next_attempt_at_ms
+        if retry_at is not None and retry_at > now_ms():
+            return None
+        if self.max_running is not None:
+            active = self._reader.active_count()
+            if active >= self.max_running:
+                return Waiting("max_running", self.max_running, active)
+        limit = self._definitions.get_revision(run.task, run.revision).max_concurrent
+        if limit is not None:
+            active = self._reader.active_count(run.task)
+            if active >= limit:
+                return Waiting("max_concurrent", limit, active)
+        return Waiting("held") if self._reader.held(run.id) else None
 
     def list_runs(
         self, *, task: str | None, status: str | None, limit: int, cursor: str | None

@@ -156,6 +156,18 @@ class Attempt:
 
 
 @dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why a queued run has not started (docs/concurrency-budgets.md §2): ``max_running``
+    (that many runs are active), ``max_concurrent`` (its task's limit is reached) or
+    ``held`` (an older run of its schedule has not ended); ``limit`` and ``active`` for the
+    two budgets."""
+
+    reason: str
+    limit: int | None = None
+    active: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     """A request to execute one task revision, and what became of it."""
 

@@ -570,6 +570,11 @@ class RunReader:
             rows = self._count_task_active.rows({"count_task": task})
         return int(rows[0][0])
 
+    def held(self, run_id: str) -> bool:
+        """Whether the run waits behind an older run of its schedule (``HELD``, T1's rule)."""
+        with UnitOfWork(self._engine, write=False) as uow:
+            return bool(uow.conn.execute(select(HELD).where(runs.c.id == run_id)).scalar())
+
     def starting_since_ms(self, run_id: str) -> int | None:
         """When the run's latest attempt entered ``starting`` (T1), from its event."""
         with UnitOfWork(self._engine, write=False) as uow:

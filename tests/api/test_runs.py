@@ -13,7 +13,7 @@ from tests.api.conftest import Client, MakeToken, assert_problem, make_running
 RUN_FIELDS = {
     "id", "task", "revision", "status", "priority", "version", "created_at_ms",
     "started_at_ms", "finished_at_ms", "cancel_requested", "latest_attempt", "trigger",
-    "attempts", "next_attempt_at_ms", "pinned",
+    "attempts", "next_attempt_at_ms", "pinned", "waiting",
 }  # fmt: skip
 ATTEMPT_FIELDS = {
     "number", "status", "exit_code", "signal", "error_code", "started_at_ms",
@@ -210,3 +210,46 @@ def _all_keys(value: object) -> list[str]:
     if isinstance(value, list):
         return [k for v in value for k in _all_keys(v)]
     return []
+
+
+def test_a_queued_run_says_what_holds_it_back_in_the_dispatchers_order(
+    client: Client, admin: dict[str, str], settings: Settings
+) -> None:
+    """A run that stays queued said nothing of why: its task's limit, every active slot
+    taken (QL_MAX_RUNNING, 2 on the edge profile) or a schedule's hold. GET of the run says
+    which, the first the dispatcher checks; a list never computes it."""
+    for name, extra in (("one", {"max_concurrent": 1}), ("free", {})):
+        body = {"argv": ["/bin/true"], **extra}
+        assert client.put(f"/api/v1/tasks/{name}/revisions/1", json=body, headers=admin).is_success
+
+    def post(task: str) -> str:
+        return str(client.post("/api/v1/runs", json={"task": task}, headers=admin).json()["id"])
+
+    def waiting(run_id: str) -> object:
+        return client.get(f"/api/v1/runs/{run_id}", headers=admin).json()["waiting"]
+
+    first, second = post("one"), post("one")
+    assert waiting(second) is None  # nothing active: it starts at the next pass
+    make_running(settings, first)
+    assert waiting(second) == {"reason": "max_concurrent", "limit": 1, "active": 1}
+    assert waiting(first) is None  # running: not waiting
+    other = post("free")
+    make_running(settings, other)  # two active: every slot of the edge profile taken
+    assert waiting(second) == {"reason": "max_running", "limit": 2, "active": 2}
+    listed = client.get("/api/v1/runs", params={"status": "queued"}, headers=admin).json()
+    assert [r["waiting"] for r in listed["items"]] == [None]
+    # A schedule's queue_one run behind an older run of its schedule that has not ended.
+    older, held = post("free"), post("free")
+    engine = make_engine(settings.database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.id.in_([first, other])).values(status="succeeded"))
+            conn.execute(update(runs).where(runs.c.id == older).values(schedule_id="s", slot_ms=1000))
+            conn.execute(
+                update(runs).where(runs.c.id == held)
+                .values(schedule_id="s", slot_ms=2000, hold_from_slot_ms=1000)
+            )  # fmt: skip
+    finally:
+        engine.dispose()
+    assert waiting(held) == {"reason": "held", "limit": None, "active": None}
+    assert waiting(older) is None and waiting(second) is None

@@ -130,6 +130,22 @@ def test_schedule_fields_give_the_catchup_window_only_under_latest() -> None:
         assert f"catch-up: {catchup}\n" in text and "within" not in text
 
 
+def test_run_fields_say_what_holds_a_queued_run_back() -> None:
+    queued = RUN | {"status": "queued", "latest_attempt": None}
+    said = {
+        "max_running": "for a free slot: 2 runs are active, QL_MAX_RUNNING allows 2",
+        "max_concurrent": "for its task: 1 of its runs are active, its revision allows 1",
+        "held": "behind an older run of its schedule that has not ended (queue_one, replace)",
+        "later\x1b[2J": "later\\x1b[2J",  # a reason a later service names, made safe
+    }
+    for reason, words in said.items():
+        limit = {"max_running": 2, "max_concurrent": 1}.get(reason)
+        run = queued | {"waiting": {"reason": reason, "limit": limit, "active": limit}}
+        text = render.run_fields(run, tz=UTC)
+        assert f"status:   queued\nwaiting:  {words}\n" in text, text
+    assert "waiting" not in render.run_fields(queued, tz=UTC)
+
+
 def test_run_fields_say_a_retry_waits_and_until_when() -> None:
     waiting = {"number": 2, "status": "claimed", "exit_code": None, "signal": None,
                "error_code": None, "started_at_ms": None, "finished_at_ms": None, "log": {}}  # fmt: skip

@@ -217,6 +217,18 @@ def start_failure(data: Mapping[str, Any]) -> str:
     return safe(f"{codes}: {words}" if words else codes)
 
 
+def waiting_words(waiting: Mapping[str, Any]) -> str:
+    """What holds a queued run back, in words (docs/concurrency-budgets.md §2)."""
+    reason, limit, active = waiting.get("reason"), waiting.get("limit"), waiting.get("active")
+    if reason == "max_running":
+        return f"for a free slot: {active} runs are active, QL_MAX_RUNNING allows {limit}"
+    if reason == "max_concurrent":
+        return f"for its task: {active} of its runs are active, its revision allows {limit}"
+    if reason == "held":
+        return "behind an older run of its schedule that has not ended (queue_one, replace)"
+    return safe(str(reason))  # a reason a later service names
+
+
 def run_fields(
     run: Mapping[str, Any], *, tz: tzinfo | None = None, why_not_started: str = ""
 ) -> str:
@@ -243,6 +255,8 @@ def run_fields(
         pairs.append(("pinned", "yes: retention keeps its log and rows"))
     if cancel:
         pairs.append(("cancel", f"{cancel.get('reason')} at {when(cancel.get('at_ms'), tz=tz)}"))
+    if run.get("waiting"):
+        pairs.insert(3, ("waiting", waiting_words(run["waiting"])))
     waits_until = run.get("next_attempt_at_ms")  # a retry waits (docs/retries.md §2)
     if attempt:
         outcome = attempt_outcome(attempt) + (f" ({why_not_started})" if why_not_started else "")

@@ -115,6 +115,10 @@ export function runPage(view, { args: [runId], signal, ready }) {
       [t('runs.duration'), duration(run.started_at_ms, run.finished_at_ms)],
       run.trigger.rerun_of ? [t('run.rerun_of'), link(['runs', run.trigger.rerun_of], raw(run.trigger.rerun_of, 'code'))] : null,
       [t('run.pinned'), run.pinned ? t('run.pinned_yes') : t('run.pinned_no')],
+      // What holds a queued run back (a reason a newer build names is shown as it is).
+      run.waiting ? [t('run.waiting'), has(`run.waiting.${run.waiting.reason}`)
+        ? t(`run.waiting.${run.waiting.reason}`, { active: run.waiting.active, limit: run.waiting.limit })
+        : raw(run.waiting.reason, 'code')] : null,
       // A reason a newer build records is shown as it is, not as a missing label.
       cancel ? [t('run.cancel_requested'), [tOr('cancel.', cancel.reason) || raw(cancel.reason, 'code'), ' · ', timeEl(cancel.at_ms)]] : null,
       run.next_attempt_at_ms != null
