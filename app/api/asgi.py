@@ -15,6 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+from starlette.requests import Request
+
 from app.api import retirement
 from app.api.auth import bearer_principal
 from app.api.problems import (
@@ -23,8 +25,10 @@ from app.api.problems import (
     MALFORMED_REQUEST,
     PAYLOAD_TOO_LARGE,
     PROBLEM_MEDIA_TYPE,
+    STORAGE_RETRY_AFTER_S,
     ApiProblem,
     problem_bytes,
+    storage_unavailable,
 )
 from app.domain.errors import NotMigrated, StorageUnavailable
 
@@ -120,7 +124,16 @@ class GuardMiddleware:
                 return None
             if declared == 0:
                 return _replay(b"", receive)
-        refusal = await _unauthenticated(scope, headers)
+        try:
+            refusal = await _unauthenticated(scope)
+        except StorageUnavailable as exc:
+            # The token cannot be checked now: the route's 503 (counted, logged once, with
+            # Retry-After), the body unread, as for a refused token: during an outage a
+            # client without a token must not hold a connection with a trickled body either.
+            outage = storage_unavailable(Request(scope), exc)
+            outage.headers["connection"] = "close"
+            await outage(scope, receive, send)
+            return None
         if refusal is not None:
             # Never a byte of a body from a client without a valid token: trickled a byte just
             # inside each stall timeout, its request would stay in progress and hold a place
@@ -150,9 +163,10 @@ class GuardMiddleware:
         return _replay(bytes(body), receive)
 
 
-async def _unauthenticated(scope: Scope, headers: dict[bytes, bytes]) -> ApiProblem | None:
-    """The 401 of a request whose token would be refused, or None: a valid token, or the
-    database cannot tell now (the route's own check then answers, 503 included)."""
+async def _unauthenticated(scope: Scope) -> ApiProblem | None:
+    """The refusal of a request whose token is not known valid now, or None (a valid token):
+    401 for a refused one, 503 ``NOT_MIGRATED`` for a database not migrated, as the route
+    would answer. Raises StorageUnavailable when the database cannot tell now."""
     facade = getattr(scope["app"].state, "facade", None) if "app" in scope else None
     if facade is None:
         return None
@@ -161,8 +175,9 @@ async def _unauthenticated(scope: Scope, headers: dict[bytes, bytes]) -> ApiProb
         await bearer_principal(facade, values)
     except ApiProblem as problem:
         return problem
-    except (StorageUnavailable, NotMigrated):
-        return None
+    except NotMigrated as exc:
+        retry = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
+        return ApiProblem(503, str(exc.code), exc.detail, headers=retry)
     return None
 
 

@@ -96,7 +96,12 @@ def create_app(
         app.include_router(module.router)
     install_ui(app)  # /ui: static files, outside the OpenAPI document (docs/ui.md)
     install_api_docs(app)
-    app.add_middleware(HotReads)  # innermost: CORS and the guard still wrap it
+    app.add_middleware(HotReads)  # innermost: the guard and CORS still wrap it
+    app.add_middleware(HeadAsGet)  # inside the guard: its stop of a stream is no error
+    app.add_middleware(GuardMiddleware)
+    # CORS outside the guard: its refusals (a body from a client without a valid token, a
+    # header sent twice, too large a body) reach a UI of another origin as what they are,
+    # not as a network error the browser made of an answer without Allow-Origin.
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -113,8 +118,6 @@ def create_app(
             ],
             expose_headers=["ETag", "Link", "Content-Range", "X-Log-Truncated"],
         )
-    app.add_middleware(HeadAsGet)  # inside the guard: its stop of a stream is no error
-    app.add_middleware(GuardMiddleware)
     app.add_middleware(SecurityHeaders)  # outermost: its headers are on every answer
     install_openapi(app)
     return app

@@ -118,6 +118,12 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
             client.put("/api/v1/secrets/s1", json={"value": "v"}, headers=admin),
             "DATABASE_UNREACHABLE",
         )
+        # A token the cache does not hold cannot be checked: 503 before the body is read,
+        # and the connection closes (no trickled body holds it through the outage).
+        stranger = {"Authorization": "Bearer ql_" + "B" * 43}
+        unchecked = client.post("/api/v1/runs", json={"task": "hello"}, headers=stranger)
+        _assert_503(unchecked, "DATABASE_UNREACHABLE")
+        assert unchecked.headers["connection"] == "close"
         said = [r.getMessage() for r in caplog.records if r.name == "qinglong.api"]
         assert not [m for m in said if m.startswith("unhandled")]  # no 500 path was taken
         # One line for the outage, however many requests it refused, naming no request data.
@@ -138,7 +144,7 @@ def test_postgres_lost_and_refused_connections_answer_503_and_recover(
         assert client.get("/api/v1/tasks", headers=admin).status_code == 200
         assert client.get("/readyz").status_code == 200
         # Each refused request counted once, by its code (the readiness probe is NOT_READY).
-        assert _unreachable_count(client, admin) == counted + 4
+        assert _unreachable_count(client, admin) == counted + 5
     finally:
         client.close()
     assert _runs_in(url) == 2

@@ -125,6 +125,16 @@ def test_api_answers_carry_nosniff_and_cors_still_works(
         assert listed.status_code == 200
         assert listed.headers["access-control-allow-origin"] == origin
         assert listed.headers["x-content-type-options"] == "nosniff"
+        # The guard's refusals too (a body without a valid token, a header sent twice): a
+        # UI of another origin must read the 401 and sign in again, not meet a network error.
+        stale = {"Authorization": "Bearer ql_" + "A" * 43, "Origin": origin}
+        refused = client.post("/api/v1/runs", json={"task": "t"}, headers=stale)
+        assert refused.status_code == 401
+        assert refused.headers["access-control-allow-origin"] == origin
+        twice = [*token.items(), ("Idempotency-Key", "a"), ("Idempotency-Key", "b")]
+        doubled = client.post("/api/v1/runs", json={"task": "t"}, headers=twice)
+        assert doubled.status_code == 400
+        assert doubled.headers["access-control-allow-origin"] == origin
     finally:
         client.close()
 
