@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import socket
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -552,10 +553,13 @@ class AppFacade:
         lease = self._leases.current(ran_on)
         if lease is None or not lease.base_url:
             raise LogHostUnavailable(None if lease is None else lease.host)
-        if _loopback(lease.base_url) and lease.boot_id != current_boot_id():
-            # A host on another machine that advertised a loopback address (its default when
-            # it binds 127.0.0.1 behind a proxy): forwarded, the client's token would go to
-            # whatever listens on that port of this machine, a job perhaps. Refused instead.
+        if _loopback(lease.base_url) and (
+            lease.boot_id != current_boot_id() or lease.host != socket.gethostname()
+        ):
+            # A host on another machine, or in another container of this one (its own network
+            # and host name, the same boot id), that advertised a loopback address (its
+            # default when it binds 127.0.0.1 behind a proxy): forwarded, the client's token
+            # would go to whatever listens on that port here, a job perhaps. Refused instead.
             raise LogHostUnavailable(lease.host)
         return lease.base_url, lease.host
 
@@ -683,11 +687,19 @@ def _check_run_id(run_id: str) -> None:
 
 
 def _loopback(base_url: str) -> bool:
-    """Whether ``base_url`` names this machine's loopback (127.0.0.0/8, ::1, localhost)."""
-    host = (urllib.parse.urlsplit(base_url).hostname or "").lower()
-    if host == "localhost" or host.endswith(".localhost"):
+    """Whether ``base_url`` reaches this machine itself: a loopback or unspecified address
+    in any spelling a connect accepts (127.1, 2130706433, ::ffff:127.0.0.1, 0.0.0.0, ::),
+    or ``localhost`` (with its trailing dot, or a name under it)."""
+    host = (urllib.parse.urlsplit(base_url).hostname or "").lower().rstrip(".")
+    if not host or host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        try:  # the C library's older IPv4 forms, which a connect accepts too
+            address = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_unspecified

@@ -6,6 +6,7 @@ import dataclasses
 import http.server
 import json
 import os
+import socket
 import threading
 from pathlib import Path
 
@@ -362,10 +363,30 @@ def test_another_machines_log_is_never_forwarded_to_a_loopback_address_here(
         client.app.state.facade = dataclasses.replace(
             single, own_instance_id="this-host", _leases=leases
         )
-        body = assert_problem(client.get(_url(run_id), headers=admin), 503, "LOG_HOST_UNAVAILABLE")
-        assert "far-away" in body["detail"] and seen == []
-        with engine.begin() as conn:
-            conn.execute(update(worker_leases).values(boot_id=current_boot_id()))
+        port = server.server_address[1]
+        here, me = current_boot_id(), socket.gethostname()
+        refused = [
+            ("another-machine", "far-away", f"http://127.0.0.1:{port}"),
+            # Another container of this machine: the same boot id, its own host name.
+            (here, "other-container", f"http://127.0.0.1:{port}"),
+            # Spellings a connect takes to this machine too.
+            ("another-machine", "far-away", f"http://127.1:{port}"),
+            ("another-machine", "far-away", f"http://2130706433:{port}"),
+            ("another-machine", "far-away", f"http://[::ffff:127.0.0.1]:{port}"),
+            ("another-machine", "far-away", f"http://0.0.0.0:{port}"),
+            ("another-machine", "far-away", f"http://localhost.:{port}"),
+        ]
+        for boot, host, url in refused:
+            with engine.begin() as conn:
+                conn.execute(update(worker_leases).values(boot_id=boot, host=host, base_url=url))
+            got = client.get(_url(run_id), headers=admin)
+            body = assert_problem(got, 503, "LOG_HOST_UNAVAILABLE")
+            assert host in body["detail"] and seen == [], (boot, host, url)
+        with engine.begin() as conn:  # a host of this machine and network: forwarded
+            conn.execute(
+                update(worker_leases)
+                .values(boot_id=here, host=me, base_url=f"http://127.0.0.1:{port}")
+            )  # fmt: skip
         forwarded = client.get(_url(run_id), headers=admin)
         assert forwarded.content == b"remote" and seen == [admin["Authorization"]]
     finally:
