@@ -529,3 +529,17 @@ def test_output_that_cannot_be_written_is_one_line_and_exit_74(cli_served: Serve
         err = proc.communicate(timeout=60)[1].decode()
         assert one_error_line(err) == "error: cannot write the output: No space left on device"
         assert proc.returncode == 74, args
+
+
+def test_a_command_started_with_its_output_closed_is_no_traceback(cli_served: Served) -> None:
+    # `qinglong runs list >&-`: Python then has no sys.stdout at all (None). The flush that
+    # the exit codes 141 and 74 brought raised AttributeError there: a traceback, exit 1.
+    served = cli_served
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env |= {"QL_URL": served.base_url, "QL_TOKEN": served.token}
+    done = subprocess.run(
+        ["/bin/sh", "-c", 'exec "$0" -m app runs list >&-', sys.executable], cwd=REPO_ROOT,
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr

@@ -401,6 +401,10 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
 
     def handler(args: argparse.Namespace) -> int:
         token_from = url = ""
+        if sys.stdout is None:
+            # Started with its output closed (``>&-``): Python has no stdout at all. What
+            # would be printed goes nowhere, as print() to None did, never a traceback.
+            sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
         if isinstance(sys.stdout, io.TextIOWrapper):
             # What the output's encoding cannot hold is '?', as in a log (docs/cli.md §3): a
             # task's argv in Chinese on a Latin-1 terminal is no UnicodeEncodeError.
