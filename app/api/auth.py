@@ -74,7 +74,7 @@ async def bearer_principal(facade: AppFacade, values: list[str]) -> Principal:
     principal = await authenticated(facade, token)
     if principal is None:
         raise ApiProblem(
-            401, UNAUTHENTICATED, "the token is unknown or revoked", headers=_CHALLENGE
+            401, UNAUTHENTICATED, "the token is unknown, revoked or expired", headers=_CHALLENGE
         )
     return principal
 

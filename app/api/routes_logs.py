@@ -255,7 +255,7 @@ async def _check_token(facade: AppFacade, token: str) -> None:
     """Raise ``_Refused`` once ``token`` may no longer read logs."""
     principal = await authenticated(facade, token) if token else None
     if principal is None:
-        raise _Refused(UNAUTHENTICATED, "the token is unknown or revoked")
+        raise _Refused(UNAUTHENTICATED, "the token is unknown, revoked or expired")
     if not principal.can(LOGS_SCOPE):
         raise _Refused(FORBIDDEN, f"this token lacks the {LOGS_SCOPE} scope")
 

@@ -37,6 +37,13 @@ def register(sub: Any) -> None:
         help=f"one or more of: {', '.join(sorted(SCOPES))}",
     )
     create.add_argument("--name", help="a unique name (default: token-<time>)")
+    create.add_argument(
+        "--expires-in",
+        type=_duration_ms,
+        metavar="DURATION",
+        help="refused after this long: a number and s, m, h or d (90d, 12h); "
+        "default: valid until revoked",
+    )
     create.set_defaults(handler=cmd_token_create)
     tsub.add_parser(
         "bootstrap", help="create the first admin token if no token exists yet"
@@ -47,6 +54,24 @@ def register(sub: Any) -> None:
     revoke = tsub.add_parser("revoke", help="revoke a token by name")
     revoke.add_argument("name")
     revoke.set_defaults(handler=cmd_token_revoke)
+
+
+_UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# At most ten years: the instant must stay a sane date, and a longer one is "never".
+_MAX_EXPIRY_MS = 3650 * _UNIT_MS["d"]
+
+
+def _duration_ms(text: str) -> int:
+    """``--expires-in``: ``90d``, ``12h``, ``30m`` or ``600s``, one minute to ten years."""
+    number, unit = text[:-1], text[-1:].lower()
+    if unit not in _UNIT_MS or not number.isascii() or not number.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: a number and s, m, h or d (90d, 12h, 30m)"
+        )
+    ms = int(number) * _UNIT_MS[unit]
+    if not 60_000 <= ms <= _MAX_EXPIRY_MS:
+        raise argparse.ArgumentTypeError("must be between 1 minute and 3650 days")
+    return ms
 
 
 def _tokens(engine: Engine) -> TokenRepository:
@@ -71,28 +96,32 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     validate_name(name, what="token name")
     with database(args) as (_, engine):
         token = new_api_token()
-        record = _tokens(engine).create(name=name, scopes=frozenset(args.scopes), token=token)
-    print(f"created token {record.name} with scopes {' '.join(sorted(record.scopes))}")
+        record = _tokens(engine).create(
+            name=name, scopes=frozenset(args.scopes), token=token, expires_in_ms=args.expires_in
+        )
+    expiry = "" if record.expires_at_ms is None else f"; it expires {_utc(record.expires_at_ms)}"
+    print(f"created token {record.name} with scopes {' '.join(sorted(record.scopes))}{expiry}")
     print("store it now: it is shown only once")
     print(token)
     return 0
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    """List token names, state, scopes, and when each was created and revoked (UTC), one
-    tab-separated line each; ``-`` for a token not revoked. On a terminal a header line comes
-    first, as the other tables have; a script reads one line a token, as it always did."""
+    """List token names, state (active, revoked or expired), scopes, and when each was
+    created, revoked and expires (UTC), one tab-separated line each; ``-`` for none. On a
+    terminal a header line comes first, as the other tables have; a script reads one line a
+    token, as it always did (EXPIRES came last, after the columns it already read)."""
     with database(args) as (_, engine):
         records = _tokens(engine).list()
     if sys.stdout.isatty():
-        print("\t".join(("NAME", "STATE", "SCOPES", "CREATED", "REVOKED")))
+        print("\t".join(("NAME", "STATE", "SCOPES", "CREATED", "REVOKED", "EXPIRES")))
     if not records:  # nothing at all reads like a failure; stdout stays the table
         print("no tokens yet", file=sys.stderr)
+    now = int(time.time() * 1000)
     for record in records:
-        state = "revoked" if record.revoked_at_ms is not None else "active"
         print("\t".join((
-            record.name, state, " ".join(sorted(record.scopes)),
-            _utc(record.created_at_ms), _utc(record.revoked_at_ms),
+            record.name, record.state(now), " ".join(sorted(record.scopes)),
+            _utc(record.created_at_ms), _utc(record.revoked_at_ms), _utc(record.expires_at_ms),
         )))  # fmt: skip
     return 0
 

@@ -272,6 +272,7 @@ api_tokens = Table(
     Column("scopes", Text, nullable=False),  # space separated
     Column("created_at_ms", MS, nullable=False),
     Column("revoked_at_ms", MS, nullable=True),
+    Column("expires_at_ms", MS, nullable=True),  # None: never (migration 0012)
 )
 
 idempotency_keys = Table(

@@ -24,6 +24,15 @@ class TokenRecord:
     scopes: frozenset[str]
     created_at_ms: int
     revoked_at_ms: int | None
+    expires_at_ms: int | None = None  # None: never
+
+    def state(self, now: int) -> str:
+        """``active``, ``revoked`` or ``expired`` at ``now`` (revoked wins)."""
+        if self.revoked_at_ms is not None:
+            return "revoked"
+        if self.expires_at_ms is not None and now >= self.expires_at_ms:
+            return "expired"
+        return "active"
 
 
 class TokenRepository:
@@ -32,11 +41,21 @@ class TokenRepository:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def create(self, *, name: str, scopes: frozenset[str], token: str) -> TokenRecord:
-        """Store the digest of ``token``; Conflict if the name is taken."""
+    def create(
+        self,
+        *,
+        name: str,
+        scopes: frozenset[str],
+        token: str,
+        expires_in_ms: int | None = None,
+    ) -> TokenRecord:
+        """Store the digest of ``token``, valid for ``expires_in_ms`` from now (None: until
+        revoked); Conflict if the name is taken."""
+        at = now_ms()
         record = TokenRecord(
-            id=uuid7(), name=name, scopes=scopes, created_at_ms=now_ms(), revoked_at_ms=None
-        )
+            id=uuid7(), name=name, scopes=scopes, created_at_ms=at, revoked_at_ms=None,
+            expires_at_ms=None if expires_in_ms is None else at + expires_in_ms,
+        )  # fmt: skip
         try:
             with UnitOfWork(self._engine) as uow:
                 uow.conn.execute(
@@ -46,6 +65,7 @@ class TokenRepository:
                         digest=sha256_digest(token.encode("utf-8")),
                         scopes=" ".join(sorted(scopes)),
                         created_at_ms=record.created_at_ms,
+                        expires_at_ms=record.expires_at_ms,
                     )
                 )
                 uow.commit()
@@ -92,9 +112,10 @@ class TokenRepository:
         # compare again in constant time so equality is never decided by a short-circuit.
         if row is None or not hmac.compare_digest(row.digest, digest):
             return None
-        if row.revoked_at_ms is not None:
-            return None
-        return _record(row)
+        record = _record(row)
+        if record.state(now_ms()) != "active":
+            return None  # revoked, or past its expiry
+        return record
 
 
 def _record(row: object) -> TokenRecord:
@@ -104,4 +125,5 @@ def _record(row: object) -> TokenRecord:
         scopes=frozenset(row.scopes.split()),  # type: ignore[attr-defined]
         created_at_ms=row.created_at_ms,  # type: ignore[attr-defined]
         revoked_at_ms=row.revoked_at_ms,  # type: ignore[attr-defined]
+        expires_at_ms=row.expires_at_ms,  # type: ignore[attr-defined]
     )

@@ -6,13 +6,15 @@ import re
 import time
 
 import pytest
+from sqlalchemy import update
 
 from app.api.main import create_app
 from app.api.openapi import api_routes, required_scope
-from app.domain.ids import uuid7
-from app.domain.tokens import SCOPES
+from app.domain.ids import now_ms, uuid7
+from app.domain.tokens import SCOPES, new_api_token
 from app.settings import Settings
 from app.storage.engine import make_engine
+from app.storage.tables import api_tokens
 from app.storage.tokens_repo import TokenRepository
 from tests.api.conftest import Client, MakeToken, assert_problem
 
@@ -116,6 +118,35 @@ def test_unknown_or_malformed_credentials_are_unauthenticated(client: Client, he
 def test_the_exact_scope_is_enough_without_admin(client: Client, make_token: MakeToken) -> None:
     headers = {"Authorization": f"Bearer {make_token('definitions:read')}"}
     assert client.get("/api/v1/tasks", headers=headers).status_code == 200
+
+
+def test_a_token_past_its_expiry_is_refused_and_listed_expired(
+    client: Client, settings: Settings
+) -> None:
+    engine = make_engine(settings.database_url)
+    try:
+        repo = TokenRepository(engine)
+        token = new_api_token()
+        record = repo.create(
+            name="ci", scopes=frozenset({"runs:read"}), token=token, expires_in_ms=60_000
+        )
+        headers = {"Authorization": f"Bearer {token}"}
+        assert client.get("/api/v1/runs", headers=headers).status_code == 200
+        with engine.begin() as conn:  # a minute later, as the database's clock sees it
+            conn.execute(
+                update(api_tokens).where(api_tokens.c.id == record.id)
+                .values(expires_at_ms=now_ms() - 1)
+            )  # fmt: skip
+        deadline = time.monotonic() + 5  # the lookup is cached for a second, as a revocation
+        while client.get("/api/v1/runs", headers=headers).status_code == 200:
+            assert time.monotonic() < deadline, "the expiry not seen within the cache TTL"
+            time.sleep(0.05)
+        body = assert_problem(client.get("/api/v1/runs", headers=headers), 401, "UNAUTHENTICATED")
+        assert body["detail"] == "the token is unknown, revoked or expired"
+        (listed,) = [r for r in repo.list() if r.name == "ci"]
+        assert listed.state(now_ms()) == "expired"
+    finally:
+        engine.dispose()
 
 
 def test_health_and_readiness_need_no_token(client: Client) -> None:

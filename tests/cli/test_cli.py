@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import os
 import pty
 import re
@@ -9,6 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,8 +55,9 @@ def test_token_lifecycle_shows_the_token_once_and_stores_only_its_digest(tmp_pat
     # Not a terminal: one line a token, no header (what scripts have always read).
     assert listed.stdout.splitlines()[0].startswith("ci\tactive\tlogs:read runs:read\t")
     assert token not in listed.stdout
-    *_, created, revoked = listed.stdout.splitlines()[0].split("\t")
+    *_, created, revoked, expires = listed.stdout.splitlines()[0].split("\t")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", created) and revoked == "-"
+    assert expires == "-"  # made without --expires-in: valid until revoked
     revoked_now = ql("token", "revoke", "ci", data_dir=tmp_path)
     assert (revoked_now.returncode, revoked_now.stdout) == (0, "revoked token ci\n")
     line = ql("token", "list", data_dir=tmp_path).stdout.splitlines()[0].split("\t")
@@ -99,7 +102,7 @@ def test_token_list_on_a_terminal_has_a_header_line(tmp_path: Path) -> None:
             os.close(secondary)
     assert done.returncode == 0, done.stderr
     lines = out.decode().splitlines()
-    assert lines[0] == "NAME\tSTATE\tSCOPES\tCREATED\tREVOKED"
+    assert lines[0] == "NAME\tSTATE\tSCOPES\tCREATED\tREVOKED\tEXPIRES"
     assert lines[1].startswith("ci\tactive\truns:read\t")
 
 
@@ -270,3 +273,25 @@ def test_every_data_dir_flag_says_the_same_true_default() -> None:
         if action is not None:
             helps.append(action.help)
     assert len(helps) > 10 and set(helps) == {DATA_DIR_HELP}
+
+
+def test_a_token_made_to_expire_says_when_lists_it_and_bad_durations_are_refused(
+    tmp_path: Path,
+) -> None:
+    assert ql("migrate", data_dir=tmp_path).returncode == 0
+    made = ql(
+        "token", "create", "--scope", "runs:read", "--name", "ci", "--expires-in", "90d",
+        data_dir=tmp_path,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    said = made.stdout.splitlines()[0]
+    assert said.startswith("created token ci with scopes runs:read; it expires 20"), said
+    when = said.rsplit(" ", 1)[-1]
+    expected = time.time() + 90 * 86400
+    assert abs(calendar.timegm(time.strptime(when, "%Y-%m-%dT%H:%M:%SZ")) - expected) < 120
+    row = ql("token", "list", data_dir=tmp_path).stdout.splitlines()[0].split("\t")
+    assert (row[0], row[1], row[5]) == ("ci", "active", when)
+    for bad in ("90", "0d", "30s", "3651d", "1w", "-5d", "\u0661\u0662d"):  # and Arabic-Indic digits
+        refused = ql("token", "create", "--scope", "runs:read", "--expires-in", bad, data_dir=tmp_path)
+        assert refused.returncode == 2, (bad, refused.stderr)
+        assert "--expires-in" in refused.stderr and "Traceback" not in refused.stderr

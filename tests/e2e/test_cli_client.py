@@ -308,7 +308,7 @@ def test_the_cli_client_journey(
     denied = ql(served, "runs", "list", token="ql_" + "A" * 43)
     assert denied.returncode == 3
     assert one_error_line(denied.stderr) == (
-        "error: 401 UNAUTHENTICATED: the token is unknown or revoked (the token from "
+        "error: 401 UNAUTHENTICATED: the token is unknown, revoked or expired (the token from "
         "QL_TOKEN; check it or run `qinglong login`)"
     )
 

@@ -291,13 +291,13 @@ def test_a_follow_resumes_from_the_last_offset_after_the_stream_breaks() -> None
 
 def test_a_follow_ended_by_the_server_for_the_token_is_a_401_line() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
-        err = json.dumps({"code": "UNAUTHENTICATED", "detail": "the token is unknown or revoked"})
+        err = json.dumps({"code": "UNAUTHENTICATED", "detail": "the token is unknown, revoked or expired"})
         return httpx.Response(200, content=_sse(_chunk(0, "a"), f"event: error\ndata: {err}\n\n"))
 
     client = Client("http://api.test", "t", transport=httpx.MockTransport(answer), sleep=lambda _: None)
     with pytest.raises(ApiProblem) as caught:
         list(client.follow("r1", 1))
-    assert caught.value.message.startswith("401 UNAUTHENTICATED: the token is unknown or revoked")
+    assert caught.value.message.startswith("401 UNAUTHENTICATED: the token is unknown, revoked or expired")
 
 
 def test_a_follow_stops_on_a_final_problem() -> None:
