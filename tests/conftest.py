@@ -174,6 +174,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def unmigrated(tmp_path: Path) -> Iterator[Engine]:
+    """An engine on a SQLite file with no tables yet (a worker or api started before
+    ``qinglong migrate``: every statement is refused with NotMigrated)."""
+    eng = make_engine(f"sqlite:///{tmp_path / 'not-migrated.db'}")
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+@pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
     """An engine on ``db_url``, disposed after the test."""
     eng = make_engine(db_url)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,7 +22,6 @@ from app.domain.errors import NotMigrated
 from app.domain.profiles import EDGE
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
-from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -34,16 +32,6 @@ TICKS = 60
 
 def _lines(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == logger]
-
-
-@pytest.fixture
-def unmigrated(tmp_path: Path) -> Iterator[Engine]:
-    """An engine on a SQLite file with no tables yet."""
-    engine = make_engine(f"sqlite:///{tmp_path / 'not-migrated.db'}")
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def test_the_next_retry_read_failing_every_tick_is_one_line_then_its_recovery(

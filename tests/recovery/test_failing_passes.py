@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from app.domain.profiles import EDGE
 from app.domain.retention import GlobalBudgets, RetentionPolicy
 from app.execution.cancellation import CancellationSweep
 from app.execution.recovery_loop import RecoveryLoop
-from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
@@ -56,16 +54,6 @@ class Gate:
         return True
 
 
-@pytest.fixture
-def unmigrated(tmp_path: Path) -> Iterator[Engine]:
-    """An engine on a SQLite file with no tables yet."""
-    engine = make_engine(f"sqlite:///{tmp_path / 'not-migrated.db'}")
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-
-
 def _until(done: threading.Event | None = None, check: object = None) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -77,6 +65,25 @@ def _until(done: threading.Event | None = None, check: object = None) -> None:
 
 def _lines(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == logger]
+
+
+def _fail_then_migrate(
+    loop: RecoveryLoop | RetentionLoop, gate: Gate, engine: Engine,
+    caplog: pytest.LogCaptureFixture, logger: str, passes: int,
+) -> list[str]:
+    """Run ``loop`` on the unmigrated database until its gate closes, migrate, let it pass
+    ``passes`` times; the lines ``logger`` wrote while it failed (the rest stay in caplog)."""
+    with caplog.at_level(logging.INFO, logger=logger):
+        loop.start()
+        try:
+            _until(gate.closed)
+            failing = _lines(caplog, logger)
+            upgrade_to_head(engine)
+            gate.reopened.set()
+            _until(check=lambda: loop.passes >= passes)
+        finally:
+            loop.stop(timeout=10)
+    return failing
 
 
 def test_a_recovery_loop_failing_every_pass_logs_each_kind_once_then_its_recovery(
@@ -94,16 +101,8 @@ def test_a_recovery_loop_failing_every_pass_logs_each_kind_once_then_its_recover
         sweep_interval_s=0.001,
         may_run=gate,
     )  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="app.execution.recovery_loop"):
-        loop.start()
-        try:
-            _until(gate.closed)
-            failing = _lines(caplog, "app.execution.recovery_loop")
-            upgrade_to_head(engine)
-            gate.reopened.set()
-            _until(check=lambda: loop.passes >= 2)  # a pass, its sweep, another pass
-        finally:
-            loop.stop(timeout=10)
+    # A pass, its sweep, another pass once migrated.
+    failing = _fail_then_migrate(loop, gate, engine, caplog, "app.execution.recovery_loop", 2)
     # 60 turns, 120 failed passes: one line per kind, not 120.
     assert failing == ["reconcile pass failed: NotMigrated", "cancellation pass failed: NotMigrated"]
     assert _lines(caplog, "app.execution.recovery_loop")[2:] == [
@@ -125,16 +124,7 @@ def test_a_retention_loop_failing_every_pass_logs_once_then_its_recovery(
         files_per_pass=100,
     )
     loop = RetentionLoop(sweep, interval_s=0.0, min_gap_s=0.001, may_run=gate)
-    with caplog.at_level(logging.INFO, logger="app.worker.log_retention"):
-        loop.start()
-        try:
-            _until(gate.closed)
-            failing = _lines(caplog, "app.worker.log_retention")
-            upgrade_to_head(unmigrated)
-            gate.reopened.set()
-            _until(check=lambda: loop.passes >= 1)
-        finally:
-            loop.stop(timeout=10)
+    failing = _fail_then_migrate(loop, gate, unmigrated, caplog, "app.worker.log_retention", 1)
     assert failing == ["retention pass failed: NotMigrated"]  # 60 failed passes, one line
     assert _lines(caplog, "app.worker.log_retention")[1:] == [
         f"retention pass works again after {TURNS} failure(s)"
