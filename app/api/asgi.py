@@ -1,5 +1,6 @@
-"""Pure ASGI guard: one body framing (400), body limit (413), UTF-8 bodies, a bare 500, and
-``Connection: close`` on every response of a retiring process (app/api/retirement.py).
+"""Pure ASGI guard: one body framing (400), body limit (413), UTF-8 bodies, a bare 500; and,
+outside CORS, ``Connection: close`` on every response of a retiring process
+(``RetiringClose``, app/api/retirement.py).
 
 Bodies are refused from ``Content-Length`` before any byte is read, or while streaming as
 soon as the count passes the limit: the app never sees more than ``max_body`` bytes. A body
@@ -50,18 +51,33 @@ class _Disconnected(Exception):
     pass
 
 
+class RetiringClose:
+    """``Connection: close`` on every response that starts while the process retires
+    (app/api/retirement.py). Outside CORS, so its own answers (preflights) close too."""
+
+    def __init__(self, app: ASGIApp, retiring: Callable[[], bool] = retirement.retiring) -> None:
+        self.app = app
+        self.retiring = retiring
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.retiring():
+                message = _closing(message)
+            await send(message)
+
+        await self.app(scope, receive, closing_send)
+
+
 class GuardMiddleware:
     """Wraps the whole app; see the module docstring."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        max_body: int = MAX_BODY_BYTES,
-        retiring: Callable[[], bool] = retirement.retiring,
-    ) -> None:
+    def __init__(self, app: ASGIApp, max_body: int = MAX_BODY_BYTES) -> None:
         self.app = app
         self.max_body = max_body
-        self.retiring = retiring
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,8 +89,6 @@ class GuardMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                if self.retiring():
-                    message = _closing(message)
             await send(message)
 
         try:

@@ -23,7 +23,7 @@ from app.api import (
     routes_secrets,
 )
 from app.api.api_docs import install_api_docs
-from app.api.asgi import GuardMiddleware
+from app.api.asgi import GuardMiddleware, RetiringClose
 from app.api.head import HeadAsGet
 from app.api.hot_reads import HotReads
 from app.api.log_lines import log_lines
@@ -118,6 +118,7 @@ def create_app(
             ],
             expose_headers=["ETag", "Link", "Content-Range", "X-Log-Truncated"],
         )
+    app.add_middleware(RetiringClose)  # its Connection: close on CORS's own answers too
     app.add_middleware(SecurityHeaders)  # outermost: its headers are on every answer
     install_openapi(app)
     return app

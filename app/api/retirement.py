@@ -8,10 +8,10 @@ empty answer although the server chose to stop. Here retirement is a state of th
 process, entered when SIGTERM/SIGINT arrives (before uvicorn closes its listener) or when
 uvicorn asks a connection to shut down, whichever comes first:
 
-- every response that starts from then on carries ``Connection: close`` (``GuardMiddleware``
-  reads ``retiring()``), so the client opens its next request on a fresh connection, which
-  the listening socket, shared by all workers of the manager, hands to a worker still
-  serving;
+- every response that starts from then on carries ``Connection: close`` (``RetiringClose``
+  in app/api/asgi.py reads ``retiring()``; CORS's preflights included), so the client opens
+  its next request on a fresh connection, which the listening socket, shared by all workers
+  of the manager, hands to a worker still serving;
 - an idle connection, or one accepted just before the listener closed, is kept open for
   ``IDLE_GRACE_S`` so a request already on its way is answered (with ``Connection: close``);
   only an idle connection that stays silent for the whole grace is closed;

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import re
 import shutil
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import anyio
 import httpx
 import pytest
 
+from app.api import retirement
 from app.api.api_docs import (
     DOCS_CSP,
     SWAGGER_CSS,
@@ -92,7 +94,7 @@ def test_api_docs_load_one_pinned_swagger_release_checked_under_their_own_csp(
 
 
 def test_api_answers_carry_nosniff_and_cors_still_works(
-    settings: Settings, make_token: MakeToken
+    settings: Settings, make_token: MakeToken, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     origin = "http://panel.example"
     client = Client(create_app(replace(settings, cors_origins=(origin,)), execution=False))
@@ -135,6 +137,17 @@ def test_api_answers_carry_nosniff_and_cors_still_works(
         doubled = client.post("/api/v1/runs", json={"task": "t"}, headers=twice)
         assert doubled.status_code == 400
         assert doubled.headers["access-control-allow-origin"] == origin
+        # A retiring process closes every connection after its answer, CORS's own preflight
+        # answers too (CORS sits outside the guard), so the browser's next request goes to
+        # a process that serves.
+        retired = threading.Event()
+        retired.set()
+        monkeypatch.setattr(retirement, "_retiring", retired)  # as begin() would, undone after
+        closing = client.request("OPTIONS", "/api/v1/runs", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+        })  # fmt: skip
+        assert closing.status_code == 200 and closing.headers["connection"] == "close"
+        assert client.get("/api/v1/runs", headers=token).headers["connection"] == "close"
     finally:
         client.close()
 

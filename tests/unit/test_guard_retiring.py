@@ -1,4 +1,5 @@
-"""GuardMiddleware: a retiring process's responses all carry ``Connection: close``."""
+"""RetiringClose: a retiring process's responses all carry ``Connection: close``, CORS's own
+preflight answers included (it wraps CORS)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.api.asgi import GuardMiddleware, Message, Receive, Scope, Send
+from app.api.asgi import Message, Receive, RetiringClose, Scope, Send
 
 
 async def _app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -26,7 +27,7 @@ def _start_headers(retiring: bool) -> list[tuple[bytes, bytes]]:
         sent.append(message)
 
     scope: dict[str, Any] = {"type": "http", "method": "GET", "path": "/", "headers": []}
-    guard = GuardMiddleware(_app, retiring=lambda: retiring)
+    guard = RetiringClose(_app, retiring=lambda: retiring)
     asyncio.run(guard(scope, receive, send))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     headers: list[tuple[bytes, bytes]] = sent[0]["headers"]
