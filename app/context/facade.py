@@ -400,26 +400,30 @@ class AppFacade:
         return self._with_logs(await self._reader.get_run_async(run_id))
 
     def run_waiting(self, *, run: Run) -> Waiting | None:
-        """Why ``run``, queued, has not started, in the dispatcher's order of checks
-        (docs/concurrency-budgets.md §2): every active slot taken, its task's limit reached,
-        or held behind an older run of its schedule; None when it is not queued, a retry's
-        wait says it (``next_attempt_at_ms``) or no budget holds it back (it starts at the
-        next pass, or waits for the worker: ``/readyz`` says that)."""
+        """Why ``run``, queued, has not started (docs/concurrency-budgets.md §2): its task's
+        limit reached or held behind an older run of its schedule (facts of every host), else
+        every active slot of this host taken (QL_MAX_RUNNING counts the answering host's
+        runs with several hosts); None when it is not queued (read again last, so a run
+        dispatched meanwhile is not told to wait for itself), a retry's wait says it
+        (``next_attempt_at_ms``) or nothing holds it back (it starts at the next pass, or
+        waits for the worker: ``/readyz`` says that)."""
         if run.status != RunStatus.QUEUED.value:
             return None
         retry_at = run.next_attempt_at_ms
         if retry_at is not None and retry_at > now_ms():
             return None
+        task_full = slots_full = None
+        limit = self._definitions.get_revision(run.task, run.revision).max_concurrent
+        if limit is not None and (active := self._reader.active_count(run.task)) >= limit:
+            task_full = Waiting("max_concurrent", limit, active)
         if self.max_running is not None:
             active = self._reader.active_count()
             if active >= self.max_running:
-                return Waiting("max_running", self.max_running, active)
-        limit = self._definitions.get_revision(run.task, run.revision).max_concurrent
-        if limit is not None:
-            active = self._reader.active_count(run.task)
-            if active >= limit:
-                return Waiting("max_concurrent", limit, active)
-        return Waiting("held") if self._reader.held(run.id) else None
+                slots_full = Waiting("max_running", self.max_running, active)
+        queued, held = self._reader.queued_held(run.id)
+        if not queued:
+            return None
+        return task_full or (Waiting("held") if held else None) or slots_full
 
     def list_runs(
         self, *, task: str | None, status: str | None, limit: int, cursor: str | None
@@ -689,17 +693,31 @@ def _check_run_id(run_id: str) -> None:
 def _loopback(base_url: str) -> bool:
     """Whether ``base_url`` reaches this machine itself: a loopback or unspecified address
     in any spelling a connect accepts (127.1, 2130706433, ::ffff:127.0.0.1, 0.0.0.0, ::),
-    or ``localhost`` (with its trailing dot, or a name under it)."""
+    ``localhost`` (with its trailing dot, or a name under it), or a name that resolves here
+    to one of those."""
     host = (urllib.parse.urlsplit(base_url).hostname or "").lower().rstrip(".")
     if not host or host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
+        found = [ipaddress.ip_address(host)]
     except ValueError:
         try:  # the C library's older IPv4 forms, which a connect accepts too
-            address = ipaddress.IPv4Address(socket.inet_aton(host))
+            found = [ipaddress.IPv4Address(socket.inet_aton(host))]
         except OSError:
-            return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback or address.is_unspecified
+            found = _resolved(host)  # a name: Debian's own host name is 127.0.1.1, say
+    for address in found:
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if address.is_loopback or address.is_unspecified:
+            return True
+    return False
+
+
+def _resolved(name: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses ``name`` resolves to here (none when it does not: the forward then
+    fails as unreachable anyway)."""
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]

@@ -269,6 +269,9 @@ class RunReader:
         self._count_active = OneStatementRead(engine, COUNT_ACTIVE)
         self._count_task_active = OneStatementRead(engine, COUNT_TASK_ACTIVE)
         self._count_host_active = OneStatementRead(engine, COUNT_HOST_ACTIVE)
+        self._queued_held = OneStatementRead(
+            engine, select(runs.c.status, HELD).where(runs.c.id == bindparam("run_id"))
+        )
 
     def _run_page(self, shape: tuple[bool, bool, bool]) -> OneStatementRead:
         """The list-page statement for one combination of (task, status, cursor) filters."""
@@ -570,10 +573,11 @@ class RunReader:
             rows = self._count_task_active.rows({"count_task": task})
         return int(rows[0][0])
 
-    def held(self, run_id: str) -> bool:
-        """Whether the run waits behind an older run of its schedule (``HELD``, T1's rule)."""
-        with UnitOfWork(self._engine, write=False) as uow:
-            return bool(uow.conn.execute(select(HELD).where(runs.c.id == run_id)).scalar())
+    def queued_held(self, run_id: str) -> tuple[bool, bool]:
+        """(whether the run is queued now, whether it waits behind an older run of its
+        schedule: ``HELD``, T1's rule), in one statement."""
+        row = self._queued_held.rows({"run_id": run_id})
+        return (False, False) if not row else (row[0][0] == RunStatus.QUEUED.value, bool(row[0][1]))
 
     def starting_since_ms(self, run_id: str) -> int | None:
         """When the run's latest attempt entered ``starting`` (T1), from its event."""

@@ -212,12 +212,12 @@ def _all_keys(value: object) -> list[str]:
     return []
 
 
-def test_a_queued_run_says_what_holds_it_back_in_the_dispatchers_order(
+def test_a_queued_run_says_what_holds_it_back(
     client: Client, admin: dict[str, str], settings: Settings
 ) -> None:
     """A run that stays queued said nothing of why: its task's limit, every active slot
     taken (QL_MAX_RUNNING, 2 on the edge profile) or a schedule's hold. GET of the run says
-    which, the first the dispatcher checks; a list never computes it."""
+    which (the facts of every host first); a list never computes it."""
     for name, extra in (("one", {"max_concurrent": 1}), ("free", {})):
         body = {"argv": ["/bin/true"], **extra}
         assert client.put(f"/api/v1/tasks/{name}/revisions/1", json=body, headers=admin).is_success
@@ -235,9 +235,13 @@ def test_a_queued_run_says_what_holds_it_back_in_the_dispatchers_order(
     assert waiting(first) is None  # running: not waiting
     other = post("free")
     make_running(settings, other)  # two active: every slot of the edge profile taken
-    assert waiting(second) == {"reason": "max_running", "limit": 2, "active": 2}
+    third = post("free")
+    assert waiting(third) == {"reason": "max_running", "limit": 2, "active": 2}
+    # Its task's limit first: true on every host, where QL_MAX_RUNNING counts the answering
+    # host's runs when several share the database.
+    assert waiting(second) == {"reason": "max_concurrent", "limit": 1, "active": 1}
     listed = client.get("/api/v1/runs", params={"status": "queued"}, headers=admin).json()
-    assert [r["waiting"] for r in listed["items"]] == [None]
+    assert [r["waiting"] for r in listed["items"]] == [None, None]
     # A schedule's queue_one run behind an older run of its schedule that has not ended.
     older, held = post("free"), post("free")
     engine = make_engine(settings.database_url)
@@ -253,3 +257,7 @@ def test_a_queued_run_says_what_holds_it_back_in_the_dispatchers_order(
         engine.dispose()
     assert waiting(held) == {"reason": "held", "limit": None, "active": None}
     assert waiting(older) is None and waiting(second) is None
+    # A run read queued, then dispatched before the reason was read: not waiting for itself.
+    stale = client.app.state.facade.get_run(run_id=second)
+    make_running(settings, second)
+    assert client.app.state.facade.run_waiting(run=stale) is None
