@@ -132,7 +132,7 @@ def test_a_token_past_its_expiry_is_refused_and_listed_expired(
         )
         headers = {"Authorization": f"Bearer {token}"}
         assert client.get("/api/v1/runs", headers=headers).status_code == 200
-        with engine.begin() as conn:  # a minute later, as the database's clock sees it
+        with engine.begin() as conn:  # a minute later (the api process's clock judges it)
             conn.execute(
                 update(api_tokens).where(api_tokens.c.id == record.id)
                 .values(expires_at_ms=now_ms() - 1)

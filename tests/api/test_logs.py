@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import insert, update
@@ -325,7 +326,8 @@ def test_an_outage_or_a_refusal_during_a_follow_ends_it_cleanly_not_with_a_cut(
 
 
 def test_another_machines_log_is_never_forwarded_to_a_loopback_address_here(
-    client: Client, admin: dict[str, str], settings: Settings, task: str
+    client: Client, admin: dict[str, str], settings: Settings, task: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A host on another machine (another boot id) that advertised 127.0.0.1 (its default
     when it binds loopback behind a proxy) holds the log: forwarded, the reader's token went
@@ -375,7 +377,18 @@ def test_another_machines_log_is_never_forwarded_to_a_loopback_address_here(
             ("another-machine", "far-away", f"http://[::ffff:127.0.0.1]:{port}"),
             ("another-machine", "far-away", f"http://0.0.0.0:{port}"),
             ("another-machine", "far-away", f"http://localhost.:{port}"),
+            # A name that resolves here to this machine (Debian maps its own host name to
+            # 127.0.1.1: two machines of one default name would each reach themselves).
+            ("another-machine", "far-away", f"http://raspberrypi.test:{port}"),
         ]
+        real_getaddrinfo = socket.getaddrinfo
+
+        def getaddrinfo(host: str, *args: Any, **kw: Any) -> Any:
+            if host == "raspberrypi.test":
+                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", 0))]
+            return real_getaddrinfo(host, *args, **kw)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
         for boot, host, url in refused:
             with engine.begin() as conn:
                 conn.execute(update(worker_leases).values(boot_id=boot, host=host, base_url=url))

@@ -21,5 +21,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # A build without expiry would take an expiring token as valid for good: it is marked
+    # revoked instead (at its expiry instant), so the older build refuses it at once.
+    op.execute(
+        "UPDATE api_tokens SET revoked_at_ms = expires_at_ms"
+        " WHERE revoked_at_ms IS NULL AND expires_at_ms IS NOT NULL"
+    )
     with op.batch_alter_table("api_tokens") as batch:
         batch.drop_column("expires_at_ms")
