@@ -399,6 +399,9 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     recipe = site.api("GET", f"/api/v1/recipes/{rev1['recipe']}").json()
     assert recipe["env"] == {"GREETING": "in the ui"}
     assert recipe["secrets"] == {"API_KEY": "demo-key"}
+    # The task page shows the script as written: its two lines, not one ("... echo ...") that
+    # reads as another script.
+    assert page.inner_text("ol.argv li:nth-child(3)") == script
     # A new revision starts from the latest, keeps its recipe (values never on the page).
     page.click("#new-revision")
     page.wait_for_selector("main[aria-busy=false] #def-keep-recipe:checked")
