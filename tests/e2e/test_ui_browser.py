@@ -288,6 +288,11 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     assert page.query_selector("#cancel-yes") is None
     assert get_run(site.served, run_id)["status"] == "running"
     assert get_run(site.served, run_id)["cancel_requested"] is None
+    # Escape answers "No" too, as it closes a dialog: the keyboard is back on Cancel.
+    page.click("#cancel")
+    page.keyboard.press("Escape")
+    assert page.evaluate("document.activeElement.id") == "cancel"
+    assert page.query_selector("#cancel-yes") is None
     page.click("#cancel")
     site.shot(page, "run-cancel-question")
     page.click("#cancel-yes")
@@ -538,6 +543,10 @@ def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:
     page.keyboard.press("Enter")
     assert page.evaluate("document.activeElement.id") == "delete-schedule"
     assert site.api("GET", "/api/v1/schedules/ui-made").status_code == 200
+    page.click("#delete-schedule")  # Escape keeps it as well
+    page.keyboard.press("Escape")
+    assert page.evaluate("document.activeElement.id") == "delete-schedule"
+    assert not page.is_visible("#delete-yes")
     page.click("#delete-schedule")
     page.click("#delete-yes")
     page.wait_for_selector("#new-schedule")
@@ -781,6 +790,11 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     assert all(abs(a - b) < 1 for a, b in zip(after_x, before_x, strict=True)), (before_x, after_x)
     site.shot(page, "secret-delete-question-desktop")
     page.keyboard.press("Enter")
+    page.wait_for_selector(f"{row} .row-actions button:focus")
+    assert page.query_selector("tr.confirm-row") is None
+    page.click(f"{row} .row-actions button")  # Escape keeps it as well
+    page.wait_for_selector("tr.confirm-row button.secondary:focus")
+    page.keyboard.press("Escape")
     page.wait_for_selector(f"{row} .row-actions button:focus")
     assert page.query_selector("tr.confirm-row") is None
     page.click(f"{row} .row-actions button")

@@ -141,3 +141,13 @@ export function sleep(ms, signal) {
 export function facts(pairs) {
   return h('dl', { class: 'facts' }, pairs.filter(Boolean).map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]));
 }
+
+/** The keydown handler of an in-page question: Escape gives the answer that changes nothing,
+ *  as Escape closes a dialog (the questions are not dialogs, but read and act as one). */
+export function onEscape(keep) {
+  return (ev) => {
+    if (ev.key !== 'Escape') return;
+    ev.preventDefault();
+    keep();
+  };
+}

@@ -8,7 +8,7 @@ import { has, t, tOr } from '../i18n.js';
 import { TERMINAL, bytes, duration, eventData, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
 import { go } from '../main.js';
-import { busy, errorBox, every, facts, missing, resultSlot, showProblem } from './common.js';
+import { busy, errorBox, every, facts, missing, onEscape, resultSlot, showProblem } from './common.js';
 
 const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
@@ -180,7 +180,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     actionsFor = key;
     const buttons = [];
     if (confirming) {
-      buttons.push(h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'cancel-question' },
+      buttons.push(h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'cancel-question', on: { keydown: onEscape(() => ask(false, 'cancel')) } },
         h('span', { id: 'cancel-question' }, t('run.cancel_confirm')), ' ',
         h('button', { type: 'button', class: 'danger', id: 'cancel-yes', on: { click: onCancel } }, t('run.cancel_yes')), ' ',
         h('button', { type: 'button', class: 'secondary', id: 'cancel-keep', on: { click: () => ask(false, 'cancel') } }, t('run.cancel_keep'))));

@@ -5,7 +5,7 @@ import { api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { localTime, shortId, timeEl, utcTime } from '../format.js';
-import { errorBox, facts, loadMore, missing, resultSlot } from './common.js';
+import { errorBox, facts, loadMore, missing, onEscape, resultSlot } from './common.js';
 import { go } from '../main.js';
 
 function cadence(s) {
@@ -151,7 +151,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   const removal = (() => {
     const keep = h('button', { type: 'button', class: 'secondary', on: { click: () => close() } }, t('secrets.keep'));
     const yes = h('button', { type: 'button', class: 'danger', id: 'delete-yes', on: { click: onDelete } }, t('secrets.confirm_delete'));
-    const question = h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'delete-question', hidden: true },
+    const question = h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'delete-question', hidden: true, on: { keydown: onEscape(() => close()) } },
       h('span', { id: 'delete-question' }, t('schedules.confirm_delete')), ' ', yes, ' ', keep);
     const start = h('button', { type: 'button', class: 'danger', id: 'delete-schedule', 'aria-expanded': 'false', on: { click: open } }, t('secrets.delete'));
     function open() { question.hidden = false; start.setAttribute('aria-expanded', 'true'); keep.focus(); }

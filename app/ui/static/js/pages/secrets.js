@@ -5,7 +5,7 @@ import { api, path, query } from '../api.js';
 import { h, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { timeEl } from '../format.js';
-import { FormError, busy, errorBox, loadMore, resultSlot } from './common.js';
+import { FormError, busy, errorBox, loadMore, onEscape, resultSlot } from './common.js';
 
 const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
 
@@ -56,9 +56,10 @@ export function secretsPage(view, { signal, ready }) {
     const tr = h('tr', { dataset: { secret: s.name } },
       h('td', {}, raw(s.name, 'code')), h('td', {}, timeEl(s.updated_at_ms)), h('td', { class: 'row-actions' }, start));
     function open() {
-      const keep = h('button', { type: 'button', class: 'secondary', on: { click: () => { close(); start.focus(); } } }, t('secrets.keep'));
+      const keepIt = () => { close(); start.focus(); };
+      const keep = h('button', { type: 'button', class: 'secondary', on: { click: keepIt } }, t('secrets.keep'));
       asking = h('tr', { class: 'confirm-row' }, h('td', { colspan: '3' },
-        h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': questionId },
+        h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': questionId, on: { keydown: onEscape(keepIt) } },
           h('span', { id: questionId }, t('secrets.confirm', { name: s.name })), ' ',
           h('button', { type: 'button', class: 'danger', on: { click: onDelete } }, t('secrets.confirm_delete')), ' ',
           keep)));
