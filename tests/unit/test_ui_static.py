@@ -63,6 +63,15 @@ def test_zh_cn_has_one_word_for_a_revision_and_another_for_the_service_version()
     assert zh["run.revision"] == zh["tasks.revisions"] == "版本"
 
 
+def test_zh_cn_reads_as_chinese_not_word_for_word_english() -> None:
+    """A schedule's decisions are its "调度记录" (not "决定历史", a decision history word for
+    word), and no button says "为它" (for it) or "其运行" (its runs) as English would."""
+    zh = _dict("zh-CN")
+    assert zh["schedules.decisions"] == "调度记录"
+    calques = ("决定", "为它", "查看其")
+    assert not {k: v for k, v in zh.items() if any(c in v for c in calques)}
+
+
 def test_every_label_the_code_names_is_in_the_dictionary() -> None:
     en = _dict("en")
     used = {key for path in _scripts() for key in _LABEL.findall(path.read_text("utf-8"))}
