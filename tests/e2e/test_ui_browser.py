@@ -183,6 +183,25 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
                 shutil.rmtree(gate_dir, ignore_errors=True)
 
 
+# How far each table's box scrolls sideways (0: every column in sight).
+_TABLES_OVER = (
+    "[...document.querySelectorAll('.table-wrap')].map((w) => w.scrollWidth - w.clientWidth)"
+)
+
+# How many lines the first 10 characters of an element's text (an ISO date) are drawn on.
+_DATE_LINES = """(e) => {
+  const walk = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
+  const range = document.createRange();
+  let seen = 0;
+  for (let n = walk.nextNode(); n && seen < 10; n = walk.nextNode()) {
+    if (seen === 0) range.setStart(n, 0);
+    const take = Math.min(n.length, 10 - seen);
+    seen += take;
+    range.setEnd(n, take);
+  }
+  return range.getClientRects().length;
+}"""
+
 # The form controls whose help text (the ``p.help`` of their field, or right after them) is
 # not their description: a screen reader would not read it with the control.
 _UNTIED_HELP = """() => [...document.querySelectorAll('main input, main select, main textarea')]
@@ -671,6 +690,13 @@ def _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site: Sit
                     leaks[name] = words
                 width_px = page.evaluate("document.documentElement.scrollWidth")
                 assert width_px <= width, f"{name} is {width_px} px wide at {width} px"
+            if name == "schedule":  # an instant's date is never cut ("2026-12-" / "07T...")
+                page.wait_for_selector("tr[data-decision] td:first-child small")
+                instants = "tr[data-decision] td:first-child small, tbody tr td:nth-child(2) code"
+                dates = page.eval_on_selector_all(instants, f"es => es.map({_DATE_LINES})")
+                assert dates and set(dates) == {1}, (locale, dates)
+                over = page.evaluate(_TABLES_OVER)
+                assert set(over) == {0}, f"{name} in {locale}: {over} px too wide"
         if locale == "zh-CN":  # the switch, by keyboard: English at once, and remembered
             page.focus("#lang")
             page.keyboard.press("ArrowUp")
@@ -889,7 +915,7 @@ def _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site: Site) -> 
     stays on one line."""
     cron = {"task": "hello", "cron": ["*/15 9-17 * * 1-5"], "paused": True}
     assert site.api("PUT", "/api/v1/schedules/office-hours", json=cron).status_code == 201
-    fits = "[...document.querySelectorAll('.table-wrap')].map((w) => w.scrollWidth - w.clientWidth)"
+    fits = _TABLES_OVER
     lines = "e => e.getClientRects().length"  # an inline element: one box a line it spans
     for locale in ("en-US", "zh-CN"):
         page = site.page(locale=locale, width=390)

@@ -36,6 +36,14 @@ export function utcTime(ms) {
   return new Date(ms).toISOString().replace(/\.\d{3}Z$/, 'Z');
 }
 
+/** An ISO 8601 instant as data (``raw``) that a narrow column may wrap after its "T" only:
+ *  the date and the time each stay whole ("2026-12-" over "07T06:08:00Z" read as neither). */
+export function isoRaw(text, tag = 'span') {
+  const at = text.indexOf('T');
+  if (at < 0) return raw(text, tag);
+  return h(tag, { class: 'raw iso' }, h('span', {}, text.slice(0, at + 1)), h('wbr'), h('span', {}, text.slice(at + 1)));
+}
+
 /** An event's data as ``k=v`` pairs: nulls left out, an instant (``not_before_ms``, past
  *  2001) as a local time without its ``_ms``, anything else as JSON. */
 export function eventData(data) {

@@ -4,7 +4,7 @@
 import { api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
-import { localTime, shortId, timeEl, utcTime } from '../format.js';
+import { isoRaw, localTime, shortId, timeEl, utcTime } from '../format.js';
 import { errorBox, facts, loadMore, missing, onEscape, resultSlot } from './common.js';
 import { go } from '../main.js';
 
@@ -142,7 +142,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
     pausedNote.hidden = !s.paused;
     put(fires, (s.next_fires || []).map((f) => h('tr', {},
       h('td', {}, localTime(f.at_ms)),
-      h('td', {}, raw(f.local, 'code')),
+      h('td', {}, isoRaw(f.local, 'code')),
       h('td', { class: 'wide' }, raw(utcTime(f.at_ms), 'code')))));
   }
 
@@ -200,7 +200,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
         detail = [t(d.decision === 'fired' ? 'schedules.fired_run' : 'schedules.blocking_run'), ' ', link(['runs', d.run], raw(shortId(d.run), 'code'))];
       }
       decisions.append(h('tr', { dataset: { decision: d.decision } },
-        h('td', {}, localTime(d.slot_ms), h('br'), raw(utcTime(d.slot_ms), 'small')),
+        h('td', {}, localTime(d.slot_ms), h('br'), isoRaw(utcTime(d.slot_ms), 'small')),
         h('td', {}, h('span', { class: `status decision decision-${d.decision}` }, label)),
         h('td', {}, detail)));
     }
