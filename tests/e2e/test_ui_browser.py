@@ -9,6 +9,7 @@ when set: that is how docs/ui/*.png are refreshed).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -855,6 +856,17 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     assert said.evaluate("(e) => e.isConnected") and len(page.query_selector_all(".error-box")) == 1
     page.unroute(runs_list)
     page.wait_for_selector("main .error-box", state="detached")  # and gone once it answers
+    # A 5xx is the server failing, not refusing: the guard's bare 500 (app/api/asgi.py) reads
+    # as such.
+    internal = {"type": "about:blank", "title": "Internal Server Error", "status": 500,
+                "code": "INTERNAL_ERROR", "detail": "an internal error occurred"}  # fmt: skip
+    page.route(runs_list, lambda route: route.fulfill(
+        status=500, content_type="application/problem+json", body=json.dumps(internal)))  # fmt: skip
+    said = page.wait_for_selector("main .error-box").inner_text()
+    assert "The server failed to answer (HTTP 500, INTERNAL_ERROR)" in said, said
+    assert "refused" not in said, said
+    page.unroute(runs_list)
+    page.wait_for_selector("main .error-box", state="detached")
     # The system page does not keep saying "Ready" once the service is gone.
     site.visit(page, "system")
     page.wait_for_selector("ul.checks")

@@ -114,5 +114,7 @@ export function explainError(err) {
   if (err.status === 0) return t('error.network');
   const key = `problem.${err.code}`;
   if (has(key)) return t(key);
+  // A 5xx is the server failing (a bug, an outage), not a refusal of what was asked.
+  if (err.status >= 500) return t('error.server', { status: err.status, code: err.code });
   return t('error.status', { status: err.status, code: err.code });
 }
