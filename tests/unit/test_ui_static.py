@@ -70,6 +70,10 @@ def test_zh_cn_reads_as_chinese_not_word_for_word_english() -> None:
     assert zh["schedules.decisions"] == "调度记录"
     calques = ("决定", "为它", "查看其")
     assert not {k: v for k, v in zh.items() if any(c in v for c in calques)}
+    # "保留" is retention on every page: the disk's reserve is "预留", or the System page would
+    # list "保留空间" (space retention keeps) beside "保留的日志" (logs retention keeps).
+    assert zh["storage.reserve_bytes"] == "预留空间"
+    assert zh["storage.finished_expiring"] != "完成的中断过期"  # "finished interrupted expiry"
 
 
 def test_every_label_the_code_names_is_in_the_dictionary() -> None:
