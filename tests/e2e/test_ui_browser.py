@@ -618,6 +618,32 @@ def _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site: Site
     page.fill("#token", site.served.token)
     page.click("form.signin button[type=submit]")
     page.wait_for_url(re.compile(r"#/runs\?task=hello&status=succeeded$"))
+    # A token refused while a form is filled in (revoked meanwhile): signed in again, the form
+    # holds what was typed, not a blank one (a script typed for minutes), and saves as it is.
+    page.goto(site.ui + "#/new-task")
+    page.wait_for_selector("main[aria-busy=false] #def-argv")
+    typed = "/bin/sh\n-c\necho one\necho two"
+    page.fill("#def-task", "typed-before-401")
+    page.fill("#def-argv", typed)
+    page.check("#def-retry")
+    page.fill("#def-retry-max", "4")
+    page.fill("#def-env", "TYPED=yes")
+    page.evaluate("sessionStorage.setItem('ql.token', 'ql_' + 'y'.repeat(43))")
+    page.click("#def-save")
+    page.wait_for_selector("form.signin .notice-warn")
+    page.fill("#token", site.served.token)
+    page.click("form.signin button[type=submit]")
+    page.wait_for_url(re.compile(r"#/new-task$"))
+    page.wait_for_selector("main[aria-busy=false] #def-argv")
+    assert (page.input_value("#def-task"), page.input_value("#def-argv")) == (
+        "typed-before-401", typed)  # fmt: skip
+    assert page.is_checked("#def-retry") and page.is_enabled("#def-retry-max")
+    assert (page.input_value("#def-retry-max"), page.input_value("#def-env")) == ("4", "TYPED=yes")
+    assert "what you had typed" in page.inner_text("#notice")
+    page.click("#def-save")
+    page.wait_for_url(re.compile(r"#/tasks/typed-before-401$"))
+    latest = site.api("GET", "/api/v1/tasks/typed-before-401").json()["latest"]
+    assert (latest["argv"][2], latest["retry"]["max_attempts"]) == ("echo one\necho two", 4)
     assert page.errors == []
 
 

@@ -33,6 +33,40 @@ let stopPage = () => {};
 let signInMessage = null;
 let pendingNotice = null;
 let rendered = false;
+// What the page's forms held when a 401 sent the user to sign in again ({route, fields}: each
+// field's id and value), in this module only (never stored: an environment value may be in
+// it), put back once that page is drawn again: a revoked token must not cost a typed script.
+let draft = null;
+
+function takeDraft(route) {
+  const fields = {};
+  // A password field (a secret's value) is never kept, as the page itself never keeps one.
+  for (const el of document.querySelectorAll('#view form :is(input, textarea, select)[id]:not([type=password])')) {
+    fields[el.id] = el.matches('[type=checkbox], [type=radio]') ? el.checked : el.value;
+  }
+  draft = Object.keys(fields).length ? { route, fields } : null;
+}
+
+/** Put a draft of this route back (then the page's own listeners see each change); true if so. */
+function restoreDraft(view, route) {
+  if (!draft || draft.route !== route) return false;
+  const { fields } = draft;
+  draft = null;
+  const changed = [];
+  for (const [id, value] of Object.entries(fields)) {
+    const el = view.querySelector(`#${CSS.escape(id)}`);
+    if (!el) continue;
+    const key = typeof value === 'boolean' ? 'checked' : 'value';
+    if (el[key] === value) continue;
+    el[key] = value;
+    changed.push(el);
+  }
+  for (const el of changed) {
+    const type = el.matches('[type=checkbox], [type=radio], select') ? 'change' : 'input';
+    el.dispatchEvent(new Event(type, { bubbles: true }));
+  }
+  return changed.length > 0;
+}
 
 function parseHash() {
   const hash = location.hash.replace(/^#\/?/, '');
@@ -111,7 +145,13 @@ function render() {
     put(view, h('p', { class: 'loading' }, t('common.loading')));
     // aria-busy until the page drew its first data (the browser tests wait for it too).
     view.setAttribute('aria-busy', 'true');
-    const ready = () => { if (!controller.signal.aborted) view.setAttribute('aria-busy', 'false'); };
+    const route = location.hash.replace(/^#\/?/, '');
+    if (draft && draft.route !== route) draft = null; // signed in and gone elsewhere: dropped
+    const ready = () => {
+      if (controller.signal.aborted) return;
+      view.setAttribute('aria-busy', 'false');
+      if (restoreDraft(view, route)) notify(t('signin.draft_restored'));
+    };
     const stop = page(view, { args, params, signal: controller.signal, ready });
     stopPage = () => { controller.abort(); if (typeof stop === 'function') stop(); };
     // After a navigation the keyboard (and a screen reader) starts at the new content, and
@@ -136,6 +176,7 @@ async function start() {
     const { path } = parseHash();
     if (path === 'signin') return;
     const here = location.hash.replace(/^#\/?/, '');
+    takeDraft(here);
     location.hash = `#/signin${path ? `?next=${encodeURIComponent(here)}` : ''}`;
   });
   document.getElementById('lang').addEventListener('change', async (ev) => {
@@ -147,6 +188,7 @@ async function start() {
   });
   document.getElementById('signout').addEventListener('click', () => {
     session.signOut();
+    draft = null;
     stopPage();
     stopPage = () => {};
     notify(null);
