@@ -717,6 +717,14 @@ def _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site: Sit
                     leaks[name] = words
                 width_px = page.evaluate("document.documentElement.scrollWidth")
                 assert width_px <= width, f"{name} is {width_px} px wide at {width} px"
+            if name == "new-schedule" and locale == "zh-CN":  # a policy's chosen sentence is
+                # whole under its select, which cuts it off at phone width
+                chosen = page.eval_on_selector_all("main select", """ss => ss.map((s) => {
+                  const n = s.nextElementSibling;
+                  const shown = Boolean(n) && n.matches('.chosen') && n.getClientRects().length;
+                  return [s.selectedOptions[0].textContent, shown && n.textContent];
+                })""")
+                assert len(chosen) == 4 and all(a == b for a, b in chosen), chosen
             if name == "schedule":  # an instant's date is never cut ("2026-12-" / "07T...")
                 page.wait_for_selector("tr[data-decision] td:first-child small")
                 instants = "tr[data-decision] td:first-child small, tbody tr td:nth-child(2) code"

@@ -19,8 +19,18 @@ const SCOPES = 'definitions:write runs:write';
 function field(id, label, input, help) {
   if (help) input.setAttribute('aria-describedby', `${id}-help`);
   return h('div', { class: 'field' },
-    h('label', { for: id }, label), input,
+    h('label', { for: id }, label), input, said.get(input) || null,
     help ? h('p', { class: 'help', id: `${id}-help` }, help) : null);
+}
+
+// A policy's choices are sentences, cut off in a closed select at phone width ("skip a slot
+// while the last run has not ende"): there the chosen one is also shown whole under it
+// (.narrow; aria-hidden, the select itself says its value).
+const said = new WeakMap();
+
+function showChoice(select) {
+  const option = select.selectedOptions[0];
+  said.get(select).textContent = option ? option.textContent : '';
 }
 
 // The aliases the API reads (app/schedule/slots.py; @annually and @midnight are stored as
@@ -38,7 +48,11 @@ function number(id, attrs = {}) {
 }
 
 function choice(id, values, words) {
-  return h('select', { id, name: id }, values.map((v) => h('option', { value: v }, words(v))));
+  const select = h('select', { id, name: id }, values.map((v) => h('option', { value: v }, words(v))));
+  said.set(select, h('p', { class: 'narrow chosen', 'aria-hidden': 'true' }));
+  select.addEventListener('change', () => showChoice(select));
+  showChoice(select);
+  return select;
 }
 
 function browserZone() {
@@ -116,6 +130,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
   // Fields a choice makes meaningless are hidden, and not sent: max_concurrent acts under
   // "allow" only, the window bounds "latest" only, DST rules meet a cron's local times only.
   function sync() {
+    for (const select of [overlap, catchup, dstGap, dstFold]) showChoice(select); // a prefill too
     const isCron = kindCron.checked;
     cronBox.hidden = !isCron;
     everyBox.hidden = isCron;
