@@ -6,20 +6,12 @@ from alembic import command
 from sqlalchemy import Engine, select
 
 from app.domain.ids import now_ms
-from app.storage.migrate import alembic_config, upgrade_to_head
+from app.storage.migrate import upgrade_to_head
 from app.storage.tables import api_tokens
 from app.storage.tokens_repo import TokenRepository
-from tests.storage.test_upgrade_from_0004 import empty_engine
+from tests.storage.test_upgrade_from_0004 import empty_engine, migrate_to
 
 __all__ = ["empty_engine"]  # the fixture, on a fresh SQLite file or a private PG schema
-
-
-def _downgrade_to(engine: Engine, revision: str) -> None:
-    config = alembic_config()
-    with engine.connect() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, revision)
-        conn.commit()
 
 
 def test_a_downgrade_below_0012_refuses_an_expiring_token_rather_than_keep_it_for_good(
@@ -33,7 +25,7 @@ def test_a_downgrade_below_0012_refuses_an_expiring_token_rather_than_keep_it_fo
         name="month", scopes=frozenset({"runs:read"}), token="ql_" + "b" * 43,
         expires_in_ms=30 * 86_400_000,
     )  # fmt: skip
-    _downgrade_to(engine, "0011")
+    migrate_to(engine, "0011", command.downgrade)
     with engine.connect() as conn:  # 0011's columns: a build that knows no expiry reads these
         rows = {r.name: r.revoked_at_ms for r in conn.execute(
             select(api_tokens.c.name, api_tokens.c.revoked_at_ms))}  # fmt: skip

@@ -30,12 +30,14 @@ from tests.conftest import private_pg_schema
 from tests.storage.helpers import HANDLE, TOKEN, define_task, start
 
 
-def _upgrade_to(engine: Engine, revision: str) -> None:
+def migrate_to(engine: Engine, revision: str, step: Any = command.upgrade) -> None:
+    """Alembic's ``step`` (``command.upgrade`` or ``command.downgrade``) to ``revision``."""
     config = alembic_config()
     with engine.connect() as conn:
         config.attributes["connection"] = conn
-        command.upgrade(config, revision)
+        step(config, revision)
         conn.commit()
+
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -105,7 +107,7 @@ def _fill_0004(engine: Engine) -> dict[str, Any]:
 
 def test_a_populated_0004_database_upgrades_to_head_and_works(empty_engine: Engine) -> None:
     engine = empty_engine
-    _upgrade_to(engine, "0004")
+    migrate_to(engine, "0004")
     assert current_revision(engine) == "0004"
     ids = _fill_0004(engine)
 
