@@ -39,7 +39,6 @@ def migrate_to(engine: Engine, revision: str, step: Any = command.upgrade) -> No
         conn.commit()
 
 
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def empty_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """An engine on an empty database (nothing migrated)."""
