@@ -92,7 +92,8 @@ def test_sigterm_with_a_queued_backlog_fails_no_run(
     assert set(at_stop) <= {"queued", "running", "succeeded"}, at_stop
     assert at_stop["queued"] > 0, at_stop
     lines = [line for line in served.log().splitlines() if " supervisor " in line]
-    order = [n for n, line in enumerate(lines) if "stopping api" in line or "api exited" in line]
+    ended = ("stopping api", "api stopped", "api exited")  # "stopped": the end the stop asked
+    order = [n for n, line in enumerate(lines) if any(word in line for word in ended)]
     order += [n for n, line in enumerate(lines) if "stopping worker" in line]
     assert len(order) == 3 and order == sorted(order), "api stopped, then the worker told"
 
