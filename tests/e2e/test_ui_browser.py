@@ -557,6 +557,28 @@ def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:
     assert (edited["catchup_window_seconds"], edited["end_at_ms"]) == (3600, until)  # hidden: kept
     assert not edited["paused"] and edited["cron"] == made["cron"]
     assert edited["overlap"] == "skip"
+    # An edit typed, the token refused meanwhile and the schedule changed elsewhere: signed
+    # in again, the typed draft comes back with the version it was typed against, so saving
+    # it answers 412 as before, never overwrites the change made meanwhile.
+    page.click("#edit-schedule")
+    page.wait_for_selector("main[aria-busy=false] #sch-save")
+    page.fill("#sch-jitter", "9")
+    later = {k: v for k, v in edited.items() if k not in (
+        "name", "version", "created_at_ms", "updated_at_ms", "next_fires")} | {"jitter_seconds": 11}
+    assert site.api("PUT", "/api/v1/schedules/ui-made", json=later).status_code == 200
+    page.evaluate("sessionStorage.setItem('ql.token', 'ql_' + 'z'.repeat(43))")
+    page.click("#sch-save")
+    page.wait_for_selector("form.signin .notice-warn")
+    page.fill("#token", site.served.token)
+    page.click("form.signin button[type=submit]")
+    page.wait_for_selector("main[aria-busy=false] #sch-save")
+    page.wait_for_function("() => document.getElementById('sch-jitter').value === '9'")
+    page.click("#sch-save")
+    page.wait_for_selector(".result .error-box")
+    assert "The schedule changed meanwhile" in page.inner_text(".result .error-box")
+    assert site.api("GET", "/api/v1/schedules/ui-made").json()["jitter_seconds"] == 11
+    page.goto(site.ui + "#/schedules/ui-made")
+    page.wait_for_selector("main[aria-busy=false] #delete-schedule")
     # Delete after the in-page question; "Keep it" first keeps it.
     page.click("#delete-schedule")
     assert page.evaluate("document.activeElement.textContent") == "Keep it"

@@ -91,7 +91,10 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
   const dstBox = h('div', {},
     field('sch-dst-gap', t('schedule_form.dst_gap'), dstGap),
     field('sch-dst-fold', t('schedule_form.dst_fold'), dstFold));
-  let etag = null;
+  // The ETag the edit was read with, in the form: a draft the page keeps across a new
+  // sign-in (main.js) brings back this one, so an edit typed against an older version still
+  // answers 412 if the schedule changed meanwhile, never overwrites that change.
+  const etag = h('input', { type: 'hidden', id: 'sch-etag' });
   let stored = null; // an edit's schedule as read: what the form does not show is sent back
   let bounds = { start_at_ms: null, end_at_ms: null };
 
@@ -99,6 +102,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
     h('div', { class: 'page-head' }, h('h1', {}, heading)),
     problem,
     h('form', { class: 'card define-form', novalidate: true, on: { submit: onSave } },
+      etag,
       isNew ? field('sch-name', t('schedule_form.name'), nameInput, t('define.task_help')) : null,
       h('div', { class: 'form-grid' },
         field('sch-task', t('runs.task'), task),
@@ -162,7 +166,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
 
   async function prefill() {
     const r = await api.get(path('schedules', name), { scope: 'definitions:read', signal, raw: true });
-    etag = r.headers.get('ETag');
+    etag.value = r.headers.get('ETag') || '';
     const s = await r.json();
     stored = s;
     task.value = s.task;
@@ -255,7 +259,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
       if (isNew && await exists(schedule)) throw new FormError(t('schedule_form.err_exists', { name: schedule }));
       // A new one is created only (one made meanwhile elsewhere answers 412, untouched); an
       // edit replaces the version read, or answers 412.
-      const headers = isNew ? { 'If-None-Match': '*' } : etag ? { 'If-Match': etag } : undefined;
+      const headers = isNew ? { 'If-None-Match': '*' } : etag.value ? { 'If-Match': etag.value } : undefined;
       await api.put(path('schedules', schedule), sent, { scope: SCOPES, headers });
       go(`schedules/${encodeURIComponent(schedule)}`, null, t('schedule_form.saved', { name: schedule }));
     } catch (err) {
