@@ -19,7 +19,7 @@ from typing import Any
 from starlette.requests import Request
 
 from app.api import retirement
-from app.api.auth import bearer_principal
+from app.api.auth import GUARD_PRINCIPAL, bearer_principal
 from app.api.problems import (
     INTERNAL_ERROR,
     MALFORMED_JSON,
@@ -186,12 +186,13 @@ async def _unauthenticated(scope: Scope) -> ApiProblem | None:
         return None
     values = [v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"]
     try:
-        await bearer_principal(facade, values)
+        principal = await bearer_principal(facade, values)
     except ApiProblem as problem:
         return problem
     except NotMigrated as exc:
         retry = {"Retry-After": str(STORAGE_RETRY_AFTER_S)}
         return ApiProblem(503, str(exc.code), exc.detail, headers=retry)
+    scope.setdefault("state", {})[GUARD_PRINCIPAL] = principal  # the route's, not again
     return None
 
 

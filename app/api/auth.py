@@ -47,12 +47,19 @@ class _Require(HTTPBearer):
         self.required_scope = " ".join(scopes)
 
     async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
-        values = request.headers.getlist("authorization")
-        principal = await bearer_principal(request.app.state.facade, values)
+        # The guard authenticated a request with a body already (app/api/asgi.py): once.
+        principal: Principal | None = request.scope.get("state", {}).get(GUARD_PRINCIPAL)
+        if principal is None:
+            values = request.headers.getlist("authorization")
+            principal = await bearer_principal(request.app.state.facade, values)
         for scope in self.required_scopes:
             if not principal.can(scope):
                 raise ApiProblem(403, FORBIDDEN, f"this token lacks the {scope} scope")
         return principal
+
+
+# The request-state key under which the guard leaves the principal it authenticated.
+GUARD_PRINCIPAL = "ql_principal"
 
 
 async def bearer_principal(facade: AppFacade, values: list[str]) -> Principal:

@@ -4,8 +4,8 @@ Clients poll ``GET /api/v1/runs/{id}``. Through FastAPI that read cost several t
 trivial route: solving the dependency graph and validating the response again cost more than
 the database read (figures: bench/README.md). This pure ASGI layer answers the one case that needs
 none of it: a ``GET`` with no query string, a bearer token the facade authenticated within
-the last second that carries ``runs:read``, and a run that exists and is not queued (a
-queued one's answer says what holds it back: more reads, the route's).
+the last second that carries ``runs:read``, and a run that exists (a queued one's answer
+says what holds it back, ``run_out``, as the route's).
 
 Everything else passes through untouched to the FastAPI route: no or unknown token, a token
 still to check against the database, a missing scope, a malformed or unknown id, a query
@@ -26,8 +26,8 @@ from starlette.requests import Request
 
 from app.api.asgi import ASGIApp, Receive, Scope, Send
 from app.api.auth import bearer_token
+from app.api.http import run_out
 from app.api.problems import storage_unavailable
-from app.api.schemas import RunOut
 from app.context.facade import AppFacade
 from app.domain.errors import DomainError, StorageUnavailable
 
@@ -85,6 +85,4 @@ class HotReads:
             run = await facade.get_run_async(run_id=run_id)
         except DomainError:
             return None  # the route gives the same read its problem+json answer
-        if run.status == "queued":
-            return None  # the route reads what holds it back (``waiting``)
-        return RunOut.of(run).model_dump_json().encode()
+        return (await run_out(facade, run)).model_dump_json().encode()

@@ -10,9 +10,10 @@ from fastapi import Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
-from app.api.schemas import Problem
+from app.api.schemas import Problem, RunOut
 from app.context.facade import AppFacade
-from app.domain.model import Page
+from app.domain.model import Page, Run
+from app.domain.states import RunStatus
 from app.domain.validation import NAME_PATTERN
 
 P = ParamSpec("P")
@@ -137,3 +138,11 @@ async def read(facade: AppFacade, fn: Callable[P, T], /, *args: P.args, **kwargs
     if facade.reads_inline:
         return fn(*args, **kwargs)
     return await run_in_threadpool(fn, *args, **kwargs)
+
+
+async def run_out(facade: AppFacade, run: Run) -> RunOut:
+    """A run's answer: a queued one with what holds it back (``waiting``: a few more reads,
+    through ``read``), any other from the run alone (the route and the hot read alike)."""
+    if run.status != RunStatus.QUEUED.value:
+        return RunOut.of(run)
+    return RunOut.of(run, await read(facade, facade.run_waiting, run=run))

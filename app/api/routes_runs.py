@@ -14,6 +14,7 @@ from app.api.http import (
     PageQuery,
     problems,
     read,
+    run_out,
 )
 from app.api.schemas import (
     AttemptOut,
@@ -59,10 +60,7 @@ IdempotencyKey = Annotated[
 )
 async def get_run(run_id: str, facade: Ctx, _: Reader) -> RunOut:
     """One run with its latest attempt; a queued one says what holds it back."""
-    run = await facade.get_run_async(run_id=run_id)
-    if run.status != "queued":
-        return RunOut.of(run)
-    return RunOut.of(run, await read(facade, facade.run_waiting, run=run))
+    return await run_out(facade, await facade.get_run_async(run_id=run_id))
 
 
 @router.get(

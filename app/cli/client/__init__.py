@@ -1165,11 +1165,7 @@ def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     if sys.stdin.isatty():
-        try:
-            value = getpass.getpass(f"value of {args.name}: ")
-        except EOFError:  # Ctrl-D at the prompt, which getpass leaves without its newline
-            print(file=sys.stderr)
-            raise ClientError("no value given; nothing was set", EXIT_USAGE) from None
+        value = _hidden(f"value of {args.name}: ", "no value given; nothing was set")
     else:
         try:  # the bytes, not the locale's reading of them, which may keep them as surrogates
             value = sys.stdin.buffer.read().decode("utf-8").removesuffix("\n")
@@ -1240,13 +1236,19 @@ def cmd_logout(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _hidden(prompt: str, nothing: str) -> str:
+    """What the terminal answers ``prompt`` without echo; Ctrl-D is ClientError(``nothing``),
+    exit 2 (getpass leaves the line without its newline: one is written first)."""
+    try:
+        return getpass.getpass(prompt)
+    except EOFError:
+        print(file=sys.stderr)
+        raise ClientError(nothing, EXIT_USAGE) from None
+
+
 def _read_token() -> str:
     if sys.stdin.isatty():
-        try:
-            token = getpass.getpass("API token: ").strip()
-        except EOFError:  # Ctrl-D at the prompt, which getpass leaves without its newline
-            print(file=sys.stderr)
-            raise ClientError("no token given; nothing was saved", EXIT_USAGE) from None
+        token = _hidden("API token: ", "no token given; nothing was saved").strip()
         if not token:  # Enter alone: not "run qinglong login" to a user who is running it
             raise ClientError("no token given; nothing was saved", EXIT_USAGE)
         return token
