@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from app.api.schemas import Problem, RunOut
 from app.context.facade import AppFacade
+from app.domain.ids import now_ms
 from app.domain.model import Page, Run
 from app.domain.states import RunStatus
 from app.domain.validation import NAME_PATTERN
@@ -142,7 +143,8 @@ async def read(facade: AppFacade, fn: Callable[P, T], /, *args: P.args, **kwargs
 
 async def run_out(facade: AppFacade, run: Run) -> RunOut:
     """A run's answer: a queued one with what holds it back (``waiting``: a few more reads,
-    through ``read``), any other from the run alone (the route and the hot read alike)."""
-    if run.status != RunStatus.QUEUED.value:
+    through ``read``), any other, and a retry waiting for its time, from the run alone (the
+    route and the hot read alike)."""
+    if run.status != RunStatus.QUEUED.value or run.retry_waits(now_ms()):
         return RunOut.of(run)
     return RunOut.of(run, await read(facade, facade.run_waiting, run=run))

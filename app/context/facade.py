@@ -407,10 +407,7 @@ class AppFacade:
         dispatched meanwhile is not told to wait for itself), a retry's wait says it
         (``next_attempt_at_ms``) or nothing holds it back (it starts at the next pass, or
         waits for the worker: ``/readyz`` says that)."""
-        if run.status != RunStatus.QUEUED.value:
-            return None
-        retry_at = run.next_attempt_at_ms
-        if retry_at is not None and retry_at > now_ms():
+        if run.status != RunStatus.QUEUED.value or run.retry_waits(now_ms()):
             return None
         task_full = slots_full = None
         limit = self._definitions.get_revision(run.task, run.revision).max_concurrent

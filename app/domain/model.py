@@ -204,6 +204,11 @@ class Run:
             return None
         return latest.not_before_ms
 
+    def retry_waits(self, at_ms: int) -> bool:
+        """Whether a retry waits in the queue for its time, still to come at ``at_ms``."""
+        retry_at = self.next_attempt_at_ms
+        return retry_at is not None and retry_at > at_ms
+
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:

@@ -7,10 +7,12 @@ engines; these check the arithmetic and every refusal fast.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.domain.errors import ErrorCode, ValidationFailed
-from app.domain.model import revision_body
+from app.domain.model import Attempt, Run, revision_body
 from app.domain.retry import RetryPolicy, retry_delay_ms, retry_not_before_ms, validate_retry
 
 BASE = {"executor": "local_process", "argv": ["/bin/true"], "cwd": None, "recipe": None,
@@ -111,3 +113,31 @@ def test_a_revision_without_retry_keeps_its_digest_body_and_equal_policies_agree
         "jitter": False, "on": ["failed", "lost"],
     }  # fmt: skip
     assert RetryPolicy.from_body(one.body()) == one
+
+
+@pytest.mark.parametrize(
+    ("status", "not_before_ms", "waits"),
+    [
+        ("claimed", 2_000, True),  # a retry whose time is still to come
+        ("claimed", 1_000, False),  # due now: it starts at the next pass
+        ("claimed", None, False),
+        ("running", 2_000, False),  # only a claimed attempt waits in the queue
+    ],
+)
+def test_a_run_says_whether_its_retry_waits_for_its_time(
+    status: str, not_before_ms: int | None, waits: bool
+) -> None:
+    """The one rule a queued run's GET and ``waiting`` read (a retry waiting for its time is
+    answered from the run alone, with no read of what else holds it back)."""
+    attempt = Attempt(
+        id="a", run_id="r", number=2, status=status, executor="local_process",
+        created_at_ms=0, started_at_ms=None, finished_at_ms=None, exit_code=None, signal=None,
+        error_code=None, deadline_at_ms=None, log_artifact_id=None, callback_sequence=0,
+        not_before_ms=not_before_ms,
+    )  # fmt: skip
+    run = Run(
+        id="r", task="t", revision=1, status="queued", priority=0, version=1, created_at_ms=0,
+        started_at_ms=None, finished_at_ms=None, cancel=None, latest_attempt=attempt,
+    )  # fmt: skip
+    assert run.retry_waits(1_000) is waits
+    assert replace(run, latest_attempt=None).retry_waits(0) is False  # a first attempt
