@@ -1,13 +1,20 @@
-"""``qinglong lease show|history``: who holds the worker lease, and the service history."""
+"""``qinglong lease show|history|retire``: who holds the worker lease, the service history,
+and an operator's word that a stopped host is gone for good."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-from typing import Any
+import socket
+import sys
+import uuid
+from typing import TYPE_CHECKING, Any
 
 from app.cli.common import database
+
+if TYPE_CHECKING:
+    from app.domain.lease import Lease
 
 _HISTORY_MAX = 1000
 
@@ -31,11 +38,26 @@ def register(sub: Any) -> None:
     )
     history.add_argument("--limit", type=_limit, default=50, help="newest N events (default 50)")
     history.set_defaults(handler=cmd_lease_history)
+    retire = lsub.add_parser(
+        "retire",
+        help="a host gone for good: end its stopped worker's runs still running lost "
+        "(docs/several-hosts.md §4)",
+    )
+    retire.add_argument("instance_id", metavar="INSTANCE", help="its instance id (lease show)")
+    retire.set_defaults(handler=cmd_lease_retire)
 
 
 def _utc(ms: int) -> str:
     moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _line(lease: Lease, state: str) -> str:
+    api = f" api {lease.base_url}" if lease.base_url else ""
+    return (
+        f"instance {lease.instance_id} host {lease.host} pid {lease.pid} "
+        f"epoch {lease.epoch}{api} since {_utc(lease.acquired_at_ms)}: {state}"
+    )
 
 
 def cmd_lease_show(args: argparse.Namespace) -> int:
@@ -51,25 +73,28 @@ def cmd_lease_show(args: argparse.Namespace) -> int:
             now = db_now_ms(uow.conn)
         lines = []
         for lease in leases:
+            if lease.live(now):
+                held = f"held, expires {_utc(lease.expires_at_ms)} unless renewed"
+                lines.append(_line(lease, held))
+                continue
             if lease.released_at_ms is not None:
                 state = f"released at {_utc(lease.released_at_ms)}"
-            elif lease.live(now):
-                state = f"held, expires {_utc(lease.expires_at_ms)} unless renewed"
             else:
                 state = f"expired at {_utc(lease.expires_at_ms)}"
-                # The epoch moved past what that pid held: say who moved it, and why.
-                moved = repo.superseded(lease.instance_id, lease.epoch)
-                if moved is not None:
-                    state += (
-                        f"; host {moved.by_host} ended its {moved.attempts_lost} active "
-                        f"attempt(s) lost and moved its epoch from {moved.held_epoch}, so that "
-                        "worker, back, is refused"
-                    )
-            api = f" api {lease.base_url}" if lease.base_url else ""
-            lines.append(
-                f"instance {lease.instance_id} host {lease.host} pid {lease.pid} "
-                f"epoch {lease.epoch}{api} since {_utc(lease.acquired_at_ms)}: {state}"
-            )
+            # The epoch moved past what that pid held: say who moved it, and why.
+            moved = repo.superseded(lease.instance_id, lease.epoch)
+            if moved is not None and moved.retired:
+                state += (
+                    f"; retired from host {moved.by_host}: its {moved.attempts_lost} attempt(s) "
+                    "still active ended lost"
+                )
+            elif moved is not None:
+                state += (
+                    f"; host {moved.by_host} ended its {moved.attempts_lost} active "
+                    f"attempt(s) lost and moved its epoch from {moved.held_epoch}, so that "
+                    "worker, back, is refused"
+                )
+            lines.append(_line(lease, state))
     if not leases:
         print("no worker has taken the lease yet")
         return 0
@@ -86,4 +111,54 @@ def cmd_lease_history(args: argparse.Namespace) -> int:
     for event in events:
         facts = json.dumps(event.data, sort_keys=True, separators=(",", ":"))
         print(f"{_utc(event.at_ms)}\t{event.type}\t{facts}")
+    return 0
+
+
+# Attempts ended per transaction, as a live worker's expiry pass (EXPIRE_PAGE).
+_RETIRE_PAGE = 64
+
+
+def cmd_lease_retire(args: argparse.Namespace) -> int:
+    """End the attempts still active of a host whose worker stopped and will not come back
+    (its lease released, or expired): ``lost`` ``WORKER_RETIRED``, never retried. Refused
+    while its worker holds the lease. Exit 0 when done (nothing active is done too), 1 when
+    refused or unknown."""
+    from sqlalchemy.exc import OperationalError
+
+    from app.domain.errors import VersionConflict
+    from app.storage.hosts_repo import retire_host
+    from app.storage.lease_repo import LeaseRepository
+
+    try:
+        instance_id = str(uuid.UUID(args.instance_id))
+    except ValueError:
+        print(f"error: {args.instance_id!r} is not an instance id (qinglong lease show lists "
+              "them)", file=sys.stderr)  # fmt: skip
+        return 2
+    with database(args) as (_, engine):
+        slot = LeaseRepository(engine).slot_of(instance_id)
+        try:
+            done = retire_host(
+                engine, slot=slot, instance_id=instance_id, by_host=socket.gethostname(),
+                limit=_RETIRE_PAGE,
+            )  # fmt: skip
+        except (VersionConflict, OperationalError):
+            # A run of it moved meanwhile, or its rows stayed locked by a session of that
+            # host: that page wrote nothing; the pages before it stand.
+            print("error: a run of that host changed, or its rows stayed locked, while they "
+                  "were ended; nothing of that page was written: give the command again",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+    if done.state == "unknown":
+        print(f"error: no worker lease of instance {instance_id} on this database (qinglong "
+              "lease show lists them)", file=sys.stderr)  # fmt: skip
+        return 1
+    if done.state == "held":
+        print(f"error: instance {instance_id} on host {done.host} holds its lease until "
+              f"{_utc(done.expires_at_ms)} unless renewed: its worker runs. Stop it (an orderly "
+              "stop releases the lease), or, if its host is gone, wait for the expiry",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"retired instance {instance_id} (host {done.host}): {done.attempts_lost} attempt(s) "
+          f"still active ended lost WORKER_RETIRED; its lease's epoch is {done.epoch}")  # fmt: skip
     return 0

@@ -129,6 +129,9 @@ class ErrorCode(StrEnum):
     # Several hosts (docs/several-hosts.md): a vanished host's attempts, a fenced completion,
     # a log read whose host does not answer.
     WORKER_LEASE_EXPIRED = "WORKER_LEASE_EXPIRED"
+    # An operator retired a stopped host (``qinglong lease retire``): its attempts still
+    # active ended lost, never retried (their processes may live on that host).
+    WORKER_RETIRED = "WORKER_RETIRED"
     LEASE_EPOCH_SUPERSEDED = "LEASE_EPOCH_SUPERSEDED"
     LOG_HOST_UNAVAILABLE = "LOG_HOST_UNAVAILABLE"
     # The worker refuses a database that is not at the newest migration.

@@ -18,9 +18,16 @@ WORKER_LEASE_RELEASED = "worker.lease_released"
 # Another host's lease expired with attempts still active: a live worker superseded its
 # epoch and ended those attempts lost WORKER_LEASE_EXPIRED (docs/several-hosts.md §4).
 WORKER_LEASE_EXPIRED = "worker.lease_expired"
+# An operator said a host is gone for good (``qinglong lease retire``): its stopped lease's
+# epoch moved and its attempts still active ended lost WORKER_RETIRED (docs/several-hosts.md
+# §4).
+WORKER_RETIRED = "worker.retired"
 SERVICE_EVENT_TYPES = frozenset(
-    {WORKER_LEASE_ACQUIRED, WORKER_LEASE_TAKEN_OVER, WORKER_LEASE_RELEASED, WORKER_LEASE_EXPIRED}
-)
+    {
+        WORKER_LEASE_ACQUIRED, WORKER_LEASE_TAKEN_OVER, WORKER_LEASE_RELEASED,
+        WORKER_LEASE_EXPIRED, WORKER_RETIRED,
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

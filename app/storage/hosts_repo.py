@@ -15,13 +15,15 @@ stops what is left of them when it comes back (its journal sweep, docs/journal-s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Engine, Integer, bindparam, select, update
+from sqlalchemy import Engine, Integer, Row, bindparam, select, update
 from sqlalchemy.exc import OperationalError
 
 from app.domain.errors import ErrorCode
-from app.domain.lease import WORKER_LEASE_EXPIRED
+from app.domain.lease import WORKER_LEASE_EXPIRED, WORKER_RETIRED
 from app.storage.lease_repo import append_service_event, db_now_ms
 from app.storage.runs_repo import lose_in
 from app.storage.tables import ACTIVE_ATTEMPT, attempts, worker_leases
@@ -98,31 +100,105 @@ def expire_vanished_hosts(
 def _expire_one(
     engine: Engine, slot: str, epoch: int, me_instance_id: str, me_host: str, limit: int
 ) -> ExpiredHost | None:
+    def vanished(row: Row[Any], now: int) -> bool:
+        return row.released_at_ms is None and row.expires_at_ms <= now  # else renewed, released
+
+    def facts(row: Row[Any]) -> dict[str, Any]:
+        return {
+            "expired_at_ms": row.expires_at_ms, "by_instance_id": me_instance_id,
+            "by_host": me_host,
+        }  # fmt: skip
+
+    ended = _end_page(
+        engine, slot, epoch, limit, gone=vanished, code=ErrorCode.WORKER_LEASE_EXPIRED,
+        event=WORKER_LEASE_EXPIRED, facts=facts,
+    )  # fmt: skip
+    return None if ended is None else ExpiredHost(*ended)
+
+
+def _end_page(
+    engine: Engine,
+    slot: str,
+    epoch: int,
+    limit: int,
+    *,
+    gone: Callable[[Row[Any], int], bool],
+    code: ErrorCode,
+    event: str,
+    facts: Callable[[Row[Any]], dict[str, Any]],
+) -> tuple[str, str, int, int, int] | None:
+    """One transaction: the lease row of ``slot`` locked, still at ``epoch`` and ``gone`` by
+    the database's clock, its epoch bumped and up to ``limit`` of its instance's active
+    attempts ended ``lost`` ``code``, with the service event ``event``. None when the row
+    moved meanwhile or nothing of it is active (then nothing is written)."""
     with UnitOfWork(engine) as uow:
         conn = uow.conn
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(EXPIRY_LOCK_TIMEOUT)
         now = db_now_ms(conn)
         row = conn.execute(select(worker_leases).where(_L.slot == slot).with_for_update()).first()
-        if (
-            row is None or row.epoch != epoch or row.released_at_ms is not None
-            or row.expires_at_ms > now
-        ):  # fmt: skip
-            return None  # renewed, released or superseded meanwhile
+        if row is None or row.epoch != epoch or not gone(row, now):
+            return None  # renewed, taken again or superseded meanwhile
         page = conn.execute(HOST_ACTIVE_PAGE, {"instance": row.instance_id, "limit": limit}).all()
         if not page:
             return None  # nothing of it is active: the row stays as it is
         conn.execute(update(worker_leases).where(_L.slot == slot).values(epoch=epoch + 1))
         for attempt_id, run_id in page:
-            lose_in(
-                conn, run_id=run_id, attempt_id=attempt_id, code=ErrorCode.WORKER_LEASE_EXPIRED,
-                at=now,
-            )  # fmt: skip
-        facts = {
+            lose_in(conn, run_id=run_id, attempt_id=attempt_id, code=code, at=now)
+        append_service_event(conn, event, now, {
             "instance_id": row.instance_id, "host": row.host, "old_epoch": epoch,
-            "new_epoch": epoch + 1, "expired_at_ms": row.expires_at_ms,
-            "by_instance_id": me_instance_id, "by_host": me_host, "attempts_lost": len(page),
-        }  # fmt: skip
-        append_service_event(conn, WORKER_LEASE_EXPIRED, now, facts)
+            "new_epoch": epoch + 1, "attempts_lost": len(page), **facts(row),
+        })  # fmt: skip
         uow.commit()
-    return ExpiredHost(row.instance_id, row.host, epoch, epoch + 1, len(page))
+    return row.instance_id, row.host, epoch, epoch + 1, len(page)
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """What ``retire_host`` found: ``state`` is ``unknown`` (no lease of that instance),
+    ``held`` (its worker holds it: refused), or ``retired`` with how many attempts it
+    ended ``lost`` (0: none was active) and the epoch the lease has now."""
+
+    state: str
+    host: str = ""
+    attempts_lost: int = 0
+    epoch: int = 0
+    expires_at_ms: int = 0
+
+
+def retire_host(
+    engine: Engine, *, slot: str, instance_id: str, by_host: str, limit: int
+) -> Retired:
+    """An operator's word that ``instance_id``'s host is gone for good (docs/several-hosts.md
+    §4, "A host stopped for good"): its lease released by an orderly stop, or expired, its
+    active attempts end ``lost`` ``WORKER_RETIRED`` page by page, each page as an expiry's
+    (epoch bumped, ``worker.retired`` service event), so that worker, should it start
+    again, settles its journal against them. A lease its worker holds is refused.
+
+    Raises: StorageUnavailable or SQLAlchemyError, VersionConflict (a run moved meanwhile:
+    that page rolled back whole; the command may be given again).
+    """
+
+    def stopped(row: Row[Any], now: int) -> bool:
+        return row.released_at_ms is not None or row.expires_at_ms <= now
+
+    lost = 0
+    while True:
+        with UnitOfWork(engine, write=False) as uow:
+            now = db_now_ms(uow.conn)
+            row = uow.conn.execute(select(worker_leases).where(_L.slot == slot)).first()
+        if row is None or row.instance_id != instance_id:
+            return Retired("unknown")
+        if not stopped(row, now):
+            return Retired("held", row.host, lost, row.epoch, row.expires_at_ms)
+        ended = _end_page(
+            engine, slot, row.epoch, limit, gone=stopped, code=ErrorCode.WORKER_RETIRED,
+            event=WORKER_RETIRED, facts=lambda _row: {"by_host": by_host},
+        )  # fmt: skip
+        if ended is None:
+            with UnitOfWork(engine, write=False) as uow:
+                again = uow.conn.execute(select(_L.epoch).where(_L.slot == slot)).scalar()
+            if again == row.epoch:  # nothing (left) active: done
+                return Retired("retired", row.host, lost, row.epoch)
+            continue  # the row moved meanwhile: read it again
+        lost += ended[4]

@@ -40,6 +40,7 @@ from app.domain.lease import (
     WORKER_LEASE_EXPIRED,
     WORKER_LEASE_RELEASED,
     WORKER_LEASE_TAKEN_OVER,
+    WORKER_RETIRED,
     Claimant,
     Lease,
     Take,
@@ -70,12 +71,14 @@ _FENCE_PG = (
 
 @dataclass(frozen=True, slots=True)
 class Superseded:
-    """Another host ended an expired lease's attempts: the epoch its holder had, that host,
-    and how many attempts it ended ``lost``."""
+    """Another host ended an expired lease's attempts, or an operator retired a stopped one
+    (``retired``): the epoch its holder had, that host, and how many attempts it ended
+    ``lost``."""
 
     held_epoch: int
     by_host: str
     attempts_lost: int
+    retired: bool = False
 
 
 _SUPERSEDED_SCAN = 500  # expiry events read, newest first: enough for any one host's pages
@@ -301,24 +304,25 @@ class LeaseRepository:
 
     def superseded(self, instance_id: str, epoch: int) -> Superseded | None:
         """How another host moved ``instance_id``'s expired lease to ``epoch`` by ending its
-        attempts ``lost`` (docs/several-hosts.md §4), from the newest expiry events; None
-        when it did not."""
+        attempts ``lost``, or an operator's ``lease retire`` did (docs/several-hosts.md §4),
+        from the newest such events; None when neither did."""
         query = (
-            select(service_events.c.data)
-            .where(service_events.c.type == WORKER_LEASE_EXPIRED)
+            select(service_events.c.type, service_events.c.data)
+            .where(service_events.c.type.in_([WORKER_LEASE_EXPIRED, WORKER_RETIRED]))
             .order_by(service_events.c.id.desc())
             .limit(_SUPERSEDED_SCAN)
         )
         with UnitOfWork(self._engine, write=False) as uow:
-            found = [json.loads(r.data) for r in uow.conn.execute(query)]
-        chain = [d for d in found if d.get("instance_id") == instance_id]
-        held, by_host, lost = epoch, None, 0
-        for facts in chain:  # newest first: each page of a pass moved the epoch by one
+            found = [(r.type, json.loads(r.data)) for r in uow.conn.execute(query)]
+        chain = [(t, d) for t, d in found if d.get("instance_id") == instance_id]
+        held, by_host, lost, retired = epoch, None, 0, False
+        for kind, facts in chain:  # newest first: each page of a pass moved the epoch by one
             if facts.get("new_epoch") != held:
                 continue
             held, lost = int(facts["old_epoch"]), lost + int(facts.get("attempts_lost", 0))
             by_host = by_host or str(facts.get("by_host", "?"))
-        return None if by_host is None else Superseded(held, by_host, lost)
+            retired = retired or kind == WORKER_RETIRED
+        return None if by_host is None else Superseded(held, by_host, lost, retired)
 
     def history(self, *, limit: int) -> list[ServiceEvent]:
         """The newest ``limit`` service events, oldest first."""

@@ -295,3 +295,17 @@ def test_a_token_made_to_expire_says_when_lists_it_and_bad_durations_are_refused
         refused = ql("token", "create", "--scope", "runs:read", "--expires-in", bad, data_dir=tmp_path)
         assert refused.returncode == 2, (bad, refused.stderr)
         assert "--expires-in" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_lease_retire_refuses_what_is_not_an_instance_and_names_an_unknown_one(
+    tmp_path: Path,
+) -> None:
+    """``lease retire`` ends runs: a typo is refused before the database is touched (exit 2),
+    an instance with no lease on this database is one line (exit 1), neither a traceback."""
+    ql("migrate", data_dir=tmp_path)
+    typo = ql("lease", "retire", "01a23", data_dir=tmp_path)
+    assert typo.returncode == 2 and "is not an instance id" in typo.stderr, typo.stderr
+    unknown = ql("lease", "retire", "01a230bf-36ec-72f8-8227-a0718c1b7418", data_dir=tmp_path)
+    assert unknown.returncode == 1, unknown.stderr
+    assert "no worker lease of instance 01a230bf-36ec-72f8-8227-a0718c1b7418" in unknown.stderr
+    assert "Traceback" not in typo.stderr + unknown.stderr

@@ -21,7 +21,8 @@ from app.storage.engine import make_engine
 from app.storage.lease_repo import LeaseRepository
 from app.worker.instance import INSTANCE_FILE
 from tests.conftest import PG_ENV, private_pg_schema
-from tests.e2e.conftest import REPO_ROOT, ServeFactory, free_port
+from tests.e2e.conftest import REPO_ROOT, ServeFactory, alive, end_jobs, free_port, wait_until
+from tests.e2e.kit import enqueue, get_run, put_task, terminal_events, wait_status
 
 pytestmark = pytest.mark.e2e
 
@@ -91,3 +92,53 @@ def test_a_second_host_serves_alongside_and_a_second_service_of_one_data_dir_is_
     )  # fmt: skip
     assert shown.stdout.count(": held, expires") == 2, shown.stdout
     assert f"api {first.base_url}" in shown.stdout
+
+
+def test_a_host_stopped_for_good_is_retired_and_its_job_stopped_if_it_comes_back(
+    shared_pg_url: str, serve_factory: ServeFactory
+) -> None:
+    """A worker stopped in order releases its lease and leaves its jobs running; if its host
+    never comes back no live worker expires that lease, so its runs stayed ``running``. The
+    operator's ``lease retire`` ends them lost (refused while the lease is held); should the
+    host start again after all, its journal settle stops the job by identity, and the run
+    keeps its one ending."""
+    served = serve_factory(database_url=shared_pg_url, extra_env=LEASE_ENV)
+    put_task(served, "long", "sleep 600")
+    run_id = enqueue(served, "long")
+    wait_status(served, run_id, {"running"})
+    env = served.env | {"QL_DATABASE_URL": shared_pg_url}
+    instance = _instance(served.data_dir)
+
+    def retire() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "app", "lease", "retire", instance], cwd=REPO_ROOT, env=env,
+            text=True, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    refused = retire()
+    assert refused.returncode == 1 and "holds its lease" in refused.stderr, refused.stderr
+    try:
+        assert served.stop(leave_jobs=True) == 0
+        assert any(alive(p, t) for p, t in served.left_jobs.items()), "the job goes on"
+        done = retire()
+        assert done.returncode == 0, done.stderr
+        assert "1 attempt(s) still active ended lost WORKER_RETIRED" in done.stdout
+        shown = subprocess.run(
+            [sys.executable, "-m", "app", "lease", "show"], cwd=REPO_ROOT, env=env, text=True,
+            capture_output=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert "retired from host" in shown.stdout, shown.stdout
+        # Retiring does not reach the host: the job still runs until its worker is back.
+        assert any(alive(p, t) for p, t in served.left_jobs.items())
+        again = serve_factory(data_dir=served.data_dir, database_url=shared_pg_url,
+                              extra_env=LEASE_ENV)  # fmt: skip
+        wait_until(
+            "the retired run's job to be stopped",
+            lambda: not any(alive(p, t) for p, t in served.left_jobs.items()),
+            30,
+        )
+    finally:
+        end_jobs(served.left_jobs)
+    run = get_run(again, run_id)
+    assert run["status"] == "lost" and run["latest_attempt"]["error_code"] == "WORKER_RETIRED"
+    assert terminal_events(again, run_id) == ["run.lost"]

@@ -16,7 +16,7 @@ from app.domain.errors import LeaseLost
 from app.domain.ids import now_ms
 from app.domain.model import Run
 from app.domain.retention import GlobalBudgets, RetentionPolicy
-from app.storage.hosts_repo import expire_vanished_hosts
+from app.storage.hosts_repo import Retired, expire_vanished_hosts, retire_host
 from app.storage.lease_repo import LeaseRepository, Superseded
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
@@ -111,6 +111,57 @@ def test_a_vanished_hosts_attempts_end_lost_and_its_epoch_is_superseded(engine: 
     with pytest.raises(LeaseLost) as lost:  # the partitioned worker comes back
         leases.renew(instance_id=b.instance_id, epoch=1, ttl_ms=TTL_MS)
     assert "superseded" in lost.value.detail
+
+
+def test_an_operator_retires_a_stopped_hosts_lease_and_its_runs_end_lost_once(
+    engine: Engine,
+) -> None:
+    """A host stopped for good (its lease released by an orderly stop, or expired) left its
+    runs running: no live worker expires a released lease. ``lease retire`` ends them lost
+    WORKER_RETIRED, page by page as an expiry does (epoch bumped, so that worker's late
+    completions are fenced), and is refused while the lease is held."""
+    leases = LeaseRepository(engine)
+    a = claimant(host="host-a")
+    lease = leases.take(claimant=a, ttl_ms=TTL_MS, holder_alive=alive)
+    define_task(engine)
+    on_a = [_start_on(engine, enqueue(engine), a.instance_id, lease.epoch) for _ in range(3)]
+    slot = leases.slot_of(a.instance_id)
+
+    def retire(instance_id: str = a.instance_id) -> Retired:
+        return retire_host(engine, slot=slot, instance_id=instance_id, by_host="ops", limit=2)
+
+    held = retire()
+    assert (held.state, held.host, held.attempts_lost) == ("held", "host-a", 0)
+    assert retire(claimant().instance_id).state == "unknown"
+    reader = RunReader(engine)
+    assert {reader.get_run(r.id).status for r in on_a} == {"running"}
+
+    assert leases.release(instance_id=a.instance_id, epoch=lease.epoch)
+    done = retire()
+    assert (done.state, done.attempts_lost, done.epoch) == ("retired", 3, lease.epoch + 2)
+    for run in on_a:
+        got = reader.get_run(run.id)
+        assert got.status == "lost" and got.latest_attempt is not None
+        assert got.latest_attempt.error_code == "WORKER_RETIRED"
+        assert [t for t in event_types(engine, run.id) if t.startswith("run.")][-1] == "run.lost"
+        assert _complete(engine, run, (slot, lease.epoch)) == "fenced"  # its worker, late
+        assert [t for t in event_types(engine, run.id) if t == "run.lost"] == ["run.lost"]
+    history = [e for e in leases.history(limit=10) if e.type == "worker.retired"]
+    assert [(e.data["attempts_lost"], e.data["by_host"]) for e in history] == [(2, "ops"), (1, "ops")]
+    assert retire() == Retired("retired", "host-a", 0, lease.epoch + 2)  # nothing left: no event
+    assert len([e for e in leases.history(limit=10) if e.type == "worker.retired"]) == 2
+    # What `lease show` says of the row: retired, from which host, how many runs it ended.
+    assert leases.superseded(a.instance_id, lease.epoch + 2) == Superseded(
+        lease.epoch, "ops", 3, retired=True
+    )
+
+    # Its worker comes back after all: it takes its lease again (and settles its journal).
+    again = leases.take(claimant=a, ttl_ms=SHORT_TTL_MS, holder_alive=lambda _lease: False)
+    assert again.epoch == lease.epoch + 3
+    late = _start_on(engine, enqueue(engine), a.instance_id, again.epoch)
+    time.sleep(SHORT_TTL_MS / 1000)  # then it vanishes: an expired lease may be retired too
+    assert retire().attempts_lost == 1
+    assert reader.get_run(late.id).status == "lost"
 
 
 def test_a_hosts_retention_sees_only_the_logs_that_host_holds(engine: Engine) -> None:
