@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.domain.errors import DomainError, LaunchFailed, LeaseLost, StorageUnavailable
 from app.domain.execution import Launched, LaunchRequest
 from app.domain.lease import Lease
+from app.failure_log import FailureLog
 from app.settings import Settings
 from app.storage.hosts_repo import expire_vanished_hosts
 from app.storage.lease_repo import LeaseRepository
@@ -70,6 +71,8 @@ class LeaseKeeper:
         self._margin_s = settings.lease_ttl_s / 10
         self._renew_s = settings.lease_renew_s
         self._on_lost = on_lost
+        # The pass runs after every renewal: failing, one line each time was 360 an hour.
+        self._vanished_failures = FailureLog(log, "vanished-host pass", level=logging.WARNING)
         self._stop = threading.Event()
         self._lost = False
         self._thread = threading.Thread(target=self._run, name="ql-lease", daemon=True)
@@ -166,8 +169,9 @@ class LeaseKeeper:
                 me_instance_id=me.instance_id, me_host=me.host, limit=EXPIRE_PAGE,
             )  # fmt: skip
         except (SQLAlchemyError, DomainError, StorageUnavailable) as exc:  # next renewal retries
-            log.warning("vanished-host pass failed (%s)", type(exc).__name__)
+            self._vanished_failures.failed(exc)
             return
+        self._vanished_failures.succeeded()
         for host in ended:
             log.warning(
                 "the worker lease of host %s (instance %s, epoch %d) expired: %d of its "

@@ -43,6 +43,7 @@ from app.execution.ports import (
     ProcessController,
     ProcessProbe,
 )
+from app.failure_log import FailureLog
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,11 @@ class JournalSettle:
         self._stop_grace_s = stop_grace_s
         self._watch = watch
         self._sweep_cursor: tuple[int, str] | None = None
+        # An entry that keeps failing (its stop raising, the database away) is met by every
+        # sweep, twice a second: its line once, then once a minute, and a line when a whole
+        # round (the drain, or the sweep's pages back to its start) failed on none again.
+        self._failures = FailureLog(log, "journal settle of an entry", level=logging.WARNING)
+        self._round_failed = False
 
     def drain(self, *, threads: int = 0) -> SettleReport:
         """Settle every ``spawned`` entry, page after page (start-up, before serving).
@@ -140,6 +146,8 @@ class JournalSettle:
                 page = self._journal.page_by_state(state=SPAWNED, limit=DRAIN_PAGE, after=after)
                 report._add(self._drain_page(page, pool))
                 if len(page) < DRAIN_PAGE:
+                    if not report.outcomes.get("failed"):
+                        self._failures.succeeded()
                     return report
                 after = _cursor_after(page)
         finally:
@@ -166,13 +174,18 @@ class JournalSettle:
         active = self._attempts.active_among([entry.attempt_id for entry in page])
         report = SettleReport()
         report._add(self._entry(e, active=False) for e in page if e.attempt_id not in active)
+        self._round_failed = self._round_failed or bool(report.outcomes.get("failed"))
+        if self._sweep_cursor is None:  # a round ended: the next page starts it again
+            if not self._round_failed:
+                self._failures.succeeded()
+            self._round_failed = False
         return report
 
     def _entry(self, entry: JournalEntryView, *, active: bool) -> _Settled:
         try:
             return self._active(entry) if active else self._ended(entry)
         except Exception as exc:  # one entry never stops the walk; the next sweep retries
-            log.warning("journal settle of an entry failed: %s", type(exc).__name__)
+            self._failures.failed(exc)
             return _Settled("failed")
 
     def _active(self, entry: JournalEntryView) -> _Settled:

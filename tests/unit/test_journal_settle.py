@@ -357,3 +357,26 @@ def test_the_sweep_is_bounded_and_resumes_after_its_cursor() -> None:
     seen = [rig.settle.sweep(limit=2).examined for _ in range(4)]
     assert seen == [2, 2, 1, 2]  # wrapped around after the short page
     assert rig.controller.calls[:5] == [e.handle for e in entries]
+
+
+@pytest.mark.parametrize("how", WALKS)
+def test_an_entry_failing_at_every_walk_is_logged_once_then_its_recovery(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sweep meets a failing entry twice a second: one line per walk flooded the
+    service's log. Its first failure is a line, the next ones within the minute none, and
+    a walk that settles everything says it works again."""
+    rig = Rig(stop=OSError("injected"))
+    failing = rig.entry(job=True)
+    with caplog.at_level("INFO", logger="app.execution.journal_settle"):
+        for _ in range(5):
+            assert failing.handle is not None
+            rig.probe.jobs.add(failing.handle.pid)  # the stop raised: it may still run
+            assert rig.walk(how).outcomes == {"failed": 1}
+        rig.controller.result = "stopped"
+        rig.walk(how)
+    assert rig.journal.state(failing.attempt_id) == "consumed"
+    assert [r.getMessage() for r in caplog.records] == [
+        "journal settle of an entry failed: OSError",
+        "journal settle of an entry works again after 5 failure(s)",
+    ]

@@ -33,6 +33,7 @@ from tests.disk import fill, mounted_tmpfs
 from tests.execution.kit import CountingClient, MemorySecrets, define, enqueue
 from tests.storage.helpers import HANDLE
 from tests.storage.retention_kit import DAY_MS, counts, seed
+from tests.storage.test_worker_lease import claimant
 
 REQUEST = LaunchRequest(
     run_id="r",
@@ -356,3 +357,41 @@ def test_a_worker_whose_lease_is_lost_runs_no_retention_pass(
     finally:
         loop.stop()
         keeper.release()
+
+
+# Several hosts need PostgreSQL (docs/several-hosts.md): no SQLite variant to skip.
+@pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+def test_a_vanished_host_pass_that_keeps_failing_is_one_line_then_its_recovery(
+    engine: Engine, db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pass runs after every renewal; failing, it wrote a line each time (360 an hour
+    at the default cadence). A real failing statement: another host's lease has expired and
+    the attempts table it reads is away; then back."""
+    LeaseRepository(engine).take(
+        claimant=claimant(host="host-b"), ttl_ms=1, holder_alive=lambda _lease: True
+    )
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE attempts RENAME TO attempts_away")
+    lost = threading.Event()
+    with caplog.at_level("INFO", logger="app.context.worker_lease"):
+        keeper = LeaseKeeper.take(
+            settings=settings(db_url, tmp_path / "a", ttl_s=5.0, renew_s=0.05), engine=engine,
+            on_lost=lost.set,
+        )  # fmt: skip
+        try:
+            time.sleep(1.5)  # some 30 passes, every one failing
+            failing = [r.getMessage() for r in caplog.records if "vanished-host" in r.getMessage()]
+            with engine.begin() as conn:
+                conn.exec_driver_sql("ALTER TABLE attempts_away RENAME TO attempts")
+            wait_for = time.monotonic() + 5
+            while time.monotonic() < wait_for and not any(
+                "works again" in r.getMessage() for r in caplog.records
+            ):
+                time.sleep(0.05)
+        finally:
+            keeper.release()
+    assert failing == ["vanished-host pass failed: NotMigrated"]  # the table is away
+    said = [r.getMessage() for r in caplog.records if "vanished-host" in r.getMessage()]
+    assert said[0] == failing[0] and len(said) == 2, said
+    assert said[1].startswith("vanished-host pass works again after ")
+    assert not lost.is_set()
