@@ -102,17 +102,7 @@ async def unpin_run(run_id: str, facade: Ctx, _: RunsWriter) -> RunOut:
 
 def _storage_out(r: StorageReport) -> StorageOut:
     f = r.figures
-    last = None
-    if f.last_sweep is not None:
-        s = f.last_sweep
-        last = SweepOut(
-            at_ms=s.at_ms,
-            duration_ms=s.duration_ms,
-            expired_logs=s.expired_logs,
-            finished_expiring=s.finished_expiring,
-            deleted_runs=s.deleted_runs,
-            freed_bytes=s.freed_bytes,
-        )
+    sweeps = [SweepOut.model_validate(s, from_attributes=True) for s in f.sweeps]
     return StorageOut(
         retention_enabled=r.retention_enabled,
         log_bytes=f.log_bytes,
@@ -122,7 +112,8 @@ def _storage_out(r: StorageReport) -> StorageOut:
         free_bytes=r.free_bytes,
         reserve_bytes=r.reserve_bytes,
         total_log_bytes_budget=r.total_log_bytes_budget,
-        last_sweep=last,
+        last_sweep=sweeps[0] if sweeps else None,
+        sweeps=sweeps,
     )
 
 

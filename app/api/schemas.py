@@ -617,6 +617,10 @@ class SweepOut(BaseModel):
     finished_expiring: int
     deleted_runs: int
     freed_bytes: int
+    # With several hosts, whose sweep it was (its lease's instance and host name); null on
+    # one host (SQLite) and for a row an older build wrote.
+    instance_id: str | None = None
+    host: str | None = None
 
 
 class StorageOut(BaseModel):
@@ -629,3 +633,6 @@ class StorageOut(BaseModel):
     reserve_bytes: int
     total_log_bytes_budget: int | None
     last_sweep: SweepOut | None
+    # Each host's last sweep, newest first (one on one host): a host whose sweeps stopped
+    # is the oldest here.
+    sweeps: list[SweepOut]

@@ -30,6 +30,7 @@ from app.storage.tables import (
     runs,
     task_retention,
     task_revisions,
+    worker_leases,
 )
 from app.storage.uow import UnitOfWork
 
@@ -37,12 +38,14 @@ EXPIRING, EXPIRED = "expiring", "expired"
 # Journal states whose attempt needs none of its files any more (docs/retention.md §2).
 _SETTLED = (CONSUMED, SPAWN_FAILED, FENCED)
 _TERMINAL = sorted(str(s) for s in TERMINAL_RUN)
-SWEEPER = "logs"
+SWEEPER = "logs"  # the one row of a single host (SQLite), and of any host before 0013
+_SWEEPS_SHOWN = 64  # hosts whose sweeps GET /system/storage lists, newest first
 
 
 @dataclass(frozen=True, slots=True)
 class SweepRecord:
-    """The last sweep's figures (GET /api/v1/system/storage)."""
+    """A host's last sweep's figures (GET /api/v1/system/storage); ``instance_id`` and
+    ``host`` (as its lease names it) with several hosts, None on SQLite's one host."""
 
     at_ms: int
     duration_ms: int
@@ -52,6 +55,8 @@ class SweepRecord:
     freed_bytes: int
     log_bytes: int
     free_bytes: int | None
+    instance_id: str | None = None
+    host: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +67,14 @@ class StorageFigures:
     logs_kept: int
     logs_expired: int
     runs_kept: int
-    last_sweep: SweepRecord | None
+    # Each host's last sweep, newest first (one on SQLite): a host whose sweeps stopped
+    # shows as the oldest.
+    sweeps: list[SweepRecord]
+
+    @property
+    def last_sweep(self) -> SweepRecord | None:
+        """The newest sweep of any host."""
+        return self.sweeps[0] if self.sweeps else None
 
 
 def _settled(journal_state: Any) -> Any:
@@ -81,6 +93,7 @@ class RetentionRepository:
         # host holds: attempts its instance launched (and those from before migration 0008),
         # and it measures its byte budgets on those same logs (docs/retention.md §1).
         self._own: list[Any] = []
+        self._instance_id = worker_instance_id
         if worker_instance_id is not None:
             self._own = [
                 or_(
@@ -294,27 +307,22 @@ class RetentionRepository:
                 select(func.count()).select_from(attempts).where(a.log_state.is_not(None))
             ).scalar()
             runs_kept = uow.conn.execute(select(func.count()).select_from(runs)).scalar()
-            row = uow.conn.execute(
-                select(retention_sweeps).where(retention_sweeps.c.sweeper == SWEEPER)
-            ).first()
-        last = None
-        if row is not None:
-            last = SweepRecord(
-                at_ms=row.at_ms,
-                duration_ms=row.duration_ms,
-                expired_logs=row.expired_logs,
-                finished_expiring=row.finished_expiring,
-                deleted_runs=row.deleted_runs,
-                freed_bytes=row.freed_bytes,
-                log_bytes=row.log_bytes,
-                free_bytes=row.free_bytes,
-            )
+            rows = uow.conn.execute(
+                select(retention_sweeps, worker_leases.c.host)
+                .select_from(
+                    retention_sweeps.outerjoin(
+                        worker_leases, worker_leases.c.instance_id == retention_sweeps.c.sweeper
+                    )
+                )
+                .order_by(retention_sweeps.c.at_ms.desc(), retention_sweeps.c.sweeper)
+                .limit(_SWEEPS_SHOWN)
+            ).all()
         return StorageFigures(
             log_bytes=int(log_bytes),
             logs_kept=int(kept),
             logs_expired=int(expired or 0),
             runs_kept=int(runs_kept or 0),
-            last_sweep=last,
+            sweeps=[_sweep(row) for row in rows],
         )
 
     def total_log_bytes(self) -> int:
@@ -439,7 +447,9 @@ class RetentionRepository:
         return len(locked)
 
     def record_sweep(self, record: SweepRecord) -> None:
-        """Replace the last sweep's figures."""
+        """Replace this host's last sweep's figures: the row ``logs`` on SQLite's one host,
+        the row of its instance with several (which also drops the row ``logs`` an older
+        build left, one no host owns now)."""
         values = {
             "at_ms": record.at_ms,
             "duration_ms": record.duration_ms,
@@ -451,16 +461,28 @@ class RetentionRepository:
             "free_bytes": record.free_bytes,
         }
         t = retention_sweeps.c
+        sweeper = self._instance_id or SWEEPER
         with UnitOfWork(self._engine) as uow:
+            if sweeper != SWEEPER:
+                uow.conn.execute(delete(retention_sweeps).where(t.sweeper == SWEEPER))
             done = uow.conn.execute(
-                update(retention_sweeps).where(t.sweeper == SWEEPER).values(**values)
+                update(retention_sweeps).where(t.sweeper == sweeper).values(**values)
             )
             if done.rowcount == 0:
                 try:
-                    uow.conn.execute(insert(retention_sweeps).values(sweeper=SWEEPER, **values))
-                except IntegrityError:  # pragma: no cover - one sweeper per database
+                    uow.conn.execute(insert(retention_sweeps).values(sweeper=sweeper, **values))
+                except IntegrityError:  # pragma: no cover - one sweeper per host
                     return
             uow.commit()
+
+
+def _sweep(row: Any) -> SweepRecord:
+    return SweepRecord(
+        at_ms=row.at_ms, duration_ms=row.duration_ms, expired_logs=row.expired_logs,
+        finished_expiring=row.finished_expiring, deleted_runs=row.deleted_runs,
+        freed_bytes=row.freed_bytes, log_bytes=row.log_bytes, free_bytes=row.free_bytes,
+        instance_id=None if row.sweeper == SWEEPER else row.sweeper, host=row.host,
+    )  # fmt: skip
 
 
 def _nth_newest(conn: Any, task: str, n: int) -> str | None:

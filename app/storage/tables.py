@@ -352,7 +352,8 @@ schedule_decisions = Table(
 )
 
 # Retention (docs/retention.md): a task's own policy fields (NULL: the global value), and the
-# last sweep's figures (one row per sweeper, ``logs``), read by GET /api/v1/system/storage.
+# last sweep's figures (one row per sweeper: ``logs`` on SQLite's one host, each host's
+# instance id with several, migration 0013), read by GET /api/v1/system/storage.
 task_retention = Table(
     "task_retention",
     metadata,
@@ -367,7 +368,7 @@ task_retention = Table(
 retention_sweeps = Table(
     "retention_sweeps",
     metadata,
-    Column("sweeper", String(16), primary_key=True),
+    Column("sweeper", String(40), primary_key=True),
     Column("at_ms", MS, nullable=False),
     Column("duration_ms", MS, nullable=False),
     Column("expired_logs", Integer, nullable=False),

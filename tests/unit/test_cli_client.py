@@ -660,6 +660,14 @@ def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:
     storage = {"retention_enabled": False, "log_bytes": 0, "free_bytes": None, "last_sweep": None}
     text = render.storage_fields(storage)
     assert "retention:    off" in text and "free:         -" in text and "none yet" in text
+    sweep = {"at_ms": 0, "duration_ms": 4, "expired_logs": 1, "deleted_runs": 0,
+             "freed_bytes": 10}  # fmt: skip
+    hosts = [sweep | {"host": "h2", "instance_id": "i2"}, sweep | {"host": None, "instance_id": "i1"}]
+    text = render.storage_fields(storage | {"last_sweep": hosts[0], "sweeps": hosts}, tz=UTC)
+    assert "sweep of h2: 1970-01-01 00:00:00 in 4 ms: 1 logs expired" in " ".join(text.split())
+    assert "sweep of i1:" in text and "last sweep" not in text  # each host, the stopped one too
+    one = render.storage_fields(storage | {"last_sweep": hosts[0], "sweeps": hosts[:1]}, tz=UTC)
+    assert "(host h2)" in one and "last sweep" in one
     policy = {"task": "t", "override": {"keep_runs": 2},
               "effective": {"keep_runs": 2, "keep_days": 30, "keep_rows": 9}}  # fmt: skip
     events = [{"seq": 1, "type": "attempt.failed", "at_ms": 0, "data": {"exit_code": 3}}]

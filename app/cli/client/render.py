@@ -455,16 +455,19 @@ def storage_fields(storage: Mapping[str, Any], *, tz: tzinfo | None = None) -> s
         ("free", size(storage.get("free_bytes"))),
         ("reserve", size(storage.get("reserve_bytes"))),
     ]
-    if sweep:
-        pairs.append(
-            (
-                "last sweep",
-                f"{when(sweep['at_ms'], tz=tz)} in {sweep['duration_ms']} ms: "
-                f"{sweep['expired_logs']} logs expired, {sweep['deleted_runs']} runs deleted, "
-                f"{size(sweep['freed_bytes'])} freed",
-            )
-        )
-    else:
+    # Each host's last sweep with several hosts (a host whose sweeps stopped is the oldest
+    # line); an older server sends ``last_sweep`` alone.
+    sweeps = storage.get("sweeps") or ([sweep] if sweep else [])
+    for one in sweeps:
+        what = f"{when(one['at_ms'], tz=tz)} in {one['duration_ms']} ms: "
+        what += f"{one['expired_logs']} logs expired, {one['deleted_runs']} runs deleted, "
+        what += f"{size(one['freed_bytes'])} freed"
+        host = one.get("host") or one.get("instance_id")
+        if len(sweeps) == 1:
+            pairs.append(("last sweep", what + (f" (host {safe(host)})" if host else "")))
+        else:
+            pairs.append((f"sweep of {safe(host or 'an older build')}", what))
+    if not sweeps:
         pairs.append(("last sweep", "none yet"))
     return fields(pairs)
 
