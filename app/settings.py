@@ -19,6 +19,13 @@ DEFAULT_JOB_UMASK = 0o077
 # Per-job HOMEs go where every user may create a directory (sticky, world-writable); each
 # name carries 48 random bits and is created with mkdir by the job user (docs/job-user.md).
 JOB_HOME_ROOT = Path("/tmp")  # noqa: S108
+# QL_JOB_MAX_PROCESSES's default: processes (and threads) a job may have at once, by its
+# cgroup's pids.max, else per job user by RLIMIT_NPROC (docs/job-user.md, "Process limit").
+DEFAULT_JOB_MAX_PROCESSES = 4096
+# At least the job and one child (the shim's fallback way into the cgroup counts itself too).
+JOB_MAX_PROCESSES_LEAST = 2
+# pid_max's ceiling on 64-bit Linux: more is no limit at all.
+JOB_MAX_PROCESSES_MOST = 4_194_304
 HTTP_PARSERS = ("httptools", "h11")
 
 
@@ -77,6 +84,27 @@ def job_umask_from_env(env: Mapping[str, str]) -> int:
         raise ValueError(f"QL_JOB_UMASK must be an octal umask such as 077, not {raw!r}") from None
     if not 0 <= value <= 0o777:
         raise ValueError(f"QL_JOB_UMASK must be between 000 and 777, not {raw}")
+    return value
+
+
+def job_max_processes_from_env(env: Mapping[str, str]) -> int | None:
+    """``QL_JOB_MAX_PROCESSES``: a whole number, or ``off`` (None: no limit)."""
+    raw = (env.get("QL_JOB_MAX_PROCESSES") or "").strip()
+    if not raw:
+        return DEFAULT_JOB_MAX_PROCESSES
+    if raw.lower() == "off":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"QL_JOB_MAX_PROCESSES must be a whole number or off, not {raw!r}"
+        ) from None
+    if not JOB_MAX_PROCESSES_LEAST <= value <= JOB_MAX_PROCESSES_MOST:
+        raise ValueError(
+            f"QL_JOB_MAX_PROCESSES must be between {JOB_MAX_PROCESSES_LEAST} and "
+            f"{JOB_MAX_PROCESSES_MOST}, or off, not {raw}"
+        )
     return value
 
 
@@ -285,6 +313,8 @@ class Settings:
     # (app/worker/cgroups.py, docs/leftovers.md).
     cgroup_root: str = "auto"
     job: JobUserSettings = field(default_factory=JobUserSettings)
+    # QL_JOB_MAX_PROCESSES (None: off); how it is enforced: app/worker/process_limit.py.
+    job_max_processes: int | None = DEFAULT_JOB_MAX_PROCESSES
     http: HttpLimits = HttpLimits()
     # QL_MAX_RUNNING (None: the profile's max_running) and QL_MAX_QUEUED
     # (docs/concurrency-budgets.md).
@@ -331,6 +361,7 @@ class Settings:
             lease_renew_s=renew,
             cgroup_root=env.get("QL_CGROUP_ROOT") or "auto",
             job=JobUserSettings.from_env(env),
+            job_max_processes=job_max_processes_from_env(env),
             http=HttpLimits.from_env(env),
             max_running_override=max_running,
             max_queued=_bounded_count(env, "QL_MAX_QUEUED", MAX_QUEUED, MAX_QUEUED_LIMIT),

@@ -28,12 +28,13 @@ from app.storage.migrate import current_revision, head_revision, not_migrated
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.worker.cgroups import CgroupRoot, detect
+from app.worker.cgroups import CgroupRoot, detect, pids_problem
 from app.worker.job_user import JobPolicy, job_policy
 from app.worker.launcher import IdentityController, ShimLauncher
 from app.worker.log_facts import LogFacts
 from app.worker.log_retention import LogSweep, RetentionLoop
 from app.worker.probe import HandleProbe
+from app.worker.process_limit import describe as describe_process_limit
 from app.worker.receipts import ReceiptStore
 from app.worker.server import ControlServer
 from app.worker.watcher import ShimWatcher
@@ -115,9 +116,14 @@ class WorkerProcess:
                 lanes=_parallel_lanes(engine),
             )
             self._cgroup_root = detect(s.cgroup_root)
+            level, line = describe_process_limit(
+                s.job_max_processes, pids_problem(self._cgroup_root), policy
+            )
+            log.log(level, "%s", line)
             launcher = ShimLauncher(
                 journal=journal, receipts=receipts, on_spawned=watcher.add, mode=s.shim_mode,
                 cgroup_root=self._cgroup_root, job_policy=policy, running=runs,
+                max_processes=s.job_max_processes,
             )  # fmt: skip
             server = ControlServer(
                 path=s.socket_path,

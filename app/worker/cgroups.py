@@ -141,6 +141,29 @@ def detect(setting: str) -> CgroupRoot | None:
     return CgroupRoot(Path(os.path.realpath(candidate)))
 
 
+def pids_problem(root: CgroupRoot | None) -> str | None:
+    """Why the job cgroups under ``root`` have no ``pids.max``, or None when they have one.
+
+    A child cgroup gets the pids controller's files only when its parent lists ``pids`` in
+    ``cgroup.subtree_control``. Read, never changed: enabling a controller is the host's call
+    (and a root that holds processes, as the worker's own cgroup does, cannot enable one)."""
+    if root is None:
+        return "no job cgroups"
+    try:
+        enabled = (root.path / "cgroup.subtree_control").read_text().split()
+    except OSError as exc:
+        return f"cannot read {root.path}/cgroup.subtree_control ({os.strerror(exc.errno or 0)})"
+    if "pids" in enabled:
+        return None
+    try:
+        available = (root.path / "cgroup.controllers").read_text().split()
+    except OSError:
+        available = []
+    if "pids" in available:
+        return f"pids not enabled in {root.path}/cgroup.subtree_control"
+    return f"no pids controller in {root.path}/cgroup.controllers"
+
+
 def _populated(path: Path) -> bool:
     """True while any process lives in ``path`` (FileNotFoundError once it was removed).
 

@@ -144,10 +144,12 @@ class ShimLauncher:
         cgroup_root: CgroupRoot | None = None,
         job_policy: JobPolicy | None = None,
         running: RunningRecorder | None = None,
+        max_processes: int | None = None,
     ) -> None:
         """Settings arrive explicitly from the worker's composition root (``Settings``):
         ``mode`` is QL_SHIM_MODE, ``job_policy`` the checked QL_JOB_USER* (None: jobs run as
-        the service's user); nothing here reads the environment."""
+        the service's user), ``max_processes`` QL_JOB_MAX_PROCESSES (None: off); nothing here
+        reads the environment."""
         self._journal = journal
         self._running = running  # None: the journal entry alone; the caller writes T2
         self._receipts = receipts
@@ -169,6 +171,7 @@ class ShimLauncher:
         self._spec_extra = dict(spec_extra or {})  # test hook: e.g. the shim's test_hook
         self._cgroup_root = cgroup_root  # None: leftovers are stopped by process tree only
         self._job_policy = job_policy
+        self._max_processes = max_processes
 
     def launch(self, request: LaunchRequest) -> ProcessHandle:
         """Start the attempt once and return its durable handle, or raise LaunchFailed."""
@@ -266,6 +269,7 @@ class ShimLauncher:
             "receipt_name": receipt_name(request.attempt_id),
             "cgroup_root": None if self._cgroup_root is None else str(self._cgroup_root.path),
             **({} if job is None else {"job": job}),
+            **({} if self._max_processes is None else {"max_processes": self._max_processes}),
             **self._spec_extra,
         }
         return json.dumps(spec, separators=(",", ":")).encode("utf-8")

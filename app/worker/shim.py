@@ -69,6 +69,7 @@ CLONE3_MACHINES = ("x86_64", "aarch64")
 CLONE_INTO_CGROUP = 0x200000000
 _CLONE_ARGS_WORDS = 11  # struct clone_args up to .cgroup (CLONE_ARGS_SIZE_VER2, 88 bytes)
 LEFTOVERS = ("kill", "keep")
+MAX_PROCESSES_MOST = 4_194_304  # pid_max's ceiling (the worker's setting allows no more)
 HOOK_EXIT_CODE = 70
 _SPEC_KEYS = frozenset(
     {
@@ -196,9 +197,13 @@ def _validate(spec: object) -> dict[str, Any]:
         raise ShimError("SPEC_INVALID")
     keys = set(spec)
     hook = spec.get("test_hook")
-    if keys - {"test_hook", "job"} != _SPEC_KEYS or (hook is not None and hook not in TEST_HOOKS):
+    optional = {"test_hook", "job", "max_processes"}
+    if keys - optional != _SPEC_KEYS or (hook is not None and hook not in TEST_HOOKS):
         raise ShimError("SPEC_INVALID")
     if not _valid_job(spec.get("job")):
+        raise ShimError("SPEC_INVALID")
+    most = spec.get("max_processes")
+    if most is not None and not (_is_int(most) and 1 <= most <= MAX_PROCESSES_MOST):
         raise ShimError("SPEC_INVALID")
     argv, env, cwd = spec["argv"], spec["env"], spec["cwd"]
     ok = (
@@ -467,6 +472,58 @@ def _become(job: dict[str, Any]) -> None:
     _drop_capabilities()
 
 
+_SETRLIMIT: list[Any] = []  # like prctl: resolved once, in the zygote before it forks
+
+
+def _setrlimit() -> Any:
+    """``resource``'s (getrlimit, setrlimit, RLIMIT_NPROC), or None where it cannot be had.
+    Imported only by a shim that lowers a job's limit, or once by the zygote."""
+    if not _SETRLIMIT:
+        try:
+            import resource
+
+            _SETRLIMIT.append((resource.getrlimit, resource.setrlimit, resource.RLIMIT_NPROC))
+        except (ImportError, AttributeError):
+            _SETRLIMIT.append(None)
+    return _SETRLIMIT[0]
+
+
+def _limit_nproc(most: int) -> None:
+    """In the job, after the switch to the job user: at most ``most`` processes and threads
+    of that user (soft and hard, never above the inherited hard limit). The kernel counts
+    every process of the real uid, across that user's jobs; refused forks get EAGAIN."""
+    calls = _setrlimit()
+    if calls is None:
+        raise OSError(errno.ENOSYS, "no setrlimit")
+    getrlimit, setrlimit, which = calls
+    _soft, hard = getrlimit(which)
+    if hard >= 0:  # RLIM_INFINITY is -1 here
+        most = min(most, hard)
+    setrlimit(which, (most, most))
+
+
+def _limit_pids(cgroup: str, most: int | None) -> bool:
+    """Write ``most`` into the job cgroup's ``pids.max``; False when there is none (the pids
+    controller is not enabled for job cgroups) or the write is refused."""
+    if most is None:
+        return False
+    try:
+        _cgroup_write(cgroup + "/pids.max", str(most).encode("ascii"))
+    except OSError:
+        return False
+    return True
+
+
+def _nproc(spec: dict[str, Any], pids_held: bool) -> int | None:
+    """The RLIMIT_NPROC to set in the job: the spec's limit when its cgroup's pids.max does
+    not hold it and the job runs as a job user (never the shim's own user: the limit would
+    count the service's processes too); else None."""
+    if pids_held or spec.get("job") is None:
+        return None
+    most: int | None = spec.get("max_processes")
+    return most
+
+
 def _set_subreaper() -> None:
     prctl = _prctl()
     if prctl is not None:
@@ -487,9 +544,11 @@ def _resolve(argv0: str, env: dict[str, str]) -> str:
     raise ShimError("EXEC_FAILED", 2)  # ENOENT
 
 
-def _spawn(spec: dict[str, Any], write_fd: int, home: str | None = None) -> int:
+def _spawn(
+    spec: dict[str, Any], write_fd: int, home: str | None = None, nproc: int | None = None
+) -> int:
     if spec.get("job") is not None:  # fork, switch to the job user, exec
-        return _fork_exec(spec, write_fd, home, os.fork)
+        return _fork_exec(spec, write_fd, home, os.fork, nproc)
     cwd = spec["cwd"] or "/"
     try:
         os.chdir(cwd)
@@ -519,7 +578,9 @@ def _spawn(spec: dict[str, Any], write_fd: int, home: str | None = None) -> int:
         os.chdir("/")
 
 
-def _spawn_into(spec: dict[str, Any], write_fd: int, home: str | None, cgroup: str) -> int | None:
+def _spawn_into(
+    spec: dict[str, Any], write_fd: int, home: str | None, cgroup: str, nproc: int | None = None
+) -> int | None:
     """Start the job born in ``cgroup`` by clone3(CLONE_INTO_CGROUP), the shim staying where
     it is; None when that cannot be had here (the caller migrates the shim instead)."""
     fork_into = _clone3()
@@ -530,7 +591,7 @@ def _spawn_into(spec: dict[str, Any], write_fd: int, home: str | None, cgroup: s
     except OSError:
         return None
     try:
-        return _fork_exec(spec, write_fd, home, lambda: fork_into(dir_fd))
+        return _fork_exec(spec, write_fd, home, lambda: fork_into(dir_fd), nproc)
     except _Clone3Refused:
         return None
     finally:
@@ -565,7 +626,11 @@ def _kept_by_exec() -> list[int]:
 
 
 def _fork_exec(
-    spec: dict[str, Any], write_fd: int, home: str | None, fork: Callable[[], int]
+    spec: dict[str, Any],
+    write_fd: int,
+    home: str | None,
+    fork: Callable[[], int],
+    nproc: int | None = None,
 ) -> int:
     """Start the job with ``fork`` (``os.fork`` or clone3 into the job's cgroup) and ``execve``;
     a failure before ``execve`` comes back on a close-on-exec pipe as "CODE errno" (EOF alone
@@ -574,10 +639,15 @@ def _fork_exec(
     The same file actions as ``posix_spawn`` (stdin /dev/null, stdout and stderr the pipe,
     own process group, default signals, empty mask, ``cwd``, the executable looked up in the
     job env's PATH). With a job user, also: identity, umask, the job's HOME created as the job
-    user, ``cwd`` and the lookup as the job user. The child runs only the statements below
-    (the shim is single-threaded) and always ends in ``execve`` or ``os._exit``.
+    user, ``cwd`` and the lookup as the job user; with ``nproc``, RLIMIT_NPROC lowered after
+    the switch (set before it, the switch itself would mark a user already at the limit and
+    its ``execve`` would fail: the job must start and see its forks refused instead). The
+    child runs only the statements below (the shim is single-threaded) and always ends in
+    ``execve`` or ``os._exit``.
     """
     job = spec.get("job")
+    if nproc is not None:
+        _setrlimit()  # the import happens here, in the shim, never in the forked child
     env = _job_env(spec, home)
     resets = _kept_by_exec()
     err_r, err_w = os.pipe()
@@ -607,6 +677,8 @@ def _fork_exec(
                     pass  # signals the C library keeps for itself
             if job is not None:
                 _become(job)
+                if nproc is not None:
+                    _limit_nproc(nproc)
                 os.umask(job["umask"])
                 if home is not None and env.get("HOME") == home:
                     code = "HOME_FAILED"
@@ -1285,15 +1357,22 @@ def _run_shim(
         read_fd, write_fd = os.pipe()  # both close-on-exec; the job gets dup2 copies
         started_at_ms = _now_ms()
         cgroup = _make_cgroup(spec)
+        # The process limit: the job cgroup's pids.max where it can hold it, else RLIMIT_NPROC
+        # for a job user (app/worker/process_limit.py).
+        pids_held = cgroup is not None and _limit_pids(cgroup, spec.get("max_processes"))
         home = _job_home(spec)
         moved = False  # the shim went into the job's cgroup (the fallback) and must leave
         try:
-            job_pid = None if cgroup is None else _spawn_into(spec, write_fd, home, cgroup)
+            job_pid = (
+                None
+                if cgroup is None
+                else _spawn_into(spec, write_fd, home, cgroup, _nproc(spec, pids_held))
+            )
             if job_pid is None:
                 if cgroup is not None and not _enter_cgroup(cgroup):
-                    cgroup = None
+                    cgroup, pids_held = None, False
                 moved = cgroup is not None
-                job_pid = _spawn(spec, write_fd, home)
+                job_pid = _spawn(spec, write_fd, home, _nproc(spec, pids_held))
         except ShimError:
             if cgroup is not None and (not moved or _leave_cgroup(spec)):
                 _remove_cgroup(cgroup)
@@ -1612,7 +1691,7 @@ def serve(args: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's signals are for the worker
         signal.signal(sig, signal.SIG_IGN)
     _mark_cloexec()
-    _prctl(), _capset(), _clone3(), _boot_id()  # once here instead of in every forked shim
+    _prctl(), _capset(), _clone3(), _setrlimit(), _boot_id()  # once, not in every forked shim
 
     def spare_now() -> _Spare | None:
         return _new_spare(sock, _socket.AF_UNIX, _socket.SOCK_STREAM, rights, space, flags, root)

@@ -352,6 +352,10 @@ def test_log_symlink_is_refused(tmp_path: Path, launched: Launched) -> None:
         lambda s: json.dumps({**s, "receipt_name": "../x.json"}).encode(),
         lambda s: json.dumps({**s, "cwd": "relative"}).encode(),
         lambda s: json.dumps({**s, "test_hook": "nope"}).encode(),
+        lambda s: json.dumps({**s, "max_processes": 0}).encode(),
+        lambda s: json.dumps({**s, "max_processes": True}).encode(),
+        lambda s: json.dumps({**s, "max_processes": "10"}).encode(),
+        lambda s: json.dumps({**s, "max_processes": 4_194_305}).encode(),
     ],
 )
 def test_spec_invalid(tmp_path: Path, launched: Launched, mutate: Any) -> None:

@@ -1,0 +1,206 @@
+"""A job's process limit (``max_processes`` in the spec, QL_JOB_MAX_PROCESSES; docs/job-user.md
+"Process limit"), against the real shim with real processes.
+
+The job is a small Python program that tries to start 50 ``sleep`` children with a limit of
+10, counts the forks refused and why, and exits 7 without waiting. Run as the job user
+(``nobody``, tests/jobuser.py) the forks beyond the limit are refused with EAGAIN, by its
+cgroup's ``pids.max`` where this host enables the pids controller for job cgroups, else by
+RLIMIT_NPROC; the job still ends with its own exit status, and every child it did start is
+killed as a leftover. Each way in runs: clone3 into the job's cgroup, the fallback that moves
+the shim (``no_clone3``), no cgroup at all, and through the zygote. Every ``sleep`` carries a
+marker in its argv: at the end none may be alive (any found is killed by exact identity and
+the test fails).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.worker import cgroups
+from app.worker.identity import read_identity
+from app.worker.launcher import shim_argv
+from app.worker.zygote import Zygote
+from tests.integration.conftest import Launched
+from tests.integration.kit import (
+    DEADLINE,
+    SHIM,
+    make_spec,
+    receipt_path,
+    wait_shim_done,
+    zlaunch,
+)
+from tests.integration.test_shim import launch
+from tests.jobuser import JOB_UID, job_user_or_skip, reachable_dir
+from tests.worker.kit import kill_exact
+
+LIMIT = 10
+TRIES = 50
+EXIT = 7
+_JOB = f"""
+import errno, os, sys
+started = refused = other = 0
+for _ in range({TRIES}):
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        refused += 1
+        other += exc.errno != errno.EAGAIN
+        continue
+    if pid == 0:
+        try:
+            os.execv("/bin/sleep", ["sleep", sys.argv[1]])
+        finally:
+            os._exit(127)
+    started += 1
+print(f"started={{started}} refused={{refused}} other={{other}}", flush=True)
+sys.exit({EXIT})
+"""
+
+
+def _python() -> str:
+    """A Python the job user may run (the suite's own may live under root's 0700 home)."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no /usr/bin/python3 for the job")
+    return python
+
+
+def _marked(marker: str) -> list[tuple[int, int]]:
+    """(pid, start ticks) of every live process whose argv holds ``marker``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ident = read_identity(int(name))
+        if marker.encode() in argv and ident is not None:
+            found.append((int(name), ident.start_ticks))
+    return found
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A unique ``sleep`` duration; whatever still runs with it at the end is killed."""
+    value = f"{3000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    try:
+        yield value
+    finally:
+        left = _marked(value)
+        for pid, ticks in left:
+            kill_exact(pid, ticks)
+        assert not left, f"{len(left)} children of the job outlived it"
+
+
+@pytest.fixture
+def zygote() -> Iterator[Zygote]:
+    server = Zygote(argv=shim_argv(shim_path=SHIM), reply_timeout_s=DEADLINE)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _net(way: str) -> dict[str, Any]:
+    if way == "tree":
+        return {"cgroup_root": None}
+    root = cgroups.detect(cgroups.AUTO)
+    if root is None:
+        pytest.skip("no writable cgroup v2 hierarchy here: only the process-tree path runs")
+    return {
+        "cgroup_root": str(root.path),
+        **({"test_hook": "no_clone3"} if way == "migrate" else {}),
+    }
+
+
+def _run(
+    tmp_path: Path, launched: Launched, marker: str, start: Any, **over: Any
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """Run the job to its receipt; (receipt, the job's own counts)."""
+    with reachable_dir() as work:
+        spec = make_spec(
+            tmp_path, [_python(), "-I", "-S", "-c", _JOB, marker], cwd=str(work), **over
+        )
+        status = start(spec)
+        assert status["ok"] is True, status
+        if status["cgroup"] is not None:
+            launched.track_cgroup(status["cgroup"])
+        wait_shim_done(status)
+    receipt = json.loads(receipt_path(spec).read_bytes())
+    out = Path(spec["log_path"]).read_text()
+    counts = {k: int(v) for k, v in (field.split("=") for field in out.split())}
+    if status["cgroup"] is not None:
+        assert not (Path(spec["cgroup_root"]) / status["cgroup"]).exists()
+    return receipt, counts
+
+
+_JOB_USER = {"uid": JOB_UID, "gid": JOB_UID, "umask": 0o077, "home": None, "home_root": "/tmp"}
+
+
+@pytest.mark.parametrize("way", ["clone3", "migrate", "tree", "zygote"])
+def test_a_job_user_job_past_its_limit_sees_forks_refused_and_ends_with_its_own_status(
+    tmp_path: Path, launched: Launched, marker: str, zygote: Zygote, way: str
+) -> None:
+    job_user_or_skip()
+    start = (
+        (lambda spec: zlaunch(zygote, spec, launched))
+        if way == "zygote"
+        else (lambda spec: launch(spec, launched))
+    )
+    net = _net("clone3" if way == "zygote" else way)
+    receipt, counts = _run(
+        tmp_path, launched, marker, start, job=_JOB_USER, max_processes=LIMIT, **net
+    )
+    assert receipt["exitCode"] == EXIT and "signal" not in receipt
+    # The job itself is one of the LIMIT (and, by RLIMIT_NPROC, so is any other process of
+    # the job user on this host): at most LIMIT - 1 children, the rest refused with EAGAIN.
+    assert counts["started"] + counts["refused"] == TRIES, counts
+    assert counts["started"] <= LIMIT - 1 and counts["refused"] >= TRIES - LIMIT + 1, counts
+    assert counts["other"] == 0, counts
+    assert receipt["leftoversStopped"] == counts["started"]  # every child it did start: killed
+
+
+def test_without_a_limit_the_same_job_starts_every_child(
+    tmp_path: Path, launched: Launched, marker: str
+) -> None:
+    """The control: the refusals above come from the limit, not from the host."""
+    job_user_or_skip()
+    receipt, counts = _run(
+        tmp_path, launched, marker, lambda spec: launch(spec, launched), job=_JOB_USER,
+        cgroup_root=None,
+    )  # fmt: skip
+    assert receipt["exitCode"] == EXIT
+    assert counts == {"started": TRIES, "refused": 0, "other": 0}
+    assert receipt["leftoversStopped"] == TRIES
+
+
+@pytest.mark.parametrize("way", ["clone3", "tree"])
+def test_a_job_of_the_shims_own_user_is_limited_only_by_its_cgroups_pids_max(
+    tmp_path: Path, launched: Launched, marker: str, way: str
+) -> None:
+    """RLIMIT_NPROC is never set for the service's own user (it would count the service's
+    processes too): without pids.max for its cgroup such a job has no limit, as the worker's
+    start line warns (app/worker/process_limit.py)."""
+    net = _net(way)
+    root = None if net["cgroup_root"] is None else cgroups.CgroupRoot(Path(net["cgroup_root"]))
+    held = cgroups.pids_problem(root) is None
+    receipt, counts = _run(
+        tmp_path, launched, marker, lambda spec: launch(spec, launched), max_processes=LIMIT,
+        **net,
+    )  # fmt: skip
+    assert receipt["exitCode"] == EXIT
+    if held:
+        assert counts["started"] <= LIMIT - 1 and counts["other"] == 0, counts
+    else:
+        assert counts == {"started": TRIES, "refused": 0, "other": 0}
+    assert receipt["leftoversStopped"] == counts["started"]
