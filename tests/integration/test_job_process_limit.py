@@ -15,9 +15,6 @@ the test fails).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +22,6 @@ from typing import Any
 import pytest
 
 from app.worker import cgroups
-from app.worker.identity import read_identity
 from app.worker.launcher import shim_argv
 from app.worker.zygote import Zygote
 from tests.integration.conftest import Launched
@@ -39,67 +35,13 @@ from tests.integration.kit import (
 )
 from tests.integration.test_shim import launch
 from tests.jobuser import JOB_UID, job_user_or_skip, reachable_dir
-from tests.worker.kit import kill_exact
-
-LIMIT = 10
-TRIES = 50
-EXIT = 7
-_JOB = f"""
-import errno, os, sys
-started = refused = other = 0
-for _ in range({TRIES}):
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        refused += 1
-        other += exc.errno != errno.EAGAIN
-        continue
-    if pid == 0:
-        try:
-            os.execv("/bin/sleep", ["sleep", sys.argv[1]])
-        finally:
-            os._exit(127)
-    started += 1
-print(f"started={{started}} refused={{refused}} other={{other}}", flush=True)
-sys.exit({EXIT})
-"""
-
-
-def _python() -> str:
-    """A Python the job user may run (the suite's own may live under root's 0700 home)."""
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    if python is None:
-        pytest.skip("no /usr/bin/python3 for the job")
-    return python
-
-
-def _marked(marker: str) -> list[tuple[int, int]]:
-    """(pid, start ticks) of every live process whose argv holds ``marker``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ident = read_identity(int(name))
-        if marker.encode() in argv and ident is not None:
-            found.append((int(name), ident.start_ticks))
-    return found
+from tests.kit.fork_bomb import EXIT, JOB, LIMIT, TRIES, job_counts, no_survivors, python_for_job
 
 
 @pytest.fixture
 def marker() -> Iterator[str]:
-    """A unique ``sleep`` duration; whatever still runs with it at the end is killed."""
-    value = f"{3000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06d}"
-    try:
+    with no_survivors() as value:
         yield value
-    finally:
-        left = _marked(value)
-        for pid, ticks in left:
-            kill_exact(pid, ticks)
-        assert not left, f"{len(left)} children of the job outlived it"
 
 
 @pytest.fixture
@@ -129,7 +71,7 @@ def _run(
     """Run the job to its receipt; (receipt, the job's own counts)."""
     with reachable_dir() as work:
         spec = make_spec(
-            tmp_path, [_python(), "-I", "-S", "-c", _JOB, marker], cwd=str(work), **over
+            tmp_path, [python_for_job(), "-I", "-S", "-c", JOB, marker], cwd=str(work), **over
         )
         status = start(spec)
         assert status["ok"] is True, status
@@ -138,10 +80,9 @@ def _run(
         wait_shim_done(status)
     receipt = json.loads(receipt_path(spec).read_bytes())
     out = Path(spec["log_path"]).read_text()
-    counts = {k: int(v) for k, v in (field.split("=") for field in out.split())}
     if status["cgroup"] is not None:
         assert not (Path(spec["cgroup_root"]) / status["cgroup"]).exists()
-    return receipt, counts
+    return receipt, job_counts(out)
 
 
 _JOB_USER = {"uid": JOB_UID, "gid": JOB_UID, "umask": 0o077, "home": None, "home_root": "/tmp"}
