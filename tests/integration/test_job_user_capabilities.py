@@ -5,7 +5,8 @@ Real processes: the one-shot shim runs as ``nobody`` under ``setpriv`` with exac
 ambient capabilities, the bounding set cut to them and ``no_new_privs`` (as systemd's
 ``AmbientCapabilities=`` with ``NoNewPrivileges=yes`` does), and starts a job as ``daemon``.
 Without the shim clearing its ambient and inheritable sets, the job would inherit
-CAP_SETUID through ``execve`` and could switch back to the service's user.
+CAP_SETUID through ``execve`` and could switch back to the service's user. The process limit
+(docs/job-user.md "Process limit") is lowered there too, by a shim without CAP_SYS_RESOURCE.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ CAPS = "-all,+setuid,+setgid,+kill"
 SCRIPT = (
     "id -u; grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status; "
     f"setpriv --reuid={JOB_UID} true 2>/dev/null && echo SWITCHED-BACK; "
-    'kill -0 "$PPID" 2>/dev/null && echo SIGNALLED-SHIM; exit 5'
+    'kill -0 "$PPID" 2>/dev/null && echo SIGNALLED-SHIM; '
+    "grep '^Max processes' /proc/self/limits; exit 5"
 )
 
 
@@ -47,7 +49,7 @@ def test_a_job_started_by_a_capable_unprivileged_shim_keeps_no_capability() -> N
         spec = make_spec(
             work, ["/bin/sh", "-c", SCRIPT], cwd="/",
             job={"uid": target.pw_uid, "gid": target.pw_gid, "umask": 0o077, "home": None,
-                 "home_root": "/tmp"},
+                 "home_root": "/tmp"}, max_processes=10,
         )  # fmt: skip
         for path in [work, *work.rglob("*")]:
             os.chown(path, JOB_UID, JOB_UID)
@@ -74,3 +76,4 @@ def test_a_job_started_by_a_capable_unprivileged_shim_keeps_no_capability() -> N
     caps = dict(line.split(":\t") for line in lines[1:5])
     assert caps == {k: "0000000000000000" for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")}
     assert "SWITCHED-BACK" not in out and "SIGNALLED-SHIM" not in out, out
+    assert lines[-1].split()[2:] == ["10", "10", "processes"], out  # RLIMIT_NPROC, soft and hard
