@@ -1,6 +1,6 @@
-"""Pure ASGI guard: one body framing (400), body limit (413), UTF-8 bodies, a bare 500; and,
-outside CORS, ``Connection: close`` on every response of a retiring process
-(``RetiringClose``, app/api/retirement.py).
+"""Pure ASGI guard: one body framing (400), body limit (413), no content coding (415), UTF-8
+bodies, a bare 500; and, outside CORS, ``Connection: close`` on every response of a retiring
+process (``RetiringClose``, app/api/retirement.py).
 
 Bodies are refused from ``Content-Length`` before any byte is read, or while streaming as
 soon as the count passes the limit: the app never sees more than ``max_body`` bytes. A body
@@ -13,6 +13,7 @@ Requests without a body (GET, SSE follows) pass straight through with the origin
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from app.api.problems import (
     PAYLOAD_TOO_LARGE,
     PROBLEM_MEDIA_TYPE,
     STORAGE_RETRY_AFTER_S,
+    UNSUPPORTED_MEDIA_TYPE,
     ApiProblem,
     problem_bytes,
     storage_unavailable,
@@ -138,6 +140,18 @@ class GuardMiddleware:
                 return None
             if declared == 0:
                 return _replay(b"", receive)
+        coding = _content_coding(scope)
+        if coding is not None:
+            # The service decodes no coding: read as plain bytes, a coded body is not the one
+            # a proxy or WAF that decodes it judged. Refused from the head alone, before a
+            # byte is read, then closed; Accept-Encoding says what is taken (RFC 9110 §15.5.16).
+            said = (
+                f"the body's Content-Encoding{coding} is not accepted: send it uncoded "
+                "(identity is the only content coding taken)"
+            )
+            accept = {"Accept-Encoding": "identity"}
+            await _problem(send, 415, UNSUPPORTED_MEDIA_TYPE, said, headers=accept)
+            return None
         try:
             refusal = await _unauthenticated(scope)
         except StorageUnavailable as exc:
@@ -175,6 +189,23 @@ class GuardMiddleware:
                 await _problem(send, 400, MALFORMED_JSON, "the body is not valid UTF-8")
                 return None
         return _replay(bytes(body), receive)
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}")  # a coding's name (RFC 9110 §5.6.2)
+
+
+def _content_coding(scope: Scope) -> str | None:
+    """The first coding other than ``identity`` a request's ``Content-Encoding`` names, as the
+    detail quotes it (`` "gzip"``; empty if it is not a plain token, never echoed), or None
+    when its lines name only ``identity`` or there are none (lines are one list)."""
+    for key, value in scope.get("headers", []):
+        if key.lower() != b"content-encoding":
+            continue
+        for item in value.decode("latin-1").split(","):
+            coding = item.strip()
+            if coding and coding.lower() != "identity":
+                return f' "{coding}"' if _TOKEN.fullmatch(coding) else ""
+    return None
 
 
 async def _unauthenticated(scope: Scope) -> ApiProblem | None:

@@ -51,7 +51,10 @@ _DESCRIPTIONS = {
     404: "no such resource",
     409: "conflicts with what is stored",
     413: "body over 1 MiB (PAYLOAD_TOO_LARGE)",
-    415: "a body sent with a Content-Type other than JSON (UNSUPPORTED_MEDIA_TYPE)",
+    415: (
+        "a body sent with a Content-Type other than JSON, or with a Content-Encoding other "
+        "than identity (UNSUPPORTED_MEDIA_TYPE)"
+    ),
     412: "If-Match names another version (PRECONDITION_FAILED)",
     410: "the attempt's log is gone: retention removed it (LOG_EXPIRED), or something outside "
     "the service did (LOG_MISSING)",

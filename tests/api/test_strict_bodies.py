@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import zlib
+
 import pytest
 
 from app.api.main import create_app
@@ -160,3 +163,43 @@ def test_a_write_that_takes_no_body_refuses_one_instead_of_ignoring_it(
     assert client.post(f"/api/v1/runs/{run['id']}/cancel", headers=admin).status_code in (200, 202)
     # Reads are untouched.
     assert client.request("GET", "/api/v1/runs", content=b"x", headers=admin).status_code == 200
+
+
+def test_a_coded_body_is_415_naming_its_coding_and_nothing_is_written(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    # Before: the gzip bytes were read as the body itself (400 MALFORMED_JSON here, since
+    # they are not UTF-8), and a coded body that happened to parse would have run, where a
+    # proxy or WAF that decodes Content-Encoding judged other bytes. No coding is decoded.
+    raw = b'{"task":"' + task.encode() + b'"}'
+    coded = {"gzip": gzip.compress(raw), "deflate": zlib.compress(raw), "br": raw}
+    for coding, body in coded.items():
+        headers = admin | JSON | {"Content-Encoding": coding}
+        refused = client.post("/api/v1/runs", content=body, headers=headers)
+        problem = assert_problem(refused, 415, "UNSUPPORTED_MEDIA_TYPE")
+        assert f'Content-Encoding "{coding}" is not accepted' in problem["detail"]
+        assert "identity is the only content coding" in problem["detail"]
+        assert refused.headers["accept-encoding"] == "identity"
+    # Every body route, whatever the header's spelling: a list, two lines, any case.
+    put = client.put("/api/v1/secrets/s", content=b'{"value":"v"}',
+                     headers=admin | JSON | {"Content-Encoding": "identity, GZIP"})  # fmt: skip
+    assert "GZIP" in assert_problem(put, 415, "UNSUPPORTED_MEDIA_TYPE")["detail"]
+    lines = [*admin.items(), *JSON.items(), ("Content-Encoding", "identity"),
+             ("Content-Encoding", "x-custom")]  # fmt: skip
+    two = client.put("/api/v1/tasks/t/revisions/1", content=b'{"argv":["/bin/true"]}',
+                     headers=lines)  # fmt: skip
+    assert '"x-custom"' in assert_problem(two, 415, "UNSUPPORTED_MEDIA_TYPE")["detail"]
+    # What is not a coding's name is not echoed.
+    odd = client.post("/api/v1/recipes", content=b"{}",
+                      headers=admin | JSON | {"Content-Encoding": "gz{ip}"})  # fmt: skip
+    assert "gz" not in assert_problem(odd, 415, "UNSUPPORTED_MEDIA_TYPE")["detail"]
+    assert client.get("/api/v1/runs", headers=admin).json()["items"] == []
+    assert client.get("/api/v1/secrets", headers=admin).json()["items"] == []
+    assert client.get("/api/v1/tasks/t/revisions", headers=admin).status_code == 404
+    # identity, in any case, is no coding: read as before; so is a request without a body.
+    for same in ("identity", "Identity", " identity , identity", ""):
+        headers = admin | JSON | {"Content-Encoding": same}
+        created = client.post("/api/v1/runs", content=raw, headers=headers)
+        assert created.status_code == 201, (same, created.text)
+    plain = client.get("/api/v1/runs", headers=admin | {"Content-Encoding": "gzip"})
+    assert plain.status_code == 200, plain.text

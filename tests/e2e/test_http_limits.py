@@ -284,6 +284,25 @@ def test_a_body_shorter_than_its_content_length_is_ended_after_the_body_timeout(
 
 
 @pytest.mark.e2e
+def test_a_coded_body_is_refused_415_at_once_unread(api: Api) -> None:
+    # The head alone decides: the body is never read (nor awaited until the body timeout,
+    # as the 408 above is), the connection closes after the answer.
+    with api.connect() as sock:
+        sock.sendall(
+            b"POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + api.token.encode() + b"\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: 100000\r\n\r\n" + b"\x1f\x8b"
+        )
+        sock.settimeout(BODY_TIMEOUT_S - 0.5)  # before: the body was awaited, then 408
+        status, headers, body = _answer(sock)
+    assert status == 415, body
+    assert headers["content-type"] == "application/problem+json"
+    assert headers["connection"] == "close"
+    assert headers["accept-encoding"] == "identity"
+    assert json.loads(body)["code"] == "UNSUPPORTED_MEDIA_TYPE"
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_connections_beyond_the_bound_close_an_idle_one_or_get_503_and_the_api_serves(
     parser: str, tmp_path: Path
