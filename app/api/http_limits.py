@@ -129,6 +129,8 @@ class Limits(ProblemFraming):
     # unauthenticated upgrade requests as the bound locked every client out (503). The api
     # has no WebSocket route, so an Upgrade header is ignored (RFC 9110 §7.8 lets a server)
     # and the request is answered as HTTP, problem+json included, without a log line each.
+    # (`qinglong api` gives uvicorn ws="none" too, app/cli/serve.py; this covers uvicorn
+    # started by class path, with its default WebSocket protocol.)
 
     def _should_upgrade_to_ws(self) -> bool:
         return False

@@ -227,19 +227,31 @@ def cmd_api(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "api on http://%s:%d with %d uvicorn worker(s)", args.host, args.port, args.workers
     )
-    uvicorn.run(
-        APP_FACTORY,
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level="warning",
+    uvicorn.run(APP_FACTORY, **uvicorn_options(args, settings))
+    return 0
+
+
+def uvicorn_options(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """The keyword arguments ``qinglong api`` hands ``uvicorn.run`` (and so its ``Config``,
+    which uvicorn pickles into each worker it spawns) besides the app factory's path."""
+    from app.api import retirement
+
+    limits = settings.http
+    return {
+        "factory": True,
+        "host": args.host,
+        "port": args.port,
+        "workers": args.workers,
+        "log_level": "warning",
         # httptools (or QL_HTTP_PARSER=h11) with a shutdown that lets keep-alive clients
         # finish (app/api/retirement.py) and the limits of docs/http-limits.md.
-        http=retirement.http_protocol(limits),
+        "http": retirement.http_protocol(limits),
+        # No WebSocket protocol at all: the api has no WebSocket route and answers an
+        # Upgrade as plain HTTP (docs/http-limits.md § No protocol switch); "none" keeps
+        # uvicorn from importing its WebSocket module and the websockets library.
+        "ws": "none",
         # h11's own buffer bound: the header cap is ours (431), h11 must not refuse first.
-        h11_max_incomplete_event_size=limits.max_header_bytes,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        timeout_worker_healthcheck=WORKER_READY_S,
-    )
-    return 0
+        "h11_max_incomplete_event_size": limits.max_header_bytes,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S,
+        "timeout_worker_healthcheck": WORKER_READY_S,
+    }

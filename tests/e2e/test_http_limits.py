@@ -396,6 +396,10 @@ def test_websocket_upgrades_are_answered_as_http_and_never_keep_a_place_in_the_b
         assert json.loads(body)["code"] == "UNAUTHENTICATED"
         _until_server_holds(served, 0)
         assert served.healthz_s() < 1
+        # uvicorn runs with ws="none": its WebSocket module, and the websockets library with
+        # its C extension, were never imported (before: mapped in every api process).
+        maps = Path(f"/proc/{served.pid}/maps").read_text()
+        assert "/websockets/" not in maps and "/wsproto/" not in maps
     assert b"Unsupported upgrade" not in (tmp_path / "api.log").read_bytes()
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import pickle
 
 import pytest
+import uvicorn
 
 from app.api import retirement
+from app.cli.serve import APP_FACTORY, uvicorn_options
 from app.settings import HttpLimits, Settings
 
 
@@ -51,3 +54,16 @@ def test_the_protocol_handed_to_uvicorn_carries_the_limits_through_a_pickle(pars
     assert isinstance(factory, functools.partial)
     assert factory.func is retirement.PROTOCOLS[parser]
     assert factory.keywords == {"limits": limits}
+
+
+def test_qinglong_api_hands_uvicorn_its_protocol_and_no_websocket_protocol() -> None:
+    # The api has no WebSocket route (docs/http-limits.md § No protocol switch): uvicorn must
+    # not even import its WebSocket module. Its Config (pickled into each spawned worker)
+    # says so; tests/e2e/test_http_limits.py checks the running process.
+    args = argparse.Namespace(host="127.0.0.1", port=8080, workers=2)
+    settings = Settings.from_env({"QL_HTTP_PARSER": "h11"})
+    config = uvicorn.Config(APP_FACTORY, **uvicorn_options(args, settings))
+    assert config.ws == "none"
+    assert config.http.func is retirement.PROTOCOLS["h11"]  # type: ignore[union-attr]
+    assert config.h11_max_incomplete_event_size == settings.http.max_header_bytes
+    assert pickle.loads(pickle.dumps(config)).ws == "none"
