@@ -1,5 +1,10 @@
 """Client of the worker's control socket: the api's Launcher and ProcessController.
 
+Each new connection is used only if the process serving the socket runs as this process's
+own user (``SO_PEERCRED``): a socket path outside the data dir may be bound by a job (as the
+job user) while the worker is down, and the requests carry tokens, argv and secrets. Such a
+socket is a worker that is absent (``WORKER_SOCKET_FOREIGN``), said in one log line.
+
 Thread-safe: each call borrows one connection from a small pool (a connection carries one
 request at a time) and returns it after a complete answer. A connection that broke is
 dropped and the request is sent again on a fresh one: ping and stop are safe to repeat, and
@@ -11,8 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import re
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -32,12 +40,17 @@ _POOL_MAX = 4
 _ERRNO_NAME = re.compile(r"E[A-Z0-9]{1,15}")  # what a launch failure may carry as its errno
 _CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")  # what its reason may be
 _STOP_EXTRA_S = 15.0  # the worker's stop may take grace + its own bounded kill wait
+_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+FOREIGN_LOG_EVERY_S = 60.0  # a drain asks again at its backoff: one line a minute at most
+log = logging.getLogger(__name__)
 
 
 # The worker's refusals of a launch it did not journal: it has begun shutting down, or it
 # does not surely hold its lease (docs/worker-lease.md). Nothing was spawned: unavailable.
 SHUTTING_DOWN = "WORKER_SHUTTING_DOWN"
 LEASE_LOST = "WORKER_LEASE_LOST"
+# The socket is served by a process of another user: never talked to (nothing sent).
+SOCKET_FOREIGN = "WORKER_SOCKET_FOREIGN"
 
 
 class _Broken(Exception):
@@ -66,6 +79,7 @@ class WorkerClient:
         self._lock = threading.Lock()
         self._idle: list[tuple[socket.socket, bytearray]] = []
         self._closed = False
+        self._foreign_logged: tuple[int, float] | None = None  # (peer uid, when) of the line
 
     # -- ports ---------------------------------------------------------------------------
 
@@ -241,10 +255,31 @@ class WorkerClient:
         sock.settimeout(self._connect_timeout)
         try:
             sock.connect(self.path)
+            pid, uid = _peer(sock)
         except OSError:
             sock.close()
             raise WorkerUnavailable("WORKER_UNAVAILABLE") from None
+        if uid != os.geteuid():
+            # Not our worker: a job (or any other user) bound the path, e.g. one outside the
+            # data dir while the worker was down. Not a byte is sent to it; the caller sees
+            # an absent worker (a drain backs off, a launch requeues: docs/job-user.md).
+            sock.close()
+            self._log_foreign(pid, uid)
+            raise WorkerUnavailable(SOCKET_FOREIGN)
         return sock, bytearray()
+
+    def _log_foreign(self, pid: int, uid: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last = self._foreign_logged
+            if last is not None and last[0] == uid and now - last[1] < FOREIGN_LOG_EVERY_S:
+                return
+            self._foreign_logged = (uid, now)
+        log.error(
+            "worker socket %s is served by pid %d as uid %d, not this service's uid %d: not "
+            "used, the worker counts as absent (docs/job-user.md § The worker socket)",
+            self.path, pid, uid, os.geteuid(),
+        )  # fmt: skip
 
     def _give_back(self, sock: socket.socket, buf: bytearray) -> None:
         with self._lock:
@@ -253,3 +288,11 @@ class WorkerClient:
                 return
         with contextlib.suppress(OSError):
             sock.close()
+
+
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process that serves the connected ``sock`` (``SO_PEERCRED``: the
+    credentials it had when it called ``listen``, which the serving process cannot forge)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, _gid = _UCRED.unpack(raw)
+    return int(pid), int(uid)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.adapters.worker_client import WorkerClient
+from app.adapters.worker_client import SOCKET_FOREIGN, WorkerClient
 from app.context.metrics import CREATED_TO_STARTED, DISPATCH_PASS
 from app.domain.errors import ErrorCode, WorkerUnavailable
 from app.domain.model import ProcessHandle, Run
@@ -319,7 +319,9 @@ def build_execution(
     def worker_ready() -> str | None:
         try:
             worker.ping(timeout_s=READY_PING_TIMEOUT_S)
-        except WorkerUnavailable:
+        except WorkerUnavailable as exc:
+            if exc.reason == SOCKET_FOREIGN:
+                return "worker socket served by another user"
             return "worker socket not answering"
         return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -21,6 +22,7 @@ from app.domain.ids import uuid7
 from app.domain.model import ProcessHandle
 from app.worker.identity import current_boot_id
 from app.worker.server import MAX_REQUEST_BYTES, ControlServer, SocketInUse
+from tests.jobuser import JOB_UID, job_user_or_skip, reachable_dir
 from tests.worker.kit import concurrently
 
 HANDLE = ProcessHandle(
@@ -168,6 +170,84 @@ def test_a_peer_with_another_uid_is_refused(server: ControlServer, short_dir: Pa
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert json.loads(out) == {"ok": False, "error": "FORBIDDEN"}
+
+
+# A socket served as the job user: it answers every line as a worker would, and writes to
+# stdout what it was sent, one hex line per connection ("-" for nothing).
+_IMPOSTOR = """
+import os, socket, sys
+path, connections = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+os.chmod(path, 0o666)
+s.listen(8)
+s.settimeout(30)
+print("ready", flush=True)
+for _ in range(connections):
+    c, _ = s.accept()
+    c.settimeout(2)
+    got = b""
+    try:
+        while True:
+            chunk = c.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+            c.sendall(b'{"ok":true,"pid":1,"boot_id":"x","handle":{}}\\n')
+    except OSError:
+        pass
+    c.close()
+    print(got.hex() or "-", flush=True)
+"""
+
+
+def test_a_socket_served_by_another_user_is_never_used(caplog: pytest.LogCaptureFixture) -> None:
+    # QL_WORKER_SOCKET outside the data dir, the worker down: a job (as the job user) binds
+    # that path. Before, the api's client talked to it: the pings answered, and a launch
+    # handed it the run's token, argv and secrets. Now the peer's uid (SO_PEERCRED) must be
+    # ours; nothing is sent, the worker counts as absent, and one line says why.
+    job_user_or_skip()
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    assert python is not None, "no system python3 that the job user can run"
+    with reachable_dir() as top:
+        shared = top / "sock"
+        shared.mkdir()
+        os.chown(shared, JOB_UID, JOB_UID)  # the job user's own, as /tmp/x would be its
+        path = shared / "w.sock"
+        impostor = subprocess.Popen(
+            [python, "-I", "-S", "-c", _IMPOSTOR, str(path), "4"], user=JOB_UID,
+            group=JOB_UID, extra_groups=[], env={}, cwd="/", stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert impostor.stdout is not None
+            assert impostor.stdout.readline() == "ready\n", impostor.stderr
+            client = WorkerClient(path, retries=0)
+            with caplog.at_level(logging.INFO, logger="app.adapters.worker_client"):
+                with pytest.raises(WorkerUnavailable) as absent:
+                    client.ping(timeout_s=1.0)
+                assert absent.value.reason == "WORKER_SOCKET_FOREIGN"
+                with pytest.raises(WorkerUnavailable):
+                    client.launch(_request(token="s" * 43, env={"SECRET": "hunter2"}))
+                assert client.stop(HANDLE, grace_seconds=0.1) == "unknown"
+                assert client.wake() is False
+            client.close()
+            out, err = impostor.communicate(timeout=30)
+        finally:
+            if impostor.poll() is None:
+                impostor.kill()  # by its Popen, the pid this test started
+                impostor.wait(timeout=10)
+        assert impostor.returncode == 0, err
+        # Four connections, not a byte on any: no token, argv or secret reached the job user.
+        assert out.split() == ["-"] * 4
+    lines = [r.getMessage() for r in caplog.records if "worker socket" in r.getMessage()]
+    assert lines == [
+        f"worker socket {path} is served by pid {impostor.pid} as uid {JOB_UID}, not this "
+        f"service's uid {os.geteuid()}: not used, the worker counts as absent "
+        "(docs/job-user.md § The worker socket)"
+    ]  # one line for the four refusals
+    assert not any("hunter2" in r.getMessage() or "s" * 43 in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
 
 
 def test_framing_many_requests_per_connection_and_bad_input(server: ControlServer) -> None:
