@@ -24,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.domain.errors import NotMigrated, StorageUnavailable
 from app.settings import Settings
 from app.storage.engine import make_engine
-from app.storage.private_files import require_private
+from app.storage.private_files import require_own_socket_dir, require_private
 
 
 class NoDatabase(Exception):
@@ -68,17 +68,20 @@ def _refuse_root_on_another_users_dir(data_dir: Path) -> None:
     )
 
 
-def private_settings(args: argparse.Namespace) -> Settings:
+def private_settings(args: argparse.Namespace, *, binds_socket: bool = False) -> Settings:
     """``settings_for``, once the data dir exists and every file of it is private to us.
 
     The start-up check of ``serve``, ``api``, ``worker`` and ``migrate``: raises NotPrivate
     (a ValueError: one line naming the ``chmod`` that fixes it) before anything is opened.
+    ``binds_socket`` (``serve``, ``worker``): the worker socket's directory too.
     """
     settings = settings_for(args)
     settings.ensure_data_dir()
     require_private(
         data_dir=settings.data_dir, database_url=settings.database_url, key_file=settings.key_file
     )
+    if binds_socket:
+        require_own_socket_dir(settings.socket_path)
     return settings
 
 

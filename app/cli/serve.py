@@ -135,7 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     supervisor_log = logging.getLogger("qinglong.supervisor")
     _log_to_stderr(supervisor_log)
-    settings = private_settings(args)
+    settings = private_settings(args, binds_socket=True)
     if settings.job.configured:
         job_policy(settings.job)  # refuse here, once, before migrating (docs/job-user.md)
     _check_listen(args.host, args.port)

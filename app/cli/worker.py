@@ -32,7 +32,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
-    process = WorkerProcess(private_settings(args))
+    process = WorkerProcess(private_settings(args, binds_socket=True))
 
     def _on_signal(_signum: int, _frame: FrameType | None) -> None:
         process.request_stop()

@@ -4,7 +4,9 @@ What a job, another local user or a backup reader must never open: the data dir 
 SQLite database with its ``-wal``, ``-shm`` and ``-journal`` files, and the secret key file
 (0600). ``qinglong serve``, ``api``, ``worker`` and ``migrate`` call ``require_private``
 before they open anything; like ssh with a loose key, they refuse with the one ``chmod``
-that fixes it rather than repair a mode an operator may have set on purpose.
+that fixes it rather than repair a mode an operator may have set on purpose. ``serve`` and
+``worker`` also refuse a worker socket directory another user may write to
+(``require_own_socket_dir``).
 
 New files are private by construction: the CLI runs every role under umask 077
 (``SERVICE_UMASK``), so SQLite creates the database 0600, and it gives ``-wal`` and ``-shm``
@@ -50,3 +52,32 @@ def not_private(loose: list[tuple[Path, int]]) -> NotPrivate:
     what = ", ".join(f"{p} (mode {stat.S_IMODE(m):04o})" for p, m in loose)
     fix = "; ".join(f"chmod {700 if stat.S_ISDIR(m) else 600} {p}" for p, m in loose)
     return NotPrivate(f"{what} accessible by group or others; fix with: {fix}")
+
+
+def require_own_socket_dir(socket_path: Path) -> None:
+    """Raise ``NotPrivate`` when another user could replace the worker socket at
+    ``socket_path``: its directory is writable by group or others without the sticky bit, or
+    owned by a user other than root and this process's. A missing directory is fine here.
+
+    Such a directory lets a job (as the job user) remove the socket and bind its own in its
+    place (docs/job-user.md § The worker socket); the default, inside the data dir, is never.
+    """
+    parent = socket_path.parent
+    try:
+        st = os.stat(parent)
+    except FileNotFoundError:
+        return
+    mode = st.st_mode
+    if st.st_uid not in (0, os.geteuid()):
+        raise NotPrivate(
+            f"{parent}, the worker socket's directory, is owned by uid {st.st_uid}, who may "
+            f"replace the socket; fix with: chown {os.geteuid()} {parent}, or leave "
+            "QL_WORKER_SOCKET unset (the socket then lives in the data dir)"
+        )
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise NotPrivate(
+            f"{parent} (mode {stat.S_IMODE(mode):04o}), the worker socket's directory, is "
+            f"writable by group or others without the sticky bit, so they may replace the "
+            f"socket; fix with: chmod go-w {parent}, or leave QL_WORKER_SOCKET unset (the "
+            "socket then lives in the data dir)"
+        )

@@ -16,15 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from app.storage.private_files import NotPrivate, require_own_socket_dir
 from tests.e2e.conftest import free_port
+from tests.jobuser import JOB_UID, job_user_or_skip
 
 LOOSE_UMASK = 0o022
 
 
-def ql(*args: str, data_dir: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def ql(
+    *args: str, data_dir: Path, timeout: float = 60, **env_extra: str
+) -> subprocess.CompletedProcess[str]:
     """``python -m app ARGS`` from a loose umask, with a private data dir."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
     env["QL_DATA_DIR"] = str(data_dir)
+    env |= env_extra
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
         capture_output=True,
@@ -113,3 +118,41 @@ def test_the_fix_the_message_names_lets_the_role_start(data_dir: Path) -> None:
     os.chmod(data_dir / "qinglong.db", 0o600)
     done = ql("migrate", data_dir=data_dir)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("role", ["worker", "serve"])
+@pytest.mark.parametrize("loose", ["0777", "0770", "job user's"])
+def test_a_worker_socket_directory_another_user_may_write_stops_the_worker(
+    data_dir: Path, short_dir: Path, role: str, loose: str
+) -> None:
+    # A job could remove the socket there and bind its own (docs/job-user.md § The worker
+    # socket). Before, the worker started and served in such a directory.
+    socks = short_dir / "socks"
+    socks.mkdir()
+    if loose == "job user's":
+        job_user_or_skip()  # chown needs root
+        os.chown(socks, JOB_UID, JOB_UID)
+        os.chmod(socks, 0o700)
+        said = f"{socks}, the worker socket's directory, is owned by uid {JOB_UID}"
+    else:
+        os.chmod(socks, int(loose, 8))
+        said = f"{socks} (mode {loose}), the worker socket's directory, is writable by group"
+    done = ql(*_role_argv(role), data_dir=data_dir, timeout=30,
+              QL_WORKER_SOCKET=str(socks / "w.sock"))  # fmt: skip
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"qinglong: {said}"), line
+    assert "fix with: " in line and "QL_WORKER_SOCKET unset" in line
+    assert list(socks.iterdir()) == []  # refused before anything was bound
+
+
+def test_a_sticky_or_private_socket_directory_is_taken(short_dir: Path) -> None:
+    # /tmp-like (sticky: no one removes another's socket) or the service's own: no refusal.
+    for mode in (0o1777, 0o700, 0o755):
+        os.chmod(short_dir, mode)
+        require_own_socket_dir(short_dir / "w.sock")
+    require_own_socket_dir(short_dir / "missing" / "w.sock")  # bind fails later, by itself
+    os.chmod(short_dir, 0o757)
+    with pytest.raises(NotPrivate):
+        require_own_socket_dir(short_dir / "w.sock")
+    os.chmod(short_dir, 0o700)
