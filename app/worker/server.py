@@ -88,12 +88,21 @@ def _bind(path: Path) -> socket.socket:
         try:
             probe.connect(str(path))
         except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)  # stale: nobody listens
+            _replace(path, "stale: nobody listens")
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or 0, "error")
             raise SocketInUse(f"cannot probe {path}: {code}") from None
         else:
-            raise SocketInUse(f"another worker answers on {path}")
+            uid = peer_uid(probe)
+            if uid == os.geteuid():
+                raise SocketInUse(f"another worker answers on {path}")
+            # A job (the job user) bound the path while the worker was down: not a worker.
+            # The api never uses it (its client checks the peer too); take the path back.
+            _replace(path, f"served by uid {uid}, not this service's user")
+            log.warning(
+                "worker socket %s was served by uid %d, not this service's uid %d (a job may "
+                "have bound it while the worker was down): replaced", path, uid, os.geteuid(),
+            )  # fmt: skip
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -108,6 +117,21 @@ def _bind(path: Path) -> socket.socket:
     os.chmod(path, 0o600)
     sock.listen(64)
     return sock
+
+
+def _replace(path: Path, why: str) -> None:
+    """Remove a socket file that is not a live worker's, or say in one line why not."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except PermissionError:
+        # Another user's file in a sticky directory (/tmp): only its owner may remove it.
+        raise SocketInUse(
+            f"{path} ({why}) belongs to uid {os.lstat(path).st_uid} and this user may not "
+            "remove it: remove it as that user or root, or keep QL_WORKER_SOCKET in the data "
+            "dir (docs/job-user.md § The worker socket)"
+        ) from None
 
 
 def peer_uid(conn: socket.socket) -> int:

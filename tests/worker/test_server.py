@@ -250,6 +250,54 @@ def test_a_socket_served_by_another_user_is_never_used(caplog: pytest.LogCapture
                    for r in caplog.records)  # fmt: skip
 
 
+def test_a_socket_a_job_bound_while_the_worker_was_down_is_taken_back_at_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A sticky directory (/tmp-like) is allowed, and there a job may bind the socket's path
+    # while the worker is down. The worker then met a live socket and refused to start
+    # ("another worker answers"), so a job kept every run from starting. The peer's uid
+    # tells a job from a worker: the path is taken back, with one line.
+    job_user_or_skip()
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    assert python is not None, "no system python3 that the job user can run"
+    with reachable_dir() as top:
+        shared = top / "tmp"
+        shared.mkdir()
+        os.chmod(shared, 0o1777)
+        path = shared / "w.sock"
+        impostor = subprocess.Popen(
+            [python, "-I", "-S", "-c", _IMPOSTOR, str(path), "1"], user=JOB_UID,
+            group=JOB_UID, extra_groups=[], env={}, cwd="/", stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        srv = None
+        try:
+            assert impostor.stdout is not None
+            assert impostor.stdout.readline() == "ready\n", impostor.stderr
+            srv = ControlServer(path=path, launcher=FakeLauncher(), controller=FakeController())
+            with caplog.at_level(logging.WARNING, logger="app.worker.server"):
+                srv.start()
+            client = WorkerClient(path, retries=0)
+            try:
+                assert client.ping()["pid"] == os.getpid()  # ours now
+            finally:
+                client.close()
+            assert os.lstat(path).st_uid == os.geteuid()
+            out, err = impostor.communicate(timeout=30)
+        finally:
+            if srv is not None:
+                srv.close()
+            if impostor.poll() is None:
+                impostor.kill()  # by its Popen, the pid this test started
+                impostor.wait(timeout=10)
+        assert impostor.returncode == 0, err
+        assert out.split() == ["-"]  # the start's probe only: not a byte was sent to it
+    assert [r.getMessage() for r in caplog.records] == [
+        f"worker socket {path} was served by uid {JOB_UID}, not this service's uid "
+        f"{os.geteuid()} (a job may have bound it while the worker was down): replaced"
+    ]
+
+
 def test_framing_many_requests_per_connection_and_bad_input(server: ControlServer) -> None:
     lines = _raw(
         server.path,
