@@ -11,6 +11,7 @@ import stat
 import subprocess
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -201,27 +202,39 @@ for _ in range(connections):
 """
 
 
+@contextmanager
+def _impostor(path: Path, connections: int) -> Iterator[subprocess.Popen[str]]:
+    """The job user serving ``path`` (``_IMPOSTOR``), ready; killed by its Popen at the end
+    if it has not exited."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    assert python is not None, "no system python3 that the job user can run"
+    impostor = subprocess.Popen(
+        [python, "-I", "-S", "-c", _IMPOSTOR, str(path), str(connections)], user=JOB_UID,
+        group=JOB_UID, extra_groups=[], env={}, cwd="/", stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert impostor.stdout is not None
+        assert impostor.stdout.readline() == "ready\n", impostor.stderr
+        yield impostor
+    finally:
+        if impostor.poll() is None:
+            impostor.kill()  # by its Popen, the pid this test started
+            impostor.wait(timeout=10)
+
+
 def test_a_socket_served_by_another_user_is_never_used(caplog: pytest.LogCaptureFixture) -> None:
     # QL_WORKER_SOCKET outside the data dir, the worker down: a job (as the job user) binds
     # that path. Before, the api's client talked to it: the pings answered, and a launch
     # handed it the run's token, argv and secrets. Now the peer's uid (SO_PEERCRED) must be
     # ours; nothing is sent, the worker counts as absent, and one line says why.
     job_user_or_skip()
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    assert python is not None, "no system python3 that the job user can run"
     with reachable_dir() as top:
         shared = top / "sock"
         shared.mkdir()
         os.chown(shared, JOB_UID, JOB_UID)  # the job user's own, as /tmp/x would be its
         path = shared / "w.sock"
-        impostor = subprocess.Popen(
-            [python, "-I", "-S", "-c", _IMPOSTOR, str(path), "4"], user=JOB_UID,
-            group=JOB_UID, extra_groups=[], env={}, cwd="/", stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            assert impostor.stdout is not None
-            assert impostor.stdout.readline() == "ready\n", impostor.stderr
+        with _impostor(path, 4) as impostor:
             client = WorkerClient(path, retries=0)
             with caplog.at_level(logging.INFO, logger="app.adapters.worker_client"):
                 with pytest.raises(WorkerUnavailable) as absent:
@@ -233,10 +246,6 @@ def test_a_socket_served_by_another_user_is_never_used(caplog: pytest.LogCapture
                 assert client.wake() is False
             client.close()
             out, err = impostor.communicate(timeout=30)
-        finally:
-            if impostor.poll() is None:
-                impostor.kill()  # by its Popen, the pid this test started
-                impostor.wait(timeout=10)
         assert impostor.returncode == 0, err
         # Four connections, not a byte on any: no token, argv or secret reached the job user.
         assert out.split() == ["-"] * 4
@@ -258,38 +267,23 @@ def test_a_socket_a_job_bound_while_the_worker_was_down_is_taken_back_at_start(
     # ("another worker answers"), so a job kept every run from starting. The peer's uid
     # tells a job from a worker: the path is taken back, with one line.
     job_user_or_skip()
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    assert python is not None, "no system python3 that the job user can run"
     with reachable_dir() as top:
         shared = top / "tmp"
         shared.mkdir()
         os.chmod(shared, 0o1777)
         path = shared / "w.sock"
-        impostor = subprocess.Popen(
-            [python, "-I", "-S", "-c", _IMPOSTOR, str(path), "1"], user=JOB_UID,
-            group=JOB_UID, extra_groups=[], env={}, cwd="/", stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        srv = None
-        try:
-            assert impostor.stdout is not None
-            assert impostor.stdout.readline() == "ready\n", impostor.stderr
-            srv = ControlServer(path=path, launcher=FakeLauncher(), controller=FakeController())
+        srv = ControlServer(path=path, launcher=FakeLauncher(), controller=FakeController())
+        with _impostor(path, 1) as impostor:
             with caplog.at_level(logging.WARNING, logger="app.worker.server"):
                 srv.start()
             client = WorkerClient(path, retries=0)
             try:
+                assert os.lstat(path).st_uid == os.geteuid()
                 assert client.ping()["pid"] == os.getpid()  # ours now
             finally:
                 client.close()
-            assert os.lstat(path).st_uid == os.geteuid()
-            out, err = impostor.communicate(timeout=30)
-        finally:
-            if srv is not None:
                 srv.close()
-            if impostor.poll() is None:
-                impostor.kill()  # by its Popen, the pid this test started
-                impostor.wait(timeout=10)
+            out, err = impostor.communicate(timeout=30)
         assert impostor.returncode == 0, err
         assert out.split() == ["-"]  # the start's probe only: not a byte was sent to it
     assert [r.getMessage() for r in caplog.records] == [
