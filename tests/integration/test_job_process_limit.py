@@ -22,35 +22,26 @@ from typing import Any
 import pytest
 
 from app.worker import cgroups
-from app.worker.launcher import shim_argv
 from app.worker.zygote import Zygote
 from tests.integration.conftest import Launched
 from tests.integration.kit import (
-    DEADLINE,
-    SHIM,
     make_spec,
     receipt_path,
     wait_shim_done,
     zlaunch,
 )
 from tests.integration.test_shim import launch
+from tests.integration.test_shim_zygote import zygote
 from tests.jobuser import JOB_UID, job_user_or_skip, reachable_dir
 from tests.kit.fork_bomb import EXIT, JOB, LIMIT, TRIES, job_counts, no_survivors, python_for_job
+
+__all__ = ["zygote"]  # the fixture, shared with the zygote's own tests
 
 
 @pytest.fixture
 def marker() -> Iterator[str]:
     with no_survivors() as value:
         yield value
-
-
-@pytest.fixture
-def zygote() -> Iterator[Zygote]:
-    server = Zygote(argv=shim_argv(shim_path=SHIM), reply_timeout_s=DEADLINE)
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def _net(way: str) -> dict[str, Any]:
