@@ -17,9 +17,14 @@ import pytest
 import app.cli.client as commands
 from app.cli import main
 from app.cli.client.api import Client as CliClient
+from app.domain.ids import now_ms
 from app.domain.profiles import EDGE
 from app.settings import Settings
+from app.storage.engine import make_engine
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
 from tests.api.conftest import Client, admin_client_with_a_task, fail_run, make_running
+from tests.storage.helpers import TOKEN, start
 
 
 class _ThroughApp(httpx.BaseTransport):
@@ -78,3 +83,45 @@ def test_runs_show_says_a_retry_that_waits_is_waiting_and_json_keeps_claimed(
     doc = json.loads(capsys.readouterr().out)
     assert doc["latest_attempt"]["number"] == 2
     assert doc["latest_attempt"]["status"] == "claimed"  # the API's name: the contract
+
+
+def test_a_timed_out_run_reads_timed_out_in_words_and_json_keeps_the_api_name(
+    app_and_admin: tuple[Settings, Client, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings, app, token = app_and_admin
+    auth = {"Authorization": f"Bearer {token}"}
+    run = app.post("/api/v1/runs", json={"task": "hello"}, headers=auth).json()
+    engine = make_engine(settings.database_url)
+    try:  # a running job stopped at its time limit, as the worker records it
+        running = start(engine, RunReader(engine).get_run(run["id"]))
+        assert running.latest_attempt is not None
+        repo = RunRepository(engine)
+        repo.request_cancel(run_id=run["id"], reason="timeout")
+        repo.complete_attempt(
+            run_id=run["id"], attempt_id=running.latest_attempt.id, token=TOKEN,
+            callback_sequence=1, exit_code=143, signal=None, finished_at_ms=now_ms(),
+        )  # fmt: skip
+    finally:
+        engine.dispose()
+    monkeypatch.setattr(
+        commands, "Client",
+        lambda url, token: CliClient(url, token, transport=_ThroughApp(app)),
+    )  # fmt: skip
+    where = ("--url", "http://testserver", "--token", token)
+
+    assert main(["runs", "list", *where]) == 0
+    listed = capsys.readouterr().out
+    assert re.search(rf"^{run['id']} +hello +1 +timed out  ", listed, re.M), listed
+    assert main(["runs", "show", run["id"], *where]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"^status: +timed out$", shown, re.M), shown
+    assert re.search(r"^attempt: +1 timed out: ", shown, re.M), shown
+    assert "timed_out" not in listed + shown
+
+    assert main(["runs", "list", "--json", *where]) == 0
+    assert json.loads(capsys.readouterr().out)["items"][0]["status"] == "timed_out"
+    assert main(["runs", "show", run["id"], "--json", *where]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["status"], doc["latest_attempt"]["status"]) == ("timed_out", "timed_out")

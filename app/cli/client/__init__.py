@@ -785,7 +785,7 @@ def _follow_and_report(
     outcome = render.attempt_outcome(run.get("latest_attempt"))
     why = _why_not_started(client, run)
     detail = "" if outcome == "-" else f" ({outcome}: {why})" if why else f" ({outcome})"
-    print(f"run {run['id']} {ended}{detail}", file=sys.stderr)
+    print(f"run {run['id']} {render.status_words(ended)}{detail}", file=sys.stderr)
     return EXIT_OK if ended == "succeeded" else EXIT_RUN_NOT_SUCCEEDED
 
 
@@ -860,7 +860,8 @@ def _next_attempt_line(
         outcome = render.attempt_outcome(_attempt(client, run, ended))
     except ClientError:
         outcome = "-"  # the run was read; its attempts were not (a scope): the status says it
-    said = f"attempt {ended} ended {status}" + ("" if outcome == "-" else f" ({outcome})")
+    said = f"attempt {ended} ended {render.status_words(status)}"
+    said += "" if outcome == "-" else f" ({outcome})"
     waits = run.get("next_attempt_at_ms")
     if waits is None:  # a requeue (docs/backlog-requeue.md) or a retry that waits no more
         return f"{said}; following attempt {latest}"

@@ -125,11 +125,18 @@ def fields(pairs: Sequence[tuple[str, object]]) -> str:
 # is the service's name for an attempt that waits in the queue, not yet handed to the worker
 # (its run is ``queued``; a retry waits for its instant). ``starting`` is taken: the worker
 # is launching it. ``--json`` keeps the API's names (the contract, docs/api.md §2).
-_ATTEMPT_WORDS = {"claimed": "waiting"}
+# ``timed_out`` reads "timed out", as in the UI, for a run and an attempt alike.
+_STATUS_WORDS = {"timed_out": "timed out"}
+_ATTEMPT_WORDS = {"claimed": "waiting", **_STATUS_WORDS}
+
+
+def status_words(status: object) -> str:
+    """A run's status as a reader says it (``timed out``); ``--json`` keeps the API's name."""
+    return _STATUS_WORDS.get(str(status), str(status))
 
 
 def attempt_status(attempt: Mapping[str, Any]) -> str:
-    """``waiting`` for a claimed attempt, else its status as the API names it."""
+    """``waiting`` for a claimed attempt, ``timed out``, else its status as the API names it."""
     status = str(attempt.get("status"))
     return _ATTEMPT_WORDS.get(status, status)
 
@@ -169,7 +176,7 @@ def runs_table(runs: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -
             r["id"],
             r["task"],
             r["revision"],
-            r["status"],
+            status_words(r["status"]),
             when(r.get("created_at_ms"), tz=tz),
             duration(r.get("started_at_ms"), r.get("finished_at_ms")),
             attempt_outcome(r.get("latest_attempt")),
@@ -240,7 +247,7 @@ def run_fields(
     pairs: list[tuple[str, object]] = [
         ("run", run["id"]),
         ("task", f"{run['task']} (revision {run['revision']})"),
-        ("status", run["status"]),
+        ("status", status_words(run["status"])),
         ("trigger", trigger(run) + _slot(run, tz)),
         ("priority", run.get("priority")),
         ("created", when(run.get("created_at_ms"), tz=tz)),
