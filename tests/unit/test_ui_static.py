@@ -74,6 +74,8 @@ def test_zh_cn_reads_as_chinese_not_word_for_word_english() -> None:
     # list "保留空间" (space retention keeps) beside "保留的日志" (logs retention keeps).
     assert zh["storage.reserve_bytes"] == "预留空间"
     assert zh["storage.finished_expiring"] != "完成的中断过期"  # "finished interrupted expiry"
+    # In English too: "Interrupted expiries finished" was the code's name, not a reader's.
+    assert "expir" not in _dict("en")["storage.finished_expiring"].lower()
 
 
 def test_every_label_the_code_names_is_in_the_dictionary() -> None:

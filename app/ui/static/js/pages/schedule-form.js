@@ -88,6 +88,9 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
   const everyBox = field('sch-every', t('schedule_form.every'), everySeconds, t('schedule_form.every_help'));
   const windowBox = field('sch-window', t('schedule_form.window'), windowInput, t('schedule_form.window_help'));
   const maxBox = field('sch-max-concurrent', t('schedule_form.max_concurrent'), maxConcurrent, t('schedule_form.max_concurrent_help'));
+  // The zone's help says what it means for the cadence chosen: a cron's times are the zone's,
+  // an interval's instants are the same in every zone (docs/schedules-time.md §1).
+  const zoneBox = field('sch-timezone', t('schedules.timezone'), timezone, t('schedule_form.timezone_help'));
   const dstBox = h('div', {},
     field('sch-dst-gap', t('schedule_form.dst_gap'), dstGap),
     field('sch-dst-fold', t('schedule_form.dst_fold'), dstFold));
@@ -112,7 +115,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
         h('span', { class: 'check' }, kindCron, ' ', h('label', { for: 'sch-kind-cron' }, t('schedule_form.kind_cron'))),
         h('span', { class: 'check' }, kindEvery, ' ', h('label', { for: 'sch-kind-every' }, t('schedule_form.kind_every')))),
       cronBox, everyBox,
-      field('sch-timezone', t('schedules.timezone'), timezone, t('schedule_form.timezone_help')),
+      zoneBox,
       dstBox,
       // The policies' choices are sentences: each select has a row of its own.
       field('sch-overlap', t('schedules.overlap'), overlap),
@@ -139,6 +142,7 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
     cronBox.hidden = !isCron;
     everyBox.hidden = isCron;
     dstBox.hidden = !isCron;
+    zoneBox.querySelector('.help').textContent = t(isCron ? 'schedule_form.timezone_help' : 'schedule_form.timezone_help_every');
     maxBox.hidden = overlap.value !== 'allow';
     windowBox.hidden = catchup.value !== 'latest';
   }
