@@ -708,12 +708,15 @@ class RunRepository:
         run_id: str,
         reason: Literal["user", "timeout", "service_stop"],
         attempt_id: str | None = None,
+        service_stop: bool = False,
     ) -> Run:
         """Record a cancel intent once; a queued run is cancelled at once.
 
         ``attempt_id`` (a timeout): the attempt whose deadline passed. InvalidTransition when
         it is no longer the run's latest attempt or has ended: a retry that followed it has
         its own deadline (docs/retries.md §2), so a stale read never times it out.
+        ``service_stop``: ``serve --stop-jobs-on-exit`` asks, under a reason older builds read
+        (``user``, app/supervisor/stop_jobs.py); its ``run.cancel_requested`` event says so.
         """
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
@@ -732,7 +735,9 @@ class RunRepository:
                 )  # fmt: skip
             if run_row.cancel_reason is not None:
                 return run_from_rows(run_row, attempt_row)
-            written = cancel_in(conn, run_row, reason, now_ms(), attempt_row)
+            written = cancel_in(
+                conn, run_row, reason, now_ms(), attempt_row, service_stop=service_stop
+            )
             uow.commit()
         return written.run()
 
@@ -899,10 +904,17 @@ def enqueue_in(
 
 
 def cancel_in(
-    conn: Connection, run_row: Row[Any], reason: str, at: int, attempt_row: Row[Any] | None = None
+    conn: Connection,
+    run_row: Row[Any],
+    reason: str,
+    at: int,
+    attempt_row: Row[Any] | None = None,
+    *,
+    service_stop: bool = False,
 ) -> _Written:
     """Record a cancel intent on a non-terminal run without one, inside ``conn``'s
     transaction; a queued run ends at once (attempt and run cancelled, three events).
+    ``service_stop`` adds ``"service_stop": true`` to the ``run.cancel_requested`` event.
 
     The one cancel path: a user's cancel, a timeout, a deleted schedule's queued runs and a
     ``replace`` overlap all record it here.
@@ -910,7 +922,10 @@ def cancel_in(
     if attempt_row is None:
         attempt_row = _latest_attempt(conn, run_row)
     intent: dict[str, Any] = {"cancel_reason": reason, "cancel_requested_at_ms": at}
-    events = [_Event(RUN_CANCEL_REQUESTED, {"reason": reason})]
+    requested: dict[str, Any] = {"reason": reason}
+    if service_stop:
+        requested["service_stop"] = True
+    events = [_Event(RUN_CANCEL_REQUESTED, requested)]
     ended = None
     attempt_values: dict[str, Any] = {}
     if run_row.status == RunStatus.QUEUED:

@@ -54,7 +54,8 @@ _PING_S = 2.0
 _LOOK_S = 0.1  # how often the thread looks whether the asked jobs' endings are recorded
 # "user", though no user asked: builds before this one answer 500 for a reason they do not
 # know, so ``service_stop`` (read since this build) is written only once a rollback to them
-# is no longer supported (docs/operations.md §4).
+# is no longer supported (docs/operations.md §4). Meanwhile the ``run.cancel_requested``
+# event carries ``"service_stop": true``, which the web UI reads (docs/ui.md).
 SERVICE_STOP_REASON: Final = "user"
 log = logging.getLogger("qinglong.supervisor")
 
@@ -182,8 +183,9 @@ def _cancel_active(settings: Settings, engine: Engine) -> tuple[RunReader, list[
         with contextlib.suppress(DomainError):  # ended meanwhile: nothing to cancel
             # Its attempt only: if it ended meanwhile and a retry waits, that retry stays.
             runs.request_cancel(
-                run_id=attempt.run_id, reason=SERVICE_STOP_REASON, attempt_id=attempt.attempt_id
-            )
+                run_id=attempt.run_id, reason=SERVICE_STOP_REASON,
+                attempt_id=attempt.attempt_id, service_stop=True,
+            )  # fmt: skip
     return reader, active
 
 

@@ -5,6 +5,7 @@ On SQLite and PostgreSQL (``db_url``).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -105,10 +106,17 @@ def test_stop_jobs_on_exit_stops_running_jobs_and_they_end_cancelled(
                     run_events.c.run_id == run_id, run_events.c.type == "run.cancelled"
                 )
             ).all()
+            asked = conn.execute(
+                select(run_events.c.data).where(
+                    run_events.c.run_id == run_id, run_events.c.type == "run.cancel_requested"
+                )
+            ).scalar_one()
     finally:
         engine.dispose()
     assert row.status == "cancelled" and row.finished_at_ms <= stopped_at_ms
     assert len(endings) == 1
+    # The reason older builds read, and the event says who asked (the UI's words for it).
+    assert json.loads(asked) == {"reason": "user", "service_stop": True}
 
     again = serve_factory(data_dir=served.data_dir, database_url=db_url)
     run = _wait_status(again, run_id, TERMINAL)

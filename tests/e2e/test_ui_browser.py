@@ -28,7 +28,9 @@ from app.api.api_docs import SWAGGER_UI
 from app.domain.tokens import new_api_token
 from app.settings import Settings
 from app.storage.engine import make_engine
+from app.storage.runs_repo import RunRepository
 from app.storage.tokens_repo import TokenRepository
+from app.supervisor.stop_jobs import SERVICE_STOP_REASON
 from tests.browser import ZH_AS_IS_WORDS, browser_or_skip
 from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import TERMINAL, enqueue, get_run, put_task, read_log, wait_status
@@ -1071,6 +1073,33 @@ def _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site: Site) -
         page.context.close()
 
 
+def _a_run_the_service_stopped_on_exit_says_so_not_a_user(site: Site) -> None:
+    """``serve --stop-jobs-on-exit`` records its cancel under the reason ``user`` (older
+    builds read no other); its event says the service asked, and so does the run's page."""
+    run_id = enqueue(site.served, "sleeper")
+    wait_status(site.served, run_id, {"running"})
+    engine = make_engine(Settings.from_env(site.served.env).database_url)
+    try:  # as app/supervisor/stop_jobs.py asks, on the serve's own database
+        RunRepository(engine).request_cancel(
+            run_id=run_id, reason=SERVICE_STOP_REASON, service_stop=True
+        )
+    finally:
+        engine.dispose()
+    for locale, words in (
+        ("en-US", "by the service, as it exited (--stop-jobs-on-exit)"),
+        ("zh-CN", "由服务在退出时发起"),
+    ):
+        page = site.page(locale=locale)
+        site.sign_in(page, path=f"runs/{run_id}")
+        page.wait_for_selector(".facts >> text=" + words.split(" (")[0])
+        facts = page.inner_text(".facts")
+        assert words in facts, facts
+        assert "by a user" not in facts and "由用户" not in facts
+        assert page.errors == []
+        page.context.close()
+    assert wait_status(site.served, run_id, TERMINAL)["status"] == "cancelled"
+
+
 def _a_runs_status_change_is_announced_once(site: Site) -> None:
     """The run page's status is a polite live region that stays in place: a status the poll
     sees change (here a run cancelled while queued, before any attempt started) is read out,
@@ -1228,6 +1257,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site)
     _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site)
     _a_runs_status_change_is_announced_once(site)
+    _a_run_the_service_stopped_on_exit_says_so_not_a_user(site)
     _a_times_utc_form_is_in_its_text_not_only_a_title(site)
     _nothing_is_wider_than_a_320_px_phone(site)
     _the_cron_help_names_the_aliases_in_both_languages(site)

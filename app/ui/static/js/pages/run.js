@@ -102,6 +102,11 @@ export function runPage(view, { args: [runId], signal, ready }) {
     // Filled before it is first shown: the status the page opens with is not announced.
     if (!head.contains(statusLive)) put(head, h('h1', {}, t('run.title'), ' ', raw(run.id, 'code')), statusLive);
     const cancel = run.cancel_requested;
+    // serve --stop-jobs-on-exit asks under the reason "user", the one older builds read
+    // (app/supervisor/stop_jobs.py); its event says that the service asked, not a user.
+    const byService = cancel && state.events.some((e) => e.type === 'run.cancel_requested'
+      && e.data && e.data.service_stop === true);
+    const cancelReason = cancel && (byService ? 'service_stop' : cancel.reason);
     put(summary, facts([
       [t('runs.task'), link(['tasks', run.task], raw(run.task))],
       [t('run.revision'), raw(run.revision)],
@@ -120,7 +125,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
         ? t(`run.waiting.${run.waiting.reason}`, { active: run.waiting.active, limit: run.waiting.limit })
         : raw(run.waiting.reason, 'code')] : null,
       // A reason a newer build records is shown as it is, not as a missing label.
-      cancel ? [t('run.cancel_requested'), [tOr('cancel.', cancel.reason) || raw(cancel.reason, 'code'), ' · ', timeEl(cancel.at_ms)]] : null,
+      cancel ? [t('run.cancel_requested'), [tOr('cancel.', cancelReason) || raw(cancelReason, 'code'), ' · ', timeEl(cancel.at_ms)]] : null,
       run.next_attempt_at_ms != null
         ? [t(run.next_attempt_at_ms > Date.now() ? 'run.retry_waits' : 'run.retry_due'), timeEl(run.next_attempt_at_ms)]
         : null,
