@@ -301,6 +301,17 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     page.click("#start-run")
     run_id = _run_id(page)
     _badge(page, "running")
+    # The service unreachable for a while: an action says so, and once the server answers
+    # again (the page's next poll) that sentence goes, as it no longer holds.
+    page.route("**/api/v1/**", lambda route: route.abort())
+    page.click("#pin")
+    page.wait_for_selector(".result .error-box >> text=The server could not be reached")
+    page.wait_for_timeout(2500)  # polls fail meanwhile: the error stays while it is true
+    assert "could not be reached" in page.inner_text(".result")
+    page.unroute("**/api/v1/**")
+    page.wait_for_selector(".result .notice-info >> text=The server answers again")
+    assert page.query_selector(".result .error-box") is None
+    assert get_run(site.served, run_id)["pinned"] is False  # the pin never arrived
     # Cancel asks first, focused on the safe answer; "No" leaves the run alone.
     page.click("#cancel")
     assert page.evaluate("document.activeElement.id") == "cancel-keep"
@@ -320,6 +331,8 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     page.click("#cancel-yes")
     page.wait_for_selector("#rerun:focus")  # the answered question is gone: not the page's top
     _badge(page, "cancelled")
+    # "Cancel requested: the run ends once ..." spoke of a run still going: gone once it ended.
+    assert "Cancel requested" not in page.inner_text(".result")
     assert wait_status(site.served, run_id, {"cancelled"})["status"] == "cancelled"
     page.wait_for_selector("table.attempts .status[data-status=cancelled]")
     ending = page.inner_text("table.attempts")

@@ -40,6 +40,10 @@ export class ApiError extends Error {
 let unauthorized = () => {};
 export function onUnauthorized(fn) { unauthorized = fn; }
 
+// Called once at the next answer the server gives (any status: it was reached), then dropped.
+const answered = new Set();
+export function onNextAnswer(fn) { answered.add(fn); }
+
 /** A request under /api/v1 (or any path of the server); JSON in and out unless raw. */
 export async function call(method, path, { body, scope, headers, raw, signal, auth = true, signInCheck = false } = {}) {
   const sent = { ...(headers || {}) };
@@ -60,6 +64,9 @@ export async function call(method, path, { body, scope, headers, raw, signal, au
     if (err.name === 'AbortError') throw err;
     throw new ApiError(0, { code: 'NETWORK' }, scope);
   }
+  const waiting = [...answered];
+  answered.clear();
+  for (const fn of waiting) fn();
   if (!r.ok && !(raw && r.status === 503 && path === '/readyz')) {
     let problem = {};
     try { problem = await r.json(); } catch { /* not problem+json */ }

@@ -1,6 +1,6 @@
 // Pieces several pages share: an error box, a keyset "load more", polling.
 
-import { ApiError, explainError } from '../api.js';
+import { ApiError, explainError, onNextAnswer } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 
@@ -53,7 +53,10 @@ export function missing(view, err, list, heading) {
 
 /** Show the outcome of a write next to its button (or the error, with the missing scope).
  *  An error takes the focus and is scrolled into view: under a long form it would be below
- *  the fold, and the button that was disabled while the write ran has lost the focus. */
+ *  the fold, and the button that was disabled while the write ran has lost the focus.
+ *  "Could not be reached" is true until the server answers again (a poll, any other call):
+ *  then it says so, and to try again if the write did not take (its answer was lost, or the
+ *  write never arrived: the page cannot tell which). */
 export function resultSlot() {
   const slot = h('div', { class: 'result', 'aria-live': 'polite' });
   const reveal = (box) => {
@@ -65,8 +68,19 @@ export function resultSlot() {
   };
   return {
     el: slot,
-    ok(text) { slot.replaceChildren(h('p', { class: 'notice notice-ok' }, text)); },
-    fail(err) { reveal(errorBox(err)); },
+    ok(text) {
+      const note = h('p', { class: 'notice notice-ok' }, text);
+      slot.replaceChildren(note);
+      return note;
+    },
+    fail(err) {
+      const box = errorBox(err);
+      reveal(box);
+      if (!box || !(err instanceof ApiError) || err.status !== 0) return;
+      onNextAnswer(() => {
+        if (box.parentNode === slot) slot.replaceChildren(h('p', { class: 'notice notice-info' }, t('error.reachable_again')));
+      });
+    },
     message(text) { reveal(h('div', { class: 'error-box', role: 'alert' }, h('p', {}, text))); },
     clear() { slot.replaceChildren(); },
     /** A "saved" notice goes once the user edits the form again: it spoke of the last save. */

@@ -25,6 +25,8 @@ export function runPage(view, { args: [runId], signal, ready }) {
   const summary = h('div', { class: 'card' });
   const actions = h('div', { class: 'actions run-actions' });
   const result = resultSlot();
+  // "Cancel requested: the run ends once its job was stopped" speaks of a run still going.
+  let cancelSent = null;
   const attemptsBody = h('tbody');
   const timeline = h('ol', { class: 'timeline' });
   const logState = h('span', { class: 'log-state', 'aria-live': 'polite' });
@@ -131,6 +133,10 @@ export function runPage(view, { args: [runId], signal, ready }) {
         : null,
     ]));
     drawActions(run);
+    if (cancelSent && TERMINAL.has(run.status)) {
+      if (cancelSent.isConnected) result.clear(); // the status says how it ended
+      cancelSent = null;
+    }
     const logSize = (a) => [bytes(a.log.bytes),
       a.log.truncated ? [' ', h('span', { class: 'tag warn' }, t('run.truncated_short'))] : null,
       a.log.expired ? [' ', h('span', { class: 'tag idle' }, t('run.expired_short'))] : null];
@@ -241,7 +247,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     result.clear();
     try {
       await api.post(path('runs', runId, 'cancel'), undefined, { scope: 'runs:write' });
-      result.ok(t('run.cancel_sent'));
+      cancelSent = result.ok(t('run.cancel_sent'));
       confirming = false;
       actionsFor = null;
       await refresh();
@@ -351,6 +357,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     const number = state.followed;
     if (!number) return;
     const done = busy(download);
+    result.clear();
     try {
       const r = await call('GET', path('runs', runId, 'attempts', number, 'log'), { raw: true, scope: 'logs:read' });
       const blob = await r.blob();
