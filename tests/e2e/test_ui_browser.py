@@ -1244,6 +1244,15 @@ def _the_cron_help_names_the_aliases_in_both_languages(site: Site) -> None:
         codes = page.evaluate(_CRON_CODES)
         for alias in ("@hourly", "@daily", "@weekly", "@monthly", "@yearly"):
             assert alias in codes, (locale, codes)
+        # The zone's help speaks of the cadence chosen: an interval has no expressions, and
+        # fires at the same instants in any zone.
+        cron_zone = page.inner_text("#sch-timezone-help")
+        assert ("expressions" if locale == "en-US" else "表达式") in cron_zone, cron_zone
+        page.check("#sch-kind-every")
+        every_zone = page.inner_text("#sch-timezone-help")
+        assert "expression" not in every_zone and "表达式" not in every_zone, every_zone
+        assert "1970-01-01 UTC" in every_zone, every_zone
+        site.shot(page, f"new-schedule-every-{locale}")
         assert page.errors == []
         page.context.close()
 
