@@ -1086,6 +1086,44 @@ def _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site: Site) -
         page.context.close()
 
 
+def _a_slow_page_says_it_is_loading_until_its_first_answer(site: Site) -> None:
+    """A table whose first answer has not come is busy and says "Loading…" in a row of its
+    own (it was an empty table under its headings), in English and zh-CN."""
+    for locale, loading in (("en-US", "Loading…"), ("zh-CN", "加载中…")):
+        _the_runs_page_while_its_list_is_held(site, locale, loading)
+
+
+def _the_runs_page_while_its_list_is_held(site: Site, locale: str, loading: str) -> None:
+    page = site.page(locale=locale)
+    site.sign_in(page, path="system")
+    held: list[Any] = []
+    holding = [True]
+
+    def hold(route: Any) -> None:
+        if holding[0]:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route("**/api/v1/runs?*", hold)
+    page.goto(site.ui + "#/runs")
+    row = page.wait_for_selector("table.runs[aria-busy=true] tbody tr.loading-row")
+    assert row.inner_text().strip() == loading
+    assert page.get_attribute("main", "aria-busy") == "true"
+    assert held, "the runs list was not asked for"
+    if locale == "en-US":
+        site.shot(page, "runs-loading")
+    holding[0] = False
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("table.runs[aria-busy=false] tbody tr[data-run]")
+    page.wait_for_selector("main[aria-busy=false]")
+    assert page.query_selector("tr.loading-row") is None
+    page.unroute("**/api/v1/runs?*")
+    assert page.errors == []
+    page.context.close()
+
+
 def _a_run_the_service_stopped_on_exit_says_so_not_a_user(site: Site) -> None:
     """``serve --stop-jobs-on-exit`` records its cancel under the reason ``user`` (older
     builds read no other); its event says the service asked, and so does the run's page."""
@@ -1279,6 +1317,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site)
     _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site)
     _a_runs_status_change_is_announced_once(site)
+    _a_slow_page_says_it_is_loading_until_its_first_answer(site)
     _a_run_the_service_stopped_on_exit_says_so_not_a_user(site)
     _a_times_utc_form_is_in_its_text_not_only_a_title(site)
     _nothing_is_wider_than_a_320_px_phone(site)

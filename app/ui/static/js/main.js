@@ -12,6 +12,7 @@ import { scheduleFormPage } from './pages/schedule-form.js';
 import { secretsPage } from './pages/secrets.js';
 import { systemPage } from './pages/system.js';
 import { signInPage } from './pages/signin.js';
+import { settle } from './pages/common.js';
 
 const ROUTES = [
   [/^runs$/, runsPage, 'runs'],
@@ -150,9 +151,12 @@ function render() {
     const ready = () => {
       if (controller.signal.aborted) return;
       view.setAttribute('aria-busy', 'false');
+      for (const body of view.querySelectorAll('tbody')) settle(body); // a call that failed too
       if (restoreDraft(view, route)) notify(t('signin.draft_restored'));
     };
     const stop = page(view, { args, params, signal: controller.signal, ready });
+    // A table still waiting for its first answer is busy (its row says "Loading…").
+    for (const row of view.querySelectorAll('tr.loading-row')) row.closest('table').setAttribute('aria-busy', 'true');
     stopPage = () => { controller.abort(); if (typeof stop === 'function') stop(); };
     // After a navigation the keyboard (and a screen reader) starts at the new content, and
     // the new page is seen from its top (its heading, a notice), not at the old offset.

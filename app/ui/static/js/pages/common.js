@@ -90,6 +90,20 @@ export function resultSlot() {
   };
 }
 
+/** The row a table's body holds until its first answer: "Loading…" across its columns (a
+ *  slow server showed an empty table). main.js marks its table aria-busy until the page is
+ *  ready; settle(body) ends it sooner, before the first rows go in. */
+export function loadingRow(columns) {
+  return h('tr', { class: 'loading-row' }, h('td', { colspan: String(columns), class: 'loading' }, t('common.loading')));
+}
+
+/** The first answer came: the body's "Loading…" row goes and its table is no longer busy. */
+export function settle(body) {
+  for (const row of body.querySelectorAll(':scope > tr.loading-row')) row.remove();
+  const table = body.closest('table');
+  if (table && table.hasAttribute('aria-busy')) table.setAttribute('aria-busy', 'false');
+}
+
 /** Call fn every ms while the page lives; a failure (server unreachable, an error answer)
  *  is passed to onError, so a page never keeps showing its last good answer as current. */
 export function every(ms, signal, fn, onError = () => {}) {

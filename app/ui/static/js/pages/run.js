@@ -8,7 +8,7 @@ import { has, t, tOr } from '../i18n.js';
 import { TERMINAL, bytes, duration, eventData, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
 import { go } from '../main.js';
-import { busy, errorBox, every, facts, missing, onEscape, resultSlot, showProblem } from './common.js';
+import { busy, errorBox, every, facts, loadingRow, missing, onEscape, resultSlot, settle, showProblem } from './common.js';
 
 const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
@@ -27,7 +27,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
   const result = resultSlot();
   // "Cancel requested: the run ends once its job was stopped" speaks of a run still going.
   let cancelSent = null;
-  const attemptsBody = h('tbody');
+  const attemptsBody = h('tbody', {}, loadingRow(6));
   const timeline = h('ol', { class: 'timeline' });
   const logState = h('span', { class: 'log-state', 'aria-live': 'polite' });
   const truncation = h('p', { class: 'notice notice-warn truncation', hidden: true });
@@ -140,6 +140,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     const logSize = (a) => [bytes(a.log.bytes),
       a.log.truncated ? [' ', h('span', { class: 'tag warn' }, t('run.truncated_short'))] : null,
       a.log.expired ? [' ', h('span', { class: 'tag idle' }, t('run.expired_short'))] : null];
+    settle(attemptsBody);
     // At phone width the log size goes under the ending (its column would not fit 320 px).
     put(attemptsBody, state.attempts.map((a) => h('tr', {},
       h('td', {}, raw(a.number)),

@@ -5,7 +5,7 @@ import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { RUN_STATUSES, TERMINAL, duration, shortId, statusBadge, timeEl } from '../format.js';
 import { go } from '../main.js';
-import { every, loadMore, showProblem } from './common.js';
+import { every, loadMore, loadingRow, settle, showProblem } from './common.js';
 
 const PAGE = 50;
 const POLL_MS = 2000;
@@ -22,7 +22,7 @@ export function runsPage(view, { params, signal, ready }) {
     h('div', { class: 'field' }, h('label', { for: 'filter-status' }, t('runs.filter_status')), statusSelect),
     h('div', { class: 'field actions' }, h('button', { type: 'submit' }, t('runs.apply')),
       task || status ? h('a', { href: '#/runs', class: 'button secondary' }, t('runs.clear')) : null));
-  const body = h('tbody');
+  const body = h('tbody', {}, loadingRow(6));
   const table = h('div', { class: 'table-wrap' }, h('table', { class: 'runs' },
     h('caption', { class: 'sr-only' }, t('runs.title')),
     h('thead', {}, h('tr', {},
@@ -82,6 +82,7 @@ export function runsPage(view, { params, signal, ready }) {
   async function first() {
     try {
       const page = await fetchPage(null);
+      settle(body);
       problem.replaceChildren();
       // Newest first: insert the ones not shown yet above the rest, in their order.
       const unseen = page.items.filter((r) => !rows.has(r.id));

@@ -5,7 +5,7 @@ import { api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { isoRaw, localTime, shortId, timeEl, utcTime } from '../format.js';
-import { errorBox, facts, loadMore, missing, onEscape, resultSlot } from './common.js';
+import { errorBox, facts, loadMore, loadingRow, missing, onEscape, resultSlot, settle } from './common.js';
 import { go } from '../main.js';
 
 function cadence(s) {
@@ -31,7 +31,7 @@ function pausedTag(s) {
 }
 
 export function schedulesPage(view, { signal, ready }) {
-  const body = h('tbody');
+  const body = h('tbody', {}, loadingRow(5));
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t('schedules.empty'));
   const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
@@ -53,6 +53,7 @@ export function schedulesPage(view, { signal, ready }) {
     return api.get(`${path('schedules')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
   }
   function add(page) {
+    settle(body);
     for (const s of page.items) {
       const next = s.next_fires && s.next_fires[0];
       body.append(h('tr', {},
@@ -80,9 +81,9 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   const head = h('div', { class: 'page-head' }, h('h1', {}, t('schedules.schedule'), ' ', raw(name)));
   const info = h('div', { class: 'card' });
   const actions = h('div', { class: 'actions' });
-  const fires = h('tbody');
+  const fires = h('tbody', {}, loadingRow(3));
   const pausedNote = h('p', { class: 'notice notice-warn', hidden: true }, t('schedules.paused_fires'));
-  const decisions = h('tbody');
+  const decisions = h('tbody', {}, loadingRow(3));
   const more = loadMore(async (cursor) => addDecisions(await fetchDecisions(cursor)), decisions);
   put(view, h('section', { class: 'page' }, head, problem, actions, result.el, info,
     h('section', {}, h('h2', {}, t('schedules.next_fires')), pausedNote,
@@ -105,7 +106,6 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   async function load() {
     try {
       draw(await api.get(path('schedules', name), { scope: 'definitions:read', signal }));
-      decisions.replaceChildren();
       more.set(addDecisions(await fetchDecisions(null)));
     } catch (err) {
       if (!missing(view, err, 'schedules', [t('schedules.schedule'), ' ', raw(name)])) problem.replaceChildren(errorBox(err) || '');
@@ -140,6 +140,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       h('a', { href: `#/runs?task=${encodeURIComponent(s.task)}` }, t('tasks.see_runs')),
       removal.question);
     pausedNote.hidden = !s.paused;
+    settle(fires);
     put(fires, (s.next_fires || []).map((f) => h('tr', {},
       h('td', {}, localTime(f.at_ms)),
       h('td', {}, isoRaw(f.local, 'code')),
@@ -191,6 +192,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   }
 
   function addDecisions(page) {
+    settle(decisions);
     for (const d of page.items) {
       const label = has(`decision.${d.decision}`) ? t(`decision.${d.decision}`) : raw(d.decision);
       let detail = '';

@@ -5,12 +5,12 @@ import { api, path, query } from '../api.js';
 import { h, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { timeEl } from '../format.js';
-import { FormError, busy, errorBox, loadMore, onEscape, resultSlot } from './common.js';
+import { FormError, busy, errorBox, loadMore, loadingRow, onEscape, resultSlot, settle } from './common.js';
 
 const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
 
 export function secretsPage(view, { signal, ready }) {
-  const body = h('tbody');
+  const body = h('tbody', {}, loadingRow(3));
   const problem = h('div');
   const result = resultSlot();
   const empty = h('p', { class: 'empty', hidden: true }, t('secrets.empty'));
@@ -42,6 +42,7 @@ export function secretsPage(view, { signal, ready }) {
   }
 
   function add(page) {
+    settle(body);
     for (const s of page.items) body.append(row(s));
     empty.hidden = body.rows.length > 0;
     return page.next_cursor;

@@ -8,10 +8,10 @@ import { t } from '../i18n.js';
 import { bytes, statusBadge, timeEl } from '../format.js';
 import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
-import { FormError, busy, errorBox, facts, loadMore, missing, numberOrNull, resultSlot } from './common.js';
+import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, resultSlot, settle } from './common.js';
 
 export function tasksPage(view, { signal, ready }) {
-  const body = h('tbody');
+  const body = h('tbody', {}, loadingRow(3));
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t('tasks.empty'));
   const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
@@ -32,6 +32,7 @@ export function tasksPage(view, { signal, ready }) {
   }
   let refused = false; // a token without runs:read: one 403 says it for every row, every page
   function add(page) {
+    settle(body);
     const cells = [];
     for (const item of page.items) {
       const last = h('td', { class: 'last-run', 'aria-busy': 'true', dataset: { task: item.task } }, '…');
@@ -83,7 +84,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
   const start = h('button', { type: 'button', id: 'start-run', on: { click: onStart } }, t('tasks.start_run'));
   const latestBox = h('div', { class: 'card' });
   const recipeBox = h('div', { class: 'card recipe' });
-  const revBody = h('tbody');
+  const revBody = h('tbody', {}, loadingRow(3));
   const left = h('select', { id: 'diff-left', 'aria-label': t('tasks.diff_left') });
   const right = h('select', { id: 'diff-right', 'aria-label': t('tasks.diff_right') });
   const diffBox = h('div', { class: 'diff-box' });
@@ -175,6 +176,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
   }
 
   function addRevisions(page) {
+    settle(revBody);
     for (const rev of page.items) {
       revisions.set(rev.revision, rev);
       revBody.append(h('tr', {},
