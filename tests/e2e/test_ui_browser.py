@@ -310,6 +310,7 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     assert "could not be reached" in page.inner_text(".result")
     page.unroute("**/api/v1/**")
     page.wait_for_selector(".result .notice-info >> text=The server answers again")
+    site.shot(page, "run-reachable-again")
     assert page.query_selector(".result .error-box") is None
     assert get_run(site.served, run_id)["pinned"] is False  # the pin never arrived
     # Cancel asks first, focused on the safe answer; "No" leaves the run alone.
@@ -1136,13 +1137,14 @@ def _a_run_the_service_stopped_on_exit_says_so_not_a_user(site: Site) -> None:
         )
     finally:
         engine.dispose()
-    for locale, words in (
-        ("en-US", "by the service, as it exited (--stop-jobs-on-exit)"),
-        ("zh-CN", "由服务在退出时发起"),
+    for locale, width, words in (
+        ("en-US", 1280, "by the service, as it exited (--stop-jobs-on-exit)"),
+        ("zh-CN", 360, "由服务在退出时发起"),
     ):
-        page = site.page(locale=locale)
+        page = site.page(locale=locale, width=width)
         site.sign_in(page, path=f"runs/{run_id}")
         page.wait_for_selector(".facts >> text=" + words.split(" (")[0])
+        site.shot(page, f"run-service-stop-{locale}")
         facts = page.inner_text(".facts")
         assert words in facts, facts
         assert "by a user" not in facts and "由用户" not in facts
