@@ -23,6 +23,7 @@ from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
+from app.supervisor.stop_jobs import SERVICE_STOP_REASON
 from tests.api.conftest import Client, admin_client_with_a_task, fail_run, make_running
 from tests.storage.helpers import TOKEN, start
 
@@ -125,3 +126,32 @@ def test_a_timed_out_run_reads_timed_out_in_words_and_json_keeps_the_api_name(
     assert main(["runs", "show", run["id"], "--json", *where]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["status"], doc["latest_attempt"]["status"]) == ("timed_out", "timed_out")
+
+
+def test_runs_show_names_a_cancel_the_service_asked_on_exit_and_json_keeps_user(
+    app_and_admin: tuple[Settings, Client, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings, app, token = app_and_admin
+    auth = {"Authorization": f"Bearer {token}"}
+    run = app.post("/api/v1/runs", json={"task": "hello"}, headers=auth).json()
+    make_running(settings, run["id"])
+    engine = make_engine(settings.database_url)
+    try:  # as serve --stop-jobs-on-exit asks (app/supervisor/stop_jobs.py)
+        RunRepository(engine).request_cancel(
+            run_id=run["id"], reason=SERVICE_STOP_REASON, service_stop=True
+        )
+    finally:
+        engine.dispose()
+    monkeypatch.setattr(
+        commands, "Client",
+        lambda url, token: CliClient(url, token, transport=_ThroughApp(app)),
+    )  # fmt: skip
+    where = ("--url", "http://testserver", "--token", token)
+
+    assert main(["runs", "show", run["id"], *where]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"^cancel: +service_stop \(serve --stop-jobs-on-exit\) at ", shown, re.M), shown
+    assert main(["runs", "show", run["id"], "--json", *where]) == 0
+    assert json.loads(capsys.readouterr().out)["cancel_requested"]["reason"] == "user"

@@ -607,7 +607,10 @@ def cmd_runs_show(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(run)
         return EXIT_OK
-    print(render.run_fields(run, why_not_started=_why_not_started(client, run)))
+    print(render.run_fields(
+        run, why_not_started=_why_not_started(client, run),
+        cancel_reason=_cancel_reason(client, run),
+    ))  # fmt: skip
     attempts = client.get(f"/runs/{_seg(args.run)}/attempts")["items"]
     if len(attempts) > 1:
         print()
@@ -787,6 +790,23 @@ def _follow_and_report(
     detail = "" if outcome == "-" else f" ({outcome}: {why})" if why else f" ({outcome})"
     print(f"run {run['id']} {render.status_words(ended)}{detail}", file=sys.stderr)
     return EXIT_OK if ended == "succeeded" else EXIT_RUN_NOT_SUCCEEDED
+
+
+def _cancel_reason(client: Client, run: dict[str, Any]) -> str | None:
+    """``service_stop`` for a cancel ``serve --stop-jobs-on-exit`` asked (recorded ``user``
+    for older builds; its ``run.cancel_requested`` event says so), else the run's reason."""
+    cancel = run.get("cancel_requested") or {}
+    reason = None if cancel.get("reason") is None else str(cancel["reason"])
+    if reason != "user":
+        return reason
+    try:
+        events = client.get(f"/runs/{_seg(run['id'])}/events", limit=200)["items"]
+    except ClientError:
+        return reason
+    for event in events:  # it is among a run's first events: the first page holds it
+        if event.get("type") == "run.cancel_requested":
+            return "service_stop" if (event.get("data") or {}).get("service_stop") else reason
+    return reason
 
 
 def _why_not_started(client: Client, run: dict[str, Any]) -> str:

@@ -237,10 +237,15 @@ def waiting_words(waiting: Mapping[str, Any]) -> str:
 
 
 def run_fields(
-    run: Mapping[str, Any], *, tz: tzinfo | None = None, why_not_started: str = ""
+    run: Mapping[str, Any],
+    *,
+    tz: tzinfo | None = None,
+    why_not_started: str = "",
+    cancel_reason: str | None = None,
 ) -> str:
     """The ``runs show`` block of one run; ``why_not_started``: ``start_failure``'s words for
-    a latest attempt whose launch failed."""
+    a latest attempt whose launch failed; ``cancel_reason``: the cancel's reason, when its
+    event tells more than the run (``service_stop``)."""
     attempt = run.get("latest_attempt") or {}
     cancel = run.get("cancel_requested")
     log = attempt.get("log") or {}
@@ -261,7 +266,9 @@ def run_fields(
     if run.get("pinned"):
         pairs.append(("pinned", "yes: retention keeps its log and rows"))
     if cancel:
-        pairs.append(("cancel", f"{cancel.get('reason')} at {when(cancel.get('at_ms'), tz=tz)}"))
+        reason = cancel_reason or cancel.get("reason")
+        said = "service_stop (serve --stop-jobs-on-exit)" if reason == "service_stop" else reason
+        pairs.append(("cancel", f"{said} at {when(cancel.get('at_ms'), tz=tz)}"))
     if run.get("waiting"):
         pairs.insert(3, ("waiting", waiting_words(run["waiting"])))
     waits_until = run.get("next_attempt_at_ms")  # a retry waits (docs/retries.md §2)
