@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from app.api.api_docs import SWAGGER_UI
+from app.domain.ids import now_ms
 from app.domain.tokens import new_api_token
 from app.settings import Settings
 from app.storage.engine import make_engine
@@ -501,6 +502,27 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     # The storage figures (an admin token here).
     site.visit(page, "system")
     page.wait_for_selector("text=Logs expired")
+    # With several hosts (PostgreSQL), each host's last sweep under its name: one whose
+    # sweeps stopped shows as the oldest (docs/retention.md §5). The answer is this server's
+    # own, with a second host's sweep added.
+    figures = site.api("GET", "/api/v1/system/storage").json()
+    sweep = {"at_ms": 1_700_000_000_000, "duration_ms": 3, "expired_logs": 2,
+             "finished_expiring": 0, "deleted_runs": 0, "freed_bytes": 20}  # fmt: skip
+    figures["sweeps"] = [sweep | {"host": "nas-b", "instance_id": "i-b", "at_ms": now_ms()},
+                         sweep | {"host": "nas-a", "instance_id": "i-a"}]  # fmt: skip
+    figures["last_sweep"] = figures["sweeps"][0]
+    page.route("**/api/v1/system/storage", lambda route: route.fulfill(
+        status=200, content_type="application/json", body=json.dumps(figures)))  # fmt: skip
+    page.reload()
+    site.visit(page, "system")
+    headings = page.locator("h3:has-text('Last retention sweep of host')")
+    headings.first.wait_for()
+    assert headings.all_inner_texts() == [
+        "Last retention sweep of host nas-b", "Last retention sweep of host nas-a",
+    ]  # fmt: skip
+    assert "i-a" not in page.inner_text("main") and "[object" not in page.inner_text("main")
+    site.shot(page, "system-sweeps-per-host-desktop")
+    page.unroute("**/api/v1/system/storage")
     assert page.errors == []
 
 

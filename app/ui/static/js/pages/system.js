@@ -59,11 +59,20 @@ export function systemPage(view, { signal, ready: drawn }) {
     ]));
     try {
       const figures = await call('GET', '/api/v1/system/storage', { scope: 'admin', signal });
-      const sweep = figures.last_sweep;
+      // Each host's last sweep, newest first (several hosts); an older server sends one.
+      const sweeps = figures.sweeps || (figures.last_sweep ? [figures.last_sweep] : []);
       delete figures.last_sweep;
-      put(storage, figureList(figures),
-        h('h3', {}, t('storage.last_sweep')),
-        sweep ? figureList(sweep) : h('p', { class: 'muted' }, t('storage.no_sweep')));
+      delete figures.sweeps;
+      const parts = [figureList(figures)];
+      if (!sweeps.length) parts.push(h('h3', {}, t('storage.last_sweep')), h('p', { class: 'muted' }, t('storage.no_sweep')));
+      for (const sweep of sweeps) {
+        const { host, instance_id: instance, ...rest } = sweep;
+        const who = host || instance;
+        const several = sweeps.length > 1 && who;
+        parts.push(h('h3', {}, several ? t('storage.last_sweep_of', { host: who }) : t('storage.last_sweep')),
+          figureList(several || !who ? rest : { host: who, ...rest }));
+      }
+      put(storage, ...parts);
     } catch (err) {
       put(storage, errorBox(err) || '');
     }
