@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
+import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -171,3 +172,21 @@ def database(
         yield settings, engine
     finally:
         engine.dispose()
+
+
+def fd_room(wanted: int) -> bool:
+    """Raise this process's soft open-file limit to ``wanted`` (up to the hard one); whether
+    ``wanted`` fits now.
+
+    Past the soft limit a descriptor cannot be opened (EMFILE): for the api an accept()
+    that fails and stops accepting for a second, for the worker the pidfd of one more
+    running shim. The soft limit is raised only when short: children (the worker's zygote
+    and shims, so the jobs) inherit it, and a program that closes every descriptor up to
+    its limit is slow under a large one (systemd's reason to keep 1024 soft).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return True
+    room = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (room, hard))
+    return room >= wanted

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import resource
 import socket
 import sys
 from typing import Any
 
 from app.cli import DATA_DIR_HELP
 from app.cli.admin import cmd_migrate
-from app.cli.common import private_settings, require_key_for_stored_secrets
+from app.cli.common import fd_room, private_settings, require_key_for_stored_secrets
 from app.settings import Settings
 
 APP_FACTORY = "app.api.main:serve_app"
@@ -185,21 +184,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return code
 
 
-def _fd_room(max_connections: int) -> None:
-    """Raise the soft open-file limit so ``max_connections`` sockets fit (up to the hard one).
-
-    Past the soft limit accept() fails with EMFILE and asyncio stops accepting for a second,
-    a bound nobody chose; the process itself needs some files besides (database, logs).
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = max_connections + FD_RESERVE
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(
-            resource.RLIMIT_NOFILE,
-            (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard),
-        )
-
-
 def cmd_api(args: argparse.Namespace) -> int:
     """Serve the api with uvicorn alone (the database must already be migrated)."""
     import uvicorn
@@ -220,7 +204,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     prepare_multiprocess_dir(metrics_dir)
     os.environ[MULTIPROC_ENV] = str(metrics_dir)
     limits = settings.http
-    _fd_room(limits.max_connections)
+    fd_room(limits.max_connections + FD_RESERVE)
     from app.api.log_lines import log_lines
 
     log_lines()

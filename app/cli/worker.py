@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import sys
 from types import FrameType
 from typing import Any
 
-from app.cli.common import private_settings
+from app.cli.common import fd_room, private_settings
 from app.domain.errors import LeaseHeld, NotMigrated
+
+# Files the worker holds besides one pidfd a running shim: the database, its socket and
+# connections, the journal, the zygote's pipes, logs being settled.
+WORKER_FD_RESERVE = 256
 
 
 def register(sub: Any) -> None:
@@ -32,7 +37,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
-    process = WorkerProcess(private_settings(args, binds_socket=True))
+    settings = private_settings(args, binds_socket=True)
+    # One pidfd a running shim (the watcher), besides the files of the worker itself.
+    wanted = settings.max_running + WORKER_FD_RESERVE
+    if not fd_room(wanted):
+        logging.getLogger(__name__).warning(
+            "QL_MAX_RUNNING=%d needs about %d open files in the worker, and its hard limit "
+            "(RLIMIT_NOFILE) is %d: raise LimitNOFILE= in its unit, or lower QL_MAX_RUNNING",
+            settings.max_running, wanted, resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+        )  # fmt: skip
+    process = WorkerProcess(settings)
 
     def _on_signal(_signum: int, _frame: FrameType | None) -> None:
         process.request_stop()

@@ -386,8 +386,9 @@ def read_status(fd: int, deadline: float) -> dict[str, Any]:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ValueError("no status line in time")
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
+        waiter = select.poll()  # any descriptor number: select() refuses one past 1023
+        waiter.register(fd, select.POLLIN)
+        if not waiter.poll(remaining * 1000):
             continue
         chunk = os.read(fd, STATUS_MAX_BYTES)
         if not chunk:

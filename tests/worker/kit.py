@@ -233,15 +233,22 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.client = WorkerClient(socket_path, read_timeout_s=DEADLINE)
 
-    def start(self, *, t2: bool = True) -> None:
+    def start(self, *, t2: bool = True, nofile: tuple[int, int] | None = None) -> None:
         """Start it; ``t2=False``: a worker that journals a spawn but leaves T2 to the caller
-        (``worker_without_t2.py``), so a test can hold the window before T2 open."""
+        (``worker_without_t2.py``), so a test can hold the window before T2 open.
+        ``nofile``: the (soft, hard) open-file limit it starts with."""
         log = open(self.data_dir / "worker.stderr", "ab")  # noqa: SIM115 (closed by Popen owner)
         module = "app" if t2 else "tests.worker.worker_without_t2"
+        argv = [sys.executable, "-m", module, "worker"]
+        if nofile is not None:  # set in the exec'd interpreter: the same pid serves
+            argv = [sys.executable, "-c", (
+                "import os, resource, sys; "
+                f"resource.setrlimit(resource.RLIMIT_NOFILE, {nofile!r}); "
+                "os.execv(sys.executable, sys.argv[1:])"
+            ), *argv]  # fmt: skip
         with log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, "worker"], cwd=ROOT, env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                argv, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )
         deadline = time.monotonic() + DEADLINE
         while True:
