@@ -149,6 +149,11 @@ def cmd_lease_retire(args: argparse.Namespace) -> int:
                   "were ended; nothing of that page was written: give the command again",
                   file=sys.stderr)  # fmt: skip
             return 1
+    if done.state != "retired" and done.attempts_lost:
+        # Its worker (or, on SQLite, another instance) took the lease between two pages.
+        print(f"{done.attempts_lost} attempt(s) of instance {instance_id} ended lost "
+              "WORKER_RETIRED before its lease was taken again; the rest are that worker's",
+              file=sys.stderr)  # fmt: skip
     if done.state == "unknown":
         print(f"error: no worker lease of instance {instance_id} on this database (qinglong "
               "lease show lists them)", file=sys.stderr)  # fmt: skip

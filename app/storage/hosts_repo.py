@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Integer, Row, bindparam, select, update
+from sqlalchemy import Engine, Integer, Row, bindparam, delete, select, update
 from sqlalchemy.exc import OperationalError
 
 from app.domain.errors import ErrorCode
 from app.domain.lease import WORKER_LEASE_EXPIRED, WORKER_RETIRED
 from app.storage.lease_repo import append_service_event, db_now_ms
 from app.storage.runs_repo import lose_in
-from app.storage.tables import ACTIVE_ATTEMPT, attempts, worker_leases
+from app.storage.tables import ACTIVE_ATTEMPT, attempts, retention_sweeps, worker_leases
 from app.storage.uow import UnitOfWork
 
 _L = worker_leases.c
@@ -188,7 +188,7 @@ def retire_host(
             now = db_now_ms(uow.conn)
             row = uow.conn.execute(select(worker_leases).where(_L.slot == slot)).first()
         if row is None or row.instance_id != instance_id:
-            return Retired("unknown")
+            return Retired("unknown", attempts_lost=lost)
         if not stopped(row, now):
             return Retired("held", row.host, lost, row.epoch, row.expires_at_ms)
         ended = _end_page(
@@ -196,9 +196,15 @@ def retire_host(
             event=WORKER_RETIRED, facts=lambda _row: {"by_host": by_host},
         )  # fmt: skip
         if ended is None:
-            with UnitOfWork(engine, write=False) as uow:
+            with UnitOfWork(engine) as uow:
                 again = uow.conn.execute(select(_L.epoch).where(_L.slot == slot)).scalar()
-            if again == row.epoch:  # nothing (left) active: done
-                return Retired("retired", row.host, lost, row.epoch)
-            continue  # the row moved meanwhile: read it again
+                if again != row.epoch:
+                    continue  # the row moved meanwhile: read it again
+                # Nothing (left) active: done. Its last sweep's row goes too, or the host
+                # would read for good as one whose sweeps stopped (GET /system/storage).
+                uow.conn.execute(
+                    delete(retention_sweeps).where(retention_sweeps.c.sweeper == instance_id)
+                )
+                uow.commit()
+            return Retired("retired", row.host, lost, row.epoch)
         lost += ended[4]

@@ -39,7 +39,9 @@ EXPIRING, EXPIRED = "expiring", "expired"
 _SETTLED = (CONSUMED, SPAWN_FAILED, FENCED)
 _TERMINAL = sorted(str(s) for s in TERMINAL_RUN)
 SWEEPER = "logs"  # the one row of a single host (SQLite), and of any host before 0013
-_SWEEPS_SHOWN = 64  # hosts whose sweeps GET /system/storage lists, newest first
+# Hosts whose sweeps GET /system/storage lists, newest first: far more than an installation
+# has (a retired host's row goes with it, hosts_repo.retire_host).
+_SWEEPS_SHOWN = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,13 +309,17 @@ class RetentionRepository:
                 select(func.count()).select_from(attempts).where(a.log_state.is_not(None))
             ).scalar()
             runs_kept = uow.conn.execute(select(func.count()).select_from(runs)).scalar()
+            # The host its instance's newest lease names: an installation from before
+            # migration 0008 keeps an old single-slot row of the same instance too.
+            host = (
+                select(worker_leases.c.host)
+                .where(worker_leases.c.instance_id == retention_sweeps.c.sweeper)
+                .order_by(worker_leases.c.acquired_at_ms.desc())
+                .limit(1)
+                .scalar_subquery()
+            )
             rows = uow.conn.execute(
-                select(retention_sweeps, worker_leases.c.host)
-                .select_from(
-                    retention_sweeps.outerjoin(
-                        worker_leases, worker_leases.c.instance_id == retention_sweeps.c.sweeper
-                    )
-                )
+                select(retention_sweeps, host.label("host"))
                 .order_by(retention_sweeps.c.at_ms.desc(), retention_sweeps.c.sweeper)
                 .limit(_SWEEPS_SHOWN)
             ).all()

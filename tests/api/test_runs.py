@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import update
 
+from app.context.facade import AppFacade
 from app.domain.ids import uuid7
+from app.domain.model import Run
 from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.tables import runs
-from tests.api.conftest import Client, MakeToken, assert_problem, make_running
+from tests.api.conftest import Client, MakeToken, assert_problem, fail_run, make_running
 
 RUN_FIELDS = {
     "id", "task", "revision", "status", "priority", "version", "created_at_ms",
@@ -261,3 +264,28 @@ def test_a_queued_run_says_what_holds_it_back(
     stale = client.app.state.facade.get_run(run_id=second)
     make_running(settings, second)
     assert client.app.state.facade.run_waiting(run=stale) is None
+
+
+def test_a_retry_waiting_for_its_time_is_answered_from_the_run_alone(
+    client: Client, admin: dict[str, str], settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its answer is known from the run (``next_attempt_at_ms``, ``waiting`` null): the
+    budget reads behind ``waiting`` (a thread hop on PostgreSQL, up to four statements) are
+    not made for it; they are once it is due."""
+    body = {"argv": ["/bin/true"], "max_concurrent": 1,
+            "retry": {"max_attempts": 2, "initial_delay_seconds": 600}}  # fmt: skip
+    assert client.put("/api/v1/tasks/later/revisions/1", json=body, headers=admin).is_success
+    run_id = client.post("/api/v1/runs", json={"task": "later"}, headers=admin).json()["id"]
+    fail_run(settings, run_id, make_running(settings, run_id))
+    asked: list[str] = []
+    real = AppFacade.run_waiting
+
+    def counting(self: AppFacade, *, run: Run) -> object:
+        asked.append(run.id)
+        return real(self, run=run)
+
+    monkeypatch.setattr(AppFacade, "run_waiting", counting)  # the facade is a frozen dataclass
+    got = client.get(f"/api/v1/runs/{run_id}", headers=admin).json()
+    assert got["status"] == "queued" and got["waiting"] is None
+    assert got["next_attempt_at_ms"] is not None
+    assert asked == []

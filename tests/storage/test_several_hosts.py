@@ -16,6 +16,7 @@ from app.domain.errors import LeaseLost
 from app.domain.ids import now_ms
 from app.domain.model import Run
 from app.domain.retention import GlobalBudgets, RetentionPolicy
+from app.storage import hosts_repo
 from app.storage.hosts_repo import Retired, expire_vanished_hosts, retire_host
 from app.storage.lease_repo import LeaseRepository, Superseded
 from app.storage.retention_repo import RetentionRepository
@@ -162,6 +163,31 @@ def test_an_operator_retires_a_stopped_hosts_lease_and_its_runs_end_lost_once(
     time.sleep(SHORT_TTL_MS / 1000)  # then it vanishes: an expired lease may be retired too
     assert retire().attempts_lost == 1
     assert reader.get_run(late.id).status == "lost"
+
+
+def test_a_retire_that_meets_its_worker_back_between_pages_says_what_it_ended(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's worker takes its lease again after the first page: the rest are that
+    worker's (refused as held), and the pages already ended are counted, not hidden."""
+    leases = LeaseRepository(engine)
+    a = claimant(host="host-a")
+    lease = leases.take(claimant=a, ttl_ms=TTL_MS, holder_alive=alive)
+    define_task(engine)
+    on_a = [_start_on(engine, enqueue(engine), a.instance_id, lease.epoch) for _ in range(3)]
+    assert leases.release(instance_id=a.instance_id, epoch=lease.epoch)
+    first_page = hosts_repo._end_page
+
+    def then_back(*args: Any, **kwargs: Any) -> Any:
+        ended = first_page(*args, **kwargs)
+        leases.take(claimant=a, ttl_ms=TTL_MS, holder_alive=lambda _lease: False)
+        return ended
+
+    monkeypatch.setattr(hosts_repo, "_end_page", then_back)
+    done = retire_host(engine, slot=leases.slot_of(a.instance_id), instance_id=a.instance_id,
+                       by_host="ops", limit=2)  # fmt: skip
+    assert (done.state, done.attempts_lost) == ("held", 2)
+    assert sorted(RunReader(engine).get_run(r.id).status for r in on_a) == ["lost", "lost", "running"]
 
 
 def test_a_hosts_retention_sees_only_the_logs_that_host_holds(engine: Engine) -> None:

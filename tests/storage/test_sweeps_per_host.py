@@ -7,6 +7,7 @@ from __future__ import annotations
 from alembic import command
 from sqlalchemy import Engine, select
 
+from app.storage.hosts_repo import retire_host
 from app.storage.lease_repo import LeaseRepository
 from app.storage.migrate import upgrade_to_head
 from app.storage.retention_repo import RetentionRepository, SweepRecord
@@ -55,3 +56,28 @@ def test_each_host_keeps_its_own_last_sweep_and_a_stopped_one_shows_as_the_oldes
     assert [tuple(r) for r in rows] == [("logs", 4_000)]
     upgrade_to_head(engine)
     assert [s.at_ms for s in RetentionRepository(engine).figures().sweeps] == [4_000]
+
+
+def test_an_instance_with_an_old_single_slot_lease_row_is_one_sweep_and_a_retired_one_none(
+    empty_engine: Engine,
+) -> None:
+    """An installation from before migration 0008 keeps its single-slot lease row beside
+    the instance's own (same instance id): the host was joined twice, so its sweep was
+    listed twice. A host retired for good (`lease retire`) leaves no sweep behind, or it
+    would read for good as one whose sweeps stopped."""
+    engine = empty_engine
+    upgrade_to_head(engine)
+    a = claimant(host="host-a")
+    old = LeaseRepository(engine, single_slot=True).take(claimant=a, ttl_ms=TTL_MS, holder_alive=alive)
+    LeaseRepository(engine, single_slot=True).release(instance_id=a.instance_id, epoch=old.epoch)
+    leases = LeaseRepository(engine, single_slot=False)
+    lease = leases.take(claimant=a, ttl_ms=TTL_MS, holder_alive=alive)
+    RetentionRepository(engine, worker_instance_id=a.instance_id).record_sweep(_sweep(2_000, 2))
+    assert [(s.host, s.at_ms) for s in RetentionRepository(engine).figures().sweeps] == [
+        ("host-a", 2_000)
+    ]
+    assert leases.release(instance_id=a.instance_id, epoch=lease.epoch)
+    done = retire_host(engine, slot=leases.slot_of(a.instance_id), instance_id=a.instance_id,
+                       by_host="ops", limit=64)  # fmt: skip
+    assert done.state == "retired"
+    assert RetentionRepository(engine).figures().sweeps == []
