@@ -1143,6 +1143,20 @@ def _the_runs_page_while_its_list_is_held(site: Site, locale: str, loading: str)
     page.wait_for_selector("main[aria-busy=false]")
     assert page.query_selector("tr.loading-row") is None
     page.unroute("**/api/v1/runs?*")
+    # A run's event timeline (a list, not a table) says it too until its events come.
+    run_id = site.api("GET", "/api/v1/runs", params={"limit": 1}).json()["items"][0]["id"]
+    held.clear()
+    holding[0] = True
+    page.route("**/events*", hold)
+    page.goto(site.ui + f"#/runs/{run_id}")
+    item = page.wait_for_selector("ol.timeline[aria-busy=true] li.loading-row")
+    assert item.inner_text().strip() == loading
+    holding[0] = False
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("ol.timeline[aria-busy=false] li:not(.loading-row)")
+    assert page.query_selector("li.loading-row") is None
+    page.unroute("**/events*")
     assert page.errors == []
     page.context.close()
 

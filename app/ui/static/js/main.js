@@ -152,6 +152,7 @@ function render() {
       if (controller.signal.aborted) return;
       view.setAttribute('aria-busy', 'false');
       for (const body of view.querySelectorAll('tbody')) settle(body); // a call that failed too
+      for (const item of view.querySelectorAll('li.loading-row')) { item.closest('[aria-busy]')?.setAttribute('aria-busy', 'false'); item.remove(); }
       if (restoreDraft(view, route)) notify(t('signin.draft_restored'));
     };
     const stop = page(view, { args, params, signal: controller.signal, ready });

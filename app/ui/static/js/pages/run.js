@@ -28,7 +28,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
   // "Cancel requested: the run ends once its job was stopped" speaks of a run still going.
   let cancelSent = null;
   const attemptsBody = h('tbody', {}, loadingRow(6));
-  const timeline = h('ol', { class: 'timeline' });
+  const timeline = h('ol', { class: 'timeline', 'aria-busy': 'true' }, h('li', { class: 'loading-row loading' }, t('common.loading')));
   const logState = h('span', { class: 'log-state', 'aria-live': 'polite' });
   const truncation = h('p', { class: 'notice notice-warn truncation', hidden: true });
   const expiredNote = h('p', { class: 'notice notice-info log-expired', id: 'log-expired', hidden: true });
@@ -152,6 +152,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
       h('td', { class: 'wide' }, duration(a.started_at_ms, a.finished_at_ms)),
       h('td', { class: 'wide' }, logSize(a)))));
     if (!state.attempts.length) put(attemptsBody, h('tr', {}, h('td', { colspan: '6', class: 'empty' }, t('run.no_attempts'))));
+    timeline.setAttribute('aria-busy', 'false');
     put(timeline, state.events.map((e) => h('li', {},
       timeEl(e.at_ms), ' ',
       h('span', { class: 'event-type' }, has(`event.${e.type}`) ? t(`event.${e.type}`) : raw(e.type)),
