@@ -150,10 +150,10 @@ def cmd_lease_retire(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
             return 1
     if done.state != "retired" and done.attempts_lost:
-        # Its worker (or, on SQLite, another instance) took the lease between two pages.
+        # The lease was taken between two pages: by its worker (held), or on SQLite by
+        # another instance (unknown); the line after says which.
         print(f"{done.attempts_lost} attempt(s) of instance {instance_id} ended lost "
-              "WORKER_RETIRED before its lease was taken again; the rest are that worker's",
-              file=sys.stderr)  # fmt: skip
+              "WORKER_RETIRED before the command stopped:", file=sys.stderr)  # fmt: skip
     if done.state == "unknown":
         print(f"error: no worker lease of instance {instance_id} on this database (qinglong "
               "lease show lists them)", file=sys.stderr)  # fmt: skip

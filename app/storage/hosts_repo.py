@@ -197,7 +197,9 @@ def retire_host(
         )  # fmt: skip
         if ended is None:
             with UnitOfWork(engine) as uow:
-                again = uow.conn.execute(select(_L.epoch).where(_L.slot == slot)).scalar()
+                again = uow.conn.execute(  # locked: a worker taking it back waits
+                    select(_L.epoch).where(_L.slot == slot).with_for_update()
+                ).scalar()
                 if again != row.epoch:
                     continue  # the row moved meanwhile: read it again
                 # Nothing (left) active: done. Its last sweep's row goes too, or the host

@@ -55,29 +55,42 @@ def not_private(loose: list[tuple[Path, int]]) -> NotPrivate:
 
 
 def require_own_socket_dir(socket_path: Path) -> None:
-    """Raise ``NotPrivate`` when another user could replace the worker socket at
-    ``socket_path``: its directory is writable by group or others without the sticky bit, or
-    owned by a user other than root and this process's. A missing directory is fine here.
+    """Raise ``NotPrivate`` when another user could take the worker socket at
+    ``socket_path``: its directory is owned by a user other than root and this process's,
+    writable by others (sticky or not), or writable by a group other than this process's. A
+    missing directory is fine here.
 
-    Such a directory lets a job (as the job user) remove the socket and bind its own in its
-    place (docs/job-user.md § The worker socket); the default, inside the data dir, is never.
+    In such a directory a job (as the job user) can remove the socket and bind its own, or,
+    sticky (/tmp), bind the path first while the worker is down, which a worker not running
+    as root cannot undo: it could never start again (docs/job-user.md § The worker
+    socket). The default, inside the data dir, is never such.
     """
     parent = socket_path.parent
     try:
         st = os.stat(parent)
     except FileNotFoundError:
         return
-    mode = st.st_mode
-    if st.st_uid not in (0, os.geteuid()):
+    mode, uid = st.st_mode, os.geteuid()
+    keep = "or leave QL_WORKER_SOCKET unset (the socket then lives in the data dir)"
+    if st.st_uid not in (0, uid):
         raise NotPrivate(
             f"{parent}, the worker socket's directory, is owned by uid {st.st_uid}, who may "
-            f"replace the socket; fix with: chown {os.geteuid()} {parent}, or leave "
-            "QL_WORKER_SOCKET unset (the socket then lives in the data dir)"
+            f"replace the socket; fix with: chown {uid} {parent}, {keep}"
         )
-    if mode & 0o022 and not mode & stat.S_ISVTX:
+    others = mode & 0o002
+    strange_group = mode & 0o020 and st.st_gid != os.getegid()
+    if others or strange_group:
+        who = "others" if others else f"group {st.st_gid}, not this service's"
+        fix = f"chmod {'o' if others else 'g'}-w {parent}"
+        if st.st_uid != uid:  # root's: without the write bit the service could not bind
+            fix = f"chown {uid} {parent} and chmod 0700 {parent}"
         raise NotPrivate(
             f"{parent} (mode {stat.S_IMODE(mode):04o}), the worker socket's directory, is "
-            f"writable by group or others without the sticky bit, so they may replace the "
-            f"socket; fix with: chmod go-w {parent}, or leave QL_WORKER_SOCKET unset (the "
-            "socket then lives in the data dir)"
+            f"writable by {who}, so a job may take the socket's path; fix with: {fix}, {keep}"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise NotPrivate(
+            f"{parent} (mode {stat.S_IMODE(mode):04o}, uid {st.st_uid}), the worker socket's "
+            f"directory, is not writable by this service's user (uid {uid}), so the worker "
+            f"could not create its socket; fix with: chown {uid} {parent}, {keep}"
         )

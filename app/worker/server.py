@@ -91,7 +91,10 @@ def _bind(path: Path) -> socket.socket:
             _replace(path, "stale: nobody listens")
         except OSError as exc:
             code = errno.errorcode.get(exc.errno or 0, "error")
-            raise SocketInUse(f"cannot probe {path}: {code}") from None
+            raise SocketInUse(
+                f"cannot probe {path} (uid {st.st_uid}'s socket): {code}; remove it as that "
+                "user or root, or keep QL_WORKER_SOCKET in the data dir"
+            ) from None
         else:
             uid = peer_uid(probe)
             if uid == os.geteuid():
@@ -109,9 +112,11 @@ def _bind(path: Path) -> socket.socket:
     old = os.umask(0o177)  # the socket file is born 0600: no window with wider access
     try:
         sock.bind(str(path))
-    except OSError:
+    except OSError as exc:
+        # Taken again between the removal and the bind, or a directory not ours to write.
         sock.close()
-        raise
+        code = errno.errorcode.get(exc.errno or 0, "error")
+        raise SocketInUse(f"cannot bind the worker socket {path}: {code}") from None
     finally:
         os.umask(old)
     os.chmod(path, 0o600)
@@ -127,10 +132,14 @@ def _replace(path: Path, why: str) -> None:
         pass
     except PermissionError:
         # Another user's file in a sticky directory (/tmp): only its owner may remove it.
+        try:
+            owner = f"uid {os.lstat(path).st_uid}"
+        except OSError:
+            owner = "another user"
         raise SocketInUse(
-            f"{path} ({why}) belongs to uid {os.lstat(path).st_uid} and this user may not "
-            "remove it: remove it as that user or root, or keep QL_WORKER_SOCKET in the data "
-            "dir (docs/job-user.md § The worker socket)"
+            f"{path} ({why}) belongs to {owner} and this user may not remove it: remove it as "
+            "that user or root, or keep QL_WORKER_SOCKET in the data dir (docs/job-user.md § "
+            "The worker socket)"
         ) from None
 
 
@@ -276,7 +285,7 @@ class ControlServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            if peer_uid(conn) != os.getuid():
+            if peer_uid(conn) != os.geteuid():
                 conn.sendall(b'{"ok":false,"error":"FORBIDDEN"}\n')
                 return
             buf = b""

@@ -121,12 +121,13 @@ def test_the_fix_the_message_names_lets_the_role_start(data_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("role", ["worker", "serve"])
-@pytest.mark.parametrize("loose", ["0777", "0770", "job user's"])
+@pytest.mark.parametrize("loose", ["0777", "1777", "0770", "job user's"])
 def test_a_worker_socket_directory_another_user_may_write_stops_the_worker(
     data_dir: Path, short_dir: Path, role: str, loose: str
 ) -> None:
-    # A job could remove the socket there and bind its own (docs/job-user.md § The worker
-    # socket). Before, the worker started and served in such a directory.
+    # A job could remove the socket there and bind its own, or (sticky, /tmp) bind the path
+    # first while the worker is down, which a worker not running as root cannot undo
+    # (docs/job-user.md § The worker socket). Before, the worker started in such a directory.
     socks = short_dir / "socks"
     socks.mkdir()
     if loose == "job user's":
@@ -134,9 +135,14 @@ def test_a_worker_socket_directory_another_user_may_write_stops_the_worker(
         os.chown(socks, JOB_UID, JOB_UID)
         os.chmod(socks, 0o700)
         said = f"{socks}, the worker socket's directory, is owned by uid {JOB_UID}"
+    elif loose == "0770":  # writable by a group that is not the service's
+        job_user_or_skip()  # chown needs root
+        os.chown(socks, -1, JOB_UID)
+        os.chmod(socks, 0o770)
+        said = f"{socks} (mode 0770), the worker socket's directory, is writable by group {JOB_UID}"
     else:
         os.chmod(socks, int(loose, 8))
-        said = f"{socks} (mode {loose}), the worker socket's directory, is writable by group"
+        said = f"{socks} (mode {loose}), the worker socket's directory, is writable by others"
     done = ql(*_role_argv(role), data_dir=data_dir, timeout=30,
               QL_WORKER_SOCKET=str(socks / "w.sock"))  # fmt: skip
     assert done.returncode == 2, (done.stdout, done.stderr)
@@ -146,13 +152,16 @@ def test_a_worker_socket_directory_another_user_may_write_stops_the_worker(
     assert list(socks.iterdir()) == []  # refused before anything was bound
 
 
-def test_a_sticky_or_private_socket_directory_is_taken(short_dir: Path) -> None:
-    # /tmp-like (sticky: no one removes another's socket) or the service's own: no refusal.
-    for mode in (0o1777, 0o700, 0o755):
+def test_a_socket_directory_only_the_service_may_write_is_taken(short_dir: Path) -> None:
+    # The service's own, or writable by its own group too (a RuntimeDirectory= of root and
+    # the service's group): no refusal. Writable by others, sticky or not: refused.
+    os.chown(short_dir, -1, os.getegid())
+    for mode in (0o700, 0o755, 0o770):
         os.chmod(short_dir, mode)
         require_own_socket_dir(short_dir / "w.sock")
     require_own_socket_dir(short_dir / "missing" / "w.sock")  # bind fails later, by itself
-    os.chmod(short_dir, 0o757)
-    with pytest.raises(NotPrivate):
-        require_own_socket_dir(short_dir / "w.sock")
+    for mode in (0o757, 0o1777):
+        os.chmod(short_dir, mode)
+        with pytest.raises(NotPrivate):
+            require_own_socket_dir(short_dir / "w.sock")
     os.chmod(short_dir, 0o700)

@@ -311,6 +311,8 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     assert "could not be reached" in page.inner_text(".result")
     page.unroute("**/api/v1/**")
     page.wait_for_selector(".result .notice-info >> text=The server answers again")
+    # The error had the focus: the notice in its place has it now, not the page's <body>.
+    assert page.evaluate("document.activeElement.classList.contains('notice-info')")
     site.shot(page, "run-reachable-again")
     assert page.query_selector(".result .error-box") is None
     assert get_run(site.served, run_id)["pinned"] is False  # the pin never arrived

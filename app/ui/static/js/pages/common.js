@@ -78,11 +78,17 @@ export function resultSlot() {
       reveal(box);
       if (!box || !(err instanceof ApiError) || err.status !== 0) return;
       onNextAnswer(() => {
-        if (box.parentNode === slot) slot.replaceChildren(h('p', { class: 'notice notice-info' }, t('error.reachable_again')));
+        if (box.parentNode !== slot) return;
+        const again = h('p', { class: 'notice notice-info' }, t('error.reachable_again'));
+        const focused = box.contains(document.activeElement);
+        slot.replaceChildren(again);
+        if (focused) { again.tabIndex = -1; again.focus({ preventScroll: true }); } // not lost to <body>
       });
     },
     message(text) { reveal(h('div', { class: 'error-box', role: 'alert' }, h('p', {}, text))); },
     clear() { slot.replaceChildren(); },
+    /** Only an error or a done notice goes: one still true (a cancel under way) stays. */
+    clearErrors() { for (const el of slot.querySelectorAll(':scope > .error-box, :scope > .notice-info')) el.remove(); },
     /** A "saved" notice goes once the user edits the form again: it spoke of the last save. */
     clearOkOnEdit(form) {
       form.addEventListener('input', () => { if (slot.querySelector('.notice-ok')) slot.replaceChildren(); });

@@ -359,7 +359,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     const number = state.followed;
     if (!number) return;
     const done = busy(download);
-    result.clear();
+    result.clearErrors(); // a cancel's "the run ends once..." is still true
     try {
       const r = await call('GET', path('runs', runId, 'attempts', number, 'log'), { raw: true, scope: 'logs:read' });
       const blob = await r.blob();
