@@ -296,6 +296,45 @@ def default_database_url(data_dir: Path) -> str:
     """The SQLite database in ``data_dir``: the default when QL_DATABASE_URL is unset."""
     return f"sqlite:///{data_dir / 'qinglong.db'}"
 
+
+# The URLs the engine can open (app/storage/engine.py): SQLite, or PostgreSQL through psycopg 3
+# (SQLAlchemy's driver for a bare ``postgresql://``). Another scheme was a traceback at the
+# first connect (its driver is not installed), from every command.
+DATABASE_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql", "postgresql+psycopg")
+DATABASE_URL_FORM = "sqlite:///PATH or postgresql+psycopg://USER@HOST[:PORT]/DATABASE"
+
+
+def database_url_from_env(env: Mapping[str, str], data_dir: Path) -> str:
+    """``QL_DATABASE_URL``, or the SQLite file in ``data_dir`` when unset. A URL the engine
+    cannot open is refused in one line that names what is wrong, never the URL itself: it
+    may hold a password."""
+    raw = env.get("QL_DATABASE_URL")
+    if not raw:
+        return default_database_url(data_dir)
+    scheme, sep, rest = raw.partition("://")
+    why = None
+    if not sep:
+        why = "no scheme"
+    elif scheme not in DATABASE_SCHEMES:
+        shown = scheme if scheme.replace("+", "").replace("-", "").isalnum() else "?"
+        why = f"the scheme {shown[:40]}"
+    elif scheme.startswith("postgresql") and not _ports_are_numbers(rest):
+        why = "the port is not a number"
+    if why is not None:
+        raise ValueError(f"QL_DATABASE_URL must be {DATABASE_URL_FORM} ({why})")
+    return raw
+
+
+def _ports_are_numbers(rest: str) -> bool:
+    """Whether every ``host:port`` of a URL's authority (after ``://``) has a numeric port."""
+    authority = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    for host in authority.split(","):
+        port = host.rpartition("]")[2] if host.startswith("[") else host
+        _, colon, digits = port.rpartition(":")
+        if colon and digits and not digits.isdigit():
+            return False
+    return True
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a process of the service needs to know about where it lives."""
@@ -339,7 +378,7 @@ class Settings:
         """Read ``QL_*`` variables; ``data_dir`` (a flag) wins over ``QL_DATA_DIR``."""
         env = os.environ if env is None else env
         root = Path(data_dir or env.get("QL_DATA_DIR") or DEFAULT_DATA_DIR).absolute()
-        url = env.get("QL_DATABASE_URL") or default_database_url(root)
+        url = database_url_from_env(env, root)
         origins = tuple(o.strip() for o in env.get("QL_CORS_ORIGINS", "").split(",") if o.strip())
         socket = env.get("QL_WORKER_SOCKET")
         ttl, renew = lease_timing_from_env(env)

@@ -191,6 +191,30 @@ def test_a_database_that_does_not_answer_is_one_line_without_the_url(tmp_path: P
         assert "s3cret-pw" not in done.stdout + done.stderr
 
 
+def test_a_database_url_of_another_driver_or_a_bad_port_is_one_line_without_the_url(
+    tmp_path: Path,
+) -> None:
+    # Before: a traceback (ModuleNotFoundError: MySQLdb, psycopg2) or Python's own words
+    # ("invalid literal for int()"), from every command, `serve` and `migrate` included.
+    cases = {
+        "mysql://app:s3cret-pw@127.0.0.1/ql": "the scheme mysql",
+        "postgresql+psycopg2://app:s3cret-pw@127.0.0.1/ql": "the scheme postgresql+psycopg2",
+        "postgres://app:s3cret-pw@127.0.0.1/ql": "the scheme postgres",
+        "127.0.0.1:5432/ql": "no scheme",
+        "postgresql+psycopg://app:s3cret-pw@127.0.0.1:pgport/ql": "the port is not a number",
+    }
+    for url, said in cases.items():
+        for args in (("migrate",), ("token", "list"), ("worker",)):
+            done = ql(*args, data_dir=tmp_path / "d", env={"QL_DATABASE_URL": url})
+            assert done.returncode == 2, (url, args, done.stderr)
+            assert done.stderr.splitlines() == [
+                "qinglong: QL_DATABASE_URL must be sqlite:///PATH or "
+                f"postgresql+psycopg://USER@HOST[:PORT]/DATABASE ({said})"
+            ], (url, args)
+            assert "s3cret-pw" not in done.stdout + done.stderr
+    assert not (tmp_path / "d").exists()  # nothing made for a URL that was refused
+
+
 def test_a_login_the_server_refuses_is_told_apart_from_a_server_that_is_down(
     tmp_path: Path,
 ) -> None:
