@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -10,7 +12,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from app.domain.errors import NotMigrated
 
@@ -43,10 +45,43 @@ def upgrade_to_head(engine: Engine) -> None:
     if newer is not None:
         raise not_migrated(newer)
     config = alembic_config()
-    with engine.connect() as conn:
+    with engine.connect() as conn, foreign_keys_deferred(conn):
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
         conn.commit()
+
+
+@contextmanager
+def foreign_keys_deferred(conn: Connection) -> Iterator[None]:
+    """On SQLite, migrate ``conn`` with its foreign keys off, as SQLite's own procedure for
+    rebuilding a table asks (Alembic's batch mode: copy, DROP, rename): with them on, the
+    DROP of a table other rows point at fails, so no step that drops a column of ``runs``
+    ran on a database that had ever run a job. ``conn`` must not be in a transaction yet (the
+    pragma is a no-op inside one); the migration checks every key before its commit
+    (``check_foreign_keys``, in env.py), and they are on again for whoever uses the pooled
+    connection next. Nothing on PostgreSQL."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    raw = conn.connection.driver_connection
+    assert raw is not None and not conn.in_transaction()
+    raw.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+    finally:
+        if conn.in_transaction():
+            conn.rollback()
+        raw.execute("PRAGMA foreign_keys=ON")
+
+
+def check_foreign_keys(conn: Connection) -> None:
+    """Raise (and so roll the migration back) if a row points at none on SQLite, where the
+    migration ran with its foreign keys off (``foreign_keys_deferred``)."""
+    if conn.dialect.name != "sqlite":
+        return
+    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").first()
+    if broken is not None:
+        raise RuntimeError(f"a migration left a row of {broken[0]} pointing at no {broken[2]}")
 
 
 def head_revision() -> str:

@@ -21,7 +21,13 @@ from sqlalchemy import Engine, MetaData, Table, select
 
 from app.domain.ids import now_ms, uuid7
 from app.storage.engine import make_engine
-from app.storage.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
+from app.storage.migrate import (
+    alembic_config,
+    current_revision,
+    foreign_keys_deferred,
+    head_revision,
+    upgrade_to_head,
+)
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
@@ -33,7 +39,7 @@ from tests.storage.helpers import HANDLE, TOKEN, define_task, start
 def migrate_to(engine: Engine, revision: str, step: Any = command.upgrade) -> None:
     """Alembic's ``step`` (``command.upgrade`` or ``command.downgrade``) to ``revision``."""
     config = alembic_config()
-    with engine.connect() as conn:
+    with engine.connect() as conn, foreign_keys_deferred(conn):  # as `qinglong migrate` does
         config.attributes["connection"] = conn
         step(config, revision)
         conn.commit()
