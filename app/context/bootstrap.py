@@ -62,7 +62,9 @@ if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
 
 log = logging.getLogger("qinglong.context")
 
-Hook = Callable[[], None]
+# A hook may return False: it skipped its work (a drain with no worker to talk to read
+# nothing), so its run says nothing about a failing pass having recovered.
+Hook = Callable[[], bool | None]
 # How long close waits for the launches in flight; inside the supervisor's stop bound.
 STOP_TIMEOUT_S = 5.0
 
@@ -184,8 +186,8 @@ class Background:
         if hook is None:
             return
         try:
-            hook()
-            self._failures[name].succeeded()
+            if hook() is not False:  # False: skipped, no verdict (see ``Hook``)
+                self._failures[name].succeeded()
         except Exception as exc:  # a failed pass is retried by the next kick or tick
             self._failures[name].failed(exc)  # a line when it starts, then one a minute
 

@@ -180,7 +180,8 @@ class HostTransitions:
 class ExecutionHooks:
     """What the composition root plugs into the background thread and readiness."""
 
-    drain: Callable[[], None]
+    # False when it did nothing (halted, backing off, no worker): no verdict on the database.
+    drain: Callable[[], bool]
     worker_ready: Callable[[], str | None]
     # After a cancel intent: the worker's cancellation sweep runs now, not at its next tick.
     wake_worker: Callable[[], None]
@@ -188,7 +189,7 @@ class ExecutionHooks:
     # Shutdown: no pass starts after this; the passes in flight finish (their launches too).
     halt: Callable[[], None]
     # The slow loop's hook: a drain, or while budget_wait() only a count unless a run ended.
-    tick: Callable[[], None] = lambda: None
+    tick: Callable[[], bool] = lambda: True
     # True while the last drain left runs queued because of a budget: tick every BUDGET_POLL_S.
     budget_wait: Callable[[], bool] = lambda: False
 
@@ -242,9 +243,9 @@ def build_execution(
     # Before every drain's passes while the worker answers: the database away, a line a tick.
     promote_failures = FailureLog(log, "promoting due retries", level=logging.WARNING)
 
-    def drain() -> None:
+    def drain() -> bool:
         try:
-            _drain_once()
+            return _drain_once()
         finally:
             if not halted.is_set():
                 _ahead()
@@ -275,19 +276,19 @@ def build_execution(
         except OSError as exc:
             log.warning("making the log shards failed: %s", type(exc).__name__)
 
-    def _drain_once() -> None:
+    def _drain_once() -> bool:
         # No worker, no dispatch: runs stay queued (never failed) until it answers again,
-        # asked at a growing interval, never in a loop.
+        # asked at a growing interval, never in a loop. Such a drain read nothing: False.
         if halted.is_set() or not pause.due():
-            return
+            return False
         try:
             answer = worker.ping(timeout_s=DRAIN_PING_TIMEOUT_S)
         except WorkerUnavailable:
             pause.unavailable()
-            return
+            return False
         if not host.answered(answer):
             pause.unavailable()
-            return
+            return False
         if promote_due is not None:
             try:
                 promote_due(MAX_PASSES_PER_DRAIN)  # at most as many as a drain can start
@@ -302,8 +303,9 @@ def build_execution(
             pause.answered()
         wait["at"] = time.monotonic()
         wait["active"] = candidates.active_count() if blocked.is_set() else None
+        return True
 
-    def tick() -> None:
+    def tick() -> bool:
         active = wait["active"]
         at = wait["at"] or 0.0
         # Blocked by a budget: drain only once a run ended (the count fell), or at the slow
@@ -313,8 +315,8 @@ def build_execution(
             and time.monotonic() - at < settings_interval_s
             and candidates.active_count() >= active
         ):
-            return
-        drain()
+            return True  # the count was read
+        return drain()
 
     def worker_ready() -> str | None:
         try:

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import Engine
 
 from app.context.bootstrap import Background, retry_wake
-from app.context.execution_wiring import build_execution
-from app.domain.errors import NotMigrated
+from app.context.execution_wiring import DispatchBackoff, build_execution
+from app.domain.errors import NotMigrated, WorkerUnavailable
 from app.domain.profiles import EDGE
 from app.settings import Settings
 from app.storage.definitions_repo import DefinitionRepository
@@ -101,3 +101,67 @@ def test_promoting_due_retries_failing_every_drain_is_one_line_then_its_recovery
         hooks.close()
     assert failing == ["promoting due retries failed: NotMigrated"]  # 60 drains, one line
     assert _lines(caplog, "qinglong.dispatch")[1:] == [f"promoting due retries works again after {TICKS} failure(s)"]
+
+
+class _SwitchingWorker:
+    """A worker socket that answers until ``away`` is set, then refuses (a worker that
+    stopped serving, as one does once the database stays away past its lease)."""
+
+    def __init__(self) -> None:
+        self.away = threading.Event()
+
+    def ping(self, *, timeout_s: float | None = None) -> None:
+        if self.away.is_set():
+            raise WorkerUnavailable("worker socket not answering")
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_drain_skipped_for_want_of_a_worker_is_no_recovery_of_the_failing_database(
+    unmigrated: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: during a PostgreSQL outage the worker stopped serving, the drain then returned
+    # before any read, and the log said `background pass (periodic) works again after 9
+    # failure(s)` while the database was still away.
+    runs = RunRepository(unmigrated)
+    worker = _SwitchingWorker()
+    hooks = build_execution(
+        Settings(data_dir=tmp_path / "data", database_url="sqlite://", profile=EDGE),
+        candidates=RunReader(unmigrated), definitions=DefinitionRepository(unmigrated),
+        secrets=MemorySecrets(), transitions=runs, client=cast(Any, worker),
+        backoff=DispatchBackoff(base_s=0.0, cap_s=0.0),
+    )  # fmt: skip
+    ticks = 0
+    skipped, migrated, recovered = threading.Event(), threading.Event(), threading.Event()
+
+    def periodic() -> bool:
+        nonlocal ticks
+        ticks += 1
+        if ticks == 5:
+            worker.away.set()  # the database still away: these drains read nothing
+        elif ticks == 15:
+            skipped.set()
+            assert migrated.wait(20)
+        elif ticks > 16:
+            recovered.set()
+        return hooks.tick()
+
+    background = Background(on_enqueued=None, periodic=periodic, interval_s=0.001)
+    try:
+        with caplog.at_level(logging.INFO, logger="qinglong.context"):
+            background.start()
+            assert skipped.wait(20)
+            during = _lines(caplog, "qinglong.context")
+            upgrade_to_head(unmigrated)
+            worker.away.clear()
+            migrated.set()
+            assert recovered.wait(20)
+    finally:
+        background.stop()
+        hooks.close()
+    assert during == ["background pass (periodic) failed: NotMigrated"]
+    assert _lines(caplog, "qinglong.context")[1:] == [
+        "background pass (periodic) works again after 4 failure(s)"
+    ]
