@@ -208,6 +208,11 @@ def _service_main(argv: list[str]) -> int:
         print(f"qinglong: {exc.detail}", file=sys.stderr)
         return 1
     except SQLAlchemyError as exc:
+        from app.storage.unavailable import is_storage_unavailable
+
+        if is_storage_unavailable(exc):  # outside a unit of work: SQLite opening its -wal
+            print(f"qinglong: {StorageUnavailable.detail}", file=sys.stderr)  # on a full disk
+            return 1
         # Never echo the URL (it may hold a password) or a traceback.
         print(
             f"qinglong: the database is not reachable or not usable ({type(exc).__name__}); "

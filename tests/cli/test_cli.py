@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from app.domain.canonical import sha256_digest
 from app.domain.tokens import looks_like_token
 from tests.conftest import PG_ENV
+from tests.disk import fill, mounted_tmpfs
 
 
 def ql(
@@ -213,6 +214,29 @@ def test_a_database_url_of_another_driver_or_a_bad_port_is_one_line_without_the_
             ], (url, args)
             assert "s3cret-pw" not in done.stdout + done.stderr
     assert not (tmp_path / "d").exists()  # nothing made for a URL that was refused
+
+
+def test_migrate_and_serve_on_a_full_disk_say_so_not_check_the_url_and_migrate(
+    tmp_path: Path,
+) -> None:
+    # Before: `qinglong migrate` and `qinglong serve` (which migrates first) on a data dir
+    # whose disk filled up said "the database is not reachable or not usable
+    # (OperationalError); check QL_DATABASE_URL and run `qinglong migrate`": SQLite could not
+    # make its -wal/-shm files, and the advice sent the operator to the one command failing.
+    with mounted_tmpfs(tmp_path / "fs", size_mib=60) as fs:
+        data = fs / "data"
+        assert ql("migrate", data_dir=data).returncode == 0
+        fill(fs)
+        with socket.socket() as probe:  # never bound: serve migrates first
+            probe.bind(("127.0.0.1", 0))
+            port = str(probe.getsockname()[1])
+        for args in (("migrate",), ("serve", "--host", "127.0.0.1", "--port", port)):
+            done = ql(*args, data_dir=data)
+            assert done.returncode == 1, (args, done.stderr)
+            assert done.stderr.splitlines() == [
+                "qinglong: the database cannot store writes now (disk full or read-only); "
+                "retry later"
+            ], args
 
 
 def test_a_login_the_server_refuses_is_told_apart_from_a_server_that_is_down(
