@@ -74,22 +74,24 @@ class CancellationSweep:
                 # decides; an unverifiable handle is never signalled.
                 continue
             assert attempt.handle is not None
-            if self._start_stop(attempt.attempt_id, attempt.handle):
+            deadline = attempt.cancel_reason in (None, "timeout")
+            if self._start_stop(attempt.attempt_id, attempt.handle, deadline=deadline):
                 started += 1
         return started
 
-    def _start_stop(self, attempt_id: str, handle: ProcessHandle) -> bool:
+    def _start_stop(self, attempt_id: str, handle: ProcessHandle, *, deadline: bool) -> bool:
         with self._lock:
             if attempt_id in self._inflight or attempt_id in self._stopped:
                 return False
             thread = threading.Thread(
-                target=self._stop, args=(attempt_id, handle), name="ql-stop", daemon=True
+                target=self._stop, args=(attempt_id, handle, deadline), name="ql-stop",
+                daemon=True,
             )
             self._inflight[attempt_id] = thread
         thread.start()
         return True
 
-    def _stop(self, attempt_id: str, handle: ProcessHandle) -> None:
+    def _stop(self, attempt_id: str, handle: ProcessHandle, deadline: bool) -> None:
         result = "unknown"
         try:
             result = self._controller.stop(handle, grace_seconds=self._profile.stop_grace_s)
@@ -101,7 +103,11 @@ class CancellationSweep:
                 if len(self._stopped) >= _REMEMBER_MAX:
                     self._stopped.clear()
                 self._stopped.add(attempt_id)
-        log.info("stop after cancel intent: %s", result)
+        # Which attempt, and why: its deadline, or a cancel intent (a user's, or serve's
+        # --stop-jobs-on-exit); the stored reason itself is not written (any string a newer
+        # build stores is read).
+        why = "after its deadline" if deadline else "after a cancel intent"
+        log.info("stop of attempt %s %s: %s", attempt_id, why, result)
 
     def close(self, timeout: float) -> None:
         """Wait (bounded) for stops in flight."""
