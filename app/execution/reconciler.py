@@ -82,6 +82,9 @@ class PassReport:
     stopped: int = 0
     undecided: int = 0
     purged: int = 0
+    # Of ``purged``, the consumed receipts' rows: every ended job's, a retention window later
+    # (routine: the loop writes no line for them alone).
+    purged_consumed: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
 
 
@@ -171,7 +174,7 @@ class Reconciler:
                 break
             self._cursor = page[-1].attempt_id
         self._sweep_journal(report)
-        report.purged = self.purge_retention()
+        report.purged, report.purged_consumed = self._purge_retention()
         return report
 
     def _one(self, attempt: ActiveAttemptView, report: PassReport) -> None:
@@ -347,10 +350,15 @@ class Reconciler:
     # -- retention (docs/design.md §4: rows and quarantined files by profile) -------------------
 
     def purge_retention(self) -> int:
-        """Delete settled journal rows and quarantined files past retention; bounded."""
+        """Delete settled journal rows and quarantined files past retention; bounded.
+        Returns how many rows went."""
+        return self._purge_retention()[0]
+
+    def _purge_retention(self) -> tuple[int, int]:
+        """``purge_retention``: (rows deleted, of which consumed receipts' rows)."""
         budget = self._profile.reconcile_pages * self._profile.reconcile_page_size
         now = self._clock()
-        purged = 0
+        purged = consumed = 0
         consumed_before = now - int(self._profile.consumed_receipt_retention_s * 1000)
         quarantined_before = now - int(self._profile.quarantine_retention_s * 1000)
         for state, before in (
@@ -381,4 +389,6 @@ class Reconciler:
             for attempt_id in settled:
                 if self._journal.delete_settled(attempt_id=attempt_id, state=state):
                     purged += 1
-        return purged
+                    if state == CONSUMED:
+                        consumed += 1
+        return purged, consumed

@@ -96,9 +96,11 @@ class RecoveryLoop:
     def _full_pass(self) -> None:
         report = self._reconciler.run_pass()
         self.passes += 1
+        # Not for routine work alone: completions (each has its events) and the purge of
+        # consumed receipts' rows, which every ended job brings a retention window later.
         if (
             report.lost or report.failed or report.requeued or report.stopped
-            or report.undecided or report.purged
+            or report.undecided or report.purged > report.purged_consumed
         ):  # fmt: skip
             log.info(
                 "reconcile pass: examined %d completed %d lost %d failed %d requeued %d "

@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine
 
 from app.domain.ids import now_ms
 from app.domain.profiles import EDGE
+from app.execution.cancellation import CancellationSweep
 from app.execution.recovery_loop import RecoveryLoop
+from app.storage.run_reads import RunReader
+from app.storage.runs_repo import RunRepository
+from app.worker.launcher import IdentityController
 from app.worker.receipts import ReceiptStore
 from tests.recovery.kit import in_process_reconciler
-from tests.worker.kit import armed_run
+from tests.worker.kit import (
+    armed_run,
+    dead_handle,
+    running_run,
+    terminal_events,
+    wait_for,
+    write_receipt,
+)
 
 
 def test_a_pass_is_bounded_and_the_next_resumes_where_it_stopped(
@@ -91,3 +104,47 @@ def test_wakes_never_overlap_passes_and_stop_is_clean() -> None:
     passes = probe.passes
     loop.wake(reconcile=True)  # after stop (the thread was joined): nothing runs any more
     assert probe.passes == passes
+
+
+def test_routine_purges_of_consumed_receipts_write_no_line_but_a_loss_does(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: every job that ended wrote `reconcile pass: examined 0 completed 0 lost 0 ...
+    # purged 1` a retention window later (its consumed receipt's journal row deleted), so a
+    # schedule firing every minute wrote a line a minute for good, burying the lines that mean
+    # something (a run lost, failed, requeued).
+    store = ReceiptStore(tmp_path / "receipts")
+    clock = [now_ms()]
+    armed, started = running_run(engine, dead_handle())
+    write_receipt(store, armed, started)
+    loop = RecoveryLoop(
+        reconciler=in_process_reconciler(engine, store, clock),
+        cancellation=CancellationSweep(
+            attempts=RunReader(engine), intents=RunRepository(engine),
+            controller=IdentityController(), profile=EDGE,
+        ),
+        interval_s=3600.0, sweep_interval_s=3600.0,
+    )  # fmt: skip
+
+    def one_pass() -> None:
+        passes = loop.passes
+        loop.wake(reconcile=True)
+        wait_for(lambda: loop.passes > passes, "a reconcile pass")
+
+    with caplog.at_level(logging.INFO, logger="app.execution.recovery_loop"):
+        loop.start()
+        try:
+            wait_for(lambda: loop.passes >= 1, "the start-up pass")  # completes the run
+            assert terminal_events(engine, armed.run_id)[-1] == "run.succeeded"
+            clock[0] += int(EDGE.consumed_receipt_retention_s * 1000) + 60_000
+            one_pass()  # purges its consumed journal row: routine
+            routine = [r.getMessage() for r in caplog.records]
+            lost, _ = running_run(engine, dead_handle())  # a job gone without a receipt
+            clock[0] += 3_600_000  # past every grace
+            one_pass()
+        finally:
+            loop.stop(timeout=10)
+    assert routine == []
+    assert terminal_events(engine, lost.run_id)[-1] == "run.lost"
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("reconcile pass: examined 1 completed 0 lost 1 failed 0 ")
