@@ -227,6 +227,9 @@ def uvicorn_options(args: argparse.Namespace, settings: Settings) -> dict[str, A
         "port": args.port,
         "workers": args.workers,
         "log_level": "warning",
+        # No handler of uvicorn's own: its lines (a malformed request, a rolling restart
+        # that did not take) reach the root logger's, in the service's format (log_lines).
+        "log_config": None,
         # httptools (or QL_HTTP_PARSER=h11) with a shutdown that lets keep-alive clients
         # finish (app/api/retirement.py) and the limits of docs/http-limits.md.
         "http": retirement.http_protocol(limits),

@@ -8,13 +8,16 @@ processes: a migrated database, the api with two workers, HTTP from outside.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from app.domain.profiles import EDGE
 from app.domain.tokens import new_api_token
@@ -89,3 +92,59 @@ def test_api_workers_serve_the_data_dir_given_by_flag(tmp_path: Path, short_dir:
     finally:
         engine.dispose()
     assert not (tmp_path / ".qinglong").exists()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_uvicorn_s_own_lines_come_in_the_service_log_format(
+    tmp_path: Path, short_dir: Path, workers: str
+) -> None:
+    # Before: uvicorn's handler wrote its lines its own way, `WARNING:  Invalid HTTP request
+    # received.` for every malformed request (a port scanner's), `ERROR:    New child
+    # process [..] was not ready in time; ... aborting the restart.` for a rolling restart
+    # that did not take: no time, no role, among the service's timed lines.
+    data_dir = tmp_path / "data"
+    settings = Settings(
+        data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'qinglong.db'}", profile=EDGE
+    )
+    settings.ensure_data_dir()
+    engine = make_engine(settings.database_url)
+    try:
+        upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["QL_WORKER_SOCKET"] = str(short_dir / "w.sock")
+    port = free_port()
+    argv = [sys.executable, "-m", "app", "api", "--data-dir", str(data_dir)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", workers]
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    try:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert proc.poll() is None, log.read_text()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"GARBAGE\x00 / NOTHTTP\r\n\r\n")
+            assert conn.recv(64).startswith(b"HTTP/1.1 400 ")
+        deadline = time.monotonic() + 10
+        while "Invalid HTTP request" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    lines = log.read_text().splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} api (INFO|WARNING|ERROR) "
+    assert [line for line in lines if not re.match(stamp, line)] == []
+    assert any(re.fullmatch(stamp + r"Invalid HTTP request received\.", x) for x in lines)
