@@ -291,7 +291,6 @@ class RetentionSettings:
         return profile.retention.interval_s if self.interval_s is None else self.interval_s
 
 
-
 def default_database_url(data_dir: Path) -> str:
     """The SQLite database in ``data_dir``: the default when QL_DATABASE_URL is unset."""
     return f"sqlite:///{data_dir / 'qinglong.db'}"
@@ -334,6 +333,7 @@ def _ports_are_numbers(rest: str) -> bool:
         if colon and digits and not digits.isdigit():
             return False
     return True
+
 
 @dataclass(frozen=True)
 class Settings:

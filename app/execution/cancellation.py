@@ -84,7 +84,9 @@ class CancellationSweep:
             if attempt_id in self._inflight or attempt_id in self._stopped:
                 return False
             thread = threading.Thread(
-                target=self._stop, args=(attempt_id, handle, deadline), name="ql-stop",
+                target=self._stop,
+                args=(attempt_id, handle, deadline),
+                name="ql-stop",
                 daemon=True,
             )
             self._inflight[attempt_id] = thread

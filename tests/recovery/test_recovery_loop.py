@@ -66,8 +66,9 @@ class _Probe:
         time.sleep(0.02)  # a pass that takes time, so wakes arrive while it runs
         self.passes += 1
         self._leave()
-        return type("R", (), {"lost": 0, "failed": 0, "stopped": 0, "undecided": 0,
-                              "purged": 0, "examined": 0, "completed": 0})()
+        return type("R", (), {"lost": 0, "failed": 0, "requeued": 0, "stopped": 0,
+                              "undecided": 0, "purged": 0, "purged_consumed": 0,
+                              "examined": 0, "completed": 0})()  # fmt: skip
 
     def run_once(self) -> int:
         self._enter()
