@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]  # alembic.ini: the steps down run fr
 
 def _run(args: list[str], url: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-    env["QL_DATABASE_URL"] = url
+    # The data dir beside the database: `migrate` makes it, and the default is ./.qinglong.
+    env |= {"QL_DATABASE_URL": url, "QL_DATA_DIR": str(Path(url.removeprefix("sqlite:///")).parent)}
     return subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
 
 
