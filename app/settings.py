@@ -310,28 +310,29 @@ def database_url_from_env(env: Mapping[str, str], data_dir: Path) -> str:
     raw = env.get("QL_DATABASE_URL")
     if not raw:
         return default_database_url(data_dir)
-    scheme, sep, rest = raw.partition("://")
+    scheme, sep, _ = raw.partition("://")
     why = None
     if not sep:
         why = "no scheme"
     elif scheme not in DATABASE_SCHEMES:
         shown = scheme if scheme.replace("+", "").replace("-", "").isalnum() else "?"
         why = f"the scheme {shown[:40]}"
-    elif scheme.startswith("postgresql") and not _ports_are_numbers(rest):
+    elif scheme.startswith("postgresql") and not _ports_are_numbers(raw):
         why = "the port is not a number"
     if why is not None:
         raise ValueError(f"QL_DATABASE_URL must be {DATABASE_URL_FORM} ({why})")
     return raw
 
 
-def _ports_are_numbers(rest: str) -> bool:
-    """Whether every ``host:port`` of a URL's authority (after ``://``) has a numeric port."""
-    authority = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
-    for host in authority.split(","):
-        port = host.rpartition("]")[2] if host.startswith("[") else host
-        _, colon, digits = port.rpartition(":")
-        if colon and digits and not digits.isdigit():
-            return False
+def _ports_are_numbers(raw: str) -> bool:
+    """Whether the URL's port, if any, is a number, by SQLAlchemy's own parser: a password
+    may hold ``/``, ``?`` or ``:``, which a split by hand read as part of the host."""
+    from sqlalchemy.engine import make_url  # only for a PostgreSQL URL
+
+    try:
+        make_url(raw)
+    except ValueError:
+        return False
     return True
 
 

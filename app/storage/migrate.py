@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine
 
-from app.domain.errors import NotMigrated
+from app.domain.errors import DomainError, ErrorCode, NotMigrated
 
 
 def migrations_dir() -> Path:
@@ -81,7 +81,13 @@ def check_foreign_keys(conn: Connection) -> None:
         return
     broken = conn.exec_driver_sql("PRAGMA foreign_key_check").first()
     if broken is not None:
-        raise RuntimeError(f"a migration left a row of {broken[0]} pointing at no {broken[2]}")
+        raise DomainError(
+            ErrorCode.NOT_MIGRATED,
+            f"a row of {broken[0]} points at no row of {broken[2]} (rows an older build or a "
+            "hand edit left): nothing was migrated, the database stays at its revision; see "
+            "`PRAGMA foreign_key_check` in sqlite3, repair or remove those rows, then migrate "
+            "again",
+        )
 
 
 def head_revision() -> str:

@@ -192,6 +192,19 @@ def test_a_database_that_does_not_answer_is_one_line_without_the_url(tmp_path: P
         assert "s3cret-pw" not in done.stdout + done.stderr
 
 
+def test_a_password_holding_a_slash_or_a_question_mark_is_no_port() -> None:
+    # SQLAlchemy reads these URLs (a base64-like generated password); a split by hand read
+    # part of the password as the port and refused a deployment that worked.
+    from app.settings import database_url_from_env
+
+    for url in (
+        "postgresql+psycopg://app:pa/ss@127.0.0.1:5432/ql",
+        "postgresql+psycopg://app:pa?ss@127.0.0.1/ql",
+        "postgresql+psycopg://app:a:b@[::1]:5432/ql",
+    ):
+        assert database_url_from_env({"QL_DATABASE_URL": url}, Path("/nonexistent")) == url
+
+
 def test_a_database_url_of_another_driver_or_a_bad_port_is_one_line_without_the_url(
     tmp_path: Path,
 ) -> None:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from app.storage.engine import make_engine
-from app.storage.migrate import head_revision, upgrade_to_head
+from app.storage.migrate import current_revision, head_revision, upgrade_to_head
 from tests.storage.helpers import define_task, enqueue, start
 
 ROOT = Path(__file__).resolve().parents[2]  # alembic.ini: the steps down run from a checkout
@@ -60,3 +60,30 @@ def test_each_step_down_keeps_the_rows_and_migrate_brings_the_database_back(
     assert up.returncode == 0, up.stderr
     assert up.stdout == f"database migrated to head ({head_revision()})\n"
     assert _counts(db) == before
+
+
+def test_a_failed_foreign_key_check_leaves_the_database_at_its_revision(tmp_path: Path) -> None:
+    """The check runs after the steps, with SQLite's foreign keys off: Alembic committed each
+    step alone on SQLite, so a failed check rolled nothing back, `migrate` ended in a
+    traceback, and the next `migrate` said 'migrated to head' over the broken row. Now the
+    steps and the check are one transaction, and the refusal is one line."""
+    db = tmp_path / "q.db"
+    url = f"sqlite:///{db}"
+    assert _run([sys.executable, "-m", "alembic", "upgrade", "0011"], url).returncode == 0
+    with sqlite3.connect(db) as raw:  # a row no run holds, as a hand edit would leave
+        raw.execute("PRAGMA foreign_keys=OFF")
+        raw.execute("INSERT INTO run_events VALUES ('no-such-run', 1, 'run.queued', 0, '{}')")
+    for _ in range(2):  # refused again: never 'migrated' over the broken row
+        done = _run([sys.executable, "-m", "app", "migrate"], url)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.stderr.splitlines() == [
+            "qinglong: a row of run_events points at no row of runs (rows an older build or a "
+            "hand edit left): nothing was migrated, the database stays at its revision; see "
+            "`PRAGMA foreign_key_check` in sqlite3, repair or remove those rows, then migrate "
+            "again"
+        ]
+        engine = make_engine(url)
+        try:
+            assert current_revision(engine) == "0011"
+        finally:
+            engine.dispose()

@@ -19,18 +19,26 @@ def run_migrations_online() -> None:
     SQLite's foreign keys, app/storage/migrate.py) or a fresh engine (`alembic` run by hand)."""
     connection = config.attributes.get("connection")
     if connection is not None:
-        context.configure(connection=connection, target_metadata=target_metadata)
+        context.configure(**_options(connection))
         _migrate(connection)
         return
     url = config.get_main_option("sqlalchemy.url") or Settings.from_env().database_url
     engine = make_engine(url)
     try:
         with engine.connect() as conn, foreign_keys_deferred(conn):
-            context.configure(connection=conn, target_metadata=target_metadata)
+            context.configure(**_options(conn))
             _migrate(conn)
             conn.commit()
     finally:
         engine.dispose()
+
+
+def _options(conn: Connection) -> dict[str, object]:
+    # One transaction for every step and the foreign-key check, on SQLite too: Alembic
+    # takes SQLite's DDL as not transactional and committed each step alone, so a failed
+    # check (after the steps) rolled nothing back, and the next start found nothing to do.
+    # SQLite's DDL is transactional; a process killed mid-way leaves the revision it had.
+    return {"connection": conn, "target_metadata": target_metadata, "transactional_ddl": True}
 
 
 def _migrate(conn: Connection) -> None:
