@@ -1,5 +1,5 @@
 """Every migration's step down runs on a database with rows, then `qinglong migrate` brings
-it back: the way docs/operations.md §4 rolls back to an older build.
+it back: the way docs/operations.md §4 rolls back to an older build, on both engines.
 
 SQLite enforces foreign keys on every connection (app/storage/engine.py), and a step down
 that drops a column rebuilds its table (Alembic's batch mode: copy, DROP, rename). Before,
@@ -15,51 +15,55 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sqlalchemy import Engine
+
 from app.storage.engine import make_engine
 from app.storage.migrate import current_revision, head_revision, upgrade_to_head
 from tests.storage.helpers import define_task, enqueue, start
+from tests.storage.test_upgrade_from_0004 import empty_engine
+
+__all__ = ["empty_engine"]  # the fixture, on a fresh SQLite file or a private PG schema
 
 ROOT = Path(__file__).resolve().parents[2]  # alembic.ini: the steps down run from a checkout
 
 
-def _run(args: list[str], url: str) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], url: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-    # The data dir beside the database: `migrate` makes it, and the default is ./.qinglong.
-    env |= {"QL_DATABASE_URL": url, "QL_DATA_DIR": str(Path(url.removeprefix("sqlite:///")).parent)}
+    # A data dir of the test's: `migrate` makes it, and the default is ./.qinglong.
+    env |= {"QL_DATABASE_URL": url, "QL_DATA_DIR": str(data_dir / "data")}
     return subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
 
 
-def _counts(db: Path) -> dict[str, int]:
-    with sqlite3.connect(db) as conn:
-        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+def _counts(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {t: conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar_one()
                 for t in ("task_revisions", "runs", "attempts", "run_events")}  # fmt: skip
 
 
 def test_each_step_down_keeps_the_rows_and_migrate_brings_the_database_back(
-    tmp_path: Path,
-) -> None:
-    db = tmp_path / "qinglong.db"
-    url = f"sqlite:///{db}"
-    engine = make_engine(url)
-    try:
-        upgrade_to_head(engine)
-        define_task(engine)
-        start(engine, enqueue(engine))  # a running run: an attempt points at it
-        enqueue(engine)
-    finally:
-        engine.dispose()
-    before = _counts(db)
+    empty_engine: Engine, tmp_path: Path,
+) -> None:  # fmt: skip
+    engine = empty_engine
+    url = engine.url.render_as_string(hide_password=False)
+    upgrade_to_head(engine)
+    define_task(engine)
+    start(engine, enqueue(engine))  # a running run: an attempt points at it
+    enqueue(engine)
+    before = _counts(engine)
+    engine.dispose()  # the steps down take the tables a pooled connection would hold
     alembic = str(Path(sys.executable).with_name("alembic"))
-    down = _run([alembic, "downgrade", "0001"], url)
+    down = _run([alembic, "downgrade", "0001"], url, tmp_path)
     assert down.returncode == 0, down.stderr[-2000:]
-    assert _counts(db) == before
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0001",)
-        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
-    up = _run([sys.executable, "-m", "app", "migrate"], url)
+    assert _counts(engine) == before
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").all() == [("0001",)]
+        if engine.dialect.name == "sqlite":
+            assert conn.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+    engine.dispose()
+    up = _run([sys.executable, "-m", "app", "migrate"], url, tmp_path)
     assert up.returncode == 0, up.stderr
     assert up.stdout == f"database migrated to head ({head_revision()})\n"
-    assert _counts(db) == before
+    assert _counts(engine) == before
 
 
 def test_a_failed_foreign_key_check_leaves_the_database_at_its_revision(tmp_path: Path) -> None:
@@ -69,12 +73,12 @@ def test_a_failed_foreign_key_check_leaves_the_database_at_its_revision(tmp_path
     steps and the check are one transaction, and the refusal is one line."""
     db = tmp_path / "q.db"
     url = f"sqlite:///{db}"
-    assert _run([sys.executable, "-m", "alembic", "upgrade", "0011"], url).returncode == 0
+    assert _run([sys.executable, "-m", "alembic", "upgrade", "0011"], url, tmp_path).returncode == 0
     with sqlite3.connect(db) as raw:  # a row no run holds, as a hand edit would leave
         raw.execute("PRAGMA foreign_keys=OFF")
         raw.execute("INSERT INTO run_events VALUES ('no-such-run', 1, 'run.queued', 0, '{}')")
     for _ in range(2):  # refused again: never 'migrated' over the broken row
-        done = _run([sys.executable, "-m", "app", "migrate"], url)
+        done = _run([sys.executable, "-m", "app", "migrate"], url, tmp_path)
         assert done.returncode == 1, done.stdout + done.stderr
         assert done.stderr.splitlines() == [
             "qinglong: a row of run_events points at no row of runs (rows an older build or a "
