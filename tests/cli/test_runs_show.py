@@ -56,6 +56,15 @@ def app_and_admin(db_url: str, tmp_path: Path) -> Iterator[tuple[Settings, Clien
         client.close()
 
 
+
+def _through(monkeypatch: pytest.MonkeyPatch, app: Client, token: str) -> tuple[str, ...]:
+    """The CLI's client talks to ``app`` in-process; the flags that point it there."""
+    monkeypatch.setattr(
+        commands, "Client",
+        lambda url, token: CliClient(url, token, transport=_ThroughApp(app)),
+    )  # fmt: skip
+    return ("--url", "http://testserver", "--token", token)
+
 def test_runs_show_says_a_retry_that_waits_is_waiting_and_json_keeps_claimed(
     app_and_admin: tuple[Settings, Client, str],
     monkeypatch: pytest.MonkeyPatch,
@@ -67,11 +76,7 @@ def test_runs_show_says_a_retry_that_waits_is_waiting_and_json_keeps_claimed(
     assert app.put("/api/v1/tasks/flaky/revisions/1", json=body, headers=auth).status_code == 201
     run = app.post("/api/v1/runs", json={"task": "flaky"}, headers=auth).json()
     fail_run(settings, run["id"], make_running(settings, run["id"]))  # attempt 2 waits 300 s
-    monkeypatch.setattr(
-        commands, "Client",
-        lambda url, token: CliClient(url, token, transport=_ThroughApp(app)),
-    )  # fmt: skip
-    where = ("--url", "http://testserver", "--token", token)
+    where = _through(monkeypatch, app, token)
 
     assert main(["runs", "show", run["id"], *where]) == 0
     shown = capsys.readouterr().out
@@ -106,11 +111,7 @@ def test_a_timed_out_run_reads_timed_out_in_words_and_json_keeps_the_api_name(
         )  # fmt: skip
     finally:
         engine.dispose()
-    monkeypatch.setattr(
-        commands, "Client",
-        lambda url, token: CliClient(url, token, transport=_ThroughApp(app)),
-    )  # fmt: skip
-    where = ("--url", "http://testserver", "--token", token)
+    where = _through(monkeypatch, app, token)
 
     assert main(["runs", "list", *where]) == 0
     listed = capsys.readouterr().out
@@ -144,11 +145,7 @@ def test_runs_show_names_a_cancel_the_service_asked_on_exit_and_json_keeps_user(
         )
     finally:
         engine.dispose()
-    monkeypatch.setattr(
-        commands, "Client",
-        lambda url, token: CliClient(url, token, transport=_ThroughApp(app)),
-    )  # fmt: skip
-    where = ("--url", "http://testserver", "--token", token)
+    where = _through(monkeypatch, app, token)
 
     assert main(["runs", "show", run["id"], *where]) == 0
     shown = capsys.readouterr().out
