@@ -29,6 +29,7 @@ from app.api.hot_reads import HotReads
 from app.api.log_lines import log_lines
 from app.api.openapi import install_openapi
 from app.api.ui import SecurityHeaders, install_ui
+from app.context import metrics
 from app.context.bootstrap import AppContext, build_context
 from app.settings import Settings
 
@@ -41,6 +42,12 @@ def serve_app() -> FastAPI:
     supervisor's do. Without it they reached stderr through logging's last-resort handler:
     the bare message, warnings only."""
     log_lines()
+    if metrics.FILES_PROBLEM is not None:  # once per api process: its start is the only cause
+        logging.getLogger(__name__).warning(
+            "metrics: this api process keeps no observations (no room for its metric file, "
+            "%s); the others' are still reported (docs/metrics.md)",
+            metrics.FILES_PROBLEM,
+        )
     return create_app(ready_line=True)
 
 

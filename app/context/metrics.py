@@ -16,10 +16,18 @@ Two sources, so that the answer is the same whichever api process a scrape reach
 
 Labels are statuses, stable error codes, journal states and whether a slot was on time only:
 never a task or schedule name, argv, environment value or output.
+
+A full data disk must never kill an api process through these files (docs/metrics.md
+§ A full disk): prometheus-client maps each file and writes it through the mapping; a page
+of a sparse file that the file system cannot back then raises SIGBUS, not an error. So this
+module gives each of its files every block before the client opens it (``_preallocate``),
+and a process that cannot have them keeps its observations out of the files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterable
@@ -36,6 +44,55 @@ from app.storage.metrics_reads import MetricsSnapshot, read_snapshot
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Every file this module's metrics write: histograms and counters (a gauge would add its own).
+_FILE_PREFIXES = ("histogram", "counter")
+# prometheus-client's initial file size; the keys of this module's series take about a third
+# of the histograms' file (tests/e2e/test_metrics_full_disk.py checks they fit), so
+# a file never grows past the blocks given to it here.
+FILE_BYTES = 1 << 16
+_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _preallocate(directory: str, pid: int) -> str | None:
+    """Give this process's metric files (named as prometheus-client names them) all their
+    blocks; why not, when the file system cannot (None: done). The files it made are removed
+    again then: an empty one would break every scrape's reading of the directory."""
+    if not directory:  # only the client's old lower-case variable: not this service's way
+        return f"{MULTIPROC_ENV} is not set"
+    made: list[str] = []
+    for prefix in _FILE_PREFIXES:
+        name = os.path.join(directory, f"{prefix}_{pid}.db")
+        try:
+            try:
+                fd = os.open(name, _OPEN | os.O_CREAT | os.O_EXCL, 0o600)
+                made.append(name)
+            except FileExistsError:  # a pid of this lifetime again: the client adds to it
+                fd = os.open(name, _OPEN)
+            try:
+                # ENOSPC here, an error, rather than SIGBUS at a write through the mapping.
+                os.posix_fallocate(fd, 0, FILE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            for path in made:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            return f"{os.path.basename(name)}: {os.strerror(exc.errno or errno.EIO)}"
+    return None
+
+
+# Decided at import, before the first metric is made: whether this process's values go to
+# files (the client picked its multiprocess class: the variable was set before it loaded),
+# and if so whether their blocks could be had. A process without them keeps its values in
+# memory and reports none of them: every api process answers the same sums, this one's
+# observations left out until it restarts with room (a line at its start says so).
+_IN_FILES = values.ValueClass is not values.MutexValue
+FILES_PROBLEM: str | None = None
+if _IN_FILES:
+    FILES_PROBLEM = _preallocate(os.environ.get(MULTIPROC_ENV, ""), os.getpid())
+    if FILES_PROBLEM is not None:
+        values.ValueClass = values.MutexValue
 
 _PROCESS = CollectorRegistry(auto_describe=True)
 DISPATCH_PASS = Histogram(
@@ -145,10 +202,10 @@ def render(engine: Engine) -> bytes:
     """The exposition text: this service's observations, then the database's counts."""
     observed = _PROCESS
     path = os.environ.get(MULTIPROC_ENV)
-    # Only when this process's own values went to files: a process that imported
+    # Only when this process's own values were meant for files: a process that imported
     # prometheus-client before the variable was set (``qinglong api --workers 1`` serves in
     # the process that set it) keeps them in memory and must report those.
-    if path and values.ValueClass is not values.MutexValue:
+    if path and _IN_FILES:
         observed = CollectorRegistry()
         MultiProcessCollector(observed, path=path)  # type: ignore[no-untyped-call]
     database = CollectorRegistry(auto_describe=False)
