@@ -11,6 +11,7 @@ supervisor) either (tests/cli/test_cli_imports.py).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import pwd
 import resource
@@ -84,6 +85,32 @@ def private_settings(args: argparse.Namespace, *, binds_socket: bool = False) ->
     if binds_socket:
         require_own_socket_dir(settings.socket_path)
     return settings
+
+
+# Held for a lifetime by ``qinglong serve`` (SERVE_LOCK) and by ``qinglong api`` (API_LOCK,
+# whose uvicorn workers keep their metric files in ``<data dir>/metrics``); the next one on
+# the same data dir refuses before it touches anything (docs/operations.md §3).
+SERVE_LOCK = "serve.lock"
+API_LOCK = "api.lock"
+EXIT_DATA_DIR_IN_USE = 75  # as a worker refused its lease: restarting cannot help
+
+
+def hold_lock(path: Path) -> int | None:
+    """An exclusive lock on ``path`` (a private file, made if missing), held until the
+    returned descriptor closes (with this process); None when another process holds it.
+
+    Raises: ValueError (the file cannot be made or opened: one line, exit 2).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ValueError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _require_sqlite_file(settings: Settings) -> None:

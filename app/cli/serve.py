@@ -11,7 +11,15 @@ from typing import Any
 
 from app.cli import DATA_DIR_HELP
 from app.cli.admin import cmd_migrate
-from app.cli.common import fd_room, private_settings, require_key_for_stored_secrets
+from app.cli.common import (
+    API_LOCK,
+    EXIT_DATA_DIR_IN_USE,
+    SERVE_LOCK,
+    fd_room,
+    hold_lock,
+    private_settings,
+    require_key_for_stored_secrets,
+)
 from app.settings import Settings
 
 APP_FACTORY = "app.api.main:serve_app"
@@ -137,6 +145,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = private_settings(args, binds_socket=True)
     if settings.job.configured:
         job_policy(settings.job)  # refuse here, once, before migrating (docs/job-user.md)
+    # Before anything of a live service is touched (its database, its metric files): the
+    # lock stays held, by this process, until it exits.
+    serve_lock = hold_lock(settings.data_dir / SERVE_LOCK)
+    if serve_lock is None:
+        return _in_use(settings, "qinglong serve")
+    api_lock = hold_lock(settings.data_dir / API_LOCK)  # a `qinglong api` unit's
+    if api_lock is None:
+        return _in_use(settings, "qinglong api")
+    os.close(api_lock)  # ours takes it when it starts
     _check_listen(args.host, args.port)
     cmd_migrate(args)
     require_key_for_stored_secrets(settings)  # before the api makes a new key file
@@ -184,6 +201,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return code
 
 
+def _in_use(settings: Settings, other: str) -> int:
+    print(
+        f"qinglong: another {other} runs on the data dir {settings.data_dir}; refusing to "
+        "start (nothing of it was touched)",
+        file=sys.stderr,
+    )
+    return EXIT_DATA_DIR_IN_USE
+
+
 def cmd_api(args: argparse.Namespace) -> int:
     """Serve the api with uvicorn alone (the database must already be migrated)."""
     import uvicorn
@@ -193,6 +219,9 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     assert GRACEFUL_SHUTDOWN_S > retirement.IDLE_GRACE_S
     settings = private_settings(args)
+    # Held until this process exits: the metric files below are this api's alone.
+    if hold_lock(settings.data_dir / API_LOCK) is None:
+        return _in_use(settings, "qinglong api")
     require_key_for_stored_secrets(settings)  # before build_context makes a new key file
     # uvicorn builds the app in each worker it spawns by calling the factory without
     # arguments, so the environment they inherit is the only way in: the one channel

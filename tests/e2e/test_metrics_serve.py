@@ -4,11 +4,15 @@ worker answers it, reports the same figures, those of the schedule loops too
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import Served, ServeFactory, wait_until
+from app.cli.common import EXIT_DATA_DIR_IN_USE
+from tests.e2e.conftest import REPO_ROOT, Served, ServeFactory, free_port, wait_until
 from tests.e2e.kit import enqueue, put_task, wait_status
 from tests.e2e.test_supervisor import uvicorn_workers
 
@@ -87,3 +91,40 @@ def test_every_api_worker_scrapes_the_same_sums(serve_factory: ServeFactory, db_
     assert "every-second" not in httpx.get(
         f"{served.base_url}/metrics", headers=served.auth, timeout=10
     ).text  # no schedule name in a label
+
+
+def _refused(served: Served, command: str) -> subprocess.CompletedProcess[str]:
+    """``qinglong <command>`` on ``served``'s data dir and another port: it must exit."""
+    argv = [sys.executable, "-m", "app", command, "--host", "127.0.0.1"]
+    argv += ["--port", str(free_port()), "--workers", "2", "--data-dir", str(served.data_dir)]
+    return subprocess.run(
+        argv, cwd=REPO_ROOT, env=served.env, stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_a_second_service_on_a_live_data_dir_is_refused_before_it_touches_its_metrics(
+    serve_factory: ServeFactory,
+) -> None:
+    served = serve_factory(workers=2)
+    api = served.service_pids()["api"]
+    wait_until("two uvicorn workers", lambda: len(uvicorn_workers(api)) == 2, 30)
+    put_task(served, "m", "true")
+    wait_status(served, enqueue(served, "m"), {"succeeded"})
+    files = served.data_dir / "metrics"
+    before = {p.name: p.stat().st_ino for p in files.iterdir()}  # the same files, not new ones
+    assert any(name.startswith("histogram_") for name in before)
+    assert _scrape(served)["qinglong_created_to_started_seconds_count"] == 1
+
+    for command, other in (("serve", "qinglong serve"), ("api", "qinglong api")):
+        refused = _refused(served, command)
+        assert {p.name: p.stat().st_ino for p in files.iterdir()} == before, refused.stderr
+        for _ in range(SCRAPES):
+            assert _scrape(served)["qinglong_created_to_started_seconds_count"] == 1
+        assert refused.returncode == EXIT_DATA_DIR_IN_USE, refused.stderr
+        assert refused.stderr == (
+            f"qinglong: another {other} runs on the data dir {served.data_dir}; refusing to "
+            "start (nothing of it was touched)\n"
+        )
+        assert refused.stdout == ""  # not even "database migrated"
+    assert served.service_pids()["api"] == api and served.healthz_ok()
