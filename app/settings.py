@@ -27,6 +27,10 @@ JOB_MAX_PROCESSES_LEAST = 2
 # pid_max's ceiling on 64-bit Linux: more is no limit at all.
 JOB_MAX_PROCESSES_MOST = 4_194_304
 HTTP_PARSERS = ("httptools", "h11")
+# Set by ``qinglong serve`` for each start of a role: 1, 2, ... in the supervisor's lifetime.
+# A restarted worker leaves out what its first start already said of the settings (they have
+# not changed): a database outage restarts it every few seconds (docs/operations.md §5).
+SERVICE_START_ENV = "QL_SERVICE_START"
 
 
 def shim_mode_from_env(env: Mapping[str, str]) -> str:

@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _service_main(argv: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.cli.common import KeyFileMissing, NoDatabase
+    from app.cli.common import REFUSAL, KeyFileMissing, NoDatabase
     from app.domain.errors import (
         DatabaseUnreachable,
         DomainError,
@@ -181,15 +181,14 @@ def _service_main(argv: list[str]) -> int:
     try:
         return handler(args)
     except (NoDatabase, KeyFileMissing) as exc:
-        print(f"qinglong: {exc}", file=sys.stderr)
+        REFUSAL.refuse(str(exc))
         return 1
     except KeyUnavailable as exc:
-        print(
-            f"qinglong: {exc}: a stored secret does not decrypt under this key ring. With "
+        REFUSAL.refuse(
+            f"{exc}: a stored secret does not decrypt under this key ring. With "
             "QL_SECRET_KEY, list the new key first and every older key a secret still uses "
             "after it (new,old); with the key file, restore the secret.key that wrote them "
-            "(docs/operations.md)",
-            file=sys.stderr,
+            "(docs/operations.md)"
         )
         return 1
     except DatabaseUnreachable as exc:
@@ -198,30 +197,28 @@ def _service_main(argv: list[str]) -> int:
         # The driver's words tell a server that is down from a login it refused.
         reason = connect_failure_reason(exc)
         said = f" (DATABASE_UNREACHABLE): {reason};" if reason else " (DATABASE_UNREACHABLE);"
-        print(
-            f"qinglong: the database did not answer or refused the connection{said} check "
-            "QL_DATABASE_URL and that the server is up",
-            file=sys.stderr,
+        REFUSAL.refuse(
+            f"the database did not answer or refused the connection{said} check "
+            "QL_DATABASE_URL and that the server is up"
         )
         return 1
     except (DomainError, StorageUnavailable) as exc:
-        print(f"qinglong: {exc.detail}", file=sys.stderr)
+        REFUSAL.refuse(exc.detail)
         return 1
     except SQLAlchemyError as exc:
         from app.storage.unavailable import is_storage_unavailable
 
         if is_storage_unavailable(exc):  # outside a unit of work: SQLite opening its -wal
-            print(f"qinglong: {StorageUnavailable.detail}", file=sys.stderr)  # on a full disk
+            REFUSAL.refuse(StorageUnavailable.detail)  # on a full disk
             return 1
         # Never echo the URL (it may hold a password) or a traceback.
-        print(
-            f"qinglong: the database is not reachable or not usable ({type(exc).__name__}); "
-            "check QL_DATABASE_URL and run `qinglong migrate`",
-            file=sys.stderr,
+        REFUSAL.refuse(
+            f"the database is not reachable or not usable ({type(exc).__name__}); "
+            "check QL_DATABASE_URL and run `qinglong migrate`"
         )
         return 1
     except ValueError as exc:
-        print(f"qinglong: {exc}", file=sys.stderr)
+        REFUSAL.refuse(str(exc))
         return 2
     except KeyboardInterrupt:
         return 130

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import logging
 import os
 import pwd
 import resource
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.domain.errors import NotMigrated, StorageUnavailable
-from app.settings import Settings
+from app.settings import SERVICE_START_ENV, Settings
 from app.storage.engine import make_engine
 from app.storage.private_files import require_own_socket_dir, require_private
 
@@ -85,6 +87,38 @@ def private_settings(args: argparse.Namespace, *, binds_socket: bool = False) ->
     if binds_socket:
         require_own_socket_dir(settings.socket_path)
     return settings
+
+
+class _RefusalLines:
+    """Where the one line of a role that cannot go on is written (``refuse``).
+
+    By default ``qinglong: <line>`` on stderr, as every command says it. A role started by
+    ``qinglong serve`` that set up its log lines (``log_lines``: the worker) writes it as one
+    of them, with the time and the role: it sits among the other roles' lines, and a worker
+    refused again and again during an outage says when each time (docs/operations.md §5).
+    """
+
+    def __init__(self) -> None:
+        self._log: logging.Logger | None = None
+
+    def log_lines(self, role: str) -> None:
+        """This process's log lines (time, role, level, message) on stderr; under ``qinglong
+        serve`` its refusal among them."""
+        logging.basicConfig(
+            level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s"
+        )
+        if SERVICE_START_ENV in os.environ:
+            self._log = logging.getLogger(f"qinglong.{role}")
+
+    def refuse(self, line: str) -> None:
+        """Say why this process stops (one line, no traceback)."""
+        if self._log is None:
+            print(f"qinglong: {line}", file=sys.stderr)
+        else:
+            self._log.error("%s", line)
+
+
+REFUSAL = _RefusalLines()
 
 
 # Held for a lifetime by ``qinglong serve`` (SERVE_LOCK) and by ``qinglong api`` (API_LOCK,

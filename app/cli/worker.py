@@ -6,11 +6,10 @@ import argparse
 import logging
 import resource
 import signal
-import sys
 from types import FrameType
 from typing import Any
 
-from app.cli.common import fd_room, private_settings
+from app.cli.common import REFUSAL, fd_room, private_settings
 from app.domain.errors import LeaseHeld, NotMigrated
 
 # Files the worker holds besides one pidfd a running shim: the database, its socket and
@@ -35,7 +34,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from app.context.worker_process import WorkerProcess
     from app.worker.server import SocketInUse
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    # From here on, a refusal too is a line with the time and the role (docs/operations.md §5).
+    REFUSAL.log_lines("worker")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # the schema check is not news
     settings = private_settings(args, binds_socket=True)
     # One pidfd a running shim (the watcher), besides the files of the worker itself.
@@ -56,13 +56,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         process.start()
     except NotMigrated as exc:
-        print(f"qinglong: {exc.detail}", file=sys.stderr)
+        REFUSAL.refuse(exc.detail)
         return 1
     except SocketInUse as exc:
-        print(f"qinglong: {exc}", file=sys.stderr)
+        REFUSAL.refuse(str(exc))
         return 1
     except LeaseHeld as exc:
-        print(f"qinglong: {exc.detail}", file=sys.stderr)  # the one line an operator needs
+        REFUSAL.refuse(exc.detail)  # the one line an operator needs
         return EXIT_LEASE_HELD
     process.serve_forever()
     lease = process.lease

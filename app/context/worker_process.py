@@ -20,7 +20,7 @@ from app.domain.retention import GlobalBudgets
 from app.execution.completion import CompletionService, ConsumeResult
 from app.execution.journal_settle import SettleReport
 from app.execution.worker_recovery import WorkerRecovery
-from app.settings import Settings
+from app.settings import SERVICE_START_ENV, Settings
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.lease_repo import several_hosts
@@ -40,6 +40,14 @@ from app.worker.server import ControlServer
 from app.worker.watcher import ShimWatcher
 
 log = logging.getLogger(__name__)
+
+
+def _first_start() -> bool:
+    """False in a worker ``qinglong serve`` restarted: the warnings its first start gave of
+    the settings (jobs as the service's own user, an unenforced process limit) are not
+    given again, since the settings have not changed (a database outage restarts it every
+    few seconds). A worker outside a serve gives them at each start."""
+    return os.environ.get(SERVICE_START_ENV, "1") == "1"
 
 # Start-up settling on PostgreSQL: each receipt costs several serial round trips and a
 # commit, so a few threads (each on its own pooled connection) overlap them. SQLite has one
@@ -119,7 +127,8 @@ class WorkerProcess:
             level, line = describe_process_limit(
                 s.job_max_processes, pids_problem(self._cgroup_root), policy
             )
-            log.log(level, "%s", line)
+            if level < logging.WARNING or _first_start():
+                log.log(level, "%s", line)
             launcher = ShimLauncher(
                 journal=journal, receipts=receipts, on_spawned=watcher.add, mode=s.shim_mode,
                 cgroup_root=self._cgroup_root, job_policy=policy, running=runs,
@@ -173,6 +182,8 @@ class WorkerProcess:
         job = self.settings.job
         if job.configured:
             return job_policy(job)
+        if not _first_start():
+            return None
         log.warning(
             "jobs run as the service's own user (uid %d): a job can read the data dir, the "
             "database and the key file; set QL_JOB_USER to isolate them (docs/job-user.md)",

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.settings import SERVICE_START_ENV
 from app.worker.identity import group_alive
 
 log = logging.getLogger("qinglong.supervisor")
@@ -114,6 +115,7 @@ class _Service:
     killed: bool = False
     before_stop_called: bool = False
     waiting: StopWait | None = None  # what before_stop began, until it is over
+    starts: int = 0  # in this supervisor's lifetime, told to the child (SERVICE_START_ENV)
 
 
 def _libc() -> ctypes.CDLL:
@@ -218,13 +220,15 @@ class Supervisor:
                 self._start(child)
 
     def _start(self, child: _Service) -> None:
+        env = {**self.env, SERVICE_START_ENV: str(child.starts + 1)}
         try:
-            child.pid = spawn_in_own_group(child.spec.argv, self.env)
+            child.pid = spawn_in_own_group(child.spec.argv, env)
         except OSError as exc:  # e.g. EAGAIN from fork: retry later, keep the other one up
             child.failures, delay = next_restart(child.failures, 0.0, self.policy)
             child.restart_at = time.monotonic() + delay
             log.error("%s could not be started (%s); retry in %.1f s", child.spec.name, exc, delay)
             return
+        child.starts += 1
         child.last_pgid = child.pid
         child.started_at = time.monotonic()
         child.restart_at = None

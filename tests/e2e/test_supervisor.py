@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import (
+    REPO_ROOT,
     Served,
     ServeFactory,
     alive,
     descendants,
+    free_port,
     kill_exact,
     proc_stat,
     wait_until,
@@ -93,6 +96,45 @@ def test_killed_worker_is_restarted(served: Served) -> None:
     )
     assert served.ping_pid() == served.service_pids()["worker"]
     assert served.healthz_ok()
+    # What the first start said of the settings is not said again at each restart (a
+    # database outage restarts the worker every few seconds).
+    wait_until("the new worker listening", lambda: served.log().count("worker listening") == 2, 10)
+    first, restarted = served.log().split("supervisor INFO worker started")[1:]
+    assert "worker WARNING jobs run as the service's own user (uid" in first
+    assert "worker WARNING" not in restarted, restarted
+
+
+def test_a_worker_refused_under_serve_says_so_in_the_service_log_format(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env |= {"QL_DATA_DIR": str(data_dir)}
+    run = [sys.executable, "-m", "app"]
+    subprocess.run([*run, "migrate"], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
+    # A worker of this data dir outside any serve (as a systemd unit runs it) holds the lease.
+    holder = subprocess.Popen(
+        [*run, "worker"], cwd=REPO_ROOT, env=env | {"QL_WORKER_SOCKET": str(tmp_path / "a.sock")},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until("the holder listening", (tmp_path / "a.sock").exists, 30)
+        refused = subprocess.run(
+            [*run, "serve", "--host", "127.0.0.1", "--port", str(free_port())], cwd=REPO_ROOT,
+            env=env | {"QL_WORKER_SOCKET": str(tmp_path / "b.sock")}, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=90, check=False,
+        )  # fmt: skip
+    finally:
+        holder.terminate()
+        holder.wait(timeout=30)
+    assert refused.returncode == 75, refused.stderr
+    (line,) = [ln for ln in refused.stderr.splitlines() if "worker lease" in ln]
+    # time, role, level, then the line (it had none of them: "qinglong: the worker lease ...")
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} worker ERROR the worker lease on this "
+        rf"database is held by instance \S+ on host \S+ \(pid {holder.pid}, epoch 1\).*",
+        line,
+    ), line
 
 
 @pytest.mark.parametrize("workers", [1, 2])
