@@ -55,6 +55,7 @@ def test_a_rolling_restart_on_a_full_disk_replaces_every_api_worker_and_metrics_
         assert struct.unpack("i", db.read_bytes()[:4])[0] < FILE_BYTES // 2, db.name
 
     old = set(uvicorn_workers(api))
+    files = {db.name for db in (data_disk / "metrics").iterdir()}
     filler = fill(data_disk)
     try:
         os.kill(served.pid, signal.SIGHUP)
@@ -64,6 +65,9 @@ def test_a_rolling_restart_on_a_full_disk_replaces_every_api_worker_and_metrics_
             60,
         )
         assert served.service_pids()["api"] == api  # a rolling restart, not a new api
+        # No room for the new workers' files: none made (an empty one would break every
+        # scrape); they keep their observations in memory and report the others'.
+        assert {db.name for db in (data_disk / "metrics").iterdir()} == files
         for _ in range(SCRAPES):  # the replaced workers' figures are still summed
             got = _scrape(served)
             assert got["qinglong_created_to_started_seconds_count"] == 1
