@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -39,6 +41,39 @@ def test_settings_to_env_round_trips_what_a_flag_set(tmp_path: Path) -> None:
     assert Settings.from_env(socketed.to_env()).socket_path == tmp_path / "w.sock"
 
 
+@contextmanager
+def _api(tmp_path: Path, short_dir: Path, data_dir: Path, workers: str) -> Iterator[int]:
+    """A real ``qinglong api --data-dir`` (no QL_DATA_DIR) serving on a free port, answering
+    /healthz; its output in ``tmp_path/api.log``; stopped by its pid at the end."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["QL_WORKER_SOCKET"] = str(short_dir / "w.sock")
+    port = free_port()
+    argv = [sys.executable, "-m", "app", "api", "--data-dir", str(data_dir)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", workers]
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    try:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert proc.poll() is None, log.read_text()
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_api_workers_serve_the_data_dir_given_by_flag(tmp_path: Path, short_dir: Path) -> None:
     data_dir = tmp_path / "flagged"
     settings = Settings(
@@ -53,39 +88,14 @@ def test_api_workers_serve_the_data_dir_given_by_flag(tmp_path: Path, short_dir:
     finally:
         engine.dispose()
     # No QL_DATA_DIR: without the flag reaching the workers they would open ./.qinglong.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-    env["QL_WORKER_SOCKET"] = str(short_dir / "w.sock")
-    port = free_port()
-    argv = [sys.executable, "-m", "app", "api", "--data-dir", str(data_dir)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
-    log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
-        )
-    base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
-    try:
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        assert proc.poll() is None, log.read_text()
+    with _api(tmp_path, short_dir, data_dir, "2") as port:
+        base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
         for _ in range(4):  # new connections: each worker in turn may take one
             put = httpx.put(
                 f"{base}/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]},
                 headers=auth | {"Connection": "close"}, timeout=10,
             )  # fmt: skip
             assert put.status_code in (200, 201), put.text
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
     engine = make_engine(settings.database_url)
     try:
         assert DefinitionRepository(engine).latest_revision("t").revision == 1
@@ -113,25 +123,8 @@ def test_uvicorn_s_own_lines_come_in_the_service_log_format(
         upgrade_to_head(engine)
     finally:
         engine.dispose()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-    env["QL_WORKER_SOCKET"] = str(short_dir / "w.sock")
-    port = free_port()
-    argv = [sys.executable, "-m", "app", "api", "--data-dir", str(data_dir)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", workers]
     log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
-        )
-    try:
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        assert proc.poll() is None, log.read_text()
+    with _api(tmp_path, short_dir, data_dir, workers) as port:
         for _ in range(8):  # a scanner's burst: one line per process and 10 s, not eight
             with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
                 conn.sendall(b"GARBAGE\x00 / NOTHTTP\r\n\r\n")
@@ -139,13 +132,6 @@ def test_uvicorn_s_own_lines_come_in_the_service_log_format(
         deadline = time.monotonic() + 10
         while "Invalid HTTP request" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
     lines = log.read_text().splitlines()
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} api (INFO|WARNING|ERROR) "
     assert [line for line in lines if not re.match(stamp, line)] == []
