@@ -410,7 +410,9 @@ def _definitions_reruns_and_retention(
     code, _, err = run_main(capsys, served, "runs", "start", "ghost", "--follow")
     assert code == 1
     assert err.splitlines()[-1].endswith(
-        " failed (EXECUTOR_START_FAILED: EXEC_FAILED ENOENT: the program was not found)"
+        " failed (EXECUTOR_START_FAILED: EXEC_FAILED ENOENT: the program, or the interpreter"
+        " its #! line names, was not found (a script with Windows line ends names one with a"
+        " carriage return))"
     ), err
 
     # start --follow the new task's revision 1: the recipe's env and secret reach the job.
@@ -543,3 +545,28 @@ def test_a_command_started_with_its_output_closed_is_no_traceback(cli_served: Se
     )  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 0, done.stderr
+
+
+def test_a_script_whose_interpreter_is_missing_is_not_called_a_missing_program(
+    cli_served: Served, tmp_path: Path
+) -> None:
+    # A script saved with Windows line ends: its #! line names "/bin/sh\r", so execve says
+    # ENOENT although the script is there. "the program was not found" sent its owner
+    # looking for a file they could see; the words name the #! line too.
+    served = cli_served
+    script = tmp_path / "crlf.sh"
+    script.write_bytes(b"#!/bin/sh\r\necho hi\r\n")
+    script.chmod(0o755)
+    tmp_path.chmod(0o755)
+    r = httpx.put(
+        f"{served.base_url}/api/v1/tasks/crlf/revisions/1",
+        json={"executor": "local_process", "argv": [str(script)]}, headers=served.auth,
+    )  # fmt: skip
+    assert r.status_code in (200, 201), r.text
+    done = ql(served, "runs", "start", "crlf", "--follow")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1].endswith(
+        " failed (EXECUTOR_START_FAILED: EXEC_FAILED ENOENT: the program, or the interpreter"
+        " its #! line names, was not found (a script with Windows line ends names one with a"
+        " carriage return))"
+    ), done.stderr

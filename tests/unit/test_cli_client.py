@@ -87,8 +87,9 @@ def test_a_launch_that_failed_is_told_in_words_from_its_ending_event() -> None:
         return render.start_failure({"error_code": "EXECUTOR_START_FAILED", **data})
 
     assert said(start_failure="EXEC_FAILED", errno="ENOENT") == (
-        "EXEC_FAILED ENOENT: the program was not found"
-    )
+        "EXEC_FAILED ENOENT: the program, or the interpreter its #! line names, was not found"
+        " (a script with Windows line ends names one with a carriage return)"
+    )  # execve's ENOENT for a script that is there: "/bin/sh\r" on its #! line
     assert said(start_failure="EXEC_FAILED", errno="ENOEXEC").endswith(
         "(a script without its #! line?)"
     )  # the usual cause: cron ran scripts through sh, a job runs argv as it is

@@ -189,7 +189,10 @@ def runs_table(runs: Sequence[Mapping[str, Any]], *, tz: tzinfo | None = None) -
 # Why a launch failed, from the codes on its attempt's ending event (docs/cli.md): the
 # reason the worker or its shim gave and, when a system call failed, its errno name.
 _START_FAILURES = {
-    ("EXEC_FAILED", "ENOENT"): "the program was not found",
+    ("EXEC_FAILED", "ENOENT"): (
+        "the program, or the interpreter its #! line names, was not found (a script with"
+        " Windows line ends names one with a carriage return)"
+    ),
     ("EXEC_FAILED", "EACCES"): "the program may not be run (permission denied)",
     ("EXEC_FAILED", "ENOEXEC"): (
         "the program is not in a format this host can run (a script without its #! line?)"
@@ -209,9 +212,9 @@ _START_FAILURE_REASONS = {
 
 
 def start_failure(data: Mapping[str, Any]) -> str:
-    """Why an attempt never ran, from its ending event's data: ``EXEC_FAILED ENOENT: the
-    program was not found`` (the codes alone when there are no words for them), or which
-    secret is missing; "" when the event has neither."""
+    """Why an attempt never ran, from its ending event's data: ``EXEC_FAILED EACCES: the
+    program may not be run (permission denied)`` (the codes alone when there are no words
+    for them), or which secret is missing; "" when the event has neither."""
     secret = data.get("secret")
     if isinstance(secret, str) and secret:
         return safe(f"secret {secret} does not exist; set it with `qinglong secrets set {secret}`")
