@@ -477,7 +477,9 @@ def test_a_revision_file_is_the_base_the_flags_change() -> None:
     assert body == {"argv": ["/usr/bin/env"], "priority": -1,
                     "retry": {"max_attempts": 2, "jitter": False}}  # fmt: skip
     assert bodies.revision_body(base, ["/bin/true"], _flags())["argv"] == ["/bin/true"]
-    with pytest.raises(ClientError, match="the file names another one"):
+    # What to do instead is said: a user who only meant to change one --env is not stuck.
+    with pytest.raises(ClientError, match='the file names; delete "recipe" from the file and '
+                       "give every key again with --env/--secret"):  # fmt: skip
         bodies.revision_body(base | {"recipe": "other"}, [], _flags(), recipe="mine")
 
 

@@ -159,7 +159,11 @@ def revision_body(
             )
     if recipe is not None:
         if body.get("recipe") not in (None, recipe):
-            raise usage("--env/--secret make the recipe; the file names another one")
+            raise usage(
+                "--env/--secret make a new recipe, which would replace the whole of the one "
+                'the file names; delete "recipe" from the file and give every key again '
+                "with --env/--secret (its keys: qinglong tasks show TASK)"
+            )
         body["recipe"] = recipe
     return body
 
