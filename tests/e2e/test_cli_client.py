@@ -570,3 +570,26 @@ def test_a_script_whose_interpreter_is_missing_is_not_called_a_missing_program(
         " its #! line names, was not found (a script with Windows line ends names one with a"
         " carriage return))"
     ), done.stderr
+
+
+def test_an_every_schedule_in_a_zone_that_moves_its_local_time_is_warned(
+    cli_served: Served,
+) -> None:
+    # "--every 86400 --timezone Asia/Shanghai" reads as "daily at midnight there", but
+    # every_seconds counts from the epoch in UTC: the slots fall at 08:00 in Shanghai. The
+    # put said only "next ... 08:00:00+08:00"; it now warns and names --cron.
+    served = cli_served
+    done = ql(served, "schedules", "put", "daily-sh", "--task", "hello", "--every", "86400",
+              "--timezone", "Asia/Shanghai", "--paused")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        "warning: --every 86400 counts from 1970-01-01 00:00 UTC, not from midnight in "
+        "Asia/Shanghai: its slots fall at 08:00:00 there; for a fixed local time use --cron "
+        "(docs/schedules-time.md §1)\n"
+    )
+    # An interval the zone's offset is a multiple of is the same in either: no warning.
+    done = ql(served, "schedules", "put", "hourly-sh", "--task", "hello", "--every", "3600",
+              "--timezone", "Asia/Shanghai", "--paused")  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    for name in ("daily-sh", "hourly-sh"):
+        assert ql(served, "schedules", "delete", name).returncode == 0

@@ -1109,7 +1109,10 @@ def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
             raise
         raise _changed_meanwhile(exc, args.name) from None
     # Stored as asked; said on stderr, --json too.
-    for warning in (bodies.catchup_all_warning(body), bodies.max_concurrent_warning(body)):
+    for warning in (
+        bodies.catchup_all_warning(body), bodies.max_concurrent_warning(body),
+        bodies.every_zone_warning(schedule),
+    ):  # fmt: skip
         if warning is not None:
             print(warning, file=sys.stderr)
     if args.json:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from app.cli.client.api import EXIT_USAGE, ClientError
@@ -253,6 +254,29 @@ def max_concurrent_warning(body: Mapping[str, Any]) -> str | None:
             f"{overlap} one run at a time still holds"
         )
     return None
+
+
+def every_zone_warning(schedule: Mapping[str, Any]) -> str | None:
+    """An ``every_seconds`` schedule whose zone's offset is not a multiple of its interval:
+    its slots count from the epoch in UTC (docs/schedules-time.md §1), so they do not fall
+    where the zone's clock suggests (``--every 86400`` in Asia/Shanghai fires at 08:00
+    there). None when the zone changes nothing, or the answer has no next fire to judge by."""
+    every, zone = schedule.get("every_seconds"), schedule.get("timezone")
+    fires = schedule.get("next_fires") or []
+    if not isinstance(every, int) or every <= 0 or not fires or zone in (None, "UTC"):
+        return None
+    try:
+        local = datetime.fromisoformat(str(fires[0].get("local")))
+    except (ValueError, AttributeError):
+        return None
+    offset = local.utcoffset()
+    if offset is None or int(offset.total_seconds()) % every == 0:
+        return None
+    return (
+        f"warning: --every {every} counts from 1970-01-01 00:00 UTC, not from midnight in "
+        f"{zone}: its slots fall at {local:%H:%M:%S} there; for a fixed local time use --cron "
+        "(docs/schedules-time.md §1)"
+    )
 
 
 def schedule_body(base: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any]:
