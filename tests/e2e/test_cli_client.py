@@ -292,7 +292,9 @@ def test_the_cli_client_journey(
     code, _, err = run_main(capsys, served, "schedules", "put", "weekly", "--task", "hello")
     assert code == 2 and "a schedule needs --task and --cron EXPR or --every SECONDS" in err
     code, out, _ = run_main(capsys, served, "schedules", "delete", "weekly")
-    assert (code, out) == (0, "schedule weekly deleted (its queued runs were cancelled)\n")
+    assert (code, out) == (0, "schedule weekly deleted (its queued runs were cancelled; runs"
+                           " already started go on to their end: qinglong runs list --status"
+                           " running)\n")  # fmt: skip
     code, _, err = run_main(capsys, served, "schedules", "show", "weekly")
     assert code == 3 and "404 SCHEDULE_NOT_FOUND" in err
 

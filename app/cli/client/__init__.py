@@ -1159,7 +1159,11 @@ def _changed_meanwhile(exc: ApiProblem, name: str) -> ApiProblem:
 
 def cmd_schedules_delete(client: Client, args: argparse.Namespace) -> int:
     """DELETE a schedule; the api cancels its queued runs in the same transaction."""
-    return _delete(client, args, "schedules", then=" (its queued runs were cancelled)")
+    return _delete(
+        client, args, "schedules",
+        then=" (its queued runs were cancelled; runs already started go on to their end:"
+        " qinglong runs list --status running)",
+    )  # fmt: skip
 
 
 def _delete(client: Client, args: argparse.Namespace, collection: str, *, then: str = "") -> int:
