@@ -89,3 +89,19 @@ def test_enter_alone_at_logins_prompt_says_no_token_was_given(tmp_path: Path) ->
     assert shown.strip().splitlines()[-1] == "error: no token given; nothing was saved", shown
     assert code == 2
     assert not (tmp_path / "client.toml").exists()
+
+
+def test_no_token_at_all_names_where_a_new_services_first_one_comes_from(tmp_path: Path) -> None:
+    # `qinglong serve` (a pip install, not `make run`) prints no token; a user with none
+    # was told to `qinglong login`, which needs one: token bootstrap was nowhere in sight.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["QL_CLIENT_CONFIG"] = str(tmp_path / "client.toml")
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "runs", "list"], env=env, capture_output=True, text=True,
+        timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr == (
+        "error: no API token: pass --token, set QL_TOKEN or run `qinglong login` (a new "
+        "service's first token: `qinglong token bootstrap` on its machine)\n"
+    ), done.stderr

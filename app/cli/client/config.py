@@ -115,7 +115,9 @@ def check_token(token: str | None) -> str:
     token = (token or "").strip()
     if not token:
         raise ClientError(
-            "no API token: pass --token, set QL_TOKEN or run `qinglong login`", EXIT_USAGE
+            "no API token: pass --token, set QL_TOKEN or run `qinglong login` (a new "
+            "service's first token: `qinglong token bootstrap` on its machine)",
+            EXIT_USAGE,
         )
     if not all("\x21" <= ch <= "\x7e" for ch in token):
         raise ClientError(
