@@ -523,6 +523,10 @@ def test_a_revision_file_may_be_what_the_api_printed_without_its_output_only_fie
         (lambda: bodies.key_values(["A=1", "A=2"], flag="--env"), "names the key A twice"),
         (lambda: bodies.secret_refs(["9lives"]), "give it as --secret KEY=NAME"),
         (lambda: bodies.secret_refs(["a-b", "A_B=c"]), "names the key A_B twice"),
+        # A panel's env name given as the secret's: the api's 422 named the rule only.
+        (lambda: bodies.secret_refs(["JD_COOKIE"]), "secret names are lower-case; for the key "
+         "JD_COOKIE give --secret JD_COOKIE=jd-cookie"),
+        (lambda: bodies.secret_refs(["Db.Pass"]), "give --secret DB_PASS=db.pass"),
         (lambda: bodies.load_revision_file("[1]", source="stdin"), "stdin is not a JSON object"),
         (lambda: bodies.load_revision_file("{", source="r.json"), "r.json is not JSON"),
     ],

@@ -76,6 +76,12 @@ def secret_refs(refs: Sequence[str]) -> dict[str, str]:
                     f"--secret {ref}: no environment key follows from this name; "
                     "give it as --secret KEY=NAME"
                 )
+            if not NAME.fullmatch(name):  # the api would refuse it (422): say what to send
+                like = name.lower().replace("_", "-")
+                raise usage(
+                    f"--secret {ref}: secret names are lower-case; for the key {key} give "
+                    f"--secret {key}={like if NAME.fullmatch(like) else 'NAME'}"
+                )
         if not key or not name:
             raise usage("--secret takes NAME or KEY=NAME")
         if key in out:
