@@ -71,7 +71,10 @@ def validate_argv(argv: Sequence[str]) -> list[str]:
     if program in SHELL_ALLOWLIST:
         if len(argv) != 3 or argv[1] != "-c":
             raise ValidationFailed(
-                ErrorCode.INVALID_ARGV, "a shell program must be called as [shell, '-c', script]"
+                ErrorCode.INVALID_ARGV,
+                "a shell program must be called as [shell, '-c', script]; to run a script "
+                "file, give its absolute path as argv[0] (executable, with its #! line), or "
+                "[shell, '-c', './script.sh'] with cwd",
             )
     elif not program.startswith("/") or "/../" in program + "/" or program.endswith("/"):
         raise ValidationFailed(

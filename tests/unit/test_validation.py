@@ -129,3 +129,15 @@ def test_merge_environment_puts_reserved_ids_last_and_only_reserved_keys() -> No
     assert env == {"A": "1", "TOKEN": "s", "QL3_RUN_ID": "r"}
     with pytest.raises(ValueError):
         merge_environment({}, {}, {"PATH": "/bin"})
+
+
+def test_a_shell_given_a_script_file_is_told_how_to_run_one() -> None:
+    # `/bin/sh script.sh`, as a crontab line runs it: the refusal named the -c form only, so
+    # a user moving a script kept guessing; it says how to run a script file too.
+    with pytest.raises(ValidationFailed) as info:
+        validate_argv(["/bin/sh", "tick.sh"])
+    assert info.value.detail == (
+        "a shell program must be called as [shell, '-c', script]; to run a script file, give "
+        "its absolute path as argv[0] (executable, with its #! line), or [shell, '-c', "
+        "'./script.sh'] with cwd"
+    )
