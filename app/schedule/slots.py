@@ -175,6 +175,13 @@ def _parse(index: int, text: str) -> _Expr:
             f"cron[{index}]: unknown alias; use one of {', '.join(sorted(_ALIASES))}"
         )
     fields = expr.split()
+    if fields and fields[0].upper().startswith(("CRON_TZ=", "TZ=")):
+        # A crontab line's zone setting, pasted with it: as 6 fields it read "Bad second".
+        raise InvalidSchedule(
+            f"cron[{index}]: a crontab's CRON_TZ= or TZ= setting is not part of an "
+            "expression: give the zone as the schedule's timezone (the CLI's --timezone) "
+            "and the fields alone"
+        )
     if len(fields) not in (5, 6):
         raise InvalidSchedule(
             f"cron[{index}]: 5 fields, or 6 with a leading seconds field, are required"

@@ -145,6 +145,18 @@ def test_reboot_is_refused_with_why_and_an_unknown_alias_lists_the_known_ones() 
     assert "@annually" in caught.value.detail and "@midnight" in caught.value.detail
 
 
+@pytest.mark.parametrize("line", ["CRON_TZ=Asia/Shanghai 0 7 * * *", "TZ=UTC 0 7 * * *"])
+def test_a_crontab_zone_setting_before_the_fields_is_refused_naming_timezone(line: str) -> None:
+    # Pasted from a crontab (cronie's CRON_TZ=), it read as 6 fields: "Bad second".
+    with pytest.raises(InvalidSchedule) as caught:
+        validate(cron(line))
+    assert caught.value.detail == (
+        "cron[0]: a crontab's CRON_TZ= or TZ= setting is not part of an expression: give the "
+        "zone as the schedule's timezone (the CLI's --timezone) and the fields alone"
+    )
+    assert "Asia" not in caught.value.detail  # the zone sent is not repeated
+
+
 def test_a_six_field_expression_has_seconds_first() -> None:
     assert slots_after(cron("*/15 * * * * *"), T0, 3) == [T0 + 15_000, T0 + 30_000, T0 + 45_000]
 
