@@ -109,6 +109,15 @@ def test_a_launch_that_failed_is_told_in_words_from_its_ending_event() -> None:
     assert "attempt:  1 failed: EXECUTOR_START_FAILED (EXEC_FAILED ENOENT: the program was not found)" in text
 
 
+def test_an_attempt_with_no_outcome_yet_is_not_followed_by_a_dash() -> None:
+    # "attempt:  1 waiting: -" read as waiting for nothing; the run's "waiting:" line above
+    # says what holds it. A running attempt has no outcome yet either.
+    for status, shown in (("claimed", "waiting"), ("running", "running")):
+        attempt = {"number": 1, "status": status, "log": {"bytes": 0}}
+        text = render.run_fields(RUN | {"status": "queued", "latest_attempt": attempt}, tz=UTC)
+        assert f"attempt:  1 {shown}\n" in text, text
+
+
 def test_run_fields_say_when_retention_removed_the_log() -> None:
     attempt = dict(cast(dict[str, Any], RUN["latest_attempt"]))
     attempt["log"] = {"bytes": 6, "truncated": False, "expired": True, "expired_at_ms": 86_400_000}

@@ -281,7 +281,8 @@ def run_fields(
             # Past its instant it waits for something else (a budget, the worker): "due".
             due = waits_until <= _now_ms()
             outcome = f"a retry, {'due since' if due else 'waits until'} {when(waits_until, tz=tz)}"
-        pairs.append(("attempt", f"{attempt['number']} {attempt_status(attempt)}: {outcome}"))
+        said = "" if outcome == "-" else f": {outcome}"  # none yet: waiting or running
+        pairs.append(("attempt", f"{attempt['number']} {attempt_status(attempt)}{said}"))
         size = f"{log.get('bytes', 0)} bytes"
         if log.get("truncated"):
             reason = log.get("truncation_reason") or "quota"
