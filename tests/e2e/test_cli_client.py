@@ -595,3 +595,26 @@ def test_an_every_schedule_in_a_zone_that_moves_its_local_time_is_warned(
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     for name in ("daily-sh", "hourly-sh"):
         assert ql(served, "schedules", "delete", name).returncode == 0
+
+
+def test_runs_show_says_how_many_processes_the_job_left_were_stopped(
+    cli_served: Served,
+) -> None:
+    # A cron script that starts a daemon with `nohup ... &`: here the daemon is stopped when
+    # the script exits and the run succeeds. Only `runs events` told (leftovers_stopped=1);
+    # `runs show`, where one looks at a run, said nothing of it.
+    served = cli_served
+    put_task(served, "daemonizes", "nohup sleep 60 >/dev/null 2>&1 & echo started")
+    run_id = enqueue(served, "daemonizes")
+    wait_status(served, run_id, {"succeeded"})
+    done = ql(served, "runs", "show", run_id)
+    assert done.returncode == 0, done.stderr
+    said = (
+        "stopped:  1 process the job left running, when it ended (a revision with "
+        "--leftovers keep lets them live)\n"
+    )
+    assert said in done.stdout, done.stdout
+    # A run that left nothing says nothing of it.
+    run_id = enqueue(served, "bad")
+    wait_status(served, run_id, {"failed"})
+    assert "stopped:" not in ql(served, "runs", "show", run_id).stdout

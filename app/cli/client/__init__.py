@@ -610,6 +610,7 @@ def cmd_runs_show(client: Client, args: argparse.Namespace) -> int:
     print(render.run_fields(
         run, why_not_started=_why_not_started(client, run),
         cancel_reason=_cancel_reason(client, run),
+        leftovers_stopped=_leftovers_stopped(client, run),
     ))  # fmt: skip
     attempts = client.get(f"/runs/{_seg(args.run)}/attempts")["items"]
     if len(attempts) > 1:
@@ -807,6 +808,28 @@ def _cancel_reason(client: Client, run: dict[str, Any]) -> str | None:
         if event.get("type") == "run.cancel_requested":
             return "service_stop" if (event.get("data") or {}).get("service_stop") else reason
     return reason
+
+
+def _leftovers_stopped(client: Client, run: dict[str, Any]) -> int:
+    """How many processes the latest attempt's job left that were stopped when it ended
+    (``leftovers_stopped`` on its ending event, docs/leftovers.md); 0 for an attempt that
+    has not ended or never started, or when the events cannot be read (or its ending is
+    past their first page of 200)."""
+    attempt = run.get("latest_attempt") or {}
+    if attempt.get("started_at_ms") is None or attempt.get("finished_at_ms") is None:
+        return 0
+    try:
+        events = client.get(f"/runs/{_seg(run['id'])}/events", limit=200)["items"]
+    except ClientError:
+        return 0
+    for event in reversed(events):
+        data = event.get("data") or {}
+        if str(event.get("type")).startswith("attempt.") and data.get("attempt") == attempt.get(
+            "number"
+        ) and "leftovers_stopped" in data:
+            count = data["leftovers_stopped"]
+            return count if isinstance(count, int) else 0
+    return 0
 
 
 def _why_not_started(client: Client, run: dict[str, Any]) -> str:

@@ -245,10 +245,12 @@ def run_fields(
     tz: tzinfo | None = None,
     why_not_started: str = "",
     cancel_reason: str | None = None,
+    leftovers_stopped: int = 0,
 ) -> str:
     """The ``runs show`` block of one run; ``why_not_started``: ``start_failure``'s words for
     a latest attempt whose launch failed; ``cancel_reason``: the cancel's reason, when its
-    event tells more than the run (``service_stop``)."""
+    event tells more than the run (``service_stop``); ``leftovers_stopped``: the processes
+    the job left that were stopped when it ended (docs/leftovers.md), from its event."""
     attempt = run.get("latest_attempt") or {}
     cancel = run.get("cancel_requested")
     log = attempt.get("log") or {}
@@ -283,6 +285,12 @@ def run_fields(
             outcome = f"a retry, {'due since' if due else 'waits until'} {when(waits_until, tz=tz)}"
         said = "" if outcome == "-" else f": {outcome}"  # none yet: waiting or running
         pairs.append(("attempt", f"{attempt['number']} {attempt_status(attempt)}{said}"))
+        if leftovers_stopped > 0:
+            many = "processes" if leftovers_stopped > 1 else "process"
+            pairs.append(("stopped", (
+                f"{leftovers_stopped} {many} the job left running, when it ended (a revision "
+                "with --leftovers keep lets them live)"
+            )))  # fmt: skip
         size = f"{log.get('bytes', 0)} bytes"
         if log.get("truncated"):
             reason = log.get("truncation_reason") or "quota"
