@@ -618,3 +618,29 @@ def test_runs_show_says_how_many_processes_the_job_left_were_stopped(
     run_id = enqueue(served, "bad")
     wait_status(served, run_id, {"failed"})
     assert "stopped:" not in ql(served, "runs", "show", run_id).stdout
+
+
+def test_a_secret_piped_from_a_windows_file_loses_its_whole_line_end(
+    cli_served: Served,
+) -> None:
+    # `qinglong secrets set ck < cookie.txt` of a file saved on Windows: the "one trailing
+    # newline" dropped was the \n alone, so the job got the cookie with a \r at its end.
+    served = cli_served
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env |= {"QL_URL": served.base_url, "QL_TOKEN": served.token}
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "secrets", "set", "win-cookie"], cwd=REPO_ROOT, env=env,
+        input=b"pt_key=abc;\r\n", capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    recipe = httpx.post(
+        f"{served.base_url}/api/v1/recipes", json={"env": {}, "secrets": {"CK": "win-cookie"}},
+        headers=served.auth,
+    ).json()["id"]  # fmt: skip
+    put_task(served, "win-cookie", 'printf "[%s]" "$CK"', recipe=recipe)
+    run_id = enqueue(served, "win-cookie")
+    wait_status(served, run_id, {"succeeded"})
+    log = httpx.get(
+        f"{served.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=served.auth
+    )  # the bytes: a text pipe would turn the \r into \n
+    assert log.content == b"[pt_key=abc;]"

@@ -1219,7 +1219,10 @@ def cmd_secrets_set(client: Client, args: argparse.Namespace) -> int:
         value = _hidden(f"value of {args.name}: ", "no value given; nothing was set")
     else:
         try:  # the bytes, not the locale's reading of them, which may keep them as surrogates
-            value = sys.stdin.buffer.read().decode("utf-8").removesuffix("\n")
+            # One line end: "\r\n" too, from a file saved on Windows, whose \r would
+            # otherwise end the value (a cookie that no longer matches).
+            text = sys.stdin.buffer.read().decode("utf-8")
+            value = text.removesuffix("\r\n") if text.endswith("\r\n") else text.removesuffix("\n")
         except OSError as exc:  # EIO of a terminal gone: the input's error, not the output's
             raise ClientError(
                 f"cannot read the value from stdin: {exc.strerror}", EXIT_USAGE
