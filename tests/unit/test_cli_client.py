@@ -479,6 +479,15 @@ def test_tasks_put_flags_become_the_revision_and_recipe_bodies() -> None:
     assert bodies.recipe_body([], []) is None
 
 
+def test_a_file_saved_with_a_byte_order_mark_is_read_as_json() -> None:
+    # Notepad's "UTF-8 with BOM": it was "not JSON (Unexpected UTF-8 BOM (decode using
+    # utf-8-sig) ...)", a Python hint a user editing a task or schedule file cannot act on.
+    text = '\ufeff{"argv": ["/bin/true"]}'
+    assert bodies.load_revision_file(text, source="t.json") == {"argv": ["/bin/true"]}
+    text = '\ufeff{"task": "tick", "every_seconds": 60}'
+    assert bodies.load_schedule_file(text, source="s.json")["every_seconds"] == 60
+
+
 def test_a_revision_file_is_the_base_the_flags_change() -> None:
     text = '{"argv": ["/usr/bin/env"], "priority": 5, "retry": {"max_attempts": 2}}'
     base = bodies.load_revision_file(text, source="rev.json")

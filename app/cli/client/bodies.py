@@ -104,8 +104,8 @@ REVISION_OUTPUT_ONLY = ("task", "revision", "digest", "created_at_ms")
 
 def _json_object(text: str, *, source: str, what: str) -> dict[str, Any]:
     """``text`` as a JSON object, or a usage error naming ``source`` and ``what`` it should be."""
-    try:
-        doc = json.loads(text)
+    try:  # a byte order mark (Notepad's "UTF-8 with BOM") is no part of the JSON: RFC 8259 §8.1
+        doc = json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as exc:
         raise usage(f"{source} is not JSON ({exc.msg} at line {exc.lineno})") from None
     except ValueError:
