@@ -406,6 +406,23 @@ def _main_against(
     return main([*args, "--url", "http://api.test", "--token", "ql_t"])
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["runs", "show", ""], ["runs", "logs", ""], ["runs", "cancel", ""], ["tasks", "show", ""],
+     ["schedules", "delete", ""], ["secrets", "delete", ""]],
+)  # fmt: skip
+def test_an_empty_id_or_name_is_refused_before_anything_is_sent(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    # `qinglong runs show "$RUN"` with RUN unset asked for /runs/, and the 404 blamed --url:
+    # "no such resource under ...: is that the service's root url ...?".
+    sent = httpx.Response(500, json={"detail": "a request was sent"})
+    assert _main_against(monkeypatch, sent, *args) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "error: an empty id or name was given (an unset shell variable?); nothing was sent\n"
+    )
+
+
 class _UnreadStdin(io.StringIO):
     def isatty(self) -> bool:
         return False

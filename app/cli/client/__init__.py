@@ -1317,4 +1317,11 @@ def _env(name: str) -> str | None:
 
 
 def _seg(value: str) -> str:
+    """One path segment; an empty one would name the collection instead (``/runs/``), whose
+    404 reads as a wrong --url."""
+    if not value:
+        raise ClientError(
+            "an empty id or name was given (an unset shell variable?); nothing was sent",
+            EXIT_USAGE,
+        )
     return quote(value, safe="")
