@@ -849,7 +849,8 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     site.visit(page, f"runs/{ghost}")
     page.wait_for_selector("table.attempts .status[data-status=failed]")
     ending = page.inner_text("table.attempts")
-    assert "The program was not found. EXEC_FAILED ENOENT" in ending, ending
+    assert "The program, or the interpreter its #! line names, was not found" in ending, ending
+    assert "EXEC_FAILED ENOENT" in ending, ending
     # A run whose recipe names a secret nobody set says which one.
     recipe = site.api("POST", "/api/v1/recipes", json={"secrets": {"K": "never-set"}}).json()
     body = {"argv": ["/bin/true"], "recipe": recipe["id"]}
