@@ -44,8 +44,8 @@ def serve_app() -> FastAPI:
     log_lines()
     if metrics.FILES_PROBLEM is not None:  # once per api process: its start is the only cause
         logging.getLogger(__name__).warning(
-            "metrics: this api process keeps no observations (no room for its metric file, "
-            "%s); the others' are still reported (docs/metrics.md)",
+            "metrics: this api process keeps no observations (its metric file could not be "
+            "allocated: %s); the others' are still reported (docs/metrics.md)",
             metrics.FILES_PROBLEM,
         )
     return create_app(ready_line=True)

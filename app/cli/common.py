@@ -144,6 +144,14 @@ def hold_lock(path: Path) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError as exc:
+        # A file system without locks (NFS without lockd: ENOLCK): the service ran there
+        # before the lock existed, so it still does, unguarded against a second service.
+        print(
+            f"qinglong: cannot lock {path} ({exc.strerror}): a second service on this data "
+            "dir would not be refused",
+            file=sys.stderr,
+        )
     return fd
 
 

@@ -74,7 +74,7 @@ def validate_argv(argv: Sequence[str]) -> list[str]:
                 ErrorCode.INVALID_ARGV,
                 "a shell program must be called as [shell, '-c', script]; to run a script "
                 "file, give its absolute path as argv[0] (executable, with its #! line), or "
-                "[shell, '-c', './script.sh'] with cwd",
+                "[shell, '-c', 'sh ./script.sh'] with cwd",
             )
     elif not program.startswith("/") or "/../" in program + "/" or program.endswith("/"):
         raise ValidationFailed(

@@ -370,3 +370,26 @@ def test_lease_retire_refuses_what_is_not_an_instance_and_names_an_unknown_one(
     assert unknown.returncode == 1, unknown.stderr
     assert "no worker lease of instance 01a230bf-36ec-72f8-8227-a0718c1b7418" in unknown.stderr
     assert "Traceback" not in typo.stderr + unknown.stderr
+
+
+def test_a_data_dir_without_file_locks_serves_unguarded_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # NFS without lockd answers flock with ENOLCK: a traceback stopped `serve` and `api`
+    # there, where they ran before the lock existed.
+    import errno
+    import fcntl
+
+    from app.cli import common
+
+    def no_locks(_fd: int, _op: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    fd = common.hold_lock(tmp_path / "serve.lock")
+    assert fd is not None
+    os.close(fd)
+    assert capsys.readouterr().err.splitlines() == [
+        f"qinglong: cannot lock {tmp_path / 'serve.lock'} (No locks available): a second "
+        "service on this data dir would not be refused"
+    ]

@@ -559,9 +559,10 @@ def test_a_revision_file_may_be_what_the_api_printed_without_its_output_only_fie
         (lambda: bodies.secret_refs(["9lives"]), "give it as --secret KEY=NAME"),
         (lambda: bodies.secret_refs(["a-b", "A_B=c"]), "names the key A_B twice"),
         # A panel's env name given as the secret's: the api's 422 named the rule only.
-        (lambda: bodies.secret_refs(["JD_COOKIE"]), "secret names are lower-case; for the key "
-         "JD_COOKIE give --secret JD_COOKIE=jd-cookie"),
-        (lambda: bodies.secret_refs(["Db.Pass"]), "give --secret DB_PASS=db.pass"),
+        # NAME allows '_': jd_cookie is the name `secrets set jd_cookie` made, same key.
+        (lambda: bodies.secret_refs(["JD_COOKIE"]), "secret names are lower-case, at most 128 "
+         "characters; for the key JD_COOKIE give --secret jd_cookie"),
+        (lambda: bodies.secret_refs(["Db.Pass"]), "give --secret db.pass"),
         (lambda: bodies.load_revision_file("[1]", source="stdin"), "stdin is not a JSON object"),
         (lambda: bodies.load_revision_file("{", source="r.json"), "r.json is not JSON"),
     ],
@@ -1217,3 +1218,16 @@ def test_json_on_an_output_that_is_not_utf8_escapes_what_it_cannot_hold(
     listed = httpx.Response(200, json=page)
     assert _main_against(monkeypatch, listed, "tasks", "list", "--json") == 0
     assert json.loads(latin1.getvalue().decode("latin-1")) == page  # not "caf?-??"
+
+
+def test_an_interval_schedule_in_a_zone_with_summer_time_is_warned_in_winter_too() -> None:
+    """A daily slot made in a London winter falls at 00:00 there now and at 01:00 all
+    summer: the warning looked at the next fire's offset only."""
+    winter = {"every_seconds": 86400, "timezone": "Europe/London",
+              "next_fires": [{"local": "2026-12-08T00:00:00+00:00"}]}  # fmt: skip
+    said = bodies.every_zone_warning(winter)
+    assert said is not None and "00:00:00 there now, and elsewhere on the clock" in said, said
+    utc = winter | {"timezone": "Etc/UTC"}
+    assert bodies.every_zone_warning(utc) is None  # no season moves it
+    hourly = winter | {"every_seconds": 3600}
+    assert bodies.every_zone_warning(hourly) is None  # a whole hour: every slot on the hour

@@ -139,5 +139,5 @@ def test_a_shell_given_a_script_file_is_told_how_to_run_one() -> None:
     assert info.value.detail == (
         "a shell program must be called as [shell, '-c', script]; to run a script file, give "
         "its absolute path as argv[0] (executable, with its #! line), or [shell, '-c', "
-        "'./script.sh'] with cwd"
+        "'sh ./script.sh'] with cwd"
     )

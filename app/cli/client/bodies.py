@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.cli.client.api import EXIT_USAGE, ClientError
 
@@ -77,10 +78,11 @@ def secret_refs(refs: Sequence[str]) -> dict[str, str]:
                     "give it as --secret KEY=NAME"
                 )
             if not NAME.fullmatch(name):  # the api would refuse it (422): say what to send
-                like = name.lower().replace("_", "-")
+                like = name.lower()  # NAME allows '_': the same key follows from it
                 raise usage(
-                    f"--secret {ref}: secret names are lower-case; for the key {key} give "
-                    f"--secret {key}={like if NAME.fullmatch(like) else 'NAME'}"
+                    f"--secret {ref}: secret names are lower-case, at most 128 characters; "
+                    f"for the key {key} give --secret "
+                    f"{like if NAME.fullmatch(like) else key + '=NAME'}"
                 )
         if not key or not name:
             raise usage("--secret takes NAME or KEY=NAME")
@@ -276,12 +278,26 @@ def every_zone_warning(schedule: Mapping[str, Any]) -> str | None:
     except (ValueError, AttributeError):
         return None
     offset = local.utcoffset()
-    if offset is None or int(offset.total_seconds()) % every == 0:
+    if offset is None:
         return None
+    now_off = int(offset.total_seconds()) % every != 0
+    # The season's offset too: a daily slot made in a London winter falls at 01:00 in summer.
+    seasons = False
+    try:
+        tz = ZoneInfo(str(zone))
+        for month in (1, 7):
+            season = datetime(local.year, month, 1, tzinfo=tz).utcoffset()
+            seasons = seasons or (season is not None and int(season.total_seconds()) % every != 0)
+    except (ValueError, OSError, ZoneInfoNotFoundError):
+        pass
+    if not now_off and not seasons:
+        return None
+    where = f"its slots fall at {local:%H:%M:%S} there"
+    if not now_off:
+        where += " now, and elsewhere on the clock while its daylight-saving time holds"
     return (
         f"warning: --every {every} counts from 1970-01-01 00:00 UTC, not from midnight in "
-        f"{zone}: its slots fall at {local:%H:%M:%S} there; for a fixed local time use --cron "
-        "(docs/schedules-time.md §1)"
+        f"{zone}: {where}; for a fixed local time use --cron (docs/schedules-time.md §1)"
     )
 
 
