@@ -217,8 +217,9 @@ def test_a_database_url_of_another_driver_or_a_bad_port_is_one_line_without_the_
         "127.0.0.1:5432/ql": "no scheme",
         "postgresql+psycopg://app:s3cret-pw@127.0.0.1:pgport/ql": "the port is not a number",
     }
-    for url, said in cases.items():
-        for args in (("migrate",), ("token", "list"), ("worker",)):
+    for n, (url, said) in enumerate(cases.items()):
+        # One URL through every kind of command (they share the check); the rest by one.
+        for args in (("migrate",), ("token", "list"), ("worker",))[: 3 if n == 0 else 1]:
             done = ql(*args, data_dir=tmp_path / "d", env={"QL_DATABASE_URL": url})
             assert done.returncode == 2, (url, args, done.stderr)
             assert done.stderr.splitlines() == [
