@@ -114,8 +114,6 @@ def cmd_lease_history(args: argparse.Namespace) -> int:
     return 0
 
 
-# Attempts ended per transaction, as a live worker's expiry pass (EXPIRE_PAGE).
-_RETIRE_PAGE = 64
 
 
 def cmd_lease_retire(args: argparse.Namespace) -> int:
@@ -126,7 +124,7 @@ def cmd_lease_retire(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import OperationalError
 
     from app.domain.errors import VersionConflict
-    from app.storage.hosts_repo import retire_host
+    from app.storage.hosts_repo import HOST_PAGE, retire_host
     from app.storage.lease_repo import LeaseRepository
 
     try:
@@ -140,7 +138,7 @@ def cmd_lease_retire(args: argparse.Namespace) -> int:
         try:
             done = retire_host(
                 engine, slot=slot, instance_id=instance_id, by_host=socket.gethostname(),
-                limit=_RETIRE_PAGE,
+                limit=HOST_PAGE,
             )  # fmt: skip
         except (VersionConflict, OperationalError):
             # A run of it moved meanwhile, or its rows stayed locked by a session of that

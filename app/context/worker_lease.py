@@ -26,7 +26,7 @@ from app.domain.execution import Launched, LaunchRequest
 from app.domain.lease import Lease
 from app.failure_log import FailureLog
 from app.settings import Settings
-from app.storage.hosts_repo import expire_vanished_hosts
+from app.storage.hosts_repo import HOST_PAGE, expire_vanished_hosts
 from app.storage.lease_repo import LeaseRepository
 from app.worker.instance import claimant, holder_alive
 from app.worker.server import WorkerLauncher
@@ -40,7 +40,7 @@ EXIT_LEASE_HELD = 75
 EXIT_LEASE_LOST = 76
 _JOIN_S = 5.0
 # Attempts of one vanished host ended per renewal (the next renewal takes the next page).
-EXPIRE_PAGE = 64
+EXPIRE_PAGE = HOST_PAGE
 # How long a lost lease's line waits to name who holds the lease now.
 HOLDER_READ_S = 1.0
 

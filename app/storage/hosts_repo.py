@@ -38,6 +38,9 @@ _L = worker_leases.c
 EXPIRY_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '1s'"
 _LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's lock_not_available: the timeout above ran out
 log = logging.getLogger(__name__)
+# Attempts of another host ended per transaction, by a live worker's expiry pass and by an
+# operator's ``lease retire`` alike: the lock on that host's lease row is held this long.
+HOST_PAGE = 64
 # A host's attempts starting or running, by id (ix_attempts_worker_instance_id_status, whose
 # predicate the query repeats as its own).
 HOST_ACTIVE_PAGE = (
