@@ -785,6 +785,22 @@ def test_a_schedule_body_is_the_file_then_the_flags_and_one_cadence() -> None:
     assert both.value.exit_code == bare.value.exit_code == EXIT_USAGE
 
 
+def test_schedules_put_revision_latest_drops_the_pin_a_shown_file_carries() -> None:
+    """What ``schedules show --json`` printed of a pinned schedule carries its revision; a
+    ``--revision latest`` put drops it (the api's absent: the task's latest), a number pins."""
+    from app.cli import build_parser
+
+    parse_args = build_parser().parse_args
+    args = parse_args(["schedules", "put", "n", "--file", "s.json", "--revision", "latest"])
+    pinned = {"task": "t", "revision": 2, "cron": ["0 3 * * *"]}
+    assert bodies.schedule_body(pinned, vars(args)) == {"task": "t", "cron": ["0 3 * * *"]}
+    args = parse_args(["schedules", "put", "n", "--task", "t", "--every", "60", "--revision", "3"])
+    assert bodies.schedule_body(None, vars(args))["revision"] == 3
+    for bad in ("0", "newest"):
+        with pytest.raises(SystemExit):
+            parse_args(["schedules", "put", "n", "--revision", bad])
+
+
 def test_schedules_put_if_version_sends_the_stored_etag_and_a_412_says_nothing_was_saved(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -251,7 +251,10 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
         "--file", help="the schedule body as JSON (docs/api.md §9); - reads it from stdin"
     )
     put.add_argument("--task", help="the task it starts")
-    put.add_argument("--revision", type=int, help="this revision (default: the task's latest)")
+    put.add_argument(
+        "--revision", type=_schedule_revision, metavar="N|latest",
+        help="pin this revision; latest unpins one the file pins (default: the task's latest)",
+    )  # fmt: skip
     put.add_argument(
         "--cron", action="append", metavar="EXPR",
         help="a cron expression, quoted ('0 3 * * *'; 6 fields: seconds first); "
@@ -373,6 +376,16 @@ def _whole(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError("a whole number is required") from None
+
+
+def _schedule_revision(text: str) -> int | str:
+    """``schedules put --revision``: a revision number, or ``latest`` (no pin)."""
+    if text == "latest":
+        return text
+    value = _whole(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("revisions are numbered from 1, or latest")
+    return value
 
 
 def _attempt_number(text: str) -> int:
