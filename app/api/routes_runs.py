@@ -43,6 +43,12 @@ IdempotencyKey = Annotated[
     ),
 ]
 
+_SINCE = (
+    "only runs created at or after this RFC 3339 instant with an offset "
+    "(2026-12-07T03:00:00+08:00, 2026-12-06T19:00:00Z)"
+)
+_UNTIL = "only runs created before this RFC 3339 instant with an offset; later than since"
+
 
 # Reads first: routes are matched in order, and these are the ones clients poll. Every route
 # is async: a plain ``def`` route with a response model costs two worker-thread round trips
@@ -75,13 +81,22 @@ async def list_runs(
     paging: PageQuery,
     task: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     status: RunStatusName | None = None,
+    schedule: Annotated[
+        str | None,
+        Query(pattern=NAME_PATTERN, description="only runs this schedule (by name) started"),
+    ] = None,
+    since: Annotated[str | None, Query(max_length=64, description=_SINCE)] = None,
+    until: Annotated[str | None, Query(max_length=64, description=_UNTIL)] = None,
 ) -> RunPage:
-    """Runs, newest first, filtered by task and status."""
+    """Runs, newest first, filtered by task, status, schedule and a window of created time."""
     page = await read(
         facade,
         facade.list_runs,
         task=task,
         status=status,
+        schedule=schedule,
+        since=since,
+        until=until,
         limit=paging.limit,
         cursor=paging.cursor,
     )

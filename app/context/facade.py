@@ -48,6 +48,7 @@ from app.domain.retry import validate_retry
 from app.domain.states import RunStatus, is_terminal_run
 from app.domain.tokens import grants, looks_like_token
 from app.domain.validation import (
+    parse_instant,
     validate_argv,
     validate_cwd,
     validate_env_value,
@@ -423,14 +424,36 @@ class AppFacade:
         return task_full or (Waiting("held") if held else None) or slots_full
 
     def list_runs(
-        self, *, task: str | None, status: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        task: str | None,
+        status: str | None,
+        limit: int,
+        cursor: str | None,
+        schedule: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
     ) -> Page[Run]:
-        """Runs newest first, filtered by task and status."""
+        """Runs newest first, filtered by task, status, the schedule that started them and
+        a window of their created time, ``since`` (inclusive) to ``until`` (exclusive), RFC
+        3339 instants (docs/api.md §6)."""
         if task is not None:
             validate_name(task, what="task name")
         if status is not None and status not in _RUN_STATUSES:
             raise ValidationFailed(ErrorCode.VALIDATION_FAILED, "unknown run status")
-        page = self._reader.list_runs(task=task, status=status, limit=limit, cursor=cursor)
+        if schedule is not None:
+            validate_name(schedule, what="schedule name")
+        since_ms = None if since is None else parse_instant(since, field="since")
+        until_ms = None if until is None else parse_instant(until, field="until")
+        if since_ms is not None and until_ms is not None and since_ms >= until_ms:
+            raise ValidationFailed(
+                ErrorCode.VALIDATION_FAILED,
+                "since must be before until (the window holds since, not until)",
+            )
+        page = self._reader.list_runs(
+            task=task, status=status, schedule=schedule, since_ms=since_ms, until_ms=until_ms,
+            limit=limit, cursor=cursor,
+        )  # fmt: skip
         return Page(items=[self._with_logs(r) for r in page.items], next_cursor=page.next_cursor)
 
     def list_attempts(self, *, run_id: str) -> list[Attempt]:

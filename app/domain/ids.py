@@ -47,3 +47,10 @@ def is_uuid7(text: str) -> bool:
 def now_ms() -> int:
     """Wall-clock milliseconds since the epoch."""
     return time.time_ns() // 1_000_000
+
+
+def uuid7_floor(ms: int) -> str:
+    """The smallest canonical UUIDv7 text of millisecond ``ms`` (clamped to the 48-bit
+    range): every id made at ``ms`` or later sorts at or above it, as text and as a number."""
+    ms = min(max(ms, 0), (1 << 48) - 1)
+    return str(uuid.UUID(int=ms << 80 | 0x7 << 76 | 0b10 << 62))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 
 from app.domain.errors import ErrorCode, ValidationFailed
 from app.domain.execution import LEFTOVERS, Leftovers
@@ -215,3 +216,32 @@ def merge_environment(
             raise ValueError("reserved keys must start with QL3_")
     merged.update(reserved)
     return merged
+
+
+# An RFC 3339 instant (section 5.6 date-time), with ``T`` and an offset (``Z`` or ±hh:mm):
+# what ``GET /api/v1/runs?since=&until=`` take (docs/api.md §6). Python's fromisoformat takes
+# far more (a date alone, no offset, a space, week dates), so the shape is checked first.
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+RFC3339_EXAMPLE = "2026-12-07T03:00:00+08:00"
+
+
+def parse_instant(text: str, *, field: str) -> int:
+    """Milliseconds since the epoch of an RFC 3339 instant with an offset; ValidationFailed
+    naming ``field`` and the rule (never the value) otherwise. Fractions beyond the
+    millisecond are cut (an instant within a millisecond is in that millisecond)."""
+    rule = f"{field} must be an RFC 3339 instant with an offset, such as {RFC3339_EXAMPLE}"
+    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
+        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, rule)
+    head, sep, rest = text.upper().partition(".")
+    if sep:  # fromisoformat takes 3 or 6 fraction digits only: keep the milliseconds
+        digits = re.match(r"[0-9]+", rest)
+        assert digits is not None  # the pattern has them
+        head = f"{head}.{(digits.group() + '00')[:3]}{rest[digits.end():]}"
+    try:
+        instant = datetime.fromisoformat(head.replace("Z", "+00:00"))
+    except ValueError:  # a day, hour or offset out of range
+        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, rule) from None
+    delta = instant - datetime(1970, 1, 1, tzinfo=UTC)
+    return delta // timedelta(milliseconds=1)

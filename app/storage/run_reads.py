@@ -6,7 +6,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import (
     BindParameter,
@@ -29,7 +29,7 @@ from sqlalchemy import (
 
 from app.domain.errors import ErrorCode, NotFound
 from app.domain.events import attempt_event
-from app.domain.ids import now_ms
+from app.domain.ids import now_ms, uuid7_floor
 from app.domain.model import Attempt, CancelIntent, LogInfo, Page, ProcessHandle, Run, RunEvent
 from app.domain.states import TERMINAL_RUN, AttemptStatus, RunStatus
 from app.storage.cursor import decode_cursor, encode_cursor
@@ -47,6 +47,17 @@ from app.storage.uow import UnitOfWork
 
 if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
     from app.storage.async_reads import AsyncReads
+
+
+class RunPageShape(NamedTuple):
+    """Which filters a runs page has: one prepared statement for each combination."""
+
+    task: bool
+    status: bool
+    schedule: bool
+    since: bool
+    until: bool
+    after: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +250,32 @@ HELD = case(
 )
 
 
+def run_page_query(shape: RunPageShape) -> Select[Any]:
+    """A page of ``GET /api/v1/runs`` with the filters ``shape`` names, newest first: each
+    combination walks an index in id order (tests/storage/test_run_list_plans.py)."""
+    query = select(runs, *_ATTEMPT_COLUMNS).select_from(_RUN_WITH_LATEST)
+    if shape.task:
+        query = query.where(runs.c.task == bindparam("task"))
+    if shape.status:
+        query = query.where(runs.c.status == bindparam("status"))
+    if shape.schedule:
+        # ix_runs_schedule_name_id (migration 0014); its predicate, schedule_name IS NOT
+        # NULL, follows from the equality on both engines.
+        query = query.where(runs.c.schedule_name == bindparam("schedule"))
+    if shape.since:
+        query = query.where(
+            runs.c.id >= bindparam("since_id"), runs.c.created_at_ms >= bindparam("since")
+        )
+    if shape.until:
+        # No id bound: a run's id may be made a little after its created time (later in its
+        # millisecond's order, or after its process's clock stepped back), so only the
+        # created time says which side of ``until`` it is on.
+        query = query.where(runs.c.created_at_ms < bindparam("until"))
+    if shape.after:
+        query = query.where(runs.c.id < bindparam("last_id"))
+    return query.order_by(runs.c.id.desc()).limit(bindparam("limit"))
+
+
 class RunReader:
     """Read-only queries over runs, attempts and events."""
 
@@ -263,7 +300,7 @@ class RunReader:
             .select_from(_RUN_WITH_LATEST)
             .where(runs.c.id == bindparam("run_id")),
         )
-        self._run_pages: dict[tuple[bool, bool, bool], OneStatementRead] = {}
+        self._run_pages: dict[RunPageShape, OneStatementRead] = {}
         self._dispatch_pages: dict[bool, OneStatementRead] = {}
         # The budget counts every dispatch pass asks: one statement each, no transaction.
         self._count_active = OneStatementRead(engine, COUNT_ACTIVE)
@@ -273,19 +310,11 @@ class RunReader:
             engine, select(runs.c.status, HELD).where(runs.c.id == bindparam("run_id"))
         )
 
-    def _run_page(self, shape: tuple[bool, bool, bool]) -> OneStatementRead:
-        """The list-page statement for one combination of (task, status, cursor) filters."""
+    def _run_page(self, shape: RunPageShape) -> OneStatementRead:
+        """The list-page statement for one combination of filters (and cursor)."""
         read = self._run_pages.get(shape)
         if read is None:
-            by_task, by_status, after = shape
-            query = select(runs, *_ATTEMPT_COLUMNS).select_from(_RUN_WITH_LATEST)
-            if by_task:
-                query = query.where(runs.c.task == bindparam("task"))
-            if by_status:
-                query = query.where(runs.c.status == bindparam("status"))
-            if after:
-                query = query.where(runs.c.id < bindparam("last_id"))
-            query = query.order_by(runs.c.id.desc()).limit(bindparam("limit"))
+            query = run_page_query(shape)
             read = self._run_pages.setdefault(shape, OneStatementRead(self._engine, query))
         return read
 
@@ -433,13 +462,37 @@ class RunReader:
         return _the_run(await self._async_reads.rows(self._one_run, {"run_id": run_id}))
 
     def list_runs(
-        self, *, task: str | None, status: str | None, limit: int, cursor: str | None
+        self,
+        *,
+        task: str | None,
+        status: str | None,
+        limit: int,
+        cursor: str | None,
+        schedule: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
     ) -> Page[Run]:
-        """Newest first (UUIDv7 order), filtered by task and status, one keyset page."""
-        params: dict[str, Any] = {"task": task, "status": status, "limit": limit + 1}
+        """Newest first (UUIDv7 order), filtered by task, status, the name of the schedule
+        that started the run, and its ``created_at_ms`` in ``[since_ms, until_ms)``; one
+        keyset page. The cursor is the last run's id: a position in that one order, so it
+        holds under any filters."""
+        params: dict[str, Any] = {
+            "task": task, "status": status, "schedule": schedule, "limit": limit + 1,
+        }  # fmt: skip
+        if since_ms is not None:
+            # A run's id is made at its created_at_ms or later (app/domain/ids.py: a process
+            # keeps its ids in order, never earlier than asked), so every run created at
+            # since_ms or later has an id at or above this one: the index's range starts
+            # there, and the created time decides at each row.
+            params |= {"since": since_ms, "since_id": uuid7_floor(since_ms)}
+        if until_ms is not None:
+            params["until"] = until_ms
         if cursor is not None:
             (params["last_id"],) = decode_cursor("runs", cursor, (str,))
-        shape = (task is not None, status is not None, cursor is not None)
+        shape = RunPageShape(
+            task is not None, status is not None, schedule is not None,
+            since_ms is not None, until_ms is not None, cursor is not None,
+        )  # fmt: skip
         rows = self._run_page(shape).rows(params)
         items = [run_from_rows(*_split(r)) for r in rows[:limit]]
         next_cursor = encode_cursor("runs", [items[-1].id]) if len(rows) > limit else None

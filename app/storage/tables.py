@@ -80,6 +80,7 @@ RETRY_WAIT_WHERE = f"status = '{RunStatus.QUEUED.value}' AND not_before_ms IS NO
 # The predicate of the schedule indexes: a run no schedule made is in neither (migration
 # 0010). A lookup by ``schedule_id = x`` implies it, on both engines.
 SCHEDULED_WHERE = "schedule_id IS NOT NULL"
+SCHEDULE_NAMED_WHERE = "schedule_name IS NOT NULL"
 # The predicate of the attempt indexes by status (migration 0011): every read of them asks
 # for the attempts starting or running, and an attempt is in that state only between T1 and
 # its ending; its insert (claimed) and its ending (terminal) write none of them.
@@ -157,6 +158,13 @@ runs = Table(
         "slot_ms",
         unique=True,
         **_partial(SCHEDULED_WHERE),
+    ),
+    # A schedule's runs by name, newest first: GET /api/v1/runs?schedule= (migration 0014).
+    Index(
+        "ix_runs_schedule_name_id",
+        "schedule_name",
+        "id",
+        **_partial(SCHEDULE_NAMED_WHERE),
     ),
     # A schedule's runs not ended, read by every fire inside the writer lock: without it the
     # read walks every run the schedule ever had (86,400 a day for an every-second one).

@@ -120,6 +120,11 @@ def _compiled(engine: Engine, statement: Any, params: dict[str, Any]) -> tuple[A
 
 def _pg_indexes(engine: Engine, statement: Any, params: dict[str, Any]) -> set[str]:
     """Indexes in the generic plan of ``statement`` prepared on PostgreSQL."""
+    return {n["Index Name"] for n in pg_plan(engine, statement, params) if "Index Name" in n}
+
+
+def pg_plan(engine: Engine, statement: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of the generic plan of ``statement`` prepared on PostgreSQL."""
     state, sql_type = _compiled(engine, statement, params)
     args = state.parameters
     names: list[str] = []
@@ -144,7 +149,7 @@ def _pg_indexes(engine: Engine, statement: Any, params: dict[str, Any]) -> set[s
         raw.invalidate()  # the session's settings and its prepared probe go with it
         raw.close()
     plan = plan if isinstance(plan, list) else json.loads(plan)
-    return {n["Index Name"] for n in _nodes(plan[0]["Plan"]) if "Index Name" in n}
+    return _nodes(plan[0]["Plan"])
 
 
 def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -156,16 +161,21 @@ def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _sqlite_indexes(engine: Engine, statement: ClauseElement, params: dict[str, Any]) -> set[str]:
     """Indexes SQLite's query plan names for ``statement``."""
+    details = sqlite_plan(engine, statement, params)
+    return {m for d in details for m in re.findall(r"INDEX (\w+)", d)}
+
+
+def sqlite_plan(engine: Engine, statement: ClauseElement, params: dict[str, Any]) -> list[str]:
+    """Each line of SQLite's ``EXPLAIN QUERY PLAN`` for ``statement``."""
     state, _type = _compiled(engine, statement, params)
     positional = [state.parameters[name] for name in state.positiontup]
     raw = engine.raw_connection()
     try:
         cursor = raw.cursor()
         cursor.execute(f"EXPLAIN QUERY PLAN {state.statement}", positional)
-        details = [row[3] for row in cursor.fetchall()]
+        return [row[3] for row in cursor.fetchall()]
     finally:
         raw.close()
-    return {m for d in details for m in re.findall(r"INDEX (\w+)", d)}
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,15 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
     lst = rsub.add_parser("list", parents=[common], help="runs, newest first")
     lst.add_argument("--task", help="only runs of this task")
     lst.add_argument("--status", choices=RUN_STATUSES, help="only runs with this status")
+    lst.add_argument("--schedule", help="only runs this schedule started (its name)")
+    lst.add_argument(
+        "--since", metavar="WHEN",
+        help="only runs created at or after WHEN: 2h, 30m, 1d (ago), 2026-12-07 or "
+        "'2026-12-07 03:00' (local time), or 2026-12-07T03:00:00+08:00",
+    )  # fmt: skip
+    lst.add_argument(
+        "--until", metavar="WHEN", help="only runs created before WHEN (the forms of --since)"
+    )
     _paging(lst)
     lst.set_defaults(handler=_client(cmd_runs_list))
     show = rsub.add_parser("show", parents=[common], help="one run and its attempts")
@@ -588,15 +597,50 @@ def cmd_runs_start(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_runs_list(client: Client, args: argparse.Namespace) -> int:
     """One page of runs, newest first."""
+    now = int(time.time() * 1000)  # one "now" for --since 2h and --until 1h alike
+    since = until = None
+    if args.since is not None:
+        since = bodies.instant(args.since, flag="--since", now_ms=now)
+    if args.until is not None:
+        until = bodies.instant(args.until, flag="--until", now_ms=now)
+    if since is not None and until is not None and since[1] >= until[1]:
+        raise bodies.usage(
+            f"--since {since[0]} is not before --until {until[0]}: no run can be in that window"
+        )
+    window = {"since": since and since[0], "until": until and until[0]}
+    # The more: line repeats each filter, a relative --since as the instant it meant: the
+    # next page is of the same window, however late it is asked.
     filters = "".join(
-        f" --{name} {value}"
-        for name, value in (("task", args.task), ("status", args.status))
+        f" --{name} {shlex.quote(value)}"
+        for name, value in (
+            ("task", args.task), ("status", args.status), ("schedule", args.schedule),
+            *window.items(),
+        )
         if value
-    )
+    )  # fmt: skip
     return _listing(
         client, args, "/runs", render.runs_table, f"runs list{filters}",
-        unknown=lambda: _no_such_task(client, args.task), task=args.task, status=args.status,
+        unknown=lambda: _no_such_task(client, args.task) or _no_such_schedule(
+            client, args.schedule
+        ),
+        task=args.task, status=args.status, schedule=args.schedule, **window,
     )  # fmt: skip
+
+
+def _no_such_schedule(client: Client, schedule: str | None) -> str:
+    """``: no schedule is named S ...`` when --schedule names none now; "" when it exists,
+    cannot be asked (a token without definitions:read), or is not a name at all (the page's
+    own request already said that)."""
+    if schedule is None:
+        return ""
+    try:
+        client.get(f"/schedules/{_seg(schedule)}")
+    except ApiProblem as exc:
+        if exc.code == "SCHEDULE_NOT_FOUND":
+            return f": no schedule is named {render.safe(schedule)} (qinglong schedules list)"
+    except ClientError:
+        pass
+    return ""
 
 
 def _no_such_task(client: Client, task: str | None) -> str:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.cli.client.api import EXIT_USAGE, ClientError
+from app.cli.client.render import safe
 
 # docs/api.md §1: env keys; a secret's derived key must be one too.
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -330,3 +331,61 @@ def schedule_body(base: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> d
             "(qinglong schedules put NAME --task TASK --cron '0 3 * * *')"
         )
     return body
+
+
+# ``runs list --since/--until`` (docs/cli.md §3): what a user types for "when", and nothing
+# else. The API takes RFC 3339 instants with an offset only; each form becomes one.
+_AGO = re.compile(r"([0-9]{1,7})([smhd])")
+_AGO_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_MAX_AGO_MS = 36_500 * _AGO_MS["d"]
+_LOCAL_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_LOCAL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2})?")
+_INSTANT = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+TIME_FORMS = (
+    "2h, 30m, 1d (that long ago), 2026-12-07 (local midnight), 2026-12-07 03:00 (local time) "
+    "or an instant with an offset (2026-12-07T03:00:00+08:00)"
+)
+
+
+def instant(text: str, *, flag: str, now_ms: int) -> tuple[str, int]:
+    """A ``--since``/``--until`` value as (the RFC 3339 instant sent, its epoch ms).
+
+    ``N`` and ``s``, ``m``, ``h`` or ``d``: that long before ``now_ms``. A date, or a date
+    and ``HH:MM[:SS]`` (``T`` or a space between): local time, the zone the tables show;
+    one a clock change skips or repeats is refused, as it names no one instant. An RFC 3339
+    instant with an offset: as it is. Anything else is a usage error naming the forms.
+    """
+    text = text.strip()
+    if ago := _AGO.fullmatch(text):
+        ms = int(ago.group(1)) * _AGO_MS[ago.group(2)]
+        if ms > _MAX_AGO_MS:
+            raise usage(f"{flag} {safe(text)}: at most 36500d ago")
+        at = datetime.fromtimestamp((now_ms - ms) / 1000, tz=UTC).astimezone()
+        return at.isoformat(timespec="milliseconds"), now_ms - ms
+    try:
+        if _INSTANT.fullmatch(text):
+            head, dot, rest = text.upper().partition(".")
+            if dot:  # fromisoformat takes 3 or 6 fraction digits: keep the milliseconds
+                digits = re.match(r"[0-9]+", rest)
+                assert digits is not None
+                head = f"{head}.{(digits.group() + '00')[:3]}{rest[digits.end() :]}"
+            at = datetime.fromisoformat(head.replace("Z", "+00:00"))
+            return text, _epoch_ms(at)
+        if _LOCAL_DATE.fullmatch(text) or _LOCAL_TIME.fullmatch(text):
+            wall = datetime.fromisoformat(text.replace(" ", "T"))
+            at, again = wall.replace(fold=0).astimezone(), wall.replace(fold=1).astimezone()
+            if at != again or at.replace(tzinfo=None) != wall:
+                raise usage(
+                    f"{flag} {safe(text)}: a clock change skips or repeats that local time; "
+                    "give the instant with its offset (2026-12-07T03:00:00+08:00)"
+                )
+            return at.isoformat(timespec="seconds"), _epoch_ms(at)
+    except (ValueError, OverflowError, OSError):  # a month 13, a year 0
+        pass
+    raise usage(f"{flag} {safe(text)}: not a time; give {TIME_FORMS}")
+
+
+def _epoch_ms(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
