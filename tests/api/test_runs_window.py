@@ -27,7 +27,7 @@ def _iso(ms: int, offset_hours: int = 0) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=zone).isoformat(timespec="milliseconds")
 
 
-def _fire_three_slots(settings: Settings) -> None:
+def fire_three_slots(settings: Settings) -> None:
     """Schedule ``nightly`` of task hello fires its slots T0+1 s, +2 s, +3 s."""
     engine = make_engine(settings.database_url)
     try:
@@ -65,7 +65,7 @@ def _walk(client: Client, admin: dict[str, str], url: str) -> list[str]:
 def test_runs_are_listed_by_a_window_of_created_time_and_by_schedule(
     client: Client, admin: dict[str, str], task: str, settings: Settings
 ) -> None:
-    _fire_three_slots(settings)
+    fire_three_slots(settings)
     s3, s2, s1 = _ids(client, admin, schedule="nightly")
     made = []
     for _ in range(2):  # two manual runs, each in its own millisecond
