@@ -86,6 +86,12 @@ class Site:
             page.goto(url)
         page.wait_for_selector("main[aria-busy=false]")
 
+    def visit_by(self, page: Any, action: Any) -> None:
+        """Do ``action`` (a click that changes the route) and wait for the new page's data."""
+        page.evaluate("document.getElementById('view').setAttribute('aria-busy', 'true')")
+        action()
+        page.wait_for_selector("main[aria-busy=false]")
+
     def shot(self, page: Any, name: str) -> None:
         path = self.shots / f"{name}.png"
         page.screenshot(path=str(path), full_page=True)
@@ -1066,6 +1072,63 @@ def _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site: Site) -> Non
     page.context.close()
 
 
+# A datetime-local value (the browser's local time, to the second) ``minutes`` from now.
+_LOCAL_IN = """(minutes) => {
+  const at = new Date(Date.now() + minutes * 60000);
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${at.getFullYear()}-${pad(at.getMonth() + 1)}-${pad(at.getDate())}T${pad(at.getHours())}:${pad(at.getMinutes())}:${pad(at.getSeconds())}`;
+}"""
+
+
+def _the_runs_page_filters_by_schedule_and_by_a_window_of_created_time(site: Site) -> None:
+    """A schedule's page links to the runs it started; the runs page narrows them to a
+    window typed in local time, kept in the address as instants, and refuses a window that
+    ends before it starts without asking the server."""
+    every = {"task": "hello", "every_seconds": 1}
+    assert site.api("PUT", "/api/v1/schedules/ui-window", json=every).status_code == 201
+    started: list[str] = []
+
+    def fired() -> bool:
+        page = site.api("GET", "/api/v1/runs", params={"schedule": "ui-window"}).json()
+        started[:] = [r["id"] for r in page["items"]]
+        return bool(started)
+
+    wait_until("a run of schedule ui-window", fired, 20)
+    assert site.api("POST", "/api/v1/schedules/ui-window/pause").status_code == 200
+    fired()  # every run it started before the pause
+    page = site.page()
+    site.sign_in(page, path="schedules/ui-window")
+    page.click("#schedule-runs")
+    page.wait_for_url(re.compile(r"#/runs\?schedule=ui-window$"))
+    page.wait_for_selector("main[aria-busy=false] tbody tr[data-run]")
+    shown = page.eval_on_selector_all("tbody tr[data-run]", "rs => rs.map((r) => r.dataset.run)")
+    assert shown == started
+    assert page.input_value("#filter-schedule") == "ui-window"
+    # A window that ends before it starts is said at the form; nothing is asked.
+    page.fill("#filter-since", page.evaluate(_LOCAL_IN, 5))
+    page.fill("#filter-until", page.evaluate(_LOCAL_IN, -5))
+    page.click("form.filters button[type=submit]")
+    page.wait_for_selector("#filter-window-error:visible")
+    assert page.url.endswith("#/runs?schedule=ui-window")
+    # From five minutes ahead: nothing yet. The address holds the instant, in UTC.
+    page.fill("#filter-until", "")
+    site.visit_by(page, lambda: page.click("form.filters button[type=submit]"))
+    assert re.search(r"since=\d{4}-\d\d-\d\dT\d\d%3A\d\d%3A\d\d\.000Z$", page.url), page.url
+    assert page.locator("text=No runs match.").is_visible()
+    assert not page.is_visible("#filter-window-error")
+    # Up to five minutes ahead: every run it started.
+    page.fill("#filter-since", "")
+    page.fill("#filter-until", page.evaluate(_LOCAL_IN, 5))
+    site.visit_by(page, lambda: page.click("form.filters button[type=submit]"))
+    assert "until=" in page.url and "since=" not in page.url
+    shown = page.eval_on_selector_all("tbody tr[data-run]", "rs => rs.map((r) => r.dataset.run)")
+    assert shown == started
+    site.shot(page, "runs-filtered")
+    assert page.errors == []
+    page.context.close()
+    assert site.api("DELETE", "/api/v1/schedules/ui-window").is_success
+
+
 # Tab order against the order seen: rows top to bottom, left to right within a row (two
 # boxes whose vertical extents overlap by half the smaller height share a row).
 _HEADER_ORDERS = """() => {
@@ -1356,6 +1419,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
     _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)
     _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site)
+    _the_runs_page_filters_by_schedule_and_by_a_window_of_created_time(site)
     _the_headers_tab_order_is_the_order_it_is_seen_in_at_any_width(site)
     _a_runs_status_change_is_announced_once(site)
     _a_slow_page_says_it_is_loading_until_its_first_answer(site)

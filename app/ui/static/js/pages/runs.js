@@ -1,4 +1,5 @@
-// Runs: newest first, filters by task and status, keyset "load more", live status.
+// Runs: newest first, filters by task, status, schedule and a window of created time,
+// keyset "load more", live status.
 
 import { api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
@@ -13,15 +14,35 @@ const POLL_MS = 2000;
 export function runsPage(view, { params, signal, ready }) {
   const task = params.get('task') || '';
   const status = params.get('status') || '';
+  const schedule = params.get('schedule') || '';
+  // The window is kept in the address as RFC 3339 instants (the API's form, the same
+  // instant wherever the link is opened), and shown in this browser's local time.
+  const since = params.get('since') || '';
+  const until = params.get('until') || '';
   const taskInput = h('input', { id: 'filter-task', name: 'task', value: task, autocomplete: 'off', spellcheck: 'false', placeholder: t('runs.any_task') });
   const statusSelect = h('select', { id: 'filter-status', name: 'status' },
     h('option', { value: '' }, t('runs.any_status')),
     RUN_STATUSES.map((s) => h('option', { value: s, selected: s === status }, t(`status.${s}`))));
-  const filters = h('form', { class: 'filters', role: 'search', on: { submit: (ev) => { ev.preventDefault(); go('runs', { task: taskInput.value.trim(), status: statusSelect.value }); } } },
+  const scheduleInput = h('input', { id: 'filter-schedule', name: 'schedule', value: schedule, autocomplete: 'off', spellcheck: 'false', placeholder: t('runs.any_schedule') });
+  const sinceInput = h('input', { id: 'filter-since', name: 'since', type: 'datetime-local', step: '1', value: localInput(since) });
+  const untilInput = h('input', { id: 'filter-until', name: 'until', type: 'datetime-local', step: '1', value: localInput(until) });
+  const windowProblem = h('p', { class: 'form-error', id: 'filter-window-error', role: 'alert', hidden: true }, t('runs.err_window'));
+  const filters = h('form', { class: 'filters', role: 'search', on: { submit: (ev) => {
+    ev.preventDefault();
+    const from = instant(sinceInput.value);
+    const to = instant(untilInput.value);
+    windowProblem.hidden = !(from && to && Date.parse(from) >= Date.parse(to));
+    if (!windowProblem.hidden) { sinceInput.focus(); return; }
+    go('runs', { task: taskInput.value.trim(), status: statusSelect.value, schedule: scheduleInput.value.trim(), since: from, until: to });
+  } } },
     h('div', { class: 'field' }, h('label', { for: 'filter-task' }, t('runs.filter_task')), taskInput),
     h('div', { class: 'field' }, h('label', { for: 'filter-status' }, t('runs.filter_status')), statusSelect),
+    h('div', { class: 'field' }, h('label', { for: 'filter-schedule' }, t('runs.filter_schedule')), scheduleInput),
+    h('div', { class: 'field' }, h('label', { for: 'filter-since' }, t('runs.filter_since')), sinceInput),
+    h('div', { class: 'field' }, h('label', { for: 'filter-until' }, t('runs.filter_until')), untilInput),
     h('div', { class: 'field actions' }, h('button', { type: 'submit' }, t('runs.apply')),
-      task || status ? h('a', { href: '#/runs', class: 'button secondary' }, t('runs.clear')) : null));
+      task || status || schedule || since || until ? h('a', { href: '#/runs', class: 'button secondary' }, t('runs.clear')) : null),
+    windowProblem);
   const body = h('tbody', {}, loadingRow(6));
   const table = h('div', { class: 'table-wrap' }, h('table', { class: 'runs' },
     h('caption', { class: 'sr-only' }, t('runs.title')),
@@ -48,7 +69,7 @@ export function runsPage(view, { params, signal, ready }) {
     filters, problem, table, empty, more.el));
 
   function fetchPage(cursor) {
-    return api.get(`${path('runs')}${query({ task, status, limit: PAGE, cursor })}`, { scope: 'runs:read', signal });
+    return api.get(`${path('runs')}${query({ task, status, schedule, since, until, limit: PAGE, cursor })}`, { scope: 'runs:read', signal });
   }
 
   function row(run) {
@@ -107,4 +128,21 @@ export function runsPage(view, { params, signal, ready }) {
 
   first().catch(() => {}).finally(ready);
   every(POLL_MS, signal, async () => { await first(); await refreshOlder(); });
+}
+
+/** A datetime-local input's value (local time, to the second) as an RFC 3339 instant; ''
+ *  for none. A local time a clock change repeats is its first instant, the browser's. */
+function instant(local) {
+  if (!local) return '';
+  const at = new Date(local);
+  return Number.isNaN(at.getTime()) ? '' : at.toISOString();
+}
+
+/** An instant from the address as a datetime-local value in this browser's zone ('' for
+ *  none, or for one that is not a time: the API's answer then says what is wrong). */
+function localInput(rfc3339) {
+  const at = new Date(rfc3339);
+  if (!rfc3339 || Number.isNaN(at.getTime())) return '';
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${at.getFullYear()}-${pad(at.getMonth() + 1)}-${pad(at.getDate())}T${pad(at.getHours())}:${pad(at.getMinutes())}:${pad(at.getSeconds())}`;
 }

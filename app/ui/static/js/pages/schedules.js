@@ -137,7 +137,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
         : h('button', { type: 'button', id: 'pause', class: 'secondary', on: { click: () => act('pause') } }, t('schedules.pause')),
       h('a', { class: 'button secondary', id: 'edit-schedule', href: `#/schedules/${encodeURIComponent(s.name)}/edit` }, t('schedule_form.edit_button')),
       removal.start,
-      h('a', { href: `#/runs?task=${encodeURIComponent(s.task)}` }, t('tasks.see_runs')),
+      h('a', { id: 'schedule-runs', href: `#/runs?schedule=${encodeURIComponent(s.name)}` }, t('schedules.see_runs')),
       removal.question);
     pausedNote.hidden = !s.paused;
     settle(fires);
