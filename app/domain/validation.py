@@ -233,6 +233,8 @@ def parse_instant(text: str, *, field: str) -> int:
     millisecond are cut (an instant within a millisecond is in that millisecond)."""
     rule = f"{field} must be an RFC 3339 instant with an offset, such as {RFC3339_EXAMPLE}"
     if not isinstance(text, str) or not _RFC3339.fullmatch(text):
+        if isinstance(text, str) and _RFC3339.fullmatch(text.replace(" ", "+")):
+            rule += " (a + in a URL's query reads as a space: write it %2B)"
         raise ValidationFailed(ErrorCode.VALIDATION_FAILED, rule)
     head, sep, rest = text.upper().partition(".")
     if sep:  # fromisoformat takes 3 or 6 fraction digits only: keep the milliseconds

@@ -130,6 +130,12 @@ def test_a_bad_window_or_schedule_is_a_clear_422(client: Client, admin: dict[str
             422, "VALIDATION_FAILED",
         )  # fmt: skip
         assert body["detail"].startswith("since must be before until"), body
+    # curl -G --data "since=...+08:00" sends the + as is, and a query reads it as a space.
+    body = assert_problem(
+        client.get("/api/v1/runs?since=2026-12-07T03:00:00+08:00", headers=admin),
+        422, "VALIDATION_FAILED",
+    )  # fmt: skip
+    assert body["detail"].endswith("(a + in a URL's query reads as a space: write it %2B)")
     assert_problem(
         client.get("/api/v1/runs", params={"since": "2" * 65}, headers=admin),
         422, "VALIDATION_FAILED",

@@ -10,6 +10,8 @@ import io
 import json
 import os
 import sys
+import time
+from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
 from typing import Any, cast
@@ -1247,3 +1249,37 @@ def test_an_interval_schedule_in_a_zone_with_summer_time_is_warned_in_winter_too
     assert bodies.every_zone_warning(utc) is None  # no season moves it
     hourly = winter | {"every_seconds": 3600}
     assert bodies.every_zone_warning(hourly) is None  # a whole hour: every slot on the hour
+
+
+@pytest.fixture
+def berlin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's local zone is Europe/Berlin (CET/CEST) for the test."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_a_when_of_runs_list_is_one_of_its_forms_in_local_time_or_refused(berlin: None) -> None:
+    now = 1_796_612_400_000  # 2026-12-07T03:00:00Z, 04:00 in Berlin
+    forms = {
+        "2h": ("2026-12-07T02:00:00.000+01:00", now - 7_200_000),
+        "90s": ("2026-12-07T03:58:30.000+01:00", now - 90_000),
+        "2026-12-07": ("2026-12-07T00:00:00+01:00", now - 4 * 3_600_000),
+        "2026-07-01 18:30": ("2026-07-01T18:30:00+02:00", 1_782_923_400_000),
+        "2026-07-01T18:30:15": ("2026-07-01T18:30:15+02:00", 1_782_923_415_000),
+        "2026-12-07T03:00:00.25Z": ("2026-12-07T03:00:00.25Z", now + 250),
+        "2026-12-07T11:00:00+08:00": ("2026-12-07T11:00:00+08:00", now),
+    }
+    for text, expected in forms.items():
+        assert bodies.instant(text, flag="--since", now_ms=now) == expected, text
+    # 02:30 on the last Sunday of March does not exist there, and of October comes twice.
+    for skipped_or_twice in ("2026-03-29 02:30", "2026-10-25T02:30"):
+        with pytest.raises(ClientError, match="a clock change skips or repeats") as refused:
+            bodies.instant(skipped_or_twice, flag="--until", now_ms=now)
+        assert refused.value.exit_code == 2
+    for nonsense in ("yesterday", "2026-12-07 3:00", "2026-02-30", "-2h", "2 h", "1w",
+                     "2026-12-07T03:00:00+25:00", "12345678d"):  # fmt: skip
+        with pytest.raises(ClientError, match=r"not a time; give 2h, 30m, 1d"):
+            bodies.instant(nonsense, flag="--since", now_ms=now)
