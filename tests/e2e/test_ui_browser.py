@@ -519,12 +519,18 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     figures["sweeps"] = [sweep | {"host": "nas-b", "instance_id": "i-b", "at_ms": now_ms()},
                          sweep | {"host": "nas-a", "instance_id": "i-a"}]  # fmt: skip
     figures["last_sweep"] = figures["sweeps"][0]
-    page.route("**/api/v1/system/storage", lambda route: route.fulfill(
-        status=200, content_type="application/json", body=json.dumps(figures)))  # fmt: skip
+    # A failed answer gives way to the figures without a reload: they are asked again every
+    # 5 s while they fail.
+    page.route("**/api/v1/system/storage", lambda route: route.abort())
     page.reload()
     site.visit(page, "system")
+    page.wait_for_selector("section:has(> h2:text-is('Storage')) .error-box")
+    page.unroute("**/api/v1/system/storage")
+    page.route("**/api/v1/system/storage", lambda route: route.fulfill(
+        status=200, content_type="application/json", body=json.dumps(figures)))  # fmt: skip
     headings = page.locator("h3:has-text('Last retention sweep of host')")
-    headings.first.wait_for()
+    headings.first.wait_for(timeout=15_000)
+    assert page.query_selector("main .error-box") is None
     assert headings.all_inner_texts() == [
         "Last retention sweep of host nas-b", "Last retention sweep of host nas-a",
     ]  # fmt: skip

@@ -1,7 +1,7 @@
 // System: readiness (database, disk, worker), version, job isolation, and the storage
 // figures of GET /api/v1/system/storage (admin: any other token is told so).
 
-import { call, features, session } from '../api.js';
+import { ApiError, call, features, session } from '../api.js';
 import { h, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { bytes, timeEl } from '../format.js';
@@ -58,24 +58,55 @@ export function systemPage(view, { signal, ready: drawn }) {
       [t('system.api'), raw(session.base || location.origin)],
     ]));
     try {
-      const figures = await call('GET', '/api/v1/system/storage', { scope: 'admin', signal });
-      // Each host's last sweep, newest first (several hosts); an older server sends one.
-      const sweeps = figures.sweeps || (figures.last_sweep ? [figures.last_sweep] : []);
-      delete figures.last_sweep;
-      delete figures.sweeps;
-      const parts = [figureList(figures)];
-      if (!sweeps.length) parts.push(h('h3', {}, t('storage.last_sweep')), h('p', { class: 'muted' }, t('storage.no_sweep')));
-      for (const sweep of sweeps) {
-        const { host, instance_id: instance, ...rest } = sweep;
-        const who = host || instance;
-        const several = sweeps.length > 1 && who;
-        parts.push(h('h3', {}, several ? t('storage.last_sweep_of', { host: who }) : t('storage.last_sweep')),
-          figureList(several || !who ? rest : { host: who, ...rest }));
-      }
-      put(storage, ...parts);
+      await storageFigures();
     } catch (err) {
       put(storage, errorBox(err) || '');
+      return true;
     }
+    return false;
+  }
+
+  // The storage figures are asked again every 30 s, and every 5 s while they fail (the
+  // service stopped), so an error gives way to the figures without a reload. A token
+  // without `admin` is not asked again.
+  let forbidden = false;
+  function pollStorage(failed) {
+    if (signal.aborted || forbidden) return;
+    const timer = setTimeout(async () => {
+      let again = false;
+      try { await storageFigures(); } catch (err) {
+        if (err.name === 'AbortError') return;
+        showProblem(storage, err);
+        again = true;
+      }
+      pollStorage(again);
+    }, failed ? 5000 : 30000);
+    signal.addEventListener('abort', () => clearTimeout(timer), { once: true });
+  }
+
+  async function storageFigures() {
+    if (forbidden) return;
+    let figures;
+    try {
+      figures = await call('GET', '/api/v1/system/storage', { scope: 'admin', signal });
+    } catch (err) {
+      forbidden = err instanceof ApiError && err.status === 403;
+      throw err;
+    }
+    // Each host's last sweep, newest first (several hosts); an older server sends one.
+    const sweeps = figures.sweeps || (figures.last_sweep ? [figures.last_sweep] : []);
+    delete figures.last_sweep;
+    delete figures.sweeps;
+    const parts = [figureList(figures)];
+    if (!sweeps.length) parts.push(h('h3', {}, t('storage.last_sweep')), h('p', { class: 'muted' }, t('storage.no_sweep')));
+    for (const sweep of sweeps) {
+      const { host, instance_id: instance, ...rest } = sweep;
+      const who = host || instance;
+      const several = sweeps.length > 1 && who;
+      parts.push(h('h3', {}, several ? t('storage.last_sweep_of', { host: who }) : t('storage.last_sweep')),
+        figureList(several || !who ? rest : { host: who, ...rest }));
+    }
+    put(storage, ...parts);
   }
 
   // Known figures have a label; one the UI does not know yet is shown by its name.
@@ -96,6 +127,6 @@ export function systemPage(view, { signal, ready: drawn }) {
     return raw(value);
   }
 
-  load().finally(drawn);
+  load().then(pollStorage).finally(drawn);
   every(5000, signal, readiness, (err) => showProblem(ready, err));
 }
