@@ -37,7 +37,8 @@ def _options(conn: Connection) -> dict[str, object]:
     # One transaction for every step and the foreign-key check, on SQLite too: Alembic
     # takes SQLite's DDL as not transactional and committed each step alone, so a failed
     # check (after the steps) rolled nothing back, and the next start found nothing to do.
-    # SQLite's DDL is transactional, so one transaction holds them all.
+    # SQLite's DDL is transactional, so one transaction holds them all, and a process
+    # killed between two steps leaves the revision it had (tests/storage/test_migrate_killed.py).
     return {"connection": conn, "target_metadata": target_metadata, "transactional_ddl": True}
 
 
