@@ -45,8 +45,11 @@ def serve_app() -> FastAPI:
     if metrics.FILES_PROBLEM is not None:  # once per api process: its start is the only cause
         logging.getLogger(__name__).warning(
             "metrics: this api process keeps no observations (its metric file could not be "
-            "allocated: %s); the others' are still reported (docs/metrics.md)",
+            "allocated: %s); %s (docs/metrics.md)",
             metrics.FILES_PROBLEM,
+            "nor does any other: there is no metrics directory"
+            if metrics.NO_DIRECTORY
+            else "the others' are still reported",
         )
     return create_app(ready_line=True)
 

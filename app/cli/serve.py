@@ -230,13 +230,21 @@ def cmd_api(args: argparse.Namespace) -> int:
     # Each uvicorn worker keeps its metric observations in its own file here and a scrape
     # sums them (app/context/metrics.py); set before any worker imports prometheus-client.
     metrics_dir = settings.data_dir / "metrics"
-    prepare_multiprocess_dir(metrics_dir)
-    os.environ[MULTIPROC_ENV] = str(metrics_dir)
+    metrics_problem = prepare_multiprocess_dir(metrics_dir)
+    os.environ[MULTIPROC_ENV] = str(metrics_dir)  # made or not: every worker's is the same
     limits = settings.http
     fd_room(limits.max_connections + FD_RESERVE)
     from app.api.log_lines import log_lines
 
     log_lines()
+    if metrics_problem is not None and args.workers > 1:  # one worker keeps its own in memory
+        logging.getLogger(__name__).warning(
+            "metrics: cannot make %s (%s): no api worker keeps observations; GET /metrics "
+            "reports the database figures only until the api restarts with room "
+            "(docs/metrics.md)",
+            metrics_dir,
+            metrics_problem,
+        )
     logging.getLogger(__name__).info(
         "api on http://%s:%d with %d uvicorn worker(s)", args.host, args.port, args.workers
     )

@@ -89,8 +89,13 @@ def _preallocate(directory: str, pid: int) -> str | None:
 # observations left out until it restarts with room (a line at its start says so).
 _IN_FILES = values.ValueClass is not values.MutexValue
 FILES_PROBLEM: str | None = None
+# No directory at all (``qinglong api`` could not make it, docs/metrics.md § A full disk):
+# no process of this api has a file, so none reports any observation.
+NO_DIRECTORY = False
 if _IN_FILES:
-    FILES_PROBLEM = _preallocate(os.environ.get(MULTIPROC_ENV, ""), os.getpid())
+    _DIRECTORY = os.environ.get(MULTIPROC_ENV, "")
+    FILES_PROBLEM = _preallocate(_DIRECTORY, os.getpid())
+    NO_DIRECTORY = bool(_DIRECTORY) and not os.path.isdir(_DIRECTORY)
     if FILES_PROBLEM is not None:
         values.ValueClass = values.MutexValue
 
@@ -142,17 +147,25 @@ for _code in UNAVAILABLE_CODES:
     DATABASE_UNAVAILABLE.labels(code=_code.value)  # every series at 0 before the first
 
 
-def prepare_multiprocess_dir(path: Path) -> None:
-    """Empty (or create, 0700) the directory the api processes keep their histograms in.
+def prepare_multiprocess_dir(path: Path) -> str | None:
+    """Empty (or create, 0700) the directory the api processes keep their histograms in;
+    why it could not be made (None: made).
 
     Called once by ``qinglong api`` before uvicorn starts its workers: files of an earlier
-    service lifetime would otherwise be summed into this one's figures.
+    service lifetime would otherwise be summed into this one's figures. A directory that
+    cannot be made (a full disk: it needs an inode, and a block on most file systems) stops
+    nothing: every api process then keeps its observations in memory and reports none, as
+    one whose own file could not be had (docs/metrics.md § A full disk).
     """
     if path.is_symlink():
         raise RuntimeError(f"{path} is a symlink; refusing to use it for metrics")
     if path.exists():
         shutil.rmtree(path)
-    path.mkdir(mode=0o700, parents=True)
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except OSError as exc:
+        return os.strerror(exc.errno or errno.EIO)
+    return None
 
 
 class _Database(Collector):
@@ -207,7 +220,8 @@ def render(engine: Engine) -> bytes:
     # the process that set it) keeps them in memory and must report those.
     if path and _IN_FILES:
         observed = CollectorRegistry()
-        MultiProcessCollector(observed, path=path)  # type: ignore[no-untyped-call]
+        if os.path.isdir(path):  # else not made at the api's start: no process has a file
+            MultiProcessCollector(observed, path=path)  # type: ignore[no-untyped-call]
     database = CollectorRegistry(auto_describe=False)
     database.register(_Database(engine))
     return generate_latest(observed) + generate_latest(database)
