@@ -9,7 +9,7 @@ from starlette.responses import Response
 from app.api.auth import Ctx, MetricsReader
 from app.api.http import problems
 from app.api.problems import NOT_READY, ApiProblem
-from app.api.schemas import Health, Problem, Ready
+from app.api.schemas import Health, Problem, ProcessLimit, Ready
 from app.api.strict_json import StrictJSONRoute
 
 router = APIRouter(tags=["operations"], route_class=StrictJSONRoute)
@@ -38,7 +38,13 @@ async def readyz(facade: Ctx) -> Ready:
         failing = ", ".join(f"{k}: {v}" for k, v in sorted(readiness.checks.items()) if v != "ok")
         raise ApiProblem(503, NOT_READY, failing)
     isolation = "job_user" if facade.job_isolation == "job_user" else "same_user"
-    return Ready(status="ready", checks=readiness.checks, isolation=isolation)
+    limit = readiness.facts.get("process_limit")
+    return Ready(
+        status="ready",
+        checks=readiness.checks,
+        isolation=isolation,
+        process_limit=ProcessLimit(**limit) if limit else None,
+    )
 
 
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"

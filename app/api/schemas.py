@@ -440,6 +440,26 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+# app/worker/process_limit.py HELD_BY (the api does not import the worker; a test keeps them one).
+HeldBy = Literal["off", "pids_max", "rlimit_nproc", "rlimit_nproc_run_as", "none"]
+
+
+class ProcessLimit(BaseModel):
+    max_processes: int | None = Field(
+        description="QL_JOB_MAX_PROCESSES: processes and threads a job may have at once; "
+        "null: off"
+    )
+    held_by: HeldBy = Field(
+        description=(
+            "How the worker holds it (docs/job-user.md, Process limit): pids_max (each job "
+            "with its own cgroup, by its pids.max), rlimit_nproc (per job user, across that "
+            "user's running jobs), rlimit_nproc_run_as (the same for run_as jobs only: the "
+            "others have none), none (not enforced: a job can start processes without bound), "
+            "off (no limit set)."
+        )
+    )
+
+
 class Ready(BaseModel):
     status: Literal["ready"]
     checks: dict[str, str]
@@ -448,6 +468,14 @@ class Ready(BaseModel):
         description=(
             "Who jobs run as by default: job_user (QL_JOB_USER, a separate OS user that "
             "cannot read the data dir) or same_user (the service's own user; docs/job-user.md)."
+        ),
+    )
+    process_limit: ProcessLimit | None = Field(
+        default=None,
+        description=(
+            "The job process limit as the worker said it holds when it started: a fact to "
+            "read, never a reason for 503. null when this api starts no runs, or its worker "
+            "is of a build that does not say."
         ),
     )
 

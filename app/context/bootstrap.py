@@ -328,7 +328,9 @@ def build_context(
             periodic, soon = hooks.tick, hooks.budget_wait
     checks.update(ready_checks or {})
 
-    probe = ReadinessProbe(checks, deadline_s=ready_deadline_s)
+    probe = ReadinessProbe(
+        checks, deadline_s=ready_deadline_s, facts=hooks.worker_facts if execution else None
+    )
     closers.insert(0, probe.close)
     background = Background(
         on_enqueued=on_enqueued,

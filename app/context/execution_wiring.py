@@ -30,6 +30,7 @@ from app.failure_log import FailureLog
 from app.settings import Settings
 from app.worker.identity import read_identity, runs
 from app.worker.instance import instance_id
+from app.worker.process_limit import HELD_BY
 
 log = logging.getLogger("qinglong.dispatch")
 
@@ -183,6 +184,8 @@ class ExecutionHooks:
     # False when it did nothing (halted, backing off, no worker): no verdict on the database.
     drain: Callable[[], bool]
     worker_ready: Callable[[], str | None]
+    # What the worker's last answered ping said for /readyz (its process limit); {} when none.
+    worker_facts: Callable[[], dict[str, Any]]
     # After a cancel intent: the worker's cancellation sweep runs now, not at its next tick.
     wake_worker: Callable[[], None]
     close: Callable[[], None]
@@ -192,6 +195,19 @@ class ExecutionHooks:
     tick: Callable[[], bool] = lambda: True
     # True while the last drain left runs queued because of a budget: tick every BUDGET_POLL_S.
     budget_wait: Callable[[], bool] = lambda: False
+
+
+def process_limit_of(answer: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The process limit a worker's ``ping`` answer names (api-schemas/worker-socket.md), or
+    None: a worker of a build before it says none, and a shape this build cannot read is
+    shown as none rather than passed on."""
+    said = answer.get("process_limit")
+    if not isinstance(said, dict):
+        return None
+    most, how = said.get("max_processes"), said.get("held_by")
+    if how not in HELD_BY or not (most is None or (type(most) is int and most > 0)):
+        return None
+    return {"max_processes": most, "held_by": how}
 
 
 def build_execution(
@@ -318,13 +334,17 @@ def build_execution(
             return True  # the count was read
         return drain()
 
+    told: dict[str, Any] = {}  # the worker's facts, from its last ping that answered
+
     def worker_ready() -> str | None:
         try:
-            worker.ping(timeout_s=READY_PING_TIMEOUT_S)
+            answer = worker.ping(timeout_s=READY_PING_TIMEOUT_S)
         except WorkerUnavailable as exc:
+            told.clear()
             if exc.reason == SOCKET_FOREIGN:
                 return "worker socket served by another user"
             return "worker socket not answering"
+        told["process_limit"] = process_limit_of(answer)
         return None
 
     def wake_worker() -> None:
@@ -335,6 +355,7 @@ def build_execution(
     return ExecutionHooks(
         drain=drain,
         worker_ready=worker_ready,
+        worker_facts=lambda: dict(told),
         wake_worker=wake_worker,
         close=worker.close,
         halt=halted.set,

@@ -15,7 +15,7 @@ import socket
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.adapters.log_proxy import FORWARDED_HEADER, RemoteLog, open_remote_log
 from app.context.logs import LogFile, LogStore
@@ -94,10 +94,12 @@ class Principal:
 
 @dataclass(frozen=True, slots=True)
 class Readiness:
-    """Whether this process can serve: every check's outcome (``ok`` or a short reason)."""
+    """Whether this process can serve: every check's outcome (``ok`` or a short reason), and
+    facts an operator reads that never make it unready (the worker's process limit)."""
 
     ready: bool
     checks: dict[str, str]
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 class IntentHooks(Protocol):

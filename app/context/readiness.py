@@ -13,6 +13,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
 from sqlalchemy import Engine, text
 
@@ -29,8 +30,16 @@ DEFAULT_DEADLINE_S = 0.6
 class ReadinessProbe:
     """Runs the checks concurrently; ``__call__`` answers within the deadline."""
 
-    def __init__(self, checks: Mapping[str, ReadyCheck], *, deadline_s: float) -> None:
+    def __init__(
+        self,
+        checks: Mapping[str, ReadyCheck],
+        *,
+        deadline_s: float,
+        facts: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self._checks = dict(checks)
+        # Read after the checks: what they learnt (the worker's process limit, from its ping).
+        self._facts = facts
         self._deadline_s = deadline_s
         self._pool = ThreadPoolExecutor(max(1, len(self._checks)), thread_name_prefix="ql-ready")
         self._running: dict[str, Future[str]] = {}
@@ -47,7 +56,10 @@ class ReadinessProbe:
         wait(futures.values(), timeout=self._deadline_s)
         late = f"did not answer within {self._deadline_s:g} s"
         results = {name: f.result() if f.done() else late for name, f in futures.items()}
-        return Readiness(ready=all(v == "ok" for v in results.values()), checks=results)
+        facts = self._facts() if self._facts is not None else {}
+        return Readiness(
+            ready=all(v == "ok" for v in results.values()), checks=results, facts=facts
+        )
 
     def close(self) -> None:
         """Stop the pool without waiting for a hung check."""

@@ -35,6 +35,7 @@ from app.worker.log_facts import LogFacts
 from app.worker.log_retention import LogSweep, RetentionLoop
 from app.worker.probe import HandleProbe
 from app.worker.process_limit import describe as describe_process_limit
+from app.worker.process_limit import held_by as process_limit_held_by
 from app.worker.receipts import ReceiptStore
 from app.worker.server import ControlServer
 from app.worker.watcher import ShimWatcher
@@ -124,9 +125,12 @@ class WorkerProcess:
                 lanes=_parallel_lanes(engine),
             )
             self._cgroup_root = detect(s.cgroup_root)
-            level, line = describe_process_limit(
-                s.job_max_processes, pids_problem(self._cgroup_root), policy
-            )
+            no_pids = pids_problem(self._cgroup_root)
+            level, line = describe_process_limit(s.job_max_processes, no_pids, policy)
+            process_limit = {
+                "max_processes": s.job_max_processes,
+                "held_by": process_limit_held_by(s.job_max_processes, no_pids, policy),
+            }
             if level < logging.WARNING or _first_start():
                 log.log(level, "%s", line)
             launcher = ShimLauncher(
@@ -140,6 +144,7 @@ class WorkerProcess:
                 controller=IdentityController(cgroup_root=self._cgroup_root),
                 on_wake=self._wake,
                 lease_facts=lease.ping_facts,
+                facts={"process_limit": process_limit},
             )
             self.parts = WorkerParts(
                 engine,

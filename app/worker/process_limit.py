@@ -20,6 +20,26 @@ import logging
 
 from app.worker.job_user import JobPolicy
 
+# How the limit holds, as ``ping`` tells the api and ``/readyz`` shows it (docs/job-user.md
+# "Process limit"): each word names one branch of ``describe``.
+HELD_BY = ("off", "pids_max", "rlimit_nproc", "rlimit_nproc_run_as", "none")
+
+
+def held_by(
+    max_processes: int | None, pids_problem: str | None, policy: JobPolicy | None
+) -> str:
+    """One word of ``HELD_BY`` for the case ``describe`` words as a line: ``off`` (no limit
+    set), ``pids_max`` (each job with its own cgroup, by its pids.max), ``rlimit_nproc`` (per
+    job user, across its running jobs: every job runs as one), ``rlimit_nproc_run_as`` (the
+    same for run_as jobs only; the others have none), ``none`` (not enforced)."""
+    if max_processes is None:
+        return "off"
+    if pids_problem is None:
+        return "pids_max"
+    if policy is None:
+        return "none"
+    return "rlimit_nproc" if policy.default is not None else "rlimit_nproc_run_as"
+
 
 def describe(
     max_processes: int | None, pids_problem: str | None, policy: JobPolicy | None

@@ -5,10 +5,10 @@ peer's uid (SO_PEERCRED) must equal ours, otherwise the connection gets one FORB
 and is closed. Requests carry secrets (token, env, argv): they are never logged; errors
 carry stable codes only. Ops (``api-schemas/worker-socket.md``):
 
-* ``{"op":"ping"}`` → ``{"ok":true,"pid":..,"boot_id":..,"instance_id":..,"epoch":..}`` (the
-  lease this worker holds), or ``{"ok":false,"error":"WORKER_LEASE_LOST"}`` once that lease
-  is no longer surely held (docs/several-hosts.md: an api dispatches only through a live
-  worker of its own host)
+* ``{"op":"ping"}`` → ``{"ok":true,"pid":..,"boot_id":..,"instance_id":..,"epoch":..,
+  "process_limit":{..}}`` (the lease this worker holds, how its process limit holds), or
+  ``{"ok":false,"error":"WORKER_LEASE_LOST"}`` once that lease is no longer surely held
+  (docs/several-hosts.md: an api dispatches only through a live worker of its own host)
 * ``{"op":"launch", <LaunchRequest fields>[,"t2":"worker"]}`` →
   ``{"ok":true,"handle":{..},"started_at_ms":..}``, plus ``"running":true`` when the request
   asked for it and the worker committed T2 with the handle (docs/design.md §3.7)
@@ -215,8 +215,12 @@ class ControlServer:
         controller: WorkerController,
         on_wake: Callable[[bool], None] | None = None,
         lease_facts: Callable[[], dict[str, Any] | None] | None = None,
+        facts: dict[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
+        # What this worker decided at its start and ``ping`` tells the api (its process
+        # limit, shown by /readyz): fixed for its lifetime.
+        self._facts = dict(facts or {})
         # The held lease's instance and epoch for ``ping``; None while it is not surely held.
         self._lease_facts = lease_facts
         self._on_wake = on_wake
@@ -330,6 +334,7 @@ class ControlServer:
                 if self._refusing:
                     return dict(SHUTTING_DOWN)
                 answer = {"ok": True, "pid": os.getpid(), "boot_id": self._boot_id}
+                answer |= self._facts
                 if self._lease_facts is not None:
                     facts = self._lease_facts()
                     if facts is None:

@@ -1,5 +1,6 @@
 """/readyz answers within 1 s and names the failing check: a real SIGSTOPped worker, a real
-data dir below the profile's free-space reserve (a tmpfs), a check that hangs."""
+data dir below the profile's free-space reserve (a tmpfs), a check that hangs. It shows the
+real worker's process limit as a fact."""
 
 from __future__ import annotations
 
@@ -43,7 +44,13 @@ def test_readyz_answers_within_a_second_when_the_worker_is_stopped(
         )
     )  # fmt: skip
     try:
-        assert client.get("/readyz").status_code == 200
+        ready = client.get("/readyz")
+        assert ready.status_code == 200
+        # The worker's process limit, as its start line words it on this host: a fact.
+        said = worker.stderr()
+        held = "none" if "QL_JOB_MAX_PROCESSES=4096 is not enforced" in said else "pids_max"
+        assert held == "none" or "process limit 4096 per job by the pids.max" in said, said
+        assert ready.json()["process_limit"] == {"max_processes": 4096, "held_by": held}
         assert worker.proc is not None
         worker.proc.send_signal(signal.SIGSTOP)
         try:

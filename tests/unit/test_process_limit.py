@@ -6,15 +6,18 @@ tests/integration/test_job_process_limit.py."""
 from __future__ import annotations
 
 import logging
+import typing
 from pathlib import Path
 
 import pytest
 
+from app.api.schemas import HeldBy
+from app.context.execution_wiring import process_limit_of
 from app.settings import DEFAULT_JOB_MAX_PROCESSES, Settings
 from app.worker import shim
 from app.worker.cgroups import CgroupRoot, pids_problem
 from app.worker.job_user import JobPolicy, JobUser
-from app.worker.process_limit import describe
+from app.worker.process_limit import HELD_BY, describe, held_by
 
 
 def test_the_limit_is_on_by_default_and_off_only_when_said() -> None:
@@ -102,6 +105,27 @@ def test_the_start_line_says_how_the_limit_holds_or_that_it_does_not() -> None:
     assert level == logging.WARNING
     assert line.startswith("QL_JOB_MAX_PROCESSES=10 is not enforced")
     assert "without bound" in line
+
+
+def test_ping_and_readyz_name_the_same_case_as_the_start_line() -> None:
+    cases = [
+        ((None, None, None), "off"),
+        ((10, None, _policy(default=True)), "pids_max"),
+        ((10, None, None), "pids_max"),
+        ((10, "no job cgroups", _policy(default=True)), "rlimit_nproc"),
+        ((10, "no job cgroups", _policy(default=False)), "rlimit_nproc_run_as"),
+        ((10, "no job cgroups", None), "none"),
+    ]
+    assert {held_by(*case) for case, _ in cases} == set(HELD_BY) == set(typing.get_args(HeldBy))
+    for case, word in cases:
+        assert held_by(*case) == word
+        said = {"max_processes": case[0], "held_by": word}
+        assert process_limit_of({"ok": True, "process_limit": said}) == said
+    # A worker of a build before it says nothing; a shape this build cannot read is none.
+    for answer in ({"ok": True}, {"process_limit": {"max_processes": 0, "held_by": "none"}},
+                   {"process_limit": {"max_processes": 10, "held_by": "cgroup"}},
+                   {"process_limit": "pids_max"}):  # fmt: skip
+        assert process_limit_of(answer) is None
 
 
 def test_the_shim_writes_pids_max_where_the_job_cgroup_has_one(tmp_path: Path) -> None:
