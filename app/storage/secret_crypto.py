@@ -209,15 +209,23 @@ def _load_or_create(path: Path) -> list[SecretKey]:
         pass
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = new_key()
+    # Written whole under a temp name, then linked into place (never replacing): a file made
+    # in place and refused its bytes (a full disk) stayed empty, and every later start was
+    # refused "holds no key"; a concurrent first start could read it empty too.
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:  # another process created it first: use theirs
-        return _read_ring(path)
-    try:
-        os.write(fd, _ring_text([key]))
-        os.fsync(fd)
+        try:
+            os.write(fd, _ring_text([key]))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path, follow_symlinks=False)
+        except FileExistsError:  # another process published one first: use theirs
+            return _read_ring(path)
     finally:
-        os.close(fd)
+        os.unlink(tmp)
     fsync_dir(path.parent)
     return [key]
 
