@@ -178,6 +178,28 @@ class KeyFileMissing(Exception):
     whether it does: one line saying where the key must come from, exit 1."""
 
 
+def make_first_start_files(settings: Settings, *, key: bool = True) -> str | None:
+    """Make (or read) the key file (given ``key``, unless ``QL_SECRET_KEY`` is set) and the
+    data dir's instance id, as each api process (the worker: the id only) would at its start;
+    why they cannot be made (None: they are there). ``qinglong api`` and ``qinglong worker``
+    ask before they start anything, so a first start on a full disk is one line rather than
+    a traceback (in every uvicorn worker). Both files are linked into place whole, so a
+    refusal leaves neither (docs/disk-full-and-readiness.md)."""
+    from app.storage.secret_crypto import KeyRing
+    from app.worker.instance import INSTANCE_FILE, instance_id
+
+    made = settings.key_file
+    try:
+        if key and not settings.secret_key:
+            KeyRing.from_settings(secret_key=None, key_file=made)
+        made = settings.data_dir / INSTANCE_FILE
+        instance_id(settings.data_dir)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+        return f"cannot make {made} ({why}): free space in the data dir and start again"
+    return None
+
+
 def require_key_for_stored_secrets(settings: Settings) -> None:
     """KeyFileMissing when there is no key file (and ``QL_SECRET_KEY`` is unset) while the
     database already holds secrets: the key file made on first use would decrypt none of

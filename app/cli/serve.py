@@ -14,9 +14,11 @@ from app.cli.admin import cmd_migrate
 from app.cli.common import (
     API_LOCK,
     EXIT_DATA_DIR_IN_USE,
+    REFUSAL,
     SERVE_LOCK,
     fd_room,
     hold_lock,
+    make_first_start_files,
     private_settings,
     require_key_for_stored_secrets,
 )
@@ -223,6 +225,10 @@ def cmd_api(args: argparse.Namespace) -> int:
     if hold_lock(settings.data_dir / API_LOCK) is None:
         return _in_use(settings, "qinglong api")
     require_key_for_stored_secrets(settings)  # before build_context makes a new key file
+    cannot = make_first_start_files(settings)
+    if cannot is not None:
+        REFUSAL.refuse(cannot)
+        return 1
     # uvicorn builds the app in each worker it spawns by calling the factory without
     # arguments, so the environment they inherit is the only way in: the one channel
     # ``Settings.to_env`` (``--data-dir`` included), read back by ``create_app``.

@@ -9,7 +9,7 @@ import signal
 from types import FrameType
 from typing import Any
 
-from app.cli.common import REFUSAL, fd_room, private_settings
+from app.cli.common import REFUSAL, fd_room, make_first_start_files, private_settings
 from app.domain.errors import LeaseHeld, NotMigrated
 
 # Files the worker holds besides one pidfd a running shim: the database, its socket and
@@ -46,6 +46,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
             "(RLIMIT_NOFILE) is %d: raise LimitNOFILE= in its unit, or lower QL_MAX_RUNNING",
             settings.max_running, wanted, resource.getrlimit(resource.RLIMIT_NOFILE)[1],
         )  # fmt: skip
+    cannot = make_first_start_files(settings, key=False)  # its instance id
+    if cannot is not None:
+        REFUSAL.refuse(cannot)
+        return 1
     process = WorkerProcess(settings)
 
     def _on_signal(_signum: int, _frame: FrameType | None) -> None:

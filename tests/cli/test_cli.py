@@ -253,6 +253,41 @@ def test_migrate_and_serve_on_a_full_disk_say_so_not_check_the_url_and_migrate(
             ], args
 
 
+def test_an_api_and_a_worker_first_started_on_a_full_disk_say_so_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # Before: each uvicorn worker died in a traceback making secret.key, and left it empty,
+    # so every start after it, with room again, was refused ("holds no key"); the worker
+    # died in a traceback making instance-id.
+    from app.storage.engine import make_engine
+    from app.storage.migrate import upgrade_to_head
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"  # the database has room; the data dir has none
+    engine = make_engine(url)
+    upgrade_to_head(engine)
+    engine.dispose()
+    with mounted_tmpfs(tmp_path / "fs", size_mib=1) as fs:
+        data = fs / "data"
+        fill(fs)
+        with socket.socket() as probe:  # never bound: refused before uvicorn starts
+            probe.bind(("127.0.0.1", 0))
+            port = str(probe.getsockname()[1])
+        env = {"QL_DATABASE_URL": url, "QL_WORKER_SOCKET": str(tmp_path / "w.sock")}
+        done = ql("api", "--host", "127.0.0.1", "--port", port, data_dir=data, env=env)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines() == [
+            f"qinglong: cannot make {data}/secret.key (No space left on device): free space in "
+            "the data dir and start again"
+        ]
+        done = ql("worker", data_dir=data, env=env)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines() == [
+            f"qinglong: cannot make {data}/instance-id (No space left on device): free space in "
+            "the data dir and start again"
+        ]
+        assert list(data.iterdir()) == [data / "api.lock"]  # no key, no id, no temp file
+
+
 def test_a_login_the_server_refuses_is_told_apart_from_a_server_that_is_down(
     tmp_path: Path,
 ) -> None:
