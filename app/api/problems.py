@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from http import HTTPMethod
@@ -224,6 +225,21 @@ def _allowed(app: FastAPI, scope: Any) -> list[str]:
     return sorted(methods)
 
 
+# A 405 a user meets looking for what is done another way: the detail says which.
+_TASK_PATH = re.compile(r"/api/v1/tasks/([^/]+)")
+
+
+def _method_hint(request: Request) -> str | None:
+    """The detail of a 405 for ``DELETE /api/v1/tasks/{task}``: archive it instead."""
+    if request.method == "DELETE" and _TASK_PATH.fullmatch(request.url.path):
+        return (
+            "a task is never deleted: its revisions and runs stay as history. Archive it "
+            "instead (POST /api/v1/tasks/{task}/archive, or qinglong tasks archive TASK): "
+            "it leaves the task list and starts no new run"
+        )
+    return None
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into problem+json."""
 
@@ -267,7 +283,7 @@ def install(app: FastAPI) -> None:
             code = MALFORMED_JSON
         detail = {
             404: "no such resource",
-            405: "method not allowed on this resource",
+            405: _method_hint(request) or "method not allowed on this resource",
             400: "the body could not be parsed",
         }.get(exc.status_code, str(exc.detail))
         return problem_response(exc.status_code, code, detail, headers)

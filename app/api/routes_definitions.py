@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
 
 from app.api.auth import Ctx, DefinitionsReader, DefinitionsWriter
 from app.api.http import (
@@ -26,6 +28,7 @@ from app.api.schemas import (
     TaskSummary,
 )
 from app.api.strict_json import StrictJSONRoute
+from app.domain.model import ArchivedFilter, TaskRevision
 
 router = APIRouter(prefix="/api/v1", tags=["definitions"], route_class=StrictJSONRoute)
 _NOT_MODIFIED = {304: {"description": "the client's copy (If-None-Match) is current"}}
@@ -113,10 +116,37 @@ def put_revision(
     response_model=TaskPage,
     responses=problems(*READ_ERRORS),
 )
-def list_tasks(facade: Ctx, _: DefinitionsReader, paging: PageQuery) -> TaskPage:
-    """Tasks by name with their latest revision number."""
-    page = facade.list_tasks(limit=paging.limit, cursor=paging.cursor)
-    return paging.body(page, TaskPage, lambda t: TaskSummary(task=t[0], latest_revision=t[1]))
+def list_tasks(
+    facade: Ctx,
+    _: DefinitionsReader,
+    paging: PageQuery,
+    archived: Annotated[
+        ArchivedFilter,
+        Query(description="archived tasks: left out (exclude), listed too (include), or only"),
+    ] = "exclude",
+) -> TaskPage:
+    """Tasks by name with their latest revision number; archived ones only when asked."""
+    page = facade.list_tasks(limit=paging.limit, cursor=paging.cursor, archived=archived)
+    return paging.body(
+        page,
+        TaskPage,
+        lambda t: TaskSummary(
+            task=t.task,
+            latest_revision=t.latest_revision,
+            archived=t.archived_at_ms is not None,
+            archived_at_ms=t.archived_at_ms,
+        ),
+    )
+
+
+def _task_out(latest: TaskRevision, archived_at_ms: int | None) -> TaskOut:
+    return TaskOut(
+        task=latest.task,
+        latest_revision=latest.revision,
+        archived=archived_at_ms is not None,
+        archived_at_ms=archived_at_ms,
+        latest=RevisionOut.of(latest),
+    )
 
 
 @router.get(
@@ -126,9 +156,32 @@ def list_tasks(facade: Ctx, _: DefinitionsReader, paging: PageQuery) -> TaskPage
     responses=problems(*READ_ERRORS),
 )
 def get_task(task: TaskName, facade: Ctx, _: DefinitionsReader) -> TaskOut:
-    """A task: its latest revision number and body."""
-    latest = facade.get_task(task=task)
-    return TaskOut(task=task, latest_revision=latest.revision, latest=RevisionOut.of(latest))
+    """A task: its latest revision number and body, and whether it is archived."""
+    return _task_out(*facade.get_task(task=task))
+
+
+@router.post(
+    "/tasks/{task}/archive",
+    operation_id="tasks-archive",
+    response_model=TaskOut,
+    responses=problems(*READ_ERRORS, 409),
+)
+def archive_task(task: TaskName, facade: Ctx, _: DefinitionsWriter) -> TaskOut:
+    """Archive the task (idempotent): hidden from the task list, no new run or revision; its
+    revisions, runs and logs stay. 409 TASK_HAS_SCHEDULES while a schedule that is not
+    paused names it."""
+    return _task_out(*facade.archive_task(task=task, archived=True))
+
+
+@router.post(
+    "/tasks/{task}/unarchive",
+    operation_id="tasks-unarchive",
+    response_model=TaskOut,
+    responses=problems(*READ_ERRORS),
+)
+def unarchive_task(task: TaskName, facade: Ctx, _: DefinitionsWriter) -> TaskOut:
+    """Unarchive the task (idempotent): listed again, and runs may start."""
+    return _task_out(*facade.archive_task(task=task, archived=False))
 
 
 @router.get(

@@ -136,6 +136,7 @@ async def list_events(run_id: str, facade: Ctx, _: Reader, paging: PageQuery) ->
     response_model=RunOut,
     responses=problems(
         *WRITE_ERRORS,
+        409,
         429,
         extra={200: {"model": RunOut, "description": "replay of an Idempotency-Key"}},
     ),
@@ -168,6 +169,7 @@ async def create_run(
     response_model=RunOut,
     responses=problems(
         *READ_ERRORS,
+        409,
         429,
         extra={200: {"model": RunOut, "description": "replay of an Idempotency-Key"}},
     ),

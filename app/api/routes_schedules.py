@@ -57,6 +57,7 @@ def _out(facade: AppFacade, schedule: Schedule, response: Response) -> ScheduleO
     status_code=201,
     responses=problems(
         *WRITE_ERRORS,
+        409,
         412,
         extra={200: {"model": ScheduleOut, "description": "changed, or the same definition"}},
     ),
@@ -132,7 +133,7 @@ def pause_schedule(
     "/schedules/{name}/resume",
     operation_id="schedules-resume",
     response_model=ScheduleOut,
-    responses=problems(*READ_ERRORS),
+    responses=problems(*READ_ERRORS, 409),
 )
 def resume_schedule(
     name: ScheduleName, response: Response, facade: Ctx, _: SchedulesWriter

@@ -189,6 +189,8 @@ class RevisionPage(BaseModel):
 class TaskSummary(BaseModel):
     task: str
     latest_revision: int
+    archived: bool = Field(description="archived: hidden from the default list, no new run")
+    archived_at_ms: int | None = Field(description="when it was archived; null when it is not")
 
 
 class TaskPage(BaseModel):
@@ -199,6 +201,8 @@ class TaskPage(BaseModel):
 class TaskOut(BaseModel):
     task: str
     latest_revision: int
+    archived: bool
+    archived_at_ms: int | None
     latest: RevisionOut
 
 

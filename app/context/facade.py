@@ -31,6 +31,7 @@ from app.domain.errors import (
 )
 from app.domain.ids import is_uuid7, now_ms
 from app.domain.model import (
+    ArchivedFilter,
     Attempt,
     Page,
     Recipe,
@@ -41,6 +42,7 @@ from app.domain.model import (
     ScheduleDefinition,
     SecretName,
     TaskRevision,
+    TaskSummary,
     Waiting,
 )
 from app.domain.retention import GlobalBudgets, RetentionPolicy, TaskOverride
@@ -271,14 +273,22 @@ class AppFacade:
         _check_revision(revision)
         return self._definitions.get_revision(task, revision)
 
-    def get_task(self, *, task: str) -> TaskRevision:
-        """The latest revision of a task."""
+    def get_task(self, *, task: str) -> tuple[TaskRevision, int | None]:
+        """The latest revision of a task, and when it was archived (None: it is not)."""
         validate_name(task, what="task name")
-        return self._definitions.latest_revision(task)
+        return self._definitions.get_task(task)
 
-    def list_tasks(self, *, limit: int, cursor: str | None) -> Page[tuple[str, int]]:
-        """Task names with their latest revision, by name."""
-        return self._definitions.list_tasks(limit=limit, cursor=cursor)
+    def list_tasks(
+        self, *, limit: int, cursor: str | None, archived: ArchivedFilter = "exclude"
+    ) -> Page[TaskSummary]:
+        """Tasks with their latest revision, by name; archived ones only when asked."""
+        return self._definitions.list_tasks(limit=limit, cursor=cursor, archived=archived)
+
+    def archive_task(self, *, task: str, archived: bool) -> tuple[TaskRevision, int | None]:
+        """Archive (or unarchive) a task: hidden from lists, no new run, revision or active
+        schedule; its revisions, runs and logs stay (docs/api.md §4)."""
+        validate_name(task, what="task name")
+        return self._definitions.set_archived(task, archived)
 
     def list_revisions(self, *, task: str, limit: int, cursor: str | None) -> Page[TaskRevision]:
         """Revisions of a task, newest first."""

@@ -93,6 +93,10 @@ class ErrorCode(StrEnum):
     RECIPE_CONFLICT = "RECIPE_CONFLICT"
     RECIPE_NOT_FOUND = "RECIPE_NOT_FOUND"
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
+    # The task is archived: no new run, revision or active schedule (docs/api.md §4).
+    TASK_ARCHIVED = "TASK_ARCHIVED"
+    # An archive refused while schedules that are not paused name the task.
+    TASK_HAS_SCHEDULES = "TASK_HAS_SCHEDULES"
     REVISION_NOT_FOUND = "REVISION_NOT_FOUND"
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
     ATTEMPT_NOT_FOUND = "ATTEMPT_NOT_FOUND"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from app.domain.execution import Leftovers
 from app.domain.retry import RetryPolicy
@@ -84,6 +84,20 @@ def revision_body(
     if retry is not None:
         body["retry"] = retry.body()
     return body
+
+
+# Which tasks ``GET /api/v1/tasks`` lists: not archived (the default), every one, or archived.
+ArchivedFilter = Literal["exclude", "include", "only"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSummary:
+    """A task in a list: its latest revision number and whether it is archived
+    (``archived_at_ms``: when, None when it is not; docs/api.md §4)."""
+
+    task: str
+    latest_revision: int
+    archived_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,17 +5,35 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, bindparam, func, insert, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    bindparam,
+    false,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.canonical import canonical_json, content_digest, recipe_id
-from app.domain.errors import Conflict, ErrorCode, NotFound
+from app.domain.errors import Conflict, ErrorCode, NotFound, VersionConflict
 from app.domain.execution import Leftovers
 from app.domain.ids import now_ms
-from app.domain.model import Page, Recipe, TaskRevision, revision_body
+from app.domain.model import (
+    ArchivedFilter,
+    Page,
+    Recipe,
+    TaskRevision,
+    TaskSummary,
+    revision_body,
+)
 from app.domain.retry import RetryPolicy
 from app.storage.cursor import decode_cursor, encode_cursor
-from app.storage.tables import context_recipes, task_revisions
+from app.storage.tables import context_recipes, schedules, task_archive, task_revisions
 from app.storage.uow import UnitOfWork
 
 
@@ -91,9 +109,15 @@ class DefinitionRepository:
         digest = content_digest(body)
         try:
             with UnitOfWork(self._engine) as uow:
+                lock_task(uow.conn, task)
                 existing = _select_revision(uow.conn, task, revision)
                 if existing is not None:
                     return _check_same_revision(existing, digest), False
+                if _archived_at(uow.conn, task) is not None:
+                    raise Conflict(
+                        ErrorCode.TASK_ARCHIVED,
+                        f"task {task} is archived: unarchive it before adding a revision",
+                    )
                 if recipe is not None:
                     found = uow.conn.execute(
                         select(context_recipes.c.id).where(context_recipes.c.id == recipe)
@@ -170,31 +194,115 @@ class DefinitionRepository:
         nxt = encode_cursor("revisions", [items[-1].revision]) if len(rows) > limit else None
         return Page(items=items, next_cursor=nxt)
 
-    def list_tasks(self, *, limit: int, cursor: str | None) -> Page[tuple[str, int]]:
-        """Task names with their latest revision number, by name."""
-        query = select(
-            task_revisions.c.task, func.max(task_revisions.c.revision).label("latest")
-        ).group_by(task_revisions.c.task)
+    def list_tasks(
+        self, *, limit: int, cursor: str | None, archived: ArchivedFilter = "exclude"
+    ) -> Page[TaskSummary]:
+        """Tasks with their latest revision number, by name; archived ones only when asked."""
+        archived_at = task_archive.c.archived_at_ms
+        query = (
+            select(
+                task_revisions.c.task,
+                func.max(task_revisions.c.revision).label("latest"),
+                archived_at,
+            )
+            .select_from(
+                task_revisions.outerjoin(
+                    task_archive, task_archive.c.task == task_revisions.c.task
+                )
+            )
+            .group_by(task_revisions.c.task, archived_at)
+        )
+        if archived == "exclude":
+            query = query.where(archived_at.is_(None))
+        elif archived == "only":
+            query = query.where(archived_at.is_not(None))
         if cursor is not None:
             (last,) = decode_cursor("tasks", cursor, (str,))
             query = query.where(task_revisions.c.task > last)
         query = query.order_by(task_revisions.c.task).limit(limit + 1)
         with UnitOfWork(self._engine, write=False) as uow:
             rows = uow.conn.execute(query).all()
-        items = [(r.task, int(r.latest)) for r in rows[:limit]]
-        nxt = encode_cursor("tasks", [items[-1][0]]) if len(rows) > limit else None
+        items = [TaskSummary(r.task, int(r.latest), r.archived_at_ms) for r in rows[:limit]]
+        nxt = encode_cursor("tasks", [items[-1].task]) if len(rows) > limit else None
         return Page(items=items, next_cursor=nxt)
+
+    def get_task(self, task: str) -> tuple[TaskRevision, int | None]:
+        """The latest revision of a task and when it was archived (None: it is not)."""
+        row = self._revision_row(task, None)
+        return _revision(row), row.task_archived_at_ms
+
+    def set_archived(self, task: str, archived: bool) -> tuple[TaskRevision, int | None]:
+        """Archive (or unarchive) a task; its latest revision and when it was archived (None:
+        it is not). The same state again changes nothing. Refused
+        (TASK_HAS_SCHEDULES) while a schedule that is not paused names the task: it would go
+        on firing runs the archive refuses."""
+        for _ in range(3):
+            try:
+                return self._set_archived_once(task, archived)
+            except (IntegrityError, VersionConflict):
+                continue  # another archive or unarchive of the task committed first
+        raise VersionConflict("task archive")
+
+    def _set_archived_once(self, task: str, archived: bool) -> tuple[TaskRevision, int | None]:
+        at = now_ms()
+        with UnitOfWork(self._engine) as uow:
+            conn = uow.conn
+            lock_task(conn, task)
+            latest = revision_row(conn, task, None)  # TASK_NOT_FOUND
+            row = conn.execute(
+                select(task_archive).where(task_archive.c.task == task)
+            ).first()
+            current = None if row is None else row.archived_at_ms
+            if (current is not None) == archived:
+                return _revision(latest), current
+            if archived:
+                names = active_schedules_of(conn, task)
+                if names:
+                    shown = ", ".join(names[:_NAMED_SCHEDULES])
+                    more = len(names) - _NAMED_SCHEDULES
+                    shown += f" and {more} more" if more > 0 else ""
+                    raise Conflict(
+                        ErrorCode.TASK_HAS_SCHEDULES,
+                        f"task {task} has schedules that are not paused ({shown}): pause or "
+                        "delete them first",
+                    )
+            new_at = at if archived else None
+            if row is None:
+                conn.execute(
+                    insert(task_archive).values(
+                        task=task, archived_at_ms=new_at, version=1, updated_at_ms=at
+                    )
+                )
+            else:
+                done = conn.execute(
+                    update(task_archive)
+                    .where(task_archive.c.task == task, task_archive.c.version == row.version)
+                    .values(archived_at_ms=new_at, version=row.version + 1, updated_at_ms=at)
+                )
+                if done.rowcount != 1:
+                    raise VersionConflict("task archive")
+            uow.commit()
+            return _revision(latest), new_at
 
 
 _CACHED_REVISIONS = 1024
+_NAMED_SCHEDULES = 10  # a refused archive names at most this many schedules
 
+# When the task of the row was archived (NULL: it is not), in the same statement as the
+# revision: enqueue reads it with the revision it resolves, at no extra round trip.
+_ARCHIVED_AT = (
+    select(task_archive.c.archived_at_ms)
+    .where(task_archive.c.task == task_revisions.c.task)
+    .scalar_subquery()
+    .label("task_archived_at_ms")
+)
 # Built once: enqueue resolves a revision inside the writer lock, and the dispatcher reads
 # one for every run it starts (runs_repo explains).
-_REVISION = select(task_revisions).where(
+_REVISION = select(task_revisions, _ARCHIVED_AT).where(
     task_revisions.c.task == bindparam("task"), task_revisions.c.revision == bindparam("revision")
 )
 _LATEST_REVISION = (
-    select(task_revisions)
+    select(task_revisions, _ARCHIVED_AT)
     .where(task_revisions.c.task == bindparam("task"))
     .order_by(task_revisions.c.revision.desc())
     .limit(1)
@@ -202,6 +310,46 @@ _LATEST_REVISION = (
 _ANY_REVISION = (
     select(task_revisions.c.revision).where(task_revisions.c.task == bindparam("task")).limit(1)
 )
+
+
+_TASK_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+
+
+def lock_task(conn: Connection, task: str) -> None:
+    """Make the writes that depend on a task's archive one step across api processes: on
+    PostgreSQL a transaction-scoped advisory lock on the task's name, taken by an archive,
+    an unarchive, a new revision and a schedule that may fire (so none of them decides on a
+    state another is changing). SQLite's write transactions are serial already."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_TASK_LOCK, {"key": f"qinglong.task:{task}"})
+
+
+def _archived_at(conn: Connection, task: str) -> int | None:
+    return conn.execute(
+        select(task_archive.c.archived_at_ms).where(task_archive.c.task == task)
+    ).scalar_one_or_none()
+
+
+def active_schedules_of(conn: Connection, task: str) -> list[str]:
+    """Names of the schedules that are not paused and name ``task``, by name."""
+    rows = conn.execute(
+        select(schedules.c.name, schedules.c.body)
+        .where(
+            schedules.c.paused == false(),
+            schedules.c.body.contains(f'"task":{json.dumps(task)}', autoescape=True),
+        )
+        .order_by(schedules.c.name)
+    ).all()
+    return [r.name for r in rows if json.loads(r.body).get("task") == task]
+
+
+def refuse_archived(row: Row[Any], what: str) -> None:
+    """Conflict TASK_ARCHIVED when the task of a row ``revision_row`` read is archived."""
+    if row.task_archived_at_ms is not None:
+        raise Conflict(
+            ErrorCode.TASK_ARCHIVED,
+            f"task {row.task} is archived: {what}; unarchive it first",
+        )
 
 
 def _select_revision(conn: Connection, task: str, revision: int) -> Row[Any] | None:

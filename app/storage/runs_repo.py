@@ -58,7 +58,7 @@ from app.domain.states import (
     transition_run,
     transition_run_to_retry,
 )
-from app.storage.definitions_repo import retry_of_body, revision_row
+from app.storage.definitions_repo import refuse_archived, retry_of_body, revision_row
 from app.storage.journal_repo import (
     consumed_move,
     mark_consumed_in,
@@ -851,6 +851,7 @@ def enqueue_in(
     queued before it; on SQLite a count follows the insert.
     """
     rev = revision_row(conn, task, revision)
+    refuse_archived(rev, "it starts no new run")  # TASK_ARCHIVED (docs/api.md §4)
     run_id = uuid7(at)
     run_values: dict[str, Any] = {
         "id": run_id,

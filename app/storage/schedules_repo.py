@@ -48,7 +48,7 @@ from app.schedule.slots import (
     slot_jitter_ms,
 )
 from app.storage.cursor import decode_cursor, encode_cursor
-from app.storage.definitions_repo import revision_row
+from app.storage.definitions_repo import lock_task, refuse_archived, revision_row
 from app.storage.runs_repo import ScheduleTrigger, cancel_in, enqueue_in, queue_has_room
 from app.storage.tables import runs, schedule_decisions, schedules
 from app.storage.uow import UnitOfWork
@@ -204,8 +204,13 @@ class ScheduleRepository:
         body = canonical_json(definition.body()).decode("utf-8")
         with UnitOfWork(self._engine) as uow:
             conn = uow.conn
-            revision_row(conn, definition.task, definition.revision)  # TASK_NOT_FOUND
+            # The schedule's row first, then the task's lock: resume takes them in this order.
             row = conn.execute(_locked(conn, _BY_NAME), {"name": name}).first()
+            if not paused:
+                lock_task(conn, definition.task)
+            rev = revision_row(conn, definition.task, definition.revision)  # TASK_NOT_FOUND
+            if not paused:  # a paused schedule of an archived task fires nothing
+                refuse_archived(rev, "a schedule of it must be paused")
             if if_match is not None and (row is None or not _matches(if_match, row)):
                 raise PreconditionFailed()
             if (
@@ -260,6 +265,11 @@ class ScheduleRepository:
             if bool(row.paused) == paused:
                 return _schedule_of(row)
             definition = ScheduleDefinition.from_body(json.loads(row.body))
+            if not paused:
+                lock_task(conn, definition.task)
+                refuse_archived(
+                    revision_row(conn, definition.task, None), "its schedules stay paused"
+                )
             values = {
                 "paused": paused,
                 "version": row.version + 1,

@@ -373,6 +373,18 @@ task_retention = Table(
     Column("updated_at_ms", MS, nullable=False),
 )
 
+# Archived tasks (docs/api.md §4, migration 0015): a row per task ever archived.
+# ``archived_at_ms`` is the state: when the task was archived, NULL once unarchived (a task
+# without a row is not archived either); ``version`` is the compare-and-set fence.
+task_archive = Table(
+    "task_archive",
+    metadata,
+    Column("task", String(128), primary_key=True),
+    Column("archived_at_ms", MS, nullable=True),
+    Column("version", Integer, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+)
+
 retention_sweeps = Table(
     "retention_sweeps",
     metadata,

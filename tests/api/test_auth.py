@@ -48,7 +48,7 @@ ROUTES = _protected_routes()
 
 
 def test_the_walk_found_every_protected_operation() -> None:
-    assert len(ROUTES) == 30  # 17, the seven schedule operations (docs/api.md §9), rerun, five of retention (§10)
+    assert len(ROUTES) == 32  # 17, the seven schedule operations (docs/api.md §9), rerun, five of retention (§10), archive and unarchive (§4)
     assert all(set(scope.split()) <= SCOPES for _, _, scope in ROUTES), ROUTES
 
 

@@ -179,14 +179,17 @@ def test_task_lists_page_by_keyset_with_a_link_header(
     client.put("/api/v1/tasks/b/revisions/2", json=REV, headers=admin)
     first = client.get("/api/v1/tasks", params={"limit": 2}, headers=admin)
     assert first.json()["items"] == [
-        {"task": "a", "latest_revision": 1},
-        {"task": "b", "latest_revision": 2},
+        {"task": "a", "latest_revision": 1, "archived": False, "archived_at_ms": None},
+        {"task": "b", "latest_revision": 2, "archived": False, "archived_at_ms": None},
     ]
     link = first.headers["link"]
     assert link.endswith('>; rel="next"')
     next_url = link[1 : link.index(">")]
     second = client.get(next_url, headers=admin)
-    assert second.json() == {"items": [{"task": "c", "latest_revision": 1}], "next_cursor": None}
+    assert second.json() == {
+        "items": [{"task": "c", "latest_revision": 1, "archived": False, "archived_at_ms": None}],
+        "next_cursor": None,
+    }
     assert "link" not in second.headers
     task = client.get("/api/v1/tasks/b", headers=admin).json()
     assert task["latest_revision"] == 2 and task["latest"]["revision"] == 2

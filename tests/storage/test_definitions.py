@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import Engine
 
 from app.domain.errors import Conflict, ErrorCode, NotFound
+from app.domain.model import TaskSummary
 from app.storage.definitions_repo import DefinitionRepository
 
 
@@ -87,8 +88,8 @@ def test_tasks_and_revisions_list_newest_revision_first(engine: Engine) -> None:
         _put(repo, revision=rev)
     _put(repo, revision=1, task="alpha")
     page = repo.list_tasks(limit=1, cursor=None)
-    assert page.items == [("alpha", 1)] and page.next_cursor is not None
-    assert repo.list_tasks(limit=5, cursor=page.next_cursor).items == [("job", 3)]
+    assert page.items == [TaskSummary("alpha", 1)] and page.next_cursor is not None
+    assert repo.list_tasks(limit=5, cursor=page.next_cursor).items == [TaskSummary("job", 3)]
     assert [r.revision for r in repo.list_revisions("job", limit=5, cursor=None).items] == [3, 2, 1]
     assert repo.latest_revision("job").revision == 3
     with pytest.raises(NotFound) as info:
