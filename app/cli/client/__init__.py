@@ -160,12 +160,30 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
         "tasks", help="list, show and put tasks, their revisions and retention (over HTTP)"
     )
     tsub = tasks.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
-    tlist = tsub.add_parser("list", parents=[common], help="tasks and their latest revision")
+    tlist = tsub.add_parser(
+        "list", parents=[common], help="tasks and their latest revision (not archived ones)"
+    )
     _paging(tlist)
+    which = tlist.add_mutually_exclusive_group()
+    which.add_argument(
+        "--archived", dest="archived", action="store_const", const="only",
+        help="archived tasks only",
+    )  # fmt: skip
+    which.add_argument(
+        "--all", dest="archived", action="store_const", const="include",
+        help="archived tasks too",
+    )  # fmt: skip
     tlist.set_defaults(handler=_client(cmd_tasks_list))
     tshow = tsub.add_parser("show", parents=[common], help="a task's latest revision")
     tshow.add_argument("task")
     tshow.set_defaults(handler=_client(cmd_tasks_show))
+    for action, what in (
+        ("archive", "hide a task from tasks list and refuse new runs; its history stays"),
+        ("unarchive", "list a task again and let runs start"),
+    ):
+        one = tsub.add_parser(action, parents=[common], help=what)
+        one.add_argument("task")
+        one.set_defaults(handler=_client(cmd_tasks_archive), archive_action=action)
     _register_tasks_put(tsub, common)
     trevs = tsub.add_parser("revisions", parents=[common], help="a task's revisions, newest first")
     trevs.add_argument("task")
@@ -972,8 +990,30 @@ def _next_attempt_line(
 
 
 def cmd_tasks_list(client: Client, args: argparse.Namespace) -> int:
-    """One page of tasks."""
-    return _listing(client, args, "/tasks", render.tasks_table, "tasks list")
+    """One page of tasks: not archived ones, or with --archived / --all those too."""
+    if args.archived is None:
+        return _listing(client, args, "/tasks", render.tasks_table, "tasks list")
+    flag = "--archived" if args.archived == "only" else "--all"
+    return _listing(
+        client, args, "/tasks", render.archived_tasks_table, f"tasks list {flag}",
+        archived=args.archived,
+    )  # fmt: skip
+
+
+def cmd_tasks_archive(client: Client, args: argparse.Namespace) -> int:
+    """Archive or unarchive a task (idempotent)."""
+    task = client.post(f"/tasks/{_seg(args.task)}/{args.archive_action}")
+    name = render.safe(task["task"])
+    if args.json:
+        _emit_json(task)
+    elif task["archived"]:
+        print(
+            f"task {name} archived {render.when(task['archived_at_ms'])}: left out of tasks "
+            f"list, no new runs (qinglong tasks unarchive {name} undoes it)"
+        )
+    else:
+        print(f"task {name} unarchived: listed again, runs may start")
+    return EXIT_OK
 
 
 def cmd_tasks_show(client: Client, args: argparse.Namespace) -> int:

@@ -321,6 +321,12 @@ def tasks_table(tasks: Sequence[Mapping[str, Any]]) -> str:
     return table(("TASK", "LATEST"), [(t["task"], t["latest_revision"]) for t in tasks])
 
 
+def archived_tasks_table(tasks: Sequence[Mapping[str, Any]]) -> str:
+    """The ``tasks list --archived`` / ``--all`` table: when each was archived (``-``: not)."""
+    rows = [(t["task"], t["latest_revision"], when(t.get("archived_at_ms"))) for t in tasks]
+    return table(("TASK", "LATEST", "ARCHIVED"), rows)
+
+
 def secrets_table(secrets: Sequence[Mapping[str, Any]]) -> str:
     """The ``secrets list`` table: names and when each was last set, never a value."""
     rows = [(s["name"], when(s.get("updated_at_ms"))) for s in secrets]
@@ -339,6 +345,7 @@ def task_fields(
     pairs: list[tuple[str, object]] = [
         ("task", task["task"]),
         ("latest revision", task["latest_revision"]),
+        ("archived", when(task.get("archived_at_ms"), tz=tz)),
         ("argv", " ".join(_quote(a) for a in rev.get("argv", []))),
         ("cwd", rev.get("cwd") or "-"),
         ("recipe", rev.get("recipe") or "-"),
