@@ -554,6 +554,56 @@ def _the_tasks_list_says_each_tasks_last_run(site: Site) -> None:
     page.context.close()
 
 
+def _archive_a_task_after_a_question_and_find_it_among_the_archived(site: Site) -> None:
+    """A task retired in the UI: refused while a schedule fires it (the detail names the
+    schedule), archived after the in-page question, gone from the list, found among the
+    archived ones, and unarchived."""
+    put_task(site.served, "retired", "true")
+    schedule = {"task": "retired", "every_seconds": 86_400}
+    assert site.api("PUT", "/api/v1/schedules/retired-daily", json=schedule).status_code == 201
+    page = site.page()
+    site.sign_in(page, path="tasks/retired")
+    page.wait_for_selector("main[aria-busy=false] #archive-task")
+    page.click("#archive-task")  # "Keep it" has the keyboard; Escape keeps the task
+    assert page.evaluate("document.activeElement.textContent") == "Keep it"
+    site.shot(page, "task-archive-question-desktop")
+    page.keyboard.press("Escape")
+    assert page.evaluate("document.activeElement.id") == "archive-task"
+    assert not page.is_visible("#archive-yes")
+    page.click("#archive-task")
+    page.click("#archive-yes")
+    page.wait_for_selector(".result .error-box")
+    refused = page.inner_text(".result .error-box")
+    assert "pause or delete them first" in refused and "retired-daily" in refused, refused
+    site.shot(page, "task-archive-refused-desktop")
+    assert site.api("POST", "/api/v1/schedules/retired-daily/pause").is_success
+    page.click("#archive-task")
+    page.click("#archive-yes")
+    page.wait_for_selector("#archived-tag")
+    assert "Archived task “retired”." in page.inner_text(".result")
+    assert page.is_visible("#archived-note") and page.is_disabled("#start-run")
+    assert not page.is_visible("#new-revision") and not page.is_visible("#archive-task")
+    assert site.api("GET", "/api/v1/tasks/retired").json()["archived"] is True
+    site.shot(page, "task-archived-desktop")
+    site.visit(page, "tasks")
+    page.wait_for_selector("td.last-run[data-task=hello]")
+    assert not page.query_selector("td.last-run[data-task=retired]")
+    page.click("#show-archived")
+    page.wait_for_selector("td.last-run[data-task=retired]")
+    assert not page.query_selector("td.last-run[data-task=hello]")
+    assert page.inner_text("h1") == "Archived tasks"
+    site.shot(page, "tasks-archived-desktop")
+    page.click("a[href='#/tasks/retired']")
+    page.wait_for_selector("#unarchive-task")
+    page.click("#unarchive-task")
+    page.wait_for_selector("#archive-task")
+    assert not page.query_selector("#archived-tag") and not page.is_disabled("#start-run")
+    assert site.api("GET", "/api/v1/tasks/retired").json()["archived"] is False
+    assert site.api("DELETE", "/api/v1/schedules/retired-daily").status_code == 204
+    assert page.errors == []
+    page.context.close()
+
+
 def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:
     """Issue 17's new-user suggestion: schedules made in the UI, not only paused there."""
     page = site.page()
@@ -1421,6 +1471,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
     _create_edit_and_delete_a_schedule_in_the_ui(site)
     _the_tasks_list_says_each_tasks_last_run(site)
+    _archive_a_task_after_a_question_and_find_it_among_the_archived(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
     _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)

@@ -1,6 +1,7 @@
 // Tasks: the list, one task with its revisions, a side-by-side diff of two revisions, the
 // recipe as environment keys and secret names (never values), "start a run", links to the
-// new-task and new-revision forms (./define.js), and the task's retention policy.
+// new-task and new-revision forms (./define.js), the task's retention policy, and archiving
+// (an archived task leaves the list and starts no new run; #/tasks?archived=only lists them).
 
 import { ApiError, api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
@@ -8,16 +9,22 @@ import { t } from '../i18n.js';
 import { bytes, statusBadge, timeEl } from '../format.js';
 import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
-import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, resultSlot, settle } from './common.js';
+import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, onEscape, resultSlot, settle } from './common.js';
 
-export function tasksPage(view, { signal, ready }) {
+export function tasksPage(view, { params, signal, ready }) {
+  // Archived tasks are left out of the list; this page lists them alone when asked.
+  const archived = params.get('archived') === 'only';
   const body = h('tbody', {}, loadingRow(3));
   const problem = h('div');
-  const empty = h('p', { class: 'empty', hidden: true }, t('tasks.empty'));
+  const empty = h('p', { class: 'empty', hidden: true }, t(archived ? 'tasks.empty_archived' : 'tasks.empty'));
   const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
+  const other = archived
+    ? h('a', { class: 'button secondary', id: 'show-current', href: '#/tasks' }, t('tasks.show_current'))
+    : h('a', { class: 'button secondary', id: 'show-archived', href: '#/tasks?archived=only' }, t('tasks.show_archived'));
   put(view, h('section', { class: 'page' },
-    h('div', { class: 'page-head' }, h('h1', {}, t('tasks.title')),
-      h('div', { class: 'actions' }, h('a', { class: 'button', id: 'new-task', href: '#/new-task' }, t('define.new_task')))),
+    h('div', { class: 'page-head' }, h('h1', {}, t(archived ? 'tasks.title_archived' : 'tasks.title')),
+      h('div', { class: 'actions' }, archived ? null : h('a', { class: 'button', id: 'new-task', href: '#/new-task' }, t('define.new_task')), other)),
+    archived ? h('p', { class: 'help' }, t('tasks.archived_help')) : null,
     problem,
     h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {},
@@ -28,7 +35,7 @@ export function tasksPage(view, { signal, ready }) {
     empty, more.el));
 
   function fetchPage(cursor) {
-    return api.get(`${path('tasks')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
+    return api.get(`${path('tasks')}${query({ archived: archived ? 'only' : null, limit: 50, cursor })}`, { scope: 'definitions:read', signal });
   }
   let refused = false; // a token without runs:read: one 403 says it for every row, every page
   function add(page) {
@@ -82,6 +89,11 @@ export function taskPage(view, { args: [task], signal, ready }) {
   const problem = h('div');
   const result = resultSlot();
   const start = h('button', { type: 'button', id: 'start-run', on: { click: onStart } }, t('tasks.start_run'));
+  const tag = h('span');
+  const archivedNote = h('p', { class: 'notice notice-warn', id: 'archived-note', hidden: true }, t('tasks.archived_note'));
+  const newRevision = h('a', { class: 'button secondary', id: 'new-revision', href: `#/tasks/${encodeURIComponent(task)}/new-revision` }, t('define.new_revision'));
+  const scheduleIt = h('a', { class: 'button secondary', id: 'schedule-task', href: `#/new-schedule?task=${encodeURIComponent(task)}` }, t('schedule_form.schedule_task'));
+  const archiving = archiveControls(task, result, (info) => drawState(info));
   const latestBox = h('div', { class: 'card' });
   const recipeBox = h('div', { class: 'card recipe' });
   const revBody = h('tbody', {}, loadingRow(3));
@@ -92,12 +104,11 @@ export function taskPage(view, { args: [task], signal, ready }) {
   const more = loadMore(async (cursor) => addRevisions(await fetchRevisions(cursor)), revBody);
   const retention = retentionForm(task, signal);
   put(view, h('section', { class: 'page' },
-    h('div', { class: 'page-head' }, h('h1', {}, t('tasks.task'), ' ', raw(task)),
-      h('div', { class: 'actions' }, start,
-        h('a', { class: 'button secondary', id: 'new-revision', href: `#/tasks/${encodeURIComponent(task)}/new-revision` }, t('define.new_revision')),
-        h('a', { class: 'button secondary', id: 'schedule-task', href: `#/new-schedule?task=${encodeURIComponent(task)}` }, t('schedule_form.schedule_task')),
-        h('a', { class: 'button secondary', href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs')))),
-    result.el, problem,
+    h('div', { class: 'page-head' }, h('h1', {}, t('tasks.task'), ' ', raw(task), ' ', tag),
+      h('div', { class: 'actions' }, start, newRevision, scheduleIt,
+        h('a', { class: 'button secondary', href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs')),
+        archiving.start)),
+    archiving.question, result.el, archivedNote, problem,
     h('section', {}, h('h2', {}, t('tasks.latest')), latestBox),
     h('section', {}, h('h2', {}, t('tasks.recipe')), recipeBox),
     h('section', {}, h('h2', {}, t('tasks.revisions')),
@@ -119,6 +130,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
   async function load() {
     try {
       const info = await api.get(path('tasks', task), { scope: 'definitions:read', signal });
+      drawState(info);
       drawLatest(info.latest);
       more.set(addRevisions(await fetchRevisions(null)));
       await Promise.all([drawRecipe(info.latest.recipe), retention.load()]);
@@ -127,6 +139,17 @@ export function taskPage(view, { args: [task], signal, ready }) {
     } finally {
       ready();
     }
+  }
+
+  // Archived: a tag by the name, a note saying what that means, no start, revision or
+  // schedule (the server refuses them with TASK_ARCHIVED), and unarchive in archive's place.
+  function drawState(info) {
+    put(tag, info.archived ? h('span', { class: 'status status-archived', id: 'archived-tag' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '▪'), ' ', t('tasks.archived_tag')) : null);
+    archivedNote.hidden = !info.archived;
+    start.disabled = info.archived;
+    newRevision.hidden = info.archived;
+    scheduleIt.hidden = info.archived;
+    archiving.draw(info.archived);
   }
 
   function drawLatest(rev) {
@@ -232,6 +255,48 @@ export function taskPage(view, { args: [task], signal, ready }) {
   }
 
   load();
+}
+
+/**
+ * Archive after an in-page question (the keyboard on "Keep it", the answer that changes
+ * nothing), as a schedule's delete asks; unarchive at once (it takes nothing away). A 409
+ * TASK_HAS_SCHEDULES shows the server's detail: the schedules to pause or delete first.
+ */
+function archiveControls(task, result, drawn) {
+  const keep = h('button', { type: 'button', class: 'secondary', on: { click: () => close() } }, t('secrets.keep'));
+  const yes = h('button', { type: 'button', class: 'danger', id: 'archive-yes', on: { click: () => act('archive') } }, t('tasks.confirm_archive'));
+  const question = h('p', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'archive-question', hidden: true, on: { keydown: onEscape(() => close()) } },
+    h('span', { id: 'archive-question' }, t('tasks.archive_question')), ' ', yes, ' ', keep);
+  const archive = h('button', { type: 'button', class: 'danger', id: 'archive-task', 'aria-expanded': 'false', on: { click: open } }, t('tasks.archive'));
+  const unarchive = h('button', { type: 'button', class: 'secondary', id: 'unarchive-task', hidden: true, on: { click: () => act('unarchive') } }, t('tasks.unarchive'));
+  const start = h('span', { class: 'archive-actions' }, archive, unarchive);
+  function open() { question.hidden = false; archive.setAttribute('aria-expanded', 'true'); keep.focus(); }
+  function close() { question.hidden = true; archive.setAttribute('aria-expanded', 'false'); archive.focus(); }
+  function draw(archived) {
+    archive.hidden = archived;
+    unarchive.hidden = !archived;
+    question.hidden = true;
+    archive.setAttribute('aria-expanded', 'false');
+  }
+  async function act(what) {
+    result.clear();
+    yes.disabled = true;
+    unarchive.disabled = true;
+    try {
+      const info = await api.post(path('tasks', task, what), undefined, { scope: 'definitions:write' });
+      drawn(info);
+      result.ok(t(`tasks.done_${what}`, { name: task }));
+      (info.archived ? unarchive : archive).focus(); // the keyboard stays on the action
+    } catch (err) {
+      question.hidden = true;
+      archive.setAttribute('aria-expanded', 'false');
+      result.fail(err);
+    } finally {
+      yes.disabled = false;
+      unarchive.disabled = false;
+    }
+  }
+  return { start, question, draw };
 }
 
 const RETENTION_FIELDS = ['keep_runs', 'keep_days', 'keep_rows', 'task_log_bytes'];
