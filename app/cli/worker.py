@@ -46,6 +46,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
             "(RLIMIT_NOFILE) is %d: raise LimitNOFILE= in its unit, or lower QL_MAX_RUNNING",
             settings.max_running, wanted, resource.getrlimit(resource.RLIMIT_NOFILE)[1],
         )  # fmt: skip
+    if settings.job.configured:  # a job user it cannot run jobs as: refused before any file
+        from app.worker.job_user import job_policy
+
+        job_policy(settings.job)
     cannot = make_first_start_files(settings, key=False)  # its instance id
     if cannot is not None:
         REFUSAL.refuse(cannot)

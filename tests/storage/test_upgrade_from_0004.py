@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, MetaData, Table, select
+from sqlalchemy import Engine, MetaData, Table, insert, select
 
+from app.domain.canonical import canonical_json, content_digest
 from app.domain.ids import now_ms, uuid7
+from app.domain.model import revision_body
 from app.storage.engine import make_engine
 from app.storage.migrate import (
     alembic_config,
@@ -31,9 +33,9 @@ from app.storage.migrate import (
 from app.storage.retention_repo import RetentionRepository
 from app.storage.run_reads import RunReader
 from app.storage.runs_repo import RunRepository
-from app.storage.tables import attempts
+from app.storage.tables import attempts, task_revisions
 from tests.conftest import private_pg_schema
-from tests.storage.helpers import HANDLE, TOKEN, define_task, start
+from tests.storage.helpers import HANDLE, TOKEN, start
 
 
 def migrate_to(engine: Engine, revision: str, step: Any = command.upgrade) -> None:
@@ -65,7 +67,16 @@ def empty_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Eng
 
 def _fill_0004(engine: Engine) -> dict[str, Any]:
     """Rows as 0004's code wrote them (only 0004's columns exist: reflected tables)."""
-    define_task(engine)  # task_revisions is the same in 0004: a body without ``retry``
+    # task_revisions is the same in 0004 (a body without ``retry``); the row is written as
+    # put_revision writes it, without its read of task_archive (0015), absent here.
+    body = revision_body(executor="local_process", argv=["/bin/true"], cwd=None, recipe=None,
+                         timeout_seconds=None, priority=0)  # fmt: skip
+    with engine.begin() as conn:
+        conn.execute(insert(task_revisions).values(
+            task="job", revision=1, digest=content_digest(body), executor="local_process",
+            body=canonical_json(body).decode("utf-8"), recipe_id=None, timeout_seconds=None,
+            priority=0, created_at_ms=now_ms(),
+        ))  # fmt: skip
     meta = MetaData()
     t = {n: Table(n, meta, autoload_with=engine) for n in ("runs", "attempts", "run_events")}
     journal = Table("receipt_journal", meta, autoload_with=engine)
