@@ -798,6 +798,9 @@ def test_schedules_put_revision_latest_drops_the_pin_a_shown_file_carries() -> N
     assert bodies.schedule_body(pinned, vars(args)) == {"task": "t", "cron": ["0 3 * * *"]}
     args = parse_args(["schedules", "put", "n", "--task", "t", "--every", "60", "--revision", "3"])
     assert bodies.schedule_body(None, vars(args))["revision"] == 3
+    # A file's own "latest" is the file's word, sent as is for the api to refuse.
+    spelled = {"task": "t", "revision": "latest", "cron": ["0 3 * * *"]}
+    assert bodies.schedule_body(spelled, {})["revision"] == "latest"
     for bad in ("0", "newest"):
         with pytest.raises(SystemExit):
             parse_args(["schedules", "put", "n", "--revision", bad])

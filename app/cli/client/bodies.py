@@ -316,7 +316,7 @@ def schedule_body(base: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> d
     for flag, field in SCHEDULE_FLAGS.items():
         if flags.get(flag) is not None:
             body[field] = flags[flag]
-    if body.get("revision") == "latest":  # --revision latest: no pin, the file's dropped
+    if flags.get("revision") == "latest":  # --revision latest: no pin, the file's dropped
         body.pop("revision")
     if cron:
         body["cron"] = list(cron)
