@@ -248,6 +248,13 @@ class LogOut(BaseModel):
         description="why bytes were dropped (the log quota, a full disk, another write "
         "error); known once the attempt ended, null otherwise",
     )
+    dropped_at: int | None = Field(
+        default=None,
+        description="the log's byte offset where the dropped bytes were cut out: the log "
+        "holds the output before it and, after it, the output's last bytes (equal to bytes "
+        "when nothing follows); known once the attempt ended, null when nothing was dropped "
+        "or for an attempt recorded before this field existed",
+    )
     expired: bool = Field(
         default=False,
         description="retention removed the file (GET .../log answers 410 LOG_EXPIRED); "
@@ -304,6 +311,7 @@ class LatestAttemptOut(BaseModel):
                 truncated=log.truncated if log else False,
                 dropped_bytes=log.dropped_bytes if log else 0,
                 truncation_reason=log.reason if log else None,
+                dropped_at=log.dropped_at if log else None,
                 expired=log.expired if log else False,
                 expired_at_ms=log.expired_at_ms if log else None,
             ),

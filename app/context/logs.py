@@ -7,10 +7,10 @@ import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.domain.artifacts import log_relpath, shard_of, truncation_fact_relpath
+from app.domain.artifacts import log_head_bytes, log_relpath, shard_of, truncation_fact_relpath
 from app.domain.model import Attempt, LogInfo
 from app.domain.states import AttemptStatus
-from app.worker.log_facts import read_fact
+from app.worker.log_facts import Fact, read_fact
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -75,9 +75,10 @@ class LogStore:
         finally:
             for dfd in fds:
                 os.close(dfd)
-        truncated = fact is not None or st.st_size >= self.quota_bytes
-        if attempt.log is not None:
-            truncated = truncated or attempt.log.truncated
+        if attempt.log is not None:  # recorded when the job ended: the head says no more
+            truncated = fact is not None or attempt.log.truncated
+        else:
+            truncated = fact is not None or self._head_full(st.st_size)
         return LogFile(
             attempt=self._attach(attempt, st.st_size, truncated, fact),
             fd=fd,
@@ -99,13 +100,16 @@ class LogStore:
         if not stat.S_ISREG(st.st_mode):
             return self._attach(attempt, 0, False)
         fact = read_fact(self.root / truncation_fact_relpath(attempt.id))
-        truncated = fact is not None or st.st_size >= self.quota_bytes
+        truncated = fact is not None or self._head_full(st.st_size)
         return self._attach(attempt, st.st_size, truncated, fact)
 
+    def _head_full(self, size: int) -> bool:
+        """While the job runs: output past the log's head goes to the shim's tail, and what
+        does not fit there is dropped (docs/disk-full-and-readiness.md)."""
+        return size >= log_head_bytes(self.quota_bytes)
+
     @staticmethod
-    def _attach(
-        attempt: Attempt, size: int, truncated: bool, fact: tuple[int, str | None] | None = None
-    ) -> Attempt:
+    def _attach(attempt: Attempt, size: int, truncated: bool, fact: Fact | None = None) -> Attempt:
         """The attempt with its recorded log info, or what the files say meanwhile.
 
         Before the job ended nobody knows how much was dropped (the shim publishes the
@@ -113,6 +117,8 @@ class LogStore:
         """
         if attempt.log is not None:
             return attempt
-        dropped, reason = fact if fact is not None else (0, None)
-        info = LogInfo(bytes=size, truncated=truncated, dropped_bytes=dropped, reason=reason)
+        dropped, reason, gap_at = fact if fact is not None else (0, None, None)
+        info = LogInfo(
+            bytes=size, truncated=truncated, dropped_bytes=dropped, reason=reason, dropped_at=gap_at
+        )
         return replace(attempt, log=info)

@@ -15,6 +15,25 @@ _TEMP_PREFIX, _TEMP_SUFFIX = ".", ".tmp"
 SHARD_NAMES = tuple(f"{n:02x}" for n in range(256))
 
 
+# The most of a log's quota kept for the output's last bytes (docs/disk-full-and-readiness.md):
+# the shim keeps them in memory and writes them after the head when the job ends.
+LOG_TAIL_MAX_BYTES = 64 * 1024
+
+
+def log_tail_bytes(quota: int) -> int:
+    """The part of ``quota`` kept for the output's end: a quarter, at most 64 KiB.
+
+    The shim spells it again (``_tail_bytes``: it imports nothing from ``app``);
+    tests/unit/test_artifacts.py checks that the two agree.
+    """
+    return min(LOG_TAIL_MAX_BYTES, max(quota, 0) // 4)
+
+
+def log_head_bytes(quota: int) -> int:
+    """The size a log reaches while its job runs before output is held back for the tail."""
+    return max(quota - log_tail_bytes(quota), 0)
+
+
 def shard_of(attempt_id: str) -> str:
     """Two lowercase hex digits naming the shard directory of ``attempt_id``."""
     if not is_uuid7(attempt_id):

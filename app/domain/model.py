@@ -135,6 +135,9 @@ class LogInfo:
     dropped_bytes: int
     # Why bytes were dropped (TRUNCATION_REASONS), once the shim's fact says so.
     reason: str | None = None
+    # The log's offset where the dropped bytes were cut out: the bytes after it are the
+    # output's end (equal to ``bytes`` when nothing followed). None when not recorded.
+    dropped_at: int | None = None
     # Retention removed the file (docs/retention.md §4): bytes are what it had.
     expired: bool = False
     expired_at_ms: int | None = None

@@ -105,6 +105,7 @@ def attempt_from_row(row: Row[Any]) -> Attempt:
             truncated=bool(row.log_truncated),
             dropped_bytes=row.log_dropped_bytes or 0,
             reason=row.log_truncation_reason,
+            dropped_at=row.log_dropped_at,
             expired=expired,
             expired_at_ms=row.log_expired_at_ms,
         )

@@ -678,6 +678,7 @@ class RunRepository:
                     "log_truncated": log.truncated,
                     "log_dropped_bytes": log.dropped_bytes,
                     "log_truncation_reason": log.reason,
+                    "log_dropped_at": log.dropped_at,
                 }
             data = {"exit_code": decision.exit_code, "signal": decision.signal}
             if leftovers_stopped is not None:  # a count only (docs/leftovers.md)

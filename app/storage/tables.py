@@ -200,6 +200,9 @@ attempts = Table(
     Column("handle", Text, nullable=True),  # JSON durable identity; never exposed by the API
     # quota | disk_full | write_error, from the shim's truncation fact (migration 0003)
     Column("log_truncation_reason", String(16), nullable=True),
+    # The log's offset where dropped bytes were cut out; the output's tail follows it
+    # (migration 0016, docs/disk-full-and-readiness.md). NULL before, or nothing dropped.
+    Column("log_dropped_at", BigInteger, nullable=True),
     # A retry's attempt does not start before this (migration 0005, docs/retries.md).
     Column("not_before_ms", MS, nullable=True),
     # Retention (migration 0006, docs/retention.md §3): NULL while the log is there (or never

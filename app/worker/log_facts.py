@@ -1,7 +1,8 @@
 """What the completion transaction records about an attempt's log: size and truncation.
 
 The size is the log file's length; truncation comes from the shim's one-time, content-free
-fact file beside the log (``{"droppedBytes", "quotaBytes", "reason", "schemaVersion"}``).
+fact file beside the log (``{"droppedBytes", "gapAt", "quotaBytes", "reason", "schemaVersion"}``;
+``gapAt``, the log's offset where the dropped bytes were cut out, since the log keeps its tail).
 Both are evidence only and never decide the ending (docs/design.md §3.6).
 """
 
@@ -11,11 +12,20 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 from app.domain.artifacts import log_relpath, truncation_fact_relpath
 from app.domain.model import TRUNCATION_REASONS, LogInfo
 
 _FACT_MAX_BYTES = 1024
+
+
+class Fact(NamedTuple):
+    """What a truncation fact says: how many bytes were dropped, why, and where."""
+
+    dropped: int
+    reason: str | None
+    gap_at: int | None
 
 
 def _open_regular(path: Path | str, dir_fd: int | None) -> tuple[int, int] | None:
@@ -53,15 +63,21 @@ class LogFacts:
         fact = read_fact(self.root / truncation_fact_relpath(attempt_id))
         if fact is None:
             return LogInfo(bytes=st.st_size, truncated=False, dropped_bytes=0)
-        dropped, reason = fact
-        return LogInfo(bytes=st.st_size, truncated=True, dropped_bytes=dropped, reason=reason)
+        return LogInfo(
+            bytes=st.st_size,
+            truncated=True,
+            dropped_bytes=fact.dropped,
+            reason=fact.reason,
+            dropped_at=fact.gap_at,
+        )
 
 
-def read_fact(path: Path | str, *, dir_fd: int | None = None) -> tuple[int, str | None] | None:
-    """(dropped bytes, reason) from a truncation fact; None when there is none.
+def read_fact(path: Path | str, *, dir_fd: int | None = None) -> Fact | None:
+    """The truncation fact's dropped bytes, reason and gap; None when there is none.
 
     The shim publishes the fact complete or not at all; an unreadable one (an older shim's
-    empty file) still means truncated, with the amount and the reason unknown.
+    empty file) still means truncated, with the amount, the reason and the place unknown. A
+    fact from before the log kept its tail has no ``gapAt``: its dropped bytes were the end.
     """
     opened = _open_regular(path, dir_fd)
     if opened is None:
@@ -76,7 +92,11 @@ def read_fact(path: Path | str, *, dir_fd: int | None = None) -> tuple[int, str 
     except ValueError:
         fact = None
     if not isinstance(fact, dict):
-        return 0, None
-    value, reason = fact.get("droppedBytes"), fact.get("reason")
+        return Fact(0, None, None)
+    value, reason, gap = fact.get("droppedBytes"), fact.get("reason"), fact.get("gapAt")
     dropped = value if type(value) is int and value >= 0 else 0
-    return dropped, reason if reason in TRUNCATION_REASONS else None
+    return Fact(
+        dropped,
+        reason if reason in TRUNCATION_REASONS else None,
+        gap if type(gap) is int and gap >= 0 else None,
+    )

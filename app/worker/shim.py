@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 PROTOCOL = 1
 SPEC_MAX_BYTES = 1 << 20
 READ_CHUNK = 64 * 1024
+# The most of a log's quota kept for the output's last bytes (a ring in memory while the job
+# runs, appended after the head when it ends): a quarter of the quota up to this.
+LOG_TAIL_MAX_BYTES = 64 * 1024
 # After the job itself has exited, descendants may still hold the pipe open: keep
 # draining for at most this long, then close the read end and publish the receipt.
 POST_EXIT_DRAIN_SECONDS = 1.0
@@ -858,37 +861,106 @@ def _raise_fd_limit() -> None:
         pass
 
 
+def _tail_bytes(quota: int) -> int:
+    """How much of a quota is kept for the output's end: a quarter, at most LOG_TAIL_MAX_BYTES
+    (``app/domain/artifacts.py`` ``log_tail_bytes`` says the same; a test keeps them equal)."""
+    return min(LOG_TAIL_MAX_BYTES, max(quota, 0) // 4)
+
+
 class _Drain:
-    """Copy the job's output into the log up to the quota; count and discard the rest."""
+    """Copy the job's output into the log: its head up to the quota minus the tail, its last
+    bytes in a ring written after the head when the job ends; count the bytes between.
+
+    While the job runs the log only grows (followers and range reads rely on that). The ring
+    is allocated at the first byte past the head, never before, and only ever holds what the
+    quota has left (docs/disk-full-and-readiness.md, "The log keeps its head and its tail").
+    """
 
     def __init__(self, log_fd: int, quota: int) -> None:
         self.log_fd = log_fd
         self.quota = quota
         self.used = os.fstat(log_fd).st_size
+        self.head = max(quota - _tail_bytes(quota), 0)  # the log's size before the tail
         self.dropped = 0
         self.reason = "quota"  # why bytes were dropped: the quota unless a write failed
+        self.failed = False  # a write failed: nothing more is written, the rest is dropped
+        self.ring: bytearray | None = None
+        self.ring_at = 0  # where the next byte goes in the ring
+        self.past = 0  # bytes of output past the head (the ring keeps the last of them)
+        self.gap_at: int | None = None  # the log's offset where dropped bytes were cut out
         self.buf = bytearray(READ_CHUNK)
         self.view = memoryview(self.buf)
+
+    def _write(self, data: memoryview) -> int:
+        """Append ``data``; the bytes written. A failure stops all writing for good: what
+        reached the log counts as kept, the rest as dropped, and the reason says why."""
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self.log_fd, data[written:])
+        except OSError as exc:
+            self.failed = True
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            self.reason = "disk_full" if full else "write_error"
+        self.used += written
+        if written < len(data) and self.gap_at is None:
+            self.gap_at = self.used
+        self.dropped += len(data) - written
+        return written
 
     def read_once(self, fd: int) -> bool:
         """Read one chunk; False on EOF."""
         n = os.readv(fd, [self.buf])
         if n == 0:
             return False
-        keep = min(n, max(self.quota - self.used, 0))
-        written = 0
-        try:
-            while written < keep:
-                written += os.write(self.log_fd, self.view[written:keep])
-        except OSError as exc:
-            # Disk trouble: stop writing, keep draining. What did reach the log counts as
-            # kept, the rest of the chunk and everything after it as dropped.
-            self.quota = self.used + written
-            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-            self.reason = "disk_full" if full else "write_error"
-        self.used += written
-        self.dropped += n - written
+        if self.failed:
+            self.dropped += n
+            return True
+        keep = min(n, max(self.head - self.used, 0))
+        if keep:
+            written = self._write(self.view[:keep])
+            if written < keep:
+                self.dropped += n - keep
+                return True
+        if keep < n:
+            self._to_ring(self.view[keep:n])
         return True
+
+    def _to_ring(self, data: memoryview) -> None:
+        if self.ring is None:
+            self.ring = bytearray(max(self.quota - self.used, 0))
+        ring, size, n = self.ring, len(self.ring), len(data)
+        self.past += n
+        if n >= size:
+            ring[:] = data[n - size :]
+            self.ring_at = 0
+            return
+        first = min(n, size - self.ring_at)
+        ring[self.ring_at : self.ring_at + first] = data[:first]
+        ring[: n - first] = data[first:]
+        self.ring_at = (self.ring_at + n) % size
+
+    def finish(self) -> None:
+        """After the job ended: append the ring (the output's last bytes) after the head.
+
+        The bytes the ring lost are dropped at the head's end (``gap_at``). A write that fails
+        here stops like any other: the log ends where it stopped and the reason says why.
+        """
+        if self.ring is None:
+            return
+        view, self.ring = memoryview(self.ring), None
+        size = len(view)
+        if self.past > size:  # the ring went round: its oldest byte is at ring_at
+            self.gap_at = self.used
+            self.dropped += self.past - size
+            parts = (view[self.ring_at :], view[: self.ring_at])
+        else:
+            parts = (view[: self.past], view[:0])
+        for part in parts:
+            if self.failed:
+                self.dropped += len(part)
+            else:
+                self._write(part)
 
 
 def _reap(job_pid: int, status: list[int]) -> None:
@@ -1325,6 +1397,7 @@ def _publish_truncation(log_dir_fd: int, log_name: str, drain: _Drain, quota: in
     """
     fact = {
         "droppedBytes": drain.dropped,
+        "gapAt": drain.gap_at,
         "quotaBytes": quota,
         "reason": drain.reason,
         "schemaVersion": 1,
@@ -1405,6 +1478,7 @@ def _run_shim(
     kill = spec["leftovers"] == "kill"
     wait_status = _supervise(job_pid, read_fd, drain, stop_leftovers if kill else None)
     finished_at_ms = max(_now_ms(), started_at_ms)
+    drain.finish()  # the output's last bytes after the head; a write error only drops them
     try:  # noqa: SIM105
         os.fsync(log_fd)
     except OSError:

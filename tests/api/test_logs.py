@@ -93,7 +93,7 @@ def test_truncation_shows_in_the_header_and_the_run(
 ) -> None:
     run_id, attempt_id, _ = _run_with_log(client, admin, settings, CONTENT)
     (settings.logs_dir / truncation_fact_relpath(attempt_id)).write_bytes(
-        b'{"droppedBytes":42,"quotaBytes":6,"reason":"disk_full","schemaVersion":1}'
+        b'{"droppedBytes":42,"gapAt":4,"quotaBytes":6,"reason":"quota","schemaVersion":1}'
     )
     response = client.get(_url(run_id), headers=admin)
     assert response.headers["x-log-truncated"] == "true"
@@ -102,7 +102,8 @@ def test_truncation_shows_in_the_header_and_the_run(
         "bytes": len(CONTENT),
         "truncated": True,
         "dropped_bytes": 42,
-        "truncation_reason": "disk_full",
+        "truncation_reason": "quota",
+        "dropped_at": 4,
         "expired": False,
         "expired_at_ms": None,
     }

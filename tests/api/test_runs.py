@@ -40,6 +40,7 @@ def test_enqueue_creates_a_queued_run_with_a_claimed_attempt(
         "truncated": False,
         "dropped_bytes": 0,
         "truncation_reason": None,
+        "dropped_at": None,
         "expired": False,
         "expired_at_ms": None,
     }

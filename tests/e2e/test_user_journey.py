@@ -110,7 +110,7 @@ def test_define_enqueue_watch_follow_and_read_the_exact_ending(
     assert log == b"hello from journey\nsecret-ok\nafter-gate\n" == followed
     assert attempt["log"] == {
         "bytes": len(log), "truncated": False, "dropped_bytes": 0, "truncation_reason": None,
-        "expired": False, "expired_at_ms": None,
+        "dropped_at": None, "expired": False, "expired_at_ms": None,
     }  # fmt: skip
     assert [e["type"] for e in events(served, run_id)] == [
         "run.queued", "run.dispatching", "attempt.starting", "attempt.running",

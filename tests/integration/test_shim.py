@@ -107,21 +107,42 @@ def test_status_line_carries_no_user_content(tmp_path: Path, launched: Launched)
     wait_shim_done(status)
 
 
-def test_quota_truncates_log_and_keeps_exit_code(tmp_path: Path, launched: Launched) -> None:
-    quota = 1 << 20
+def test_a_log_over_its_quota_keeps_its_head_and_its_tail(
+    tmp_path: Path, launched: Launched
+) -> None:
+    """The first lines and the last (where the error usually is), the bytes between dropped and
+    counted exactly, the gap's offset in the fact; the exit code unchanged."""
+    quota, lines = 100_000, 200_000
     spec, _status, receipt = run_to_receipt(
-        tmp_path,
-        ["/bin/sh", "-c", "head -c 20000000 /dev/zero; exit 7"],
-        launched,
-        log_quota_bytes=quota,
+        tmp_path, ["/bin/sh", "-c", f"seq 1 {lines}; exit 7"], launched, log_quota_bytes=quota
     )
     assert receipt.exit_code == 7 and receipt.signal is None
-    assert os.stat(spec["log_path"]).st_size == quota
+    output = b"".join(b"%d\n" % i for i in range(1, lines + 1))
+    tail = quota // 4  # a quarter of the quota (at most 64 KiB)
+    log = Path(spec["log_path"]).read_bytes()
+    assert log == output[: quota - tail] + output[-tail:]
+    assert log.startswith(b"1\n2\n") and log.endswith(b"\n%d\n" % lines)
     fact_path = Path(spec["log_path"] + ".truncated")
     assert fact_path.stat().st_mode & 0o777 == 0o600
     assert fact_path.read_bytes() == (
-        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}' % (20_000_000 - quota, quota)
+        b'{"droppedBytes":%d,"gapAt":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}'
+        % (len(output) - quota, quota - tail, quota)
     )
+
+
+def test_output_past_the_head_but_within_the_quota_is_kept_whole(
+    tmp_path: Path, launched: Launched
+) -> None:
+    quota = 1 << 20
+    spec, _status, _receipt = run_to_receipt(
+        tmp_path, ["/bin/sh", "-c", f"seq 1 1000; head -c {quota - 10_000} /dev/zero; seq 1 9"],
+        launched, log_quota_bytes=quota,
+    )  # fmt: skip
+    head = b"".join(b"%d\n" % i for i in range(1, 1001))
+    tail = b"".join(b"%d\n" % i for i in range(1, 10))
+    log = Path(spec["log_path"]).read_bytes()
+    assert log == head + bytes(quota - 10_000) + tail
+    assert not Path(spec["log_path"] + ".truncated").exists()
 
 
 def test_a_job_that_closes_its_output_then_runs_on_is_waited_for(
@@ -272,7 +293,8 @@ def test_shim_sigkill_leaves_no_receipt_and_writer_gets_sigpipe(
     job, shim = status["pid"], status["shim_pid"]
     job_fd = os.pidfd_open(job)
     try:
-        poll_until(lambda: os.stat(spec["log_path"]).st_size == 1024)  # it is draining
+        # The head (the quota less its quarter kept for the tail) is full: it is draining.
+        poll_until(lambda: os.stat(spec["log_path"]).st_size == 768)
         os.kill(shim, signal.SIGKILL)
         assert wait_exit(shim, DEADLINE)
         # The read end is gone: the writing job dies of SIGPIPE instead of hanging.
@@ -280,7 +302,7 @@ def test_shim_sigkill_leaves_no_receipt_and_writer_gets_sigpipe(
     finally:
         os.close(job_fd)
     assert not receipt_path(spec).exists()
-    assert os.stat(spec["log_path"]).st_size == 1024
+    assert os.stat(spec["log_path"]).st_size == 768  # the tail in its memory died with it
 
 
 def test_descendant_holding_the_pipe_does_not_block_the_receipt(

@@ -94,6 +94,7 @@ def test_a_job_ending_on_a_full_disk_is_published_with_its_exit_code_once_space_
         assert kept < FIRST + THEN
         assert fact == {
             "droppedBytes": FIRST + THEN - kept,
+            "gapAt": kept,  # the dropped bytes are the output's end: no tail after them
             "quotaBytes": 64 * MIB,
             "reason": "disk_full",
             "schemaVersion": 1,

@@ -166,7 +166,8 @@ def test_quota_truncates_log_and_keeps_exit_code(
     assert receipt.exit_code == 7
     assert os.stat(spec["log_path"]).st_size == quota
     assert Path(spec["log_path"] + ".truncated").read_bytes() == (
-        b'{"droppedBytes":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}' % (5_000_000 - quota, quota)
+        b'{"droppedBytes":%d,"gapAt":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}'
+        % (5_000_000 - quota, quota - 64 * 1024, quota)
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.domain.artifacts import (
+    log_head_bytes,
+    log_tail_bytes,
     publish_temp_name,
     published_by_temp,
     receipt_name,
@@ -26,6 +28,14 @@ def test_the_shim_names_its_temp_files_as_the_worker_and_the_audit_expect() -> N
     assert receipt_temp_relpath(attempt).rsplit("/", 1)[1] == publish_temp_name(
         receipt_name(attempt)
     )
+
+
+def test_the_shim_keeps_the_tail_the_log_reads_expect() -> None:
+    # The api says a running log is cut once it reaches its head: the shim's rule, spelled twice.
+    for quota in (0, 1, 7, 1024, 256 * 1024, 4 << 20, 64 << 20):
+        assert shim._tail_bytes(quota) == log_tail_bytes(quota)
+        assert log_head_bytes(quota) + log_tail_bytes(quota) == quota
+    assert log_tail_bytes(4 << 20) == log_tail_bytes(64 << 20) == 64 * 1024
 
 
 def test_the_temp_paths_sit_beside_the_files_they_publish() -> None:

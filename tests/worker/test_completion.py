@@ -97,7 +97,7 @@ def test_receipt_applies_once_and_is_cleaned(
     log = make_log(env.logs, armed.attempt_id)
     log.write_bytes(b"hello\n")
     (log.parent / (log.name + ".truncated")).write_text(
-        json.dumps({"droppedBytes": 42, "quotaBytes": 6, "schemaVersion": 1})
+        json.dumps({"droppedBytes": 42, "gapAt": 4, "quotaBytes": 6, "schemaVersion": 1})
     )
     path = env.publish(armed, **over)
     result = env.service.consume(run_id=armed.run_id, attempt_id=armed.attempt_id)
@@ -107,6 +107,7 @@ def test_receipt_applies_once_and_is_cleaned(
     assert run.status == status and attempt.exit_code == exit_code and attempt.signal == signal
     assert attempt.log is not None
     assert (attempt.log.bytes, attempt.log.truncated, attempt.log.dropped_bytes) == (6, True, 42)
+    assert attempt.log.dropped_at == 4  # where the gap is: the last 2 bytes are the output's end
     assert not path.exists()
     entry = env.journal.get(armed.attempt_id)
     assert entry is not None and entry.state == CONSUMED
