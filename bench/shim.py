@@ -33,6 +33,7 @@ STATUS_TIMEOUT_S = 10.0  # a launch that says nothing by then fails the bench, n
 # Between the cgroup start-up launches: a cgroup migration waits out an RCU grace period,
 # which back-to-back migrations share, so only spaced launches show what one launch pays.
 CGROUP_SPACING_S = 0.05
+OVER_QUOTA_BYTES = 3_000_000  # a job's output past a 1 MiB quota, for the shim's USS then
 
 
 class _Shims:
@@ -80,9 +81,11 @@ class _Shims:
         return elapsed, status
 
 
-    def zygote_launch(self, zygote: Zygote, argv: list[str]) -> tuple[float, dict[str, Any]]:
+    def zygote_launch(
+        self, zygote: Zygote, argv: list[str], quota: int = 1 << 20
+    ) -> tuple[float, dict[str, Any]]:
         """(ms until the status line, status) of one launch forked by ``zygote``."""
-        payload = json.dumps(self.spec(argv, 1 << 20)).encode()
+        payload = json.dumps(self.spec(argv, quota)).encode()
         t0 = time.perf_counter()
         read_fd, write_fd = os.pipe()
         try:
@@ -200,6 +203,22 @@ def _shim_uss_pss(report: Report, shims: _Shims, zygote: Zygote) -> None:
                       target="<= 2 MiB", extra={"shim_kB": shim, "sh_kB": sh}))
     report.add(Figure("zygote-forked shim PSS (running job)", shim["pss"] / 1024, "MiB",
                       "/bin/sh -c 'sleep; true' PSS", sh["pss"] / 1024, False))
+    # Past its quota the shim holds the output's last bytes (64 KiB at most) until the end.
+    over = f"head -c {OVER_QUOTA_BYTES} /dev/zero; exec sleep 5"
+    _, status = shims.zygote_launch(zygote, ["/bin/sh", "-c", over], quota=1 << 20)
+    try:
+        log = Path(shims.root / f"job{shims.n}.log")
+        deadline = time.monotonic() + 10
+        while log.stat().st_size < (1 << 20) - 64 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the rest of the output drained into the tail meanwhile
+        full = _rollup_kb(status["shim_pid"])
+    finally:
+        os.kill(status["pid"], 9)
+        wait_exit(status["shim_pid"], 10)
+    report.add(Figure("zygote-forked shim USS (job past its 1 MiB quota)", full["uss"] / 1024,
+                      "MiB", "the same, job under its quota", shim["uss"] / 1024, False,
+                      target="<= 2 MiB", extra={"shim_kB": full, "output_bytes": OVER_QUOTA_BYTES}))
 
 
 def _timed_run(argv: list[str]) -> float:
