@@ -1131,6 +1131,29 @@ def test_a_log_cut_at_its_quota_says_so_after_its_last_byte(
     assert "truncated" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_log_that_kept_its_tail_says_where_the_gap_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], follow: bool
+) -> None:
+    # Over its quota the log keeps its head and its last bytes: the gap is inside it.
+    answers = _ended_log(["line 1\nli" + "ne 9\n"], follow=follow)
+    ended = answers[("GET", "/api/v1/runs/r1")].json()
+    ended["latest_attempt"]["log"] |= {"bytes": 14, "dropped_at": 9}
+    answers[("GET", "/api/v1/runs/r1")] = httpx.Response(200, json=ended)
+    flags = ["--url", "http://api.test", "--token", "ql_t"] + (["--follow"] if follow else [])
+    code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *flags)
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, "line 1\nline 9\n")
+    assert (
+        "log truncated: 7 bytes dropped at byte 9 (quota); the last 5 bytes are the output's end\n"
+    ) in err
+    shown = RUN | {"latest_attempt": RUN["latest_attempt"] | {"log": ended["latest_attempt"]["log"]}}
+    assert (
+        "log:      14 bytes, truncated (7 bytes dropped at byte 9: quota; the last 5 bytes "
+        "are the output's end)"
+    ) in render.run_fields(shown, tz=UTC)
+
+
 def test_runs_list_of_a_task_that_does_not_exist_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

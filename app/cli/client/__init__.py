@@ -745,18 +745,26 @@ def cmd_runs_logs(client: Client, args: argparse.Namespace) -> int:
 
 
 def _say_if_truncated(client: Client, run: dict[str, Any], number: int) -> None:
-    """On stderr, when attempt ``number``'s log was cut (its quota, a full disk): the output
-    stops there, mid-line perhaps, while the job wrote on, and would read as its end."""
+    """On stderr, when attempt ``number``'s log was cut (its quota, a full disk): where the
+    bytes went missing, mid-line perhaps, and whether what follows is the output's end
+    (a log over its quota keeps its last bytes after the gap) or nothing."""
     try:
         log = (_attempt(client, run, number) or {}).get("log") or {}
     except ClientError:
         return  # the run was read; its attempts were not (gone since, a scope): say nothing
-    if log.get("truncated"):
-        print(
-            f"log truncated at {log.get('bytes', 0)} bytes: {log.get('dropped_bytes', 0)} more "
-            f"bytes dropped ({render.safe(log.get('truncation_reason') or 'quota')})",
-            file=sys.stderr,
+    if not log.get("truncated"):
+        return
+    size, dropped = log.get("bytes", 0), log.get("dropped_bytes", 0)
+    reason = render.safe(log.get("truncation_reason") or "quota")
+    gap = render.gap_of(log)
+    if gap is None:
+        said = f"log truncated at {size} bytes: {dropped} more bytes dropped ({reason})"
+    else:
+        said = (
+            f"log truncated: {dropped} bytes dropped at byte {gap} ({reason}); "
+            f"the last {size - gap} bytes are the output's end"
         )
+    print(said, file=sys.stderr)
 
 
 def _write_all(buffer: BinaryIO, data: bytes) -> None:

@@ -16,6 +16,14 @@ from typing import Any
 _ELLIPSIS = "…"
 
 
+
+def gap_of(log: dict[str, Any]) -> int | None:
+    """Where a log lost its dropped bytes when its tail follows the gap (``dropped_at`` below
+    its size); None when the dropped bytes were its end, or an older api did not say."""
+    gap, size = log.get("dropped_at"), log.get("bytes", 0)
+    ok = type(gap) is int and type(size) is int and 0 <= gap < size
+    return gap if ok else None
+
 def safe(text: object) -> str:
     """``text`` with every control or format character shown as ``\\xNN`` / ``\\uNNNN``."""
     out = []
@@ -294,7 +302,15 @@ def run_fields(
         size = f"{log.get('bytes', 0)} bytes"
         if log.get("truncated"):
             reason = log.get("truncation_reason") or "quota"
-            size += f", truncated ({log.get('dropped_bytes', 0)} bytes dropped: {reason})"
+            gap, dropped = gap_of(log), log.get("dropped_bytes", 0)
+            if gap is None:
+                size += f", truncated ({dropped} bytes dropped: {reason})"
+            else:
+                end = log.get("bytes", 0) - gap
+                size += (
+                    f", truncated ({dropped} bytes dropped at byte {gap}: {reason}; "
+                    f"the last {end} bytes are the output's end)"
+                )
         if log.get("expired"):  # the size is what it was; the file is gone (410 LOG_EXPIRED)
             size += f", expired {when(log.get('expired_at_ms'), tz=tz)}: retention removed it"
         pairs.append(("log", size))
