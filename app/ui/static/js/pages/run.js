@@ -349,6 +349,11 @@ export function runPage(view, { args: [runId], signal, ready }) {
         dropped: bytes(a.log.dropped_bytes),
         reason: a.log.truncation_reason && has(`truncation.${a.log.truncation_reason}`) ? t(`truncation.${a.log.truncation_reason}`) : t('truncation.unknown'),
       }));
+      // Over its quota the log keeps its head and the output's last bytes after the gap.
+      const gap = a.log.dropped_at;
+      if (Number.isInteger(gap) && gap >= 0 && gap < a.log.bytes) {
+        lines.push(t('run.truncated_gap', { head: bytes(gap), tail: bytes(a.log.bytes - gap) }));
+      }
     }
     if (shownDropped) lines.push(t('run.shown_tail'));
     truncation.hidden = !lines.length;
