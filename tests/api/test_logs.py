@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, update
 
-from app.domain.artifacts import log_relpath, truncation_fact_relpath
+from app.domain.artifacts import log_head_bytes, log_relpath, truncation_fact_relpath
 from app.domain.errors import DatabaseUnreachable, ErrorCode, NotFound
 from app.settings import Settings
 from app.storage.engine import make_engine
@@ -86,6 +86,35 @@ def test_unsatisfiable_range_is_416(
     response = client.get(_url(run_id), headers=admin | {"Range": f"bytes={len(CONTENT)}-"})
     assert_problem(response, 416, "RANGE_NOT_SATISFIABLE")
     assert response.headers["content-range"] == f"bytes */{len(CONTENT)}"
+
+
+def test_a_running_log_is_said_cut_once_its_head_is_full_and_an_ended_one_as_recorded(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    """Past its head the shim holds the output's end in memory: the log may be losing bytes
+    then, though it is below the quota. Once the ending is recorded, that record decides."""
+    head = log_head_bytes(settings.profile.log_quota_bytes)
+    run_id, attempt_id, path = _run_with_log(client, admin, settings, b"")
+    os.truncate(path, head - 1)  # sparse: no 4 MiB written
+    assert "x-log-truncated" not in client.get(_url(run_id), headers=admin).headers
+    os.truncate(path, head)
+    assert client.get(_url(run_id), headers=admin).headers["x-log-truncated"] == "true"
+    run = client.get(f"/api/v1/runs/{run_id}", headers=admin).json()
+    assert run["latest_attempt"]["log"]["truncated"] is True
+    # The job ended with its tail appended and nothing dropped (no fact): not cut.
+    os.truncate(path, settings.profile.log_quota_bytes)
+    engine = make_engine(settings.database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                update(attempts).where(attempts.c.id == attempt_id).values(
+                    log_bytes=settings.profile.log_quota_bytes, log_truncated=False,
+                    log_dropped_bytes=0,
+                )
+            )  # fmt: skip
+    finally:
+        engine.dispose()
+    assert "x-log-truncated" not in client.get(_url(run_id), headers=admin).headers
 
 
 def test_truncation_shows_in_the_header_and_the_run(
