@@ -873,7 +873,8 @@ class _Drain:
 
     While the job runs the log only grows (followers and range reads rely on that). The ring
     is allocated at the first byte past the head, never before, and only ever holds what the
-    quota has left (docs/disk-full-and-readiness.md, "The log keeps its head and its tail").
+    quota has left (docs/disk-full-and-readiness.md, "A log over its quota keeps its head and
+    its tail").
     """
 
     def __init__(self, log_fd: int, quota: int) -> None:
