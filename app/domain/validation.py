@@ -220,30 +220,48 @@ def merge_environment(
 
 # An RFC 3339 instant (section 5.6 date-time), with ``T`` and an offset (``Z`` or ±hh:mm):
 # what ``GET /api/v1/runs?since=&until=`` take (docs/api.md §6). Python's fromisoformat takes
-# far more (a date alone, no offset, a space, week dates), so the shape is checked first.
+# far more (a date alone, no offset, a space, week dates) and less (a leap second, a fraction
+# of 10 digits), so the shape is matched here and each part checked as RFC 3339 says: an
+# hour to 23, a minute to 59, a second to 60 (a leap second), an offset to 23:59. The CLI
+# keeps a copy (app/cli/client/bodies.py, which does not load this module; a unit test keeps
+# the two equal).
 _RFC3339 = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
 )
 RFC3339_EXAMPLE = "2026-12-07T03:00:00+08:00"
 
 
+def rfc3339_ms(text: str) -> int | None:
+    """Milliseconds since the epoch of an RFC 3339 instant with an offset, or None for any
+    other text. A fraction of any length is cut to the millisecond (an instant within a
+    millisecond is in that millisecond); a leap second (``:60``) is the last millisecond of
+    the second before it (``23:59:60Z`` is ``23:59:59.999Z``), since the epoch counts none."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return None
+    day_text, hour, minute, second, fraction, sign, off_hour, off_minute = match.groups()
+    try:
+        day = datetime.fromisoformat(day_text).replace(tzinfo=UTC)  # a month 13, a Feb 30
+    except ValueError:
+        return None
+    h, m, s = int(hour), int(minute), int(second)
+    oh, om = int(off_hour or 0), int(off_minute or 0)
+    if h > 23 or m > 59 or s > 60 or oh > 23 or om > 59:
+        return None
+    ms = 999 if s == 60 else int(((fraction or "") + "000")[:3])
+    offset = (oh * 60 + om) * 60_000 * (-1 if sign == "-" else 1)
+    days = (day - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(days=1)
+    return days * 86_400_000 + ((h * 60 + m) * 60 + min(s, 59)) * 1000 + ms - offset
+
+
 def parse_instant(text: str, *, field: str) -> int:
-    """Milliseconds since the epoch of an RFC 3339 instant with an offset; ValidationFailed
-    naming ``field`` and the rule (never the value) otherwise. Fractions beyond the
-    millisecond are cut (an instant within a millisecond is in that millisecond)."""
+    """Milliseconds since the epoch of an RFC 3339 instant with an offset (``rfc3339_ms``);
+    ValidationFailed naming ``field`` and the rule (never the value) otherwise."""
     rule = f"{field} must be an RFC 3339 instant with an offset, such as {RFC3339_EXAMPLE}"
-    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
-        if isinstance(text, str) and _RFC3339.fullmatch(text.replace(" ", "+")):
+    at = rfc3339_ms(text) if isinstance(text, str) else None
+    if at is None:
+        if isinstance(text, str) and rfc3339_ms(text.replace(" ", "+")) is not None:
             rule += " (a + in a URL's query reads as a space: write it %2B)"
         raise ValidationFailed(ErrorCode.VALIDATION_FAILED, rule)
-    head, sep, rest = text.upper().partition(".")
-    if sep:  # fromisoformat takes 3 or 6 fraction digits only: keep the milliseconds
-        digits = re.match(r"[0-9]+", rest)
-        assert digits is not None  # the pattern has them
-        head = f"{head}.{(digits.group() + '00')[:3]}{rest[digits.end():]}"
-    try:
-        instant = datetime.fromisoformat(head.replace("Z", "+00:00"))
-    except ValueError:  # a day, hour or offset out of range
-        raise ValidationFailed(ErrorCode.VALIDATION_FAILED, rule) from None
-    delta = instant - datetime(1970, 1, 1, tzinfo=UTC)
-    return delta // timedelta(milliseconds=1)
+    return at

@@ -34,6 +34,7 @@ from app.cli.client.api import (
     public_url,
 )
 from app.cli.client.config import ConfigRefused, config_path, read_config, resolve, write_config
+from app.domain import validation
 from app.domain.validation import NAME_RULE
 
 RUN = {
@@ -1289,14 +1290,18 @@ def berlin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_a_when_of_runs_list_is_one_of_its_forms_in_local_time_or_refused(berlin: None) -> None:
     now = 1_796_612_400_000  # 2026-12-07T03:00:00Z, 04:00 in Berlin
-    forms = {
-        "2h": ("2026-12-07T02:00:00.000+01:00", now - 7_200_000),
-        "90s": ("2026-12-07T03:58:30.000+01:00", now - 90_000),
-        "2026-12-07": ("2026-12-07T00:00:00+01:00", now - 4 * 3_600_000),
-        "2026-07-01 18:30": ("2026-07-01T18:30:00+02:00", 1_782_923_400_000),
-        "2026-07-01T18:30:15": ("2026-07-01T18:30:15+02:00", 1_782_923_415_000),
+    forms = {  # what a user types; all but an instant sent in UTC
+        "2h": ("2026-12-07T01:00:00Z", now - 7_200_000),
+        "90s": ("2026-12-07T02:58:30Z", now - 90_000),
+        "2026-12-07": ("2026-12-06T23:00:00Z", now - 4 * 3_600_000),
+        "2026-07-01 18:30": ("2026-07-01T16:30:00Z", 1_782_923_400_000),
+        "2026-07-01T18:30:15": ("2026-07-01T16:30:15Z", 1_782_923_415_000),
         "2026-12-07T03:00:00.25Z": ("2026-12-07T03:00:00.25Z", now + 250),
         "2026-12-07T11:00:00+08:00": ("2026-12-07T11:00:00+08:00", now),
+        "2026-12-07T03:00:00.1234567891Z": ("2026-12-07T03:00:00.1234567891Z", now + 123),
+        "2026-12-31T23:59:60Z": ("2026-12-31T23:59:60Z", 1_798_761_599_999),  # a leap second
+        "36500d": ("1927-01-01T03:00:00Z", now - 36_500 * 86_400_000),
+        "0001-01-02": ("0001-01-01T23:06:32Z", -62_135_513_608_000),  # LMT +00:53:28
     }
     for text, expected in forms.items():
         assert bodies.instant(text, flag="--since", now_ms=now) == expected, text
@@ -1306,6 +1311,41 @@ def test_a_when_of_runs_list_is_one_of_its_forms_in_local_time_or_refused(berlin
             bodies.instant(skipped_or_twice, flag="--until", now_ms=now)
         assert refused.value.exit_code == 2
     for nonsense in ("yesterday", "2026-12-07 3:00", "2026-02-30", "-2h", "2 h", "1w",
-                     "2026-12-07T03:00:00+25:00", "12345678d"):  # fmt: skip
+                     "2026-12-07T03:00:00+25:00", "2026-12-07T03:00:00-00:60"):  # fmt: skip
         with pytest.raises(ClientError, match=r"not a time; give 2h, 30m, 1d"):
             bodies.instant(nonsense, flag="--since", now_ms=now)
+    for too_long_ago in ("36501d", "9999999d", "99999999d", "9" * 5000 + "s"):
+        with pytest.raises(ClientError, match=r": at most 36500d ago \(100 years\)$"):
+            bodies.instant(too_long_ago, flag="--since", now_ms=now)
+    for edge in ("0001-01-01", "9999-12-31 12:00"):  # either side of the years 1 to 9999 in UTC
+        with pytest.raises(ClientError, match=r"out of range: give a local date or time from "):
+            bodies.instant(edge, flag="--since", now_ms=now)
+
+
+@pytest.mark.parametrize("zone", ["Europe/Amsterdam", "Africa/Monrovia"])
+def test_a_local_when_is_sent_in_utc_where_the_zones_offset_has_seconds(
+    monkeypatch: pytest.MonkeyPatch, zone: str
+) -> None:
+    """Amsterdam kept +00:19:32 until 1937, Monrovia -00:44:30 until 1972: RFC 3339 has no
+    seconds in an offset, so an instant sent with one was a 422 (exit 3)."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        now = 1_796_612_400_000
+        for text in ("36500d", "1970-01-01", "1930-06-01 12:00"):
+            sent, at_ms = bodies.instant(text, flag="--since", now_ms=now)
+            assert sent.endswith("Z") and validation.parse_instant(sent, field="since") == at_ms
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_the_clients_instant_rule_is_the_apis() -> None:
+    """bodies.py keeps a copy of the api's RFC 3339 reading (it loads no app.domain)."""
+    assert bodies._INSTANT.pattern == validation._RFC3339.pattern
+    cases = ["1970-01-01T00:00:00Z", "1970-01-01T00:00:00.9999999999+00:00",
+             "2026-12-31T23:59:60Z", "2026-12-31T23:59:60.5-23:59", "1970-01-01T00:00:00-00:60",
+             "1970-01-01T24:00:00Z", "2026-02-29T00:00:00Z", "0001-01-01T00:00:00+00:01",
+             "2026-12-07t03:00:00z", "2026-12-07 03:00:00Z", "2026-12-07T03:00Z"]  # fmt: skip
+    for text in cases:
+        assert bodies.rfc3339_ms(text) == validation.rfc3339_ms(text), text

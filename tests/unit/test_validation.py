@@ -7,6 +7,7 @@ import pytest
 from app.domain.errors import ValidationFailed
 from app.domain.validation import (
     merge_environment,
+    parse_instant,
     validate_argv,
     validate_cwd,
     validate_env_key,
@@ -141,3 +142,25 @@ def test_a_shell_given_a_script_file_is_told_how_to_run_one() -> None:
         "its absolute path as argv[0] (executable, with its #! line), or [shell, '-c', "
         "'sh ./script.sh'] with cwd"
     )
+
+
+def test_an_instant_is_read_as_rfc_3339_says() -> None:
+    """docs/api.md §6: an offset's minute ends at 59; a fraction of any length is cut to the
+    millisecond; a leap second is the last millisecond of the second before it."""
+    read = {
+        "1970-01-01T00:00:00Z": 0,
+        "1970-01-01T08:00:00.0019999999999+08:00": 1,
+        "1970-01-01t00:00:01.5z": 1500,
+        "2016-12-31T23:59:60Z": 1_483_228_799_999,
+        "2016-12-31T23:59:59.999Z": 1_483_228_799_999,
+        "2017-01-01T08:59:60+09:00": 1_483_228_799_999,
+        "0001-01-01T00:00:00Z": -62_135_596_800_000,
+    }
+    for text, ms in read.items():
+        assert parse_instant(text, field="since") == ms, text
+    for bad in ("1970-01-01T00:00:00-00:60", "1970-01-01T00:00:00+24:00",
+                "1970-01-01T00:00:61Z", "1970-01-01T24:00:00Z", "1970-01-01T00:60:00Z",
+                "1970-01-01T00:00:00.Z", "1970-02-29T00:00:00Z", "0000-01-01T00:00:00Z",
+                "1970-01-01T00:00:00", "1970-01-01T00:00Z", "1970-01-01 00:00:00Z"):  # fmt: skip
+        with pytest.raises(ValidationFailed, match="since must be an RFC 3339 instant"):
+            parse_instant(bad, field="since")

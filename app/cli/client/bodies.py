@@ -334,14 +334,19 @@ def schedule_body(base: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> d
 
 
 # ``runs list --since/--until`` (docs/cli.md §3): what a user types for "when", and nothing
-# else. The API takes RFC 3339 instants with an offset only; each form becomes one.
-_AGO = re.compile(r"([0-9]{1,7})([smhd])")
+# else. The API takes RFC 3339 instants with an offset only; each other form becomes one in
+# UTC (``Z``): a local zone's offset may have seconds (Amsterdam's +00:19:32 before 1937),
+# which RFC 3339 cannot say.
+_AGO = re.compile(r"([0-9]+)([smhd])")
 _AGO_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_MAX_AGO_MS = 36_500 * _AGO_MS["d"]
+MAX_AGO_DAYS = 36_500
 _LOCAL_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _LOCAL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2})?")
+# The api's instant rule (_RFC3339 and rfc3339_ms in app/domain/validation.py, which the
+# client does not load; tests/unit/test_cli_client.py keeps the two equal).
 _INSTANT = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
 )
 TIME_FORMS = (
     "2h, 30m, 1d (that long ago), 2026-12-07 (local midnight), 2026-12-07 03:00 (local time) "
@@ -349,42 +354,75 @@ TIME_FORMS = (
 )
 
 
+def rfc3339_ms(text: str) -> int | None:
+    """The api's reading of an RFC 3339 instant (app/domain/validation.py), or None."""
+    match = _INSTANT.fullmatch(text)
+    if match is None:
+        return None
+    day_text, hour, minute, second, fraction, sign, off_hour, off_minute = match.groups()
+    try:
+        day = datetime.fromisoformat(day_text).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    h, m, s = int(hour), int(minute), int(second)
+    oh, om = int(off_hour or 0), int(off_minute or 0)
+    if h > 23 or m > 59 or s > 60 or oh > 23 or om > 59:
+        return None
+    ms = 999 if s == 60 else int(((fraction or "") + "000")[:3])
+    offset = (oh * 60 + om) * 60_000 * (-1 if sign == "-" else 1)
+    days = (day - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(days=1)
+    return days * 86_400_000 + ((h * 60 + m) * 60 + min(s, 59)) * 1000 + ms - offset
+
+
+def utc_instant(ms: int) -> str:
+    """Epoch milliseconds as an RFC 3339 instant in UTC, its milliseconds only when some."""
+    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    text = at.isoformat(timespec="milliseconds" if ms % 1000 else "seconds")
+    return text.replace("+00:00", "Z")
+
+
 def instant(text: str, *, flag: str, now_ms: int) -> tuple[str, int]:
     """A ``--since``/``--until`` value as (the RFC 3339 instant sent, its epoch ms).
 
-    ``N`` and ``s``, ``m``, ``h`` or ``d``: that long before ``now_ms``. A date, or a date
-    and ``HH:MM[:SS]`` (``T`` or a space between): local time, the zone the tables show;
-    one a clock change skips or repeats is refused, as it names no one instant. An RFC 3339
-    instant with an offset: as it is. Anything else is a usage error naming the forms.
+    ``N`` and ``s``, ``m``, ``h`` or ``d``: that long before ``now_ms``, at most 36500 days.
+    A date, or a date and ``HH:MM[:SS]`` (``T`` or a space between): local time, the zone
+    the tables show, from 0001-01-02 to 9999-12-30; one a clock change skips or repeats is
+    refused, as it names no one instant. The instant sent for these is in UTC. An RFC 3339
+    instant with an offset: as typed, read as the api reads it. Anything else is a usage
+    error naming the forms.
     """
     text = text.strip()
     if ago := _AGO.fullmatch(text):
-        ms = int(ago.group(1)) * _AGO_MS[ago.group(2)]
-        if ms > _MAX_AGO_MS:
-            raise usage(f"{flag} {safe(text)}: at most 36500d ago")
-        at = datetime.fromtimestamp((now_ms - ms) / 1000, tz=UTC).astimezone()
-        return at.isoformat(timespec="milliseconds"), now_ms - ms
-    try:
-        if _INSTANT.fullmatch(text):
-            head, dot, rest = text.upper().partition(".")
-            if dot:  # fromisoformat takes 3 or 6 fraction digits: keep the milliseconds
-                digits = re.match(r"[0-9]+", rest)
-                assert digits is not None
-                head = f"{head}.{(digits.group() + '00')[:3]}{rest[digits.end() :]}"
-            at = datetime.fromisoformat(head.replace("Z", "+00:00"))
-            return text, _epoch_ms(at)
-        if _LOCAL_DATE.fullmatch(text) or _LOCAL_TIME.fullmatch(text):
+        digits, unit = ago.groups()
+        # Compared by length first: int() of thousands of digits is refused, or slow.
+        if len(digits.lstrip("0")) > 12 or int(digits) * _AGO_MS[unit] > MAX_AGO_DAYS * 86_400_000:
+            raise usage(f"{flag} {safe(text)}: at most {MAX_AGO_DAYS}d ago (100 years)")
+        ago_ms = now_ms - int(digits) * _AGO_MS[unit]
+        return utc_instant(ago_ms), ago_ms
+    if (at_ms := rfc3339_ms(text)) is not None:
+        return text, at_ms  # as typed: its offset is in minutes, which the api takes
+    if _LOCAL_DATE.fullmatch(text) or _LOCAL_TIME.fullmatch(text):
+        try:
             wall = datetime.fromisoformat(text.replace(" ", "T"))
+        except ValueError:  # a month 13, a Feb 30, an hour 24
+            raise usage(f"{flag} {safe(text)}: not a time; give {TIME_FORMS}") from None
+        try:
             at, again = wall.replace(fold=0).astimezone(), wall.replace(fold=1).astimezone()
-            if at != again or at.replace(tzinfo=None) != wall:
-                raise usage(
-                    f"{flag} {safe(text)}: a clock change skips or repeats that local time; "
-                    "give the instant with its offset (2026-12-07T03:00:00+08:00)"
-                )
-            return at.isoformat(timespec="seconds"), _epoch_ms(at)
-    except (ValueError, OverflowError, OSError):  # a month 13, a year 0
-        pass
+        except (ValueError, OverflowError, OSError):  # the first or last day of year 1..9999
+            raise usage(f"{flag} {safe(text)}: {_YEARS}") from None
+        if at != again or at.replace(tzinfo=None) != wall:
+            raise usage(
+                f"{flag} {safe(text)}: a clock change skips or repeats that local time; "
+                "give the instant with its offset (2026-12-07T03:00:00+08:00)"
+            )
+        return utc_instant(_epoch_ms(at)), _epoch_ms(at)
     raise usage(f"{flag} {safe(text)}: not a time; give {TIME_FORMS}")
+
+
+_YEARS = (
+    "out of range: give a local date or time from 0001-01-02 to 9999-12-30 (a day either "
+    "side could be outside the years 1 to 9999 in UTC), or an instant with its offset"
+)
 
 
 def _epoch_ms(at: datetime) -> int:
