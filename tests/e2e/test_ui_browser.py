@@ -17,9 +17,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -61,10 +63,14 @@ class Site:
             method, f"{self.served.base_url}{path}", headers=self.served.auth, **kw
         )
 
-    def page(self, *, locale: str = "en-US", width: int = 1280) -> Any:
+    def page(
+        self, *, locale: str = "en-US", width: int = 1280, timezone_id: str | None = None
+    ) -> Any:
+        """A page in a new context; ``timezone_id`` its zone (else this machine's, UTC)."""
         context = self.browser.new_context(
-            viewport={"width": width, "height": 800}, locale=locale, accept_downloads=True
-        )
+            viewport={"width": width, "height": 800}, locale=locale, accept_downloads=True,
+            timezone_id=timezone_id,
+        )  # fmt: skip
         context.set_default_timeout(WAIT_MS)
         page = context.new_page()
         page.errors = []
@@ -1152,7 +1158,8 @@ def _the_runs_page_filters_by_schedule_and_by_a_window_of_created_time(site: Sit
     wait_until("a run of schedule ui-window", fired, 20)
     assert site.api("POST", "/api/v1/schedules/ui-window/pause").status_code == 200
     fired()  # every run it started before the pause
-    page = site.page()
+    # In Berlin, not this machine's UTC: the local time typed is not the instant sent.
+    page = site.page(timezone_id="Europe/Berlin")
     site.sign_in(page, path="schedules/ui-window")
     page.click("#schedule-runs")
     page.wait_for_url(re.compile(r"#/runs\?schedule=ui-window$"))
@@ -1164,14 +1171,51 @@ def _the_runs_page_filters_by_schedule_and_by_a_window_of_created_time(site: Sit
     page.fill("#filter-since", page.evaluate(_LOCAL_IN, 5))
     page.fill("#filter-until", page.evaluate(_LOCAL_IN, -5))
     page.click("form.filters button[type=submit]")
-    page.wait_for_selector("#filter-window-error:visible")
+    said = page.wait_for_selector("#filter-error:visible").inner_text()
+    assert said == "“Created from” must be earlier than “Created before”."
+    assert page.url.endswith("#/runs?schedule=ui-window")
+    # A time half typed has no value (validity.badInput): said, never listed unfiltered. So
+    # is a local time the clock skips (Berlin's 02:00 to 03:00 on 2026-03-29).
+    page.fill("#filter-until", "")
+    page.fill("#filter-since", "")
+    page.focus("#filter-since")
+    page.keyboard.type("12312030")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_function(
+        "() => document.getElementById('filter-error').textContent.startsWith('“Created from” is not')"
+    )
+    assert page.url.endswith("#/runs?schedule=ui-window")
+    assert page.get_attribute("#filter-since", "aria-invalid") == "true"
+    page.fill("#filter-since", "")
+    site.visit_by(page, lambda: page.click("form.filters button[type=submit]"))  # cleared
+    assert not page.is_visible("#filter-error")
+    page.fill("#filter-until", "10000-01-01T00:00")  # a year past 9999
+    page.click("form.filters button[type=submit]")
+    page.wait_for_function(
+        "() => document.getElementById('filter-error').textContent.startsWith('“Created before” is not')"
+    )
+    assert page.url.endswith("#/runs?schedule=ui-window")
+    page.fill("#filter-until", "2026-03-29T02:30:00")
+    page.fill("#filter-since", "")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_function(
+        "() => document.getElementById('filter-error').textContent.includes('the clock skips')"
+    )
     assert page.url.endswith("#/runs?schedule=ui-window")
     # From five minutes ahead: nothing yet. The address holds the instant, in UTC.
     page.fill("#filter-until", "")
+    ahead = page.evaluate(_LOCAL_IN, 5)
+    page.fill("#filter-since", ahead)
     site.visit_by(page, lambda: page.click("form.filters button[type=submit]"))
-    assert re.search(r"since=\d{4}-\d\d-\d\dT\d\d%3A\d\d%3A\d\d\.000Z$", page.url), page.url
+    utc = datetime.fromisoformat(ahead).replace(tzinfo=ZoneInfo("Europe/Berlin")).astimezone(UTC)
+    assert page.url.endswith(utc.strftime("since=%Y-%m-%dT%H%%3A%M%%3A%S.000Z")), page.url
     assert page.locator("text=No runs match.").is_visible()
-    assert not page.is_visible("#filter-window-error")
+    assert not page.is_visible("#filter-error")
+    # A window from a link keeps its milliseconds when another filter changes.
+    site.visit(page, "runs?schedule=ui-window&since=2000-01-01T00%3A00%3A00.750Z")
+    page.select_option("#filter-status", "succeeded")
+    site.visit_by(page, lambda: page.click("form.filters button[type=submit]"))
+    assert "since=2000-01-01T00%3A00%3A00.750Z" in page.url, page.url
     # Up to five minutes ahead: every run it started.
     page.fill("#filter-since", "")
     page.fill("#filter-until", page.evaluate(_LOCAL_IN, 5))
@@ -1180,6 +1224,13 @@ def _the_runs_page_filters_by_schedule_and_by_a_window_of_created_time(site: Sit
     shown = page.eval_on_selector_all("tbody tr[data-run]", "rs => rs.map((r) => r.dataset.run)")
     assert shown == started
     site.shot(page, "runs-filtered")
+    # The filter bar's labels line up: its controls are one height, in rows of columns.
+    tops = page.eval_on_selector_all(
+        "form.runs-filters .field > :is(input, select)",
+        "es => es.map((e) => [e.getBoundingClientRect().top, e.getBoundingClientRect().height])",
+    )
+    assert [t[1] for t in tops] == [tops[0][1]] * 5 and tops[0][0] == tops[1][0] == tops[2][0], tops
+    assert tops[3][0] == tops[4][0], tops
     assert page.errors == []
     page.context.close()
     assert site.api("DELETE", "/api/v1/schedules/ui-window").is_success

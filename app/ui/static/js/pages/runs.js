@@ -26,13 +26,32 @@ export function runsPage(view, { params, signal, ready }) {
   const scheduleInput = h('input', { id: 'filter-schedule', name: 'schedule', value: schedule, autocomplete: 'off', spellcheck: 'false', placeholder: t('runs.any_schedule') });
   const sinceInput = h('input', { id: 'filter-since', name: 'since', type: 'datetime-local', step: '1', value: localInput(since) });
   const untilInput = h('input', { id: 'filter-until', name: 'until', type: 'datetime-local', step: '1', value: localInput(until) });
-  const windowProblem = h('p', { class: 'form-error', id: 'filter-window-error', role: 'alert', hidden: true }, t('runs.err_window'));
-  const filters = h('form', { class: 'filters', role: 'search', on: { submit: (ev) => {
+  const formProblem = h('p', { class: 'form-error', id: 'filter-error', role: 'alert', hidden: true });
+  // novalidate: the browser's own check would stop a half-typed time with a bubble of its
+  // own words; the form says what is wrong itself, as it does for the window.
+  const filters = h('form', { class: 'filters runs-filters', role: 'search', novalidate: true, on: { submit: (ev) => {
     ev.preventDefault();
-    const from = instant(sinceInput.value);
-    const to = instant(untilInput.value);
-    windowProblem.hidden = !(from && to && Date.parse(from) >= Date.parse(to));
-    if (!windowProblem.hidden) { sinceInput.focus(); return; }
+    // A field the user did not change keeps the address's instant as it is (its
+    // milliseconds too: the field shows whole seconds only).
+    const kept = (input, was) => (input.value && seconds(input.value) === localInput(was) ? was : instant(input.value));
+    const from = kept(sinceInput, since);
+    const to = kept(untilInput, until);
+    const refuse = (input, key) => {
+      formProblem.textContent = t(key, { field: t(input === sinceInput ? 'runs.filter_since' : 'runs.filter_until') });
+      formProblem.hidden = false;
+      input.setAttribute('aria-invalid', 'true');
+      input.focus();
+    };
+    sinceInput.removeAttribute('aria-invalid');
+    untilInput.removeAttribute('aria-invalid');
+    formProblem.hidden = true;
+    // Never list unfiltered what the user meant to filter: a field left half typed (or a
+    // year past 9999) has no value but says so in validity.badInput.
+    for (const [input, at] of [[sinceInput, from], [untilInput, to]]) {
+      if (at === null || input.validity.badInput) { refuse(input, 'runs.err_time'); return; }
+      if (at === SKIPPED) { refuse(input, 'runs.err_skipped'); return; }
+    }
+    if (from && to && Date.parse(from) >= Date.parse(to)) { refuse(sinceInput, 'runs.err_window'); return; }
     go('runs', { task: taskInput.value.trim(), status: statusSelect.value, schedule: scheduleInput.value.trim(), since: from, until: to });
   } } },
     h('div', { class: 'field' }, h('label', { for: 'filter-task' }, t('runs.filter_task')), taskInput),
@@ -42,7 +61,7 @@ export function runsPage(view, { params, signal, ready }) {
     h('div', { class: 'field' }, h('label', { for: 'filter-until' }, t('runs.filter_until')), untilInput),
     h('div', { class: 'field actions' }, h('button', { type: 'submit' }, t('runs.apply')),
       task || status || schedule || since || until ? h('a', { href: '#/runs', class: 'button secondary' }, t('runs.clear')) : null),
-    windowProblem);
+    formProblem);
   const body = h('tbody', {}, loadingRow(6));
   const table = h('div', { class: 'table-wrap' }, h('table', { class: 'runs' },
     h('caption', { class: 'sr-only' }, t('runs.title')),
@@ -130,12 +149,24 @@ export function runsPage(view, { params, signal, ready }) {
   every(POLL_MS, signal, async () => { await first(); await refreshOlder(); });
 }
 
-/** A datetime-local input's value (local time, to the second) as an RFC 3339 instant; ''
- *  for none. A local time a clock change repeats is its first instant, the browser's. */
+const SKIPPED = Symbol('a local time a clock change skips');
+
+/** A datetime-local input's value (local time, to the second) as an RFC 3339 instant: ''
+ *  for none, null for one that is not a time the API takes (a year past 9999), SKIPPED for
+ *  a local time a clock change skips (the browser would move it an hour on). A local time
+ *  a clock change repeats is its first instant, the browser's. */
 function instant(local) {
   if (!local) return '';
   const at = new Date(local);
-  return Number.isNaN(at.getTime()) ? '' : at.toISOString();
+  if (Number.isNaN(at.getTime())) return null;
+  const iso = at.toISOString();
+  if (!/^\d{4}-/.test(iso) || iso.startsWith('0000-')) return null;
+  return localInput(iso) === seconds(local) ? iso : SKIPPED;
+}
+
+/** A datetime-local value with its seconds: the browser leaves out ":00". */
+function seconds(local) {
+  return local.length === 16 ? `${local}:00` : local;
 }
 
 /** An instant from the address as a datetime-local value in this browser's zone ('' for
@@ -144,5 +175,5 @@ function localInput(rfc3339) {
   const at = new Date(rfc3339);
   if (!rfc3339 || Number.isNaN(at.getTime())) return '';
   const pad = (n) => String(n).padStart(2, '0');
-  return `${at.getFullYear()}-${pad(at.getMonth() + 1)}-${pad(at.getDate())}T${pad(at.getHours())}:${pad(at.getMinutes())}:${pad(at.getSeconds())}`;
+  return `${String(at.getFullYear()).padStart(4, '0')}-${pad(at.getMonth() + 1)}-${pad(at.getDate())}T${pad(at.getHours())}:${pad(at.getMinutes())}:${pad(at.getSeconds())}`;
 }
