@@ -9,12 +9,15 @@ One hook for every JSON route: each router uses ``StrictJSONRoute`` as its route
 hands FastAPI a request whose ``json()`` parses with ``object_pairs_hook``. FastAPI parses the
 body exactly once, as before; only the hook runs in addition (one ``dict()`` per object).
 A write route without a body (cancel, rerun, pause, a DELETE) refuses one (422): it would
-be ignored. Read routes without a body keep FastAPI's own handler untouched.
+be ignored. Read routes without a body keep FastAPI's own handler, behind one check of the
+query: a parameter named twice is refused (422 ``VALIDATION_FAILED``), for the same reason as
+a key twice in a body.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -64,10 +67,40 @@ class _StrictRequest(Request):
         return loads_strict(await self.body())
 
 
+_QUERY_NAME = re.compile(r"[a-z_]{1,32}")
+
+
+def _repeated(request: Request) -> str | None:
+    """The first query parameter given more than once (``a parameter`` for a name that is
+    not one of ours, which is not echoed), or None."""
+    if not request.scope.get("query_string"):
+        return None
+    query = request.query_params
+    if len(query) == len(query.multi_items()):  # len() counts each name once
+        return None
+    name = next(k for k in query if len(query.getlist(k)) > 1)
+    return name if _QUERY_NAME.fullmatch(name) else "a parameter"
+
+
 class StrictJSONRoute(APIRoute):
-    """An ``APIRoute`` whose JSON body is parsed by ``loads_strict``."""
+    """An ``APIRoute`` whose JSON body is parsed by ``loads_strict``, and whose query names
+    each parameter once: ``since=A&since=B`` is as ambiguous as a JSON key given twice (this
+    framework keeps the last, other readers the first), so it is refused (422)."""
 
     def get_route_handler(self) -> Handler:
+        handler = self._body_handler()
+
+        async def once_each_handler(request: Request) -> Response:
+            if (name := _repeated(request)) is not None:
+                raise ApiProblem(
+                    422, VALIDATION_FAILED,
+                    f"the query names {name} more than once; give each parameter once",
+                )  # fmt: skip
+            return await handler(request)
+
+        return once_each_handler
+
+    def _body_handler(self) -> Handler:
         handler = super().get_route_handler()
         if self.body_field is None:
             if not (self.methods or set()) & _WRITES:

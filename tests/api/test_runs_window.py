@@ -148,3 +148,13 @@ def test_a_bad_window_or_schedule_is_a_clear_422(client: Client, admin: dict[str
         client.get("/api/v1/runs", params={"schedule": "Night ly"}, headers=admin),
         422, "INVALID_NAME",
     )  # fmt: skip
+    # A parameter twice is refused, as a JSON key twice is: readers differ on which counts.
+    for query, name in (("since=2026-12-07T03:00:00Z&since=2026-12-07T04:00:00Z", "since"),
+                        ("task=a&limit=1&task=b", "task"), ("x%2Dy=1&x-y=2", "a parameter")):  # fmt: skip
+        for path in ("/api/v1/runs", "/api/v1/schedules"):
+            body = assert_problem(
+                client.get(f"{path}?{query}", headers=admin), 422, "VALIDATION_FAILED"
+            )
+            assert body["detail"] == (
+                f"the query names {name} more than once; give each parameter once"
+            ), body
