@@ -223,8 +223,7 @@ def merge_environment(
 # far more (a date alone, no offset, a space, week dates) and less (a leap second, a fraction
 # of 10 digits), so the shape is matched here and each part checked as RFC 3339 says: an
 # hour to 23, a minute to 59, a second to 60 (a leap second), an offset to 23:59. The CLI
-# keeps a copy (app/cli/client/bodies.py, which does not load this module; a unit test keeps
-# the two equal).
+# client reads a --since or --until instant with this function too.
 _RFC3339 = re.compile(
     r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
     r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"

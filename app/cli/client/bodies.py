@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.cli.client.api import EXIT_USAGE, ClientError
 from app.cli.client.render import safe
+from app.domain.validation import rfc3339_ms  # the api's own reading of an instant
 
 # docs/api.md §1: env keys; a secret's derived key must be one too.
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -342,36 +343,10 @@ _AGO_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 MAX_AGO_DAYS = 36_500
 _LOCAL_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _LOCAL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2})?")
-# The api's instant rule (_RFC3339 and rfc3339_ms in app/domain/validation.py, which the
-# client does not load; tests/unit/test_cli_client.py keeps the two equal).
-_INSTANT = re.compile(
-    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
-    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
-)
 TIME_FORMS = (
     "2h, 30m, 1d (that long ago), 2026-12-07 (local midnight), 2026-12-07 03:00 (local time) "
     "or an instant with an offset (2026-12-07T03:00:00+08:00)"
 )
-
-
-def rfc3339_ms(text: str) -> int | None:
-    """The api's reading of an RFC 3339 instant (app/domain/validation.py), or None."""
-    match = _INSTANT.fullmatch(text)
-    if match is None:
-        return None
-    day_text, hour, minute, second, fraction, sign, off_hour, off_minute = match.groups()
-    try:
-        day = datetime.fromisoformat(day_text).replace(tzinfo=UTC)
-    except ValueError:
-        return None
-    h, m, s = int(hour), int(minute), int(second)
-    oh, om = int(off_hour or 0), int(off_minute or 0)
-    if h > 23 or m > 59 or s > 60 or oh > 23 or om > 59:
-        return None
-    ms = 999 if s == 60 else int(((fraction or "") + "000")[:3])
-    offset = (oh * 60 + om) * 60_000 * (-1 if sign == "-" else 1)
-    days = (day - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(days=1)
-    return days * 86_400_000 + ((h * 60 + m) * 60 + min(s, 59)) * 1000 + ms - offset
 
 
 def utc_instant(ms: int) -> str:
