@@ -252,8 +252,9 @@ class LogOut(BaseModel):
         default=None,
         description="the log's byte offset where the dropped bytes were cut out: the log "
         "holds the output before it and, after it, the output's last bytes (equal to bytes "
-        "when nothing follows); known once the attempt ended, null when nothing was dropped "
-        "or for an attempt recorded before this field existed",
+        "when the log's end is not the output's end: a write failed); known once the "
+        "attempt ended, null when nothing was dropped or for an attempt recorded before this "
+        "field existed",
     )
     expired: bool = Field(
         default=False,

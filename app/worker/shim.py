@@ -904,7 +904,7 @@ class _Drain:
             full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
             self.reason = "disk_full" if full else "write_error"
         self.used += written
-        if written < len(data) and self.gap_at is None:
+        if written < len(data):  # the log's end is not the output's end: the gap is there
             self.gap_at = self.used
         self.dropped += len(data) - written
         return written
@@ -945,7 +945,10 @@ class _Drain:
         """After the job ended: append the ring (the output's last bytes) after the head.
 
         The bytes the ring lost are dropped at the head's end (``gap_at``). A write that fails
-        here stops like any other: the log ends where it stopped and the reason says why.
+        here stops like any other: the log ends where it stopped, the reason says why, and
+        ``gap_at`` moves to the log's end, since what the log ends with is no longer the
+        output's end (after a ring that went round, its bytes past the head are from the
+        middle of the output).
         """
         if self.ring is None:
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -37,9 +38,19 @@ from tests.integration.kit import (
 )
 
 
-def launch(spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
-    """Start the shim exactly as the worker does; return the parsed status line."""
+def launch(
+    spec: dict[str, Any] | bytes, launched: Launched, *, file_size_limit: int | None = None
+) -> dict[str, Any]:
+    """Start the shim exactly as the worker does; return the parsed status line.
+    ``file_size_limit``: the shim's files may not grow past it (RLIMIT_FSIZE, writes past it
+    fail EFBIG rather than raise SIGXFSZ)."""
     payload = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
+
+    def limit_file_size() -> None:
+        assert file_size_limit is not None
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an ignored signal stays so in exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, resource.RLIM_INFINITY))
+
     proc = subprocess.Popen(
         shim_argv(shim_path=SHIM),
         stdin=subprocess.PIPE,
@@ -48,6 +59,7 @@ def launch(spec: dict[str, Any] | bytes, launched: Launched) -> dict[str, Any]:
         close_fds=True,
         start_new_session=True,
         env={},
+        preexec_fn=None if file_size_limit is None else limit_file_size,
     )
     assert proc.stdin is not None and proc.stdout is not None
     try:
@@ -127,6 +139,30 @@ def test_a_log_over_its_quota_keeps_its_head_and_its_tail(
     assert fact_path.read_bytes() == (
         b'{"droppedBytes":%d,"gapAt":%d,"quotaBytes":%d,"reason":"quota","schemaVersion":1}'
         % (len(output) - quota, quota - tail, quota)
+    )
+
+
+def test_a_tail_the_log_takes_only_part_of_is_not_said_to_be_the_outputs_end(
+    tmp_path: Path, launched: Launched
+) -> None:
+    """The ring went round, then the tail's write stops 50 bytes in (EFBIG): the log's last
+    bytes are from the middle of the output, so the gap is its end; every byte counted."""
+    quota, lines = 100_000, 200_000
+    head, tail = quota - quota // 4, quota // 4
+    spec = make_spec(
+        tmp_path, ["/bin/sh", "-c", f"seq 1 {lines}; exit 7"], log_quota_bytes=quota
+    )
+    status = launch(spec, launched, file_size_limit=head + 50)
+    assert status["ok"] is True, status
+    wait_shim_done(status)
+    receipt = decode_receipt(receipt_path(spec).read_bytes())  # published all the same
+    assert receipt.exit_code == 7 and receipt.signal is None
+    output = b"".join(b"%d\n" % i for i in range(1, lines + 1))
+    log = Path(spec["log_path"]).read_bytes()
+    assert log == output[:head] + output[-tail:][:50]
+    assert Path(spec["log_path"] + ".truncated").read_bytes() == (
+        b'{"droppedBytes":%d,"gapAt":%d,"quotaBytes":%d,"reason":"write_error",'
+        b'"schemaVersion":1}' % (len(output) - len(log), len(log), quota)
     )
 
 

@@ -3,8 +3,11 @@ and the count of the bytes between, with chunks of every size against a small qu
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import resource
+import signal
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,49 @@ def test_a_tail_the_full_disk_refuses_is_counted_and_the_reason_says_so(tmp_path
                    tail_to="/dev/full")  # fmt: skip
     assert (tmp_path / "job.log").read_bytes() == output[:750]  # the head only
     assert (drain.dropped, drain.gap_at, drain.reason) == (len(output) - 750, 750, "disk_full")
+
+
+def _finish_under_file_size_limit(drain: shim._Drain, limit: int) -> tuple[int, int | None, str]:
+    """``drain.finish()`` in a forked child whose files may not grow past ``limit`` bytes
+    (RLIMIT_FSIZE: a write crossing it takes the bytes below it, the next one fails EFBIG);
+    the child's (dropped, gap_at, reason)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+            drain.finish()
+            os.write(write_fd, json.dumps([drain.dropped, drain.gap_at, drain.reason]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        raw = os.read(read_fd, 1000)
+    finally:
+        os.close(read_fd)
+        os.waitpid(pid, 0)
+    dropped, gap_at, reason = json.loads(raw)
+    return dropped, gap_at, reason
+
+
+def test_a_tail_refused_part_way_moves_the_gap_to_the_logs_end(tmp_path: Path) -> None:
+    # The ring went round: what the tail's write took is from the middle of the output, not
+    # its end, so the gap is said where the log ends (readers then say "truncated at").
+    output = b"".join(b"%d\n" % i for i in range(1, 800))  # 3,089 bytes
+    log = tmp_path / "job.log"
+    log.touch()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    read_fd, write_fd = os.pipe()
+    try:
+        drain = shim._Drain(fd, 1000)
+        for i in range(0, len(output), 100):
+            os.write(write_fd, output[i : i + 100])
+            assert drain.read_once(read_fd)
+        dropped, gap_at, reason = _finish_under_file_size_limit(drain, 800)
+    finally:
+        for each in (fd, read_fd, write_fd):
+            os.close(each)
+    kept = log.read_bytes()
+    assert kept == output[:750] + output[-250:][:50]  # the head, then the tail's oldest 50 bytes
+    assert (dropped, gap_at, reason) == (len(output) - 800, 800, "write_error")
