@@ -930,15 +930,18 @@ class _Drain:
     def _to_ring(self, data: memoryview) -> None:
         if self.ring is None:
             self.ring = bytearray(max(self.quota - self.used, 0))
-        ring, size, n = self.ring, len(self.ring), len(data)
+        size, n = len(self.ring), len(data)
         self.past += n
-        if n >= size:
-            ring[:] = data[n - size :]
-            self.ring_at = 0
-            return
-        first = min(n, size - self.ring_at)
-        ring[self.ring_at : self.ring_at + first] = data[:first]
-        ring[: n - first] = data[first:]
+        # Through a memoryview: a bytearray's own slice assignment copies ``data`` into a
+        # temporary bytearray first, which doubled the shim's memory for a chunk.
+        with memoryview(self.ring) as ring:
+            if n >= size:
+                ring[:] = data[n - size :]
+                self.ring_at = 0
+                return
+            first = min(n, size - self.ring_at)
+            ring[self.ring_at : self.ring_at + first] = data[:first]
+            ring[: n - first] = data[first:]
         self.ring_at = (self.ring_at + n) % size
 
     def finish(self) -> None:

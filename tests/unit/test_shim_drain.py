@@ -8,6 +8,7 @@ import os
 import random
 import resource
 import signal
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,31 @@ def test_a_tail_refused_part_way_moves_the_gap_to_the_logs_end(tmp_path: Path) -
     kept = log.read_bytes()
     assert kept == output[:750] + output[-250:][:50]  # the head, then the tail's oldest 50 bytes
     assert (dropped, gap_at, reason) == (len(output) - 800, 800, "write_error")
+
+
+def test_the_ring_takes_a_chunk_without_a_copy_of_it(tmp_path: Path) -> None:
+    # A bytearray's slice assignment from a memoryview copies it into a temporary bytearray
+    # first: a 64 KiB read past the head cost 64 KiB more of the shim's heap, held after.
+    log = tmp_path / "job.log"
+    log.touch()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    read_fd, write_fd = os.pipe()
+    chunk = bytes(shim.READ_CHUNK)
+    try:
+        drain = shim._Drain(fd, 1 << 20)  # its ring: 64 KiB
+        for _ in range(16):  # the head (1 MiB less 64 KiB), then the ring's first chunk
+            os.write(write_fd, chunk)
+            assert drain.read_once(read_fd)
+        assert drain.past == len(chunk)  # the ring was allocated and took one chunk
+        os.write(write_fd, chunk)
+        tracemalloc.start()
+        try:
+            assert drain.read_once(read_fd)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    finally:
+        for each in (fd, read_fd, write_fd):
+            os.close(each)
+    assert drain.past == 2 * len(chunk)
+    assert peak < 4096, peak
