@@ -1155,6 +1155,30 @@ def test_a_log_that_kept_its_tail_says_where_the_gap_is(
     ) in render.run_fields(shown, tz=UTC)
 
 
+def test_a_running_log_past_its_head_says_what_it_keeps_not_that_0_bytes_were_dropped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # While the job runs the api says truncated once the head is full; the count, the
+    # reason and the gap come when it ends.
+    answers = _ended_log(["line 1\nline 2\n"], follow=False)
+    running = answers[("GET", "/api/v1/runs/r1")].json() | {"status": "running"}
+    log = {"bytes": 14, "truncated": True, "dropped_bytes": 0, "truncation_reason": None}
+    running["latest_attempt"] |= {"status": "running", "exit_code": None, "log": log}
+    answers[("GET", "/api/v1/runs/r1")] = httpx.Response(200, json=running)
+    flags = ["--url", "http://api.test", "--token", "ql_t"]
+    code, _ = _recording_main(monkeypatch, answers, "runs", "logs", "r1", *flags)
+    out, err = capsys.readouterr()
+    assert (code, out) == (0, "line 1\nline 2\n")
+    assert err == (
+        "log holds the output's first 14 bytes: of the output past them only the last bytes "
+        "are kept, added when the job ends\n"
+    )
+    assert (
+        "log:      14 bytes, the output's first: of the output past them only the last bytes "
+        "are kept, added when the job ends"
+    ) in render.run_fields(running, tz=UTC)
+
+
 def test_runs_list_of_a_task_that_does_not_exist_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

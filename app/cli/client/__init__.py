@@ -55,7 +55,7 @@ RUN_STATUSES = (
     "timed_out",
     "lost",
 )
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
+TERMINAL = render.ENDED
 POLL_S = 0.25
 EXIT_BROKEN_PIPE = 141
 EXIT_OUTPUT_FAILED = 74  # sysexits' EX_IOERR, as the service's 75 and 76 are theirs
@@ -749,15 +749,18 @@ def _say_if_truncated(client: Client, run: dict[str, Any], number: int) -> None:
     bytes went missing, mid-line perhaps, and whether what follows is the output's end
     (a log over its quota keeps its last bytes after the gap) or nothing."""
     try:
-        log = (_attempt(client, run, number) or {}).get("log") or {}
+        attempt = _attempt(client, run, number) or {}
     except ClientError:
         return  # the run was read; its attempts were not (gone since, a scope): say nothing
+    log = attempt.get("log") or {}
     if not log.get("truncated"):
         return
     size, dropped = log.get("bytes", 0), log.get("dropped_bytes", 0)
     reason = render.safe(log.get("truncation_reason") or "quota")
     gap = render.gap_of(log)
-    if gap is None:
+    if render.head_only(attempt):  # the job runs on: nothing is counted before it ends
+        said = f"log holds the output's first {size} bytes: {render.HEAD_ONLY}"
+    elif gap is None:
         said = f"log truncated at {size} bytes: {dropped} more bytes dropped ({reason})"
     else:
         said = (

@@ -14,7 +14,8 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 _ELLIPSIS = "…"
-
+# An attempt's (and a run's) endings (docs/api.md §6).
+ENDED = frozenset({"succeeded", "failed", "cancelled", "timed_out", "lost"})
 
 
 def gap_of(log: dict[str, Any]) -> int | None:
@@ -23,6 +24,19 @@ def gap_of(log: dict[str, Any]) -> int | None:
     gap, size = log.get("dropped_at"), log.get("bytes", 0)
     ok = type(gap) is int and type(size) is int and 0 <= gap < size
     return gap if ok else None
+
+
+def head_only(attempt: Mapping[str, Any]) -> bool:
+    """A log said truncated while its job still runs, nothing counted yet: it holds the
+    output's head, and of the output past it the shim keeps only the last bytes, added when
+    the job ends; the count of the dropped ones comes then (docs/disk-full-and-readiness.md)."""
+    log = attempt.get("log") or {}
+    running = attempt.get("status") not in ENDED
+    return bool(log.get("truncated")) and running and not log.get("dropped_bytes")
+
+
+HEAD_ONLY = "of the output past them only the last bytes are kept, added when the job ends"
+
 
 def safe(text: object) -> str:
     """``text`` with every control or format character shown as ``\\xNN`` / ``\\uNNNN``."""
@@ -300,7 +314,9 @@ def run_fields(
                 "with --leftovers keep lets them live)"
             )))  # fmt: skip
         size = f"{log.get('bytes', 0)} bytes"
-        if log.get("truncated"):
+        if head_only(attempt):
+            size += f", the output's first: {HEAD_ONLY}"
+        elif log.get("truncated"):
             reason = log.get("truncation_reason") or "quota"
             gap, dropped = gap_of(log), log.get("dropped_bytes", 0)
             if gap is None:
