@@ -150,6 +150,7 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
         "echo line 3; echo line 4; echo line 5",
     )
     put_task(served, "sleeper", "exec sleep 300")
+    put_task(served, "chatty", f"head -c {64 * 1024 * 1024} /dev/zero; exec sleep 300")
     put_task(served, "xss", f"echo '{XSS}'")
     put_task(served, "overlap", "sleep 2")
     finished = enqueue(served, "hello")
@@ -372,6 +373,33 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     _badge(page, "cancelled")
     page.wait_for_selector("#rerun:focus")
     assert page.errors == []
+
+
+def _a_running_log_past_its_head_says_what_it_keeps_not_0_bytes_dropped(site: Site) -> None:
+    # Past its head (the 64 MiB quota less 64 KiB) the job runs on: what is dropped is only
+    # counted when it ends, so the page says what the log keeps, not "0 B dropped".
+    run_id = enqueue(site.served, "chatty")
+
+    def past_its_head() -> bool:
+        attempt = get_run(site.served, run_id)["latest_attempt"] or {}
+        return bool((attempt.get("log") or {}).get("truncated"))
+
+    wait_until("the log past its head", past_its_head, 30)
+    for locale, said, not_said in (
+        ("en-US", "The log holds the output's first 63.9 MiB. Of the output past", "dropped"),
+        ("zh-CN", "日志保存了输出的前 63.9 MiB。此后的输出只保留最后的部分", "丢弃"),
+    ):
+        page = site.page(locale=locale)
+        # The log box is not checked here: 64 MiB streamed into it would only cost time.
+        page.route("**/attempts/*/log*", lambda route: route.abort())
+        site.sign_in(page, path=f"runs/{run_id}")
+        page.locator(".truncation", has_text=said).wait_for()
+        assert not_said not in page.inner_text(".truncation")
+        if locale == "en-US":
+            site.shot(page, "run-log-past-its-head")
+        page.context.close()
+    assert site.api("POST", f"/api/v1/runs/{run_id}/cancel").is_success
+    wait_status(site.served, run_id, {"cancelled"})
 
 
 def _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(
@@ -1517,6 +1545,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     """Issue 17's flows, in order; a failure names its flow in the traceback."""
     _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(site)
     _cancel_a_long_run_ends_cancelled(site)
+    _a_running_log_past_its_head_says_what_it_keeps_not_0_bytes_dropped(site)
     _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(site)
     _the_api_docs_page_runs_no_swagger_bytes_but_the_pinned_ones(site)
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)

@@ -344,7 +344,10 @@ export function runPage(view, { args: [runId], signal, ready }) {
   function drawTruncation() {
     const a = state.attempts.find((x) => x.number === state.followed);
     const lines = [];
-    if (a && a.log.truncated) {
+    if (a && a.log.truncated && !TERMINAL.has(a.status) && !a.log.dropped_bytes) {
+      // The job runs on past its head: what was dropped is counted only when it ends.
+      lines.push(t('run.truncated_running', { head: bytes(a.log.bytes) }));
+    } else if (a && a.log.truncated) {
       lines.push(t('run.truncated', {
         dropped: bytes(a.log.dropped_bytes),
         reason: a.log.truncation_reason && has(`truncation.${a.log.truncation_reason}`) ? t(`truncation.${a.log.truncation_reason}`) : t('truncation.unknown'),
