@@ -310,18 +310,33 @@ _LATEST_REVISION = (
 _ANY_REVISION = (
     select(task_revisions.c.revision).where(task_revisions.c.task == bindparam("task")).limit(1)
 )
+# The enqueue's reads on PostgreSQL: the task's advisory lock, shared, in the same statement
+# as the revision (no round trip of its own). The statement's snapshot may be older than the
+# lock (an archive that held it may have committed meanwhile): the enqueue's insert, a later
+# statement, reads the archive again (runs_repo.enqueue_in).
+_SHARED_TASK_LOCK = func.pg_advisory_xact_lock_shared(
+    func.hashtextextended(bindparam("lock_key"), 0)
+).label("task_lock")
+_REVISION_SHARED = _REVISION.add_columns(_SHARED_TASK_LOCK)
+_LATEST_REVISION_SHARED = _LATEST_REVISION.add_columns(_SHARED_TASK_LOCK)
 
 
 _TASK_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+
+
+def task_lock_key(task: str) -> str:
+    """The name of a task's advisory lock on PostgreSQL (``lock_task``)."""
+    return f"qinglong.task:{task}"
 
 
 def lock_task(conn: Connection, task: str) -> None:
     """Make the writes that depend on a task's archive one step across api processes: on
     PostgreSQL a transaction-scoped advisory lock on the task's name, taken by an archive,
     an unarchive, a new revision and a schedule that may fire (so none of them decides on a
-    state another is changing). SQLite's write transactions are serial already."""
+    state another is changing). An enqueue takes the same lock shared (``revision_row``
+    with ``share_lock``). SQLite's write transactions are serial already."""
     if conn.dialect.name == "postgresql":
-        conn.execute(_TASK_LOCK, {"key": f"qinglong.task:{task}"})
+        conn.execute(_TASK_LOCK, {"key": task_lock_key(task)})
 
 
 def _archived_at(conn: Connection, task: str) -> int | None:
@@ -346,19 +361,32 @@ def active_schedules_of(conn: Connection, task: str) -> list[str]:
 def refuse_archived(row: Row[Any], what: str) -> None:
     """Conflict TASK_ARCHIVED when the task of a row ``revision_row`` read is archived."""
     if row.task_archived_at_ms is not None:
-        raise Conflict(
-            ErrorCode.TASK_ARCHIVED,
-            f"task {row.task} is archived: {what}; unarchive it first",
-        )
+        raise archived_conflict(row.task, what)
+
+
+def archived_conflict(task: str, what: str) -> Conflict:
+    """The Conflict TASK_ARCHIVED for ``task``: ``what`` says what the archive refuses."""
+    return Conflict(ErrorCode.TASK_ARCHIVED, f"task {task} is archived: {what}; unarchive it first")
 
 
 def _select_revision(conn: Connection, task: str, revision: int) -> Row[Any] | None:
     return conn.execute(_REVISION, {"task": task, "revision": revision}).first()
 
 
-def revision_row(conn: Connection, task: str, revision: int | None) -> Row[Any]:
-    """The stored revision (the latest for None); NotFound TASK_NOT_FOUND/REVISION_NOT_FOUND."""
-    if revision is None:
+def revision_row(
+    conn: Connection, task: str, revision: int | None, *, share_lock: bool = False
+) -> Row[Any]:
+    """The stored revision (the latest for None); NotFound TASK_NOT_FOUND/REVISION_NOT_FOUND.
+
+    ``share_lock``: on PostgreSQL the same statement takes the task's lock shared, held to
+    the commit (``lock_task``), once the task has a revision."""
+    if share_lock and conn.dialect.name == "postgresql":
+        params = {"task": task, "lock_key": task_lock_key(task)}
+        if revision is None:
+            row = conn.execute(_LATEST_REVISION_SHARED, params).first()
+        else:
+            row = conn.execute(_REVISION_SHARED, params | {"revision": revision}).first()
+    elif revision is None:
         row = conn.execute(_LATEST_REVISION, {"task": task}).first()
     else:
         row = _select_revision(conn, task, revision)

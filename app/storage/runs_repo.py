@@ -58,7 +58,12 @@ from app.domain.states import (
     transition_run,
     transition_run_to_retry,
 )
-from app.storage.definitions_repo import refuse_archived, retry_of_body, revision_row
+from app.storage.definitions_repo import (
+    archived_conflict,
+    refuse_archived,
+    retry_of_body,
+    revision_row,
+)
 from app.storage.journal_repo import (
     consumed_move,
     mark_consumed_in,
@@ -82,6 +87,7 @@ from app.storage.tables import (
     idempotency_keys,
     run_events,
     runs,
+    task_archive,
     task_revisions,
 )
 from app.storage.uow import UnitOfWork
@@ -827,6 +833,17 @@ class ScheduleTrigger:
     slot_ms: int
 
 
+_NO_NEW_RUN = "it starts no new run"
+_COUNT_ARCHIVED = (
+    select(func.count())
+    .select_from(task_archive)
+    .where(
+        task_archive.c.task == bindparam("archived_task"),
+        task_archive.c.archived_at_ms.is_not(None),
+    )
+)
+
+
 def enqueue_in(
     conn: Connection,
     *,
@@ -851,8 +868,10 @@ def enqueue_in(
     queue lock comes right before the insert, whose one statement also counts the runs
     queued before it; on SQLite a count follows the insert.
     """
-    rev = revision_row(conn, task, revision)
-    refuse_archived(rev, "it starts no new run")  # TASK_ARCHIVED (docs/api.md §4)
+    # On PostgreSQL the read takes the task's lock shared: an archive (which takes it
+    # alone) commits before it or waits for this enqueue's commit (docs/api.md §4).
+    rev = revision_row(conn, task, revision, share_lock=True)
+    refuse_archived(rev, _NO_NEW_RUN)  # TASK_ARCHIVED (docs/api.md §4)
     run_id = uuid7(at)
     run_values: dict[str, Any] = {
         "id": run_id,
@@ -884,15 +903,20 @@ def enqueue_in(
         # One round trip instead of three (app/storage/one_step.py), and with a cap the
         # count in it: the lock first, held from here to the commit, so the statement's
         # snapshot sees every run queued before it (the count leaves out its own insert).
+        # The archive is read again in the insert: the read above may have waited for the
+        # task's lock while an archive committed, and its snapshot is older than that
+        # commit; this statement's is not.
         (row,) = _event_rows(run_id, 1, at, queued)
-        counts: Counts = {}
+        counts: Counts = {"archived": (_COUNT_ARCHIVED, {"archived_task": task})}
         if max_queued is not None:
             _lock(conn, _QUEUE_LOCK)
-            counts = {"queued": (COUNT_QUEUED, {})}
+            counts = {**counts, "queued": (COUNT_QUEUED, {})}
         counted = insert_run(
             conn, run_values=run_values, attempt_values=attempt_values, event_row=row,
             counts=counts,
         )  # fmt: skip
+        if counted["archived"]:  # the caller's transaction is rolled back, as for QueueFull
+            raise archived_conflict(task, _NO_NEW_RUN)
         if max_queued is not None and counted["queued"] + 1 > max_queued:
             raise QueueFull(max_queued)
     else:

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, insert
 from app.domain.errors import Conflict, ErrorCode
 from app.domain.model import ScheduleDefinition
 from app.storage.definitions_repo import lock_task
+from app.storage.runs_repo import RunRepository
 from app.storage.schedules_repo import ScheduleRepository
 from app.storage.tables import task_archive
 from app.storage.uow import UnitOfWork
@@ -48,3 +49,31 @@ def test_a_schedule_put_while_an_archive_commits_waits_for_it_and_is_refused(
     with pytest.raises(Conflict):  # and nothing was stored meanwhile
         ScheduleRepository(engine).put_schedule(name="tick", definition=definition, paused=False)
     assert ScheduleRepository(engine).list_schedules(limit=5, cursor=None).items == []
+
+
+def test_an_enqueue_while_an_archive_commits_waits_for_it_and_is_refused(engine: Engine) -> None:
+    define_task(engine, "job")
+    repo = RunRepository(engine)
+    outcome: list[BaseException | None] = []
+
+    def enqueue() -> None:
+        try:
+            repo.enqueue_run(task="job", revision=None, priority=None)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append(exc)
+
+    with UnitOfWork(engine) as uow:  # an archive's transaction, caught after its write
+        lock_task(uow.conn, "job")
+        uow.conn.execute(
+            insert(task_archive).values(task="job", archived_at_ms=1, version=1, updated_at_ms=1)
+        )
+        other = threading.Thread(target=enqueue)
+        other.start()
+        other.join(0.5)
+        assert other.is_alive(), outcome  # it waits for the archive: it has not decided yet
+        uow.commit()
+    other.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], Conflict), outcome
+    assert outcome[0].code == ErrorCode.TASK_ARCHIVED
+    assert repo.queued_count() == 0  # and no run was stored
