@@ -11,6 +11,7 @@ supervisor) either (tests/cli/test_cli_imports.py).
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import logging
 import os
@@ -196,8 +197,13 @@ def make_first_start_files(settings: Settings, *, key: bool = True) -> str | Non
         instance_id(settings.data_dir)
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
-        return f"cannot make {made} ({why}): free space in the data dir and start again"
+        if exc.errno in _NO_ROOM:
+            return f"cannot make {made} ({why}): free space in the data dir and start again"
+        return f"cannot make {made} ({why})"  # a loop, a read-only mount, a mode: said as is
     return None
+
+
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})  # what freeing space in the data dir cures
 
 
 def require_key_for_stored_secrets(settings: Settings) -> None:

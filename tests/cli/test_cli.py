@@ -288,6 +288,22 @@ def test_an_api_and_a_worker_first_started_on_a_full_disk_say_so_in_one_line(
         assert list(data.iterdir()) == [data / "api.lock"]  # no key, no id, no temp file
 
 
+def test_a_first_start_that_fails_for_another_reason_says_so_without_the_disk_advice(
+    tmp_path: Path,
+) -> None:
+    # Before: every OSError was told to free space in the data dir, a symlink loop too.
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    (data / "instance-id").symlink_to(data / "instance-id")
+    env = {"QL_DATABASE_URL": f"sqlite:///{tmp_path / 'q.db'}",
+           "QL_WORKER_SOCKET": str(tmp_path / "w.sock")}  # fmt: skip
+    done = ql("worker", data_dir=data, env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"qinglong: cannot make {data}/instance-id (Too many levels of symbolic links)"
+    ]
+
+
 def test_a_login_the_server_refuses_is_told_apart_from_a_server_that_is_down(
     tmp_path: Path,
 ) -> None:
