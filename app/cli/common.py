@@ -186,9 +186,13 @@ def make_first_start_files(settings: Settings, *, key: bool = True) -> str | Non
     ask before they start anything, so a first start on a full disk is one line rather than
     a traceback (in every uvicorn worker). Both files are linked into place whole, so a
     refusal leaves neither (docs/disk-full-and-readiness.md)."""
-    from app.storage.secret_crypto import KeyRing
-    from app.worker.instance import INSTANCE_FILE, instance_id
+    from app.storage.secret_crypto import KeyRing, sweep_key_temps
+    from app.worker.instance import INSTANCE_FILE, instance_id, sweep_instance_temps
 
+    # What a start killed between writing a temp file and removing it left behind.
+    if key:
+        sweep_key_temps(settings.key_file)
+    sweep_instance_temps(settings.data_dir)
     made = settings.key_file
     try:
         if key and not settings.secret_key:

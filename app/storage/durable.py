@@ -1,13 +1,18 @@
 """Directory changes that must survive a power cut: the fsync, and the no-replace move.
 
-Used by the receipt store (app/worker/receipts.py), the receipts audit (app/cli/receipts.py)
-and the secret key ring (app/storage/secret_crypto.py). The shim keeps its own copies: it
+Used by the receipt store (app/worker/receipts.py), the receipts audit (app/cli/receipts.py),
+the secret key ring (app/storage/secret_crypto.py) and the instance id
+(app/worker/instance.py). The shim keeps its own copies: it
 imports nothing from ``app``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import stat
+import time
 from pathlib import Path
 
 
@@ -37,3 +42,36 @@ def move_by_link(src: Path, dst: Path, src_stat: os.stat_result) -> bool:
     os.unlink(src)
     fsync_dir(src.parent)
     return True
+
+
+# A temp file younger than this may be a publish still under way (a concurrent first start
+# of the api and the worker): it is left for a later start.
+TEMP_SWEEP_AGE_S = 60.0
+
+
+def sweep_temps(path: Path, hex_chars: int) -> int:
+    """Remove what a publish of ``path`` killed before its ``unlink`` left: regular files
+    of this process's user in ``path``'s directory named exactly ``.<name>.<hex>.tmp``
+    (``hex_chars`` lowercase hex digits), older than ``TEMP_SWEEP_AGE_S``. Such a file is
+    a whole copy of what was being published (a key, an id), or a second name of it.
+    Best effort: one that cannot be removed stays. How many were removed."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{{hex_chars}}}\.tmp")
+    cutoff = time.time() - TEMP_SWEEP_AGE_S
+    removed = 0
+    try:
+        entries = os.scandir(path.parent)
+    except OSError:  # no directory yet (nothing to sweep), or none to read
+        return 0
+    with entries:
+        for entry in entries:
+            if not pattern.fullmatch(entry.name):
+                continue
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+    if removed:
+        with contextlib.suppress(OSError):
+            fsync_dir(path.parent)
+    return removed

@@ -30,7 +30,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from app.domain.errors import KeyUnavailable
-from app.storage.durable import fsync_dir
+from app.storage.durable import fsync_dir, sweep_temps
 from app.storage.private_files import not_private
 
 KEY_BYTES = 32
@@ -202,6 +202,15 @@ def _ring_text(keys: list[SecretKey]) -> bytes:
     return "".join(f"{k.id} {encode_key(k)}\n" for k in keys).encode("ascii")
 
 
+_TEMP_BYTES = 6  # of a temp file's random name part (``sweep_key_temps``)
+
+
+def sweep_key_temps(path: Path) -> int:
+    """Remove the temp files a killed write of the key file ``path`` left (a whole key
+    each, or a second name of the live one): ``sweep_temps``. Run at each start."""
+    return sweep_temps(path, 2 * _TEMP_BYTES)
+
+
 def _load_or_create(path: Path) -> list[SecretKey]:
     try:
         return _read_ring(path)
@@ -212,7 +221,7 @@ def _load_or_create(path: Path) -> list[SecretKey]:
     # Written whole under a temp name, then linked into place (never replacing): a file made
     # in place and refused its bytes (a full disk) stayed empty, and every later start was
     # refused "holds no key"; a concurrent first start could read it empty too.
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(_TEMP_BYTES)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         try:
@@ -231,7 +240,7 @@ def _load_or_create(path: Path) -> list[SecretKey]:
 
 
 def _write_ring(path: Path, keys: list[SecretKey]) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(_TEMP_BYTES)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, _ring_text(keys))

@@ -16,11 +16,20 @@ from pathlib import Path
 
 from app.domain.ids import is_uuid7, uuid7
 from app.domain.lease import Claimant, Lease
-from app.storage.durable import fsync_dir
+from app.storage.durable import fsync_dir, sweep_temps
 from app.worker.identity import current_boot_id, read_identity
 
 INSTANCE_FILE = "instance-id"
 _MAX_BYTES = 64
+
+
+_TEMP_BYTES = 8  # of a temp file's random name part (``sweep_instance_temps``)
+
+
+def sweep_instance_temps(data_dir: Path) -> int:
+    """Remove the temp files a publish of the instance id killed before its ``unlink``
+    left (``sweep_temps``). Run at each start."""
+    return sweep_temps(data_dir / INSTANCE_FILE, 2 * _TEMP_BYTES)
 
 
 def instance_id(data_dir: Path) -> str:
@@ -50,7 +59,7 @@ def _read(path: Path) -> str:
 
 
 def _publish(path: Path, value: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.urandom(8).hex()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.urandom(_TEMP_BYTES).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:

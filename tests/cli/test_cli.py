@@ -304,6 +304,35 @@ def test_a_first_start_that_fails_for_another_reason_says_so_without_the_disk_ad
     ]
 
 
+def test_a_start_sweeps_the_temp_files_a_killed_first_start_left(tmp_path: Path) -> None:
+    # Before: a first start killed between writing a temp file and linking it (or between
+    # linking and unlinking it) left a whole key, 0600, under a temp name forever.
+    from app.cli.common import make_first_start_files
+    from app.domain.profiles import EDGE
+    from app.settings import Settings
+    from app.storage.durable import TEMP_SWEEP_AGE_S
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    left = [data / ".secret.key.0123456789ab.tmp", data / ".instance-id.0123456789abcdef.tmp"]
+    kept = [
+        data / ".secret.key.0123456789ab.tmp.bak",  # not the exact name
+        data / ".secret.key.0123456789.tmp",
+        data / ".instance-id.0123456789abcdee.tmp",  # too young: a start under way
+    ]
+    old = time.time() - TEMP_SWEEP_AGE_S - 5
+    for path in left + kept:
+        path.write_text("x\n")
+        path.chmod(0o600)
+        if path != kept[-1]:
+            os.utime(path, (old, old))
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    settings = Settings(data_dir=data, database_url=url, profile=EDGE)
+    assert make_first_start_files(settings) is None
+    names = {p.name for p in data.iterdir()}
+    assert names == {"secret.key", "instance-id"} | {p.name for p in kept}
+
+
 def test_a_login_the_server_refuses_is_told_apart_from_a_server_that_is_down(
     tmp_path: Path,
 ) -> None:
