@@ -62,3 +62,19 @@ def test_archive_hides_a_task_from_the_list_refuses_runs_and_unarchive_undoes_it
     with pytest.raises(SystemExit) as usage:  # one or the other
         main(["tasks", "list", "--archived", "--all", *where])
     assert usage.value.code == 2
+
+
+def test_a_task_list_with_every_task_archived_points_at_the_archived_list(
+    app_and_admin: tuple[Settings, Client, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: "no tasks yet", as if none had ever been defined.
+    _settings, app, token = app_and_admin
+    where = _through(monkeypatch, app, token)
+    assert main(["tasks", "archive", "hello", *where]) == 0
+    capsys.readouterr()
+    assert main(["tasks", "list", *where]) == 0
+    assert capsys.readouterr().err == (
+        "no tasks listed: every task is archived (qinglong tasks list --archived)\n"
+    )

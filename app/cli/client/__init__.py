@@ -555,11 +555,13 @@ def _listing(
     table: Callable[[list[Any]], str],
     command: str,
     unknown: Callable[[], str] = lambda: "",
+    none_yet: Callable[[], str | None] = lambda: None,
     **filters: Any,
 ) -> int:
     """One page of a listing: with --json the page as the API answered it, else ``table`` of
     its items and, when there is more, the command that reads the next page (on stderr).
-    ``unknown``: for a first page that is empty, what the filters name that does not exist."""
+    ``unknown``: for a first page that is empty, what the filters name that does not exist;
+    ``none_yet``: for one with no filters, what to say instead of "no ... yet" (None: that)."""
     page = client.get(path, **filters, limit=args.limit, cursor=args.cursor)
     if args.json:
         _emit_json(page)
@@ -573,7 +575,7 @@ def _listing(
         elif any(v is not None for v in filters.values()):
             said = f"no {noun} match these filters{unknown()}"
         else:
-            said = f"no {noun} yet"
+            said = none_yet() or f"no {noun} yet"
         print(said, file=sys.stderr)
     if cursor := page.get("next_cursor"):
         # The --url given on the command line goes with it: the next page is of that server
@@ -1003,7 +1005,15 @@ def _next_attempt_line(
 def cmd_tasks_list(client: Client, args: argparse.Namespace) -> int:
     """One page of tasks: not archived ones, or with --archived / --all those too."""
     if args.archived is None:
-        return _listing(client, args, "/tasks", render.tasks_table, "tasks list")
+
+        def all_archived() -> str | None:  # one more request, only when the page is empty
+            if not client.get("/tasks", archived="only", limit=1)["items"]:
+                return None
+            return "no tasks listed: every task is archived (qinglong tasks list --archived)"
+
+        return _listing(
+            client, args, "/tasks", render.tasks_table, "tasks list", none_yet=all_archived
+        )
     flag = "--archived" if args.archived == "only" else "--all"
     return _listing(
         client, args, "/tasks", render.archived_tasks_table, f"tasks list {flag}",
