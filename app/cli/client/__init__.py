@@ -643,7 +643,8 @@ def cmd_runs_list(client: Client, args: argparse.Namespace) -> int:
         unknown=lambda: _no_such_task(client, args.task) or _no_such_schedule(
             client, args.schedule
         ),
-        task=args.task, status=args.status, schedule=args.schedule, **window,
+        none_yet=lambda: None, task=args.task, status=args.status, schedule=args.schedule,
+        **window,
     )  # fmt: skip
 
 
