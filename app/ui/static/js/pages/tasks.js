@@ -17,7 +17,7 @@ export function tasksPage(view, { params, signal, ready }) {
   const body = h('tbody', {}, loadingRow(3));
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t(archived ? 'tasks.empty_archived' : 'tasks.empty'));
-  const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
+  const more = loadMore(async (cursor) => add(await fetchPage(cursor), cursor), body);
   const other = archived
     ? h('a', { class: 'button secondary', id: 'show-current', href: '#/tasks' }, t('tasks.show_current'))
     : h('a', { class: 'button secondary', id: 'show-archived', href: '#/tasks?archived=only' }, t('tasks.show_archived'));
@@ -38,7 +38,7 @@ export function tasksPage(view, { params, signal, ready }) {
     return api.get(`${path('tasks')}${query({ archived: archived ? 'only' : null, limit: 50, cursor })}`, { scope: 'definitions:read', signal });
   }
   let refused = false; // a token without runs:read: one 403 says it for every row, every page
-  function add(page) {
+  function add(page, cursor) {
     settle(body);
     const cells = [];
     for (const item of page.items) {
@@ -51,7 +51,19 @@ export function tasksPage(view, { params, signal, ready }) {
     }
     lastRuns(cells);
     empty.hidden = body.rows.length > 0;
+    if (!archived && !cursor && body.rows.length === 0) allArchived();
     return page.next_cursor;
+  }
+  // An empty list may be one whose every task is archived: one more request, then, to say
+  // so and point at them rather than "No tasks yet".
+  async function allArchived() {
+    try {
+      const page = await api.get(`${path('tasks')}${query({ archived: 'only', limit: 1 })}`, { scope: 'definitions:read', signal });
+      if (page.items.length === 0) return;
+      put(empty, t('tasks.empty_all_archived'), ' ', h('a', { id: 'empty-show-archived', href: '#/tasks?archived=only' }, t('tasks.show_archived')));
+    } catch {
+      // the plain "No tasks yet" stays: the list itself answered
+    }
   }
   // Each task's newest run (GET /api/v1/runs?task=&limit=1), four at a time: what a person
   // asks first of a task list ("did last night's backup work?"). A token without runs:read
@@ -266,7 +278,7 @@ function archiveControls(task, result, drawn) {
   const keep = h('button', { type: 'button', class: 'secondary', on: { click: () => close() } }, t('secrets.keep'));
   const yes = h('button', { type: 'button', class: 'danger', id: 'archive-yes', on: { click: () => act('archive') } }, t('tasks.confirm_archive'));
   const question = h('p', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'archive-question', hidden: true, on: { keydown: onEscape(() => close()) } },
-    h('span', { id: 'archive-question' }, t('tasks.archive_question')), ' ', yes, ' ', keep);
+    h('span', { id: 'archive-question' }, t('tasks.archive_question')), ' ', h('span', { class: 'choices' }, yes, ' ', keep));
   const archive = h('button', { type: 'button', class: 'danger', id: 'archive-task', 'aria-expanded': 'false', on: { click: open } }, t('tasks.archive'));
   const unarchive = h('button', { type: 'button', class: 'secondary', id: 'unarchive-task', hidden: true, on: { click: () => act('unarchive') } }, t('tasks.unarchive'));
   const start = h('span', { class: 'archive-actions' }, archive, unarchive);
