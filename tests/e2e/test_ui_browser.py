@@ -601,6 +601,11 @@ def _archive_a_task_after_a_question_and_find_it_among_the_archived(site: Site) 
     page.click("#archive-task")  # "Keep it" has the keyboard; Escape keeps the task
     assert page.evaluate("document.activeElement.textContent") == "Keep it"
     site.shot(page, "task-archive-question-desktop")
+    tops = page.evaluate(
+        "[...document.querySelectorAll('.confirm-inline .choices button')]"
+        ".map((b) => b.getBoundingClientRect().top)"
+    )
+    assert len(tops) == 2 and tops[0] == tops[1], tops  # "Keep it" wrapped alone before
     page.keyboard.press("Escape")
     assert page.evaluate("document.activeElement.id") == "archive-task"
     assert not page.is_visible("#archive-yes")
@@ -622,6 +627,21 @@ def _archive_a_task_after_a_question_and_find_it_among_the_archived(site: Site) 
     site.visit(page, "tasks")
     page.wait_for_selector("td.last-run[data-task=hello]")
     assert not page.query_selector("td.last-run[data-task=retired]")
+    # Every task archived: the empty list points at the archived ones (it said "No tasks yet").
+    listed = site.api("GET", "/api/v1/tasks", params={"limit": 100}).json()["items"]
+    others = [quote(item["task"], safe="") for item in listed]
+    for name in others:
+        assert site.api("POST", f"/api/v1/tasks/{name}/archive").status_code == 200, name
+    site.visit(page, "schedules")  # away and back: the list is read anew
+    site.visit(page, "tasks")
+    page.wait_for_selector("#empty-show-archived")
+    assert page.inner_text("p.empty") == "No tasks listed: every task is archived. Archived tasks"
+    site.shot(page, "tasks-all-archived-desktop")
+    for name in others:
+        assert site.api("POST", f"/api/v1/tasks/{name}/unarchive").status_code == 200, name
+    site.visit(page, "schedules")
+    site.visit(page, "tasks")
+    page.wait_for_selector("td.last-run[data-task=hello]")
     page.click("#show-archived")
     page.wait_for_selector("td.last-run[data-task=retired]")
     assert not page.query_selector("td.last-run[data-task=hello]")
