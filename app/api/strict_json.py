@@ -17,11 +17,11 @@ a key twice in a body.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from app.api.asgi import is_json
@@ -67,19 +67,26 @@ class _StrictRequest(Request):
         return loads_strict(await self.body())
 
 
-_QUERY_NAME = re.compile(r"[a-z_]{1,32}")
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route reads, its dependencies' (paging) included."""
+    names: set[str] = set()
+    stack = [dependant]
+    while stack:
+        current = stack.pop()
+        names.update(field.alias for field in current.query_params)
+        stack.extend(current.dependencies)
+    return frozenset(names)
 
 
-def _repeated(request: Request) -> str | None:
-    """The first query parameter given more than once (``a parameter`` for a name that is
-    not one of ours, which is not echoed), or None."""
-    if not request.scope.get("query_string"):
+def _repeated(request: Request, names: frozenset[str]) -> str | None:
+    """The first of the route's query parameters given more than once, or None. A name the
+    route does not read is ignored however often it comes, as once."""
+    if not names or not request.scope.get("query_string"):
         return None
     query = request.query_params
     if len(query) == len(query.multi_items()):  # len() counts each name once
         return None
-    name = next(k for k in query if len(query.getlist(k)) > 1)
-    return name if _QUERY_NAME.fullmatch(name) else "a parameter"
+    return next((k for k in query if k in names and len(query.getlist(k)) > 1), None)
 
 
 class StrictJSONRoute(APIRoute):
@@ -89,9 +96,10 @@ class StrictJSONRoute(APIRoute):
 
     def get_route_handler(self) -> Handler:
         handler = self._body_handler()
+        names = _query_names(self.dependant)
 
         async def once_each_handler(request: Request) -> Response:
-            if (name := _repeated(request)) is not None:
+            if (name := _repeated(request, names)) is not None:
                 raise ApiProblem(
                     422, VALIDATION_FAILED,
                     f"the query names {name} more than once; give each parameter once",
