@@ -322,6 +322,7 @@ _LATEST_REVISION_SHARED = _LATEST_REVISION.add_columns(_SHARED_TASK_LOCK)
 
 
 _TASK_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+_TASK_LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(hashtextextended(:key, 0))")
 
 
 def task_lock_key(task: str) -> str:
@@ -329,14 +330,15 @@ def task_lock_key(task: str) -> str:
     return f"qinglong.task:{task}"
 
 
-def lock_task(conn: Connection, task: str) -> None:
+def lock_task(conn: Connection, task: str, *, shared: bool = False) -> None:
     """Make the writes that depend on a task's archive one step across api processes: on
     PostgreSQL a transaction-scoped advisory lock on the task's name, taken by an archive,
     an unarchive, a new revision and a schedule that may fire (so none of them decides on a
     state another is changing). An enqueue takes the same lock shared (``revision_row``
-    with ``share_lock``). SQLite's write transactions are serial already."""
+    with ``share_lock``), and a schedule's fire under a queue cap takes it shared before the
+    queue's lock (``shared``). SQLite's write transactions are serial already."""
     if conn.dialect.name == "postgresql":
-        conn.execute(_TASK_LOCK, {"key": task_lock_key(task)})
+        conn.execute(_TASK_LOCK_SHARED if shared else _TASK_LOCK, {"key": task_lock_key(task)})
 
 
 def _archived_at(conn: Connection, task: str) -> int | None:
