@@ -460,7 +460,9 @@ def _definitions_reruns_and_retention(
     assert code == 0 and "runs kept:" in out and "reserve:" in out
     capsys.readouterr()
     assert main(["system", "ready", "--url", served.base_url]) == 0  # no token anywhere
-    assert capsys.readouterr().out.startswith("ready: database ok, disk ok")
+    said = capsys.readouterr().out
+    assert said.startswith("ready: database ok, disk ok")
+    assert said.splitlines()[1].startswith("process limit: 4096 ")  # as the worker holds it
 
 
 def test_an_unreachable_server_is_one_line_and_exit_4() -> None:

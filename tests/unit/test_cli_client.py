@@ -1364,3 +1364,33 @@ def test_a_local_when_is_sent_in_utc_where_the_zones_offset_has_seconds(
         time.tzset()
 
 
+
+
+def test_system_ready_says_how_the_job_process_limit_holds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``/readyz``'s ``process_limit`` (docs/job-user.md) is a second line of ``system
+    ready``; an older worker's answer (null) or another shape adds none."""
+    from app.worker.process_limit import HELD_BY
+
+    assert {*render._HELD_BY, "off"} == set(HELD_BY)  # a word for each way it can hold
+    checks = {"database": "ok", "disk": "ok", "worker": "ok"}
+    said = {
+        None: None,
+        "odd": None,
+        json.dumps({"max_processes": 4096, "held_by": "pids_max"}):
+            "process limit: 4096 per job, by its cgroup's pids.max",
+        json.dumps({"max_processes": 10, "held_by": "none"}):
+            "process limit: 10 set but not enforced here (docs/job-user.md)",
+        json.dumps({"max_processes": None, "held_by": "off"}):
+            "process limit: off (QL_JOB_MAX_PROCESSES=off)",
+        json.dumps({"max_processes": 10, "held_by": "newer"}): None,
+    }  # fmt: skip
+    for limit, line in said.items():
+        body = {"status": "ready", "checks": checks, "isolation": "same_user",
+                "process_limit": limit if limit in (None, "odd") else json.loads(limit)}  # fmt: skip
+        answers = {("GET", "/readyz"): httpx.Response(200, json=body)}
+        code, _ = _recording_main(monkeypatch, answers, "system", "ready", "--url", "http://t")
+        out = capsys.readouterr().out.splitlines()
+        assert code == 0 and out[0] == "ready: database ok, disk ok, worker ok", out
+        assert out[1:] == ([] if line is None else [line]), (limit, out)

@@ -1190,6 +1190,9 @@ def cmd_system_ready(client: Client, args: argparse.Namespace) -> int:
     else:
         checks = ", ".join(f"{k} {v}" for k, v in sorted(ready["checks"].items()))
         print(f"{render.safe(ready['status'])}: {render.safe(checks)}")
+        limit = render.process_limit_line(ready.get("process_limit"))
+        if limit is not None:
+            print(render.safe(limit))
     return EXIT_OK
 
 

@@ -507,6 +507,27 @@ def size(n: int | None) -> str:
     return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit} ({n} bytes)"
 
 
+_HELD_BY = {
+    "pids_max": "per job, by its cgroup's pids.max",
+    "rlimit_nproc": "per job user, by RLIMIT_NPROC across that user's running jobs",
+    "rlimit_nproc_run_as": "per run_as job user, by RLIMIT_NPROC; other jobs have none",
+    "none": "set but not enforced here (docs/job-user.md)",
+}
+
+
+def process_limit_line(limit: Mapping[str, Any] | None) -> str | None:
+    """``/readyz``'s ``process_limit`` as a line (docs/job-user.md), or None when the worker
+    did not say (an older one) or the answer has another shape."""
+    if not isinstance(limit, Mapping):
+        return None
+    held, most = limit.get("held_by"), limit.get("max_processes")
+    if held == "off":
+        return "process limit: off (QL_JOB_MAX_PROCESSES=off)"
+    if held not in _HELD_BY or not isinstance(most, int):
+        return None
+    return f"process limit: {most} {_HELD_BY[held]}"
+
+
 def storage_fields(storage: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
     """The ``system storage`` block (docs/retention.md)."""
     sweep = storage.get("last_sweep")
