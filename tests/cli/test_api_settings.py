@@ -74,8 +74,8 @@ def _api(tmp_path: Path, short_dir: Path, data_dir: Path, workers: str) -> Itera
             proc.wait(10)
 
 
-def test_api_workers_serve_the_data_dir_given_by_flag(tmp_path: Path, short_dir: Path) -> None:
-    data_dir = tmp_path / "flagged"
+def _migrated(data_dir: Path) -> Settings:
+    """Edge settings of ``data_dir`` with its SQLite database migrated to head."""
     settings = Settings(
         data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'qinglong.db'}", profile=EDGE
     )
@@ -83,6 +83,16 @@ def test_api_workers_serve_the_data_dir_given_by_flag(tmp_path: Path, short_dir:
     engine = make_engine(settings.database_url)
     try:
         upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+    return settings
+
+
+def test_api_workers_serve_the_data_dir_given_by_flag(tmp_path: Path, short_dir: Path) -> None:
+    data_dir = tmp_path / "flagged"
+    settings = _migrated(data_dir)
+    engine = make_engine(settings.database_url)
+    try:
         token = new_api_token()
         TokenRepository(engine).create(name="admin", scopes=frozenset({"admin"}), token=token)
     finally:
@@ -114,15 +124,7 @@ def test_uvicorn_s_own_lines_come_in_the_service_log_format(
     # that did not take: no time, no role, among the service's timed lines; and the first
     # one for each malformed request, so a scanner's burst wrote as many lines.
     data_dir = tmp_path / "data"
-    settings = Settings(
-        data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'qinglong.db'}", profile=EDGE
-    )
-    settings.ensure_data_dir()
-    engine = make_engine(settings.database_url)
-    try:
-        upgrade_to_head(engine)
-    finally:
-        engine.dispose()
+    _migrated(data_dir)
     log = tmp_path / "api.log"
     with _api(tmp_path, short_dir, data_dir, workers) as port:
         for _ in range(8):  # a scanner's burst: one line per process and 10 s, not eight

@@ -640,40 +640,26 @@ def cmd_runs_list(client: Client, args: argparse.Namespace) -> int:
     )  # fmt: skip
     return _listing(
         client, args, "/runs", render.runs_table, f"runs list{filters}",
-        unknown=lambda: _no_such_task(client, args.task) or _no_such_schedule(
-            client, args.schedule
+        unknown=lambda: (
+            _no_such(client, "task", args.task) or _no_such(client, "schedule", args.schedule)
         ),
         none_yet=lambda: None, task=args.task, status=args.status, schedule=args.schedule,
         **window,
     )  # fmt: skip
 
 
-def _no_such_schedule(client: Client, schedule: str | None) -> str:
-    """``: no schedule is named S ...`` when --schedule names none now; "" when it exists,
-    cannot be asked (a token without definitions:read), or is not a name at all (the page's
-    own request already said that)."""
-    if schedule is None:
+def _no_such(client: Client, kind: str, name: str | None) -> str:
+    """``: no task is named T ...`` when --task (``kind`` "task") or --schedule ("schedule")
+    names none now: a typo lists no runs, not an error. "" when it exists, cannot be asked
+    (a token without definitions:read), or is not a name at all (the page's own request
+    already said that)."""
+    if name is None:
         return ""
     try:
-        client.get(f"/schedules/{_seg(schedule)}")
+        client.get(f"/{kind}s/{_seg(name)}")
     except ApiProblem as exc:
-        if exc.code == "SCHEDULE_NOT_FOUND":
-            return f": no schedule is named {render.safe(schedule)} (qinglong schedules list)"
-    except ClientError:
-        pass
-    return ""
-
-
-def _no_such_task(client: Client, task: str | None) -> str:
-    """``: no task is named T ...`` when --task names none (a typo lists no runs, not an
-    error); "" when it exists or cannot be asked (a token without definitions:read)."""
-    if task is None:
-        return ""
-    try:
-        client.get(f"/tasks/{_seg(task)}")
-    except ApiProblem as exc:
-        if exc.code == "TASK_NOT_FOUND":
-            return f": no task is named {render.safe(task)} (qinglong tasks list)"
+        if exc.code == f"{kind.upper()}_NOT_FOUND":
+            return f": no {kind} is named {render.safe(name)} (qinglong {kind}s list)"
     except ClientError:
         pass
     return ""
