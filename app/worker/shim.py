@@ -1423,7 +1423,12 @@ def _run_shim(
     """The long-lived shim (grandchild of the worker); ``ahead``: a spare's reservation."""
     _set_subreaper()
     _set_dumpable_off()
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+    # SIGXFSZ too: under a file-size limit (RLIMIT_FSIZE: ``ulimit -f``, systemd's LimitFSIZE)
+    # a write past it then fails EFBIG, which the log's writing and the publishing handle as
+    # any failed write, instead of ending the shim with no receipt. The interpreter ignores it
+    # from start-up already (the early steps, a spare's reservation); named here so that it
+    # stays so. The job gets every disposition back at its start (step 5).
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would auto-reap the job
     receipt_file = _Published(dir_fd, spec["receipt_name"])

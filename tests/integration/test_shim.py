@@ -36,19 +36,20 @@ from tests.integration.kit import (
     receipt_path,
     wait_shim_done,
 )
+from tests.jobuser import JOB_UID, job_user_or_skip, reachable_dir
 
 
 def launch(
     spec: dict[str, Any] | bytes, launched: Launched, *, file_size_limit: int | None = None
 ) -> dict[str, Any]:
     """Start the shim exactly as the worker does; return the parsed status line.
-    ``file_size_limit``: the shim's files may not grow past it (RLIMIT_FSIZE, writes past it
-    fail EFBIG rather than raise SIGXFSZ)."""
+    ``file_size_limit``: no file may grow past it (RLIMIT_FSIZE), with SIGXFSZ at its default
+    as a shell or a systemd unit (LimitFSIZE) leaves it: the shim must ignore it itself."""
     payload = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
 
     def limit_file_size() -> None:
         assert file_size_limit is not None
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an ignored signal stays so in exec
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, resource.RLIM_INFINITY))
 
     proc = subprocess.Popen(
@@ -164,6 +165,69 @@ def test_a_tail_the_log_takes_only_part_of_is_not_said_to_be_the_outputs_end(
         b'{"droppedBytes":%d,"gapAt":%d,"quotaBytes":%d,"reason":"write_error",'
         b'"schemaVersion":1}' % (len(output) - len(log), len(log), quota)
     )
+
+
+def test_a_shim_under_a_file_size_limit_keeps_the_logs_head_and_records_the_exit_once(
+    tmp_path: Path, launched: Launched
+) -> None:
+    """Writes past the limit fail EFBIG (no SIGXFSZ ends the shim): the log keeps what fit,
+    the gap is recorded there, the job runs on to its own exit, published in one receipt."""
+    limit, written = 100_000, 300_000
+    spec = make_spec(
+        tmp_path, ["/bin/sh", "-c", f"head -c {written} /dev/zero; echo done >&2; exit 0"]
+    )
+    status = launch(spec, launched, file_size_limit=limit)
+    assert status["ok"] is True, status
+    wait_shim_done(status)
+    receipt = decode_receipt(receipt_path(spec).read_bytes())
+    assert receipt.exit_code == 0 and receipt.signal is None
+    assert sorted(p.name for p in Path(spec["receipt_dir"]).iterdir()) == [spec["receipt_name"]]
+    assert Path(spec["log_path"]).read_bytes() == bytes(limit)
+    assert Path(spec["log_path"] + ".truncated").read_bytes() == (
+        b'{"droppedBytes":%d,"gapAt":%d,"quotaBytes":%d,"reason":"write_error",'
+        b'"schemaVersion":1}' % (written + len(b"done\n") - limit, limit, 1 << 20)
+    )
+
+
+@pytest.mark.parametrize("where", ["inherited", "its_own"])
+def test_a_job_past_its_file_size_limit_gets_sigxfsz_as_outside_the_panel(
+    tmp_path: Path, launched: Launched, where: str
+) -> None:
+    """The shim ignores SIGXFSZ; the job gets the default back, so a write past its limit
+    (the shim's, inherited, or one it sets itself) ends it with SIGXFSZ, as in a shell."""
+    limit = 8192  # room for the receipt's reservation (4096 bytes)
+    script = "exec head -c 20000 /dev/zero > out"
+    if where == "its_own":
+        script = f"ulimit -f {limit // 512}; {script}"
+    spec = make_spec(tmp_path, ["/bin/sh", "-c", script])
+    status = launch(spec, launched, file_size_limit=limit if where == "inherited" else None)
+    assert status["ok"] is True, status
+    wait_shim_done(status)
+    receipt = decode_receipt(receipt_path(spec).read_bytes())
+    assert receipt.signal == signal.SIGXFSZ and receipt.exit_code == 128 + signal.SIGXFSZ
+    assert (tmp_path / "out").stat().st_size == limit
+
+
+def test_a_job_users_job_past_its_file_size_limit_gets_sigxfsz_too(
+    tmp_path: Path, launched: Launched
+) -> None:
+    """The same through ``fork`` + ``execve`` (a job user), which resets what the shim ignores."""
+    job_user_or_skip()
+    limit = 8192
+    with reachable_dir() as root:
+        homes = root / "homes"
+        homes.mkdir(mode=0o700)
+        os.chown(homes, JOB_UID, JOB_UID)
+        job = {"uid": JOB_UID, "gid": JOB_UID, "umask": 0o077, "home": None,
+               "home_root": str(homes)}  # fmt: skip
+        script = 'exec head -c 20000 /dev/zero > "$HOME/out"'
+        spec = make_spec(tmp_path, ["/bin/sh", "-c", script], cwd="/", job=job)
+        status = launch(spec, launched, file_size_limit=limit)
+        assert status["ok"] is True, status
+        wait_shim_done(status)
+        receipt = decode_receipt(receipt_path(spec).read_bytes())
+        assert receipt.signal == signal.SIGXFSZ and receipt.exit_code == 128 + signal.SIGXFSZ
+        poll_until(lambda: list(homes.iterdir()) == [])  # the HOME's remover is not waited for
 
 
 def test_output_past_the_head_but_within_the_quota_is_kept_whole(
