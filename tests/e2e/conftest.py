@@ -352,6 +352,7 @@ class ServeFactory(Protocol):
         database_url: str | None = None,
         extra_env: dict[str, str] | None = None,
         data_dir: Path | None = None,
+        file_size_limit: int | None = None,
     ) -> Served: ...
 
 
@@ -401,7 +402,12 @@ def spawn_served(
 
 
 def _launch(
-    data_dir: Path, env: dict[str, str], workers: int, stop_jobs: bool, token: str
+    data_dir: Path,
+    env: dict[str, str],
+    workers: int,
+    stop_jobs: bool,
+    token: str,
+    file_size_limit: int | None = None,
 ) -> Served:
     socket_dir = Path(tempfile.mkdtemp(prefix="ql"))
     env = {**env, "QL_WORKER_SOCKET": str(socket_dir / "w.sock")}
@@ -411,6 +417,9 @@ def _launch(
         argv += ["--workers", str(workers), "--data-dir", str(data_dir)]
         if stop_jobs:
             argv.append("--stop-jobs-on-exit")
+        if file_size_limit is not None:  # as a shell starts it: ``ulimit -f`` (512-byte blocks)
+            blocks = file_size_limit // 512
+            argv = ["/bin/sh", "-c", f'ulimit -f {blocks} && exec "$@"', "sh", *argv]
         log_path = data_dir / f"serve-{time.time_ns()}.log"
         served = spawn_served(
             argv, cwd=REPO_ROOT, env=env, data_dir=data_dir, socket_dir=socket_dir,
@@ -442,6 +451,7 @@ def _factory(base: Path, started: list[Served]) -> ServeFactory:
         database_url: str | None = None,
         extra_env: dict[str, str] | None = None,
         data_dir: Path | None = None,
+        file_size_limit: int | None = None,
     ) -> Served:
         # Pass an earlier instance's data_dir (and database_url) to start it again.
         data_dir = data_dir or base / f"serve{len(started)}"
@@ -451,7 +461,7 @@ def _factory(base: Path, started: list[Served]) -> ServeFactory:
             env["QL_DATABASE_URL"] = database_url
         env.update(extra_env or {})
         token = _create_admin_token(Settings.from_env(env))
-        served = _launch(data_dir, env, workers, stop_jobs_on_exit, token)
+        served = _launch(data_dir, env, workers, stop_jobs_on_exit, token, file_size_limit)
         started.append(served)
         return served
 
