@@ -40,6 +40,7 @@ from tests.e2e.kit import TERMINAL, enqueue, get_run, put_task, read_log, wait_s
 from tests.kit.partition import network_unchanged
 
 XSS = "<img src=x onerror=alert(1)>"
+STATIC = Path(__file__).resolve().parents[2] / "app" / "ui" / "static"
 WAIT_MS = 20_000
 
 
@@ -572,6 +573,93 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     site.shot(page, "system-sweeps-per-host-desktop")
     page.unroute("**/api/v1/system/storage")
     assert page.errors == []
+
+
+# /readyz's process_limit as the System page says it ("Job process limit"), each shape the
+# api can send (app/api/schemas.py ProcessLimit; null: no worker answer or an older one), a
+# word of a newer build as it is, and the words `qinglong system ready` uses (render.py).
+_PROCESS_LIMITS: list[tuple[Any, str]] = [
+    ({"max_processes": 4096, "held_by": "pids_max"},
+     "4096 processes per job, by its cgroup's pids.max"),
+    ({"max_processes": 4096, "held_by": "rlimit_nproc"},
+     "4096 processes per job user, by RLIMIT_NPROC across that user's running jobs"),
+    ({"max_processes": 512, "held_by": "rlimit_nproc_run_as"},
+     "512 processes per job user of run_as jobs, by RLIMIT_NPROC; other jobs have no limit"),
+    ({"max_processes": 4096, "held_by": "none"},
+     "not enforced 4096 set, but a job can start any number of processes on this host"),
+    ({"max_processes": None, "held_by": "off"}, "off (QL_JOB_MAX_PROCESSES=off)"),
+    ({"max_processes": 64, "held_by": "pids_max_v9"}, "64 (pids_max_v9)"),
+    (None, "not reported"),
+    ("absent", "not reported"),
+]  # fmt: skip
+
+
+def _the_system_page_says_how_the_worker_holds_the_job_process_limit(site: Site) -> None:
+    """Beside who jobs run as: this server's own answer, then each shape of /readyz's
+    process_limit in words (both languages), kept while a 503 says nothing of it."""
+    said = {json.dumps(shape): words for shape, words in _PROCESS_LIMITS}
+    real = site.api("GET", "/readyz").json()
+    page = site.page()
+    site.sign_in(page, path="system")
+    page.wait_for_selector("#process-limit")
+    expected = said[json.dumps(real.get("process_limit"))]
+    assert page.inner_text("#process-limit") == expected, real
+    facts = page.eval_on_selector_all("section:has(> h2:text-is('This server')) dt",
+                                      "ds => ds.map((d) => d.textContent)")  # fmt: skip
+    assert facts.index("Job process limit") == facts.index("Jobs run as") + 1, facts
+    answer: dict[str, Any] = {"status": 200, "body": dict(real)}
+
+    def fulfil(route: Any) -> None:
+        route.fulfill(status=answer["status"], content_type="application/json",
+                      body=json.dumps(answer["body"]))  # fmt: skip
+
+    page.route("**/readyz", fulfil)
+    for shape, words in _PROCESS_LIMITS:
+        answer["body"] = {k: v for k, v in real.items() if k != "process_limit"}
+        if shape != "absent":
+            answer["body"]["process_limit"] = shape
+        page.reload()
+        site.visit(page, "system")
+        assert page.inner_text("#process-limit") == words, shape
+        if shape and shape != "absent" and shape["held_by"] == "none":
+            site.shot(page, "system-process-limit-none-desktop")
+    # A 503 names the failing check and carries no facts: the last ready answer's stay.
+    answer["body"]["process_limit"] = _PROCESS_LIMITS[1][0]
+    page.reload()
+    site.visit(page, "system")
+    answer.update(status=503, body={"type": "about:blank", "title": "Service Unavailable",
+                                    "status": 503, "code": "NOT_READY",
+                                    "detail": "worker: not answering"})  # fmt: skip
+    page.wait_for_selector("li[data-check=worker] .status-failed", timeout=15_000)
+    assert page.inner_text("#process-limit") == _PROCESS_LIMITS[1][1]
+    assert page.inner_text("#process-limit").count("RLIMIT_NPROC") == 1
+    assert page.errors == []
+    page.context.close()
+    # zh-CN: the words translated, the kernel's names in code elements as they are.
+    page = site.page(locale="zh-CN", width=360)
+    page.route("**/readyz", fulfil)
+    answer["status"] = 200
+    labels = json.loads((STATIC / "i18n" / "zh-CN.json").read_text("utf-8"))
+    zh = {
+        "rlimit_nproc_run_as": labels["system.process_limit_rlimit_nproc_run_as"].format(
+            n=512, setting="RLIMIT_NPROC", run_as="run_as"
+        ),
+        "none": labels["system.process_limit_unenforced"]
+        + " "
+        + labels["system.process_limit_none"].format(n=4096),
+    }
+    site.sign_in(page, path="system")
+    for shape, _ in _PROCESS_LIMITS[2:4]:
+        answer["body"] = {**real, "process_limit": shape}
+        page.reload()
+        site.visit(page, "system")
+        assert page.inner_text("#process-limit") == zh[shape["held_by"]], shape
+        assert not _english_words(page.evaluate(_SCAN), set(ZH_AS_IS_WORDS))
+        width_px = page.evaluate("document.documentElement.scrollWidth")
+        assert width_px <= 360, width_px
+        site.shot(page, f"system-process-limit-{shape['held_by']}-360-zh")
+    assert page.errors == []
+    page.context.close()
 
 
 def _the_tasks_list_says_each_tasks_last_run(site: Site) -> None:
@@ -1570,6 +1658,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _the_api_docs_page_runs_no_swagger_bytes_but_the_pinned_ones(site)
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
     _create_edit_and_delete_a_schedule_in_the_ui(site)
+    _the_system_page_says_how_the_worker_holds_the_job_process_limit(site)
     _the_tasks_list_says_each_tasks_last_run(site)
     _archive_a_task_after_a_question_and_find_it_among_the_archived(site)
     _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)

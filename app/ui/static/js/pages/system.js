@@ -1,5 +1,5 @@
-// System: readiness (database, disk, worker), version, job isolation, and the storage
-// figures of GET /api/v1/system/storage (admin: any other token is told so).
+// System: readiness (database, disk, worker), version, job isolation and process limit, and
+// the storage figures of GET /api/v1/system/storage (admin: any other token is told so).
 
 import { ApiError, call, features, session } from '../api.js';
 import { h, put, raw } from '../dom.js';
@@ -8,6 +8,36 @@ import { bytes, timeEl } from '../format.js';
 import { errorBox, every, facts, showProblem } from './common.js';
 
 const CHECKS = ['database', 'disk', 'worker'];
+
+// /readyz's process_limit.held_by (docs/job-user.md "Process limit"), each said in words as
+// `qinglong system ready` says it (app/cli/client/render.py); the setting or kernel name in
+// a code element, the same in both languages.
+const HELD_BY = {
+  pids_max: 'pids.max',
+  rlimit_nproc: 'RLIMIT_NPROC',
+  rlimit_nproc_run_as: 'RLIMIT_NPROC',
+  none: null,
+};
+
+/** A label whose {placeholders} are nodes (code elements), not text. */
+function withNodes(key, nodes) {
+  return t(key).split(/\{(\w+)\}/).map((part, i) => (i % 2 ? nodes[part] ?? `{${part}}` : part));
+}
+
+/** How the worker holds the job process limit: null or absent (no worker answer, an older
+ *  one, a 503) is "not reported"; `off`; a number with one of HELD_BY; a word this UI does
+ *  not know yet, shown as the API spells it. */
+function processLimit(limit) {
+  if (!limit || typeof limit !== 'object') return t('system.unknown');
+  const { held_by: how, max_processes: most } = limit;
+  if (how === 'off') return withNodes('system.process_limit_off', { setting: raw('QL_JOB_MAX_PROCESSES=off', 'code') });
+  if (!Number.isInteger(most)) return how ? raw(how, 'code') : t('system.unknown');
+  if (!Object.hasOwn(HELD_BY, how)) return [String(most), how ? [' (', raw(how, 'code'), ')'] : null];
+  const nodes = { n: String(most), setting: raw(HELD_BY[how], 'code'), run_as: raw('run_as', 'code') };
+  const said = withNodes(`system.process_limit_${how}`, nodes);
+  // Not enforced: a job can start processes without bound (the worker's start-up warning).
+  return how === 'none' ? [h('span', { class: 'tag warn' }, t('system.process_limit_unenforced')), ' ', said] : said;
+}
 
 export function systemPage(view, { signal, ready: drawn }) {
   const ready = h('div', { class: 'card' });
@@ -45,18 +75,28 @@ export function systemPage(view, { signal, ready: drawn }) {
           ' ', has(`system.check_${name}`) ? t(`system.check_${name}`) : raw(name),
           !ok && value ? [' — ', raw(value)] : null);
       })));
+    // A 503 carries no facts: the last ready answer's stay (they are settings, not health).
+    if (r.ok) drawAbout(body);
     return body;
   }
 
-  async function load() {
-    let body = {};
-    try { body = await readiness(); } catch (err) { put(ready, errorBox(err) || ''); }
-    const f = await features();
+  let version = null;
+  let told = {};
+  function drawAbout(body) {
+    told = body;
+    if (version === null) return; // load() draws it once the version is known
     put(about, facts([
-      [t('system.version'), f.version ? raw(f.version) : t('system.unknown')],
-      [t('system.isolation'), body.isolation ? t(`system.isolation_${body.isolation}`) : t('system.unknown')],
+      [t('system.version'), version ? raw(version) : t('system.unknown')],
+      [t('system.isolation'), told.isolation ? t(`system.isolation_${told.isolation}`) : t('system.unknown')],
+      [t('system.process_limit'), h('span', { id: 'process-limit' }, processLimit(told.process_limit))],
       [t('system.api'), raw(session.base || location.origin)],
     ]));
+  }
+
+  async function load() {
+    try { await readiness(); } catch (err) { put(ready, errorBox(err) || ''); }
+    version = (await features()).version || '';
+    drawAbout(told);
     try {
       await storageFigures();
     } catch (err) {
