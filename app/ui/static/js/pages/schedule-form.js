@@ -158,11 +158,12 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
     }
   }
 
-  // Suggestions only (a token without definitions:read still types the name).
+  // Suggestions only (a token without definitions:read still types the name): the tasks
+  // listed, archived ones left out (a schedule of one could only be saved paused).
   async function fillTasks() {
     try {
       const page = await api.get(`${path('tasks')}${query({ limit: 200 })}`, { scope: 'definitions:read', signal });
-      put(tasks, page.items.map((item) => h('option', { value: item.name })));
+      put(tasks, page.items.map((item) => h('option', { value: item.task })));
     } catch (err) {
       if (err.name === 'AbortError') throw err;
     }
