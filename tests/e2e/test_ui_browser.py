@@ -712,6 +712,7 @@ def _archive_a_task_after_a_question_and_find_it_among_the_archived(site: Site) 
     assert not page.is_visible("#new-revision") and not page.is_visible("#archive-task")
     assert site.api("GET", "/api/v1/tasks/retired").json()["archived"] is True
     site.shot(page, "task-archived-desktop")
+    _schedules_of_an_archived_task_are_marked_and_it_is_not_suggested(site, page)
     site.visit(page, "tasks")
     page.wait_for_selector("td.last-run[data-task=hello]")
     assert not page.query_selector("td.last-run[data-task=retired]")
@@ -744,6 +745,51 @@ def _archive_a_task_after_a_question_and_find_it_among_the_archived(site: Site) 
     assert site.api("DELETE", "/api/v1/schedules/retired-daily").status_code == 204
     assert page.errors == []
     page.context.close()
+
+
+def _schedules_of_an_archived_task_are_marked_and_it_is_not_suggested(
+    site: Site, page: Any
+) -> None:
+    """Task "retired" is archived and its schedule paused: the schedules list marks each of
+    its schedules with the Tasks page's badge, from one list of the archived tasks (not one
+    call per schedule), and says a resume would not do; the schedule's page says why; the
+    schedule form suggests the tasks listed, the archived one left out."""
+    paused = {"task": "retired", "every_seconds": 604_800, "paused": True}
+    assert site.api("PUT", "/api/v1/schedules/retired-weekly", json=paused).status_code == 201
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/api/v1/tasks" in r.url else None)
+    site.visit(page, "schedules")
+    marked = page.eval_on_selector_all(
+        "tr[data-schedule]:has(td.wide .status-archived)", "rs => rs.map((r) => r.dataset.schedule)"
+    )
+    assert sorted(marked) == ["retired-daily", "retired-weekly"], marked
+    assert len(asked) == 1 and "archived=only" in asked[0], asked
+    row = page.locator("tr[data-schedule=retired-daily]")
+    assert row.locator("td.wide .status-archived").inner_text() == "▪ archived"
+    assert "only if its task is unarchived and it is resumed" in row.inner_text()
+    assert page.query_selector(f"tr[data-schedule={site.schedule}] .status-archived") is None
+    site.shot(page, "schedules-task-archived-desktop")
+    site.visit(page, "schedules/retired-daily")
+    assert page.is_visible("#task-archived-note")
+    assert page.inner_text("dl.facts dd .status-archived") == "▪ archived"
+    site.shot(page, "schedule-task-archived-desktop")
+    site.visit(page, f"schedules/{site.schedule}")
+    assert not page.is_visible("#task-archived-note")
+    assert page.query_selector(".status-archived") is None
+    site.visit(page, "new-schedule")
+    suggested = page.eval_on_selector_all("#sch-tasks option", "os => os.map((o) => o.value)")
+    assert "hello" in suggested and "retired" not in suggested and "" not in suggested, suggested
+    # At phone width, in zh-CN: the badge under the schedule's name, where its task is shown.
+    phone = site.page(locale="zh-CN", width=360)
+    site.sign_in(phone, path="schedules")
+    narrow = phone.locator("tr[data-schedule=retired-daily] td:first-child .narrow .status")
+    assert narrow.inner_text() == "▪ 已归档"
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 360
+    assert phone.evaluate(_TABLES_OVER) == [0]
+    site.shot(phone, "schedules-task-archived-360-zh")
+    assert phone.errors == []
+    phone.context.close()
+    assert site.api("DELETE", "/api/v1/schedules/retired-weekly").status_code == 204
 
 
 def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:

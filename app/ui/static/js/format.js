@@ -24,6 +24,12 @@ export function statusBadge(status) {
     label === null ? raw(status) : label);
 }
 
+/** An archived task's badge (a task's page, and by the task of each of its schedules). */
+export function archivedBadge(attrs = {}) {
+  return h('span', { class: 'status status-archived', ...attrs },
+    h('span', { class: 'mark', 'aria-hidden': 'true' }, '▪'), ' ', t('tasks.archived_tag'));
+}
+
 /** Local date and time for ms since the epoch. */
 export function localTime(ms) {
   if (ms === null || ms === undefined) return '—';

@@ -1,10 +1,12 @@
 // Schedules: the list, one schedule with its next fire times (local and UTC), pause and
-// resume, and the decision history (fired, skipped, missed, ...), newest first.
+// resume, and the decision history (fired, skipped, missed, ...), newest first. A schedule
+// whose task is archived is marked so: it stays paused, and a resume is refused with 409
+// TASK_ARCHIVED until the task is unarchived (docs/api.md §4).
 
 import { api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
-import { isoRaw, localTime, shortId, timeEl, utcTime } from '../format.js';
+import { archivedBadge, isoRaw, localTime, shortId, timeEl, utcTime } from '../format.js';
 import { errorBox, facts, loadMore, loadingRow, missing, onEscape, resultSlot, settle } from './common.js';
 import { go } from '../main.js';
 
@@ -30,11 +32,29 @@ function pausedTag(s) {
   return h('span', { class: 'status status-active' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '▶'), ' ', t('schedules.active'));
 }
 
+/** The names of every archived task: one list call (a page of 200; more only past that),
+ *  not one per schedule. A failure marks none: the marks help, the list stands without. */
+async function archivedTasks(signal) {
+  const names = new Set();
+  try {
+    let cursor = null;
+    do {
+      const page = await api.get(`${path('tasks')}${query({ archived: 'only', limit: 200, cursor })}`, { scope: 'definitions:read', signal });
+      for (const item of page.items) names.add(item.task);
+      cursor = page.next_cursor;
+    } while (cursor);
+  } catch (err) {
+    if (err.name === 'AbortError') throw err;
+  }
+  return names;
+}
+
 export function schedulesPage(view, { signal, ready }) {
   const body = h('tbody', {}, loadingRow(5));
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t('schedules.empty'));
-  const more = loadMore(async (cursor) => add(await fetchPage(cursor)), body);
+  const archived = archivedTasks(signal);
+  const more = loadMore(async (cursor) => add(await fetchPage(cursor), await archived), body);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('schedules.title')),
       h('div', { class: 'actions' }, h('a', { class: 'button', id: 'new-schedule', href: '#/new-schedule' }, t('schedule_form.new')))),
@@ -52,27 +72,29 @@ export function schedulesPage(view, { signal, ready }) {
   function fetchPage(cursor) {
     return api.get(`${path('schedules')}${query({ limit: 50, cursor })}`, { scope: 'definitions:read', signal });
   }
-  function add(page) {
+  function add(page, gone) {
     settle(body);
     for (const s of page.items) {
       const next = s.next_fires && s.next_fires[0];
-      body.append(h('tr', {},
+      // Its task archived: the Tasks page's badge by the task's name (in both places it shows).
+      const tag = gone.has(s.task) ? () => [' ', archivedBadge()] : () => null;
+      body.append(h('tr', { dataset: { schedule: s.name } },
         // At phone width the task and cadence columns are hidden; both show under the name
         // instead (a cron expression does not wrap, and state and next fire keep their room).
         h('td', {}, link(['schedules', s.name], raw(s.name)),
           h('div', { class: 'narrow muted' }, cadence(s)),
-          h('div', { class: 'narrow muted' }, t('runs.task'), ' ', link(['tasks', s.task], raw(s.task)))),
-        h('td', { class: 'wide' }, link(['tasks', s.task], raw(s.task))),
+          h('div', { class: 'narrow muted' }, t('runs.task'), ' ', link(['tasks', s.task], raw(s.task)), tag())),
+        h('td', { class: 'wide' }, link(['tasks', s.task], raw(s.task)), tag()),
         h('td', { class: 'wide' }, cadence(s)),
         h('td', {}, pausedTag(s)),
         // A paused schedule's next slot is where it would fire: only once it is resumed.
         h('td', {}, next ? timeEl(next.at_ms) : '—',
-          next && s.paused ? h('div', { class: 'muted' }, h('small', {}, t('schedules.next_if_resumed'))) : null)));
+          next && s.paused ? h('div', { class: 'muted' }, h('small', {}, t(gone.has(s.task) ? 'schedules.next_if_unarchived' : 'schedules.next_if_resumed'))) : null)));
     }
     empty.hidden = body.rows.length > 0;
     return page.next_cursor;
   }
-  fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || '')).finally(ready);
+  Promise.all([fetchPage(null), archived]).then(([page, gone]) => more.set(add(page, gone))).catch((err) => problem.replaceChildren(errorBox(err) || '')).finally(ready);
 }
 
 export function schedulePage(view, { args: [name], signal, ready }) {
@@ -83,9 +105,12 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   const actions = h('div', { class: 'actions' });
   const fires = h('tbody', {}, loadingRow(3));
   const pausedNote = h('p', { class: 'notice notice-warn', hidden: true }, t('schedules.paused_fires'));
+  // Its task archived: a badge by the task, and why a resume is refused (TASK_ARCHIVED).
+  const taskTag = h('span');
+  const archivedNote = h('p', { class: 'notice notice-warn', id: 'task-archived-note', hidden: true }, t('schedules.task_archived_note'));
   const decisions = h('tbody', {}, loadingRow(3));
   const more = loadMore(async (cursor) => addDecisions(await fetchDecisions(cursor)), decisions);
-  put(view, h('section', { class: 'page' }, head, problem, actions, result.el, info,
+  put(view, h('section', { class: 'page' }, head, problem, actions, result.el, archivedNote, info,
     h('section', {}, h('h2', {}, t('schedules.next_fires')), pausedNote,
       h('div', { class: 'table-wrap' }, h('table', {},
         h('thead', {}, h('tr', {},
@@ -105,7 +130,9 @@ export function schedulePage(view, { args: [name], signal, ready }) {
 
   async function load() {
     try {
-      draw(await api.get(path('schedules', name), { scope: 'definitions:read', signal }));
+      const s = await api.get(path('schedules', name), { scope: 'definitions:read', signal });
+      draw(s);
+      await markArchived(s.task);
       more.set(addDecisions(await fetchDecisions(null)));
     } catch (err) {
       if (!missing(view, err, 'schedules', [t('schedules.schedule'), ' ', raw(name)])) problem.replaceChildren(errorBox(err) || '');
@@ -114,10 +141,21 @@ export function schedulePage(view, { args: [name], signal, ready }) {
     }
   }
 
+  async function markArchived(task) {
+    let archived = false;
+    try {
+      archived = (await api.get(path('tasks', task), { scope: 'definitions:read', signal })).archived === true;
+    } catch (err) {
+      if (err.name === 'AbortError') throw err; // else no mark: the page stands without it
+    }
+    put(taskTag, archived ? [' ', archivedBadge()] : null);
+    archivedNote.hidden = !archived;
+  }
+
   function draw(s) {
     put(head, h('h1', {}, t('schedules.schedule'), ' ', raw(s.name)), pausedTag(s));
     put(info, facts([
-      [t('runs.task'), link(['tasks', s.task], raw(s.task))],
+      [t('runs.task'), [link(['tasks', s.task], raw(s.task)), taskTag]],
       [t('run.revision'), s.revision ? raw(s.revision) : t('schedules.latest_revision')],
       [t('schedules.cadence'), cadence(s)],
       [t('schedules.timezone'), raw(s.timezone)],

@@ -6,7 +6,7 @@
 import { ApiError, api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
-import { bytes, statusBadge, timeEl } from '../format.js';
+import { archivedBadge, bytes, statusBadge, timeEl } from '../format.js';
 import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
 import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, onEscape, resultSlot, settle } from './common.js';
@@ -156,7 +156,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
   // Archived: a tag by the name, a note saying what that means, no start, revision or
   // schedule (the server refuses them with TASK_ARCHIVED), and unarchive in archive's place.
   function drawState(info) {
-    put(tag, info.archived ? h('span', { class: 'status status-archived', id: 'archived-tag' }, h('span', { class: 'mark', 'aria-hidden': 'true' }, '▪'), ' ', t('tasks.archived_tag')) : null);
+    put(tag, info.archived ? archivedBadge({ id: 'archived-tag' }) : null);
     archivedNote.hidden = !info.archived;
     start.disabled = info.archived;
     newRevision.hidden = info.archived;
