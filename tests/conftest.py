@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -38,6 +40,91 @@ NOT_UNIT_FIXTURES = frozenset({
     "db_url", "engine", "postgres_url", "sqlite_template", "procs",
     "served", "serve_factory", "module_serve_factory",
 })  # fmt: skip
+
+
+ROOT = TESTS.parent
+# What tools make in a checkout (the venv, caches, build metadata, coverage data): a run
+# that leaves one of these behind has not strayed into the checkout.
+TOOL_DIRS = frozenset({
+    ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache",
+    ".import_linter_cache", ".hypothesis", ".tox", ".nox", "htmlcov",
+})  # fmt: skip
+_CHECKOUT_BEFORE = pytest.StashKey[frozenset[str]]()
+_CHECKOUT_GAINED = pytest.StashKey[list[str]]()
+
+
+def _tool_output(entry: str) -> bool:
+    parts = Path(entry).parts
+    if parts[-1].startswith(".coverage"):  # coverage.py's data files
+        return True
+    return any(p in TOOL_DIRS or p.endswith(".egg-info") for p in parts)
+
+
+def _git_untracked(root: Path) -> set[str]:
+    """Untracked and ignored entries anywhere in ``root``'s git checkout (a directory git
+    shows whole, as one); none when git is missing or ``root`` is not a checkout's top
+    (an unpacked tarball, an installed tree)."""
+    try:
+        top = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root.resolve():
+            return set()
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--ignored", "-z"],
+            capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    if status.returncode != 0:
+        return set()
+    records = status.stdout.decode("utf-8", "surrogateescape").split("\0")
+    return {r[3:].rstrip("/") for r in records if r[:3] in ("?? ", "!! ")}
+
+
+def checkout_entries(root: Path = ROOT) -> frozenset[str]:
+    """The names in the checkout's root and in ``app/`` (as relative paths), and with git
+    every untracked or ignored entry, tool output left out."""
+    found = _git_untracked(root)
+    for folder in (".", "app"):
+        with contextlib.suppress(OSError):
+            found.update(
+                os.path.normpath(os.path.join(folder, n)) for n in os.listdir(root / folder)
+            )
+    return frozenset(e for e in found if not _tool_output(e))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note what the checkout holds; ``pytest_sessionfinish`` fails the run if it gained any.
+    Under xdist only the controller checks (it ends after every worker has)."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_CHECKOUT_BEFORE] = checkout_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when the checkout gained a file or directory (once, a run left a
+    ``secret.key`` in its root): tests write under their temp dirs only."""
+    before = session.config.stash.get(_CHECKOUT_BEFORE, None)
+    if before is None:
+        return
+    gained = sorted(checkout_entries() - before)
+    session.config.stash[_CHECKOUT_GAINED] = gained
+    if gained and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Name what the run left in the checkout (``pytest_sessionfinish`` failed the run)."""
+    gained = config.stash.get(_CHECKOUT_GAINED, [])
+    if gained:
+        terminalreporter.section("the checkout gained files", sep="=", red=True, bold=True)
+        for entry in gained:
+            terminalreporter.line(f"{ROOT / entry}", red=True)
+        terminalreporter.line(
+            "a test wrote into the checkout (tests write under their temp dirs only): find "
+            "it, fix it and remove these; the run fails until then"
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:
