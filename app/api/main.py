@@ -4,9 +4,9 @@ process's log lines set up), ``create_app`` for everything else (tests build it 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -51,7 +51,9 @@ def serve_app() -> FastAPI:
             if metrics.NO_DIRECTORY
             else "the others' are still reported",
         )
-    return create_app(ready_line=True)
+    from app.api import startup
+
+    return create_app(ready_line=True, on_start_failure=startup.fail)
 
 
 def create_app(
@@ -59,22 +61,30 @@ def create_app(
     *,
     context: AppContext | None = None,
     ready_line: bool = False,
+    on_start_failure: Callable[[BaseException], NoReturn] | None = None,
     **context_overrides: Any,
 ) -> FastAPI:
     """Build the app. The lifespan builds (or adopts) the context and closes it on shutdown.
 
     ``settings`` defaults to the environment; ``context`` lets a test hand in a ready
     context (the app then owns and closes it); other keywords go to ``build_context``.
+    ``on_start_failure`` gets what the lifespan's start raised (``serve_app``'s ends the
+    process with one line, app/api/startup.py); without it the exception propagates.
     """
     settings = settings or (context.settings if context else Settings.from_env())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = context or build_context(settings, **context_overrides)
-        app.state.context = ctx
-        app.state.facade = ctx.facade
-        ctx.start_background()
-        retirement.arm_on_signals()  # uvicorn's handlers are installed by now
+        try:
+            ctx = context or build_context(settings, **context_overrides)
+            app.state.context = ctx
+            app.state.facade = ctx.facade
+            ctx.start_background()
+            retirement.arm_on_signals()  # uvicorn's handlers are installed by now
+        except Exception as exc:
+            if on_start_failure is None:
+                raise
+            on_start_failure(exc)
         if ready_line:  # serve_app's: one line per api process, once it can answer
             logging.getLogger(__name__).info("api process ready")
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import socket
@@ -24,7 +25,9 @@ from app.cli.common import (
 )
 from app.settings import Settings
 
-APP_FACTORY = "app.api.main:serve_app"
+# app/api/startup.py: imports app.api.main itself, so that a start that fails, from the
+# import on, is one line and a non-zero exit (not a traceback per uvicorn worker).
+APP_FACTORY = "app.api.startup:serve_app"
 # ``-m app`` would put the current directory first on sys.path: started from a folder with its
 # own ``app/`` (any project checkout), the services would import that code instead of the
 # installed package. ``-P`` (Python 3.11+) leaves the current directory out.
@@ -214,8 +217,6 @@ def _in_use(settings: Settings, other: str) -> int:
 
 def cmd_api(args: argparse.Namespace) -> int:
     """Serve the api with uvicorn alone (the database must already be migrated)."""
-    import uvicorn
-
     from app.api import retirement
     from app.context.metrics import MULTIPROC_ENV, prepare_multiprocess_dir
 
@@ -243,6 +244,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     from app.api.log_lines import log_lines
 
     log_lines()
+    REFUSAL.log_lines("api")  # under `qinglong serve`, a start that fails: one of its lines
     if metrics_problem is not None and args.workers > 1:  # one worker keeps its own in memory
         logging.getLogger(__name__).warning(
             "metrics: cannot make %s (%s): no api worker keeps observations; GET /metrics "
@@ -254,7 +256,34 @@ def cmd_api(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "api on http://%s:%d with %d uvicorn worker(s)", args.host, args.port, args.workers
     )
-    uvicorn.run(APP_FACTORY, **uvicorn_options(args, settings))
+    return _run_uvicorn(args, settings)
+
+
+def _run_uvicorn(args: argparse.Namespace, settings: Settings) -> int:
+    """What ``uvicorn.run`` does for ``qinglong api``, with a start that fails ending the
+    api, non-zero, with its one line (app/api/startup.py): in this process with one worker,
+    else said by the manager once a worker sent it."""
+    import multiprocessing
+
+    import uvicorn
+
+    from app.api import startup
+
+    options = uvicorn_options(args, settings)
+    if args.workers == 1:
+        startup.say_with(REFUSAL.refuse)
+        server = uvicorn.Server(startup.ApiConfig(APP_FACTORY, **options))
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()  # a start that fails ends the process in app/api/startup.py
+        return 0
+    reports, writer = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    config = startup.ApiConfig(APP_FACTORY, reports=writer, **options)
+    manager = startup.ApiManager(config, sockets=[config.bind_socket()], reports=reports)
+    with contextlib.suppress(KeyboardInterrupt):
+        manager.run()
+    if manager.failure is not None:
+        REFUSAL.refuse(manager.failure)
+        return startup.EXIT_CANNOT_START
     return 0
 
 

@@ -1,0 +1,223 @@
+"""An api that cannot start exits, non-zero, with one line that says why.
+
+``qinglong api`` runs the app under uvicorn: with ``--workers 1`` in its own process, with
+more under uvicorn's multiprocess manager, each worker a spawned process that imports the
+app, calls the factory and runs the lifespan. When that start fails (a broken install: a
+module that does not import, a database driver that does not load; anything the lifespan
+raises), every worker fails the same way, and a restart of the worker alone cannot help.
+uvicorn left it as a traceback per worker, then, with ``--workers 2`` or more, restarted a
+worker whose import failed forever (the port bound, nothing served), or stopped after its
+health ping's 30 s wait and exited 0, which a supervisor reads as an orderly stop.
+
+Here the factory (``serve_app``) and the lifespan hand what they raised to ``fail``, which
+makes it one line (the exception's type, its words for an import or an OS error, and where
+it was raised; never a traceback, which may quote SQL parameters or a URL) and ends the
+process at once with ``STARTUP_FAILURE``. A spawned worker does not print it: it sends the
+line to the manager (``ApiManager``) through a pipe that travels with uvicorn's config
+(``ApiConfig``), and the manager stops the other workers and ends the api, so the line is
+said once, by ``qinglong api`` (``ApiManager.failure``). The manager also stops waiting on
+a worker that has exited, where uvicorn's ping waited its whole timeout (30 s here).
+
+A database that does not answer is not such a failure: the lifespan does not need it, the
+api serves, and each request says 503 ``DATABASE_UNREACHABLE`` until it answers. See
+docs/operations.md §5 and docs/rolling-restarts.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from socket import socket
+from typing import Any, NoReturn
+
+import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+log = logging.getLogger("qinglong.api")
+
+# The exit status of an api that cannot start: uvicorn's own for a start that failed (an
+# address in use), so a unit tells it from an orderly stop (0).
+EXIT_CANNOT_START = STARTUP_FAILURE
+# How long the manager waits for the other workers to stop once one could not start: they
+# are starting too (or serving their last requests), never more than uvicorn's graceful
+# shutdown and the lifespan's close; then they are killed.
+STOP_OTHERS_S = 12.0
+_POLL_S = 0.1
+
+_APP_ROOT = Path(__file__).resolve().parents[1]
+# Where this process's start failure goes: the manager's pipe in a spawned worker (set by
+# ``ApiConfig.load``), else ``_say`` (``qinglong api --workers 1``: its refusal line).
+_reports: Connection | None = None
+_say: Callable[[str], None] = lambda line: print(f"qinglong: {line}", file=sys.stderr)  # noqa: E731
+
+
+def say_with(say: Callable[[str], None]) -> None:
+    """How an api process of its own (``--workers 1``) says its one line."""
+    global _say
+    _say = say
+
+
+def serve_app() -> Any:
+    """The factory uvicorn calls: ``app.api.main.serve_app``, imported here so that a module
+    that does not import is one line too, not uvicorn's traceback (and, with several
+    workers, not a worker restarted forever)."""
+    try:
+        from app.api.main import serve_app as build
+
+        return build()
+    except Exception as exc:
+        fail(exc)
+
+
+def fail(exc: BaseException) -> NoReturn:
+    """End this api process, which could not start, with one line naming ``exc``."""
+    line = f"the api cannot start: {reason(exc)}"
+    sent = False
+    if _reports is not None:
+        try:
+            _reports.send((os.getpid(), line))
+            sent = True
+        except (OSError, ValueError):
+            pass  # the manager is gone: say it here
+    if not sent:
+        _say(line)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not SystemExit: uvicorn would log it with a traceback, and the lifespan's close would
+    # run on a context that was never built. Nothing of this process served.
+    os._exit(EXIT_CANNOT_START)
+
+
+def reason(exc: BaseException) -> str:
+    """``exc`` in words: its type; the message of an import error (module names) and an OS
+    error's words and file; where it was raised. No other message: it may quote a URL, a
+    SQL parameter or a secret."""
+    what = type(exc).__name__
+    if isinstance(exc, ImportError):
+        what = f"{what}: {exc}"
+    elif isinstance(exc, OSError) and exc.strerror:
+        what = f"{what}: {exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
+    where = _where(exc)
+    return f"{what} (at {where})" if where else what
+
+
+def _where(exc: BaseException) -> str | None:
+    """The innermost frame of ``exc`` in this package, else its innermost frame at all."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return None
+    ours = [f for f in frames if Path(f.filename).is_relative_to(_APP_ROOT)]
+    frame = (ours or frames)[-1]
+    path = Path(frame.filename)
+    shown = path.relative_to(_APP_ROOT.parent) if path.is_relative_to(_APP_ROOT.parent) else path
+    return f"{shown}:{frame.lineno}"
+
+
+class ApiConfig(uvicorn.Config):
+    """uvicorn's config, carrying the write end of the manager's pipe into each worker
+    (uvicorn pickles the config into every worker it spawns)."""
+
+    def __init__(self, *args: Any, reports: Connection | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reports = reports
+
+    def load(self) -> None:
+        global _reports
+        _reports = self.reports
+        super().load()
+
+
+class ApiManager(Multiprocess):
+    """uvicorn's multiprocess manager, except that a worker that could not start ends it.
+
+    ``failure`` is the line a worker sent (or, for a worker that exited with uvicorn's
+    ``STARTUP_FAILURE`` without one, a line that says so); the other workers are stopped
+    and ``run`` returns. A worker started by a rolling restart (SIGHUP) that cannot start is
+    not one of ``processes`` yet: uvicorn keeps the old one serving, and its line is logged.
+    A worker that dies otherwise (killed) is restarted, as uvicorn does.
+    """
+
+    def __init__(self, config: ApiConfig, sockets: list[socket], reports: Connection) -> None:
+        super().__init__(config, sockets)
+        self.reports = reports
+        self.failure: str | None = None
+
+    def keep_subprocess_alive(self) -> None:
+        if self.should_exit.is_set() or self._failed():
+            return
+        for idx, process in enumerate(self.processes):
+            if self._answers(process):
+                continue
+            if self._failed():
+                return
+            process.kill()  # hung (or gone): make sure
+            process.join()
+            if process.exitcode == STARTUP_FAILURE:
+                self._fail(f"an api worker could not start (exit status {STARTUP_FAILURE})")
+                return
+            if self.should_exit.is_set():
+                return
+            code = process.exitcode
+            log.warning("api worker [%s] died (status %s); starting another", process.pid, code)
+            process = Process(self.config, self.sockets)
+            process.start()
+            self.processes[idx] = process
+
+    def join_all(self) -> None:
+        if self.failure is None:
+            super().join_all()
+            return
+        deadline = time.monotonic() + STOP_OTHERS_S
+        for process in self.processes:
+            process.process.join(max(deadline - time.monotonic(), 0.0))
+            if process.process.exitcode is None:
+                process.kill()
+                process.process.join()
+
+    def _answers(self, process: Process) -> bool:
+        """uvicorn's health ping, given up as soon as the worker exits or one reports a
+        failed start (uvicorn's waited its whole timeout for a worker that had exited)."""
+        if not process.process.is_alive():
+            return False
+        try:
+            process.parent_conn.send(b"ping")
+            deadline = time.monotonic() + self.config.timeout_worker_healthcheck
+            while time.monotonic() < deadline:
+                if process.parent_conn.poll(_POLL_S):
+                    process.parent_conn.recv()
+                    return True
+                if not process.process.is_alive():
+                    return False
+                if self.reports.poll() and self._failed():
+                    return False  # the api ends: this answer no longer matters
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return False
+        return False
+
+    def _failed(self) -> bool:
+        """Read the workers' lines; True once one of ours could not start."""
+        ours = {p.pid for p in self.processes}
+        try:
+            while self.reports.poll():
+                pid, line = self.reports.recv()
+                if pid in ours:
+                    self._fail(line)
+                else:  # a rolling restart's new worker: uvicorn keeps the old one
+                    log.error("api worker [%s] of a rolling restart: %s", pid, line)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            pass
+        return self.failure is not None
+
+    def _fail(self, line: str) -> None:
+        if self.failure is None:
+            self.failure = line
+        self.should_exit.set()

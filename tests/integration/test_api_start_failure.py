@@ -1,0 +1,101 @@
+"""``qinglong api`` whose workers cannot start exits non-zero at once with one line, never a
+traceback per worker: docs/operations.md §5 (app/api/startup.py).
+
+The failure is a broken install, real in every worker: a dependency that does not import
+(a module of that name first on ``PYTHONPATH``). ``psycopg`` is first imported by the
+lifespan (the engine of a PostgreSQL URL), ``cronsim`` by the app's import, before the
+lifespan; the ``qinglong api`` process itself imports neither. Before, with ``--workers 2``
+uvicorn's manager restarted a worker whose import failed forever (a traceback each time, the
+port bound, nothing served), and after a failed lifespan waited its 30 s health ping, then
+exited 0; with ``--workers 1`` each was a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.storage.secret_crypto import KeyRing
+from app.worker.instance import instance_id
+from tests.e2e.conftest import REPO_ROOT, free_port
+from tests.e2e.test_supervisor import uvicorn_workers
+
+# The api's start (the app's import in each spawned worker) takes a few seconds on a busy
+# host; uvicorn's manager took 30 s more to notice, or never did.
+EXIT_WITHIN_S = 25.0
+
+
+@pytest.mark.parametrize(
+    ("workers", "broken", "first_import"),
+    [
+        (2, "psycopg", "app/storage/engine.py"),  # in the lifespan
+        (2, "cronsim", "app/schedule/"),  # the app's import
+        (1, "cronsim", "app/schedule/"),
+    ],
+)
+def test_an_api_whose_workers_cannot_start_exits_with_one_line(
+    tmp_path: Path, short_dir: Path, workers: int, broken: str, first_import: str
+) -> None:
+    shadow = tmp_path / "broken"
+    (shadow / broken).mkdir(parents=True)
+    (shadow / broken / "__init__.py").write_text(f'raise ImportError("this {broken} is broken")\n')
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    # A data dir that ran before: the api reads no database before its workers start.
+    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
+    instance_id(data)
+    port = free_port()
+    closed = free_port()  # nothing listens there: the driver's import fails first anyway
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env |= {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
+            "PYTHONPATH": str(shadow)}  # fmt: skip
+    if broken == "psycopg":
+        env["QL_DATABASE_URL"] = f"postgresql+psycopg://ql@127.0.0.1:{closed}/ql"
+    argv = [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(workers)]  # fmt: skip
+    log = tmp_path / "api.log"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    seen: set[int] = set()
+    try:
+        while proc.poll() is None and time.monotonic() - started < EXIT_WITHIN_S:
+            seen |= set(uvicorn_workers(proc.pid))
+            time.sleep(0.05)
+        code = proc.poll()
+        assert code is not None, f"still up after {EXIT_WITHIN_S:.0f} s:\n{log.read_text()}"
+    finally:
+        if proc.poll() is None:
+            for pid in uvicorn_workers(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait(timeout=10)
+    said = log.read_text()
+    assert code == 3, said  # uvicorn's status for a start that failed, never 0
+    assert "Traceback" not in said, said
+    lines = [line for line in said.splitlines() if "cannot start" in line]
+    assert len(lines) == 1, said  # said once, by the api, not by each worker
+    assert lines[0].startswith(
+        f"qinglong: the api cannot start: ImportError: this {broken} is broken (at {first_import}"
+    ), said
+    for pid in seen:  # every worker ended with the api
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
+    with socket.socket() as probe:  # the port is free again: nothing holds it
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
