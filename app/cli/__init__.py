@@ -170,6 +170,7 @@ def _service_main(argv: list[str]) -> int:
         KeyUnavailable,
         StorageUnavailable,
     )
+    from app.storage.durable import CannotMake
     from app.storage.private_files import SERVICE_UMASK
 
     # Every file and directory a role creates is private to the service's OS user (SQLite's
@@ -180,7 +181,7 @@ def _service_main(argv: list[str]) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except (NoDatabase, KeyFileMissing) as exc:
+    except (NoDatabase, KeyFileMissing, CannotMake) as exc:
         REFUSAL.refuse(str(exc))
         return 1
     except KeyUnavailable as exc:

@@ -11,7 +11,6 @@ supervisor) either (tests/cli/test_cli_imports.py).
 from __future__ import annotations
 
 import argparse
-import errno
 import fcntl
 import logging
 import os
@@ -28,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.domain.errors import NotMigrated, StorageUnavailable
 from app.settings import SERVICE_START_ENV, Settings
+from app.storage.durable import CannotMake, read_only_error
 from app.storage.engine import make_engine
 from app.storage.private_files import require_own_socket_dir, require_private
 
@@ -77,15 +77,25 @@ def private_settings(args: argparse.Namespace, *, binds_socket: bool = False) ->
     """``settings_for``, once the data dir exists and every file of it is private to us.
 
     The start-up check of ``serve``, ``api``, ``worker`` and ``migrate``: raises NotPrivate
-    (a ValueError: one line naming the ``chmod`` that fixes it) before anything is opened.
+    (a ValueError: one line naming the ``chmod`` that fixes it) before anything is opened;
+    CannotMake when the data dir is missing and cannot be made, or (``binds_socket``) the
+    socket's directory is on a read-only mount.
     ``binds_socket`` (``serve``, ``worker``): the worker socket's directory too.
     """
     settings = settings_for(args)
-    settings.ensure_data_dir()
+    try:
+        settings.ensure_data_dir()
+    except OSError as exc:  # a full or read-only disk: one line, not a traceback
+        raise CannotMake(settings.data_dir, exc, where=str(settings.data_dir.parent)) from None
     require_private(
         data_dir=settings.data_dir, database_url=settings.database_url, key_file=settings.key_file
     )
     if binds_socket:
+        socket_dir = settings.socket_path.parent
+        read_only = read_only_error(socket_dir)
+        if read_only is not None:  # before the check below, which would advise a chown
+            where = "the data dir" if socket_dir == settings.data_dir else str(socket_dir)
+            raise CannotMake(settings.socket_path, read_only, where=where)
         require_own_socket_dir(settings.socket_path)
     return settings
 
@@ -200,14 +210,8 @@ def make_first_start_files(settings: Settings, *, key: bool = True) -> str | Non
         made = settings.data_dir / INSTANCE_FILE
         instance_id(settings.data_dir)
     except OSError as exc:
-        why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
-        if exc.errno in _NO_ROOM:
-            return f"cannot make {made} ({why}): free space in the data dir and start again"
-        return f"cannot make {made} ({why})"  # a loop, a read-only mount, a mode: said as is
+        return str(CannotMake(made, exc))  # a loop, a read-only mount, a mode: said as is
     return None
-
-
-_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})  # what freeing space in the data dir cures
 
 
 def require_key_for_stored_secrets(settings: Settings) -> None:

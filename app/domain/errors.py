@@ -46,7 +46,9 @@ that built the adapter). They are listed here, not defined here:
   (caught by the dispatcher);
 - app/storage/journal_repo.py: NotStarting, AlreadyReserved (caught by the worker's
   launcher, which owns the journal); app/storage/private_files.py: NotPrivate(ValueError)
-  (the CLI's start-up check); app/storage/uow.py: GroupCommitFailed (a SQLite group's
+  (the CLI's start-up check); app/storage/durable.py: CannotMake (a file, directory or
+  socket a start needs could not be made: a full disk, a read-only mount; the CLI's one
+  line); app/storage/uow.py: GroupCommitFailed (a SQLite group's
   shared commit failed for a reason other than storage: like any failed commit, nothing of
   the unit was kept);
 - app/worker/zygote.py: ZygoteUnavailable, NotReceived, Uncertain, ForkFailed (caught by

@@ -3,17 +3,52 @@
 Used by the receipt store (app/worker/receipts.py), the receipts audit (app/cli/receipts.py),
 the secret key ring (app/storage/secret_crypto.py) and the instance id
 (app/worker/instance.py). The shim keeps its own copies: it
-imports nothing from ``app``.
+imports nothing from ``app``. ``CannotMake`` is a start's one line for a file or directory
+it could not make (docs/disk-full-and-readiness.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
 import time
 from pathlib import Path
+
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})  # what freeing space cures
+# What a start cannot get past by itself: no room, a read-only mount, no write permission.
+CANNOT_WRITE = NO_ROOM | {errno.EROFS, errno.EACCES}
+
+
+class CannotMake(Exception):
+    """A file, directory or socket a service start needs could not be made (a full disk, a
+    read-only mount, a symlink loop): its ``str`` is the start's one line, naming the path
+    and the system's words; on a full disk it says to free space in ``where`` (exit 1)."""
+
+    def __init__(
+        self, path: Path, error: OSError, *, where: str = "the data dir", what: str = ""
+    ) -> None:
+        self.path = path
+        self.error = error
+        why = os.strerror(error.errno) if error.errno else type(error).__name__
+        line = f"cannot make {what or path} ({why})"
+        if error.errno in NO_ROOM:
+            line += f": free space in {where} and start again"
+        super().__init__(line)
+
+
+def read_only_error(path: Path) -> OSError | None:
+    """EROFS when ``path`` is on a file system mounted read-only (root may write any mode,
+    but not there); None otherwise, or when it cannot be told (``path`` missing)."""
+    try:
+        flags = os.statvfs(path).f_flag
+    except OSError:
+        return None
+    if flags & os.ST_RDONLY:
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    return None
 
 
 def fsync_dir(path: Path) -> None:
