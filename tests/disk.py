@@ -78,6 +78,23 @@ def _write_until_full(fd: int, limit: int | None) -> None:
             chunk //= 2
 
 
+def use_every_inode(directory: Path) -> Path:
+    """Make empty files under a new ``directory/inodes`` until the file system has no inode
+    left (a tmpfs's ``inodes``): a directory, a socket or an empty file cannot be made then,
+    as on a disk whose blocks are full (tmpfs gives those no block). The directory made."""
+    filler = directory / "inodes"
+    filler.mkdir()
+    n = 0
+    while True:
+        try:
+            (filler / str(n)).touch()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return filler
+        n += 1
+
+
 def free_bytes(directory: Path) -> int:
     """Free space available to unprivileged writers."""
     st = os.statvfs(directory)

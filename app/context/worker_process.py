@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import Engine, QueuePool
 
@@ -21,6 +22,7 @@ from app.execution.completion import CompletionService, ConsumeResult
 from app.execution.journal_settle import SettleReport
 from app.execution.worker_recovery import WorkerRecovery
 from app.settings import SERVICE_START_ENV, Settings
+from app.storage.durable import CannotMake, read_only_error
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.lease_repo import several_hosts
@@ -37,7 +39,7 @@ from app.worker.probe import HandleProbe
 from app.worker.process_limit import describe as describe_process_limit
 from app.worker.process_limit import held_by as process_limit_held_by
 from app.worker.receipts import ReceiptStore
-from app.worker.server import ControlServer
+from app.worker.server import CANNOT_MAKE, ControlServer
 from app.worker.watcher import ShimWatcher
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,11 @@ class WorkerProcess:
         self.retention: RetentionLoop | None = None
 
     def start(self) -> WorkerParts:
-        """Check the schema, build every part, re-arm live completion, open the socket."""
+        """Check the schema, build every part, re-arm live completion, open the socket.
+
+        Raises: CannotMake (``receipts/``, a shard or the socket could not be made: a full
+        disk, a read-only mount), besides the refusals ``qinglong worker`` names.
+        """
         s = self.settings
         # Before the database and the lease: a worker that cannot run jobs as the configured
         # user refuses to start (JobUserUnavailable, one line), never runs them as itself.
@@ -104,8 +110,15 @@ class WorkerProcess:
             lease = LeaseKeeper.take(settings=s, engine=engine, on_lost=self.request_stop)
             self.lease = lease
             receipts = ReceiptStore(s.receipts_dir, logs_root=s.logs_dir)
-            receipts.ensure_root()
-            if receipts.ensure_shards():  # a launch then never fsyncs the root for its shard
+            try:
+                receipts.ensure_root()
+                refused = receipts.ensure_shards()  # a launch then never fsyncs the root
+            except OSError as exc:  # a full disk, a read-only mount: the start's one line
+                raise self._cannot_make(Path(exc.filename or s.receipts_dir), exc) from None
+            read_only = read_only_error(s.receipts_dir)
+            if read_only is not None:  # made before: no launch could leave its receipt
+                raise CannotMake(s.receipts_dir, read_only, what=f"receipts in {s.receipts_dir}")
+            if refused:
                 log.warning("receipt shards not directories: their launches will fail")
             receipts.sweep_spares()  # reservations made ahead by spares that died waiting
             # Several hosts (PostgreSQL, docs/several-hosts.md): this worker reconciles, times
@@ -166,7 +179,12 @@ class WorkerProcess:
             self.retention = self._retention(engine)
             if self.retention is not None:
                 self.retention.start()
-            server.start()
+            try:
+                server.start()
+            except OSError as exc:  # no room for the socket file, or a read-only mount
+                if exc.errno not in CANNOT_MAKE:
+                    raise
+                raise self._cannot_make(s.socket_path, exc) from None
         except BaseException:
             if self.retention is not None:
                 self.retention.stop()
@@ -181,6 +199,12 @@ class WorkerProcess:
             raise
         log.info("worker listening")
         return self.parts
+
+    def _cannot_make(self, path: Path, exc: OSError) -> CannotMake:
+        """The start's one line for ``path`` (docs/disk-full-and-readiness.md)."""
+        data_dir = self.settings.data_dir
+        where = "the data dir" if path.is_relative_to(data_dir) else str(path.parent)
+        return CannotMake(path, exc, where=where)
 
     def job_policy(self) -> JobPolicy | None:
         """The checked job users (None: jobs run as the service's user; docs/job-user.md)."""

@@ -35,7 +35,7 @@ from app.domain.artifacts import (
 from app.domain.errors import ReceiptInvalid
 from app.domain.execution import ReservationState
 from app.domain.receipt import RECEIPT_MAX_BYTES
-from app.storage.durable import fsync_dir, move_by_link
+from app.storage.durable import CANNOT_WRITE, fsync_dir, move_by_link
 from app.worker.identity import current_boot_id, runs
 
 DIR_MODE = 0o700
@@ -80,13 +80,16 @@ class ReceiptStore:
         launch finds its shard made (``ensure_shard`` then syncs nothing). A shard that cannot
         be made here (a file or symlink in its place) is left to ``ensure_shard``, which fails
         only the launches that hash to it (``RECEIPT_DIR_FAILED``), as before; the count of
-        such shards is returned."""
+        such shards is returned. A full disk, a read-only mount or a root the service may not
+        write to would fail every launch: that OSError is raised (the start refuses)."""
         created = False
         refused = 0
         for name in SHARD_NAMES:
             try:
                 created = _private_dir(self.root / name) or created
-            except OSError:
+            except OSError as exc:
+                if exc.errno in CANNOT_WRITE:
+                    raise
                 refused += 1
         if created:
             fsync_dir(self.root)

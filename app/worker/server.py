@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from app.domain.errors import LaunchFailed, LaunchRejected
 from app.domain.execution import LEFTOVERS, Launched, LaunchRequest, Leftovers, StopResult
 from app.domain.model import ProcessHandle
+from app.storage.durable import NO_ROOM
 from app.worker.identity import current_boot_id
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,15 @@ class SocketInUse(RuntimeError):
     """Another process answers on the socket path."""
 
 
+# A socket file not made for want of room or on a read-only mount: said as the start's
+# ``CannotMake`` line (app/context/worker_process.py), not as a socket in use.
+CANNOT_MAKE = NO_ROOM | {errno.EROFS}
+
+
 def _bind(path: Path) -> socket.socket:
-    """Bind and listen at ``path`` created 0600; replace a stale socket only if dead."""
+    """Bind and listen at ``path`` created 0600; replace a stale socket only if dead.
+
+    Raises: SocketInUse; OSError (CANNOT_MAKE: a full disk or a read-only mount)."""
     if path.exists() or path.is_symlink():
         st = os.lstat(path)
         if not stat.S_ISSOCK(st.st_mode):
@@ -115,6 +123,8 @@ def _bind(path: Path) -> socket.socket:
     except OSError as exc:
         # Taken again between the removal and the bind, or a directory not ours to write.
         sock.close()
+        if exc.errno in CANNOT_MAKE:
+            raise  # the start's one line names the path and why (CannotMake)
         code = errno.errorcode.get(exc.errno or 0, "error")
         raise SocketInUse(f"cannot bind the worker socket {path}: {code}") from None
     finally:
