@@ -160,6 +160,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _service_main(argv)
 
 
+def _sqlite_without_room(args: argparse.Namespace, exc: BaseException) -> bool:
+    """SQLite could not open its database for want of room or a writable mount, rather than
+    for a wrong path (app/storage/unavailable.py)."""
+    from app.cli.common import settings_for
+    from app.storage.engine import sqlite_path
+    from app.storage.unavailable import cannot_open_for_room
+
+    try:
+        database = sqlite_path(settings_for(args).database_url)
+    except ValueError:
+        return False
+    return database is not None and cannot_open_for_room(exc, database)
+
+
 def _service_main(argv: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -209,8 +223,10 @@ def _service_main(argv: list[str]) -> int:
     except SQLAlchemyError as exc:
         from app.storage.unavailable import is_storage_unavailable
 
-        if is_storage_unavailable(exc):  # outside a unit of work: SQLite opening its -wal
-            REFUSAL.refuse(StorageUnavailable.detail)  # on a full disk
+        if is_storage_unavailable(exc) or _sqlite_without_room(args, exc):
+            # Outside a unit of work: SQLite opening its -wal on a full disk, or unable to
+            # make it at all (no inode left, a read-only mount).
+            REFUSAL.refuse(StorageUnavailable.detail)
             return 1
         # Never echo the URL (it may hold a password) or a traceback.
         REFUSAL.refuse(

@@ -3,7 +3,9 @@
 SQLite reports a full disk as SQLITE_FULL ("database or disk is full"), a read-only file or
 file system as SQLITE_READONLY, and a failed write of its WAL or journal as SQLITE_IOERR;
 extended codes carry the primary code in their low byte. SQLITE_CANTOPEN is left out: it
-means a missing or misconfigured path far more often than a full disk. PostgreSQL reports
+means a missing or misconfigured path far more often than a full disk; a start tells the two
+apart by the database's directory (``cannot_open_for_room``: no inode left to make the
+``-wal``, no block, or a read-only mount). PostgreSQL reports
 SQLSTATE class 53 (insufficient resources: 53100 disk_full), 25006 (read-only transaction:
 a standby, or default_transaction_read_only) and 58030 (io_error).
 
@@ -19,10 +21,12 @@ e.g. a PostgreSQL server on another volume).
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import time
 import weakref
+from pathlib import Path
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
@@ -41,6 +45,21 @@ def is_storage_unavailable(exc: BaseException) -> bool:
         return isinstance(code, int) and code & 0xFF in _SQLITE_CODES
     state = getattr(orig, "sqlstate", None)  # psycopg.Error, without importing psycopg here
     return isinstance(state, str) and (state.startswith("53") or state in _PG_STATES)
+
+
+def cannot_open_for_room(exc: BaseException, database: Path) -> bool:
+    """True when ``exc`` is SQLite's SQLITE_CANTOPEN and the directory of ``database`` has no
+    inode or no block left, or is mounted read-only: SQLite could not make its ``-wal`` or
+    ``-shm`` there, and freeing space, not the URL, is the cure."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    code = getattr(orig, "sqlite_errorcode", None) if isinstance(orig, sqlite3.Error) else None
+    if not isinstance(code, int) or code & 0xFF != sqlite3.SQLITE_CANTOPEN:
+        return False
+    try:
+        st = os.statvfs(database.parent)
+    except OSError:
+        return False  # a missing directory: the path is wrong, not the disk full
+    return st.f_favail == 0 or st.f_bavail == 0 or bool(st.f_flag & os.ST_RDONLY)
 
 
 # The connection exceptions of class 08 (not 08P01, a protocol violation: a bug), the server

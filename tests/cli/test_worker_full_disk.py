@@ -176,3 +176,26 @@ def test_a_worker_on_a_read_only_data_dir_says_so_and_starts_once_writable(
     )
     remount("rw")
     _serves(env, sock, tmp_path / "again.log")
+
+
+def test_a_worker_whose_database_cannot_get_an_inode_says_the_disk_is_full_not_the_url(
+    full_fs: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    # The default: the SQLite database in the data dir. Closed cleanly it keeps no -wal or
+    # -shm, and with no inode left SQLite cannot make them: SQLITE_CANTOPEN, which before
+    # was told "check QL_DATABASE_URL and run `qinglong migrate`", the one command failing.
+    data = full_fs / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env["QL_DATA_DIR"] = str(data)
+    migrated = subprocess.run(
+        [sys.executable, "-m", "app", "migrate"], capture_output=True, text=True, env=env,
+        timeout=60,
+    )  # fmt: skip
+    assert migrated.returncode == 0, migrated.stderr
+    instance_id(data)
+    fillers = _fill(full_fs)
+    assert _refused(env) == (
+        "qinglong: the database cannot store writes now (disk full or read-only); retry later"
+    )
+    _free(fillers)
+    _serves(env, data / "worker.sock", tmp_path / "worker.log")
