@@ -31,9 +31,11 @@ import pytest
 
 from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
+from app.storage.secret_crypto import KeyRing
 from app.worker.instance import instance_id
 from app.worker.receipts import ReceiptStore
 from tests.disk import fill, mounted_tmpfs, use_every_inode
+from tests.e2e.conftest import free_port, wait_until
 
 FULL = "(No space left on device): free space in the data dir and start again"
 
@@ -199,3 +201,47 @@ def test_a_worker_whose_database_cannot_get_an_inode_says_the_disk_is_full_not_t
     )
     _free(fillers)
     _serves(env, data / "worker.sock", tmp_path / "worker.log")
+
+
+def test_serve_logs_the_refused_worker_s_line_and_restarts_it_until_there_is_room(
+    short_dir: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    # docs/disk-full-and-readiness.md § The worker's start: under serve the line is the
+    # worker's log line, each try; the supervisor backs off and the worker serves once freed.
+    # Inodes for the api's 257 log directories too, which it makes once space is freed.
+    with mounted_tmpfs(short_dir / "fs", size_mib=60, inodes=1000) as fs:
+        _serve_on_a_full_disk(fs, tmp_path)
+
+
+def _serve_on_a_full_disk(full_fs: Path, tmp_path: Path) -> None:
+    data = full_fs / "data"
+    data.mkdir(mode=0o700)
+    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
+    instance_id(data)
+    (data / "metrics").mkdir(mode=0o700)  # a data dir restored without receipts/
+    for lock in ("serve.lock", "api.lock"):
+        (data / lock).touch(mode=0o600)
+    url = f"sqlite:///{tmp_path / 'q.db'}"  # serve migrates it: it has room
+    fillers = _fill(full_fs)
+    log = tmp_path / "serve.log"
+    port = str(free_port())
+    with log.open("wb") as out:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", port],
+            env=_env(data, url), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+        )  # fmt: skip
+    try:
+        refusal = f" worker ERROR cannot make {data}/receipts {FULL}"
+        wait_until("two refused starts", lambda: log.read_text().count(refusal) >= 2, 60)
+        assert "supervisor WARNING worker exited (status 1) after" in log.read_text()
+        _free(fillers)
+        wait_until("the worker listening", lambda: "worker listening" in log.read_text(), 60)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) == 0, log.read_text()
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait(30)
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    assert (data / "receipts" / "ff").is_dir()
