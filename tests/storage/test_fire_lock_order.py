@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, event, func, insert, select, text
+from sqlalchemy.exc import DBAPIError
 
 from app.domain.errors import Conflict, ErrorCode
 from app.domain.ids import now_ms
@@ -41,6 +42,7 @@ from app.storage.runs_repo import RunRepository, enqueue_in
 from app.storage.schedules_repo import ScheduleRepository
 from app.storage.tables import runs, schedule_decisions, task_archive
 from app.storage.uow import UnitOfWork
+from tests.conftest import PG_ENV
 from tests.storage.helpers import define_task
 
 T0 = 1_699_999_200_000  # the schedule's own clock, in the past (tests/storage/test_schedules.py)
@@ -98,7 +100,24 @@ class _Racer(threading.Thread):
 
 @pytest.fixture
 def slow_deadlock_check(pg_engine: Engine) -> Iterator[Engine]:
-    """``pg_engine`` whose connections wait ``DEADLOCK_TIMEOUT_S`` before a deadlock check."""
+    """``pg_engine`` whose connections wait ``DEADLOCK_TIMEOUT_S`` before a deadlock check.
+
+    Setting ``deadlock_timeout`` takes a superuser (or, PostgreSQL 15+, ``GRANT SET ON
+    PARAMETER deadlock_timeout``); under a role without it the test skips: at the default
+    1 s a loaded machine could pass for the stall it looks for (docs/testing.md).
+    """
+    with pg_engine.connect() as probe:
+        try:
+            probe.execute(text(f"SET deadlock_timeout = '{DEADLOCK_TIMEOUT_S}s'"))
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "42501":  # insufficient_privilege
+                raise
+            pytest.skip(
+                f"SET deadlock_timeout needs a superuser or GRANT SET ON PARAMETER; the role "
+                f"of {PG_ENV} has neither: {exc.orig}"
+            )
+        finally:
+            probe.rollback()  # the setting goes with the probe's transaction
 
     def on_connect(dbapi_conn: Any, _record: Any) -> None:
         with dbapi_conn.cursor() as cursor:
