@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,7 +50,7 @@ TOOL_DIRS = frozenset({
     ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache",
     ".import_linter_cache", ".hypothesis", ".tox", ".nox", "htmlcov",
 })  # fmt: skip
-_CHECKOUT_BEFORE = pytest.StashKey[frozenset[str]]()
+_CHECKOUT_BEFORE = pytest.StashKey[tuple[frozenset[str], float]]()
 _CHECKOUT_GAINED = pytest.StashKey[list[str]]()
 
 
@@ -95,20 +96,36 @@ def checkout_entries(root: Path = ROOT) -> frozenset[str]:
     return frozenset(e for e in found if not _tool_output(e))
 
 
+def gained_entries(before: frozenset[str], since: float, root: Path = ROOT) -> list[str]:
+    """What ``checkout_entries(root)`` holds beyond ``before`` and was made during the run:
+    its own mtime (``lstat``) at or after ``since`` (the session's start, on the wall clock)
+    less a second for coarse timestamps. A new entry that is older (a file restored from an
+    older copy, a directory moved back in) is not the run's doing."""
+    gained = []
+    for entry in sorted(checkout_entries(root) - before):
+        try:
+            made = os.lstat(root / entry).st_mtime
+        except OSError:  # gone again since the listing
+            continue
+        if made >= since - 1:
+            gained.append(entry)
+    return gained
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Note what the checkout holds; ``pytest_sessionfinish`` fails the run if it gained any.
     Under xdist only the controller checks (it ends after every worker has)."""
     if not hasattr(session.config, "workerinput"):
-        session.config.stash[_CHECKOUT_BEFORE] = checkout_entries()
+        session.config.stash[_CHECKOUT_BEFORE] = (checkout_entries(), time.time())
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run when the checkout gained a file or directory (once, a run left a
-    ``secret.key`` in its root): tests write under their temp dirs only."""
-    before = session.config.stash.get(_CHECKOUT_BEFORE, None)
-    if before is None:
+    """Fail the run when the checkout gained a file or directory made during it (once, a
+    run left a ``secret.key`` in its root): tests write under their temp dirs only."""
+    noted = session.config.stash.get(_CHECKOUT_BEFORE, None)
+    if noted is None:
         return
-    gained = sorted(checkout_entries() - before)
+    gained = gained_entries(*noted)
     session.config.stash[_CHECKOUT_GAINED] = gained
     if gained and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

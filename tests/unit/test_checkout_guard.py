@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import checkout_entries
+from tests.conftest import checkout_entries, gained_entries
 
 
 def _tree(root: Path) -> None:
@@ -46,3 +48,22 @@ def test_in_a_git_checkout_an_untracked_or_ignored_file_anywhere_counts(tmp_path
     (tmp_path / "docs" / "__pycache__").mkdir()
     (tmp_path / "docs" / "__pycache__" / "x.pyc").write_text("x")
     assert checkout_entries(tmp_path) - before == {"docs/deep.txt", "docs/.qinglong"}
+
+
+def test_only_a_new_entry_made_since_the_start_is_gained(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    start = time.time()
+    before = checkout_entries(tmp_path)
+    (tmp_path / "secret.key").write_text("k")  # made by the run
+    (tmp_path / "app" / "stray").mkdir()
+    restored = tmp_path / "restored.txt"  # copied back from before the run, its mtime kept
+    restored.write_text("x")
+    an_hour_ago = start - 3600
+    os.utime(restored, (an_hour_ago, an_hour_ago))
+    link = tmp_path / "old-link"  # a symlink's own mtime counts, not its target's
+    link.symlink_to("secret.key")
+    os.utime(link, (an_hour_ago, an_hour_ago), follow_symlinks=False)
+    new = {"secret.key", "app/stray", "restored.txt", "old-link"}
+    assert checkout_entries(tmp_path) - before == new
+    assert gained_entries(before, start, tmp_path) == ["app/stray", "secret.key"]
+    assert gained_entries(before, time.time() + 3600, tmp_path) == []  # all before "start"
