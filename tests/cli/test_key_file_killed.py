@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,15 +31,9 @@ from app.storage.migrate import upgrade_to_head
 from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository, stored_key_ids
 from app.storage.tokens_repo import TokenRepository
+from tests.e2e.conftest import REPO_ROOT, free_port
 
 START_S = 30.0
-ROOT = Path(__file__).resolve().parents[2]  # where ``app`` and ``tests`` import from
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class _Starts:
@@ -110,7 +103,7 @@ def test_api_starts_killed_while_publishing_their_key_leave_one_working_key(
     engine = make_engine(url)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("QL_", "QLTEST_"))}
     env |= {"QL_DATA_DIR": str(data), "QL_DATABASE_URL": url,
-            "QL_WORKER_SOCKET": str(tmp_path / "w.sock"), "PYTHONPATH": str(ROOT)}  # fmt: skip
+            "QL_WORKER_SOCKET": str(tmp_path / "w.sock"), "PYTHONPATH": str(REPO_ROOT)}  # fmt: skip
     starts = _Starts(env, tmp_path)
     try:
         upgrade_to_head(engine)
@@ -120,7 +113,7 @@ def test_api_starts_killed_while_publishing_their_key_leave_one_working_key(
         # 1. A first start halted before its link() and killed there for real: its temp
         # holds a whole key, fsynced, that never became the key.
         halted = tmp_path / "halted-1"
-        first = starts.start(_free_port(), "tests.cli.crash_key_file",
+        first = starts.start(free_port(), "tests.cli.crash_key_file",
                              QLTEST_CRASH_AT="before_link", QLTEST_CRASH_MARK=str(halted))  # fmt: skip
         _wait(halted.exists, first, "the first start halted before its link()")
         _kill9(first)
@@ -130,7 +123,7 @@ def test_api_starts_killed_while_publishing_their_key_leave_one_working_key(
         # 2. The next start, halted after its link() and killed: its key is the key (a second
         # name of it left); the first start's temp is young (a publish may be under way): kept.
         halted = tmp_path / "halted-2"
-        second = starts.start(_free_port(), "tests.cli.crash_key_file",
+        second = starts.start(free_port(), "tests.cli.crash_key_file",
                               QLTEST_CRASH_AT="after_link", QLTEST_CRASH_MARK=str(halted))  # fmt: skip
         _wait(halted.exists, second, "the second start halted after its link()")
         _kill9(second)
@@ -143,7 +136,7 @@ def test_api_starts_killed_while_publishing_their_key_leave_one_working_key(
 
         # 3. A start that serves: exactly one working key, the second's; a secret stored
         # through it. Both temps are still young: kept.
-        port = _free_port()
+        port = free_port()
         third = starts.start(port)
         _wait(lambda: _healthy(port), third, "the third start served")
         put = httpx.put(
