@@ -44,7 +44,9 @@ def launch(
 ) -> dict[str, Any]:
     """Start the shim exactly as the worker does; return the parsed status line.
     ``file_size_limit``: no file may grow past it (RLIMIT_FSIZE), with SIGXFSZ at its default
-    as a shell or a systemd unit (LimitFSIZE) leaves it: the shim must ignore it itself."""
+    as a shell or a systemd unit (LimitFSIZE) leaves it: the shim must not die of it. CPython
+    ignores SIGXFSZ from its start-up, so the shim's own ignore (app/worker/shim.py
+    ``_run_shim``) is not what these tests can tell apart: they guard the behaviour."""
     payload = spec if isinstance(spec, bytes) else json.dumps(spec).encode()
 
     def limit_file_size() -> None:
@@ -171,7 +173,11 @@ def test_a_shim_under_a_file_size_limit_keeps_the_logs_head_and_records_the_exit
     tmp_path: Path, launched: Launched
 ) -> None:
     """Writes past the limit fail EFBIG (no SIGXFSZ ends the shim): the log keeps what fit,
-    the gap is recorded there, the job runs on to its own exit, published in one receipt."""
+    the gap is recorded there, the job runs on to its own exit, published in one receipt.
+
+    This guards the behaviour, a shim killed by SIGXFSZ, not the SIGXFSZ entry in
+    ``_run_shim``'s ignore list: CPython ignores SIGXFSZ from start-up, so the test passes
+    without that entry too (checked); the entry keeps it so should the start-up change."""
     limit, written = 100_000, 300_000
     spec = make_spec(
         tmp_path, ["/bin/sh", "-c", f"head -c {written} /dev/zero; echo done >&2; exit 0"]
