@@ -1,16 +1,16 @@
 """SIGKILLed api workers and worker never fire a slot twice nor lose one (docs/schedules.md §2).
 
-One every-second schedule runs for 120 slots on a real ``qinglong serve --workers 2`` (two
+One every-second schedule runs for 96 slots on a real ``qinglong serve --workers 2`` (two
 scheduling loops racing) while a uvicorn worker or the supervised worker is SIGKILLed, by
-pid, every 6 s (20 kills), at varied offsets after a slot's instant (inside the fire
+pid, every 6 s (16 kills), at varied offsets after a slot's instant (inside the fire
 transaction, the dispatch, the launch). Every slot from the first to the last decided has
 exactly one decision, every fired slot exactly one run, and every run ends with exactly one
 terminal event once the service settles, through recovery where a kill interrupted it (the
 runs and decisions are read over HTTP, the terminal events of all runs in one query).
 
 SQLite and, when ``QL_TEST_POSTGRES_URL`` is set, PostgreSQL run side by side in the same
-120 s (one service each): the test is mostly waiting for slots, so one item costs its
-xdist worker 120 s for both engines instead of 240 s. It is marked ``slow`` and scheduled
+96 s (one service each): the test is mostly waiting for slots, so one item costs its
+xdist worker 96 s for both engines instead of 192 s. It is marked ``slow`` and scheduled
 first (tests/conftest.py), so it never makes the run's tail.
 """
 
@@ -39,9 +39,9 @@ from tests.worker.kit import kill_exact
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# 120 slots, a kill every 6 s: the 20 kills the first version made over 200 slots (every
-# 10 s), in 80 s less of CI's time (docs/testing.md).
-SLOTS = 120
+# 96 slots, a kill every 6 s: 16 kills (12 of an api worker, 4 of the worker; the first
+# version made 20 over 200 slots, every 10 s), in 104 s less of CI's time (docs/testing.md).
+SLOTS = 96
 KILL_EVERY_S = 6
 # Three api-worker kills for one worker kill: the supervisor's restart delay doubles for a
 # worker that lived under 60 s (0.5, 1, 2, 4, 8 s over these five, 24 s apart), uvicorn
