@@ -28,11 +28,13 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from socket import socket
 from typing import Any, NoReturn
@@ -51,6 +53,11 @@ EXIT_CANNOT_START = STARTUP_FAILURE
 # shutdown and the lifespan's close; then they are killed.
 STOP_OTHERS_S = 12.0
 _POLL_S = 0.1
+# How much of an exception's words the line keeps (an import error's message, an OS error's
+# words and file): a driver's message can run to many lines (psycopg's "no pq wrapper
+# available" lists each implementation it tried).
+WORDS_MAX = 400
+REASON_MAX = 500
 
 _APP_ROOT = Path(__file__).resolve().parents[1]
 # Where this process's start failure goes: the manager's pipe in a spawned worker (set by
@@ -83,7 +90,7 @@ def fail(exc: BaseException) -> NoReturn:
     sent = False
     if _reports is not None:
         try:
-            _reports.send((os.getpid(), line))
+            _reports.send(report(os.getpid(), line))
             sent = True
         except (OSError, ValueError):
             pass  # the manager is gone: say it here
@@ -103,11 +110,36 @@ def reason(exc: BaseException) -> str:
     SQL parameter or a secret."""
     what = type(exc).__name__
     if isinstance(exc, ImportError):
-        what = f"{what}: {exc}"
+        what = f"{what}: {_words(str(exc))}"
     elif isinstance(exc, OSError) and exc.strerror:
-        what = f"{what}: {exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
+        said = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+        what = f"{what}: {_words(str(said))}"
     where = _where(exc)
-    return f"{what} (at {where})" if where else what
+    return _words(f"{what} (at {where})" if where else what, REASON_MAX)
+
+
+def _words(text: str, limit: int = WORDS_MAX) -> str:
+    """``text`` on one line (every run of whitespace, newlines included, one space), at most
+    ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def report(pid: int, line: str) -> tuple[int, str]:
+    """What a worker sends the manager: ``(pid, line)``, pickled to at most ``PIPE_BUF``
+    bytes. Every worker writes to one pipe, and only a write of up to ``PIPE_BUF`` bytes is
+    atomic: a longer one could interleave with another worker's and garble both. The line
+    of ``fail`` is ``REASON_MAX`` characters and a prefix, at most about 2,100 bytes of
+    UTF-8, so this only checks (and, were it ever longer, shortens) it."""
+    while len(_framed(pid, line)) > select.PIPE_BUF:
+        line = line[: len(line) * 3 // 4] + "…"
+    return pid, line
+
+
+def _framed(pid: int, line: str) -> bytes:
+    """The bytes ``Connection.send`` writes for ``(pid, line)``: a 4-byte length, then the
+    pickle (one write, for a message of up to 16 KiB)."""
+    return b"1234" + bytes(ForkingPickler.dumps((pid, line)))
 
 
 def _where(exc: BaseException) -> str | None:
