@@ -177,7 +177,7 @@ def _sqlite_without_room(args: argparse.Namespace, exc: BaseException) -> bool:
 def _service_main(argv: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.cli.common import REFUSAL, KeyFileMissing, NoDatabase
+    from app.cli.common import REFUSAL, ApiCannotStart, KeyFileMissing, NoDatabase
     from app.domain.errors import (
         DatabaseUnreachable,
         DomainError,
@@ -195,6 +195,11 @@ def _service_main(argv: list[str]) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
+    except ApiCannotStart as exc:
+        from app.api.startup import EXIT_CANNOT_START
+
+        REFUSAL.refuse(str(exc))
+        return EXIT_CANNOT_START
     except (NoDatabase, KeyFileMissing, CannotMake) as exc:
         REFUSAL.refuse(str(exc))
         return 1

@@ -17,9 +17,10 @@ import os
 import pwd
 import resource
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
@@ -187,6 +188,38 @@ def _require_sqlite_file(settings: Settings) -> None:
 class KeyFileMissing(Exception):
     """No key file and no ``QL_SECRET_KEY`` while the database holds secrets, or cannot say
     whether it does: one line saying where the key must come from, exit 1."""
+
+
+T = TypeVar("T")
+
+
+class ApiCannotStart(Exception):
+    """A step of ``qinglong api`` or ``serve`` before uvicorn starts (``start_step``) raised
+    what no refusal covers: a broken install (a database driver that does not import). One
+    line, ``the api cannot start: <reason>`` (app/api/startup.py's ``reason``: the type, an
+    import or OS error's words, where), and exit 3, as when the api's workers cannot start."""
+
+
+def refusals() -> tuple[type[Exception], ...]:
+    """The exceptions a service command already says as one line (``_service_main``)."""
+    from app.domain.errors import DomainError
+
+    return (NoDatabase, KeyFileMissing, CannotMake, DomainError, StorageUnavailable,
+            SQLAlchemyError, ValueError)  # fmt: skip
+
+
+def start_step(step: Callable[[], T]) -> T:
+    """``step()``, one of ``qinglong api``'s (or ``serve``'s) before uvicorn: what it raises
+    that a refusal covers goes on as it is; anything else is ``ApiCannotStart``, never a
+    traceback (the key check builds an engine here, importing the driver)."""
+    try:
+        return step()
+    except refusals():
+        raise
+    except Exception as exc:
+        from app.api.startup import reason
+
+        raise ApiCannotStart(f"the api cannot start: {reason(exc)}") from None
 
 
 def make_first_start_files(settings: Settings, *, key: bool = True) -> str | None:

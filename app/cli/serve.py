@@ -22,6 +22,7 @@ from app.cli.common import (
     make_first_start_files,
     private_settings,
     require_key_for_stored_secrets,
+    start_step,
 )
 from app.settings import Settings
 
@@ -161,7 +162,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.close(api_lock)  # ours takes it when it starts
     _check_listen(args.host, args.port)
     cmd_migrate(args)
-    require_key_for_stored_secrets(settings)  # before the api makes a new key file
+    # Before the api makes a new key file; a broken driver is one line (the key check
+    # builds an engine here).
+    start_step(lambda: require_key_for_stored_secrets(settings))
     api_argv = [sys.executable, *_ISOLATED, "-m", "app", "api", "--host", args.host]
     api_argv += ["--port", str(args.port), "--workers", str(args.workers)]
 
@@ -225,8 +228,10 @@ def cmd_api(args: argparse.Namespace) -> int:
     # Held until this process exits: the metric files below are this api's alone.
     if hold_lock(settings.data_dir / API_LOCK) is None:
         return _in_use(settings, "qinglong api")
-    require_key_for_stored_secrets(settings)  # before build_context makes a new key file
-    cannot = make_first_start_files(settings)
+    # Before build_context makes a new key file. Both run here, before uvicorn: what they
+    # raise that no refusal covers (a driver that does not import) is one line, exit 3.
+    start_step(lambda: require_key_for_stored_secrets(settings))
+    cannot = start_step(lambda: make_first_start_files(settings))
     if cannot is not None:
         REFUSAL.refuse(cannot)
         return 1

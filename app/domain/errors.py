@@ -60,7 +60,8 @@ that built the adapter). They are listed here, not defined here:
   _Disconnected; app/api/routes_logs.py: _Refused (a follow's token refused, its stream's
   error event); app/cli/shard_audit.py: AuditRefused; app/cli/common.py: NoDatabase (no
   SQLite file where a service command looks), NotTheOwner(ValueError) (root on another
-  user's data dir), KeyFileMissing (no key file while the database holds secrets);
+  user's data dir), KeyFileMissing (no key file while the database holds secrets),
+  ApiCannotStart (a step of ``qinglong api``/``serve`` before uvicorn raised);
   app/cli/client/api.py: ClientError, Unreachable, ApiProblem (the HTTP client's one-line
   errors); app/cli/client/config.py: ConfigRefused.
 """

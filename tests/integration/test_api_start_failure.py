@@ -33,23 +33,28 @@ EXIT_WITHIN_S = 25.0
 
 
 @pytest.mark.parametrize(
-    ("workers", "broken", "first_import"),
+    ("workers", "broken", "first_import", "key_file"),
     [
-        (2, "psycopg", "app/storage/engine.py"),  # in the lifespan
-        (2, "cronsim", "app/schedule/"),  # the app's import
-        (1, "cronsim", "app/schedule/"),
+        (2, "psycopg", "app/storage/engine.py", True),  # in the lifespan
+        (2, "cronsim", "app/schedule/", True),  # the app's import
+        (1, "cronsim", "app/schedule/", True),
+        # No key file: `qinglong api` itself asks the database whether it holds secrets,
+        # before uvicorn, so it imports the driver first (app/cli/common.py start_step).
+        (2, "psycopg", "app/storage/engine.py", False),
     ],
 )
 def test_an_api_whose_workers_cannot_start_exits_with_one_line(
-    tmp_path: Path, short_dir: Path, workers: int, broken: str, first_import: str
+    tmp_path: Path, short_dir: Path, workers: int, broken: str, first_import: str, key_file: bool
 ) -> None:
     shadow = tmp_path / "broken"
     (shadow / broken).mkdir(parents=True)
     (shadow / broken / "__init__.py").write_text(f'raise ImportError("this {broken} is broken")\n')
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
-    # A data dir that ran before: the api reads no database before its workers start.
-    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
+    # A data dir that ran before: with its key file the api reads no database before its
+    # workers start.
+    if key_file:
+        KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
     instance_id(data)
     port = free_port()
     closed = free_port()  # nothing listens there: the driver's import fails first anyway
