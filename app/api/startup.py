@@ -15,7 +15,9 @@ it was raised; never a traceback, which may quote SQL parameters or a URL) and e
 process at once with ``STARTUP_FAILURE``. A spawned worker does not print it: it sends the
 line to the manager (``ApiManager``) through a pipe that travels with uvicorn's config
 (``ApiConfig``), and the manager stops the other workers and ends the api, so the line is
-said once, by ``qinglong api`` (``ApiManager.failure``). The manager also stops waiting on
+said once, by ``qinglong api`` (``ApiManager.failure``). That is while no worker has
+served: after, a worker that cannot start is logged and tried again after a backoff, and
+the others serve on (``after_exit``). The manager also stops waiting on
 a worker that has exited, where uvicorn's ping waited its whole timeout (30 s here).
 
 A database that does not answer is not such a failure: the lifespan does not need it, the
@@ -53,6 +55,10 @@ EXIT_CANNOT_START = STARTUP_FAILURE
 # shutdown and the lifespan's close; then they are killed.
 STOP_OTHERS_S = 12.0
 _POLL_S = 0.1
+# Once the api has served, a worker that cannot start is started again after this long,
+# doubling to the most (as `qinglong serve` backs off a service); a worker that serves resets it.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 30.0
 # How much of an exception's words the line keeps (an import error's message, an OS error's
 # words and file): a driver's message can run to many lines (psycopg's "no pq wrapper
 # available" lists each implementation it tried).
@@ -168,41 +174,91 @@ class ApiConfig(uvicorn.Config):
         super().load()
 
 
+def after_exit(code: int | None, *, was_ready: bool, api_served: bool) -> str:
+    """What the manager does about a worker that exited with status ``code`` (negative: the
+    signal that ended it): ``"restart"`` a worker that served (killed: started again at
+    once, as uvicorn does); ``"end"`` the api when the worker never served and no worker of
+    this api ever has, and it could not start (``STARTUP_FAILURE``, its line sent) or died
+    by a signal (killed mid-start: an OOM killer, a crash in a driver's C code, which would
+    recur at each try); else ``"retry"``: a worker that never served is started again after
+    a backoff, while the others serve on (one lost worker is not an outage)."""
+    if was_ready:
+        return "restart"
+    if not api_served and code is not None and (code == STARTUP_FAILURE or code < 0):
+        return "end"
+    return "retry"
+
+
+def exit_line(code: int | None) -> str:
+    """The line of a worker that exited before serving, when it sent none."""
+    if code is not None and code < 0:
+        return f"an api worker exited by signal {-code} before serving"
+    return f"an api worker could not start (exit status {code})"
+
+
 class ApiManager(Multiprocess):
-    """uvicorn's multiprocess manager, except that a worker that could not start ends it.
+    """uvicorn's multiprocess manager, except that a worker that could not start, before any
+    worker of the api served, ends it (``after_exit``).
 
     ``failure`` is the line a worker sent (or, for a worker that exited with uvicorn's
-    ``STARTUP_FAILURE`` without one, a line that says so); the other workers are stopped
-    and ``run`` returns. A worker started by a rolling restart (SIGHUP) that cannot start is
+    ``STARTUP_FAILURE`` or by a signal without one, a line that says so); the other workers
+    are stopped and ``run`` returns. Once a worker has served (answered uvicorn's health
+    ping with its server started), a worker that cannot start is logged with its line and
+    started again after a backoff (``RETRY_FIRST_S`` doubling to ``RETRY_MAX_S``), while the
+    others serve on. A worker started by a rolling restart (SIGHUP) that cannot start is
     not one of ``processes`` yet: uvicorn keeps the old one serving, and its line is logged.
-    A worker that dies otherwise (killed) is restarted, as uvicorn does.
+    A worker that dies after it served (killed) is restarted at once, as uvicorn does.
     """
 
     def __init__(self, config: ApiConfig, sockets: list[socket], reports: Connection) -> None:
         super().__init__(config, sockets)
         self.reports = reports
         self.failure: str | None = None
+        self.served = False  # some worker of this api has served
+        self._ready: set[Process] = set()  # workers that served
+        self._lines: dict[int, str] = {}  # what a worker that could not start sent, by pid
+        self._retry_at: dict[Process, float] = {}  # a worker that exited: when to replace it
+        self._backoff_s = RETRY_FIRST_S
 
     def keep_subprocess_alive(self) -> None:
         if self.should_exit.is_set() or self._failed():
             return
+        live = set(self.processes)  # forget those a rolling restart replaced
+        self._ready &= live
+        self._retry_at = {p: at for p, at in self._retry_at.items() if p in live}
         for idx, process in enumerate(self.processes):
+            if process in self._retry_at:  # exited before serving: replaced after a backoff
+                if time.monotonic() >= self._retry_at[process]:
+                    del self._retry_at[process]
+                    self.processes[idx] = self._start()
+                continue
             if self._answers(process):
                 continue
             if self._failed():
                 return
             process.kill()  # hung (or gone): make sure
             process.join()
-            if process.exitcode == STARTUP_FAILURE:
-                self._fail(f"an api worker could not start (exit status {STARTUP_FAILURE})")
-                return
             if self.should_exit.is_set():
                 return
-            code = process.exitcode
-            log.warning("api worker [%s] died (status %s); starting another", process.pid, code)
-            process = Process(self.config, self.sockets)
-            process.start()
-            self.processes[idx] = process
+            code, pid = process.exitcode, process.pid
+            line = self._lines.pop(pid or 0, None) or exit_line(code)
+            decided = after_exit(code, was_ready=process in self._ready, api_served=self.served)
+            self._ready.discard(process)
+            if decided == "end":
+                self._fail(line)
+                return
+            if decided == "restart":
+                log.warning("api worker [%s] died (status %s); starting another", pid, code)
+                self.processes[idx] = self._start()
+                continue
+            log.error("api worker [%s]: %s; another in %.1f s", pid, line, self._backoff_s)
+            self._retry_at[process] = time.monotonic() + self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, RETRY_MAX_S)
+
+    def _start(self) -> Process:
+        process = Process(self.config, self.sockets)
+        process.start()
+        return process
 
     def join_all(self) -> None:
         if self.failure is None:
@@ -217,7 +273,8 @@ class ApiManager(Multiprocess):
 
     def _answers(self, process: Process) -> bool:
         """uvicorn's health ping, given up as soon as the worker exits or one reports a
-        failed start (uvicorn's waited its whole timeout for a worker that had exited)."""
+        failed start (uvicorn's waited its whole timeout for a worker that had exited). A
+        worker answers whether its server has started: the first that has, has served."""
         if not process.process.is_alive():
             return False
         try:
@@ -225,7 +282,10 @@ class ApiManager(Multiprocess):
             deadline = time.monotonic() + self.config.timeout_worker_healthcheck
             while time.monotonic() < deadline:
                 if process.parent_conn.poll(_POLL_S):
-                    process.parent_conn.recv()
+                    if process.parent_conn.recv() is True and process not in self._ready:
+                        self._ready.add(process)  # a new worker serves: the backoff is over
+                        self.served = True
+                        self._backoff_s = RETRY_FIRST_S
                     return True
                 if not process.process.is_alive():
                     return False
@@ -236,13 +296,16 @@ class ApiManager(Multiprocess):
         return False
 
     def _failed(self) -> bool:
-        """Read the workers' lines; True once one of ours could not start."""
+        """Read the workers' lines; True once one of ours could not start before any
+        worker served."""
         ours = {p.pid for p in self.processes}
         try:
             while self.reports.poll():
                 pid, line = self.reports.recv()
-                if pid in ours:
+                if pid in ours and not self.served:
                     self._fail(line)
+                elif pid in ours:  # said with the backoff once its exit is seen
+                    self._lines[pid] = line
                 else:  # a rolling restart's new worker: uvicorn keeps the old one
                     log.error("api worker [%s] of a rolling restart: %s", pid, line)
         except (OSError, EOFError, pickle.UnpicklingError):
