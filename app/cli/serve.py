@@ -280,6 +280,10 @@ def _run_uvicorn(args: argparse.Namespace, settings: Settings) -> int:
         server = uvicorn.Server(startup.ApiConfig(APP_FACTORY, **options))
         with contextlib.suppress(KeyboardInterrupt):
             server.run()  # a start that fails ends the process in app/api/startup.py
+        if not server.started:
+            # uvicorn.run's own check: a start that failed in uvicorn itself (the address in
+            # use: it logged why) or was stopped before it served is not an orderly stop.
+            return startup.EXIT_CANNOT_START
         return 0
     reports, writer = multiprocessing.get_context("spawn").Pipe(duplex=False)
     config = startup.ApiConfig(APP_FACTORY, reports=writer, **options)
@@ -293,8 +297,8 @@ def _run_uvicorn(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def uvicorn_options(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    """The keyword arguments ``qinglong api`` hands ``uvicorn.run`` (and so its ``Config``,
-    which uvicorn pickles into each worker it spawns) besides the app factory's path."""
+    """The keyword arguments ``qinglong api`` hands uvicorn's ``Config`` (``ApiConfig``, which
+    uvicorn pickles into each worker it spawns) besides the app factory's path."""
     from app.api import retirement
 
     limits = settings.http
