@@ -13,7 +13,6 @@ exited 0; with ``--workers 1`` each was a traceback.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,9 +22,11 @@ from pathlib import Path
 import pytest
 
 from app.storage.secret_crypto import KeyRing
+from app.worker.identity import read_identity
 from app.worker.instance import instance_id
 from tests.e2e.conftest import REPO_ROOT, free_port
 from tests.e2e.test_supervisor import uvicorn_workers
+from tests.kit.processes import kill_exact, proc_state
 
 # The api's start (the app's import in each spawned worker) takes a few seconds on a busy
 # host; uvicorn's manager took 30 s more to notice, or never did.
@@ -71,17 +72,17 @@ def test_an_api_whose_workers_cannot_start_exits_with_one_line(
         proc = subprocess.Popen(
             argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
         )
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # pid: start ticks
     try:
         while proc.poll() is None and time.monotonic() - started < EXIT_WITHIN_S:
-            seen |= set(uvicorn_workers(proc.pid))
+            seen |= uvicorn_workers(proc.pid)
             time.sleep(0.05)
         code = proc.poll()
         assert code is not None, f"still up after {EXIT_WITHIN_S:.0f} s:\n{log.read_text()}"
     finally:
         if proc.poll() is None:
-            for pid in uvicorn_workers(proc.pid):
-                os.kill(pid, signal.SIGKILL)
+            for pid, ticks in uvicorn_workers(proc.pid).items():
+                kill_exact(pid, ticks)
             proc.kill()
             proc.wait(timeout=10)
     said = log.read_text()
@@ -92,15 +93,10 @@ def test_an_api_whose_workers_cannot_start_exits_with_one_line(
     assert lines[0].startswith(
         f"qinglong: the api cannot start: ImportError: this {broken} is broken (at {first_import}"
     ), said
-    for pid in seen:  # every worker ended with the api
-        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
+    for pid, ticks in seen.items():  # every worker ended with the api
+        ident = read_identity(pid)  # a pid in use again on a busy host is another process
+        assert ident is None or ident.start_ticks != ticks or proc_state(pid) in ("Z", ""), pid
     with socket.socket() as probe:  # the port is free again: nothing holds it
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", port))
 
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
