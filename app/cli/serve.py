@@ -161,7 +161,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _in_use(settings, "qinglong api")
     os.close(api_lock)  # ours takes it when it starts
     _check_listen(args.host, args.port)
-    cmd_migrate(args)
+    # A broken install (a driver that does not import) shows first here: one line, exit 3.
+    start_step(lambda: cmd_migrate(args))
     # Before the api makes a new key file; a broken driver is one line (the key check
     # builds an engine here).
     start_step(lambda: require_key_for_stored_secrets(settings))

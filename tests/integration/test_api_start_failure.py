@@ -100,3 +100,33 @@ def test_an_api_whose_workers_cannot_start_exits_with_one_line(
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", port))
 
+
+
+def test_serve_with_a_driver_that_does_not_import_exits_with_one_line(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    """`qinglong serve` imports the driver itself, to migrate and to ask for stored secrets
+    (no key file), before it starts the api: the same line, never a traceback."""
+    shadow = tmp_path / "broken"
+    (shadow / "psycopg").mkdir(parents=True)
+    (shadow / "psycopg" / "__init__.py").write_text('raise ImportError("this psycopg is broken")\n')
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env |= {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
+            "PYTHONPATH": str(shadow),
+            "QL_DATABASE_URL": f"postgresql+psycopg://ql@127.0.0.1:{free_port()}/ql"}  # fmt: skip
+    argv = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port",
+            str(free_port())]  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=EXIT_WITHIN_S,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 3, said
+    assert "Traceback" not in said, said
+    lines = [line for line in said.splitlines() if "cannot start" in line]
+    assert len(lines) == 1, said
+    assert lines[0].startswith(
+        "qinglong: the api cannot start: ImportError: this psycopg is broken (at app/"
+    ), said
