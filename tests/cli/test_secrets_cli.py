@@ -103,8 +103,7 @@ def test_a_data_dir_restored_without_its_key_file_is_refused_not_given_a_new_key
     # A backup put back without secret.key (docs/operations.md §3 keeps it apart): a key made
     # now decrypts none of the stored secrets, and a secret set under it would be lost once
     # the right key file is put back. The services and rotate-key refuse with one line.
-    import uvicorn
-
+    from app.cli import serve as serve_cli
     from app.supervisor.supervisor import Supervisor
     from tests.e2e.conftest import free_port
 
@@ -112,7 +111,7 @@ def test_a_data_dir_restored_without_its_key_file_is_refused_not_given_a_new_key
     monkeypatch.delenv("QL_DATABASE_URL", raising=False)
     monkeypatch.setenv("QL_WORKER_SOCKET", str(tmp_path / "w.sock"))
     served: list[str] = []
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append("api"))
+    monkeypatch.setattr(serve_cli, "_run_uvicorn", lambda *a: served.append("api") or 0)
     monkeypatch.setattr(Supervisor, "run", lambda self: served.append("serve") or 0)
     assert main(["--data-dir", str(tmp_path), "migrate"]) == 0
     key_file = tmp_path / "secret.key"
@@ -145,14 +144,13 @@ def test_no_key_file_is_made_while_the_database_cannot_say_whether_it_holds_secr
 ) -> None:
     # A new host of a shared PostgreSQL started before the server answers: a key made now
     # could be one no stored secret decrypts under (the second review).
-    import uvicorn
-
+    from app.cli import serve as serve_cli
     from tests.e2e.conftest import free_port
 
     monkeypatch.delenv("QL_SECRET_KEY", raising=False)
     monkeypatch.setenv("QL_DATABASE_URL", f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
     served: list[str] = []
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append("api"))
+    monkeypatch.setattr(serve_cli, "_run_uvicorn", lambda *a: served.append("api") or 0)
     assert main(["--data-dir", str(tmp_path), "api", "--port", str(free_port())]) == 1
     err = capsys.readouterr().err
     assert err.startswith("qinglong: no key file at ") and "could not be read (" in err, err
@@ -165,14 +163,13 @@ def test_no_key_file_is_made_while_the_database_cannot_say_whether_it_holds_secr
 def test_a_fresh_data_dir_still_gets_its_key_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import uvicorn
-
+    from app.cli import serve as serve_cli
     from tests.e2e.conftest import free_port
 
     monkeypatch.delenv("QL_SECRET_KEY", raising=False)
     monkeypatch.delenv("QL_DATABASE_URL", raising=False)
     served: list[str] = []
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.append("api"))
+    monkeypatch.setattr(serve_cli, "_run_uvicorn", lambda *a: served.append("api") or 0)
     # Not migrated yet, then migrated without secrets: no refusal either way.
     assert main(["--data-dir", str(tmp_path), "api", "--port", str(free_port())]) == 0
     assert main(["--data-dir", str(tmp_path), "migrate"]) == 0
