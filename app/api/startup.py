@@ -33,11 +33,9 @@ import pickle
 import select
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from pathlib import Path
 from socket import socket
 from typing import Any, NoReturn
 
@@ -45,11 +43,10 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
+from app.api.start_failure import EXIT_CANNOT_START, reason
+
 log = logging.getLogger("qinglong.api")
 
-# The exit status of an api that cannot start: uvicorn's own for a start that failed (an
-# address in use), so a unit tells it from an orderly stop (0).
-EXIT_CANNOT_START = STARTUP_FAILURE
 # How long the manager waits for the other workers to stop once one could not start: they
 # are starting too (or serving their last requests), never more than uvicorn's graceful
 # shutdown and the lifespan's close; then they are killed.
@@ -59,13 +56,6 @@ _POLL_S = 0.1
 # doubling to the most (as `qinglong serve` backs off a service); a worker that serves resets it.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
-# How much of an exception's words the line keeps (an import error's message, an OS error's
-# words and file): a driver's message can run to many lines (psycopg's "no pq wrapper
-# available" lists each implementation it tried).
-WORDS_MAX = 400
-REASON_MAX = 500
-
-_APP_ROOT = Path(__file__).resolve().parents[1]
 # Where this process's start failure goes: the manager's pipe in a spawned worker (set by
 # ``ApiConfig.load``), else ``_say`` (``qinglong api --workers 1``: its refusal line).
 _reports: Connection | None = None
@@ -110,27 +100,6 @@ def fail(exc: BaseException) -> NoReturn:
     os._exit(EXIT_CANNOT_START)
 
 
-def reason(exc: BaseException) -> str:
-    """``exc`` in words: its type; the message of an import error (module names) and an OS
-    error's words and file; where it was raised. No other message: it may quote a URL, a
-    SQL parameter or a secret."""
-    what = type(exc).__name__
-    if isinstance(exc, ImportError):
-        what = f"{what}: {_words(str(exc))}"
-    elif isinstance(exc, OSError) and exc.strerror:
-        said = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
-        what = f"{what}: {_words(str(said))}"
-    where = _where(exc)
-    return _words(f"{what} (at {where})" if where else what, REASON_MAX)
-
-
-def _words(text: str, limit: int = WORDS_MAX) -> str:
-    """``text`` on one line (every run of whitespace, newlines included, one space), at most
-    ``limit`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def report(pid: int, line: str) -> tuple[int, str]:
     """What a worker sends the manager: ``(pid, line)``, pickled to at most ``PIPE_BUF``
     bytes. Every worker writes to one pipe, and only a write of up to ``PIPE_BUF`` bytes is
@@ -146,18 +115,6 @@ def _framed(pid: int, line: str) -> bytes:
     """The bytes ``Connection.send`` writes for ``(pid, line)``: a 4-byte length, then the
     pickle (one write, for a message of up to 16 KiB)."""
     return b"1234" + bytes(ForkingPickler.dumps((pid, line)))
-
-
-def _where(exc: BaseException) -> str | None:
-    """The innermost frame of ``exc`` in this package, else its innermost frame at all."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return None
-    ours = [f for f in frames if Path(f.filename).is_relative_to(_APP_ROOT)]
-    frame = (ours or frames)[-1]
-    path = Path(frame.filename)
-    shown = path.relative_to(_APP_ROOT.parent) if path.is_relative_to(_APP_ROOT.parent) else path
-    return f"{shown}:{frame.lineno}"
 
 
 class ApiConfig(uvicorn.Config):

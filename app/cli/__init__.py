@@ -196,7 +196,7 @@ def _service_main(argv: list[str]) -> int:
     try:
         return handler(args)
     except ApiCannotStart as exc:
-        from app.api.startup import EXIT_CANNOT_START
+        from app.api.start_failure import EXIT_CANNOT_START
 
         REFUSAL.refuse(str(exc))
         return EXIT_CANNOT_START

@@ -196,7 +196,7 @@ T = TypeVar("T")
 class ApiCannotStart(Exception):
     """A step of ``qinglong api`` or ``serve`` before uvicorn starts (``start_step``) raised
     what no refusal covers: a broken install (a database driver that does not import). One
-    line, ``the api cannot start: <reason>`` (app/api/startup.py's ``reason``: the type, an
+    line, ``the api cannot start: <reason>`` (app/api/start_failure.py's ``reason``: the type, an
     import or OS error's words, where), and exit 3, as when the api's workers cannot start."""
 
 
@@ -217,7 +217,7 @@ def start_step(step: Callable[[], T]) -> T:
     except refusals():
         raise
     except Exception as exc:
-        from app.api.startup import reason
+        from app.api.start_failure import reason
 
         raise ApiCannotStart(f"the api cannot start: {reason(exc)}") from None
 

@@ -274,6 +274,7 @@ def _run_uvicorn(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from app.api import startup
+    from app.api.start_failure import EXIT_CANNOT_START
 
     options = uvicorn_options(args, settings)
     if args.workers == 1:
@@ -284,7 +285,7 @@ def _run_uvicorn(args: argparse.Namespace, settings: Settings) -> int:
         if not server.started:
             # uvicorn.run's own check: a start that failed in uvicorn itself (the address in
             # use: it logged why) or was stopped before it served is not an orderly stop.
-            return startup.EXIT_CANNOT_START
+            return EXIT_CANNOT_START
         return 0
     reports, writer = multiprocessing.get_context("spawn").Pipe(duplex=False)
     config = startup.ApiConfig(APP_FACTORY, reports=writer, **options)
@@ -293,7 +294,7 @@ def _run_uvicorn(args: argparse.Namespace, settings: Settings) -> int:
         manager.run()
     if manager.failure is not None:
         REFUSAL.refuse(manager.failure)
-        return startup.EXIT_CANNOT_START
+        return EXIT_CANNOT_START
     return 0
 
 

@@ -1,5 +1,5 @@
 """The one line of an api that cannot start names the exception, never its message unless
-it is an import or OS error's (app/api/startup.py): a message may quote a URL or a secret."""
+it is an import or OS error's (app/api/start_failure.py): a message may quote a URL or a secret."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import errno
 import select
 from multiprocessing.reduction import ForkingPickler
 
-from app.api.startup import REASON_MAX, reason, report
+from uvicorn.config import STARTUP_FAILURE
+
+from app.api.start_failure import EXIT_CANNOT_START, REASON_MAX, reason
+from app.api.startup import report
 
 
 def _raised(exc: BaseException) -> BaseException:
@@ -59,3 +62,9 @@ def test_the_line_a_worker_sends_is_one_atomic_pipe_write() -> None:
     pid, cut = report(1, "的" * 5000)  # were it ever longer, it is cut
     assert pid == 1
     assert len(ForkingPickler.dumps((pid, cut))) + 4 <= select.PIPE_BUF
+
+
+def test_the_exit_status_is_uvicorns_own_for_a_start_that_failed() -> None:
+    # start_failure.py names it without importing uvicorn (the commands that never serve
+    # reach it: tests/cli/test_cli_imports.py); it must stay the status uvicorn exits with.
+    assert EXIT_CANNOT_START == STARTUP_FAILURE
