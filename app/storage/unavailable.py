@@ -59,7 +59,9 @@ def cannot_open_for_room(exc: BaseException, database: Path) -> bool:
         st = os.statvfs(database.parent)
     except OSError:
         return False  # a missing directory: the path is wrong, not the disk full
-    return st.f_favail == 0 or st.f_bavail == 0 or bool(st.f_flag & os.ST_RDONLY)
+    # btrfs and vfat report no inode count at all (f_files 0): only a count that ran out says so.
+    no_inode = st.f_files > 0 and st.f_favail == 0
+    return no_inode or st.f_bavail == 0 or bool(st.f_flag & os.ST_RDONLY)
 
 
 # The connection exceptions of class 08 (not 08P01, a protocol violation: a bug), the server
