@@ -138,7 +138,10 @@ def after_exit(code: int | None, *, was_ready: bool, api_served: bool) -> str:
     this api ever has, and it could not start (``STARTUP_FAILURE``, its line sent) or died
     by a signal (killed mid-start: an OOM killer, a crash in a driver's C code, which would
     recur at each try); else ``"retry"``: a worker that never served is started again after
-    a backoff, while the others serve on (one lost worker is not an outage)."""
+    a backoff, while the others serve on (one lost worker is not an outage). ``code`` None:
+    a worker that did not answer its health ping in time (killed by the manager, not dead of
+    its own), restarted or retried, never the end by itself. Once every worker waits for its
+    retry, the manager ends the api all the same (``keep_subprocess_alive``)."""
     if was_ready:
         return "restart"
     if not api_served and code is not None and (code == STARTUP_FAILURE or code < 0):
@@ -193,12 +196,16 @@ class ApiManager(Multiprocess):
                 continue
             if self._failed():
                 return
+            hung = process.process.is_alive()  # no answer to the ping: not a death of its own
             process.kill()  # hung (or gone): make sure
             process.join()
             if self.should_exit.is_set():
                 return
-            code, pid = process.exitcode, process.pid
-            line = self._lines.pop(pid or 0, None) or exit_line(code)
+            code, pid = (None if hung else process.exitcode), process.pid
+            line = self._lines.pop(pid or 0, None) or (
+                f"an api worker did not answer its health ping in "
+                f"{self.config.timeout_worker_healthcheck} s" if hung else exit_line(code)
+            )
             decided = after_exit(code, was_ready=process in self._ready, api_served=self.served)
             self._ready.discard(process)
             if decided == "end":
@@ -208,6 +215,11 @@ class ApiManager(Multiprocess):
                 log.warning("api worker [%s] died (status %s); starting another", pid, code)
                 self.processes[idx] = self._start()
                 continue
+            if all(p in self._retry_at or p is process for p in self.processes):
+                # No worker left serving, and the last could not start: the port would stay
+                # bound with nothing behind it, and a unit would never restart the api.
+                self._fail(f"no api worker is left: {line}")
+                return
             log.error("api worker [%s]: %s; another in %.1f s", pid, line, self._backoff_s)
             self._retry_at[process] = time.monotonic() + self._backoff_s
             self._backoff_s = min(self._backoff_s * 2, RETRY_MAX_S)

@@ -24,7 +24,7 @@ import pytest
 from app.storage.secret_crypto import KeyRing
 from app.worker.identity import read_identity
 from app.worker.instance import instance_id
-from tests.e2e.conftest import REPO_ROOT, free_port
+from tests.e2e.conftest import REPO_ROOT, free_port, wait_until
 from tests.e2e.test_supervisor import uvicorn_workers
 from tests.kit.processes import kill_exact, proc_state
 
@@ -130,3 +130,68 @@ def test_serve_with_a_driver_that_does_not_import_exits_with_one_line(
     assert lines[0].startswith(
         "qinglong: the api cannot start: ImportError: this psycopg is broken (at app/"
     ), said
+
+
+def test_an_api_that_served_ends_only_once_no_worker_is_left(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    """Once the api has served, one worker whose replacement cannot start is retried while
+    the other serves (tests/unit/test_api_worker_exit.py); when every worker waits for such
+    a retry, nothing serves behind the port, so the api ends with one line, status 3."""
+    flag = tmp_path / "broken-now"
+    shadow = tmp_path / "shadow"
+    (shadow / "cronsim").mkdir(parents=True)
+    # cronsim itself until the flag exists (an install broken in place); then an ImportError.
+    (shadow / "cronsim" / "__init__.py").write_text(
+        "import os, sys\n"
+        f"if os.path.exists({str(flag)!r}):\n"
+        "    raise ImportError('this cronsim is broken')\n"
+        f"sys.path.remove({str(shadow)!r})\n"
+        "del sys.modules['cronsim']\n"
+        "import cronsim as _real\n"
+        "sys.modules['cronsim'] = _real\n"
+    )
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
+    instance_id(data)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env |= {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
+            "PYTHONPATH": str(shadow)}  # fmt: skip
+    argv = [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "2"]  # fmt: skip
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    try:
+        wait_until("two workers", lambda: len(uvicorn_workers(proc.pid)) == 2, EXIT_WITHIN_S)
+        wait_until("the api answering", lambda: _answers(port), EXIT_WITHIN_S)
+        time.sleep(1.5)  # the manager's health pings (every 0.5 s) saw both serve
+        flag.touch()
+        for pid, ticks in uvicorn_workers(proc.pid).items():
+            kill_exact(pid, ticks)
+        code = proc.wait(timeout=EXIT_WITHIN_S)
+    finally:
+        if proc.poll() is None:
+            for pid, ticks in uvicorn_workers(proc.pid).items():
+                kill_exact(pid, ticks)
+            proc.kill()
+            proc.wait(timeout=10)
+    said = log.read_text()
+    assert code == 3, said
+    assert "Traceback" not in said, said
+    assert "another in 0.5 s" in said, said  # the first replacement waited for its retry
+    ends = [line for line in said.splitlines() if "no api worker is left" in line]
+    assert len(ends) == 1 and "ImportError: this cronsim is broken" in ends[0], said
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n")
+            return conn.recv(64).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False

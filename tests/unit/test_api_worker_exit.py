@@ -39,3 +39,9 @@ def test_an_other_exit_before_serving_is_retried_not_looped() -> None:
 def test_the_line_of_a_worker_that_said_nothing() -> None:
     assert exit_line(KILLED) == "an api worker exited by signal 9 before serving"
     assert exit_line(EXIT_CANNOT_START) == "an api worker could not start (exit status 3)"
+
+
+def test_a_worker_that_did_not_answer_the_ping_is_never_the_end_by_itself() -> None:
+    # The manager killed it (no answer in time): code None, not "died by signal 9".
+    assert after_exit(None, was_ready=False, api_served=False) == "retry"
+    assert after_exit(None, was_ready=True, api_served=True) == "restart"
