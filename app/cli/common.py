@@ -202,10 +202,10 @@ class ApiCannotStart(Exception):
 
 def refusals() -> tuple[type[Exception], ...]:
     """The exceptions a service command already says as one line (``_service_main``)."""
-    from app.domain.errors import DomainError
+    from app.domain.errors import DomainError, KeyUnavailable
 
-    return (NoDatabase, KeyFileMissing, CannotMake, DomainError, StorageUnavailable,
-            SQLAlchemyError, ValueError)  # fmt: skip
+    return (NoDatabase, KeyFileMissing, CannotMake, DomainError, KeyUnavailable,
+            StorageUnavailable, SQLAlchemyError, ValueError)  # fmt: skip
 
 
 def start_step(step: Callable[[], T]) -> T:
