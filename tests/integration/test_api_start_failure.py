@@ -195,3 +195,31 @@ def _answers(port: int) -> bool:
             return conn.recv(64).startswith(b"HTTP/1.1 200")
     except OSError:
         return False
+
+
+def test_a_module_the_api_command_itself_imports_that_is_broken_is_one_line(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    """`qinglong api` imports the metrics client itself (its multiprocess dir), before any
+    worker: a broken install there is the same kind of line, never a traceback."""
+    shadow = tmp_path / "broken" / "prometheus_client"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("this prometheus_client is broken")\n')
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    env |= {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
+            "PYTHONPATH": str(shadow.parent)}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(free_port())],
+        cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=EXIT_WITHIN_S,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 3, said
+    assert "Traceback" not in said, said
+    assert said.strip().splitlines()[-1].startswith(
+        "qinglong: the api command cannot start: ImportError: this prometheus_client is broken"
+        " (at app/"
+    ), said
