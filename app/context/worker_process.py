@@ -22,7 +22,7 @@ from app.execution.completion import CompletionService, ConsumeResult
 from app.execution.journal_settle import SettleReport
 from app.execution.worker_recovery import WorkerRecovery
 from app.settings import SERVICE_START_ENV, Settings
-from app.storage.durable import CannotMake, read_only_error
+from app.storage.durable import CANNOT_MAKE, CannotMake, read_only_error
 from app.storage.engine import make_engine
 from app.storage.journal_repo import JournalRepository
 from app.storage.lease_repo import several_hosts
@@ -39,7 +39,7 @@ from app.worker.probe import HandleProbe
 from app.worker.process_limit import describe as describe_process_limit
 from app.worker.process_limit import held_by as process_limit_held_by
 from app.worker.receipts import ReceiptStore
-from app.worker.server import CANNOT_MAKE, ControlServer
+from app.worker.server import ControlServer
 from app.worker.watcher import ShimWatcher
 
 log = logging.getLogger(__name__)

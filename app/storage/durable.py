@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})  # what freeing space cures
-# What a start cannot get past by itself: no room, a read-only mount, no write permission.
-CANNOT_WRITE = NO_ROOM | {errno.EROFS, errno.EACCES}
+# A file not made for want of room or on a read-only mount (the worker's socket).
+CANNOT_MAKE = NO_ROOM | {errno.EROFS}
+# What a start cannot get past by itself: those, or no write permission (receipts/).
+CANNOT_WRITE = CANNOT_MAKE | {errno.EACCES}
 
 
 class CannotMake(Exception):

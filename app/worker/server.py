@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from app.domain.errors import LaunchFailed, LaunchRejected
 from app.domain.execution import LEFTOVERS, Launched, LaunchRequest, Leftovers, StopResult
 from app.domain.model import ProcessHandle
-from app.storage.durable import NO_ROOM
+from app.storage.durable import CANNOT_MAKE
 from app.worker.identity import current_boot_id
 
 log = logging.getLogger(__name__)
@@ -76,11 +76,6 @@ class BadRequest(Exception):
 
 class SocketInUse(RuntimeError):
     """Another process answers on the socket path."""
-
-
-# A socket file not made for want of room or on a read-only mount: said as the start's
-# ``CannotMake`` line (app/context/worker_process.py), not as a socket in use.
-CANNOT_MAKE = NO_ROOM | {errno.EROFS}
 
 
 def _bind(path: Path) -> socket.socket:
@@ -124,7 +119,9 @@ def _bind(path: Path) -> socket.socket:
         # Taken again between the removal and the bind, or a directory not ours to write.
         sock.close()
         if exc.errno in CANNOT_MAKE:
-            raise  # the start's one line names the path and why (CannotMake)
+            # Said as the start's CannotMake line (app/context/worker_process.py), not as
+            # a socket in use.
+            raise
         code = errno.errorcode.get(exc.errno or 0, "error")
         raise SocketInUse(f"cannot bind the worker socket {path}: {code}") from None
     finally:

@@ -33,6 +33,14 @@ from tests.kit.processes import kill_exact, proc_state
 EXIT_WITHIN_S = 25.0
 
 
+def _env(data: Path, short_dir: Path, pythonpath: Path, **more: str) -> dict[str, str]:
+    """The test's environment with none of ours: ``data`` as the data dir, ``pythonpath``
+    (the broken module) first on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    return env | {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
+                  "PYTHONPATH": str(pythonpath), **more}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("workers", "broken", "first_import", "key_file"),
     [
@@ -59,9 +67,7 @@ def test_an_api_whose_workers_cannot_start_exits_with_one_line(
     instance_id(data)
     port = free_port()
     closed = free_port()  # nothing listens there: the driver's import fails first anyway
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-    env |= {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
-            "PYTHONPATH": str(shadow)}  # fmt: skip
+    env = _env(data, short_dir, shadow)
     if broken == "psycopg":
         env["QL_DATABASE_URL"] = f"postgresql+psycopg://ql@127.0.0.1:{closed}/ql"
     argv = [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(port),
@@ -112,10 +118,8 @@ def test_serve_with_a_driver_that_does_not_import_exits_with_one_line(
     (shadow / "psycopg" / "__init__.py").write_text('raise ImportError("this psycopg is broken")\n')
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-    env |= {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
-            "PYTHONPATH": str(shadow),
-            "QL_DATABASE_URL": f"postgresql+psycopg://ql@127.0.0.1:{free_port()}/ql"}  # fmt: skip
+    url = f"postgresql+psycopg://ql@127.0.0.1:{free_port()}/ql"
+    env = _env(data, short_dir, shadow, QL_DATABASE_URL=url)
     argv = [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port",
             str(free_port())]  # fmt: skip
     done = subprocess.run(
@@ -156,9 +160,7 @@ def test_an_api_that_served_ends_only_once_no_worker_is_left(
     KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
     instance_id(data)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-    env |= {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
-            "PYTHONPATH": str(shadow)}  # fmt: skip
+    env = _env(data, short_dir, shadow)
     argv = [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(port),
             "--workers", "2"]  # fmt: skip
     log = tmp_path / "api.log"
@@ -208,9 +210,7 @@ def test_a_module_the_api_command_itself_imports_that_is_broken_is_one_line(
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
-    env |= {"QL_DATA_DIR": str(data), "QL_WORKER_SOCKET": str(short_dir / "w.sock"),
-            "PYTHONPATH": str(shadow.parent)}  # fmt: skip
+    env = _env(data, short_dir, shadow.parent)
     done = subprocess.run(
         [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(free_port())],
         cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
