@@ -81,7 +81,7 @@ def _query_names(dependant: Dependant) -> frozenset[str]:
 def _repeated(request: Request, names: frozenset[str]) -> str | None:
     """The first of the route's query parameters given more than once, or None. A name the
     route does not read is ignored however often it comes, as once."""
-    if not names or not request.scope.get("query_string"):
+    if not request.scope.get("query_string"):
         return None
     query = request.query_params
     if len(query) == len(query.multi_items()):  # len() counts each name once
@@ -97,6 +97,8 @@ class StrictJSONRoute(APIRoute):
     def get_route_handler(self) -> Handler:
         handler = self._body_handler()
         names = _query_names(self.dependant)
+        if not names:  # nothing to check: no wrapper on the request's path
+            return handler
 
         async def once_each_handler(request: Request) -> Response:
             if (name := _repeated(request, names)) is not None:

@@ -321,8 +321,8 @@ _REVISION_SHARED = _REVISION.add_columns(_SHARED_TASK_LOCK)
 _LATEST_REVISION_SHARED = _LATEST_REVISION.add_columns(_SHARED_TASK_LOCK)
 
 
-_TASK_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
-_TASK_LOCK_SHARED = text("SELECT pg_advisory_xact_lock_shared(hashtextextended(:key, 0))")
+_TASK_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0))")
+_TASK_LOCK_SHARED = select(_SHARED_TASK_LOCK)  # the enqueue's lock, on its own
 
 
 def task_lock_key(task: str) -> str:
@@ -338,7 +338,7 @@ def lock_task(conn: Connection, task: str, *, shared: bool = False) -> None:
     with ``share_lock``), and a schedule's fire under a queue cap takes it shared before the
     queue's lock (``shared``). SQLite's write transactions are serial already."""
     if conn.dialect.name == "postgresql":
-        conn.execute(_TASK_LOCK_SHARED if shared else _TASK_LOCK, {"key": task_lock_key(task)})
+        conn.execute(_TASK_LOCK_SHARED if shared else _TASK_LOCK, {"lock_key": task_lock_key(task)})
 
 
 def _archived_at(conn: Connection, task: str) -> int | None:

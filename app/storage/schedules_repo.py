@@ -458,12 +458,13 @@ class ScheduleRepository:
             # of catch-up "all" may create or cancel one): one read per pass.
             rows: dict[str, Any] = {}
             active: list[ActiveRun] = []
-            if fire and self._max_queued is not None:
-                # The task's lock (shared) before the queue's, the order of POST /runs (whose
-                # enqueue takes the task's first): the other order waits for the deadlock
-                # check (1 s) once an archive or a new revision of the task is waiting too.
-                lock_task(conn, definition.task, shared=True)
             if fire:
+                if self._max_queued is not None:
+                    # The task's lock (shared) before the queue's, the order of POST /runs
+                    # (whose enqueue takes the task's first): the other order waits for the
+                    # deadlock check (1 s) once an archive or a new revision of the task is
+                    # waiting too.
+                    lock_task(conn, definition.task, shared=True)
                 for r in conn.execute(_ACTIVE_RUNS, {"schedule_id": row.id}):
                     rows[r.id] = r
                     active.append(ActiveRun(r.id, r.slot_ms, r.status, r.cancel_reason is not None))

@@ -390,7 +390,8 @@ def instant(text: str, *, flag: str, now_ms: int) -> tuple[str, int]:
                 f"{flag} {safe(text)}: a clock change skips or repeats that local time; "
                 "give the instant with its offset (2026-12-07T03:00:00+08:00)"
             )
-        return utc_instant(_epoch_ms(at)), _epoch_ms(at)
+        at_ms = _epoch_ms(at)
+        return utc_instant(at_ms), at_ms
     raise usage(f"{flag} {safe(text)}: not a time; give {TIME_FORMS}")
 
 
