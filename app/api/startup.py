@@ -56,6 +56,8 @@ _POLL_S = 0.1
 # doubling to the most (as `qinglong serve` backs off a service); a worker that serves resets it.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
+# How long a worker's failed start waits for the others to say whether one serves already.
+ASK_OTHERS_S = 1.0
 # Where this process's start failure goes: the manager's pipe in a spawned worker (set by
 # ``ApiConfig.load``), else ``_say`` (``qinglong api --workers 1``: its refusal line).
 _reports: Connection | None = None
@@ -149,6 +151,23 @@ def after_exit(code: int | None, *, was_ready: bool, api_served: bool) -> str:
     return "retry"
 
 
+class Backoffs:
+    """The wait before a slot's next worker, when the last could not start: ``RETRY_FIRST_S``
+    doubling to ``RETRY_MAX_S``, one per slot, so a slot whose workers serve does not cut
+    short the wait of one whose workers always fail."""
+
+    def __init__(self) -> None:
+        self._next: dict[int, float] = {}
+
+    def next(self, slot: int) -> float:
+        wait = self._next.get(slot, RETRY_FIRST_S)
+        self._next[slot] = min(wait * 2, RETRY_MAX_S)
+        return wait
+
+    def reset(self, slot: int) -> None:
+        self._next.pop(slot, None)
+
+
 def exit_line(code: int | None) -> str:
     """The line of a worker that exited before serving, when it sent none."""
     if code is not None and code < 0:
@@ -163,10 +182,11 @@ class ApiManager(Multiprocess):
     ``failure`` is the line a worker sent (or, for a worker that exited with uvicorn's
     ``STARTUP_FAILURE`` or by a signal without one, a line that says so); the other workers
     are stopped and ``run`` returns. Once a worker has served (answered uvicorn's health
-    ping with its server started), a worker that cannot start is logged with its line and
-    started again after a backoff (``RETRY_FIRST_S`` doubling to ``RETRY_MAX_S``), while the
-    others serve on. A worker started by a rolling restart (SIGHUP) that cannot start is
-    not one of ``processes`` yet: uvicorn keeps the old one serving, and its line is logged.
+    ping with its server started; the others are asked again when a line arrives), a worker
+    that cannot start is logged with its line and started again after its slot's backoff
+    (``Backoffs``), while the others serve on. A worker started by a rolling restart
+    (SIGHUP) that cannot start is not one of ``processes`` yet: uvicorn keeps the old one
+    serving, and its line is logged.
     A worker that dies after it served (killed) is restarted at once, as uvicorn does.
     """
 
@@ -178,13 +198,15 @@ class ApiManager(Multiprocess):
         self._ready: set[Process] = set()  # workers that served
         self._lines: dict[int, str] = {}  # what a worker that could not start sent, by pid
         self._retry_at: dict[Process, float] = {}  # a worker that exited: when to replace it
-        self._backoff_s = RETRY_FIRST_S
+        self._backoff = Backoffs()  # by slot (index in ``processes``)
+        self._asked: set[Process] = set()  # pinged, the answer not read yet
 
     def keep_subprocess_alive(self) -> None:
         if self.should_exit.is_set() or self._failed():
             return
         live = set(self.processes)  # forget those a rolling restart replaced
         self._ready &= live
+        self._asked &= live
         self._retry_at = {p: at for p, at in self._retry_at.items() if p in live}
         for idx, process in enumerate(self.processes):
             if process in self._retry_at:  # exited before serving: replaced after a backoff
@@ -220,9 +242,9 @@ class ApiManager(Multiprocess):
                 # bound with nothing behind it, and a unit would never restart the api.
                 self._fail(f"no api worker is left: {line}")
                 return
-            log.error("api worker [%s]: %s; another in %.1f s", pid, line, self._backoff_s)
-            self._retry_at[process] = time.monotonic() + self._backoff_s
-            self._backoff_s = min(self._backoff_s * 2, RETRY_MAX_S)
+            wait = self._backoff.next(idx)
+            log.error("api worker [%s]: %s; another in %.1f s", pid, line, wait)
+            self._retry_at[process] = time.monotonic() + wait
 
     def _start(self) -> Process:
         process = Process(self.config, self.sockets)
@@ -247,14 +269,12 @@ class ApiManager(Multiprocess):
         if not process.process.is_alive():
             return False
         try:
-            process.parent_conn.send(b"ping")
             deadline = time.monotonic() + self.config.timeout_worker_healthcheck
             while time.monotonic() < deadline:
-                if process.parent_conn.poll(_POLL_S):
-                    if process.parent_conn.recv() is True and process not in self._ready:
-                        self._ready.add(process)  # a new worker serves: the backoff is over
-                        self.served = True
-                        self._backoff_s = RETRY_FIRST_S
+                started = self._ask(process, _POLL_S)
+                if started is not None:
+                    if started:
+                        self._serves(process)
                     return True
                 if not process.process.is_alive():
                     return False
@@ -264,6 +284,41 @@ class ApiManager(Multiprocess):
             return False
         return False
 
+    def _ask(self, process: Process, wait_s: float) -> bool | None:
+        """Whether ``process``'s server has started, or None when it has not answered within
+        ``wait_s``. One ping at a time: a ping not answered yet is waited on, not sent again,
+        so an answer is never read as the answer to a later ping."""
+        if process not in self._asked:
+            process.parent_conn.send(b"ping")
+            self._asked.add(process)
+        if not process.parent_conn.poll(wait_s):
+            return None
+        self._asked.discard(process)
+        return process.parent_conn.recv() is True
+
+    def _serves(self, process: Process) -> None:
+        if process not in self._ready:  # a new worker serves: its slot's backoff is over
+            self._ready.add(process)
+            self.served = True
+            self._backoff.reset(self.processes.index(process))
+
+    def _another_serves(self, pid: int) -> bool:
+        """Whether a worker other than ``pid`` has started serving, asked now. The pings of
+        ``keep_subprocess_alive`` come every half second: a worker that started since the
+        last one has served all the same, and one that cannot start is then retried, not the
+        end of the api."""
+        deadline = time.monotonic() + ASK_OTHERS_S
+        for process in self.processes:
+            if process.pid == pid or not process.process.is_alive():
+                continue
+            try:
+                if self._ask(process, max(deadline - time.monotonic(), 0.0)):
+                    self._serves(process)
+                    return True
+            except (OSError, EOFError, pickle.UnpicklingError):
+                continue
+        return False
+
     def _failed(self) -> bool:
         """Read the workers' lines; True once one of ours could not start before any
         worker served."""
@@ -271,7 +326,7 @@ class ApiManager(Multiprocess):
         try:
             while self.reports.poll():
                 pid, line = self.reports.recv()
-                if pid in ours and not self.served:
+                if pid in ours and not (self.served or self._another_serves(pid)):
                     self._fail(line)
                 elif pid in ours:  # said with the backoff once its exit is seen
                     self._lines[pid] = line

@@ -190,6 +190,86 @@ def test_an_api_that_served_ends_only_once_no_worker_is_left(
     assert len(ends) == 1 and "ImportError: this cronsim is broken" in ends[0], said
 
 
+def test_a_worker_that_cannot_start_just_after_another_began_serving_is_retried(
+    tmp_path: Path, short_dir: Path
+) -> None:
+    """A worker whose start fails once another has begun serving, before the manager's next
+    health ping (every 0.5 s) saw that one serve, is retried: the manager asks the others
+    there and then. It used to end the api with status 3 behind a worker that served."""
+    claim, failed = tmp_path / "claim", tmp_path / "failed-once"
+    port = free_port()
+    shadow = tmp_path / "shadow"
+    (shadow / "cronsim").mkdir(parents=True)
+    # The first worker to import cronsim gets the real one; the second waits until the first
+    # serves (the port answers), then fails, once; every later worker gets the real one.
+    (shadow / "cronsim" / "__init__.py").write_text(
+        "import os, socket, sys, time\n"
+        "try:\n"
+        f"    os.close(os.open({str(claim)!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))\n"
+        "    first = True\n"
+        "except FileExistsError:\n"
+        "    first = False\n"
+        f"if not first and not os.path.exists({str(failed)!r}):\n"
+        f"    open({str(failed)!r}, 'w').close()\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while time.monotonic() < deadline:\n"
+        "        try:\n"
+        f"            with socket.create_connection(('127.0.0.1', {port}), timeout=1) as c:\n"
+        "                c.sendall(b'GET /healthz HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n')\n"
+        "                if c.recv(64).startswith(b'HTTP/1.1 200'):\n"
+        "                    break\n"
+        "        except OSError:\n"
+        "            time.sleep(0.01)\n"
+        "    raise ImportError('this cronsim is broken once')\n"
+        f"sys.path.remove({str(shadow)!r})\n"
+        "del sys.modules['cronsim']\n"
+        "import cronsim as _real\n"
+        "sys.modules['cronsim'] = _real\n"
+    )
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
+    instance_id(data)
+    env = _env(data, short_dir, shadow)
+    argv = [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "2"]  # fmt: skip
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    seen: set[int] = set()
+
+    def replaced() -> bool:
+        seen.update(uvicorn_workers(proc.pid))
+        return proc.poll() is not None or (len(seen) >= 3 and "another in" in log.read_text())
+
+    try:
+        wait_until("the failed worker's replacement", replaced, EXIT_WITHIN_S)
+        assert proc.poll() is None, log.read_text()
+        wait_until(
+            "two workers serving",
+            lambda: len(uvicorn_workers(proc.pid)) == 2 and _answers(port),
+            EXIT_WITHIN_S,
+        )
+        time.sleep(1.0)  # the manager's pings saw the replacement serve
+        assert proc.poll() is None and _answers(port), log.read_text()
+        proc.terminate()
+        code = proc.wait(timeout=EXIT_WITHIN_S)
+    finally:
+        if proc.poll() is None:
+            for pid, ticks in uvicorn_workers(proc.pid).items():
+                kill_exact(pid, ticks)
+            proc.kill()
+            proc.wait(timeout=10)
+    said = log.read_text()
+    assert failed.exists(), said  # the second worker did fail its start once
+    assert code == 0, said
+    assert "Traceback" not in said and "qinglong: " not in said, said  # no refusal line
+    retried = [line for line in said.splitlines() if "another in 0.5 s" in line]
+    assert len(retried) == 1 and "ImportError: this cronsim is broken once" in retried[0], said
+
+
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:

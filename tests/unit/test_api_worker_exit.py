@@ -8,7 +8,14 @@ import signal
 
 import pytest
 
-from app.api.startup import EXIT_CANNOT_START, after_exit, exit_line
+from app.api.startup import (
+    EXIT_CANNOT_START,
+    RETRY_FIRST_S,
+    RETRY_MAX_S,
+    Backoffs,
+    after_exit,
+    exit_line,
+)
 
 KILLED = -signal.SIGKILL
 
@@ -45,3 +52,17 @@ def test_a_worker_that_did_not_answer_the_ping_is_never_the_end_by_itself() -> N
     # The manager killed it (no answer in time): code None, not "died by signal 9".
     assert after_exit(None, was_ready=False, api_served=False) == "retry"
     assert after_exit(None, was_ready=True, api_served=True) == "restart"
+
+
+def test_each_slot_backs_off_on_its_own() -> None:
+    # Slot 1's workers never start; slot 0's worker is killed and its replacement serves:
+    # that does not cut slot 1's wait short (one backoff for all slots did).
+    backoffs = Backoffs()
+    assert [backoffs.next(1) for _ in range(2)] == [RETRY_FIRST_S, 2 * RETRY_FIRST_S]
+    backoffs.next(0)
+    backoffs.reset(0)
+    assert backoffs.next(1) == 4 * RETRY_FIRST_S
+    assert backoffs.next(0) == RETRY_FIRST_S
+    for _ in range(20):
+        last = backoffs.next(1)
+    assert last == RETRY_MAX_S
