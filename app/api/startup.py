@@ -53,7 +53,8 @@ log = logging.getLogger("qinglong.api")
 STOP_OTHERS_S = 12.0
 _POLL_S = 0.1
 # Once the api has served, a worker that cannot start is started again after this long,
-# doubling to the most (as `qinglong serve` backs off a service); a worker that serves resets it.
+# doubling to the most (as `qinglong serve` backs off a service), per slot (``Backoffs``); a
+# worker that serves in the slot resets it.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 # How long a worker's failed start waits for the others to say whether one serves already.
