@@ -313,11 +313,16 @@ class ApiManager(Multiprocess):
             if process.pid == pid or not process.process.is_alive():
                 continue
             try:
-                if self._ask(process, max(deadline - time.monotonic(), 0.0)):
-                    self._serves(process)
-                    return True
+                started = self._ask(process, _POLL_S)
+                while started is None and time.monotonic() < deadline:
+                    if not process.process.is_alive():  # its end of the pipe stays open
+                        break
+                    started = self._ask(process, _POLL_S)
             except (OSError, EOFError, pickle.UnpicklingError):
                 continue
+            if started:
+                self._serves(process)
+                return True
         return False
 
     def _failed(self) -> bool:
@@ -327,12 +332,14 @@ class ApiManager(Multiprocess):
         try:
             while self.reports.poll():
                 pid, line = self.reports.recv()
-                if pid in ours and not (self.served or self._another_serves(pid)):
-                    self._fail(line)
-                elif pid in ours:  # said with the backoff once its exit is seen
-                    self._lines[pid] = line
-                else:  # a rolling restart's new worker: uvicorn keeps the old one
+                if pid not in ours:  # a rolling restart's new worker: uvicorn keeps the old one
                     log.error("api worker [%s] of a rolling restart: %s", pid, line)
+                elif self.failure is not None:
+                    pass  # the api ends already, with the first line
+                elif self.served or self._another_serves(pid):
+                    self._lines[pid] = line  # said with the backoff once its exit is seen
+                else:
+                    self._fail(line)
         except (OSError, EOFError, pickle.UnpicklingError):
             pass
         return self.failure is not None
