@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
-PYTEST_ARGS ?= -n auto
+PYTEST_ARGS ?= -n auto --dist worksteal
 
 .PHONY: run test test-unit test-integration test-e2e lint openapi bench bench-quick clean
 
