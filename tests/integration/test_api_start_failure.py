@@ -86,11 +86,7 @@ def test_an_api_whose_workers_cannot_start_exits_with_one_line(
         code = proc.poll()
         assert code is not None, f"still up after {EXIT_WITHIN_S:.0f} s:\n{log.read_text()}"
     finally:
-        if proc.poll() is None:
-            for pid, ticks in uvicorn_workers(proc.pid).items():
-                kill_exact(pid, ticks)
-            proc.kill()
-            proc.wait(timeout=10)
+        _end(proc)
     said = log.read_text()
     assert code == 3, said  # uvicorn's status for a start that failed, never 0
     assert "Traceback" not in said, said
@@ -143,31 +139,15 @@ def test_an_api_that_served_ends_only_once_no_worker_is_left(
     the other serves (tests/unit/test_api_worker_exit.py); when every worker waits for such
     a retry, nothing serves behind the port, so the api ends with one line, status 3."""
     flag = tmp_path / "broken-now"
-    shadow = tmp_path / "shadow"
-    (shadow / "cronsim").mkdir(parents=True)
-    # cronsim itself until the flag exists (an install broken in place); then an ImportError.
-    (shadow / "cronsim" / "__init__.py").write_text(
-        "import os, sys\n"
-        f"if os.path.exists({str(flag)!r}):\n"
-        "    raise ImportError('this cronsim is broken')\n"
-        f"sys.path.remove({str(shadow)!r})\n"
-        "del sys.modules['cronsim']\n"
-        "import cronsim as _real\n"
-        "sys.modules['cronsim'] = _real\n"
-    )
-    data = tmp_path / "data"
-    data.mkdir(mode=0o700)
-    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
-    instance_id(data)
     port = free_port()
-    env = _env(data, short_dir, shadow)
-    argv = [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(port),
-            "--workers", "2"]  # fmt: skip
-    log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
-        )
+    # cronsim itself until the flag exists (an install broken in place); then an ImportError.
+    shadow = _cronsim_unless(
+        tmp_path,
+        "import os\n"
+        f"if os.path.exists({str(flag)!r}):\n"
+        "    raise ImportError('this cronsim is broken')\n",
+    )
+    proc, log = _two_workers(tmp_path, short_dir, shadow, port)
     try:
         wait_until("two workers", lambda: len(uvicorn_workers(proc.pid)) == 2, EXIT_WITHIN_S)
         wait_until("the api answering", lambda: _answers(port), EXIT_WITHIN_S)
@@ -177,11 +157,7 @@ def test_an_api_that_served_ends_only_once_no_worker_is_left(
             kill_exact(pid, ticks)
         code = proc.wait(timeout=EXIT_WITHIN_S)
     finally:
-        if proc.poll() is None:
-            for pid, ticks in uvicorn_workers(proc.pid).items():
-                kill_exact(pid, ticks)
-            proc.kill()
-            proc.wait(timeout=10)
+        _end(proc)
     said = log.read_text()
     assert code == 3, said
     assert "Traceback" not in said, said
@@ -198,12 +174,11 @@ def test_a_worker_that_cannot_start_just_after_another_began_serving_is_retried(
     there and then. It used to end the api with status 3 behind a worker that served."""
     claim, failed = tmp_path / "claim", tmp_path / "failed-once"
     port = free_port()
-    shadow = tmp_path / "shadow"
-    (shadow / "cronsim").mkdir(parents=True)
     # The first worker to import cronsim gets the real one; the second waits until the first
     # serves (the port answers), then fails, once; every later worker gets the real one.
-    (shadow / "cronsim" / "__init__.py").write_text(
-        "import os, socket, sys, time\n"
+    shadow = _cronsim_unless(
+        tmp_path,
+        "import os, socket, time\n"
         "try:\n"
         f"    os.close(os.open({str(claim)!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))\n"
         "    first = True\n"
@@ -220,24 +195,9 @@ def test_a_worker_that_cannot_start_just_after_another_began_serving_is_retried(
         "                    break\n"
         "        except OSError:\n"
         "            time.sleep(0.01)\n"
-        "    raise ImportError('this cronsim is broken once')\n"
-        f"sys.path.remove({str(shadow)!r})\n"
-        "del sys.modules['cronsim']\n"
-        "import cronsim as _real\n"
-        "sys.modules['cronsim'] = _real\n"
+        "    raise ImportError('this cronsim is broken once')\n",
     )
-    data = tmp_path / "data"
-    data.mkdir(mode=0o700)
-    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
-    instance_id(data)
-    env = _env(data, short_dir, shadow)
-    argv = [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(port),
-            "--workers", "2"]  # fmt: skip
-    log = tmp_path / "api.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
-        )
+    proc, log = _two_workers(tmp_path, short_dir, shadow, port)
     seen: set[int] = set()
 
     def replaced() -> bool:
@@ -257,17 +217,57 @@ def test_a_worker_that_cannot_start_just_after_another_began_serving_is_retried(
         proc.terminate()
         code = proc.wait(timeout=EXIT_WITHIN_S)
     finally:
-        if proc.poll() is None:
-            for pid, ticks in uvicorn_workers(proc.pid).items():
-                kill_exact(pid, ticks)
-            proc.kill()
-            proc.wait(timeout=10)
+        _end(proc)
     said = log.read_text()
     assert failed.exists(), said  # the second worker did fail its start once
     assert code == 0, said
     assert "Traceback" not in said and "qinglong: " not in said, said  # no refusal line
     retried = [line for line in said.splitlines() if "another in 0.5 s" in line]
     assert len(retried) == 1 and "ImportError: this cronsim is broken once" in retried[0], said
+
+
+def _cronsim_unless(tmp_path: Path, prelude: str) -> Path:
+    """A directory to put first on ``PYTHONPATH`` whose ``cronsim`` runs ``prelude`` (which
+    may raise, as a broken install would), then is the real cronsim."""
+    shadow = tmp_path / "shadow"
+    (shadow / "cronsim").mkdir(parents=True)
+    (shadow / "cronsim" / "__init__.py").write_text(
+        prelude + "import sys\n"
+        f"sys.path.remove({str(shadow)!r})\n"
+        "del sys.modules['cronsim']\n"
+        "import cronsim as _real\n"
+        "sys.modules['cronsim'] = _real\n"
+    )
+    return shadow
+
+
+def _two_workers(
+    tmp_path: Path, short_dir: Path, shadow: Path, port: int
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """``qinglong api --workers 2`` on ``port`` with ``shadow`` first on the path, over a data
+    dir that ran before (its key file and instance id); the process and its log."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    KeyRing.from_settings(secret_key=None, key_file=data / "secret.key")
+    instance_id(data)
+    argv = [sys.executable, "-m", "app", "api", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "2"]  # fmt: skip
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=_env(data, short_dir, shadow), stdin=subprocess.DEVNULL,
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    return proc, log
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Kill what is left of an api a test started: its workers (by pid and start time), then it."""
+    if proc.poll() is None:
+        for pid, ticks in uvicorn_workers(proc.pid).items():
+            kill_exact(pid, ticks)
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def _answers(port: int) -> bool:
