@@ -19,6 +19,7 @@ failing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -71,14 +72,28 @@ def _refused(env: dict[str, str]) -> str:
     return lines[-1]
 
 
-def _serves(env: dict[str, str], socket_path: Path, log: Path) -> None:
-    """The worker starts and listens; then stopped with SIGTERM (exit 0)."""
+@contextlib.contextmanager
+def _running(
+    command: list[str], env: dict[str, str], log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``qinglong COMMAND`` started with its output in ``log``; killed (by its pid) if the
+    test leaves it running."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "worker"], env=env, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "app", *command], env=env, stdin=subprocess.DEVNULL,
             stdout=out, stderr=out,
         )  # fmt: skip
     try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def _serves(env: dict[str, str], socket_path: Path, log: Path) -> None:
+    """The worker starts and listens; then stopped with SIGTERM (exit 0)."""
+    with _running(["worker"], env, log) as proc:
         deadline = time.monotonic() + 30
         while b"worker listening" not in log.read_bytes():
             assert proc.poll() is None, log.read_text()
@@ -87,10 +102,6 @@ def _serves(env: dict[str, str], socket_path: Path, log: Path) -> None:
         assert socket_path.is_socket()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
     assert "Traceback" not in log.read_text()
 
 
@@ -228,13 +239,8 @@ def _serve_on_a_full_disk(full_fs: Path, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'q.db'}"  # serve migrates it: it has room
     fillers = _fill(full_fs)
     log = tmp_path / "serve.log"
-    port = str(free_port())
-    with log.open("wb") as out:
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--host", "127.0.0.1", "--port", port],
-            env=_env(data, url), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-        )  # fmt: skip
-    try:
+    serve_argv = ["serve", "--host", "127.0.0.1", "--port", str(free_port())]
+    with _running(serve_argv, _env(data, url), log) as serve:
         refusal = f" worker ERROR cannot make {data}/receipts {FULL}"
         wait_until("two refused starts", lambda: log.read_text().count(refusal) >= 2, 60)
         assert "supervisor WARNING worker exited (status 1) after" in log.read_text()
@@ -242,10 +248,6 @@ def _serve_on_a_full_disk(full_fs: Path, tmp_path: Path) -> None:
         wait_until("the worker listening", lambda: "worker listening" in log.read_text(), 60)
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(60) == 0, log.read_text()
-    finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait(30)
     text = log.read_text()
     assert "Traceback" not in text, text
     assert (data / "receipts" / "ff").is_dir()
