@@ -18,6 +18,7 @@ from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from tests.api.conftest import Client, assert_problem
 from tests.disk import fill, mounted_tmpfs
+from tests.kit.processes import wait_all_threads_stopped
 from tests.worker.kit import Worker
 
 BUDGET_S = 1.0
@@ -54,6 +55,9 @@ def test_readyz_answers_within_a_second_when_the_worker_is_stopped(
         assert worker.proc is not None
         worker.proc.send_signal(signal.SIGSTOP)
         try:
+            # Stopped, every thread: on a busy host a thread could still answer one ping
+            # before the stop reached it, and the test is of a worker that answers none.
+            wait_all_threads_stopped(worker.proc.pid)
             for _ in range(3):  # again and again: a hung ping is waited on, never piled up
                 elapsed, status, detail = _timed_readyz(client)
                 assert status == 503 and elapsed < BUDGET_S, (elapsed, detail)

@@ -155,7 +155,9 @@ def test_a_held_queue_one_run_starts_after_an_api_kill_once_the_older_ended(
     # SQLite only, for the CI budget: the hold is the same SQL on both engines, and the
     # storage tests check it on PostgreSQL too.
     served = serve_factory()
-    put_task(served, "slow", "sleep 2")
+    # Long enough that the held run is still held when looked at, on a busy host too (with
+    # 2 s it had once started already: the slot after the first comes 1 s in).
+    put_task(served, "slow", "sleep 4")
     _put(served, "held", "slow", overlap="queue_one")
     wait_until(
         "a run held behind the running one",
