@@ -29,6 +29,7 @@ from app.storage.engine import make_engine
 from app.storage.migrate import upgrade_to_head
 from app.storage.tokens_repo import TokenRepository
 from tests.e2e.conftest import free_port
+from tests.kit import web
 
 START_S = 60.0
 
@@ -59,7 +60,7 @@ def _api(tmp_path: Path, short_dir: Path, data_dir: Path, workers: str) -> Itera
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                if web.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
@@ -101,7 +102,7 @@ def test_api_workers_serve_the_data_dir_given_by_flag(tmp_path: Path, short_dir:
     with _api(tmp_path, short_dir, data_dir, "2") as port:
         base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
         for _ in range(4):  # new connections: each worker in turn may take one
-            put = httpx.put(
+            put = web.put(
                 f"{base}/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]},
                 headers=auth | {"Connection": "close"}, timeout=10,
             )  # fmt: skip

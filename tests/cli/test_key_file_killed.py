@@ -32,6 +32,7 @@ from app.storage.secret_crypto import KeyRing
 from app.storage.secrets_repo import SecretRepository, stored_key_ids
 from app.storage.tokens_repo import TokenRepository
 from tests.e2e.conftest import REPO_ROOT, free_port
+from tests.kit import web
 
 START_S = 30.0
 
@@ -76,7 +77,7 @@ def _wait(ready: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -
 
 def _healthy(port: int) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200
+        return web.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -139,7 +140,7 @@ def test_api_starts_killed_while_publishing_their_key_leave_one_working_key(
         port = free_port()
         third = starts.start(port)
         _wait(lambda: _healthy(port), third, "the third start served")
-        put = httpx.put(
+        put = web.put(
             f"http://127.0.0.1:{port}/api/v1/secrets/db-pw",
             json={"value": "kept-through-the-sweep"},
             headers={"Authorization": f"Bearer {token}"},

@@ -5,7 +5,7 @@ options::
 
     @pytest.mark.e2e
     def test_something(served: Served) -> None:
-        r = httpx.get(f"{served.base_url}/api/v1/runs", headers=served.auth)
+        r = web.get(f"{served.base_url}/api/v1/runs", headers=served.auth)
 
     def test_more(serve_factory: ServeFactory) -> None:
         served = serve_factory(workers=2, stop_jobs_on_exit=True, database_url=pg_url)
@@ -49,6 +49,7 @@ from app.storage.tokens_repo import TokenRepository
 from app.worker.cgroups import PREFIX as CGROUP_PREFIX
 from app.worker.cgroups import cgroup2_mounts, mounted_path, own_cgroup
 from app.worker.identity import stat_fields
+from tests.kit import web
 from tests.worker.kit import kill_exact  # pidfd-pinned, start time re-checked
 
 START_TIMEOUT_S = 30.0
@@ -257,7 +258,7 @@ class Served:
     def healthz_ok(self) -> bool:
         """/healthz answers 200 right now."""
         try:
-            return httpx.get(f"{self.base_url}/healthz", timeout=2.0).status_code == 200
+            return web.get(f"{self.base_url}/healthz", timeout=2.0).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from tests.e2e.conftest import Served, wait_until
+from tests.kit import web
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "lost"}
 TERMINAL_EVENTS = {f"run.{s}" for s in TERMINAL}
@@ -33,7 +32,7 @@ def put_task(
         body["timeout_seconds"] = timeout_seconds
     if leftovers is not None:
         body["leftovers"] = leftovers
-    r = httpx.put(
+    r = web.put(
         f"{served.base_url}/api/v1/tasks/{name}/revisions/1", json=body, headers=served.auth
     )
     assert r.status_code in (200, 201), r.text
@@ -42,7 +41,7 @@ def put_task(
 def enqueue(served: Served, task: str, *, key: str | None = None) -> str:
     """POST a run of ``task``; its id."""
     headers = dict(served.auth) | ({"Idempotency-Key": key} if key else {})
-    r = httpx.post(f"{served.base_url}/api/v1/runs", json={"task": task}, headers=headers)
+    r = web.post(f"{served.base_url}/api/v1/runs", json={"task": task}, headers=headers)
     assert r.status_code == 201, r.text
     run_id: str = r.json()["id"]
     return run_id
@@ -50,7 +49,7 @@ def enqueue(served: Served, task: str, *, key: str | None = None) -> str:
 
 def get_run(served: Served, run_id: str) -> dict[str, Any]:
     """GET one run."""
-    r = httpx.get(f"{served.base_url}/api/v1/runs/{run_id}", headers=served.auth, timeout=5)
+    r = web.get(f"{served.base_url}/api/v1/runs/{run_id}", headers=served.auth, timeout=5)
     assert r.status_code == 200, r.text
     run: dict[str, Any] = r.json()
     return run
@@ -66,7 +65,7 @@ def wait_status(
 
 def events(served: Served, run_id: str) -> list[dict[str, Any]]:
     """The run's events in seq order."""
-    r = httpx.get(f"{served.base_url}/api/v1/runs/{run_id}/events", headers=served.auth)
+    r = web.get(f"{served.base_url}/api/v1/runs/{run_id}/events", headers=served.auth)
     assert r.status_code == 200, r.text
     items: list[dict[str, Any]] = r.json()["items"]
     return items
@@ -79,7 +78,7 @@ def terminal_events(served: Served, run_id: str) -> list[str]:
 
 def read_log(served: Served, run_id: str, attempt: int = 1) -> bytes:
     """The attempt's whole log."""
-    r = httpx.get(
+    r = web.get(
         f"{served.base_url}/api/v1/runs/{run_id}/attempts/{attempt}/log", headers=served.auth
     )
     assert r.status_code == 200, r.text

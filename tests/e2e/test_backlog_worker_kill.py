@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import signal
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import TERMINAL, enqueue, get_run, put_task, terminal_events
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +56,7 @@ def test_a_worker_killed_twice_mid_backlog_fails_no_run(
         assert terminal_events(served, run["id"]) == [f"run.{run['status']}"]
         number = run["latest_attempt"]["number"]
         if number > 1:
-            attempts = httpx.get(
+            attempts = web.get(
                 f"{served.base_url}/api/v1/runs/{run['id']}/attempts", headers=served.auth
             ).json()["items"]
             assert [(a["status"], a["error_code"]) for a in attempts[:-1]] == [

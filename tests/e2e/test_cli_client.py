@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-import httpx
 import pytest
 
 from app.cli import main
@@ -38,6 +37,7 @@ from tests.e2e.conftest import (
     wait_until,
 )
 from tests.e2e.kit import enqueue, put_task, wait_status
+from tests.kit import web
 from tests.worker.kit import kill_exact
 
 
@@ -138,7 +138,7 @@ def _define(served: Served) -> Served:
     put_task(served, "long", "echo started; exec sleep 60")
     ticks = "echo tick 1; echo tick 2; echo tick 3"
     put_task(served, "ticker", f"{ticks}; {wait_for(gate(served, 'ticker'))}; echo tick 4")
-    r = httpx.put(
+    r = web.put(
         f"{served.base_url}/api/v1/schedules/nightly",
         json={"task": "hello", "cron": ["0 3 29 2 *"], "timezone": "Asia/Shanghai"},
         headers=served.auth,
@@ -169,7 +169,7 @@ def test_the_cli_client_journey(
     # start --follow streams the log as it is written and ends with the status: exit 0.
     with start_follow(served, "hello") as follow:
         first = follow.stdout.readline()
-        runs = httpx.get(f"{served.base_url}/api/v1/runs?task=hello", headers=served.auth)
+        runs = web.get(f"{served.base_url}/api/v1/runs?task=hello", headers=served.auth)
         hello_id = runs.json()["items"][0]["id"]
         assert first == "line 1\n"
         # line 1 came while the job ran: it waits for the gate, so its run reaches running
@@ -562,7 +562,7 @@ def test_a_script_whose_interpreter_is_missing_is_not_called_a_missing_program(
     script.write_bytes(b"#!/bin/sh\r\necho hi\r\n")
     script.chmod(0o755)
     tmp_path.chmod(0o755)
-    r = httpx.put(
+    r = web.put(
         f"{served.base_url}/api/v1/tasks/crlf/revisions/1",
         json={"executor": "local_process", "argv": [str(script)]}, headers=served.auth,
     )  # fmt: skip
@@ -635,14 +635,14 @@ def test_a_secret_piped_from_a_windows_file_loses_its_whole_line_end(
         input=b"pt_key=abc;\r\n", capture_output=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    recipe = httpx.post(
+    recipe = web.post(
         f"{served.base_url}/api/v1/recipes", json={"env": {}, "secrets": {"CK": "win-cookie"}},
         headers=served.auth,
     ).json()["id"]  # fmt: skip
     put_task(served, "win-cookie", 'printf "[%s]" "$CK"', recipe=recipe)
     run_id = enqueue(served, "win-cookie")
     wait_status(served, run_id, {"succeeded"})
-    log = httpx.get(
+    log = web.get(
         f"{served.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=served.auth
     )  # the bytes: a text pipe would turn the \r into \n
     assert log.content == b"[pt_key=abc;]"

@@ -14,12 +14,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import private_pg_schema
 from tests.e2e.conftest import ServeFactory, wait_until
 from tests.e2e.kit import enqueue, put_task, terminal_events, wait_status
+from tests.kit import web
 from tests.kit.relay import Relay, relayed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -53,12 +53,12 @@ def test_a_job_that_ends_while_postgresql_is_away_is_recorded_once_it_is_back(
     try:
         (gates / "go").touch()
         wait_until("the job to end", (gates / "ended").exists, 20)
-        r = httpx.post(f"{base}/api/v1/runs", json={"task": "noop"}, headers=auth, timeout=10)
+        r = web.post(f"{base}/api/v1/runs", json={"task": "noop"}, headers=auth, timeout=10)
         assert r.status_code == 503, r.text  # never 500
         assert r.json()["code"] == "DATABASE_UNREACHABLE" and int(r.headers["retry-after"]) > 0
-        r = httpx.get(f"{base}/api/v1/runs/{run_id}", headers=auth, timeout=10)
+        r = web.get(f"{base}/api/v1/runs/{run_id}", headers=auth, timeout=10)
         assert r.status_code == 503 and r.json()["code"] == "DATABASE_UNREACHABLE", r.text
-        ready = httpx.get(f"{base}/readyz", timeout=5)
+        ready = web.get(f"{base}/readyz", timeout=5)
         assert ready.status_code == 503
         assert "database: database unreachable" in ready.json()["detail"]
         time.sleep(2)  # the worker's completion of the ended job meets the outage too

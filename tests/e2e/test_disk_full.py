@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.disk import fill, mounted_tmpfs
 from tests.e2e.conftest import ServeFactory, wait_until
 from tests.e2e.kit import enqueue, events, get_run, put_task, terminal_events, wait_status
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 
@@ -66,13 +66,13 @@ def test_a_job_ending_on_a_full_disk_is_recorded_with_its_exit_code_once_space_r
 
         base, auth = served.base_url, served.auth
         for _ in range(2000):
-            r = httpx.post(f"{base}/api/v1/runs", json={"task": "noop"}, headers=auth)
+            r = web.post(f"{base}/api/v1/runs", json={"task": "noop"}, headers=auth)
             assert r.status_code in (201, 503), r.text  # never 500
             if r.status_code == 503:
                 break
         assert r.status_code == 503 and r.json()["code"] == "STORAGE_UNAVAILABLE", r.text
         assert int(r.headers["retry-after"]) > 0
-        ready = httpx.get(f"{base}/readyz", timeout=5)
+        ready = web.get(f"{base}/readyz", timeout=5)
         assert ready.status_code == 503 and "disk: free space" in ready.json()["detail"]
         assert get_run(served, run_id)["status"] == "running"  # the ending is kept, not lost
     finally:
@@ -95,7 +95,7 @@ def test_a_job_ending_on_a_full_disk_is_recorded_with_its_exit_code_once_space_r
     ]
     assert temps == []
     # Ready again once free space is back and the refused write is forgotten (10 s).
-    wait_until("ready", lambda: httpx.get(f"{base}/readyz", timeout=5).status_code == 200, 20)
+    wait_until("ready", lambda: web.get(f"{base}/readyz", timeout=5).status_code == 200, 20)
 
 
 CHATTY = 3_500_000  # under the edge quota (4 MiB): no truncation, each log whole
@@ -147,7 +147,7 @@ def test_a_run_waits_while_receipts_of_their_own_cannot_take_a_receipt(
         wait_until(
             "readyz says receipts",
             lambda: "free space for receipts below 1 MiB"
-            in httpx.get(f"{served.base_url}/readyz", timeout=5).text,
+            in web.get(f"{served.base_url}/readyz", timeout=5).text,
             20,
         )
         time.sleep(2.5)  # a slow tick (2 s) retried the admission: still waiting

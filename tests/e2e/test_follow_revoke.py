@@ -8,13 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.api.routes_logs import HEARTBEAT_S
 from app.context.token_cache import DEFAULT_TTL_S
 from tests.e2e.conftest import REPO_ROOT, Served, ServeFactory
 from tests.e2e.kit import enqueue, put_task, wait_status
+from tests.kit import web
 
 
 def _ql(served: Served, *args: str) -> subprocess.CompletedProcess[str]:
@@ -43,7 +43,7 @@ def test_revoking_the_token_ends_its_open_follow_within_a_heartbeat(
 
     events: list[str] = []
     revoked_at = ended_at = 0.0
-    with httpx.stream(
+    with web.stream(
         "GET", url, params={"follow": "true"}, headers=follower, timeout=60
     ) as response:
         assert response.status_code == 200
@@ -63,4 +63,4 @@ def test_revoking_the_token_ends_its_open_follow_within_a_heartbeat(
     assert wait_status(served, run_id, {"running"})["status"] == "running"
     assert ended_at - revoked_at < HEARTBEAT_S + DEFAULT_TTL_S
     # The same token is now refused outright.
-    assert httpx.get(url, headers=follower).status_code == 401
+    assert web.get(url, headers=follower).status_code == 401

@@ -19,6 +19,7 @@ import pytest
 
 from app.worker.identity import stat_fields
 from tests.e2e.conftest import REPO_ROOT, free_port, wait_until
+from tests.kit import web
 from tests.worker.kit import kill_exact
 
 # The protocols `qinglong api` runs (app/api/retirement.py): httptools by default, h11 beside.
@@ -96,7 +97,7 @@ def server(
         def up() -> bool:
             assert proc.poll() is None, (data_dir / "uvicorn.log").read_text()
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+                return web.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -128,4 +129,4 @@ def test_malformed_framing_is_answered_with_problem_json(
     if want_status in (400, 431):
         assert closed  # a request whose framing is in doubt ends its connection
     # The process is unharmed.
-    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    assert web.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200

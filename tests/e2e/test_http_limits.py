@@ -26,6 +26,7 @@ import pytest
 from app.settings import Settings
 from app.worker.identity import stat_fields
 from tests.e2e.conftest import REPO_ROOT, _create_admin_token, free_port, wait_until
+from tests.kit import web
 from tests.worker.kit import kill_exact
 
 HEADER_TIMEOUT_S = 3.0
@@ -52,7 +53,7 @@ class Api:
     def healthz_s(self) -> float:
         """Seconds one ``GET /healthz`` on a fresh connection took (it must answer 200)."""
         started = time.monotonic()
-        r = httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=5)
+        r = web.get(f"http://127.0.0.1:{self.port}/healthz", timeout=5)
         assert r.status_code == 200
         return time.monotonic() - started
 
@@ -78,7 +79,7 @@ def _start_api(tmp: Path, parser: str, **env_extra: str) -> tuple[Api, Callable[
     def up() -> bool:
         assert proc.poll() is None, (tmp / "api.log").read_text()
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+            return web.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -459,7 +460,7 @@ def test_a_body_without_a_valid_token_is_refused_unread_and_never_holds_a_place_
             for sock in owed:
                 sock.close()
             assert served.healthz_s() < 1, name
-        r = httpx.put(
+        r = web.put(
             f"http://127.0.0.1:{served.port}/api/v1/secrets/s", json={"value": "v"},
             headers={"Authorization": f"Bearer {served.token}"}, timeout=10,
         )  # fmt: skip

@@ -20,13 +20,13 @@ import re
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.storage.engine import make_engine
 from tests.e2e.conftest import ServeFactory, wait_until
 from tests.e2e.kit import enqueue, put_task, read_log, wait_status
 from tests.jobuser import JOB_UID, job_user_or_skip, reachable_dir
+from tests.kit import web
 
 REPO = Path(__file__).resolve().parents[2]
 PROBES = ("data-dir", "secret.key", "qinglong.db", "qinglong.db-wal", "socket", "shim-fd",
@@ -91,11 +91,11 @@ def test_the_attack_chain_fails_at_every_step_when_jobs_run_as_the_job_user(
         )
         served.socket_path.parent.chmod(0o711)  # only the socket's own 0600 may refuse
         base, auth = served.base_url, served.auth
-        ready = httpx.get(f"{base}/readyz", timeout=10)
+        ready = web.get(f"{base}/readyz", timeout=10)
         assert ready.status_code == 200, ready.text
         isolation = ready.json()["isolation"]
         assert isolation == ("job_user" if job_user else "same_user")
-        r = httpx.put(f"{base}/api/v1/secrets/victim", json={"value": "v" * 20}, headers=auth)
+        r = web.put(f"{base}/api/v1/secrets/victim", json={"value": "v" * 20}, headers=auth)
         assert r.status_code == 204, r.text
         for name in ("secret.key", "qinglong.db", "qinglong.db-wal"):
             assert (data_dir / name).exists(), name  # each probe has something to find

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.worker import cgroups
 from tests.e2e.conftest import Served, ServeFactory, alive, kill_exact, wait_until
 from tests.e2e.kit import enqueue, events, put_task, read_log, wait_status
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ def _ending(served: Served, run_id: str, status: str) -> dict[str, object]:
 
 def _no_cgroup_left(served: Served, run_id: str) -> None:
     root = cgroups.detect(cgroups.AUTO)
-    r = httpx.get(f"{served.base_url}/api/v1/runs/{run_id}/attempts", headers=served.auth)
+    r = web.get(f"{served.base_url}/api/v1/runs/{run_id}/attempts", headers=served.auth)
     attempt = r.json()["items"][-1]["id"]
     if root is not None:
         assert not (root.path / f"{cgroups.PREFIX}{attempt}").exists()
@@ -83,7 +83,7 @@ def test_cancel_stops_a_child_that_left_the_session(served: Served, tmp_path: Pa
     ((pid, ticks),) = _children(served, run_id, 1)
     wait_until("the child to run in its own session", lambda: _own_session(pid), 10)
     try:
-        r = httpx.post(f"{served.base_url}/api/v1/runs/{run_id}/cancel", headers=served.auth)
+        r = web.post(f"{served.base_url}/api/v1/runs/{run_id}/cancel", headers=served.auth)
         assert r.status_code in (200, 202), r.text
         run = wait_status(served, run_id, {"cancelled", "failed", "lost", "succeeded"})
         assert run["status"] == "cancelled"

@@ -15,6 +15,7 @@ from app.cli.common import EXIT_DATA_DIR_IN_USE
 from tests.e2e.conftest import REPO_ROOT, Served, ServeFactory, free_port, wait_until
 from tests.e2e.kit import enqueue, put_task, wait_status
 from tests.e2e.test_supervisor import uvicorn_workers
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 RUNS = 4
@@ -73,10 +74,10 @@ def test_every_api_worker_scrapes_the_same_sums(serve_factory: ServeFactory, db_
     assert _fires(got) == 0
     url = f"{served.base_url}/api/v1/schedules/every-second"
     body = {"task": "m", "every_seconds": 1, "overlap": "allow", "max_concurrent": 10}
-    assert httpx.put(url, json=body, headers=served.auth, timeout=5).status_code == 201
+    assert web.put(url, json=body, headers=served.auth, timeout=5).status_code == 201
     wait_until("three slots in the fire lateness count", lambda: _fires(_scrape(served)) >= 3, 30)
-    assert httpx.post(f"{url}/pause", headers=served.auth, timeout=5).status_code == 200
-    page = httpx.get(f"{url}/decisions?limit=200", headers=served.auth, timeout=5).json()
+    assert web.post(f"{url}/pause", headers=served.auth, timeout=5).status_code == 200
+    page = web.get(f"{url}/decisions?limit=200", headers=served.auth, timeout=5).json()
     decided = [d for d in page["items"] if d["decision"] != "missed"]
     assert len(decided) >= 3 and page["next_cursor"] is None
     # Lateness runs to the commit, which follows the decision's at_ms (its pass's clock).
@@ -88,7 +89,7 @@ def test_every_api_worker_scrapes_the_same_sums(serve_factory: ServeFactory, db_
         assert _fires(got) == len(decided)
         assert got[f"{LATE}_count|slot=on_time"] >= 1
         assert at_least <= got[f"{LATE}_sum|slot=on_time"] + got[f"{LATE}_sum|slot=caught_up"]
-    assert "every-second" not in httpx.get(
+    assert "every-second" not in web.get(
         f"{served.base_url}/metrics", headers=served.auth, timeout=10
     ).text  # no schedule name in a label
 

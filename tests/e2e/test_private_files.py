@@ -6,12 +6,12 @@ import os
 import stat
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.cli.test_file_modes import LOOSE_UMASK, ql
 from tests.e2e.conftest import ServeFactory
 from tests.e2e.kit import enqueue, put_task, wait_status
+from tests.kit import web
 
 
 def _modes(root: Path) -> dict[str, int]:
@@ -38,8 +38,8 @@ def test_every_file_and_directory_of_a_served_data_dir_is_private(
         os.umask(old)
     auth = served.auth
     base = served.base_url
-    assert httpx.put(f"{base}/api/v1/secrets/s", json={"value": "v"}, headers=auth).status_code
-    recipe = httpx.post(f"{base}/api/v1/recipes", json={"secrets": {"S": "s"}}, headers=auth)
+    assert web.put(f"{base}/api/v1/secrets/s", json={"value": "v"}, headers=auth).status_code
+    recipe = web.post(f"{base}/api/v1/recipes", json={"secrets": {"S": "s"}}, headers=auth)
     put_task(served, "echo", "echo out; echo err >&2", cwd=tmp_path, recipe=recipe.json()["id"])
     run_id = enqueue(served, "echo")
     assert wait_status(served, run_id, {"succeeded", "failed"})["status"] == "succeeded"

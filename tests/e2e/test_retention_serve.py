@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.domain.artifacts import log_relpath
@@ -18,6 +17,7 @@ from app.storage.engine import make_engine
 from app.storage.run_reads import RunReader
 from tests.e2e.conftest import ServeFactory, wait_until
 from tests.e2e.kit import enqueue, get_run, put_task, read_log, wait_status
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 
@@ -32,18 +32,18 @@ def test_keep_runs_2_expires_the_old_logs_410_log_expired_and_storage_figures(
     put_task(served, "kept", "echo hello from $QL3_RUN_ID", tmp_path)
     # keep_days 0: the profile's 14 days would keep every one of these young runs.
     body = {"keep_runs": 2, "keep_days": 0}
-    r = httpx.put(f"{api}/tasks/kept/retention", json=body, headers=served.auth)
+    r = web.put(f"{api}/tasks/kept/retention", json=body, headers=served.auth)
     assert r.status_code == 201, r.text
     assert r.json()["effective"]["keep_runs"] == 2
     assert r.json()["override"]["keep_rows"] is None
     assert r.json()["effective"]["keep_rows"] == 1000  # standalone's row budget
-    got = httpx.get(f"{api}/tasks/kept/retention", headers=served.auth).json()
+    got = web.get(f"{api}/tasks/kept/retention", headers=served.auth).json()
     assert got == r.json()
 
     # The first run is pinned before the others end: it keeps its log whatever the policy.
     pinned = enqueue(served, "kept")
     wait_status(served, pinned, {"succeeded"})
-    r = httpx.post(f"{api}/runs/{pinned}/pin", headers=served.auth)
+    r = web.post(f"{api}/runs/{pinned}/pin", headers=served.auth)
     assert r.status_code == 200 and r.json()["pinned"] is True, r.text
     runs = [enqueue(served, "kept") for _ in range(5)]
     for run_id in runs:
@@ -60,7 +60,7 @@ def test_keep_runs_2_expires_the_old_logs_410_log_expired_and_storage_figures(
         for run_id in old:
             log = get_run(served, run_id)["latest_attempt"]["log"]
             assert log["bytes"] > 0 and log["expired_at_ms"] is not None
-            r = httpx.get(f"{api}/runs/{run_id}/attempts/1/log", headers=served.auth)
+            r = web.get(f"{api}/runs/{run_id}/attempts/1/log", headers=served.auth)
             assert r.status_code == 410, r.text
             assert r.headers["content-type"].startswith("application/problem+json")
             assert r.json()["code"] == "LOG_EXPIRED"
@@ -72,7 +72,7 @@ def test_keep_runs_2_expires_the_old_logs_410_log_expired_and_storage_figures(
         assert not expired(run_id)
         assert read_log(served, run_id).startswith(b"hello from")
 
-    r = httpx.get(f"{api}/system/storage", headers=served.auth)
+    r = web.get(f"{api}/system/storage", headers=served.auth)
     assert r.status_code == 200, r.text
     storage = r.json()
     assert storage["retention_enabled"] is True
@@ -85,6 +85,6 @@ def test_keep_runs_2_expires_the_old_logs_410_log_expired_and_storage_figures(
     assert storage["last_sweep"] is not None and storage["last_sweep"]["at_ms"] > 0
 
     # Unpinning hands the run back to the policy: the next kick (another run ending) takes it.
-    assert httpx.post(f"{api}/runs/{pinned}/unpin", headers=served.auth).json()["pinned"] is False
+    assert web.post(f"{api}/runs/{pinned}/unpin", headers=served.auth).json()["pinned"] is False
     wait_status(served, enqueue(served, "kept"), {"succeeded"})
     wait_until("the unpinned run's log expired", lambda: expired(pinned), 20)

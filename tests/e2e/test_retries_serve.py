@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import Served, ServeFactory, proc_stat, wait_until
 from tests.e2e.kit import enqueue, events, get_run, read_log, terminal_events, wait_status
+from tests.kit import web
 from tests.worker.kit import kill_exact
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 def _put(served: Served, name: str, script: str, retry: dict[str, Any]) -> None:
     body = {"argv": ["/bin/sh", "-c", script], "retry": retry}
-    r = httpx.put(
+    r = web.put(
         f"{served.base_url}/api/v1/tasks/{name}/revisions/1", json=body, headers=served.auth
     )
     assert r.status_code == 201, r.text
@@ -54,7 +54,7 @@ def test_retries_backoff_cancel_restart_and_rerun(
 
     # Cancel during the backoff: cancelled at once, its one terminal event, no attempt 3.
     _waiting(served, doomed)
-    r = httpx.post(f"{served.base_url}/api/v1/runs/{doomed}/cancel", headers=served.auth)
+    r = web.post(f"{served.base_url}/api/v1/runs/{doomed}/cancel", headers=served.auth)
     assert r.status_code == 202 and r.json()["status"] == "cancelled", r.text
     assert terminal_events(served, doomed) == ["run.cancelled"]
 
@@ -78,7 +78,7 @@ def test_retries_backoff_cancel_restart_and_rerun(
     types = [e["type"] for e in events(served, flaky)]
     assert types.count("run.retry_scheduled") == 2
     assert terminal_events(served, flaky) == ["run.succeeded"]
-    items = httpx.get(f"{served.base_url}/api/v1/runs/{flaky}/attempts", headers=served.auth)
+    items = web.get(f"{served.base_url}/api/v1/runs/{flaky}/attempts", headers=served.auth)
     second, third = items.json()["items"][1:]
     assert second["not_before_ms"] == at  # the instant stored before the kill
     for item in (second, third):
@@ -86,11 +86,11 @@ def test_retries_backoff_cancel_restart_and_rerun(
 
     # A rerun: a new manual run of the same revision, the same answer for the same key.
     url, key = f"{served.base_url}/api/v1/runs/{flaky}/rerun", {"Idempotency-Key": "again-1"}
-    first = httpx.post(url, headers=served.auth | key)
+    first = web.post(url, headers=served.auth | key)
     assert first.status_code == 201, first.text
     rerun = first.json()
     assert (rerun["trigger"]["kind"], rerun["trigger"]["rerun_of"]) == ("manual", flaky)
     assert (rerun["task"], rerun["revision"]) == ("flaky", 1)
-    again = httpx.post(url, headers=served.auth | key)
+    again = web.post(url, headers=served.auth | key)
     assert (again.status_code, again.json()["id"]) == (200, rerun["id"])
     assert wait_status(served, rerun["id"], {"succeeded", "failed"})["status"] == "succeeded"

@@ -12,11 +12,11 @@ import itertools
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import Served, ServeFactory, proc_stat, wait_until
 from tests.e2e.kit import TERMINAL, put_task, terminal_events
+from tests.kit import web
 from tests.worker.kit import kill_exact
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +37,7 @@ ALLOWED = {
 
 
 def _get(served: Served, path: str) -> Any:
-    r = httpx.get(f"{served.base_url}{path}", headers=served.auth, timeout=10)
+    r = web.get(f"{served.base_url}{path}", headers=served.auth, timeout=10)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -45,13 +45,13 @@ def _get(served: Served, path: str) -> Any:
 def _put(served: Served, name: str, task: str, **extra: Any) -> None:
     body = {"task": task, "every_seconds": 1, **extra}
     url = f"{served.base_url}/api/v1/schedules/{name}"
-    r = httpx.put(url, json=body, headers=served.auth, timeout=5)
+    r = web.put(url, json=body, headers=served.auth, timeout=5)
     assert r.status_code == 201, r.text
 
 
 def _pause(served: Served, name: str) -> None:
     url = f"{served.base_url}/api/v1/schedules/{name}/pause"
-    assert httpx.post(url, headers=served.auth, timeout=5).status_code == 200
+    assert web.post(url, headers=served.auth, timeout=5).status_code == 200
 
 
 def _runs_of(served: Served, name: str) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from tests.conftest import PG_ENV, private_pg_schema
 from tests.e2e.conftest import Served, ServeFactory, proc_stat, wait_until
 from tests.e2e.kit import TERMINAL, TERMINAL_EVENTS, put_task
 from tests.e2e.test_supervisor import uvicorn_workers
+from tests.kit import web
 from tests.worker.kit import kill_exact
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -88,7 +89,7 @@ def _pages(served: Served, path: str) -> list[dict[str, Any]]:
     cursor: str | None = None
     while True:
         params = {"limit": 200} | ({"cursor": cursor} if cursor else {})
-        r = httpx.get(f"{served.base_url}{path}", params=params, headers=served.auth, timeout=10)
+        r = web.get(f"{served.base_url}{path}", params=params, headers=served.auth, timeout=10)
         assert r.status_code == 200, r.text
         body = r.json()
         items += body["items"]
@@ -110,7 +111,7 @@ def _schedule(target: Target) -> None:
         "task": "tick", "every_seconds": 1, "overlap": "allow", "max_concurrent": 100,
         "catchup": "all",
     }  # fmt: skip
-    r = httpx.put(target.url, json=body, headers=target.served.auth, timeout=5)
+    r = web.put(target.url, json=body, headers=target.served.auth, timeout=5)
     assert r.status_code == 201, r.text
 
 
@@ -154,7 +155,7 @@ def _covered(decisions: list[dict[str, Any]]) -> list[int]:
 def _pause(target: Target) -> None:
     def paused() -> bool:
         try:
-            r = httpx.post(f"{target.url}/pause", headers=target.served.auth, timeout=5)
+            r = web.post(f"{target.url}/pause", headers=target.served.auth, timeout=5)
         except httpx.HTTPError:  # the answering uvicorn worker was just killed
             return False
         return r.status_code == 200

@@ -8,11 +8,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import TERMINAL, put_task
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,7 @@ SECONDS = 8
 
 
 def _runs(served: Served) -> list[dict[str, Any]]:
-    r = httpx.get(f"{served.base_url}/api/v1/runs?limit=200", headers=served.auth, timeout=5)
+    r = web.get(f"{served.base_url}/api/v1/runs?limit=200", headers=served.auth, timeout=5)
     assert r.status_code == 200, r.text
     items: list[dict[str, Any]] = r.json()["items"]
     return items
@@ -33,11 +33,11 @@ def test_an_every_second_schedule_fires_one_run_per_slot_until_paused_then_is_de
     put_task(served, "tick", "true")
     url = f"{served.base_url}/api/v1/schedules/every-second"
     body = {"task": "tick", "every_seconds": 1, "overlap": "allow", "max_concurrent": 10}
-    created = httpx.put(url, json=body, headers=served.auth, timeout=5)
+    created = web.put(url, json=body, headers=served.auth, timeout=5)
     assert created.status_code == 201, created.text
     time.sleep(SECONDS)
 
-    paused = httpx.post(f"{url}/pause", headers=served.auth, timeout=5)
+    paused = web.post(f"{url}/pause", headers=served.auth, timeout=5)
     assert (paused.status_code, paused.json()["paused"]) == (200, True)
     runs = _runs(served)
     slots = sorted(r["trigger"]["slot_ms"] for r in runs)
@@ -48,14 +48,14 @@ def test_an_every_second_schedule_fires_one_run_per_slot_until_paused_then_is_de
     }
     # A due slot's run exists within a second of its instant (docs/schedules.md §4).
     assert max(r["created_at_ms"] - r["trigger"]["slot_ms"] for r in runs) < 1000
-    decisions = httpx.get(f"{url}/decisions?limit=200", headers=served.auth, timeout=5).json()
+    decisions = web.get(f"{url}/decisions?limit=200", headers=served.auth, timeout=5).json()
     fired = {d["run"] for d in decisions["items"] if d["decision"] == "fired"}
     assert fired == {r["id"] for r in runs}
 
     time.sleep(2.5)
     assert len(_runs(served)) == len(runs), "a paused schedule fires nothing"
-    assert httpx.delete(url, headers=served.auth, timeout=5).status_code == 204
-    assert httpx.get(url, headers=served.auth, timeout=5).status_code == 404
+    assert web.delete(url, headers=served.auth, timeout=5).status_code == 204
+    assert web.get(url, headers=served.auth, timeout=5).status_code == 404
     wait_until(
         "every scheduled run to end",
         lambda: all(r["status"] in TERMINAL for r in _runs(served)),

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from app.settings import Settings
@@ -34,6 +33,7 @@ from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import enqueue, events, get_run, put_task, read_log, wait_status
 from tests.execution.kit import all_database_text
 from tests.jobuser import job_user_or_skip
+from tests.kit import web
 
 TMPFS_MIB = 60  # edge profile: 4 MiB quota + 32 MiB reserve fit; a filler makes them not
 
@@ -73,7 +73,7 @@ def stack(
 
 
 def _get(served: Served, path: str) -> Any:
-    r = httpx.get(f"{served.base_url}{path}", headers=served.auth, timeout=10)
+    r = web.get(f"{served.base_url}{path}", headers=served.auth, timeout=10)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -105,7 +105,7 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
     cwd = tmp_path if stack.job_user is None else None  # the job user cannot enter tmp_path
     good = "plain-" + secrets.token_hex(16)
     bad = "badval-" + secrets.token_hex(16)
-    r = httpx.put(f"{base}/api/v1/secrets/good", json={"value": good}, headers=auth)
+    r = web.put(f"{base}/api/v1/secrets/good", json={"value": good}, headers=auth)
     assert r.status_code == 204, r.text
     # The API refuses a NUL; a value stored by the real repository (an older, looser rule, a
     # restored backup) is refused at step 5 instead.
@@ -119,7 +119,7 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
 
     def recipe(secret: str) -> str:
         body = {"env": {"PLAIN": "x"}, "secrets": {"S": secret}}
-        r = httpx.post(f"{base}/api/v1/recipes", json=body, headers=auth)
+        r = web.post(f"{base}/api/v1/recipes", json=body, headers=auth)
         assert r.status_code in (200, 201), r.text
         return str(r.json()["id"])
 
@@ -132,7 +132,7 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
         recipe=with_good,
     )  # fmt: skip
     missing = f"/nonexistent/ql-{secrets.token_hex(4)}"
-    r = httpx.put(
+    r = web.put(
         f"{base}/api/v1/tasks/noexec/revisions/1",
         json={"argv": [missing], "cwd": str(cwd or "/"), "recipe": with_good},
         headers=auth,
@@ -161,7 +161,7 @@ def test_no_secret_leaks_on_any_failure_after_secrets_are_resolved(
     digest = hashlib.sha256(good.encode()).hexdigest().encode()
     wait_status(served, cancel, {"running"})
     wait_until("the job's digest line", lambda: digest in read_log(served, cancel), 20)
-    r = httpx.post(f"{base}/api/v1/runs/{cancel}/cancel", headers=auth)
+    r = web.post(f"{base}/api/v1/runs/{cancel}/cancel", headers=auth)
     assert r.status_code == 202, r.text
 
     said: list[str] = []

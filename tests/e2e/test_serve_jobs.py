@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import select
 
@@ -28,6 +27,7 @@ from tests.e2e.kit import get_run as _run
 from tests.e2e.kit import put_task as _put_task
 from tests.e2e.kit import terminal_events as _terminal_events
 from tests.e2e.kit import wait_status as _wait_status
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 
@@ -69,7 +69,7 @@ def test_a_job_outlives_the_supervisor_and_its_ending_is_recorded_after_restart(
     assert run["status"] == "failed"
     assert run["latest_attempt"]["exit_code"] == 7
     assert _terminal_events(again, run_id) == ["run.failed"]
-    log = httpx.get(
+    log = web.get(
         f"{again.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=again.auth
     ).text
     assert log.splitlines() == ["before", "after"]
@@ -168,7 +168,7 @@ def test_a_serve_killed_while_it_stops_its_jobs_leaves_each_run_one_ending(
         end_jobs(served.left_jobs)  # a failure above may leave the job and its cgroup
     assert run["status"] == "cancelled"
     assert _terminal_events(again, run_id) == ["run.cancelled"]
-    log = httpx.get(f"{again.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=again.auth)
+    log = web.get(f"{again.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=again.auth)
     assert log.text.splitlines() == ["up"]
 
 
@@ -187,7 +187,7 @@ def test_a_log_removed_while_its_job_runs_reads_410_log_missing_after_the_ending
     run_id = _enqueue(served, "prints")
     try:
         _wait_status(served, run_id, {"running"})
-        attempts = httpx.get(
+        attempts = web.get(
             f"{served.base_url}/api/v1/runs/{run_id}/attempts", headers=served.auth
         ).json()
         log = served.data_dir / "logs" / log_relpath(attempts["items"][0]["id"])
@@ -196,7 +196,7 @@ def test_a_log_removed_while_its_job_runs_reads_410_log_missing_after_the_ending
     finally:
         (tmp_path / "GO").touch()
     assert _wait_status(served, run_id, TERMINAL)["status"] == "succeeded"
-    answer = httpx.get(
+    answer = web.get(
         f"{served.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=served.auth
     )
     assert answer.status_code == 410, answer.text
@@ -215,7 +215,7 @@ def test_a_log_follow_open_at_the_stop_ends_at_once_for_the_client_to_resume(
     stopped: list[int] = []
     stopper = threading.Thread(target=lambda: stopped.append(served.stop(leave_jobs=True)))
     try:
-        with httpx.stream(
+        with web.stream(
             "GET", url, params={"follow": "true"}, headers=served.auth, timeout=30
         ) as follow:
             lines = follow.iter_lines()

@@ -46,6 +46,7 @@ from tests.e2e.conftest import (
     wait_until,
 )
 from tests.e2e.kit import events, get_run, put_task, terminal_events, wait_status
+from tests.kit import web
 from tests.kit.partition import partitioned
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -181,7 +182,7 @@ def _ran_on(engine: Engine, run_id: str) -> str | None:
 
 
 def _enqueue(served: Served, task: str) -> str:
-    r = httpx.post(f"{served.base_url}/api/v1/runs", json={"task": task}, headers=served.auth)
+    r = web.post(f"{served.base_url}/api/v1/runs", json={"task": task}, headers=served.auth)
     assert r.status_code == 201, r.text
     run_id: str = r.json()["id"]
     return run_id
@@ -189,7 +190,7 @@ def _enqueue(served: Served, task: str) -> str:
 
 def _log(served: Served, run_id: str, **params: str) -> httpx.Response:
     url = f"{served.base_url}/api/v1/runs/{run_id}/attempts/1/log"
-    return httpx.get(url, params=params, headers=served.auth, timeout=10)
+    return web.get(url, params=params, headers=served.auth, timeout=10)
 
 
 def _job_processes(served: NsServed) -> list[int]:
@@ -275,7 +276,7 @@ def test_a_host_cut_off_from_the_database_by_a_silent_partition_is_expired_and_c
 
         def cut_off_but_alive(on_b: str) -> None:
             # B's api answers its own 503 (no wait for TCP), and the job runs on there.
-            r = httpx.get(f"{b.base_url}/api/v1/runs/{on_b}", headers=b.auth, timeout=30)
+            r = web.get(f"{b.base_url}/api/v1/runs/{on_b}", headers=b.auth, timeout=30)
             assert r.status_code == 503, r.text
             assert r.json()["code"] == "DATABASE_UNREACHABLE"
             assert len(_job_processes(b)) == 1
@@ -293,7 +294,7 @@ def test_a_host_cut_off_from_the_database_by_a_silent_partition_is_expired_and_c
             )  # fmt: skip
         finally:
             engine.dispose()
-        r = httpx.post(f"{a.base_url}/api/v1/runs/{on_a}/cancel", headers=a.auth)
+        r = web.post(f"{a.base_url}/api/v1/runs/{on_a}/cancel", headers=a.auth)
         assert r.status_code in (200, 202), r.text
         assert wait_status(a, on_a, {"cancelled"}, timeout=30)["status"] == "cancelled"
         assert b.stop() == 0  # while its database is still reachable through the relay
@@ -369,7 +370,7 @@ def _partition_then_kill(a: Served, b: NsServed, engine: Engine) -> None:
     assert terminal_events(a, third) == ["run.lost"]
     _remove_job_cgroup(engine, third)
     assert get_run(a, on_a)["status"] == "running"
-    r = httpx.post(f"{a.base_url}/api/v1/runs/{on_a}/cancel", headers=a.auth)
+    r = web.post(f"{a.base_url}/api/v1/runs/{on_a}/cancel", headers=a.auth)
     assert r.status_code in (200, 202), r.text
     assert wait_status(a, on_a, {"cancelled"}, timeout=30)["status"] == "cancelled"
     assert [e["type"] for e in events(a, on_a)].count("run.cancelled") == 1

@@ -19,6 +19,7 @@ from app.storage.engine import make_engine
 from app.storage.tables import runs
 from tests.e2e.conftest import Served, ServeFactory, alive, kill_exact, wait_until
 from tests.e2e.kit import TERMINAL, put_task, terminal_events
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 
@@ -69,7 +70,7 @@ def test_sigterm_with_a_queued_backlog_fails_no_run(
     served = serve_factory(database_url=db_url, extra_env={"QL_MAX_RUNNING": "1"})
     put_task(served, "bulk", "exec sleep 0.1")
     run_ids = enqueue_many(served, "bulk", BACKLOG)
-    r = httpx.get(
+    r = web.get(
         f"{served.base_url}/api/v1/runs",
         params={"task": "bulk", "status": "queued", "limit": 50},
         headers=served.auth,

@@ -37,6 +37,7 @@ from app.supervisor.stop_jobs import SERVICE_STOP_REASON
 from tests.browser import ZH_AS_IS_WORDS, browser_or_skip
 from tests.e2e.conftest import Served, ServeFactory, wait_until
 from tests.e2e.kit import TERMINAL, enqueue, get_run, put_task, read_log, wait_status
+from tests.kit import web
 from tests.kit.partition import network_unchanged
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -60,7 +61,7 @@ class Site:
         return f"{self.served.base_url}/ui/"
 
     def api(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        return httpx.request(
+        return web.request(
             method, f"{self.served.base_url}{path}", headers=self.served.auth, **kw
         )
 
@@ -131,18 +132,18 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
     gate = gate_dir / "go"
     auth = served.auth
     base = served.base_url
-    recipe = httpx.post(
+    recipe = web.post(
         f"{base}/api/v1/recipes",
         json={"env": {"GREETING": "hello-value"}, "secrets": {"API_KEY": "demo-key"}},
         headers=auth,
     ).json()["id"]
-    assert httpx.put(
+    assert web.put(
         f"{base}/api/v1/secrets/demo-key", json={"value": "never-shown"}, headers=auth
     ).is_success
     put_task(served, "hello", "echo hello")
     second = {"argv": ["/bin/sh", "-c", "echo hello; echo world"], "recipe": recipe}
     second["timeout_seconds"] = 60
-    r = httpx.put(f"{base}/api/v1/tasks/hello/revisions/2", json=second, headers=auth)
+    r = web.put(f"{base}/api/v1/tasks/hello/revisions/2", json=second, headers=auth)
     assert r.status_code == 201, r.text
     put_task(
         served,
@@ -159,7 +160,7 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
     # Retention keeps one log of "fleeting": the older run's log expires (the sweep is kicked
     # by the newer run's ending) while the flows before the run page's check go on.
     put_task(served, "fleeting", "echo fleeting")
-    r = httpx.put(
+    r = web.put(
         f"{base}/api/v1/tasks/fleeting/retention",
         json={"keep_runs": 1, "keep_days": 0},
         headers=auth,
@@ -169,7 +170,7 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
     wait_status(served, expiring, {"succeeded"})
     enqueue(served, "fleeting")
     schedule = "every-second"
-    r = httpx.put(
+    r = web.put(
         f"{base}/api/v1/schedules/{schedule}",
         json={"task": "overlap", "every_seconds": 1, "catchup_window_seconds": 60, "paused": True},
         headers=auth,
@@ -196,7 +197,7 @@ def site(serve_factory: ServeFactory, tmp_path: Path) -> Iterator[Site]:
             try:
                 browser.close()
                 if served.exit_code is None:  # the last flow stops the service itself
-                    httpx.post(f"{base}/api/v1/schedules/{schedule}/pause", headers=auth)
+                    web.post(f"{base}/api/v1/schedules/{schedule}/pause", headers=auth)
             finally:  # the gate's temp dir goes whatever failed above
                 shutil.rmtree(gate_dir, ignore_errors=True)
 

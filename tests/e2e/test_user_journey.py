@@ -11,7 +11,6 @@ import json
 import signal
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import (
@@ -32,6 +31,7 @@ from tests.e2e.kit import (
     terminal_events,
     wait_status,
 )
+from tests.kit import web
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +42,7 @@ def _follow(base_url: str, path: str, headers: dict[str, str]) -> tuple[bytes, d
     """Follow a log as SSE until the final ``end`` event; (text, end data)."""
     text = b""
     end: dict[str, object] = {}
-    with httpx.stream(
+    with web.stream(
         "GET", f"{base_url}{path}?follow=true", headers=headers, timeout=30
     ) as response:
         assert response.status_code == 200
@@ -66,10 +66,10 @@ def test_define_enqueue_watch_follow_and_read_the_exact_ending(
     base, auth = served.base_url, served.auth
     gate = tmp_path / "gate"
 
-    assert httpx.put(
+    assert web.put(
         f"{base}/api/v1/secrets/api-token", json={"value": SECRET}, headers=auth
     ).status_code == 204  # fmt: skip
-    recipe = httpx.post(
+    recipe = web.post(
         f"{base}/api/v1/recipes",
         json={
             "env": {"GREETING": "hello", "GATE": str(gate)},
@@ -87,7 +87,7 @@ def test_define_enqueue_watch_follow_and_read_the_exact_ending(
     put_task(served, "journey", script, recipe=recipe.json()["id"])
 
     run_id = enqueue(served, "journey", key="journey-1")
-    again = httpx.post(
+    again = web.post(
         f"{base}/api/v1/runs",
         json={"task": "journey"},
         headers=dict(auth) | {"Idempotency-Key": "journey-1"},
@@ -117,8 +117,8 @@ def test_define_enqueue_watch_follow_and_read_the_exact_ending(
         "run.running", "attempt.failed", "run.failed",
     ]  # fmt: skip
     # The secret reached the job and nothing the service keeps or says.
-    for response in (httpx.get(f"{base}/api/v1/runs/{run_id}/events", headers=auth),
-                     httpx.get(f"{base}/api/v1/runs/{run_id}", headers=auth)):  # fmt: skip
+    for response in (web.get(f"{base}/api/v1/runs/{run_id}/events", headers=auth),
+                     web.get(f"{base}/api/v1/runs/{run_id}", headers=auth)):  # fmt: skip
         assert SECRET not in response.text and "pid" not in response.json()
     if db_url.startswith("sqlite"):
         for path in served.data_dir.rglob("*"):
@@ -144,13 +144,13 @@ def test_success_timeout_and_cancel_end_as_they_should_on_the_edge_profile(
     assert timed_out["cancel_requested"]["reason"] == "timeout"
 
     wait_status(served, endless, {"running"})
-    cancel = httpx.post(f"{served.base_url}/api/v1/runs/{endless}/cancel", headers=served.auth)
+    cancel = web.post(f"{served.base_url}/api/v1/runs/{endless}/cancel", headers=served.auth)
     assert cancel.status_code == 202
     # The job ignores TERM: the worker escalates to KILL after the grace, identity re-checked.
     cancelled = wait_status(served, endless, TERMINAL, timeout=60)
     assert cancelled["status"] == "cancelled"
     assert cancelled["latest_attempt"]["signal"] == signal.SIGKILL
-    again = httpx.post(f"{served.base_url}/api/v1/runs/{endless}/cancel", headers=served.auth)
+    again = web.post(f"{served.base_url}/api/v1/runs/{endless}/cancel", headers=served.auth)
     assert (again.status_code, again.json()["code"]) == (409, "RUN_TERMINAL")
     for run_id in (ok, slow, endless):
         assert len(terminal_events(served, run_id)) == 1

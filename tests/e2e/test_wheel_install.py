@@ -20,11 +20,11 @@ import time
 import zipfile
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import REPO_ROOT, Served, free_port, spawn_served
 from tests.e2e.kit import enqueue, put_task, read_log, wait_status
+from tests.kit import web
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # one to three minutes, mostly pip
 
@@ -161,7 +161,7 @@ def test_a_built_wheel_installed_outside_the_checkout_migrates_serves_and_runs_a
                 cwd=outside, env=env | {"QL_TOKEN": token},
             )  # fmt: skip
             assert json.loads(shown)["status"] == "succeeded"
-            ui = httpx.get(f"{served.base_url}/ui/js/main.js", timeout=10)
+            ui = web.get(f"{served.base_url}/ui/js/main.js", timeout=10)
             assert ui.status_code == 200 and "javascript" in ui.headers["content-type"]
         finally:
             code = served.stop()

@@ -27,6 +27,7 @@ from app.worker.instance import instance_id
 from tests.disk import mounted_tmpfs
 from tests.e2e.conftest import REPO_ROOT, free_port, wait_until
 from tests.e2e.test_supervisor import uvicorn_workers
+from tests.kit import web
 
 
 def _use_every_inode_but_one(fs: Path) -> None:
@@ -108,6 +109,6 @@ def test_an_api_that_cannot_make_its_metrics_dir_serves_and_scrapes_answer(
 
 def _healthz(port: int) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+        return web.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
