@@ -5,19 +5,29 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?= -n auto --dist worksteal
+# Where PYTHONDONTWRITEBYTECODE is set (CI's image sets it), every process the suite starts
+# compiles what it imports again: each xdist worker's collection (15 CPU-s against 6.5) and
+# each service, shim and CLI (a quarter of a served stack's start). The suite writes bytecode
+# as Python does by default, in git-ignored __pycache__ dirs (docs/testing.md §Order).
+PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
 
 .PHONY: run test test-unit test-integration test-e2e lint openapi bench bench-quick clean
 
+# uv, a wheel from the package index like every other dependency, installs in seconds what pip
+# takes half a minute for (CI's wall time, docs/testing.md §Order); pip installs when uv
+# cannot be had. Either resolves the same pyproject.toml.
+INSTALL = $(BIN)/python -m pip install --quiet uv && $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
+PIP_INSTALL = $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(INSTALL) -e . || $(PIP_INSTALL) -e .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(INSTALL) -e '.[test,bench]' || $(PIP_INSTALL) -e '.[test,bench]'
 	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run
@@ -31,18 +41,18 @@ lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports
 
 test: $(VENV)/.installed-test lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 # One tier at a time (docs/testing.md). Unit tests are pure logic: no database, no process of
 # ours, one pytest process, seconds.
 test-unit: $(VENV)/.installed-test
-	$(BIN)/pytest tests/unit -m unit -p no:xdist
+	$(PYTEST) tests/unit -m unit -p no:xdist
 
 test-integration: $(VENV)/.installed-test
-	$(BIN)/pytest $(PYTEST_ARGS) -m integration
+	$(PYTEST) $(PYTEST_ARGS) -m integration
 
 test-e2e: $(VENV)/.installed-test
-	$(BIN)/pytest $(PYTEST_ARGS) -m e2e
+	$(PYTEST) $(PYTEST_ARGS) -m e2e
 
 openapi: $(VENV)/.installed-test
 	$(BIN)/python -m app.api.openapi > api-schemas/openapi.json
