@@ -5,13 +5,8 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?= -n auto --dist worksteal
-# Where PYTHONDONTWRITEBYTECODE is set (CI's image sets it), every process the suite starts
-# compiles what it imports again: each xdist worker's collection (15 CPU-s against 6.5) and
-# each service, shim and CLI (a quarter of a served stack's start). The suite writes bytecode
-# as Python does by default, in git-ignored __pycache__ dirs (docs/testing.md §Order).
-PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest
 
-.PHONY: run test test-unit test-integration test-e2e lint openapi bench bench-quick clean
+.PHONY: run bytecode test test-unit test-integration test-e2e lint openapi bench bench-quick clean
 
 # uv, a wheel from the package index like every other dependency, installs in seconds what pip
 # takes half a minute for (CI's wall time, docs/testing.md §Order); pip installs when uv
@@ -23,11 +18,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(INSTALL) -e . || $(PIP_INSTALL) -e .
+	$(INSTALL) -e . || { $(PIP_INSTALL) -e .; }
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(INSTALL) -e '.[test,bench]' || $(PIP_INSTALL) -e '.[test,bench]'
+	$(INSTALL) -e '.[test,bench]' || { $(PIP_INSTALL) -e '.[test,bench]'; }
 	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run
@@ -40,19 +35,25 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(VENV)/.installed-test lint
-	$(PYTEST) $(PYTEST_ARGS)
+# Where PYTHONDONTWRITEBYTECODE is set (CI's image sets it), every service and CLI process the
+# suite starts compiled app/ from source again: a quarter of a served stack's start.
+# compileall writes its bytecode anyway, once, before the session (docs/testing.md §Order).
+bytecode: $(VENV)/.installed-test
+	$(BIN)/python -m compileall -q app
+
+test: $(VENV)/.installed-test lint bytecode
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 # One tier at a time (docs/testing.md). Unit tests are pure logic: no database, no process of
 # ours, one pytest process, seconds.
 test-unit: $(VENV)/.installed-test
-	$(PYTEST) tests/unit -m unit -p no:xdist
+	$(BIN)/pytest tests/unit -m unit -p no:xdist
 
-test-integration: $(VENV)/.installed-test
-	$(PYTEST) $(PYTEST_ARGS) -m integration
+test-integration: $(VENV)/.installed-test bytecode
+	$(BIN)/pytest $(PYTEST_ARGS) -m integration
 
-test-e2e: $(VENV)/.installed-test
-	$(PYTEST) $(PYTEST_ARGS) -m e2e
+test-e2e: $(VENV)/.installed-test bytecode
+	$(BIN)/pytest $(PYTEST_ARGS) -m e2e
 
 openapi: $(VENV)/.installed-test
 	$(BIN)/python -m app.api.openapi > api-schemas/openapi.json

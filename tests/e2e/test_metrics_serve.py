@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,8 +32,8 @@ def _figures(text: str) -> dict[str, float]:
 
 
 def _scrape(served: Served) -> dict[str, float]:
-    with httpx.Client(base_url=served.base_url, headers=served.auth, timeout=10) as fresh:
-        r = fresh.get("/metrics")  # a new connection: any worker may accept it
+    # A new connection (any worker may accept it), one SSL context for the process.
+    r = web.get(f"{served.base_url}/metrics", headers=served.auth, timeout=10)
     assert r.status_code == 200, r.text
     return _figures(r.text)
 

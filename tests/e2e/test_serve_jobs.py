@@ -69,9 +69,7 @@ def test_a_job_outlives_the_supervisor_and_its_ending_is_recorded_after_restart(
     assert run["status"] == "failed"
     assert run["latest_attempt"]["exit_code"] == 7
     assert _terminal_events(again, run_id) == ["run.failed"]
-    log = web.get(
-        f"{again.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=again.auth
-    ).text
+    log = web.get(f"{again.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=again.auth).text
     assert log.splitlines() == ["before", "after"]
 
 
@@ -196,9 +194,7 @@ def test_a_log_removed_while_its_job_runs_reads_410_log_missing_after_the_ending
     finally:
         (tmp_path / "GO").touch()
     assert _wait_status(served, run_id, TERMINAL)["status"] == "succeeded"
-    answer = web.get(
-        f"{served.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=served.auth
-    )
+    answer = web.get(f"{served.base_url}/api/v1/runs/{run_id}/attempts/1/log", headers=served.auth)
     assert answer.status_code == 410, answer.text
     assert answer.json()["code"] == "LOG_MISSING"
     assert "its size was never recorded" in answer.json()["detail"]

@@ -61,9 +61,7 @@ class Site:
         return f"{self.served.base_url}/ui/"
 
     def api(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        return web.request(
-            method, f"{self.served.base_url}{path}", headers=self.served.auth, **kw
-        )
+        return web.request(method, f"{self.served.base_url}{path}", headers=self.served.auth, **kw)
 
     def page(
         self, *, locale: str = "en-US", width: int = 1280, timezone_id: str | None = None
