@@ -456,6 +456,8 @@ def _the_api_docs_page_runs_no_swagger_bytes_but_the_pinned_ones(site: Site) -> 
 
 
 def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page = site.page()
     site.sign_in(page, path="tasks")
     page.click("#new-task")
@@ -496,8 +498,21 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     page.fill("#def-retry-max", "2")
     page.check("#def-retry-on-timed_out")
     page.fill("#def-max-concurrent", "2")
+    # The task page's stored retention held back: until it is drawn the form takes no typing
+    # (a value typed meanwhile was overwritten by the one arriving, and a save sent that).
+    held: list[Any] = []
+    retention_url = re.compile(r"/api/v1/tasks/made-in-ui/retention$")
+    page.route(retention_url, lambda route: held.append(route))
     page.click("#def-save")
     page.wait_for_selector("#notice .notice-ok")
+    deadline = time.monotonic() + 20
+    while not held:  # Playwright calls its route handlers only inside its own calls
+        assert time.monotonic() < deadline, "the task page never asked for its retention"
+        page.wait_for_timeout(50)
+    with pytest.raises(PlaywrightTimeout):
+        page.fill("#ret-keep_runs", "7", timeout=500)
+    held[0].continue_()
+    page.unroute(retention_url)
     rev2 = site.api("GET", "/api/v1/tasks/made-in-ui/revisions/2").json()
     assert (rev2["recipe"], rev2["argv"]) == (rev1["recipe"], rev1["argv"])
     assert rev2["max_concurrent"] == 2

@@ -148,14 +148,25 @@ function render() {
     view.setAttribute('aria-busy', 'true');
     const route = location.hash.replace(/^#\/?/, '');
     if (draft && draft.route !== route) draft = null; // signed in and gone elsewhere: dropped
+    let drawn = false;
+    let held = [];
     const ready = () => {
       if (controller.signal.aborted) return;
+      drawn = true;
       view.setAttribute('aria-busy', 'false');
+      for (const form of held) form.inert = false;
       for (const body of view.querySelectorAll('tbody')) settle(body); // a call that failed too
       for (const item of view.querySelectorAll('li.loading-row')) { item.closest('[aria-busy]')?.setAttribute('aria-busy', 'false'); item.remove(); }
       if (restoreDraft(view, route)) notify(t('signin.draft_restored'));
     };
     const stop = page(view, { args, params, signal: controller.signal, ready });
+    // The page's forms take no typing until its first data is drawn: a value typed meanwhile
+    // was overwritten by the stored one arriving (a task's retention, a new revision's
+    // prefill) and the save then sent what the user had not typed.
+    if (!drawn) {
+      held = [...view.querySelectorAll('form')];
+      for (const form of held) form.inert = true;
+    }
     // A table still waiting for its first answer is busy (its row says "Loading…").
     for (const row of view.querySelectorAll('tr.loading-row')) row.closest('table').setAttribute('aria-busy', 'true');
     stopPage = () => { controller.abort(); if (typeof stop === 'function') stop(); };
