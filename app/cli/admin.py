@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
 from app.cli.common import database
+from app.domain.ids import utc_instant
 from app.domain.tokens import SCOPES, new_api_token
 from app.domain.validation import validate_name
 
@@ -127,9 +127,10 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
 
 def _utc(ms: int | None) -> str:
+    """An instant of the token table, to the second (its milliseconds are noise there)."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_instant(ms - ms % 1000)
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:

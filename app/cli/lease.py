@@ -4,7 +4,6 @@ and an operator's word that a stopped host is gone for good."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import socket
 import sys
@@ -12,6 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from app.cli.common import database
+from app.domain.ids import utc_instant
 
 if TYPE_CHECKING:
     from app.domain.lease import Lease
@@ -47,16 +47,11 @@ def register(sub: Any) -> None:
     retire.set_defaults(handler=cmd_lease_retire)
 
 
-def _utc(ms: int) -> str:
-    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _line(lease: Lease, state: str) -> str:
     api = f" api {lease.base_url}" if lease.base_url else ""
     return (
         f"instance {lease.instance_id} host {lease.host} pid {lease.pid} "
-        f"epoch {lease.epoch}{api} since {_utc(lease.acquired_at_ms)}: {state}"
+        f"epoch {lease.epoch}{api} since {utc_instant(lease.acquired_at_ms)}: {state}"
     )
 
 
@@ -74,13 +69,13 @@ def cmd_lease_show(args: argparse.Namespace) -> int:
         lines = []
         for lease in leases:
             if lease.live(now):
-                held = f"held, expires {_utc(lease.expires_at_ms)} unless renewed"
+                held = f"held, expires {utc_instant(lease.expires_at_ms)} unless renewed"
                 lines.append(_line(lease, held))
                 continue
             if lease.released_at_ms is not None:
-                state = f"released at {_utc(lease.released_at_ms)}"
+                state = f"released at {utc_instant(lease.released_at_ms)}"
             else:
-                state = f"expired at {_utc(lease.expires_at_ms)}"
+                state = f"expired at {utc_instant(lease.expires_at_ms)}"
             # The epoch moved past what that pid held: say who moved it, and why.
             moved = repo.superseded(lease.instance_id, lease.epoch)
             if moved is not None and moved.retired:
@@ -110,7 +105,7 @@ def cmd_lease_history(args: argparse.Namespace) -> int:
         events = LeaseRepository(engine).history(limit=args.limit)
     for event in events:
         facts = json.dumps(event.data, sort_keys=True, separators=(",", ":"))
-        print(f"{_utc(event.at_ms)}\t{event.type}\t{facts}")
+        print(f"{utc_instant(event.at_ms)}\t{event.type}\t{facts}")
     return 0
 
 
@@ -158,8 +153,8 @@ def cmd_lease_retire(args: argparse.Namespace) -> int:
         return 1
     if done.state == "held":
         print(f"error: instance {instance_id} on host {done.host} holds its lease until "
-              f"{_utc(done.expires_at_ms)} unless renewed: its worker runs. Stop it (an orderly "
-              "stop releases the lease), or, if its host is gone, wait for the expiry",
+              f"{utc_instant(done.expires_at_ms)} unless renewed: its worker runs. Stop it (an "
+              "orderly stop releases the lease), or, if its host is gone, wait for the expiry",
               file=sys.stderr)  # fmt: skip
         return 1
     print(f"retired instance {instance_id} (host {done.host}): {done.attempts_lost} attempt(s) "

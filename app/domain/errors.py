@@ -68,10 +68,11 @@ that built the adapter). They are listed here, not defined here:
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from app.domain.ids import utc_instant
 
 if TYPE_CHECKING:
     from app.domain.lease import Lease
@@ -250,11 +251,6 @@ class NotMigrated(DomainError):
         self.newer = newer
 
 
-def _utc(ms: int) -> str:
-    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class LeaseHeld(DomainError):
     """Another live worker holds the lease: this one must not start (one line to print)."""
 
@@ -270,8 +266,8 @@ class LeaseHeld(DomainError):
             ErrorCode.WORKER_LEASE_HELD,
             f"the worker lease on this database is held by instance {holder.instance_id} on "
             f"host {holder.host} (pid {holder.pid}, epoch {holder.epoch}) since "
-            f"{_utc(holder.acquired_at_ms)}, expiring {_utc(holder.expires_at_ms)} unless "
-            "renewed; to take over, stop that worker (an orderly stop releases the lease), "
+            f"{utc_instant(holder.acquired_at_ms)}, expiring {utc_instant(holder.expires_at_ms)} "
+            "unless renewed; to take over, stop that worker (an orderly stop releases the lease), "
             f"or, if its host is gone, start this one again after the expiry{note}",
         )
         self.holder = holder

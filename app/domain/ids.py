@@ -7,6 +7,7 @@ import re
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
 _lock = threading.Lock()
 _last_ms = 0
@@ -47,6 +48,14 @@ def is_uuid7(text: str) -> bool:
 def now_ms() -> int:
     """Wall-clock milliseconds since the epoch."""
     return time.time_ns() // 1_000_000
+
+
+def utc_instant(ms: int) -> str:
+    """Epoch milliseconds as an RFC 3339 instant in UTC, its milliseconds only when some: the
+    one form every command and message writes an instant in (``2026-12-07T03:00:00Z``)."""
+    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    text = at.isoformat(timespec="milliseconds" if ms % 1000 else "seconds")
+    return text.replace("+00:00", "Z")
 
 
 def uuid7_floor(ms: int) -> str:

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.cli.client.api import EXIT_USAGE, ClientError
 from app.cli.client.render import safe
+from app.domain.ids import utc_instant
 from app.domain.validation import rfc3339_ms  # the api's own reading of an instant
 
 # docs/api.md §1: env keys; a secret's derived key must be one too.
@@ -347,13 +348,6 @@ TIME_FORMS = (
     "2h, 30m, 1d (that long ago), 2026-12-07 (local midnight), 2026-12-07 03:00 (local time) "
     "or an instant with an offset (2026-12-07T03:00:00+08:00)"
 )
-
-
-def utc_instant(ms: int) -> str:
-    """Epoch milliseconds as an RFC 3339 instant in UTC, its milliseconds only when some."""
-    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
-    text = at.isoformat(timespec="milliseconds" if ms % 1000 else "seconds")
-    return text.replace("+00:00", "Z")
 
 
 def instant(text: str, *, flag: str, now_ms: int) -> tuple[str, int]:
