@@ -24,6 +24,11 @@ REASON_MAX = 500
 _APP_ROOT = Path(__file__).resolve().parents[1]
 
 
+def cannot_start(exc: BaseException, what: str = "the api") -> str:
+    """The one line of ``what`` that cannot start because of ``exc``."""
+    return f"{what} cannot start: {reason(exc)}"
+
+
 def reason(exc: BaseException) -> str:
     """``exc`` in words: its type; the message of an import error (module names) and an OS
     error's words and file; where it was raised. No other message: it may quote a URL, a

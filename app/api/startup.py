@@ -43,7 +43,7 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-from app.api.start_failure import EXIT_CANNOT_START, reason
+from app.api.start_failure import EXIT_CANNOT_START, cannot_start
 
 log = logging.getLogger("qinglong.api")
 
@@ -85,7 +85,7 @@ def serve_app() -> Any:
 
 def fail(exc: BaseException) -> NoReturn:
     """End this api process, which could not start, with one line naming ``exc``."""
-    line = f"the api cannot start: {reason(exc)}"
+    line = cannot_start(exc)
     sent = False
     if _reports is not None:
         try:

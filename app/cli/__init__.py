@@ -245,10 +245,9 @@ def _service_main(argv: list[str]) -> int:
     except ImportError as exc:
         # A broken install (a module of the web stack or a driver that does not import,
         # found by a handler's own imports): one line, as app/api/startup.py says a worker's.
-        from app.api.start_failure import EXIT_CANNOT_START
-        from app.api.start_failure import reason as words
+        from app.api.start_failure import EXIT_CANNOT_START, cannot_start
 
-        REFUSAL.refuse(f"the {args.command} command cannot start: {words(exc)}")
+        REFUSAL.refuse(cannot_start(exc, f"the {args.command} command"))
         return EXIT_CANNOT_START
     except KeyboardInterrupt:
         return 130

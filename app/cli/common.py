@@ -217,9 +217,9 @@ def start_step(step: Callable[[], T]) -> T:
     except refusals():
         raise
     except Exception as exc:
-        from app.api.start_failure import reason
+        from app.api.start_failure import cannot_start
 
-        raise ApiCannotStart(f"the api cannot start: {reason(exc)}") from None
+        raise ApiCannotStart(cannot_start(exc)) from None
 
 
 def make_first_start_files(settings: Settings, *, key: bool = True) -> str | None:
