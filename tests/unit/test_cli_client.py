@@ -568,6 +568,14 @@ def test_a_revision_file_may_be_what_the_api_printed_without_its_output_only_fie
         (lambda: bodies.secret_refs(["Db.Pass"]), "give --secret db.pass"),
         (lambda: bodies.load_revision_file("[1]", source="stdin"), "stdin is not a JSON object"),
         (lambda: bodies.load_revision_file("{", source="r.json"), "r.json is not JSON"),
+        # Python's json reads them; JSON has no NaN or infinity, and the body could not be
+        # sent (it was said as "the server's answer is not what this client expects").
+        (lambda: bodies.load_revision_file('{"timeout_seconds": NaN}', source="r.json"),
+         r"r.json is not JSON \(NaN is not a JSON number\)"),
+        (lambda: bodies.load_revision_file('{"retry": {"factor": -Infinity}}', source="-"),
+         r"- is not JSON \(-Infinity is not a JSON number\)"),
+        (lambda: bodies.load_revision_file('{"retry": {"factor": 1e999}}', source="stdin"),
+         r"stdin is not JSON \(1e999 is out of range\)"),
     ],
 )
 def test_what_cannot_be_sent_is_a_usage_error(build: object, message: str) -> None:
@@ -677,6 +685,8 @@ def test_argv_after_double_dash_is_refused_by_commands_without_one(
         ["runs", "logs", "r", "--attempt", "x"],
         ["token", "list", "-x"],
         ["--data-dir", "runs", "token", "list", "-x"],  # "runs" is the dir, not the command
+        ["tasks", "put", "t", "--retry-factor", "nan", "--", "/bin/true"],
+        ["tasks", "put", "t", "--retry-delay", "inf", "--", "/bin/true"],
     ],
 )
 def test_a_bad_option_gets_the_usage_of_its_own_command(
@@ -690,6 +700,16 @@ def test_a_bad_option_gets_the_usage_of_its_own_command(
     command = f"qinglong {words[0]} {words[1]}"
     assert err.startswith(f"usage: {command} ") and f"\n{command}: error: " in err, err
     assert "_attempt_number" not in err  # a value that is not a number is said in words
+    assert "_finite" not in err and ("finite number" in err) is ("put" in argv)
+
+
+def test_a_schedule_revision_that_is_not_a_number_says_latest_is_one_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["schedules", "put", "s", "--task", "t", "--every", "60", "--revision", "abc"])
+    assert caught.value.code == EXIT_USAGE
+    assert "argument --revision: a revision number, or latest" in capsys.readouterr().err
 
 
 def test_the_new_blocks_say_rerun_pin_retry_and_sizes_in_words() -> None:

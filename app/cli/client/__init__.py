@@ -14,6 +14,7 @@ import contextlib
 import getpass
 import io
 import json
+import math
 import os
 import shlex
 import sys
@@ -354,9 +355,9 @@ def _register_tasks_put(tsub: Any, common: argparse.ArgumentParser) -> None:
         "as _); set values with `qinglong secrets set`",
     )
     put.add_argument("--retry-max-attempts", type=int, metavar="N", help="1..20 attempts in all")
-    put.add_argument("--retry-delay", type=float, metavar="SECONDS", help="the first wait")
-    put.add_argument("--retry-max-delay", type=float, metavar="SECONDS", help="the longest wait")
-    put.add_argument("--retry-factor", type=float, help="each wait is the previous times this")
+    put.add_argument("--retry-delay", type=_finite, metavar="SECONDS", help="the first wait")
+    put.add_argument("--retry-max-delay", type=_finite, metavar="SECONDS", help="the longest wait")
+    put.add_argument("--retry-factor", type=_finite, help="each wait is the previous times this")
     put.add_argument(
         "--retry-on",
         action="append",
@@ -405,11 +406,26 @@ def _whole(text: str) -> int:
         raise argparse.ArgumentTypeError("a whole number is required") from None
 
 
+def _finite(text: str) -> float:
+    """A number of seconds or a factor: ``nan`` and ``inf`` read as floats but have no JSON
+    form, and the api could only refuse a body that cannot be sent."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a number is required") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError("a finite number is required")
+    return value
+
+
 def _schedule_revision(text: str) -> int | str:
     """``schedules put --revision``: a revision number, or ``latest`` (no pin)."""
     if text == "latest":
         return text
-    value = _whole(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a revision number, or latest") from None
     if value < 1:
         raise argparse.ArgumentTypeError("revisions are numbered from 1, or latest")
     return value

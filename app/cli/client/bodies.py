@@ -9,6 +9,7 @@ JSON object), as usage errors before anything is sent.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -107,14 +108,29 @@ def recipe_body(env: Sequence[str], secrets: Sequence[str]) -> dict[str, Any] | 
 REVISION_OUTPUT_ONLY = ("task", "revision", "digest", "created_at_ms")
 
 
+# NaN, Infinity and a number past a double's range (1e999, read as inf): Python's json reads
+# them, JSON (RFC 8259 §6) has none, and a body holding one could not be sent.
+def _finite_number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _json_object(text: str, *, source: str, what: str) -> dict[str, Any]:
     """``text`` as a JSON object, or a usage error naming ``source`` and ``what`` it should be."""
     try:  # a byte order mark (Notepad's "UTF-8 with BOM") is no part of the JSON: RFC 8259 §8.1
-        doc = json.loads(text.removeprefix("\ufeff"))
+        doc = json.loads(
+            text.removeprefix("\ufeff"), parse_constant=_no_constant, parse_float=_finite_number
+        )
     except json.JSONDecodeError as exc:
         raise usage(f"{source} is not JSON ({exc.msg} at line {exc.lineno})") from None
-    except ValueError:
-        raise usage(f"{source} is not JSON") from None
+    except ValueError as exc:  # one of the two above
+        raise usage(f"{source} is not JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise usage(f"{source} is not a JSON object ({what})")
     return doc
