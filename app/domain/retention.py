@@ -58,7 +58,8 @@ class RetentionPolicy:
         _bounded("keep_rows", self.keep_rows, 1, MAX_KEEP_RUNS * 10)
         if self.keep_rows <= self.keep_runs:
             raise ValidationFailed(
-                ErrorCode.VALIDATION_FAILED, "keep_rows must be larger than keep_runs"
+                ErrorCode.VALIDATION_FAILED,
+                f"keep_rows ({self.keep_rows}) must be larger than keep_runs ({self.keep_runs})",
             )
         if self.task_log_bytes is not None:
             _bounded("task_log_bytes", self.task_log_bytes, 0, MAX_BYTES)
@@ -88,6 +89,14 @@ class TaskOverride:
         if self.keep_rows is None and policy.keep_rows <= policy.keep_runs:
             # A task that keeps more logs than the global row budget keeps its rows longer.
             policy = replace(policy, keep_rows=policy.keep_runs * 2 + 1)
+        elif self.keep_runs is None and policy.keep_rows <= policy.keep_runs:
+            # The task's keep_rows against the global keep_runs: say where the other came from.
+            _bounded("keep_rows", policy.keep_rows, 1, MAX_KEEP_RUNS * 10)
+            raise ValidationFailed(
+                ErrorCode.VALIDATION_FAILED,
+                f"keep_rows ({policy.keep_rows}) must be larger than keep_runs "
+                f"({policy.keep_runs}, the global value)",
+            )
         return policy.validated()
 
     def in_force(self, base: RetentionPolicy) -> RetentionPolicy:

@@ -7,6 +7,7 @@ so "newest" is the largest id, as in the database.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -167,6 +168,15 @@ def test_a_task_override_merges_over_the_global_policy_and_is_validated() -> Non
     ):
         with pytest.raises(ValidationFailed):
             bad.over(merged)
+    # The refusal names both values and where the one the task did not set came from.
+    own = r"^VALIDATION_FAILED: keep_rows \(2\) must be larger than keep_runs \(2\)$"
+    with pytest.raises(ValidationFailed, match=own):
+        TaskOverride(keep_runs=2, keep_rows=2).over(merged)
+    global_runs = r"keep_rows \(10\) must be larger than keep_runs \(50, the global value\)$"
+    with pytest.raises(ValidationFailed, match=global_runs):
+        TaskOverride(keep_rows=10).over(replace(merged, keep_runs=50, keep_rows=1000))
+    with pytest.raises(ValidationFailed, match="keep_rows must be a whole number 1"):
+        TaskOverride(keep_rows=0).over(merged)
 
 
 def test_every_combination_keeps_exactly_the_union() -> None:
