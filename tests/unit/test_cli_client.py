@@ -619,6 +619,34 @@ def _recording_main(
 REV = {"task": "t", "revision": 3, "digest": "sha256:ab", "argv": ["/bin/true"]}
 
 
+def test_a_run_an_idempotency_key_made_before_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """200, not 201: the key's first run, which may have ended long ago; printed as a new one,
+    it read as a run just started."""
+    flags = ["--url", "http://api.test", "--token", "ql_t", "--idempotency-key", "k1"]
+    said = []
+    for status in (201, 200):
+        answers = {
+            ("POST", "/api/v1/runs"): httpx.Response(status, json=RUN),
+            ("POST", "/api/v1/runs/01a2-old/rerun"): httpx.Response(status, json=RUN),
+        }
+        code, _ = _recording_main(monkeypatch, answers, "runs", "start", "hello", *flags)
+        assert code == 0
+        code, _ = _recording_main(monkeypatch, answers, "runs", "rerun", "01a2-old", *flags)
+        assert code == 0
+        said.append(capsys.readouterr().out.splitlines())
+    assert said[0] == [
+        "run 01a2-run failed (task hello revision 2)",
+        "run 01a2-run failed (rerun of 01a2-old, task hello revision 2)",
+    ]
+    replay = "; made before with this idempotency key, no new run)"
+    assert said[1] == [
+        "run 01a2-run failed (task hello revision 2" + replay,
+        "run 01a2-run failed (rerun of 01a2-old, task hello revision 2" + replay,
+    ]
+
+
 def test_tasks_put_takes_the_next_number_unless_the_latest_has_the_same_content(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -613,22 +613,25 @@ def cmd_runs_start(client: Client, args: argparse.Namespace) -> int:
     if args.priority is not None:
         body["priority"] = args.priority
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
-    run = client.post("/runs", body, headers=headers)
+    status, run = client.create("/runs", body, headers=headers)
+    line = (
+        f"run {run['id']} {run['status']} (task {render.safe(run['task'])} "
+        f"revision {run['revision']}{_replayed(status)})"
+    )
     if not args.follow:
         if args.json:
             _emit_json(run)
         else:
-            print(
-                f"run {run['id']} {run['status']} (task {render.safe(run['task'])} "
-                f"revision {run['revision']})"
-            )
+            print(line)
         return EXIT_OK
-    print(
-        f"run {run['id']} {run['status']} (task {render.safe(run['task'])} "
-        f"revision {run['revision']})",
-        file=sys.stderr,
-    )
+    print(line, file=sys.stderr)
     return _follow_and_report(client, run, attempt=None, args=args)
+
+
+def _replayed(status: int) -> str:
+    """The words for a run an Idempotency-Key made before (200, not 201): it may have ended
+    long ago, and no new run was made."""
+    return "; made before with this idempotency key, no new run" if status == 200 else ""
 
 
 def cmd_runs_list(client: Client, args: argparse.Namespace) -> int:
@@ -829,10 +832,10 @@ def cmd_runs_events(client: Client, args: argparse.Namespace) -> int:
 def cmd_runs_rerun(client: Client, args: argparse.Namespace) -> int:
     """A new run of the same revision and priority; with --follow as ``runs start``."""
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
-    run = client.post(f"/runs/{_seg(args.run)}/rerun", headers=headers)
+    status, run = client.create(f"/runs/{_seg(args.run)}/rerun", headers=headers)
     line = (
         f"run {run['id']} {run['status']} (rerun of {render.safe(args.run)}, task "
-        f"{render.safe(run['task'])} revision {run['revision']})"
+        f"{render.safe(run['task'])} revision {run['revision']}{_replayed(status)})"
     )
     if args.follow:
         print(line, file=sys.stderr)

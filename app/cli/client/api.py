@@ -241,7 +241,19 @@ class Client:
         headers: dict[str, str] | None = None,
     ) -> Any:
         """POST ``path`` under /api/v1; the decoded JSON."""
-        return _json(self.request("POST", API + path, body=body, headers=headers))
+        return self.create(path, body, headers=headers)[1]
+
+    def create(
+        self,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        """POST ``path`` under /api/v1; ``(status, decoded JSON)``: 201 made, 200 an
+        Idempotency-Key's replay (the run it made before)."""
+        response = self.request("POST", API + path, body=body, headers=headers)
+        return response.status_code, _json(response)
 
     def get_tagged(self, path: str) -> tuple[Any, str | None]:
         """GET ``path`` under /api/v1; ``(decoded JSON, its ETag)``."""
