@@ -46,8 +46,16 @@ _LOG_FILE = re.compile(rf"^\.?({UUID7_PATTERN})\.log(\.truncated(\.tmp)?)?$")
 
 def register(sub: Any) -> None:
     """Add ``logs audit`` to the parser."""
-    logs = sub.add_parser("logs", help="log file maintenance")
-    lsub = logs.add_subparsers(dest="logs_command", metavar="ACTION", required=True)
+    # A run's log is ``runs logs``: said in the usage line, which an error shows too
+    # (``qinglong logs RUN`` answered only "invalid choice ... (choose from 'audit')").
+    logs = sub.add_parser(
+        "logs",
+        help="log file maintenance (a run's log: qinglong runs logs RUN)",
+        usage="qinglong logs audit [flags]  (a run's log: qinglong runs logs RUN)",
+    )
+    lsub = logs.add_subparsers(
+        dest="logs_command", metavar="ACTION", required=True, prog="qinglong logs"
+    )
     audit = lsub.add_parser("audit", help="bounded audit of log files no attempt names")
     add_audit_flags(audit)
     audit.set_defaults(handler=cmd_audit)

@@ -731,6 +731,18 @@ def test_a_bad_option_gets_the_usage_of_its_own_command(
     assert "_finite" not in err and ("finite number" in err) is ("put" in argv)
 
 
+def test_logs_with_a_run_points_to_runs_logs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``qinglong logs RUN`` is a natural guess; it answered only "(choose from 'audit')"."""
+    with pytest.raises(SystemExit) as caught:
+        main(["logs", "01a2-run"])
+    assert caught.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "a run's log: qinglong runs logs RUN" in err and "invalid choice: '01a2-run'" in err
+    with pytest.raises(SystemExit):
+        main(["logs", "audit", "--bogus"])
+    assert "qinglong logs audit: error: unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
 def test_a_schedule_revision_that_is_not_a_number_says_latest_is_one_too(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

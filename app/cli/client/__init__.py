@@ -158,7 +158,9 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
         one.set_defaults(handler=_client(cmd_runs_pin), pin_action=action)
 
     tasks = sub.add_parser(
-        "tasks", help="list, show and put tasks, their revisions and retention (over HTTP)"
+        "tasks",
+        help="list, show, put, archive and unarchive tasks; their revisions and retention "
+        "(over HTTP)",
     )
     tsub = tasks.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
     tlist = tsub.add_parser(
@@ -285,14 +287,18 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     put.add_argument(
         "--cron", action="append", metavar="EXPR",
-        help="a cron expression, quoted ('0 3 * * *'; 6 fields: seconds first); "
+        help="a cron expression, quoted ('0 3 * * *': 5 fields, or 6 with seconds first); "
         "repeatable, up to 8",
     )  # fmt: skip
     put.add_argument(
         "--every", type=int, dest="every_seconds", metavar="SECONDS",
         help="seconds between slots, 1 or more (slots aligned to the epoch)",
     )  # fmt: skip
-    put.add_argument("--timezone", metavar="ZONE", help="an IANA zone for --cron (default UTC)")
+    put.add_argument(
+        "--timezone", metavar="ZONE",
+        help="an IANA zone: --cron's times are read in it; --every's are only shown in it "
+        "(default UTC)",
+    )  # fmt: skip
     put.add_argument("--overlap", choices=["skip", "allow", "queue_one", "replace"])
     put.add_argument("--max-concurrent", type=int, help="runs at once under --overlap allow")
     put.add_argument("--catchup", choices=["latest", "all", "none"])
@@ -316,9 +322,12 @@ def register_secret_actions(ssub: Any) -> None:
     _paging(slist)
     slist.set_defaults(handler=_client(cmd_secrets_list))
     sset = ssub.add_parser(
-        "set", parents=[common], help="set or replace a secret; the value is read from stdin"
-    )
-    sset.add_argument("name")
+        "set", parents=[common], help="set or replace a secret; the value is read from stdin",
+        description="Set or replace a secret. Its value is never an argument: at a terminal "
+        "it is asked for without echo; otherwise it is read from stdin (one line end "
+        "removed), e.g. printf %s \"$VALUE\" | qinglong secrets set NAME.",
+    )  # fmt: skip
+    sset.add_argument("name", help="lower-case letters, digits, '.', '_' and '-'")
     sset.set_defaults(handler=_client(cmd_secrets_set))
     sdel = ssub.add_parser("delete", parents=[common], help="delete a secret")
     sdel.add_argument("name")
