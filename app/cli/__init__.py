@@ -148,6 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             head, rest = argv[:cut], argv[cut + 1 :]
         parser = build_parser(client_only=True)
         client_args = _parse(parser, head)
+        if getattr(client_args, "data_dir", None) is not None:
+            # Taken and ignored, it read as "the service of that data dir" (docs/api.md §8).
+            _leaf(parser, head).error(
+                "--data-dir is for the service's own commands; this one talks to an api: "
+                "give --url (or QL_URL)"
+            )
         if rest is not None:
             if not hasattr(client_args, "job_argv"):
                 _leaf(parser, head).error(f"unrecognized arguments: -- {' '.join(rest)}")

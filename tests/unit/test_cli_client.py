@@ -743,6 +743,16 @@ def test_logs_with_a_run_points_to_runs_logs(capsys: pytest.CaptureFixture[str])
     assert "qinglong logs audit: error: unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
+def test_a_client_command_refuses_a_data_dir_it_would_ignore(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--data-dir", "/srv/other", "runs", "list"])
+    assert caught.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: qinglong runs list ") and "give --url (or QL_URL)" in err
+
+
 def test_a_schedule_revision_that_is_not_a_number_says_latest_is_one_too(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
