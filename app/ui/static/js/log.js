@@ -93,7 +93,9 @@ export class LogFollower {
     if (!data.length) return false;
     const payload = JSON.parse(data.join('\n'));
     if (event === 'chunk') {
-      this.handlers.onText(payload.text, payload.offset);
+      // The text, the byte offset of its first byte and that after its last (the page finds
+      // a truncated log's gap in it by these).
+      this.handlers.onText(payload.text, payload.offset, id === null ? null : Number(id));
       if (id !== null) this.offset = Number(id);
       return false;
     }
