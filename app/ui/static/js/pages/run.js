@@ -7,12 +7,15 @@ import { h, link, put, raw } from '../dom.js';
 import { has, t, tOr } from '../i18n.js';
 import { TERMINAL, bytes, duration, eventData, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
+import { locateGap } from '../loggap.js';
 import { go } from '../main.js';
 import { busy, errorBox, every, facts, loadingRow, missing, onEscape, resultSlot, settle, showProblem } from './common.js';
 
 const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
 const SHOWN_CHARS = 2_000_000;
+// The characters of log text one byte range holds at most while the page looks for a gap.
+const GAP_STRETCH = 65_536;
 
 export function runPage(view, { args: [runId], signal, ready }) {
   const state = { run: null, attempts: [], events: [], follower: null, followed: null };
@@ -32,9 +35,20 @@ export function runPage(view, { args: [runId], signal, ready }) {
   const logState = h('span', { class: 'log-state', 'aria-live': 'polite' });
   const truncation = h('p', { class: 'notice notice-warn truncation', hidden: true });
   const expiredNote = h('p', { class: 'notice notice-info log-expired', id: 'log-expired', hidden: true });
-  const logText = document.createTextNode('');
+  // The text new chunks are appended to. Once a truncated log's gap is marked, the box holds
+  // the text before it (logHead), the marker, then logText; before that logHead is logText.
+  let logText = document.createTextNode('');
+  let logHead = logText;
   // Focusable so arrow keys scroll it; a named region, since a bare <pre> may carry no name.
   const logBox = h('pre', { class: 'log raw', tabindex: '0', role: 'region', 'aria-labelledby': 'log-title', id: 'log' }, logText);
+  // Finding the gap: the byte range and first character (counted from the follow's first
+  // one) of each chunk still shown, the characters trimmed off the box's top, and how far
+  // the marking is ('placing' while its bytes are read; 'done' once marked, or once there is
+  // nothing to mark where the page can show it).
+  let chunks = [];
+  let shownChars = 0;
+  let trimmedChars = 0;
+  let gapState = null;
   const logTitle = h('span', {});
   const download = h('button', { type: 'button', class: 'secondary', disabled: true, on: { click: onDownload } }, t('run.download'));
   const problem = h('div');
@@ -160,6 +174,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
       eventDataSpan(eventData(e.data)))));
     followLatest();
     drawTruncation();
+    placeGap();
   }
 
   function eventDataSpan(text) {
@@ -283,7 +298,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     if (!latest || state.followed === latest.number) return;
     if (state.follower) state.follower.stop();
     state.followed = latest.number;
-    logText.data = '';
+    resetLog();
     shownDropped = false;
     logTitle.textContent = t('run.log_attempt', { n: latest.number });
     if (latest.log.expired) { showExpired(latest); return; }
@@ -317,15 +332,134 @@ export function runPage(view, { args: [runId], signal, ready }) {
     logBox.hidden = true; // nothing will stream into it
   }
 
-  function appendLog(text) {
+  function appendLog(text, offset, end) {
     const stick = logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 24;
+    if (gapState !== 'done' && Number.isInteger(offset)) {
+      // Chunks that follow each other are one stretch of bytes (each ends on a character):
+      // joined up to a size, a job that writes a line at a time keeps a few dozen, not one a line.
+      const last = chunks[chunks.length - 1];
+      if (last && last.end === offset && Number.isInteger(end) && last.length < GAP_STRETCH) {
+        last.end = end;
+        last.length += text.length;
+      } else chunks.push({ start: offset, end, at: shownChars, length: text.length });
+    }
+    shownChars += text.length;
     logText.appendData(text);
-    if (logText.length > SHOWN_CHARS) {
-      logText.deleteData(0, logText.length - SHOWN_CHARS);
+    const over = (logHead === logText ? 0 : logHead.length) + logText.length - SHOWN_CHARS;
+    if (over > 0) {
+      trimLog(over);
       shownDropped = true;
       drawTruncation();
     }
+    placeGap();
     if (stick) logBox.scrollTop = logBox.scrollHeight;
+  }
+
+  function resetLog() {
+    logText = document.createTextNode('');
+    logHead = logText;
+    logBox.replaceChildren(logText);
+    chunks = [];
+    shownChars = 0;
+    trimmedChars = 0;
+    gapState = null;
+  }
+
+  /** Drop `n` characters off the box's top; the gap's marker goes once its text before does. */
+  function trimLog(n) {
+    trimmedChars += n;
+    if (logHead !== logText) {
+      if (n < logHead.length) {
+        logHead.deleteData(0, n);
+        return;
+      }
+      n -= logHead.length;
+      logHead.nextSibling.remove(); // the marker
+      logHead.remove();
+      logHead = logText;
+    }
+    logText.deleteData(0, n);
+    while (chunks.length && chunks[0].at + chunks[0].length <= trimmedChars) chunks.shift();
+  }
+
+  /**
+   * Mark a truncated log's gap in the box, at its byte offset (`log.dropped_at`, known once
+   * the attempt ended: before the follower starts, or at its end's refresh), in the chunk
+   * that holds it. A gap in text trimmed off the box, or in a chunk whose bytes are not
+   * known, is not marked: the notice above the box says it in words.
+   */
+  function placeGap() {
+    if (gapState) return;
+    const a = state.attempts.find((x) => x.number === state.followed);
+    if (!a || !a.log) return;
+    const gap = a.log.dropped_at;
+    if (!(Number.isInteger(gap) && gap >= 0 && gap < a.log.bytes)) {
+      if (TERMINAL.has(a.status)) settleGap(); // nothing dropped before the log's end
+      return;
+    }
+    const chunk = chunks.find((c) => c.start <= gap && gap < c.end);
+    if (!chunk) {
+      if (!chunks.length || gap >= chunks[0].start) return; // not received yet
+      settleGap(); // before the first chunk still shown
+      return;
+    }
+    if (chunk.at < trimmedChars) { settleGap(); return; } // its start is trimmed off
+    const text = logText.substringData(chunk.at - trimmedChars, chunk.length);
+    const spot = locateGap(text, chunk.start, chunk.end, gap);
+    if (!spot) settleGap();
+    else if (spot.window) decodeAcross(chunk, spot, gap, a);
+    else {
+      markGap(chunk.at - trimmedChars + spot.at, a);
+      settleGap();
+    }
+  }
+
+  function settleGap() {
+    gapState = 'done';
+    chunks = [];
+  }
+
+  /** Insert the marker before logText's character `at`. */
+  function markGap(at, attempt) {
+    const label = t('run.log_gap', { dropped: bytes(attempt.log.dropped_bytes) });
+    // Its words are CSS content (app.css), so copying the log's text or reading the box's
+    // textContent never takes them; a separator named with them tells a screen reader, at
+    // this very point of the log, that bytes are missing here.
+    const marker = h('span', { class: 'log-gap', role: 'separator', 'aria-label': label });
+    const after = logText.splitText(at);
+    logText.after(marker);
+    logHead = logText;
+    logText = after;
+  }
+
+  /**
+   * The chunk's characters `spot.window` decode bytes from both sides of the gap (a cut
+   * character, or replacement characters): read those few bytes and decode each side alone,
+   * so the text on either side of the marker is what its bytes say.
+   */
+  async function decodeAcross(chunk, spot, gap, attempt) {
+    gapState = 'placing';
+    const followed = logText;
+    const [fromByte, toByte] = spot.bytes;
+    try {
+      const r = await call('GET', path('runs', runId, 'attempts', attempt.number, 'log'), {
+        raw: true, scope: 'logs:read', signal, headers: { Range: `bytes=${fromByte}-${toByte - 1}` },
+      });
+      const got = new Uint8Array(await r.arrayBuffer());
+      const [from, to] = spot.window.map((i) => chunk.at + i - trimmedChars);
+      // Another attempt followed meanwhile, or the window trimmed off the box: leave it.
+      if (logText !== followed || logHead !== logText || from < 0 || r.status !== 206
+        || got.length !== toByte - fromByte) return;
+      // A BOM is text like any other here, as the server's decoding keeps it.
+      const decode = (b) => new TextDecoder('utf-8', { ignoreBOM: true }).decode(b);
+      const before = decode(got.subarray(0, gap - fromByte));
+      logText.replaceData(from, to - from, before + decode(got.subarray(gap - fromByte)));
+      markGap(from + before.length, attempt);
+    } catch {
+      // Not marked (the log expired, the connection dropped): the notice above still says it.
+    } finally {
+      if (logText === followed || logHead === followed) settleGap();
+    }
   }
 
   function setLogState(what, status) {
