@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from app.api.api_docs import SWAGGER_UI
+from app.domain.artifacts import log_head_bytes, log_tail_bytes
 from app.domain.ids import now_ms
 from app.domain.tokens import new_api_token
 from app.settings import Settings
@@ -400,6 +401,153 @@ def _a_running_log_past_its_head_says_what_it_keeps_not_0_bytes_dropped(site: Si
         page.context.close()
     assert site.api("POST", f"/api/v1/runs/{run_id}/cancel").is_success
     wait_status(site.served, run_id, {"cancelled"})
+
+
+# The served profile's log quota (standalone: 64 MiB), as the step above reads it.
+_QUOTA = 64 * 1024 * 1024
+# The follower's stream (its reconnects send their own Last-Event-ID).
+_FOLLOW = re.compile(r"/attempts/\d+/log\?follow=true$")
+
+# The two sides of the log box's gap marker, the marker's name and its drawn words.
+_GAP_SIDES = """(log) => {
+  const marks = log.querySelectorAll('.log-gap');
+  const sides = ['', ''];
+  let side = 0;
+  for (const n of log.childNodes) {
+    if (n === marks[0]) side = 1;
+    else sides[side] += n.textContent;
+  }
+  return { marks: marks.length, before: sides[0], after: sides[1], text: log.textContent,
+    label: marks[0].getAttribute('aria-label'), role: marks[0].getAttribute('role'),
+    drawn: getComputedStyle(marks[0], '::before').content };
+}"""
+
+
+def _gappy_task(site: Site, name: str, *, at: int, gate: Path | None) -> None:
+    """A task whose output passes its log's quota, in lines of 21 bytes with "日" at bytes
+    14-16: its head ends ``at`` bytes into a line, and its tail starts ``at`` bytes into one."""
+    head, tail = log_head_bytes(_QUOTA), log_tail_bytes(_QUOTA)
+    first = (head - at) % 21  # a first line of this many bytes puts the head's end there
+    last = (at + tail) % 21  # and a last one of this many, the tail's start
+    script = [f"printf '{'#' * (first - 1)}\\n'"] if first else []
+    script.append(f"seq -f 'line %08.0f 日志' 1 {_QUOTA // 21 + 100_000}")  # 2 MiB past it
+    if gate is not None:
+        script.append(f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    if last:
+        script.append(f"printf '{'=' * (last - 1)}\\n'")
+    put_task(site.served, name, "; ".join(script))
+
+
+def _log_bytes(site: Site, run_id: str, start: int, end: int) -> bytes:
+    """The bytes [start, end) of the run's log, as it is now."""
+    url = f"{site.served.base_url}/api/v1/runs/{run_id}/attempts/1/log"
+    r = web.get(url, headers={**site.served.auth, "Range": f"bytes={start}-{end - 1}"})
+    assert r.status_code == 206, r.text
+    return r.content
+
+
+def _line_start_near(site: Site, run_id: str, offset: int) -> int:
+    """The offset of the first line that starts at or after ``offset`` in the run's log."""
+    return offset + _log_bytes(site, run_id, offset, offset + 100).index(b"\n") + 1
+
+
+def _follow_from(page: Any, start: int) -> None:
+    """The page's follower starts at byte ``start`` (as after a reconnect), not at 0: the
+    64 MiB before it would only cost time."""
+
+    def handler(route: Any) -> None:
+        route.continue_(headers={"last-event-id": str(start)} | route.request.headers)
+
+    page.route(_FOLLOW, handler)
+
+
+def _a_truncated_logs_gap_is_marked_in_the_log_box_where_its_bytes_were_dropped(
+    site: Site,
+) -> None:
+    # A log over its quota keeps its head and the output's last bytes, joined in the file: the
+    # log box marks the gap at its byte, log.dropped_at, known once the attempt ended. Cut
+    # 15 bytes into a line (the first byte of its "日") and the tail 15 bytes into another,
+    # the log reads "日" across the gap: a line that seems whole, made of two.
+    gate = site.gate.with_name("gap")
+    _gappy_task(site, "gap-cut", at=15, gate=gate)
+    run_id = enqueue(site.served, "gap-cut")
+    head = log_head_bytes(_QUOTA)
+
+    def head_full() -> bool:
+        attempt = get_run(site.served, run_id)["latest_attempt"] or {}
+        return (attempt.get("log") or {}).get("bytes") == head
+
+    wait_until("the log's head written", head_full, 60)
+    # Followed while the job runs: the gap is marked once it ended (the end's refresh).
+    start = _line_start_near(site, run_id, head - 100_000)
+    page = site.page()
+    _follow_from(page, start)
+    site.sign_in(page, path=f"runs/{run_id}")
+    # All of it but the first byte of the head's last "日", held back until the rest follows.
+    so_far = _log_bytes(site, run_id, start, head - 1).decode()
+    page.wait_for_function("(t) => document.getElementById('log').textContent === t", arg=so_far)
+    assert page.query_selector("#log .log-gap") is None  # nothing is known while it runs
+    gate.touch()
+    _badge(page, "succeeded")
+    page.wait_for_selector("#log .log-gap")
+    log = read_log(site.served, run_id)
+    gap = get_run(site.served, run_id)["latest_attempt"]["log"]["dropped_at"]
+    assert gap == head and log[gap - 1 : gap + 2] == "日".encode()  # a character of two
+    seen = page.eval_on_selector("#log", _GAP_SIDES)
+    assert seen["marks"] == 1
+    assert seen["before"] == log[start:gap].decode("utf-8", "replace")
+    assert seen["after"] == log[gap:].decode("utf-8", "replace")
+    assert seen["before"].endswith(" \ufffd") and seen["after"].startswith("\ufffd\ufffd志\n")
+    # Its words are drawn, not text of the log: the box's text is the log's own.
+    assert seen["text"] == seen["before"] + seen["after"]
+    assert re.fullmatch(r"… 2\.\d MiB dropped here …", seen["label"]), seen["label"]
+    assert seen["drawn"] == json.dumps(seen["label"], ensure_ascii=False)
+    assert seen["role"] == "separator"
+    said = page.inner_text(".truncation")
+    assert "and its last 64.0 KiB: the bytes between them were dropped" in said, said
+    page.eval_on_selector("#log .log-gap", "(m) => m.scrollIntoView({ block: 'center' })")
+    site.shot(page, "run-log-gap")
+    assert page.errors == []
+    page.context.close()
+
+    # Opened after it ended (dropped_at known before the first chunk): the chunk that holds
+    # the gap is split inside.
+    start = _line_start_near(site, run_id, gap - 150_000)
+    assert (gap - start) % (64 * 1024), "the gap would start a chunk"
+    page = site.page()
+    _follow_from(page, start)
+    site.sign_in(page, path=f"runs/{run_id}")
+    page.wait_for_selector(".log-state.log-ended")
+    page.wait_for_selector("#log .log-gap")
+    seen = page.eval_on_selector("#log", _GAP_SIDES)
+    assert seen["marks"] == 1
+    assert seen["before"] == log[start:gap].decode("utf-8", "replace")
+    assert seen["after"] == log[gap:].decode("utf-8", "replace")
+    assert page.errors == []
+    page.context.close()
+
+    # A gap between two lines, in the middle of a chunk, in both languages.
+    _gappy_task(site, "gap-clean", at=0, gate=None)
+    run_id = enqueue(site.served, "gap-clean")
+    wait_status(site.served, run_id, {"succeeded"}, timeout=60)
+    log = read_log(site.served, run_id)
+    gap = get_run(site.served, run_id)["latest_attempt"]["log"]["dropped_at"]
+    assert gap == head and log[gap - 1 : gap + 5] == b"\nline "
+    start = _line_start_near(site, run_id, gap - 100_000)
+    assert (gap - start) % (64 * 1024), "the gap would start a chunk"
+    for locale, words in (("en-US", " dropped here …"), ("zh-CN", "…… 此处丢弃了 ")):
+        page = site.page(locale=locale)
+        _follow_from(page, start)
+        site.sign_in(page, path=f"runs/{run_id}")
+        page.wait_for_selector(".log-state.log-ended")
+        page.wait_for_selector("#log .log-gap")
+        seen = page.eval_on_selector("#log", _GAP_SIDES)
+        assert seen["marks"] == 1
+        assert seen["before"] == log[start:gap].decode()
+        assert seen["after"] == log[gap:].decode()
+        assert words in seen["label"]
+        assert page.errors == []
+        page.context.close()
 
 
 def _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(
@@ -1714,6 +1862,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _sign_in_see_runs_and_watch_a_started_run_stream_its_log_live_to_succeeded(site)
     _cancel_a_long_run_ends_cancelled(site)
     _a_running_log_past_its_head_says_what_it_keeps_not_0_bytes_dropped(site)
+    _a_truncated_logs_gap_is_marked_in_the_log_box_where_its_bytes_were_dropped(site)
     _markup_in_a_definition_and_a_log_line_renders_as_text_and_runs_no_script(site)
     _the_api_docs_page_runs_no_swagger_bytes_but_the_pinned_ones(site)
     _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site)
