@@ -406,7 +406,7 @@ def _a_running_log_past_its_head_says_what_it_keeps_not_0_bytes_dropped(site: Si
 # The served profile's log quota (standalone: 64 MiB), as the step above reads it.
 _QUOTA = 64 * 1024 * 1024
 # The follower's stream (its reconnects send their own Last-Event-ID).
-_FOLLOW = re.compile(r"/attempts/\d+/log\?follow=true$")
+_FOLLOW = re.compile(r"/attempts/\d+/log\?follow=true(&tail_bytes=\d+)?$")
 
 # The two sides of the log box's gap marker, the marker's name and its drawn words.
 _GAP_SIDES = """(log) => {
@@ -451,14 +451,18 @@ def _line_start_near(site: Site, run_id: str, offset: int) -> int:
     return offset + _log_bytes(site, run_id, offset, offset + 100).index(b"\n") + 1
 
 
-def _follow_from(page: Any, start: int) -> None:
-    """The page's follower starts at byte ``start`` (as after a reconnect), not at 0: the
-    64 MiB before it would only cost time."""
+def _follow_from(page: Any, start: int) -> list[str]:
+    """The page's follower starts at byte ``start`` (as after a reconnect), not where it asks
+    (``tail_bytes``, the part the page shows: 2 MB, cut from a chunk's middle at best). The
+    follow URLs the page asked for, as it asks."""
+    asked: list[str] = []
 
     def handler(route: Any) -> None:
+        asked.append(route.request.url)
         route.continue_(headers={"last-event-id": str(start)} | route.request.headers)
 
     page.route(_FOLLOW, handler)
+    return asked
 
 
 def _a_truncated_logs_gap_is_marked_in_the_log_box_where_its_bytes_were_dropped(
@@ -515,10 +519,14 @@ def _a_truncated_logs_gap_is_marked_in_the_log_box_where_its_bytes_were_dropped(
     start = _line_start_near(site, run_id, gap - 150_000)
     assert (gap - start) % (64 * 1024), "the gap would start a chunk"
     page = site.page()
-    _follow_from(page, start)
+    asked = _follow_from(page, start)
     site.sign_in(page, path=f"runs/{run_id}")
     page.wait_for_selector(".log-state.log-ended")
     page.wait_for_selector("#log .log-gap")
+    # A log longer than the page shows is asked for from there (streamed from byte 0, a 64 MiB
+    # log took minutes to draw), and the page says it shows only the end.
+    assert [u.rpartition("?")[2] for u in asked] == ["follow=true&tail_bytes=2000000"], asked
+    assert "Only the end of the log is shown here" in page.inner_text(".truncation")
     seen = page.eval_on_selector("#log", _GAP_SIDES)
     assert seen["marks"] == 1
     assert seen["before"] == log[start:gap].decode("utf-8", "replace")

@@ -8,8 +8,11 @@
 import { ApiError, call, path } from './api.js';
 
 export class LogFollower {
-  constructor(runId, number, { onText, onState, onEnd, onError }) {
-    this.url = `${path('runs', runId, 'attempts', number, 'log')}?follow=true`;
+  /** `tailBytes`: start that many bytes before the log's end (a reconnect resumes at its
+   *  `Last-Event-ID` all the same). */
+  constructor(runId, number, { onText, onState, onEnd, onError }, { tailBytes = null } = {}) {
+    const tail = Number.isInteger(tailBytes) ? `&tail_bytes=${tailBytes}` : '';
+    this.url = `${path('runs', runId, 'attempts', number, 'log')}?follow=true${tail}`;
     this.handlers = { onText, onState, onEnd, onError };
     this.offset = null; // the last event id seen: where a reconnect resumes
     this.stopped = false;

@@ -49,6 +49,9 @@ export function runPage(view, { args: [runId], signal, ready }) {
   let shownChars = 0;
   let trimmedChars = 0;
   let gapState = null;
+  // Text received and not yet in the box, and the frame that puts it there (flushLog).
+  let pendingText = '';
+  let frame = null;
   const logTitle = h('span', {});
   const download = h('button', { type: 'button', class: 'secondary', disabled: true, on: { click: onDownload } }, t('run.download'));
   const problem = h('div');
@@ -299,7 +302,11 @@ export function runPage(view, { args: [runId], signal, ready }) {
     if (state.follower) state.follower.stop();
     state.followed = latest.number;
     resetLog();
-    shownDropped = false;
+    // A log longer than the page shows is read from where the shown part starts: streamed
+    // from its first byte, a 64 MiB log took minutes to reach the end the page keeps.
+    const tail = latest.log.bytes > SHOWN_CHARS ? SHOWN_CHARS : null;
+    shownDropped = tail !== null;
+    drawTruncation();
     logTitle.textContent = t('run.log_attempt', { n: latest.number });
     if (latest.log.expired) { showExpired(latest); return; }
     expiredNote.hidden = true;
@@ -309,13 +316,14 @@ export function runPage(view, { args: [runId], signal, ready }) {
     state.follower = new LogFollower(runId, latest.number, {
       onText: appendLog,
       onState: setLogState,
-      onEnd: (end) => { setLogState('ended', end.status); refresh().catch(() => {}); },
+      onEnd: (end) => { flushLog(); setLogState('ended', end.status); refresh().catch(() => {}); },
       onError: (err) => {
+        flushLog();
         if (err.code === 'LOG_EXPIRED') { refresh().catch(() => {}); showExpired(latest); return; }
         if (err.code === 'LOG_MISSING') download.disabled = true; // there is nothing to download
         logState.replaceChildren(errorBox(err) || '');
       },
-    }).start();
+    }, { tailBytes: tail }).start();
     // A hook for the browser tests (tests/e2e/test_ui_browser.py): drop the connection.
     window.qlLogFollower = state.follower;
   }
@@ -333,7 +341,6 @@ export function runPage(view, { args: [runId], signal, ready }) {
   }
 
   function appendLog(text, offset, end) {
-    const stick = logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 24;
     if (gapState !== 'done' && Number.isInteger(offset)) {
       // Chunks that follow each other are one stretch of bytes (each ends on a character):
       // joined up to a size, a job that writes a line at a time keeps a few dozen, not one a line.
@@ -344,7 +351,21 @@ export function runPage(view, { args: [runId], signal, ready }) {
       } else chunks.push({ start: offset, end, at: shownChars, length: text.length });
     }
     shownChars += text.length;
-    logText.appendData(text);
+    pendingText += text;
+    if (pendingText.length > SHOWN_CHARS) flushLog(); // a hidden tab runs no frames
+    else if (frame === null) frame = requestAnimationFrame(flushLog);
+  }
+
+  /** Put the text received since the last frame into the box, once a frame: each append read
+   *  the box's layout (is the reader at its end?), so every 64 KiB chunk laid out up to two
+   *  million characters again (a 4 MiB log took 11 s to draw). */
+  function flushLog() {
+    if (frame !== null) cancelAnimationFrame(frame);
+    frame = null;
+    if (!pendingText) return;
+    const stick = logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 24;
+    logText.appendData(pendingText);
+    pendingText = '';
     const over = (logHead === logText ? 0 : logHead.length) + logText.length - SHOWN_CHARS;
     if (over > 0) {
       trimLog(over);
@@ -356,6 +377,9 @@ export function runPage(view, { args: [runId], signal, ready }) {
   }
 
   function resetLog() {
+    if (frame !== null) cancelAnimationFrame(frame);
+    frame = null;
+    pendingText = '';
     logText = document.createTextNode('');
     logHead = logText;
     logBox.replaceChildren(logText);
@@ -390,6 +414,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
    */
   function placeGap() {
     if (gapState) return;
+    if (pendingText) { flushLog(); return; } // it places the gap once the text is in
     const a = state.attempts.find((x) => x.number === state.followed);
     if (!a || !a.log) return;
     const gap = a.log.dropped_at;
