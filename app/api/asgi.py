@@ -1,6 +1,6 @@
-"""Pure ASGI guard: one body framing (400), body limit (413), no content coding (415), UTF-8
-bodies, a bare 500; and, outside CORS, ``Connection: close`` on every response of a retiring
-process (``RetiringClose``, app/api/retirement.py).
+"""Pure ASGI guard: one body framing, chunked alone (400), body limit (413), no content coding
+(415), UTF-8 bodies, a bare 500; and, outside CORS, ``Connection: close`` on every response of
+a retiring process (``RetiringClose``, app/api/retirement.py).
 
 Bodies are refused from ``Content-Length`` before any byte is read, or while streaming as
 soon as the count passes the limit: the app never sees more than ``max_body`` bytes. A body
@@ -119,13 +119,20 @@ class GuardMiddleware:
                 return None
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         length = headers.get(b"content-length")
-        chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
-        if length is None and not chunked:
+        transfer = b"transfer-encoding" in headers
+        if length is None and not transfer:
             return receive
-        if length is not None and b"transfer-encoding" in headers:
+        if length is not None and transfer:
             # Two framings: a proxy may honour the other one (request smuggling). h11 lets
             # such a request through (chunked wins); httptools refuses it itself.
             await _problem(send, 400, MALFORMED_REQUEST, "Content-Length with Transfer-Encoding")
+            return None
+        if transfer and _transfer_codings(scope) != ["chunked"]:
+            # httptools takes "gzip, chunked" as chunked and leaves the gzip undone: the bytes
+            # read would not be the body a proxy that decodes it judged (as for a
+            # Content-Encoding, below). h11 refuses every such request itself.
+            said = "Transfer-Encoding must be chunked alone: no other transfer coding is taken"
+            await _problem(send, 400, MALFORMED_REQUEST, said)
             return None
         if length is not None:
             try:
@@ -189,6 +196,14 @@ class GuardMiddleware:
                 await _problem(send, 400, MALFORMED_JSON, "the body is not valid UTF-8")
                 return None
         return _replay(bytes(body), receive)
+
+
+def _transfer_codings(scope: Scope) -> list[str]:
+    """The codings a request's ``Transfer-Encoding`` lines name, in order, lowercased (lines
+    are one list, RFC 9110 §5.3)."""
+    lines = [v for k, v in scope.get("headers", []) if k.lower() == b"transfer-encoding"]
+    items = b",".join(lines).decode("latin-1").split(",")
+    return [item.strip().lower() for item in items if item.strip()]
 
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}")  # a coding's name (RFC 9110 §5.6.2)

@@ -36,6 +36,10 @@ CASES = {
         POST + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
     ),
     "a broken chunk": POST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
+    # httptools takes it as chunked and ignored the gzip; h11 refuses it (one answer for both).
+    "a transfer coding besides chunked": (
+        POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
+    ),
     "a header name with a space": b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Name: y\r\n\r\n",
     "not HTTP at all": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
 }
