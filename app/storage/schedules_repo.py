@@ -200,6 +200,31 @@ class ScheduleRepository:
         the cursor becomes the later of now and the old cursor. ``if_none_match`` (``*``, or
         tags none of which may be current): PreconditionFailed when the schedule exists (and
         matches), so a create never replaces one made meanwhile."""
+        for attempt in range(3):
+            try:
+                return self._put_schedule_once(
+                    name=name, definition=definition, paused=paused, if_match=if_match,
+                    if_none_match=if_none_match, at_ms=at_ms,
+                )  # fmt: skip
+            except IntegrityError:
+                # PostgreSQL: a concurrent put created this name after our read found no row
+                # (there was none to lock). It is committed now: this time we read it (and
+                # If-None-Match refuses it, or the put replaces it). Only a delete between
+                # each try and the next create can make a third fail.
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _put_schedule_once(
+        self,
+        *,
+        name: str,
+        definition: ScheduleDefinition,
+        paused: bool,
+        if_match: str | None,
+        if_none_match: str | None,
+        at_ms: int | None,
+    ) -> tuple[Schedule, bool]:
         at = now_ms() if at_ms is None else at_ms
         body = canonical_json(definition.body()).decode("utf-8")
         with UnitOfWork(self._engine) as uow:

@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
 import anyio.from_thread
 import httpx
 import pytest
@@ -187,3 +188,22 @@ def admin_client_with_a_task(
         client.close()
         raise AssertionError(r.text)
     return client, admin
+
+
+def at_once(client: Client, requests: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
+    """Send ``requests`` concurrently through the app (each sync route in its own thread)."""
+
+    async def send_all() -> list[Any]:
+        out: list[Any] = [None] * len(requests)
+        async with anyio.create_task_group() as tg:
+            for i, (method, url, kw) in enumerate(requests):
+
+                async def one(i: int = i, method: str = method, url: str = url,
+                              kw: dict[str, Any] = kw) -> None:  # fmt: skip
+                    out[i] = await client._client.request(method, url, **kw)
+
+                tg.start_soon(one)
+        return out
+
+    return client.portal.call(send_all)
+

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from app.domain.ids import now_ms
-from tests.api.conftest import Client, MakeToken, assert_problem
+from tests.api.conftest import Client, MakeToken, assert_problem, at_once
 
 URL = "/api/v1/schedules/nightly"
 
@@ -204,3 +204,22 @@ def test_an_alias_older_builds_do_not_know_is_stored_as_its_older_synonym(
     older = body(cron=["@daily", "@yearly", "5 4 * * *"], every_seconds=None)
     again = client.put(URL, json=older, headers=admin)
     assert again.status_code == 200 and again.headers["etag"] == put.headers["etag"]
+
+
+def test_concurrent_creates_of_one_schedule_are_one_201_and_no_500(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    # Before: on PostgreSQL each create that lost the race to insert the new name met the
+    # unique constraint and answered 500; If-None-Match: * (create only) was meant for it.
+    for url, extra in [("/api/v1/schedules/raced", {}),
+                       ("/api/v1/schedules/guarded", {"If-None-Match": "*"})]:  # fmt: skip
+        answers = at_once(client, [
+            ("PUT", url, {"json": body(every_seconds=60 + i), "headers": admin | extra})
+            for i in range(16)
+        ])  # fmt: skip
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses.count(201) == 1, [a.text for a in answers if a.status_code >= 500]
+        assert set(statuses) <= ({201, 412} if extra else {200, 201}), statuses
+        for a in answers:
+            if a.status_code == 412:
+                assert_problem(a, 412, "PRECONDITION_FAILED")
