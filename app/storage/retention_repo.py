@@ -126,6 +126,15 @@ class RetentionRepository:
 
     def put_override(self, task: str, override: TaskOverride) -> bool:
         """Store the task's policy (replacing any); True when it is new."""
+        try:
+            return self._put_override_once(task, override)
+        except IntegrityError:
+            # PostgreSQL: a concurrent first put inserted the task's row after our UPDATE
+            # found none (there was none to lock). It is committed, and no route deletes it:
+            # this time the UPDATE hits it.
+            return self._put_override_once(task, override)
+
+    def _put_override_once(self, task: str, override: TaskOverride) -> bool:
         values = {
             "keep_runs": override.keep_runs,
             "keep_days": override.keep_days,

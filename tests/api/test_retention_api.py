@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.settings import Settings
-from tests.api.conftest import Client, MakeToken, assert_problem
+from tests.api.conftest import Client, MakeToken, assert_problem, at_once
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -46,3 +46,16 @@ def test_retention_routes_validate_refuse_and_enforce_their_scopes(
     assert storage["runs_kept"] == 1 and storage["logs_expired"] == 0
     assert storage["reserve_bytes"] == settings.profile.free_space_reserve_bytes
     assert storage["last_sweep"] is None  # no worker in this test
+
+
+def test_concurrent_first_puts_of_a_task_policy_are_one_201_and_no_500(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    # Before: on PostgreSQL a first put that lost the race to insert the task's row met the
+    # primary key and answered 500.
+    answers = at_once(client, [
+        ("PUT", f"/api/v1/tasks/{task}/retention", {"json": {"keep_runs": i}, "headers": admin})
+        for i in range(16)
+    ])  # fmt: skip
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses.count(201) == 1 and set(statuses) == {200, 201}, statuses
