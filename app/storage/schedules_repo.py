@@ -7,6 +7,7 @@ decision, so any number of loops may call ``fire_due`` at once (docs/schedules.m
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -200,20 +201,20 @@ class ScheduleRepository:
         the cursor becomes the later of now and the old cursor. ``if_none_match`` (``*``, or
         tags none of which may be current): PreconditionFailed when the schedule exists (and
         matches), so a create never replaces one made meanwhile."""
-        for attempt in range(3):
+        put = functools.partial(
+            self._put_schedule_once, name=name, definition=definition, paused=paused,
+            if_match=if_match, if_none_match=if_none_match, at_ms=at_ms,
+        )  # fmt: skip
+        for _ in range(2):
             try:
-                return self._put_schedule_once(
-                    name=name, definition=definition, paused=paused, if_match=if_match,
-                    if_none_match=if_none_match, at_ms=at_ms,
-                )  # fmt: skip
+                return put()
             except IntegrityError:
                 # PostgreSQL: a concurrent put created this name after our read found no row
                 # (there was none to lock). It is committed now: this time we read it (and
                 # If-None-Match refuses it, or the put replaces it). Only a delete between
-                # each try and the next create can make a third fail.
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+                # each try and the next create can make the third fail.
+                pass
+        return put()
 
     def _put_schedule_once(
         self,
