@@ -13,6 +13,9 @@ from app.storage.secret_crypto import KeyRing
 from app.storage.tables import secrets
 from app.storage.uow import UnitOfWork
 
+# How often a put tries its UPDATE-or-INSERT (``put``).
+PUT_TRIES = 8
+
 
 class SecretRepository:
     """Put, list, delete and (for the materializer only) resolve secret values."""
@@ -25,12 +28,18 @@ class SecretRepository:
         """Encrypt and store ``value`` under ``name``; True when the name is new."""
         key_id, nonce, sealed = self._ring.encrypt(name=name, plaintext=value)
         at = now_ms()
-        try:
-            return self._put_once(name, key_id, nonce, sealed, at)
-        except IntegrityError:
-            # PostgreSQL: a concurrent put inserted this new name after our UPDATE found no
-            # row (there was none to lock). It is committed now: this time the UPDATE hits it.
-            return self._put_once(name, key_id, nonce, sealed, at)
+        for _ in range(PUT_TRIES - 1):
+            try:
+                return self._put_once(name, key_id, nonce, sealed, at)
+            except IntegrityError:
+                # PostgreSQL: a concurrent put inserted this name after our UPDATE found no
+                # row (there was none to lock). It is committed now: the next UPDATE hits it,
+                # unless a delete took it meanwhile and another put won the insert again.
+                # Each loss is another writer's commit, so the tries run out only under a
+                # storm of puts and deletes of one name (20 at once lost one in four
+                # with a single retry).
+                pass
+        return self._put_once(name, key_id, nonce, sealed, at)
 
     def _put_once(self, name: str, key_id: str, nonce: bytes, sealed: bytes, at: int) -> bool:
         # BEGIN IMMEDIATE serializes this on SQLite; on PostgreSQL the UPDATE locks an

@@ -13,7 +13,7 @@ from app.settings import Settings
 from app.storage.engine import make_engine
 from app.storage.secret_crypto import KeyRing, encode_key, new_key
 from app.storage.secrets_repo import SecretRepository
-from tests.api.conftest import Client, assert_problem
+from tests.api.conftest import Client, assert_problem, at_once
 
 PLAINTEXT = "hunter2-VERY-distinctive-plaintext-0f3c"
 
@@ -82,6 +82,26 @@ def test_delete_removes_and_then_404s(client: Client, admin: dict[str, str]) -> 
     assert client.delete("/api/v1/secrets/tmp", headers=admin).status_code == 204
     assert_problem(client.delete("/api/v1/secrets/tmp", headers=admin), 404, "SECRET_NOT_FOUND")
     assert client.get("/api/v1/secrets", headers=admin).json()["items"] == []
+
+
+def test_puts_and_deletes_of_one_name_at_once_answer_no_500(
+    client: Client, admin: dict[str, str]
+) -> None:
+    # Before: on PostgreSQL a put whose UPDATE found no row (deleted meanwhile) inserted,
+    # met another put's insert, and its one retry could meet the same again: 1 to 6 of 20
+    # answered 500 INTERNAL_ERROR. SQLite serializes the writes and never showed it.
+    url = "/api/v1/secrets/raced"
+    for round_ in range(5):
+        answers = at_once(client, [
+            ("DELETE", url, {"headers": admin}) if i % 3 == 2
+            else ("PUT", url, {"json": {"value": f"v{round_}-{i}"}, "headers": admin})
+            for i in range(21)
+        ])  # fmt: skip
+        statuses = [a.status_code for a in answers]
+        assert set(statuses) <= {204, 404}, statuses  # a put is 204, a delete 204 or 404
+    # Whatever won, the name is there or not, and a put now makes or replaces it.
+    assert client.put(url, json={"value": "last"}, headers=admin).status_code == 204
+    assert client.delete(url, headers=admin).status_code == 204
 
 
 def test_rotation_reencrypts_every_row_and_retires_the_old_key(
