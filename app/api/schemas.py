@@ -279,8 +279,9 @@ class WaitingOut(BaseModel):
     # A string, not an enum, as the cancel reason: a later build may add reasons.
     reason: str = Field(
         description="max_concurrent (its task's limit is reached), held (an older run of "
-        "its schedule has not ended) or max_running (QL_MAX_RUNNING runs are active: with "
-        "several hosts, the answering host's); the first that holds; unknown values may come"
+        "its schedule has not ended), max_running (QL_MAX_RUNNING runs are active: with "
+        "several hosts, the answering host's) or worker (the answering api's last try found "
+        "no worker answering); the first that holds; unknown values may come"
     )
     limit: int | None = Field(default=None, description="the budget, for the first two")
     active: int | None = Field(default=None, description="the runs holding it, for the first two")

@@ -195,6 +195,9 @@ class ExecutionHooks:
     tick: Callable[[], bool] = lambda: True
     # True while the last drain left runs queued because of a budget: tick every BUDGET_POLL_S.
     budget_wait: Callable[[], bool] = lambda: False
+    # True while dispatch backs off because this process's last try found no worker answering
+    # (runs stay queued until it answers): a queued run's ``waiting`` says so.
+    worker_away: Callable[[], bool] = lambda: False
 
 
 def process_limit_of(answer: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -356,6 +359,7 @@ def build_execution(
         drain=drain,
         worker_ready=worker_ready,
         worker_facts=lambda: dict(told),
+        worker_away=lambda: pause.delay_s != 0.0,
         wake_worker=wake_worker,
         close=worker.close,
         halt=halted.set,

@@ -204,6 +204,9 @@ class AppFacade:
     max_queued: int | None = None
     # QL_MAX_RUNNING: what a queued run may be waiting for (``run_waiting``).
     max_running: int | None = None
+    # True while this process's dispatch backs off for want of a worker (``run_waiting``);
+    # None without execution (nothing here starts runs).
+    worker_away: Callable[[], bool] | None = None
     # GET /metrics: the exposition text (app/context/metrics.py, docs/metrics.md).
     _metrics: Callable[[], bytes] | None = None
     # Retention (docs/retention.md): policies, pins, the storage figures.
@@ -416,10 +419,10 @@ class AppFacade:
         """Why ``run``, queued, has not started (docs/concurrency-budgets.md §2): its task's
         limit reached or held behind an older run of its schedule (facts of every host), else
         every active slot of this host taken (QL_MAX_RUNNING counts the answering host's
-        runs with several hosts); None when it is not queued (read again last, so a run
-        dispatched meanwhile is not told to wait for itself), a retry's wait says it
-        (``next_attempt_at_ms``) or nothing holds it back (it starts at the next pass, or
-        waits for the worker: ``/readyz`` says that)."""
+        runs with several hosts), or this host's worker not answering the last try to start
+        one; None when it is not queued (read again last, so a run dispatched meanwhile is
+        not told to wait for itself), a retry's wait says it (``next_attempt_at_ms``) or
+        nothing holds it back (it starts at the next pass)."""
         if run.status != RunStatus.QUEUED.value or run.retry_waits(now_ms()):
             return None
         task_full = slots_full = None
@@ -433,7 +436,10 @@ class AppFacade:
         queued, held = self._reader.queued_held(run.id)
         if not queued:
             return None
-        return task_full or (Waiting("held") if held else None) or slots_full
+        away = self.worker_away is not None and self.worker_away()
+        return task_full or (Waiting("held") if held else None) or slots_full or (
+            Waiting("worker") if away else None
+        )
 
     def list_runs(
         self,

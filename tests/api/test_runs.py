@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sqlalchemy import update
 
+from app.api.main import create_app
 from app.context.facade import AppFacade
 from app.domain.ids import uuid7
 from app.domain.model import Run
@@ -265,6 +268,29 @@ def test_a_queued_run_says_what_holds_it_back(
     stale = client.app.state.facade.get_run(run_id=second)
     make_running(settings, second)
     assert client.app.state.facade.run_waiting(run=stale) is None
+
+
+def test_a_queued_run_says_it_waits_for_a_worker_that_does_not_answer(
+    settings: Settings, client: Client, admin: dict[str, str]
+) -> None:
+    """No worker (stopped, crashed, restarting): the run stays queued, and said nothing of
+    why while the api's own log said "worker unavailable". Its dispatch backs off, and the
+    run's ``waiting`` says it waits for the worker."""
+    assert client.put("/api/v1/tasks/t/revisions/1", json={"argv": ["/bin/true"]},
+                      headers=admin).is_success  # fmt: skip
+    served = Client(create_app(settings))  # execution on; no worker listens on its socket
+    try:
+        run_id = served.post("/api/v1/runs", json={"task": "t"}, headers=admin).json()["id"]
+        deadline = time.monotonic() + 20
+        while (got := served.get(f"/api/v1/runs/{run_id}", headers=admin).json())["waiting"] is None:
+            assert time.monotonic() < deadline, got  # the enqueue's drain tried the worker
+            time.sleep(0.05)
+        assert got["status"] == "queued"
+        assert got["waiting"] == {"reason": "worker", "limit": None, "active": None}
+    finally:
+        served.close()
+    # An api without execution starts nothing and says nothing of a worker.
+    assert client.get(f"/api/v1/runs/{run_id}", headers=admin).json()["waiting"] is None
 
 
 def test_a_retry_waiting_for_its_time_is_answered_from_the_run_alone(

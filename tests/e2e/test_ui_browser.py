@@ -1729,7 +1729,7 @@ def _a_runs_status_change_is_announced_once(site: Site) -> None:
     _badge(page, "queued")
     # Why it waits, in words: its task allows one run at once, and one is running.
     facts = page.inner_text(".facts")
-    assert "for its task: 1 of its runs are active, its revision allows 1 at once" in facts
+    assert "for its task: 1 of its runs is active, its revision allows 1 at once" in facts
     region = ".page-head [role=status]"
     assert page.get_attribute(region, "aria-live") == "polite"
     assert page.get_attribute(region, "aria-atomic") == "true"

@@ -147,8 +147,9 @@ def test_run_fields_say_what_holds_a_queued_run_back() -> None:
     queued = RUN | {"status": "queued", "latest_attempt": None}
     said = {
         "max_running": "for a free slot: 2 runs are active, QL_MAX_RUNNING allows 2",
-        "max_concurrent": "for its task: 1 of its runs are active, its revision allows 1",
+        "max_concurrent": "for its task: 1 of its runs is active, its revision allows 1",
         "held": "behind an older run of its schedule that has not ended (queue_one, replace)",
+        "worker": "for the worker: the service's last try to start a run found none answering",
         "later\x1b[2J": "later\\x1b[2J",  # a reason a later service names, made safe
     }
     for reason, words in said.items():

@@ -252,12 +252,16 @@ def start_failure(data: Mapping[str, Any]) -> str:
 def waiting_words(waiting: Mapping[str, Any]) -> str:
     """What holds a queued run back, in words (docs/concurrency-budgets.md §2)."""
     reason, limit, active = waiting.get("reason"), waiting.get("limit"), waiting.get("active")
+    are = "is" if active == 1 else "are"
     if reason == "max_running":
-        return f"for a free slot: {active} runs are active, QL_MAX_RUNNING allows {limit}"
+        runs = "run" if active == 1 else "runs"
+        return f"for a free slot: {active} {runs} {are} active, QL_MAX_RUNNING allows {limit}"
     if reason == "max_concurrent":
-        return f"for its task: {active} of its runs are active, its revision allows {limit}"
+        return f"for its task: {active} of its runs {are} active, its revision allows {limit}"
     if reason == "held":
         return "behind an older run of its schedule that has not ended (queue_one, replace)"
+    if reason == "worker":
+        return "for the worker: the service's last try to start a run found none answering"
     return safe(str(reason))  # a reason a later service names
 
 

@@ -17,6 +17,14 @@ const SHOWN_CHARS = 2_000_000;
 // The characters of log text one byte range holds at most while the page looks for a gap.
 const GAP_STRETCH = 65_536;
 
+/** What holds a queued run back in words ("1 of its runs is active", not "are"); a reason a
+ *  newer build names is shown as it is. */
+function waitingWords({ reason, active, limit }) {
+  const key = `run.waiting.${reason}`;
+  if (!has(key)) return raw(reason, 'code');
+  return t(active === 1 && has(`${key}_one`) ? `${key}_one` : key, { active, limit });
+}
+
 export function runPage(view, { args: [runId], signal, ready }) {
   const state = { run: null, attempts: [], events: [], follower: null, followed: null };
   const head = h('div', { class: 'page-head' });
@@ -140,9 +148,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
       run.trigger.rerun_of ? [t('run.rerun_of'), link(['runs', run.trigger.rerun_of], raw(run.trigger.rerun_of, 'code'))] : null,
       [t('run.pinned'), run.pinned ? t('run.pinned_yes') : t('run.pinned_no')],
       // What holds a queued run back (a reason a newer build names is shown as it is).
-      run.waiting ? [t('run.waiting'), has(`run.waiting.${run.waiting.reason}`)
-        ? t(`run.waiting.${run.waiting.reason}`, { active: run.waiting.active, limit: run.waiting.limit })
-        : raw(run.waiting.reason, 'code')] : null,
+      run.waiting ? [t('run.waiting'), waitingWords(run.waiting)] : null,
       // A reason a newer build records is shown as it is, not as a missing label.
       cancel ? [t('run.cancel_requested'), [tOr('cancel.', cancelReason) || raw(cancelReason, 'code'), ' · ', timeEl(cancel.at_ms)]] : null,
       run.next_attempt_at_ms != null
