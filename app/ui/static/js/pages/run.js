@@ -84,7 +84,11 @@ export function runPage(view, { args: [runId], signal, ready }) {
     h('section', {}, h('h2', {}, t('run.timeline')), timeline)));
 
   setLogState('waiting');
-  signal.addEventListener('abort', () => { if (state.follower) state.follower.stop(); });
+  signal.addEventListener('abort', () => {
+    if (state.follower) state.follower.stop();
+    if (frame !== null) cancelAnimationFrame(frame); // no flush into a page left
+    frame = null;
+  });
 
   async function refresh() {
     try {
@@ -308,13 +312,14 @@ export function runPage(view, { args: [runId], signal, ready }) {
     if (state.follower) state.follower.stop();
     state.followed = latest.number;
     resetLog();
+    shownDropped = false;
+    logTitle.textContent = t('run.log_attempt', { n: latest.number });
+    if (latest.log.expired) { showExpired(latest); return; }
     // A log longer than the page shows is read from where the shown part starts: streamed
     // from its first byte, a 64 MiB log took minutes to reach the end the page keeps.
     const tail = latest.log.bytes > SHOWN_CHARS ? SHOWN_CHARS : null;
     shownDropped = tail !== null;
     drawTruncation();
-    logTitle.textContent = t('run.log_attempt', { n: latest.number });
-    if (latest.log.expired) { showExpired(latest); return; }
     expiredNote.hidden = true;
     logBox.hidden = false;
     download.disabled = false;
@@ -326,7 +331,11 @@ export function runPage(view, { args: [runId], signal, ready }) {
       onError: (err) => {
         flushLog();
         if (err.code === 'LOG_EXPIRED') { refresh().catch(() => {}); showExpired(latest); return; }
-        if (err.code === 'LOG_MISSING') download.disabled = true; // there is nothing to download
+        if (err.code === 'LOG_MISSING') { // there is nothing to download, nor an end shown
+          download.disabled = true;
+          shownDropped = false;
+          drawTruncation();
+        }
         logState.replaceChildren(errorBox(err) || '');
       },
     }, { tailBytes: tail }).start();
@@ -337,6 +346,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
   /** Retention removed this attempt's log (410 LOG_EXPIRED): say so, not an error. */
   function showExpired(attempt) {
     if (state.follower) state.follower.stop();
+    if (shownDropped) { shownDropped = false; drawTruncation(); } // no part of it is shown
     download.disabled = true;
     setLogState('expired');
     const a = state.attempts.find((x) => x.number === attempt.number) || attempt;
@@ -476,10 +486,14 @@ export function runPage(view, { args: [runId], signal, ready }) {
       const r = await call('GET', path('runs', runId, 'attempts', attempt.number, 'log'), {
         raw: true, scope: 'logs:read', signal, headers: { Range: `bytes=${fromByte}-${toByte - 1}` },
       });
+      if (r.status !== 206) { // the whole log (a proxy that dropped the Range): not read
+        r.body?.cancel().catch(() => {});
+        return;
+      }
       const got = new Uint8Array(await r.arrayBuffer());
       const [from, to] = spot.window.map((i) => chunk.at + i - trimmedChars);
       // Another attempt followed meanwhile, or the window trimmed off the box: leave it.
-      if (logText !== followed || logHead !== logText || from < 0 || r.status !== 206
+      if (logText !== followed || logHead !== logText || from < 0
         || got.length !== toByte - fromByte) return;
       // A BOM is text like any other here, as the server's decoding keeps it.
       const decode = (b) => new TextDecoder('utf-8', { ignoreBOM: true }).decode(b);
