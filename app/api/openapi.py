@@ -52,7 +52,29 @@ def build_document(app: FastAPI) -> dict[str, Any]:
     schemas = doc.get("components", {}).get("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
+    _integral_bounds(doc)
     return doc
+
+
+_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def _integral_bounds(node: Any) -> None:
+    """Write whole-number bounds as integers, in place.
+
+    FastAPI's OpenAPI model types every bound as a float, so ``le=2**62`` came out as
+    ``4.611686018427388e+18``: read as a JSON number that is 4611686018427388000, 96 more than
+    the api accepts. Each bound here came from an int that a float holds exactly (below 2**53,
+    or 2**62), so ``int()`` gives it back; tests/unit/test_openapi.py checks 2**62."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _BOUNDS and isinstance(value, float) and value.is_integer():
+                node[key] = int(value)
+            else:
+                _integral_bounds(value)
+    elif isinstance(node, list):
+        for item in node:
+            _integral_bounds(item)
 
 
 def api_routes(routes: list[Any]) -> list[APIRoute]:

@@ -47,3 +47,27 @@ def test_every_error_response_is_problem_json() -> None:
             for status, response in op["responses"].items():
                 if status[0] in "45":
                     assert list(response["content"]) == ["application/problem+json"], status
+
+
+def _bounds(node: object) -> list[tuple[str, object]]:
+    found: list[tuple[str, object]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}:
+                found.append((key, value))
+            found += _bounds(value)
+    elif isinstance(node, list):
+        for item in node:
+            found += _bounds(item)
+    return found
+
+
+def test_integer_bounds_are_exact_integers() -> None:
+    # FastAPI's OpenAPI model types every bound as a float: 2**62 was rendered
+    # 4.611686018427388e+18, which as a JSON number is 4611686018427388000, so the document
+    # allowed 96 values above the 2**62 the api accepts (schemathesis sent one: 422).
+    doc = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    floats = [(k, v) for k, v in _bounds(doc) if isinstance(v, float)]
+    assert floats == []
+    retention = doc["components"]["schemas"]["RetentionIn"]["properties"]["task_log_bytes"]
+    assert retention["anyOf"][0]["maximum"] == 2**62
