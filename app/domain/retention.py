@@ -51,15 +51,17 @@ class RetentionPolicy:
     keep_rows: int
     task_log_bytes: int | None
 
-    def validated(self) -> RetentionPolicy:
-        """Self, or ValidationFailed naming the broken rule."""
+    def validated(self, keep_runs_from: str = "") -> RetentionPolicy:
+        """Self, or ValidationFailed naming the broken rule (``keep_runs_from``: where
+        keep_runs came from, said beside it, as ", the global value")."""
         _bounded("keep_runs", self.keep_runs, 0, MAX_KEEP_RUNS)
         _bounded("keep_days", self.keep_days, 0, MAX_KEEP_DAYS)
         _bounded("keep_rows", self.keep_rows, 1, MAX_KEEP_RUNS * 10)
         if self.keep_rows <= self.keep_runs:
             raise ValidationFailed(
                 ErrorCode.VALIDATION_FAILED,
-                f"keep_rows ({self.keep_rows}) must be larger than keep_runs ({self.keep_runs})",
+                f"keep_rows ({self.keep_rows}) must be larger than keep_runs "
+                f"({self.keep_runs}{keep_runs_from})",
             )
         if self.task_log_bytes is not None:
             _bounded("task_log_bytes", self.task_log_bytes, 0, MAX_BYTES)
@@ -89,15 +91,8 @@ class TaskOverride:
         if self.keep_rows is None and policy.keep_rows <= policy.keep_runs:
             # A task that keeps more logs than the global row budget keeps its rows longer.
             policy = replace(policy, keep_rows=policy.keep_runs * 2 + 1)
-        elif self.keep_runs is None and policy.keep_rows <= policy.keep_runs:
-            # The task's keep_rows against the global keep_runs: say where the other came from.
-            _bounded("keep_rows", policy.keep_rows, 1, MAX_KEEP_RUNS * 10)
-            raise ValidationFailed(
-                ErrorCode.VALIDATION_FAILED,
-                f"keep_rows ({policy.keep_rows}) must be larger than keep_runs "
-                f"({policy.keep_runs}, the global value)",
-            )
-        return policy.validated()
+        # The task's keep_rows against the global keep_runs: the refusal says where that is.
+        return policy.validated(", the global value" if self.keep_runs is None else "")
 
     def in_force(self, base: RetentionPolicy) -> RetentionPolicy:
         """The policy the sweep applies and GET shows: ``over``, or, when ``base`` (the

@@ -32,7 +32,7 @@ from app.storage.tables import (
     task_revisions,
     worker_leases,
 )
-from app.storage.uow import UnitOfWork
+from app.storage.uow import UnitOfWork, retried_on_duplicate
 
 EXPIRING, EXPIRED = "expiring", "expired"
 # Journal states whose attempt needs none of its files any more (docs/retention.md §2).
@@ -126,13 +126,9 @@ class RetentionRepository:
 
     def put_override(self, task: str, override: TaskOverride) -> bool:
         """Store the task's policy (replacing any); True when it is new."""
-        try:
-            return self._put_override_once(task, override)
-        except IntegrityError:
-            # PostgreSQL: a concurrent first put inserted the task's row after our UPDATE
-            # found none (there was none to lock). It is committed, and no route deletes it:
-            # this time the UPDATE hits it.
-            return self._put_override_once(task, override)
+        # A concurrent first put may insert the task's row first; no route deletes it, so the
+        # second try's UPDATE hits it.
+        return retried_on_duplicate(lambda: self._put_override_once(task, override), tries=2)
 
     def _put_override_once(self, task: str, override: TaskOverride) -> bool:
         values = {

@@ -52,7 +52,7 @@ from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.definitions_repo import lock_task, refuse_archived, revision_row
 from app.storage.runs_repo import ScheduleTrigger, cancel_in, enqueue_in, queue_has_room
 from app.storage.tables import runs, schedule_decisions, schedules
-from app.storage.uow import UnitOfWork
+from app.storage.uow import UnitOfWork, retried_on_duplicate
 
 log = logging.getLogger("qinglong.schedules")
 
@@ -205,16 +205,10 @@ class ScheduleRepository:
             self._put_schedule_once, name=name, definition=definition, paused=paused,
             if_match=if_match, if_none_match=if_none_match, at_ms=at_ms,
         )  # fmt: skip
-        for _ in range(2):
-            try:
-                return put()
-            except IntegrityError:
-                # PostgreSQL: a concurrent put created this name after our read found no row
-                # (there was none to lock). It is committed now: this time we read it (and
-                # If-None-Match refuses it, or the put replaces it). Only a delete between
-                # each try and the next create can make the third fail.
-                pass
-        return put()
+        # A concurrent put may create this name first: the next try reads it (If-None-Match
+        # refuses it, or the put replaces it). Only a delete between each try and the next
+        # create can make the third fail.
+        return retried_on_duplicate(put, tries=3)
 
     def _put_schedule_once(
         self,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from sqlalchemy import Engine, delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import ErrorCode, NotFound, SecretsMissing
 from app.domain.ids import now_ms
@@ -11,7 +10,7 @@ from app.domain.model import Page, SecretName
 from app.storage.cursor import decode_cursor, encode_cursor
 from app.storage.secret_crypto import KeyRing
 from app.storage.tables import secrets
-from app.storage.uow import UnitOfWork
+from app.storage.uow import UnitOfWork, retried_on_duplicate
 
 # How often a put tries its UPDATE-or-INSERT (``put``).
 PUT_TRIES = 8
@@ -28,18 +27,12 @@ class SecretRepository:
         """Encrypt and store ``value`` under ``name``; True when the name is new."""
         key_id, nonce, sealed = self._ring.encrypt(name=name, plaintext=value)
         at = now_ms()
-        for _ in range(PUT_TRIES - 1):
-            try:
-                return self._put_once(name, key_id, nonce, sealed, at)
-            except IntegrityError:
-                # PostgreSQL: a concurrent put inserted this name after our UPDATE found no
-                # row (there was none to lock). It is committed now: the next UPDATE hits it,
-                # unless a delete took it meanwhile and another put won the insert again.
-                # Each loss is another writer's commit, so the tries run out only under a
-                # storm of puts and deletes of one name (20 at once lost one in four
-                # with a single retry).
-                pass
-        return self._put_once(name, key_id, nonce, sealed, at)
+        # A delete may take the row another put inserted before our next UPDATE, and a third
+        # put win the insert again: the tries run out only under a storm of puts and deletes
+        # of one name (20 at once lost one in four with a single retry).
+        return retried_on_duplicate(
+            lambda: self._put_once(name, key_id, nonce, sealed, at), tries=PUT_TRIES
+        )
 
     def _put_once(self, name: str, key_id: str, nonce: bytes, sealed: bytes, at: int) -> bool:
         # BEGIN IMMEDIATE serializes this on SQLite; on PostgreSQL the UPDATE locks an

@@ -18,9 +18,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections.abc import Callable
 from types import TracebackType
+from typing import TypeVar
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import StorageUnavailable
 from app.storage.engine import WRITE
@@ -416,3 +419,22 @@ class UnitOfWork:
         if isinstance(error, StorageUnavailable):  # the engine's (DatabaseBusy): each its own
             raise type(error)() from error
         raise GroupCommitFailed("the shared commit failed; nothing of it was kept") from error
+
+
+T = TypeVar("T")
+
+
+def retried_on_duplicate(write: Callable[[], T], *, tries: int) -> T:
+    """``write()`` (its own UnitOfWork), again while it meets a duplicate key, ``tries`` in
+    all; the last one's error goes on. PostgreSQL: an UPDATE-or-INSERT of a new key locks no
+    row, so a concurrent writer of the same key may insert first and this insert fail; that
+    row is committed then, and the next try's UPDATE meets it. Each failed try is another
+    writer's commit: a bound on progress, not a spin. (SQLite's BEGIN IMMEDIATE serializes
+    the writes: never there.) Only for tables whose one unique key is the one raced for."""
+    for _ in range(tries - 1):
+        try:
+            return write()
+        except IntegrityError:
+            pass
+    return write()
+

@@ -14,7 +14,6 @@ import contextlib
 import getpass
 import io
 import json
-import math
 import os
 import shlex
 import sys
@@ -419,12 +418,9 @@ def _finite(text: str) -> float:
     """A number of seconds or a factor: ``nan`` and ``inf`` read as floats but have no JSON
     form, and the api could only refuse a body that cannot be sent."""
     try:
-        value = float(text)
+        return bodies.finite_number(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("a number is required") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError("a finite number is required")
-    return value
+        raise argparse.ArgumentTypeError("a finite number is required") from None
 
 
 def _schedule_revision(text: str) -> int | str:

@@ -110,7 +110,8 @@ REVISION_OUTPUT_ONLY = ("task", "revision", "digest", "created_at_ms")
 
 # NaN, Infinity and a number past a double's range (1e999, read as inf): Python's json reads
 # them, JSON (RFC 8259 §6) has none, and a body holding one could not be sent.
-def _finite_number(text: str) -> float:
+def finite_number(text: str) -> float:
+    """``text`` as a finite float, else ValueError (a flag's value, a body file's number)."""
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"{text} is out of range")
@@ -125,7 +126,7 @@ def _json_object(text: str, *, source: str, what: str) -> dict[str, Any]:
     """``text`` as a JSON object, or a usage error naming ``source`` and ``what`` it should be."""
     try:  # a byte order mark (Notepad's "UTF-8 with BOM") is no part of the JSON: RFC 8259 §8.1
         doc = json.loads(
-            text.removeprefix("\ufeff"), parse_constant=_no_constant, parse_float=_finite_number
+            text.removeprefix("\ufeff"), parse_constant=_no_constant, parse_float=finite_number
         )
     except json.JSONDecodeError as exc:
         raise usage(f"{source} is not JSON ({exc.msg} at line {exc.lineno})") from None
