@@ -1105,7 +1105,9 @@ def _replay(
     if previous.request_digest != request_digest:
         raise Conflict(
             ErrorCode.IDEMPOTENCY_KEY_REUSED,
-            "this Idempotency-Key was used with another request body",
+            # A rerun has no body: its request is the run it names.
+            "this Idempotency-Key was used for another request (a start with another body, "
+            "or a rerun of another run, or the other of the two)",
         )
     return _load_run(conn, previous.run_id)
 
