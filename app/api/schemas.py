@@ -280,8 +280,9 @@ class WaitingOut(BaseModel):
     reason: str = Field(
         description="max_concurrent (its task's limit is reached), held (an older run of "
         "its schedule has not ended), max_running (QL_MAX_RUNNING runs are active: with "
-        "several hosts, the answering host's) or worker (the answering api's last try found "
-        "no worker answering); the first that holds; unknown values may come"
+        "several hosts, the answering host's), worker (the answering api's last try found "
+        "no worker answering) or disk (its last try found too little free space: /readyz "
+        "says which); the first that holds; unknown values may come"
     )
     limit: int | None = Field(default=None, description="the budget, for the first two")
     active: int | None = Field(default=None, description="the runs holding it, for the first two")

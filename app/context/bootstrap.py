@@ -310,6 +310,7 @@ def build_context(
     halt: Hook | None = None
     soon: Callable[[], bool] | None = None
     worker_away: Callable[[], bool] | None = None
+    disk_low: Callable[[], bool] | None = None
     if execution:
         hooks = build_execution(
             settings,
@@ -323,7 +324,7 @@ def build_context(
         checks["worker"] = hooks.worker_ready
         closers.append(hooks.close)
         halt = hooks.halt
-        worker_away = hooks.worker_away
+        worker_away, disk_low = hooks.worker_away, hooks.disk_low
         on_enqueued = on_enqueued or hooks.drain
         on_cancel_requested = on_cancel_requested or hooks.wake_worker
         if periodic is None:
@@ -370,6 +371,7 @@ def build_context(
         max_queued=settings.max_queued,
         max_running=settings.max_running,
         worker_away=worker_away,
+        disk_low=disk_low,
         _schedules=schedule_repo,
         _schedule_hooks=loop if loop is not None else NO_SCHEDULE_HOOKS,
         own_instance_id=instance_id(settings.data_dir) if several else None,

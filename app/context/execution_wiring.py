@@ -198,6 +198,8 @@ class ExecutionHooks:
     # True while dispatch backs off because this process's last try found no worker answering
     # (runs stay queued until it answers): a queued run's ``waiting`` says so.
     worker_away: Callable[[], bool] = lambda: False
+    # True while the last drain left runs queued for want of free space (the disk admission).
+    disk_low: Callable[[], bool] = lambda: False
 
 
 def process_limit_of(answer: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -257,6 +259,9 @@ def build_execution(
     # The active-run count when the last drain ended blocked by a budget (None: not blocked),
     # and when that drain ran; read and written by the one background thread only.
     wait: dict[str, float | None] = {"active": None, "at": 0.0}
+    # Whether the last drain that reached the worker left runs queued for want of free space
+    # (the disk admission): a queued run's ``waiting`` says so.
+    disk = {"low": False}
     shards_made = threading.Event()
     swept = {"next": 0.0}  # when the next sweep of dead processes' log spares is due
     # Before every drain's passes while the worker answers: the database away, a line a tick.
@@ -315,13 +320,14 @@ def build_execution(
                 promote_failures.failed(exc)
             else:
                 promote_failures.succeeded()
-        blocked = threading.Event()
-        if _drain_concurrently(dispatcher, drainers, halted=halted, blocked=blocked):
+        blocked, low = threading.Event(), threading.Event()
+        if _drain_concurrently(dispatcher, drainers, halted=halted, blocked=blocked, low=low):
             pause.unavailable()
         else:
             pause.answered()
         wait["at"] = time.monotonic()
         wait["active"] = candidates.active_count() if blocked.is_set() else None
+        disk["low"] = low.is_set()
         return True
 
     def tick() -> bool:
@@ -360,6 +366,7 @@ def build_execution(
         worker_ready=worker_ready,
         worker_facts=lambda: dict(told),
         worker_away=lambda: pause.delay_s != 0.0,
+        disk_low=lambda: disk["low"],
         wake_worker=wake_worker,
         close=worker.close,
         halt=halted.set,
@@ -382,6 +389,7 @@ def _drain_concurrently(
     drainers: int,
     halted: threading.Event | None = None,
     blocked: threading.Event | None = None,
+    low: threading.Event | None = None,
 ) -> bool:
     """Drain; only when the first pass activated a run and its page held more candidates,
     add ``drainers - 1`` helper threads.
@@ -390,21 +398,22 @@ def _drain_concurrently(
     thread answers that without starting any thread. True when a pass found the worker
     unavailable: then every thread stops after its current pass (docs/design.md §3.3). After
     ``halted`` (shutdown) no thread starts another pass. ``blocked`` is set when a pass left
-    a run queued because of a budget.
+    a run queued because of a budget, ``low`` when one did for want of free space.
     """
     unavailable = threading.Event()
     halted = halted or threading.Event()
     blocked = blocked or threading.Event()
+    low = low or threading.Event()
     if drainers <= 1:
-        _drain(dispatcher, unavailable, halted, blocked)
+        _drain(dispatcher, unavailable, halted, blocked, low)
         return unavailable.is_set()
-    if not _log_pass(_timed_pass(dispatcher), unavailable, blocked):
+    if not _log_pass(_timed_pass(dispatcher), unavailable, blocked, low):
         return unavailable.is_set()
     failures = FailureLog(log, "background pass (drain helper)")
     helpers = [
         threading.Thread(
             target=_drain_logged,
-            args=(dispatcher, unavailable, halted, blocked, failures),
+            args=(dispatcher, unavailable, halted, blocked, low, failures),
             name="ql-drain",
             daemon=True,
         )
@@ -413,7 +422,7 @@ def _drain_concurrently(
     for thread in helpers:
         thread.start()
     try:
-        _drain(dispatcher, unavailable, halted, blocked)
+        _drain(dispatcher, unavailable, halted, blocked, low)
     finally:
         for thread in helpers:
             thread.join()
@@ -425,10 +434,11 @@ def _drain_logged(
     unavailable: threading.Event,
     halted: threading.Event,
     blocked: threading.Event,
+    low: threading.Event,
     failures: FailureLog,
 ) -> None:
     try:
-        _drain(dispatcher, unavailable, halted, blocked)
+        _drain(dispatcher, unavailable, halted, blocked, low)
     except Exception as exc:  # a failed pass is retried by the next kick or tick
         failures.failed(exc)  # helpers failing the same way: one line
 
@@ -438,11 +448,12 @@ def _drain(
     unavailable: threading.Event,
     halted: threading.Event,
     blocked: threading.Event,
+    low: threading.Event,
 ) -> None:
     for _ in range(MAX_PASSES_PER_DRAIN):
         if halted.is_set() or unavailable.is_set():
             return
-        if not _log_pass(_timed_pass(dispatcher), unavailable, blocked):
+        if not _log_pass(_timed_pass(dispatcher), unavailable, blocked, low):
             return
 
 
@@ -462,7 +473,10 @@ _disk_low_said = {"next": 0.0}
 
 
 def _log_pass(
-    result: PassResult, unavailable: threading.Event, blocked: threading.Event | None = None
+    result: PassResult,
+    unavailable: threading.Event,
+    blocked: threading.Event | None = None,
+    low: threading.Event | None = None,
 ) -> bool:
     """Log a launch that did not end running; True when another pass may find work."""
     failure = result.launch_failure
@@ -479,6 +493,8 @@ def _log_pass(
         unavailable.set()  # stop at the first unavailability; the drain backs off
         return False
     if result.disk_low:
+        if low is not None:
+            low.set()
         now = time.monotonic()
         if now >= _disk_low_said["next"]:  # a minute apart: /readyz says it all along
             _disk_low_said["next"] = now + DISK_LOW_LOG_EVERY_S

@@ -207,6 +207,8 @@ class AppFacade:
     # True while this process's dispatch backs off for want of a worker (``run_waiting``);
     # None without execution (nothing here starts runs).
     worker_away: Callable[[], bool] | None = None
+    # True while this process's last drain left runs queued for want of free space.
+    disk_low: Callable[[], bool] | None = None
     # GET /metrics: the exposition text (app/context/metrics.py, docs/metrics.md).
     _metrics: Callable[[], bytes] | None = None
     # Retention (docs/retention.md): policies, pins, the storage figures.
@@ -419,10 +421,11 @@ class AppFacade:
         """Why ``run``, queued, has not started (docs/concurrency-budgets.md §2): its task's
         limit reached or held behind an older run of its schedule (facts of every host), else
         every active slot of this host taken (QL_MAX_RUNNING counts the answering host's
-        runs with several hosts), or this host's worker not answering the last try to start
-        one; None when it is not queued (read again last, so a run dispatched meanwhile is
-        not told to wait for itself), a retry's wait says it (``next_attempt_at_ms``) or
-        nothing holds it back (it starts at the next pass)."""
+        runs with several hosts), this host's worker not answering the last try to start one,
+        or its last try finding too little free space (the disk admission); None when it is
+        not queued (read again last, so a run dispatched meanwhile is not told to wait for
+        itself), a retry's wait says it (``next_attempt_at_ms``) or nothing holds it back (it
+        starts at the next pass)."""
         if run.status != RunStatus.QUEUED.value or run.retry_waits(now_ms()):
             return None
         task_full = slots_full = None
@@ -436,10 +439,11 @@ class AppFacade:
         queued, held = self._reader.queued_held(run.id)
         if not queued:
             return None
-        away = self.worker_away is not None and self.worker_away()
-        return task_full or (Waiting("held") if held else None) or slots_full or (
-            Waiting("worker") if away else None
-        )
+        if task_full or held or slots_full:
+            return task_full or (Waiting("held") if held else None) or slots_full
+        if self.worker_away is not None and self.worker_away():
+            return Waiting("worker")
+        return Waiting("disk") if self.disk_low is not None and self.disk_low() else None
 
     def list_runs(
         self,

@@ -151,7 +151,9 @@ def test_a_run_waits_while_receipts_of_their_own_cannot_take_a_receipt(
             20,
         )
         time.sleep(2.5)  # a slow tick (2 s) retried the admission: still waiting
-        assert get_run(served, run_id)["status"] == "queued"
+        run = get_run(served, run_id)
+        assert run["status"] == "queued"
+        assert run["waiting"] == {"reason": "disk", "limit": None, "active": None}, run
         assert [e["type"] for e in events(served, run_id)] == ["run.queued"]
     finally:
         filler.unlink()

@@ -150,6 +150,7 @@ def test_run_fields_say_what_holds_a_queued_run_back() -> None:
         "max_concurrent": "for its task: 1 of its runs is active, its revision allows 1",
         "held": "behind an older run of its schedule that has not ended (queue_one, replace)",
         "worker": "for the worker: the service's last try to start a run found none answering",
+        "disk": "for free space: the service's last try found too little (system ready says)",
         "later\x1b[2J": "later\\x1b[2J",  # a reason a later service names, made safe
     }
     for reason, words in said.items():

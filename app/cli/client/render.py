@@ -262,6 +262,8 @@ def waiting_words(waiting: Mapping[str, Any]) -> str:
         return "behind an older run of its schedule that has not ended (queue_one, replace)"
     if reason == "worker":
         return "for the worker: the service's last try to start a run found none answering"
+    if reason == "disk":
+        return "for free space: the service's last try found too little (system ready says)"
     return safe(str(reason))  # a reason a later service names
 
 
