@@ -39,7 +39,7 @@ def browser_or_skip() -> str:
 # Any other Latin word on a zh-CN page is an untranslated label (tests/unit/test_ui_static.py
 # holds the dictionary to this list, tests/e2e/test_ui_browser.py the rendered pages).
 ZH_AS_IS_WORDS = frozenset({
-    "HTTP", "QL_CORS_ORIGINS", "UTC", "admin", "qinglong", "token", "create",
+    "HTTP", "QL_CORS_ORIGINS", "UTC", "admin", "qinglong", "token", "create", "bootstrap",
     "bin", "sh", "bash", "QL",  # /bin/sh, /bin/bash and the reserved QL3_ prefix
     "B", "KiB", "MiB", "GiB", "TiB",
 })  # fmt: skip

@@ -982,6 +982,13 @@ def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:
     page.click("#sch-save")
     page.wait_for_selector("#edit-schedule")
     assert "Saved schedule “ui-made”." in page.inner_text("#notice")
+    # An action's own result replaces the notice the page arrived with (it stood above
+    # "Paused." as if both were news).
+    page.click("#pause")
+    page.wait_for_selector("#resume:focus")
+    assert page.inner_text("#notice") == "" and "Paused" in page.inner_text(".result")
+    page.click("#resume")
+    page.wait_for_selector("#pause:focus")
     made = site.api("GET", "/api/v1/schedules/ui-made").json()
     assert (made["task"], made["cron"], made["timezone"]) == (
         "hello", ["0 3 * * *", "30 12 * * 1-5"], "Asia/Shanghai"

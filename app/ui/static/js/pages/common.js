@@ -59,7 +59,11 @@ export function missing(view, err, list, heading) {
  *  write never arrived: the page cannot tell which). */
 export function resultSlot() {
   const slot = h('div', { class: 'result', 'aria-live': 'polite' });
+  // The notice the page arrived with ("Saved schedule ...") spoke of what came before: an
+  // action's own result replaces it, rather than stand under it as if both were news.
+  const arrived = () => document.getElementById('notice')?.replaceChildren();
   const reveal = (box) => {
+    arrived();
     slot.replaceChildren(box || '');
     if (!box) return;
     box.tabIndex = -1;
@@ -69,6 +73,7 @@ export function resultSlot() {
   return {
     el: slot,
     ok(text) {
+      arrived();
       const note = h('p', { class: 'notice notice-ok' }, text);
       slot.replaceChildren(note);
       return note;
