@@ -619,6 +619,12 @@ def _define_a_task_and_a_revision_then_start_rerun_and_pin_its_run(site: Site) -
     page.click("#new-task")
     page.wait_for_selector("main[aria-busy=false] #def-argv")
     assert page.evaluate(_UNTIED_HELP) == []  # "Seconds; empty: none." is the timeout's too
+    # A name the field's pattern refuses is said in the page's words, before any request.
+    page.fill("#def-task", "Made In UI")
+    page.fill("#def-argv", "/bin/true")
+    page.click("#def-save")
+    refused = page.inner_text("form.define-form .result .error-box")
+    assert "A task's name is lower-case letters" in refused, refused
     # A bad argv: the API's 422 problem detail is shown next to the form; nothing is stored.
     page.fill("#def-task", "made-in-ui")
     page.fill("#def-argv", "echo\nhi")
@@ -1256,6 +1262,16 @@ def _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfu
     refused = page.wait_for_selector(".retention-form .result .error-box:focus")
     assert "not a number" in refused.inner_text()
     site.shot(page, "number-refused-desktop")
+    assert site.api("GET", "/api/v1/tasks/hello/retention").json()["override"] == kept
+    # Below the field's own bound: said in the page's words, before any request (the API's
+    # 422 detail read "Input should be greater than or equal to 0", in English in zh-CN too).
+    page.fill("#ret-keep_runs", "")
+    page.fill("#ret-keep_days", "-1")
+    page.click("#retention-save")
+    page.wait_for_selector(".retention-form .result .error-box:focus >> text=a number of at least 0")
+    page.fill("#ret-keep_days", "1.5")
+    page.click("#retention-save")
+    page.wait_for_selector(".retention-form .result .error-box:focus >> text=a whole number")
     assert site.api("GET", "/api/v1/tasks/hello/retention").json()["override"] == kept
     # An unknown run or task is the 404 and a way back, no controls that act on nothing,
     # under the page's heading (a page without a heading has nothing in a screen reader's

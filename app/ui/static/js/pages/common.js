@@ -10,10 +10,17 @@ export class FormError extends Error {}
 /** A number field's value: null when empty. The forms are novalidate, and what the browser
  *  cannot read as a number ("1e", "--") reads as "": refused here, never sent as empty. */
 export function numberOrNull(input) {
-  if (input.validity && input.validity.badInput) {
-    const label = input.labels && input.labels[0] ? input.labels[0].textContent : input.name;
-    throw new FormError(t('common.err_number', { field: label }));
+  const field = input.labels && input.labels[0] ? input.labels[0].textContent : input.name;
+  const validity = input.validity || {};
+  if (validity.badInput) throw new FormError(t('common.err_number', { field }));
+  // The field's own bounds, said in the page's language before any request (the server's
+  // 422 detail is English: "Input should be greater than or equal to 0").
+  if (validity.rangeUnderflow || validity.rangeOverflow) {
+    const { min, max } = input;
+    const key = min && max ? 'common.err_range' : min ? 'common.err_min' : 'common.err_max';
+    throw new FormError(t(key, { field, min, max }));
   }
+  if (validity.stepMismatch) throw new FormError(t('common.err_whole', { field }));
   const v = input.value.trim();
   return v === '' ? null : Number(v);
 }

@@ -59,6 +59,9 @@ function field(id, label, input, help) {
     help ? h('p', { class: 'help', id: `${id}-help` }, help) : null);
 }
 
+// A task's name (docs/api.md §4), as the field's pattern and as the check before a save.
+const TASK_NAME = '[a-z0-9][a-z0-9._\\-]{0,127}';
+
 function numberInput(id, value, attrs = {}) {
   return h('input', { id, name: id, type: 'number', inputmode: 'numeric', value: value === null || value === undefined ? '' : String(value), ...attrs });
 }
@@ -68,7 +71,7 @@ export function definePage(view, { args: [task], signal, ready }) {
   const isNew = !task;
   const result = resultSlot();
   const problem = h('div');
-  const name = h('input', { id: 'def-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', pattern: '[a-z0-9][a-z0-9._\\-]{0,127}' });
+  const name = h('input', { id: 'def-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', pattern: TASK_NAME });
   const argv = h('textarea', { id: 'def-argv', name: 'argv', rows: '5', required: true, spellcheck: 'false', autocomplete: 'off', class: 'mono' });
   const argvNote = h('p', { class: 'notice notice-warn', hidden: true }, t('define.argv_unshown'));
   const cwd = h('input', { id: 'def-cwd', name: 'cwd', spellcheck: 'false', autocomplete: 'off' });
@@ -246,6 +249,7 @@ export function definePage(view, { args: [task], signal, ready }) {
     const taskName = isNew ? name.value.trim() : task;
     try {
       if (isNew && !taskName) throw new FormError(t('define.err_task_empty'));
+      if (isNew && !new RegExp(`^(?:${TASK_NAME})$`).test(taskName)) throw new FormError(t('define.err_task_name'));
       const revision = body();
       const n = await nextRevision(taskName);
       let recipe = null;
