@@ -1,4 +1,4 @@
-"""/readyz answers within 1 s and names the failing check: a real SIGSTOPped worker, a real
+"""/readyz answers without waiting for a check that hangs, and names the failing check: a real SIGSTOPped worker, a real
 data dir below the profile's free-space reserve (a tmpfs), a check that hangs. It shows the
 real worker's process limit as a fact."""
 
@@ -21,7 +21,11 @@ from tests.disk import fill, mounted_tmpfs
 from tests.kit.processes import wait_all_threads_stopped
 from tests.worker.kit import Worker
 
-BUDGET_S = 1.0
+# What proves /readyz did not wait for a check that hangs (30 s here; a stopped worker,
+# forever): its checks are waited for at most 0.6 s (the detail says so), and the answer comes
+# well inside this. It was 1.0 s, which CI's load broke once (1.44 s: the PostgreSQL variant,
+# four test workers on two cores); how fast it answers is a bench figure, not a test's.
+BUDGET_S = 5.0
 
 
 def _timed_readyz(client: Client) -> tuple[float, int, str]:
@@ -31,7 +35,7 @@ def _timed_readyz(client: Client) -> tuple[float, int, str]:
     return elapsed, r.status_code, r.json().get("detail", "")
 
 
-def test_readyz_answers_within_a_second_when_the_worker_is_stopped(
+def test_readyz_answers_503_without_waiting_for_a_stopped_worker(
     settings: Settings, short_dir: Path
 ) -> None:
     worker = Worker(settings.data_dir, settings.database_url, short_dir / "w.sock")
