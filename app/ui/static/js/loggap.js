@@ -13,12 +13,6 @@
 const REPLACEMENT = '\uFFFD';
 const encoder = new TextEncoder();
 
-/** How many UTF-16 units of `text` make its first `n` bytes; -1 if byte n is inside a character. */
-function unitsFor(text, n) {
-  const { read, written } = encoder.encodeInto(text, new Uint8Array(n));
-  return written === n ? read : -1;
-}
-
 /**
  * Where byte `gap` (start <= gap < end) falls in `text`, the log's bytes [start, end):
  * `{ at }`, the index of the gap's first character after it; or `{ window: [from, to],
@@ -39,10 +33,11 @@ export function locateGap(text, start, end, gap) {
   let to = last + 1;
   let toByte = tailStart;
   if (gap >= tailStart) {
-    const at = unitsFor(tail, gap - tailStart);
-    if (at >= 0) return { at: last + 1 + at };
-    // A valid character across the gap: the window ends after it.
+    // The tail's first characters that fit before the gap: all of its bytes there, or the
+    // gap falls inside the next one.
     const before = encoder.encodeInto(tail, new Uint8Array(gap - tailStart));
+    if (before.written === gap - tailStart) return { at: last + 1 + before.read };
+    // A valid character across the gap: the window ends after it.
     if (before.read >= tail.length) return null; // the bytes and the text disagree
     const across = String.fromCodePoint(tail.codePointAt(before.read));
     to = last + 1 + before.read + across.length;

@@ -3,6 +3,7 @@
 import { ApiError, explainError, onNextAnswer } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
+import { notify } from '../main.js';
 
 /** A form's own refusal, shown under its button before anything is sent. */
 export class FormError extends Error {}
@@ -68,7 +69,7 @@ export function resultSlot() {
   const slot = h('div', { class: 'result', 'aria-live': 'polite' });
   // The notice the page arrived with ("Saved schedule ...") spoke of what came before: an
   // action's own result replaces it, rather than stand under it as if both were news.
-  const arrived = () => document.getElementById('notice')?.replaceChildren();
+  const arrived = () => notify(null);
   const reveal = (box) => {
     arrived();
     slot.replaceChildren(box || '');
