@@ -316,7 +316,10 @@ def _partition_and_come_back(
     and leaves its own; B's worker stops serving (its log ``said`` why) and its next worker,
     once B reaches the database again, stops the job that kept running there before
     anything else. A's run, still running."""
-    put_task(a, "long", "exec sleep 30")
+    # Long past every wait here (the expiry waits for the lease and a frozen session's end):
+    # A's run must still be running when looked at, and each test cancels it at its end.
+    # 30 s ended it first once under CI's load.
+    put_task(a, "long", "exec sleep 600")
     first, second = _enqueue(a, "long"), _enqueue(b, "long")  # one per host: budget 1 each
     for run_id in (first, second):
         wait_status(a, run_id, {"running"}, timeout=30)
