@@ -21,6 +21,7 @@ from app.api import (
     routes_runs,
     routes_schedules,
     routes_secrets,
+    routes_token,
 )
 from app.api.api_docs import install_api_docs
 from app.api.asgi import GuardMiddleware, RetiringClose
@@ -112,6 +113,7 @@ def create_app(
         routes_secrets,
         routes_schedules,
         routes_retention,
+        routes_token,
     ):
         app.include_router(module.router)
     install_ui(app)  # /ui: static files, outside the OpenAPI document (docs/ui.md)

@@ -223,6 +223,16 @@ class SecretPage(BaseModel):
     next_cursor: str | None
 
 
+class TokenOut(BaseModel):
+    """The calling token as its holder may see it: never its value or digest."""
+
+    name: str
+    scopes: list[str] = Field(
+        description="as granted, sorted; `admin` implies every other scope (docs/api.md §1)"
+    )
+    expires_at_ms: int | None = Field(description="null: valid until revoked")
+
+
 # -- runs ---------------------------------------------------------------------------------------
 
 

@@ -88,6 +88,7 @@ class Principal:
     token_id: str
     name: str
     scopes: frozenset[str]
+    expires_at_ms: int | None = None  # None: valid until revoked
 
     def can(self, scope: str) -> bool:
         """True when this principal holds ``scope`` (``admin`` implies every scope)."""
@@ -330,7 +331,12 @@ class AppFacade:
         record = self._tokens.authenticate(token)
         if record is None:
             return None
-        principal = Principal(token_id=record.id, name=record.name, scopes=record.scopes)
+        principal = Principal(
+            token_id=record.id,
+            name=record.name,
+            scopes=record.scopes,
+            expires_at_ms=record.expires_at_ms,
+        )
         self._token_cache.put(token, principal)
         return principal
 

@@ -48,8 +48,10 @@ ROUTES = _protected_routes()
 
 
 def test_the_walk_found_every_protected_operation() -> None:
-    assert len(ROUTES) == 32  # 17, the seven schedule operations (docs/api.md §9), rerun, five of retention (§10), archive and unarchive (§4)
+    assert len(ROUTES) == 33  # 17, GET /token (any token), the seven schedule operations (docs/api.md §9), rerun, five of retention (§10), archive and unarchive (§4)
     assert all(set(scope.split()) <= SCOPES for _, _, scope in ROUTES), ROUTES
+    # Only a token's own facts are open to a token of any scope.
+    assert [(m, p) for m, p, scope in ROUTES if not scope] == [("GET", "/api/v1/token")]
 
 
 @pytest.mark.parametrize(("method", "path", "scope"), ROUTES)
@@ -147,6 +149,33 @@ def test_a_token_past_its_expiry_is_refused_and_listed_expired(
         assert listed.state(now_ms()) == "expired"
     finally:
         engine.dispose()
+
+
+def test_a_token_of_any_scope_reads_its_own_name_scopes_and_expiry(
+    client: Client, settings: Settings
+) -> None:
+    """What the web UI asks at sign-in to offer only what the token may do."""
+    engine = make_engine(settings.database_url)
+    try:
+        repo = TokenRepository(engine)
+        reader, timed = new_api_token(), new_api_token()
+        repo.create(name="viewer", scopes=frozenset({"runs:read", "logs:read"}), token=reader)
+        record = repo.create(
+            name="ci", scopes=frozenset({"metrics:read"}), token=timed, expires_in_ms=60_000
+        )
+    finally:
+        engine.dispose()
+    answer = client.get("/api/v1/token", headers={"Authorization": f"Bearer {reader}"})
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "name": "viewer", "scopes": ["logs:read", "runs:read"], "expires_at_ms": None
+    }
+    # A scope no route under /api/v1 would take still reads itself; the expiry is the stored one.
+    mine = client.get("/api/v1/token", headers={"Authorization": f"Bearer {timed}"}).json()
+    assert mine == {"name": "ci", "scopes": ["metrics:read"], "expires_at_ms": record.expires_at_ms}
+    assert isinstance(record.expires_at_ms, int)
+    head = client.request("HEAD", "/api/v1/token", headers={"Authorization": f"Bearer {reader}"})
+    assert head.status_code == 200 and head.content == b""
 
 
 def test_health_and_readiness_need_no_token(client: Client) -> None:

@@ -18,7 +18,7 @@ OPERATION_IDS = {
     "schedules-put", "schedules-get", "schedules-list", "schedules-pause", "schedules-resume",
     "schedules-delete", "schedules-decisions",
     "tasks-get-retention", "tasks-put-retention", "runs-pin", "runs-unpin", "system-storage",
-    "tasks-archive", "tasks-unarchive",
+    "tasks-archive", "tasks-unarchive", "token-self",
 }  # fmt: skip
 
 
