@@ -1071,36 +1071,78 @@ def _create_edit_and_delete_a_schedule_in_the_ui(site: Site) -> None:
     page.context.close()
 
 
-def _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site: Site) -> None:
+def _a_read_only_token_is_offered_no_write_and_told_which_scope_it_lacks(site: Site) -> None:
+    """GET /api/v1/token at sign-in: what the token may not do is not drawn (a button that
+    the server refuses after a click), and each page names the scope it lacks."""
     page = site.page()
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(f"{r.method} {r.url.split('?')[0]}"))
     site.sign_in(page, site.read_only, path="tasks/hello")
+    page.wait_for_selector("main[aria-busy=false] #ret-keep_runs")
+    for control in ("#start-run", "#new-revision", "#schedule-task", "#archive-task"):
+        assert not page.is_visible(control), control
+    note = page.inner_text(".page > .scope-note")
+    assert "runs:write" in note and "definitions:write" in note, note
+    # The retention policy is shown, read-only, with no save.
+    assert page.query_selector("#retention-save") is None
+    assert page.get_attribute("#ret-keep_runs", "readonly") is not None
+    assert "definitions:write" in page.inner_text(".retention-form .scope-note")
+    site.shot(page, "task-read-only")
+    site.visit(page, "tasks/hello/new-revision")
+    assert page.query_selector("form.define-form") is None
+    assert "definitions:write" in page.inner_text(".scope-note")
+    site.visit(page, f"runs/{site.finished_run}")
+    page.wait_for_selector(".log-state.log-ended")  # logs:read: the log is shown
+    assert page.query_selector_all(".run-actions button") == []
+    assert "runs:write" in page.inner_text(".run-actions .scope-note")
+    site.shot(page, "run-read-only")
+    site.visit(page, f"schedules/{site.schedule}")
+    for control in ("#pause", "#resume", "#edit-schedule", "#delete-schedule"):
+        assert page.query_selector(control) is None, control
+    assert "runs:write" in page.inner_text(".scope-note")
+    site.visit(page, "schedules")
+    assert page.query_selector("#new-schedule") is None
+    site.visit(page, "secrets")
+    assert page.query_selector("form.secret-form") is None
+    assert "secrets:write" in page.inner_text(".scope-note")
+    site.visit(page, "system")
+    assert "admin" in page.inner_text(".scope-note")
+    assert "runs:read" in page.inner_text("#token-self")
+    site.shot(page, "system-read-only")
+    # Nothing was asked that the token's scopes refuse: no 403 to click through.
+    refused = [a for a in asked if "/api/v1/secrets" in a or "/api/v1/system/storage" in a]
+    assert refused == [], refused
+    # A token without logs:read: no empty log box, no download; the note names the scope.
+    runs_only = _token(site.served, "runs:read")
+    page.click("#signout")
+    site.sign_in(page, runs_only, path=f"runs/{site.finished_run}")
+    page.wait_for_selector("main[aria-busy=false] .log-section .scope-note")
+    assert "logs:read" in page.inner_text(".log-section .scope-note")
+    assert not page.is_visible("#log") and not page.is_visible(".log-section button")
+    # A server that does not say (no GET /api/v1/token: an older one) gets the controls, and
+    # each refusal names the missing scope, as before.
+    page.click("#signout")
+    page.route("**/api/v1/token", lambda route: route.fulfill(
+        status=404, content_type="application/problem+json", body='{"code": "NOT_FOUND"}'))
+    site.sign_in(page, site.read_only, path="tasks/hello")
+    page.wait_for_selector("main[aria-busy=false] #ret-keep_runs")
+    assert page.evaluate("sessionStorage.getItem('ql.self')") is None
     page.click("#start-run")
     assert "runs:write" in page.inner_text(".result .error-box")
     page.click("#retention-save")
     assert "definitions:write" in page.inner_text(".retention-form .result .error-box")
-    page.click("#new-revision")
-    page.wait_for_selector("main[aria-busy=false] #def-keep-recipe:checked")
-    page.click("#def-save")
-    assert "definitions:write" in page.inner_text(".define-form .result .error-box")
     site.visit(page, f"runs/{site.finished_run}")
-    page.click("#rerun")
-    assert "runs:write" in page.inner_text(".result .error-box")
-    page.evaluate("document.querySelector('.result').replaceChildren()")
     page.click("#pin")
     assert "runs:write" in page.inner_text(".result .error-box")
-    site.visit(page, "system")
-    assert "Ask an administrator for an admin token" in page.inner_text(".error-box")
-    assert site.api("GET", "/api/v1/tasks/hello").json()["latest_revision"] == 2
-    page.goto(site.ui + f"#/schedules/{site.schedule}")
-    page.click("#pause, #resume")
-    assert "definitions:write" in page.inner_text(".result .error-box")
-    page.goto(site.ui + "#/secrets")
+    site.visit(page, "secrets")
     assert "secrets:write" in page.inner_text(".error-box")
     page.fill("#secret-name", "new-one")
     page.fill("#secret-value", "x")
     page.click("form.secret-form button[type=submit]")
     assert "secrets:write" in page.inner_text(".result .error-box")
     assert len(page.query_selector_all(".error-box")) == 1  # the list's refusal is not repeated
+    page.unroute("**/api/v1/token")
+    assert site.api("GET", "/api/v1/tasks/hello").json()["latest_revision"] == 2
     assert site.api("GET", "/api/v1/secrets").json()["items"][0]["name"] == "demo-key"
     # Sign-out forgets the token; a token the server refuses returns to the sign-in view.
     page.click("#signout")
@@ -1901,7 +1943,7 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _the_system_page_says_how_the_worker_holds_the_job_process_limit(site)
     _the_tasks_list_says_each_tasks_last_run(site)
     _archive_a_task_after_a_question_and_find_it_among_the_archived(site)
-    _a_read_only_token_sees_each_write_refused_with_the_missing_scope(site)
+    _a_read_only_token_is_offered_no_write_and_told_which_scope_it_lacks(site)
     _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site)
     _the_runs_and_schedules_tables_fit_a_phone_in_both_languages(site)
     _a_paused_schedules_next_fires_say_they_wait_for_a_resume(site)

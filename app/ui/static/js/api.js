@@ -5,21 +5,55 @@ import { has, t } from './i18n.js';
 
 const TOKEN_KEY = 'ql.token';
 const BASE_KEY = 'ql.api';
+// The token's own facts (GET /api/v1/token: name and scopes; never a secret), kept with it.
+const SELF_KEY = 'ql.self';
 
 export const session = {
   get token() { return sessionStorage.getItem(TOKEN_KEY); },
   // '' is this origin; another origin needs QL_CORS_ORIGINS on that server (docs/ui.md).
   get base() { return sessionStorage.getItem(BASE_KEY) || ''; },
+  /** {name, scopes, expires_at_ms} of the token, or null when the server did not say. */
+  get self() {
+    try { return JSON.parse(sessionStorage.getItem(SELF_KEY)); } catch { return null; }
+  },
   signIn(token, base) {
     sessionStorage.setItem(TOKEN_KEY, token);
+    sessionStorage.removeItem(SELF_KEY);
     if (base) sessionStorage.setItem(BASE_KEY, base.replace(/\/+$/, ''));
     else sessionStorage.removeItem(BASE_KEY);
+  },
+  /** Keep what GET /api/v1/token answered (its scopes never change while the token lives). */
+  know(self) {
+    if (self && Array.isArray(self.scopes)) sessionStorage.setItem(SELF_KEY, JSON.stringify(self));
   },
   signOut() {
     sessionStorage.removeItem(TOKEN_KEY);
     sessionStorage.removeItem(BASE_KEY);
+    sessionStorage.removeItem(SELF_KEY);
   },
 };
+
+/** Whether the token holds every scope of a call ("definitions:write runs:write": both);
+ *  admin implies all. True when the server did not say (a server without GET /api/v1/token):
+ *  the control is offered, and a 403 names the scope, as before. */
+export function can(scopes) {
+  const self = session.self;
+  if (!self) return true;
+  const held = new Set(self.scopes);
+  return held.has('admin') || scopes.split(' ').every((one) => held.has(one));
+}
+
+/** Ask the server who the token is (GET /api/v1/token) and keep it; null if it did not say. */
+export async function learnSelf(opts = {}) {
+  try {
+    const self = await call('GET', '/api/v1/token', opts);
+    session.know(self);
+    return self;
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) return null; // an older server
+    throw err;
+  }
+}
 
 export class ApiError extends Error {
   constructor(status, problem, scope) {

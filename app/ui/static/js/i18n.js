@@ -44,6 +44,11 @@ export function t(key, params) {
     params && name in params ? String(params[name]) : m);
 }
 
+/** A label whose {placeholders} are nodes (code elements), not text: an array for h(). */
+export function withNodes(key, nodes) {
+  return t(key).split(/\{(\w+)\}/).map((part, i) => (i % 2 ? nodes[part] ?? `{${part}}` : part));
+}
+
 /** t(prefix + value) when the dictionary has it, else the value itself (shown raw). */
 export function tOr(prefix, value) {
   return has(prefix + value) ? t(prefix + value) : null;

@@ -1,6 +1,6 @@
 // Start-up, the hash router and the frame (navigation, language switch, sign-out).
 
-import { onUnauthorized, session } from './api.js';
+import { learnSelf, onUnauthorized, session } from './api.js';
 import { h, put } from './dom.js';
 import { LANGUAGES, language, loadLanguage, preferredLanguage, t } from './i18n.js';
 import { runsPage } from './pages/runs.js';
@@ -226,6 +226,11 @@ async function start() {
     if (ev.target instanceof Element && ev.target.closest('time')) root.classList.remove('utc-dismissed');
   });
   window.addEventListener('hashchange', render);
+  // A tab signed in before the server said what a token may do (or while it could not
+  // answer) learns it once, before the first page is drawn from it.
+  if (session.token && !session.self) {
+    try { await learnSelf(); } catch { /* the page's own calls say what is wrong */ }
+  }
   render();
 }
 

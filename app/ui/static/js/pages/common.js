@@ -1,8 +1,8 @@
 // Pieces several pages share: an error box, a keyset "load more", polling.
 
-import { ApiError, explainError, onNextAnswer } from '../api.js';
+import { ApiError, can, explainError, onNextAnswer } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
-import { t } from '../i18n.js';
+import { t, withNodes } from '../i18n.js';
 import { notify } from '../main.js';
 
 /** A form's own refusal, shown under its button before anything is sent. */
@@ -24,6 +24,28 @@ export function numberOrNull(input) {
   if (validity.stepMismatch) throw new FormError(t('common.err_whole', { field }));
   const v = input.value.trim();
   return v === '' ? null : Number(v);
+}
+
+/** What stands where a page's controls would be when the token lacks their scope(s): the
+ *  page offers only what the token may do (GET /api/v1/token), and says what it leaves out
+ *  and why (naming each scope it lacks), rather than draw buttons that the server refuses
+ *  after a click. Null when the token holds them all. */
+export function scopeNote(scopes, key = 'common.scope_hidden') {
+  const lacking = scopes.split(' ').filter((one) => !can(one));
+  if (!lacking.length) return null;
+  const scope = lacking.map((one, i) => [i ? t('common.and') : '', raw(one, 'code')]);
+  return h('p', { class: 'notice notice-info scope-note' }, withNodes(key, { scope }));
+}
+
+/** A page whose every action needs scopes the token lacks (a form to save, a write-only
+ *  list): its heading and the note say so, and nothing is asked of the server. True when it
+ *  drew that; the page is then ready. */
+export function outOfScope(view, heading, scopes, ready) {
+  const note = scopeNote(scopes, 'common.scope_page');
+  if (!note) return false;
+  put(view, h('section', { class: 'page' }, h('div', { class: 'page-head' }, h('h1', {}, heading)), note));
+  ready();
+  return true;
 }
 
 /** An alert paragraph for a failed call; a 403 names the scope the token lacks. */

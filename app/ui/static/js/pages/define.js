@@ -12,7 +12,7 @@ import { ApiError, api, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { go } from '../main.js';
-import { FormError, errorBox, numberOrNull, resultSlot } from './common.js';
+import { FormError, errorBox, numberOrNull, outOfScope, resultSlot } from './common.js';
 
 const SHELLS = new Set(['/bin/sh', '/bin/bash']);
 const RETRY_ON = ['failed', 'timed_out', 'lost'];
@@ -69,6 +69,8 @@ function numberInput(id, value, attrs = {}) {
 /** #/new-task (task null) or #/tasks/{task}/new-revision. */
 export function definePage(view, { args: [task], signal, ready }) {
   const isNew = !task;
+  const heading = isNew ? t('define.new_task') : [t('define.new_revision'), ' ', raw(task)];
+  if (outOfScope(view, heading, 'definitions:write', ready)) return;
   const result = resultSlot();
   const problem = h('div');
   const name = h('input', { id: 'def-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', pattern: TASK_NAME });
@@ -113,7 +115,7 @@ export function definePage(view, { args: [task], signal, ready }) {
         retry.on[s], ' ', h('label', { for: `def-retry-on-${s}` }, t(`status.${s}`))))));
 
   put(view, h('section', { class: 'page' },
-    h('div', { class: 'page-head' }, h('h1', {}, isNew ? t('define.new_task') : [t('define.new_revision'), ' ', raw(task)])),
+    h('div', { class: 'page-head' }, h('h1', {}, heading)),
     problem,
     h('form', { class: 'card define-form', novalidate: true, on: { submit: onSave } },
       isNew ? field('def-task', t('define.task'), name, t('define.task_help')) : null,

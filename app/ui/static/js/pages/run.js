@@ -2,14 +2,14 @@
 // (or "expired" once retention removed it), download of the whole log, cancel, re-run, and
 // pin / unpin (a pinned run is kept against every retention policy).
 
-import { api, call, path } from '../api.js';
+import { api, call, can, path } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t, tOr } from '../i18n.js';
 import { TERMINAL, bytes, duration, eventData, explainEnding, statusBadge, timeEl } from '../format.js';
 import { LogFollower } from '../log.js';
 import { locateGap } from '../loggap.js';
 import { go } from '../main.js';
-import { busy, errorBox, every, facts, loadingRow, missing, onEscape, resultSlot, settle, showProblem } from './common.js';
+import { busy, errorBox, every, facts, loadingRow, missing, onEscape, resultSlot, scopeNote, settle, showProblem } from './common.js';
 
 const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
@@ -64,13 +64,17 @@ export function runPage(view, { args: [runId], signal, ready }) {
   const download = h('button', { type: 'button', class: 'secondary', disabled: true, on: { click: onDownload } }, t('run.download'));
   const problem = h('div');
   let shownDropped = false;
+  // What the token may not do is not offered (GET /api/v1/token): no buttons the server would
+  // refuse after a click, and no log box that could only stay empty.
+  const logsNote = scopeNote('logs:read', 'run.log_scope');
+  if (logsNote) { logBox.hidden = true; download.hidden = true; logState.hidden = true; }
 
   put(view, h('section', { class: 'page' },
     head, problem, summary, actions, result.el,
     h('section', { class: 'log-section' },
       h('div', { class: 'section-head' }, h('h2', { id: 'log-title' }, t('run.log'), ' ', logTitle),
         h('div', { class: 'log-tools' }, logState, download)),
-      truncation, expiredNote, logBox),
+      logsNote, truncation, expiredNote, logBox),
     h('section', {}, h('h2', {}, t('run.attempts')),
       h('div', { class: 'table-wrap' }, h('table', { class: 'attempts' },
         h('thead', {}, h('tr', {},
@@ -220,7 +224,9 @@ export function runPage(view, { args: [runId], signal, ready }) {
     if (actionsFor === key) return;
     actionsFor = key;
     const buttons = [];
-    if (confirming) {
+    const note = scopeNote('runs:write');
+    if (note) buttons.push(note);
+    else if (confirming) {
       buttons.push(h('span', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'cancel-question', on: { keydown: onEscape(() => ask(false, 'cancel')) } },
         h('span', { id: 'cancel-question' }, t('run.cancel_confirm')), ' ',
         h('button', { type: 'button', class: 'danger', id: 'cancel-yes', on: { click: onCancel } }, t('run.cancel_yes')), ' ',
@@ -229,11 +235,13 @@ export function runPage(view, { args: [runId], signal, ready }) {
       buttons.push(h('button', { type: 'button', class: 'danger', id: 'cancel', disabled: Boolean(run.cancel_requested), on: { click: () => ask(true, 'cancel-keep') } },
         run.cancel_requested ? t('run.cancelling') : t('run.cancel')));
     }
-    buttons.push(h('button', { type: 'button', id: 'rerun', on: { click: onRerun } }, t('run.rerun')));
-    // An action named by what it does (Pin / Unpin), not a toggle: a pressed "Unpin" read
-    // "Unpin, toggle button, pressed", a state and a label that contradict each other.
-    buttons.push(h('button', { type: 'button', class: 'secondary', id: 'pin', on: { click: onPin } },
-      run.pinned ? t('run.unpin') : t('run.pin')));
+    if (!note) {
+      buttons.push(h('button', { type: 'button', id: 'rerun', on: { click: onRerun } }, t('run.rerun')));
+      // An action named by what it does (Pin / Unpin), not a toggle: a pressed "Unpin" read
+      // "Unpin, toggle button, pressed", a state and a label that contradict each other.
+      buttons.push(h('button', { type: 'button', class: 'secondary', id: 'pin', on: { click: onPin } },
+        run.pinned ? t('run.unpin') : t('run.pin')));
+    }
     const back = link(['runs'], t('run.back'));
     back.id = 'back-to-runs';
     buttons.push(back);
@@ -308,7 +316,7 @@ export function runPage(view, { args: [runId], signal, ready }) {
     const started = state.attempts.filter((a) => a.started_at_ms != null);
     const last = state.attempts[state.attempts.length - 1];
     const latest = last && last.started_at_ms == null && started.length ? started[started.length - 1] : last;
-    if (!latest || state.followed === latest.number) return;
+    if (!latest || state.followed === latest.number || logsNote) return;
     if (state.follower) state.follower.stop();
     state.followed = latest.number;
     resetLog();

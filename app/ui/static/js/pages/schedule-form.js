@@ -9,7 +9,7 @@ import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { go } from '../main.js';
 import { localTime } from '../format.js';
-import { FormError, busy, errorBox, missing, numberOrNull, resultSlot } from './common.js';
+import { FormError, busy, errorBox, missing, numberOrNull, outOfScope, resultSlot } from './common.js';
 
 const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
 const OVERLAP = ['skip', 'allow', 'queue_one', 'replace'];
@@ -65,6 +65,8 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
   const result = resultSlot();
   const problem = h('div');
   const heading = isNew ? t('schedule_form.new') : [t('schedule_form.edit'), ' ', raw(name)];
+  // Saving a schedule makes runs start: it takes runs:write beside definitions:write.
+  if (outOfScope(view, heading, 'definitions:write runs:write', ready)) return;
   const nameInput = h('input', { id: 'sch-name', name: 'name', required: true, autocomplete: 'off', spellcheck: 'false' });
   const tasks = h('datalist', { id: 'sch-tasks' });
   const task = h('input', { id: 'sch-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', list: 'sch-tasks', value: params.get('task') || '' });

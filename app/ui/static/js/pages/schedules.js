@@ -3,11 +3,11 @@
 // whose task is archived is marked so: it stays paused, and a resume is refused with 409
 // TASK_ARCHIVED until the task is unarchived (docs/api.md §4).
 
-import { api, path, query } from '../api.js';
+import { api, can, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { archivedBadge, isoRaw, localTime, shortId, timeEl, utcTime } from '../format.js';
-import { errorBox, facts, loadMore, loadingRow, missing, onEscape, resultSlot, settle } from './common.js';
+import { errorBox, facts, loadMore, loadingRow, missing, onEscape, resultSlot, scopeNote, settle } from './common.js';
 import { go } from '../main.js';
 
 function cadence(s) {
@@ -57,7 +57,7 @@ export function schedulesPage(view, { signal, ready }) {
   const more = loadMore(async (cursor) => add(await fetchPage(cursor), await archived), body);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('schedules.title')),
-      h('div', { class: 'actions' }, h('a', { class: 'button', id: 'new-schedule', href: '#/new-schedule' }, t('schedule_form.new')))),
+      h('div', { class: 'actions' }, can('definitions:write runs:write') ? h('a', { class: 'button', id: 'new-schedule', href: '#/new-schedule' }, t('schedule_form.new')) : null)),
     problem,
     h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {},
@@ -110,7 +110,9 @@ export function schedulePage(view, { args: [name], signal, ready }) {
   const archivedNote = h('p', { class: 'notice notice-warn', id: 'task-archived-note', hidden: true }, t('schedules.task_archived_note'));
   const decisions = h('tbody', {}, loadingRow(3));
   const more = loadMore(async (cursor) => addDecisions(await fetchDecisions(cursor)), decisions);
-  put(view, h('section', { class: 'page' }, head, problem, actions, result.el, archivedNote, info,
+  // Pause takes definitions:write; resume, edit and delete make runs start or stop coming,
+  // and take runs:write too. What the token may not do is not offered; the note says why.
+  put(view, h('section', { class: 'page' }, head, problem, actions, scopeNote('definitions:write runs:write'), result.el, archivedNote, info,
     h('section', {}, h('h2', {}, t('schedules.next_fires')), pausedNote,
       h('div', { class: 'table-wrap' }, h('table', {},
         h('thead', {}, h('tr', {},
@@ -169,14 +171,15 @@ export function schedulePage(view, { args: [name], signal, ready }) {
         : policy('catchup', s.catchup)],
       [t('schedules.updated'), timeEl(s.updated_at_ms)],
     ]));
+    const both = can('definitions:write runs:write');
     put(actions,
       s.paused
-        ? h('button', { type: 'button', id: 'resume', on: { click: () => act('resume') } }, t('schedules.resume'))
-        : h('button', { type: 'button', id: 'pause', class: 'secondary', on: { click: () => act('pause') } }, t('schedules.pause')),
-      h('a', { class: 'button secondary', id: 'edit-schedule', href: `#/schedules/${encodeURIComponent(s.name)}/edit` }, t('schedule_form.edit_button')),
-      removal.start,
+        ? both && h('button', { type: 'button', id: 'resume', on: { click: () => act('resume') } }, t('schedules.resume'))
+        : can('definitions:write') && h('button', { type: 'button', id: 'pause', class: 'secondary', on: { click: () => act('pause') } }, t('schedules.pause')),
+      both && h('a', { class: 'button secondary', id: 'edit-schedule', href: `#/schedules/${encodeURIComponent(s.name)}/edit` }, t('schedule_form.edit_button')),
+      both && removal.start,
       h('a', { id: 'schedule-runs', href: `#/runs?schedule=${encodeURIComponent(s.name)}` }, t('schedules.see_runs')),
-      removal.question);
+      both && removal.question);
     pausedNote.hidden = !s.paused;
     settle(fires);
     put(fires, (s.next_fires || []).map((f) => h('tr', {},
@@ -219,7 +222,9 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       const scope = what === 'resume' ? 'runs:write' : 'definitions:write';
       draw(await api.post(path('schedules', name, what), undefined, { scope }));
       result.ok(t(`schedules.done_${what}`));
-      actions.querySelector('button').focus(); // pause became resume: the keyboard stays here
+      // Pause became resume: the keyboard stays here (on the runs link if resume is not
+      // offered: a token with definitions:write alone pauses, and cannot resume).
+      actions.querySelector('button, a').focus();
     } catch (err) {
       result.fail(err);
     }

@@ -5,11 +5,13 @@ import { api, path, query } from '../api.js';
 import { h, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { timeEl } from '../format.js';
-import { FormError, busy, errorBox, loadMore, loadingRow, onEscape, resultSlot, settle } from './common.js';
+import { FormError, busy, errorBox, loadMore, loadingRow, onEscape, outOfScope, resultSlot, settle } from './common.js';
 
 const NAME = /^[a-z0-9][a-z0-9._-]{0,127}$/;
 
 export function secretsPage(view, { signal, ready }) {
+  // Listing names is a secrets:write power too (docs/api.md §5).
+  if (outOfScope(view, t('secrets.title'), 'secrets:write', ready)) return;
   const body = h('tbody', {}, loadingRow(3));
   const problem = h('div');
   const result = resultSlot();

@@ -1,11 +1,11 @@
 // System: readiness (database, disk, worker), version, job isolation and process limit, and
 // the storage figures of GET /api/v1/system/storage (admin: any other token is told so).
 
-import { ApiError, call, features, session } from '../api.js';
+import { ApiError, call, can, features, session } from '../api.js';
 import { h, put, raw } from '../dom.js';
-import { has, t } from '../i18n.js';
+import { has, t, withNodes } from '../i18n.js';
 import { bytes, timeEl } from '../format.js';
-import { errorBox, every, facts, showProblem } from './common.js';
+import { errorBox, every, facts, scopeNote, showProblem } from './common.js';
 
 const CHECKS = ['database', 'disk', 'worker'];
 
@@ -19,9 +19,13 @@ const HELD_BY = {
   none: null,
 };
 
-/** A label whose {placeholders} are nodes (code elements), not text. */
-function withNodes(key, nodes) {
-  return t(key).split(/\{(\w+)\}/).map((part, i) => (i % 2 ? nodes[part] ?? `{${part}}` : part));
+/** The signed-in token as GET /api/v1/token told it: its name, its scopes, its expiry. */
+function tokenFacts() {
+  const self = session.self;
+  if (!self) return t('system.unknown');
+  const scopes = self.scopes.map((one, i) => [i ? ', ' : '', raw(one, 'code')]);
+  return [raw(self.name), ' · ', scopes,
+    Number.isInteger(self.expires_at_ms) ? [' · ', t('system.token_expires'), ' ', timeEl(self.expires_at_ms)] : null];
 }
 
 /** How the worker holds the job process limit: null or absent (no worker answer, an older
@@ -90,6 +94,7 @@ export function systemPage(view, { signal, ready: drawn }) {
       [t('system.isolation'), told.isolation ? t(`system.isolation_${told.isolation}`) : t('system.unknown')],
       [t('system.process_limit'), h('span', { id: 'process-limit' }, processLimit(told.process_limit))],
       [t('system.api'), raw(session.base || location.origin)],
+      [t('system.token'), h('span', { id: 'token-self' }, tokenFacts())],
     ]));
   }
 
@@ -126,6 +131,12 @@ export function systemPage(view, { signal, ready: drawn }) {
 
   async function storageFigures() {
     if (forbidden) return;
+    const note = scopeNote('admin', 'system.storage_scope');
+    if (note) { // not asked: the answer would be a 403
+      forbidden = true;
+      put(storage, note);
+      return;
+    }
     let figures;
     try {
       figures = await call('GET', '/api/v1/system/storage', { scope: 'admin', signal });

@@ -3,13 +3,13 @@
 // new-task and new-revision forms (./define.js), the task's retention policy, and archiving
 // (an archived task leaves the list and starts no new run; #/tasks?archived=only lists them).
 
-import { ApiError, api, path, query } from '../api.js';
+import { ApiError, api, can, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { archivedBadge, bytes, statusBadge, timeEl } from '../format.js';
 import { revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
-import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, onEscape, resultSlot, settle } from './common.js';
+import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, onEscape, resultSlot, scopeNote, settle } from './common.js';
 
 export function tasksPage(view, { params, signal, ready }) {
   // Archived tasks are left out of the list; this page lists them alone when asked.
@@ -23,7 +23,7 @@ export function tasksPage(view, { params, signal, ready }) {
     : h('a', { class: 'button secondary', id: 'show-archived', href: '#/tasks?archived=only' }, t('tasks.show_archived'));
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t(archived ? 'tasks.title_archived' : 'tasks.title')),
-      h('div', { class: 'actions' }, archived ? null : h('a', { class: 'button', id: 'new-task', href: '#/new-task' }, t('define.new_task')), other)),
+      h('div', { class: 'actions' }, archived || !can('definitions:write') ? null : h('a', { class: 'button', id: 'new-task', href: '#/new-task' }, t('define.new_task')), other)),
     archived ? h('p', { class: 'help' }, t('tasks.archived_help')) : null,
     problem,
     h('div', { class: 'table-wrap' }, h('table', {},
@@ -37,7 +37,8 @@ export function tasksPage(view, { params, signal, ready }) {
   function fetchPage(cursor) {
     return api.get(`${path('tasks')}${query({ archived: archived ? 'only' : null, limit: 50, cursor })}`, { scope: 'definitions:read', signal });
   }
-  let refused = false; // a token without runs:read: one 403 says it for every row, every page
+  // A token without runs:read: its scopes, or one 403, say it for every row, every page.
+  let refused = !can('runs:read');
   function add(page, cursor) {
     settle(body);
     const cells = [];
@@ -120,6 +121,8 @@ export function taskPage(view, { args: [task], signal, ready }) {
       h('div', { class: 'actions' }, start, newRevision, scheduleIt,
         h('a', { class: 'button secondary', href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs')),
         archiving.start)),
+    // What the token may not do is not offered; the note names the scopes it lacks.
+    scopeNote('runs:write definitions:write'),
     archiving.question, result.el, archivedNote, problem,
     h('section', {}, h('h2', {}, t('tasks.latest')), latestBox),
     h('section', {}, h('h2', {}, t('tasks.recipe')), recipeBox),
@@ -159,8 +162,9 @@ export function taskPage(view, { args: [task], signal, ready }) {
     put(tag, info.archived ? archivedBadge({ id: 'archived-tag' }) : null);
     archivedNote.hidden = !info.archived;
     start.disabled = info.archived;
-    newRevision.hidden = info.archived;
-    scheduleIt.hidden = info.archived;
+    start.hidden = !can('runs:write');
+    newRevision.hidden = info.archived || !can('definitions:write');
+    scheduleIt.hidden = info.archived || !can('definitions:write runs:write');
     archiving.draw(info.archived);
   }
 
@@ -285,8 +289,9 @@ function archiveControls(task, result, drawn) {
   function open() { question.hidden = false; archive.setAttribute('aria-expanded', 'true'); keep.focus(); }
   function close() { question.hidden = true; archive.setAttribute('aria-expanded', 'false'); archive.focus(); }
   function draw(archived) {
-    archive.hidden = archived;
-    unarchive.hidden = !archived;
+    const may = can('definitions:write');
+    archive.hidden = archived || !may;
+    unarchive.hidden = !archived || !may;
     question.hidden = true;
     archive.setAttribute('aria-expanded', 'false');
   }
@@ -328,11 +333,14 @@ function retentionForm(task, signal) {
     return h('div', { class: 'field' }, h('label', { for: `ret-${k}` }, t(`retention.${k}`)), inputs[k], helps[k]);
   });
   const problem = h('div');
+  // Without definitions:write the policy is shown, not offered to change.
+  const readOnly = scopeNote('definitions:write', 'retention.scope');
+  if (readOnly) for (const k of RETENTION_FIELDS) inputs[k].readOnly = true;
   const form = h('form', { class: 'card retention-form', novalidate: true, on: { submit: onSave } },
     h('p', { class: 'help' }, t('retention.help')),
     problem,
     h('div', { class: 'form-grid' }, fields),
-    h('div', { class: 'actions' }, save),
+    readOnly || h('div', { class: 'actions' }, save),
     result.el);
   result.clearOkOnEdit(form);
 
@@ -356,6 +364,7 @@ function retentionForm(task, signal) {
 
   async function onSave(ev) {
     ev.preventDefault();
+    if (readOnly) return; // Enter in a field submits a form that has no button
     result.clear();
     const done = busy(save);
     const body = {};
