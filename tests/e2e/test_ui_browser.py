@@ -355,7 +355,7 @@ def _cancel_a_long_run_ends_cancelled(site: Site) -> None:
     page.wait_for_selector("table.attempts .status[data-status=cancelled]")
     ending = page.inner_text("table.attempts")
     assert "Stopped by signal" in ending or "Exited with code" in ending, ending
-    assert "Cancelled: the service stopped it." in ending  # not a signal from who knows where
+    assert "Cancelled on request: the service stopped it." in ending  # not a signal from who knows where
     assert page.query_selector("#cancel") is None
     # The runs filter: by status, then by task.
     site.visit(page, "runs?status=cancelled")
@@ -1498,6 +1498,20 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
     page.wait_for_selector("text=1 line differs.")
     # Its marks and colours are hidden from a screen reader, which reads the kind in words.
     assert page.text_content("tr.diff-changed td.new .sr-only") == "changed: "
+    # An environment value changed: the key's line says so (its recipe's digest alone did
+    # not say what changed), and no value is on the page.
+    for n, value in ((1, "first-value-x"), (2, "second-value-y")):
+        env = {"CHANGED": value, "KEPT": "kept-value-z"}
+        recipe = site.api("POST", "/api/v1/recipes", json={"env": env}).json()["id"]
+        body = {"argv": ["/bin/true"], "recipe": recipe}
+        assert site.api("PUT", f"/api/v1/tasks/env-change/revisions/{n}", json=body).is_success
+    site.visit(page, "tasks/env-change")
+    page.wait_for_selector("text=2 lines differ.")  # the recipe's id, and CHANGED
+    changed = [row.inner_text() for row in page.query_selector_all("tr.diff-changed")]
+    assert any("CHANGED" in row and "another value" in row for row in changed), changed
+    assert not any("KEPT" in row for row in changed), changed
+    html = page.content()
+    assert not any(v in html for v in ("first-value-x", "second-value-y", "kept-value-z"))
     assert page.errors == []
 
 

@@ -35,11 +35,35 @@ export function sideBySide(a, b) {
   return rows;
 }
 
-/** The lines a revision is compared by: its body as indented JSON, fields in a fixed order. */
-export function revisionLines(rev) {
+/** Two recipes (either may be null) as the compare shows them: environment keys with a word
+ *  for their value, never the value itself (words.value; words.other on the new side for a
+ *  key whose value differs from the old side's), and the secret each key is read from.
+ *  A changed value is then one changed line, where the recipe's digest alone said only that
+ *  something in it changed. */
+export function recipesShown(a, b, words) {
+  const side = (r, old) => {
+    if (!r) return null;
+    const env = {};
+    for (const k of Object.keys(r.env || {}).sort()) {
+      const differs = old && k in (old.env || {}) && old.env[k] !== r.env[k];
+      env[k] = differs ? words.other : words.value;
+    }
+    const secrets = {};
+    for (const k of Object.keys(r.secrets || {}).sort()) secrets[k] = r.secrets[k];
+    return { env, secrets };
+  };
+  return [side(a, null), side(b, a)];
+}
+
+/** The lines a revision is compared by: its body as indented JSON, fields in a fixed order;
+ *  with shown (recipesShown), its recipe's keys and secret names. */
+export function revisionLines(rev, shown = null) {
   const keep = ['executor', 'argv', 'cwd', 'recipe', 'timeout_seconds', 'priority', 'leftovers', 'run_as', 'max_concurrent'];
   const body = {};
   for (const k of keep) if (k in rev) body[k] = rev[k];
+  // After the fields both sides have: an environment that one side lacks is then lines
+  // added (or removed) of their own, not paired with the next field as "changed".
+  if (shown) { body.env = shown.env; body.secrets = shown.secrets; }
   for (const k of Object.keys(rev).sort()) {
     if (!(k in body) && !['task', 'revision', 'digest', 'created_at_ms'].includes(k)) body[k] = rev[k];
   }

@@ -2,7 +2,7 @@
 
 import { ApiError, can, explainError, onNextAnswer } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
-import { t, withNodes } from '../i18n.js';
+import { has, t, withNodes } from '../i18n.js';
 import { notify } from '../main.js';
 
 /** A form's own refusal, shown under its button before anything is sent. */
@@ -34,7 +34,8 @@ export function scopeNote(scopes, key = 'common.scope_hidden') {
   const lacking = scopes.split(' ').filter((one) => !can(one));
   if (!lacking.length) return null;
   const scope = lacking.map((one, i) => [i ? t('common.and') : '', raw(one, 'code')]);
-  return h('p', { class: 'notice notice-info scope-note' }, withNodes(key, { scope }));
+  const many = lacking.length > 1 && has(`${key}_many`) ? `${key}_many` : key; // "scopes"
+  return h('p', { class: 'notice notice-info scope-note' }, withNodes(many, { scope }));
 }
 
 /** A page whose every action needs scopes the token lacks (a form to save, a write-only

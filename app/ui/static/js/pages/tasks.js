@@ -7,7 +7,7 @@ import { ApiError, api, can, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { archivedBadge, bytes, statusBadge, timeEl } from '../format.js';
-import { revisionLines, sideBySide } from '../diff.js';
+import { recipesShown, revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
 import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, onEscape, resultSlot, scopeNote, settle } from './common.js';
 
@@ -192,7 +192,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
   async function drawRecipe(recipeId) {
     if (!recipeId) { put(recipeBox, h('p', { class: 'muted' }, t('tasks.no_recipe'))); return; }
     try {
-      const recipe = await api.get(path('recipes', recipeId), { scope: 'definitions:read', signal });
+      const recipe = await recipeOf(recipeId);
       // Keys and secret names only: the page never shows an environment value.
       const envKeys = Object.keys(recipe.env).sort();
       const secretKeys = Object.keys(recipe.secrets).sort();
@@ -234,11 +234,37 @@ export function taskPage(view, { args: [task], signal, ready }) {
     return page.next_cursor;
   }
 
-  function drawDiff() {
+  // Recipes are immutable: each is asked once (the compare and the latest revision's card).
+  const recipes = new Map();
+  function recipeOf(id) {
+    if (!id) return Promise.resolve(null);
+    if (!recipes.has(id)) {
+      const asked = api.get(path('recipes', id), { scope: 'definitions:read', signal });
+      asked.catch(() => recipes.delete(id)); // asked again next time
+      recipes.set(id, asked);
+    }
+    return recipes.get(id);
+  }
+
+  let diffDrawn = 0; // the newest compare asked: an older one answering late is not drawn
+  async function drawDiff() {
     const a = revisions.get(Number(left.value));
     const b = revisions.get(Number(right.value));
     if (!a || !b) { put(diffBox); return; }
-    const rows = sideBySide(revisionLines(a), revisionLines(b));
+    const mine = ++diffDrawn;
+    // The recipes' keys and secret names, so a changed environment is the line that changed,
+    // not only the recipe's digest (values are never shown: a word says one changed).
+    let shown = [null, null];
+    if (a.recipe !== b.recipe) {
+      try {
+        shown = recipesShown(await recipeOf(a.recipe), await recipeOf(b.recipe),
+          { value: t('tasks.diff_env_value'), other: t('tasks.diff_env_other') });
+      } catch (err) {
+        if (err.name === 'AbortError') return; // else compared by the recipes' ids alone
+      }
+      if (mine !== diffDrawn) return;
+    }
+    const rows = sideBySide(revisionLines(a, shown[0]), revisionLines(b, shown[1]));
     const changed = rows.filter((r) => r.kind !== 'same').length;
     const leftMark = { changed: '~', removed: '−' };
     const rightMark = { changed: '~', added: '+' };
