@@ -1102,6 +1102,16 @@ def _a_read_only_token_is_offered_no_write_and_told_which_scope_it_lacks(site: S
     assert "runs:write" in page.inner_text(".scope-note")
     site.visit(page, "schedules")
     assert page.query_selector("#new-schedule") is None
+    assert "definitions:write" in page.inner_text(".scope-note")
+    site.visit(page, "tasks")
+    assert page.query_selector("#new-task") is None
+    assert "definitions:write" in page.inner_text(".scope-note")
+    # A tab that holds a token but not its scopes (signed in before) asks once as it opens.
+    page.evaluate("sessionStorage.removeItem('ql.self')")
+    page.reload()
+    page.wait_for_selector("main[aria-busy=false] .scope-note")
+    assert page.query_selector("#new-task") is None
+    assert page.evaluate("JSON.parse(sessionStorage.getItem('ql.self')).scopes").count("runs:read") == 1
     site.visit(page, "secrets")
     assert page.query_selector("form.secret-form") is None
     assert "secrets:write" in page.inner_text(".scope-note")
@@ -1124,6 +1134,11 @@ def _a_read_only_token_is_offered_no_write_and_told_which_scope_it_lacks(site: S
     page.click("#signout")
     page.route("**/api/v1/token", lambda route: route.fulfill(
         status=404, content_type="application/problem+json", body='{"code": "NOT_FOUND"}'))
+    # There an unknown token is still refused: the older server's 404 proves nothing.
+    page.goto(site.ui + "#/tasks/hello")
+    page.fill("#token", "ql_" + "z" * 43)
+    page.click("form.signin button[type=submit]")
+    page.wait_for_selector("form.signin .form-error:has-text('does not know this token')")
     site.sign_in(page, site.read_only, path="tasks/hello")
     page.wait_for_selector("main[aria-busy=false] #ret-keep_runs")
     assert page.evaluate("sessionStorage.getItem('ql.self')") is None
@@ -1512,6 +1527,14 @@ def _a_waiting_retry_and_an_ended_schedule_are_said_as_such(site: Site) -> None:
     assert not any("KEPT" in row for row in changed), changed
     html = page.content()
     assert not any(v in html for v in ("first-value-x", "second-value-y", "kept-value-z"))
+    # A compare is in the address, so a link to it shows the same two revisions.
+    page.click("#compare button[type=submit]")
+    assert page.url.endswith("#/tasks/env-change?compare=1-2"), page.url
+    third = {"argv": ["/bin/false"], "recipe": recipe}
+    assert site.api("PUT", "/api/v1/tasks/env-change/revisions/3", json=third).is_success
+    site.visit(page, "tasks/env-change?compare=1-3")
+    page.wait_for_function("document.querySelector('#diff-right').value === '3'")
+    assert page.input_value("#diff-left") == "1"
     assert page.errors == []
 
 

@@ -52,11 +52,15 @@ function takeDraft(route) {
 function restoreDraft(view, route) {
   if (!draft || draft.route !== route) return false;
   const { fields } = draft;
+  const found = Object.keys(fields).map((id) => view.querySelector(`#${CSS.escape(id)}`)).filter(Boolean);
+  // Signed in again with a token that may not use this form (the page says which scope it
+  // lacks): the draft is kept for a token that may, until the user goes elsewhere.
+  if (!found.length) return false;
   draft = null;
   const changed = [];
   for (const [id, value] of Object.entries(fields)) {
     const el = view.querySelector(`#${CSS.escape(id)}`);
-    if (!el) continue;
+    if (!el || el.readOnly || el.disabled) continue; // shown only: never what was typed
     const key = typeof value === 'boolean' ? 'checked' : 'value';
     if (el[key] === value) continue;
     el[key] = value;
@@ -228,8 +232,12 @@ async function start() {
   window.addEventListener('hashchange', render);
   // A tab signed in before the server said what a token may do (or while it could not
   // answer) learns it once, before the first page is drawn from it.
+  // A 401 here is left to the page's own first call (one sign-in view, with its notice),
+  // and a server that does not answer soon does not hold the page blank.
   if (session.token && !session.self) {
-    try { await learnSelf(); } catch { /* the page's own calls say what is wrong */ }
+    try {
+      await learnSelf({ signInCheck: true, signal: AbortSignal.timeout(3000) });
+    } catch { /* the page's own calls say what is wrong */ }
   }
   render();
 }

@@ -58,6 +58,7 @@ export function schedulesPage(view, { signal, ready }) {
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('schedules.title')),
       h('div', { class: 'actions' }, can('definitions:write runs:write') ? h('a', { class: 'button', id: 'new-schedule', href: '#/new-schedule' }, t('schedule_form.new')) : null)),
+    scopeNote('definitions:write runs:write'),
     problem,
     h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {},

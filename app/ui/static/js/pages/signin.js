@@ -1,6 +1,6 @@
 // Sign-in: the token is pasted once and kept in sessionStorage for this tab only.
 
-import { ApiError, explainError, learnSelf, session } from '../api.js';
+import { ApiError, api, explainError, learnSelf, session } from '../api.js';
 import { h, put } from '../dom.js';
 import { t } from '../i18n.js';
 
@@ -42,8 +42,11 @@ export function signInPage(view, { message, onDone }) {
     session.signIn(value, base.value.trim());
     try {
       // Any answer but 401 proves the token. Its scopes are kept, so that each page offers
-      // only what the token may do (an older server without this route answers 404).
-      await learnSelf({ signInCheck: true });
+      // only what the token may do. An older server answers 404 without looking at the token:
+      // then a route every version has checks it (a token without runs:read gets a 403).
+      if (await learnSelf({ signInCheck: true }) === null) {
+        await api.get('/api/v1/runs?limit=1', { signInCheck: true, scope: 'runs:read' });
+      }
     } catch (err) {
       if (!(err instanceof ApiError) || err.status === 401 || err.status === 0) {
         session.signOut();

@@ -24,7 +24,7 @@ export function tasksPage(view, { params, signal, ready }) {
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t(archived ? 'tasks.title_archived' : 'tasks.title')),
       h('div', { class: 'actions' }, archived || !can('definitions:write') ? null : h('a', { class: 'button', id: 'new-task', href: '#/new-task' }, t('define.new_task')), other)),
-    archived ? h('p', { class: 'help' }, t('tasks.archived_help')) : null,
+    archived ? h('p', { class: 'help' }, t('tasks.archived_help')) : scopeNote('definitions:write'),
     problem,
     h('div', { class: 'table-wrap' }, h('table', {},
       h('thead', {}, h('tr', {},
@@ -98,14 +98,15 @@ export function tasksPage(view, { params, signal, ready }) {
   fetchPage(null).then((page) => more.set(add(page))).catch((err) => problem.replaceChildren(errorBox(err) || '')).finally(ready);
 }
 
-export function taskPage(view, { args: [task], signal, ready }) {
+export function taskPage(view, { args: [task], params, signal, ready }) {
   const problem = h('div');
   const result = resultSlot();
-  const start = h('button', { type: 'button', id: 'start-run', on: { click: onStart } }, t('tasks.start_run'));
+  // What the token may not do is not drawn even while the task loads (or if it fails to).
+  const start = h('button', { type: 'button', id: 'start-run', hidden: !can('runs:write'), on: { click: onStart } }, t('tasks.start_run'));
   const tag = h('span');
   const archivedNote = h('p', { class: 'notice notice-warn', id: 'archived-note', hidden: true }, t('tasks.archived_note'));
-  const newRevision = h('a', { class: 'button secondary', id: 'new-revision', href: `#/tasks/${encodeURIComponent(task)}/new-revision` }, t('define.new_revision'));
-  const scheduleIt = h('a', { class: 'button secondary', id: 'schedule-task', href: `#/new-schedule?task=${encodeURIComponent(task)}` }, t('schedule_form.schedule_task'));
+  const newRevision = h('a', { class: 'button secondary', id: 'new-revision', hidden: !can('definitions:write'), href: `#/tasks/${encodeURIComponent(task)}/new-revision` }, t('define.new_revision'));
+  const scheduleIt = h('a', { class: 'button secondary', id: 'schedule-task', hidden: !can('definitions:write runs:write'), href: `#/new-schedule?task=${encodeURIComponent(task)}` }, t('schedule_form.schedule_task'));
   const archiving = archiveControls(task, result, (info) => drawState(info));
   const latestBox = h('div', { class: 'card' });
   const recipeBox = h('div', { class: 'card recipe' });
@@ -114,6 +115,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
   const right = h('select', { id: 'diff-right', 'aria-label': t('tasks.diff_right') });
   const diffBox = h('div', { class: 'diff-box' });
   const revisions = new Map();
+  let wanted = /^\d+-\d+$/.test(params.get('compare') || '') ? params.get('compare').split('-').map(Number) : null;
   const more = loadMore(async (cursor) => addRevisions(await fetchRevisions(cursor)), revBody);
   const retention = retentionForm(task, signal);
   put(view, h('section', { class: 'page' },
@@ -135,7 +137,7 @@ export function taskPage(view, { args: [task], signal, ready }) {
         revBody)),
       more.el),
     h('section', { id: 'compare', hidden: true }, h('h2', {}, t('tasks.diff')),
-      h('form', { class: 'filters', on: { submit: (ev) => { ev.preventDefault(); drawDiff(); } } },
+      h('form', { class: 'filters', on: { submit: (ev) => { ev.preventDefault(); keepCompare(); drawDiff(); } } },
         h('div', { class: 'field' }, h('label', { for: 'diff-left' }, t('tasks.diff_left')), left),
         h('div', { class: 'field' }, h('label', { for: 'diff-right' }, t('tasks.diff_right')), right),
         h('div', { class: 'field actions' }, h('button', { type: 'submit', class: 'secondary' }, t('tasks.compare')))),
@@ -226,8 +228,16 @@ export function taskPage(view, { args: [task], signal, ready }) {
     const numbers = [...revisions.keys()].sort((x, y) => x - y);
     const pick = (select, value) => put(select, numbers.map((n) => h('option', { value: String(n), selected: n === value }, t('tasks.revision_n', { n }))));
     const newest = numbers[numbers.length - 1];
-    pick(left, numbers.length > 1 ? numbers[numbers.length - 2] : newest);
-    pick(right, newest);
+    // A compare in the address (?compare=3-5, a link someone sent) is drawn once its two
+    // revisions are listed (a page of older ones may list them); else what was picked stays,
+    // and at first the newest is compared with the one before.
+    const chosen = [Number(left.value), Number(right.value)];
+    const listed = ([x, y]) => revisions.has(x) && revisions.has(y);
+    let pair = [numbers.length > 1 ? numbers[numbers.length - 2] : newest, newest];
+    if (wanted && listed(wanted)) { pair = wanted; wanted = null; } else if (listed(chosen)) pair = chosen;
+    const [a, b] = pair;
+    pick(left, a);
+    pick(right, b);
     // Shown from the second revision on: one revision has nothing to compare with.
     view.querySelector('#compare').hidden = numbers.length < 2;
     drawDiff();
@@ -284,6 +294,13 @@ export function taskPage(view, { args: [task], signal, ready }) {
           cell('new', r.right, rightMark[r.kind], r.kind)))))));
   }
 
+  /** The compare asked goes into the address (not a new history entry), so it can be sent. */
+  function keepCompare() {
+    wanted = null; // the user's pick, not the link's, from now on
+    const here = `#/tasks/${encodeURIComponent(task)}?compare=${left.value}-${right.value}`;
+    history.replaceState(history.state, '', here);
+  }
+
   async function onStart() {
     start.disabled = true;
     result.clear();
@@ -309,7 +326,7 @@ function archiveControls(task, result, drawn) {
   const yes = h('button', { type: 'button', class: 'danger', id: 'archive-yes', on: { click: () => act('archive') } }, t('tasks.confirm_archive'));
   const question = h('p', { class: 'confirm-inline', role: 'group', 'aria-labelledby': 'archive-question', hidden: true, on: { keydown: onEscape(() => close()) } },
     h('span', { id: 'archive-question' }, t('tasks.archive_question')), ' ', h('span', { class: 'choices' }, yes, ' ', keep));
-  const archive = h('button', { type: 'button', class: 'danger', id: 'archive-task', 'aria-expanded': 'false', on: { click: open } }, t('tasks.archive'));
+  const archive = h('button', { type: 'button', class: 'danger', id: 'archive-task', 'aria-expanded': 'false', hidden: !can('definitions:write'), on: { click: open } }, t('tasks.archive'));
   const unarchive = h('button', { type: 'button', class: 'secondary', id: 'unarchive-task', hidden: true, on: { click: () => act('unarchive') } }, t('tasks.unarchive'));
   const start = h('span', { class: 'archive-actions' }, archive, unarchive);
   function open() { question.hidden = false; archive.setAttribute('aria-expanded', 'true'); keep.focus(); }
