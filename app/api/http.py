@@ -8,7 +8,8 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
+from pydantic_core import PydanticCustomError
 
 from app.api.schemas import Problem, RunOut
 from app.context.facade import AppFacade
@@ -22,7 +23,23 @@ T = TypeVar("T")
 Item = TypeVar("Item")
 PageOut = TypeVar("PageOut", bound=BaseModel)
 
-Limit = Annotated[int, Query(ge=1, le=200, description="page size (1..200)")]
+
+def _plain_digits(value: object) -> object:
+    """A query's integer as plain ASCII digits, for pydantic's int parsing to convert; any
+    other spelling refused (``int_parsing``, as pydantic names an integer it cannot read)."""
+    # Lax int parsing reads "5.0", "1_0", "+5" and " 5 " as numbers: a client that sends
+    # them has a bug the answer should show. No integer query parameter takes a negative.
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise PydanticCustomError(
+            "int_parsing", "Input should be a whole number in plain decimal digits (0-9 only)"
+        )
+    return value
+
+
+# Every integer query parameter: ``Annotated[int, Query(<bounds>), PLAIN_DIGITS]``. After the
+# ``Query``: before it, FastAPI's document says ``ge``/``le`` for ``minimum``/``maximum``.
+PLAIN_DIGITS = BeforeValidator(_plain_digits)
+Limit = Annotated[int, Query(ge=1, le=200, description="page size (1..200)"), PLAIN_DIGITS]
 Cursor = Annotated[
     str | None, Query(min_length=1, max_length=512, description="opaque cursor of the next page")
 ]

@@ -30,7 +30,7 @@ from fastapi.responses import StreamingResponse
 
 from app.api import retirement
 from app.api.auth import LOGS_SCOPE, Ctx, LogsReader, authenticated, bearer_token
-from app.api.http import READ_ERRORS, problems
+from app.api.http import PLAIN_DIGITS, READ_ERRORS, problems
 from app.api.problems import FORBIDDEN, RANGE_NOT_SATISFIABLE, UNAUTHENTICATED, ApiProblem
 from app.api.schemas import Problem
 from app.api.strict_json import StrictJSONRoute
@@ -86,7 +86,7 @@ async def get_log(
     request: Request,
     facade: Ctx,
     _: LogsReader,
-    tail_bytes: Annotated[int | None, Query(ge=0, le=2**53)] = None,
+    tail_bytes: Annotated[int | None, Query(ge=0, le=2**53), PLAIN_DIGITS] = None,
     follow: bool = False,
     range_header: Annotated[str | None, Header(alias="Range", max_length=256)] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,

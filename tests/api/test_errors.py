@@ -199,3 +199,36 @@ def test_a_name_in_the_path_that_breaks_the_rule_is_invalid_name_as_in_a_body(
         problem = assert_problem(response, 422, "INVALID_NAME")
         assert "must match [a-z0-9]" in problem["detail"]
         assert name not in problem["detail"]  # the input is not echoed
+
+
+# The first five pydantic's lax int parsing read as numbers (a float, Python's digit
+# separator, a sign, spaces); the rest it refused already, with another message.
+NOT_PLAIN_DIGITS = ("5.0", "1_0", "+5", " 5", "5 ", "1e1", "0x10", "", "\u0665")
+
+
+def test_an_integer_query_parameter_takes_plain_decimal_digits_only(
+    client: Client, admin: dict[str, str]
+) -> None:
+    for path in (
+        "/api/v1/runs",
+        "/api/v1/tasks",
+        "/api/v1/secrets",
+        "/api/v1/schedules",
+        "/api/v1/runs/r/events",
+        "/api/v1/tasks/t/revisions",
+        "/api/v1/schedules/s/decisions",
+    ):
+        for spelling in NOT_PLAIN_DIGITS:
+            response = client.get(path, params={"limit": spelling}, headers=admin)
+            body = assert_problem(response, 422, "VALIDATION_FAILED")
+            assert body["detail"].startswith("query.limit: "), (path, spelling, body)
+            assert "plain decimal digits" in body["detail"], (path, spelling, body)
+        # The bounds still say theirs; leading zeros are plain digits.
+        body = assert_problem(
+            client.get(path, params={"limit": "201"}, headers=admin), 422, "VALIDATION_FAILED"
+        )
+        assert body["detail"] == "query.limit: Input should be less than or equal to 200"
+    assert client.get("/api/v1/runs", params={"limit": "05"}, headers=admin).status_code == 200
+    # A number too long for any bound is refused by the bound, never a 500.
+    huge = client.get("/api/v1/runs", params={"limit": "9" * 5000}, headers=admin)
+    assert_problem(huge, 422, "VALIDATION_FAILED")

@@ -308,6 +308,20 @@ def test_odd_range_and_last_event_id_headers_never_fail(
     assert response.status_code == 200 and response.text.rstrip().endswith("}")
 
 
+def test_tail_bytes_takes_plain_decimal_digits_only(
+    client: Client, admin: dict[str, str], settings: Settings, task: str
+) -> None:
+    run_id, _, _ = _run_with_log(client, admin, settings, CONTENT)
+    for spelling in ("5.0", "1_0", "+5", " 5", "-5", "1e1", ""):
+        for params in ({"tail_bytes": spelling}, {"tail_bytes": spelling, "follow": "true"}):
+            response = client.get(_url(run_id), params=params, headers=admin)
+            body = assert_problem(response, 422, "VALIDATION_FAILED")
+            assert body["detail"].startswith("query.tail_bytes: "), (params, body)
+            assert "plain decimal digits" in body["detail"], (params, body)
+    tail = client.get(_url(run_id), params={"tail_bytes": "010"}, headers=admin)
+    assert tail.status_code == 200 and tail.content == CONTENT[-10:]
+
+
 class _FailingFacade(_CountingFacade):
     """The real facade for the route's open and the stream's first poll; then its log opens
     raise ``fail`` (what the engine raises when the database went away, or a refusal that

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fastapi.dependencies.utils import get_flat_params
+
+from app.api.http import PLAIN_DIGITS
 from app.api.main import create_app
-from app.api.openapi import render
+from app.api.openapi import api_routes, render
 from app.settings import Settings
 
 COMMITTED = Path(__file__).resolve().parents[2] / "api-schemas" / "openapi.json"
@@ -71,3 +74,25 @@ def test_integer_bounds_are_exact_integers() -> None:
     assert floats == []
     retention = doc["components"]["schemas"]["RetentionIn"]["properties"]["task_log_bytes"]
     assert retention["anyOf"][0]["maximum"] == 2**62
+
+
+def test_every_integer_query_parameter_takes_plain_digits_only() -> None:
+    # Each one the document calls an integer refuses "5.0" and "1_0" (docs/api.md §1); the
+    # API tests send them to each, this catches a new one added without PLAIN_DIGITS.
+    doc = json.loads(COMMITTED.read_text(encoding="utf-8"))
+    documented = {
+        (op["operationId"], param["name"])
+        for item in doc["paths"].values()
+        for op in item.values()
+        for param in op.get("parameters", ())
+        if param["in"] == "query" and "integer" in json.dumps(param["schema"])
+    }
+    settings = Settings.from_env({}, data_dir="/nonexistent-qinglong")
+    strict = {
+        (route.operation_id, field.alias)
+        for route in api_routes(create_app(settings).routes)
+        for field in get_flat_params(route.dependant)
+        if PLAIN_DIGITS in field.field_info.metadata
+    }
+    assert documented == strict
+    assert ("runs-get-log", "tail_bytes") in strict and ("runs-list", "limit") in strict
