@@ -31,7 +31,13 @@ from fastapi.responses import StreamingResponse
 from app.api import retirement
 from app.api.auth import LOGS_SCOPE, Ctx, LogsReader, authenticated, bearer_token
 from app.api.http import PLAIN_DIGITS, READ_ERRORS, problems
-from app.api.problems import FORBIDDEN, RANGE_NOT_SATISFIABLE, UNAUTHENTICATED, ApiProblem
+from app.api.problems import (
+    FORBIDDEN,
+    RANGE_NOT_SATISFIABLE,
+    UNAUTHENTICATED,
+    VALIDATION_FAILED,
+    ApiProblem,
+)
 from app.api.schemas import Problem
 from app.api.strict_json import StrictJSONRoute
 from app.context.facade import LOG_FORWARDED_HEADER, AppFacade
@@ -95,14 +101,15 @@ async def get_log(
 
     An attempt another host ran is read from that host (docs/several-hosts.md §5).
     """
+    resume = _resume_offset(last_event_id) if follow else None
     elsewhere = await run_in_threadpool(facade.log_host, run_id=run_id, number=number)
     if elsewhere is not None:
         return await _forward(facade, request, *elsewhere)
     log = await run_in_threadpool(facade.open_log, run_id=run_id, number=number)
     if follow:
         start = 0
-        if last_event_id is not None and _digits(last_event_id.strip()):
-            start = int(last_event_id.strip())
+        if resume is not None:
+            start = resume
         elif tail_bytes is not None:
             start = max(0, log.size - tail_bytes)
         log.close()
@@ -276,6 +283,25 @@ def _utf8_cut(data: bytes) -> int:
             need = 1
         return len(data) - back if need > back else len(data)
     return len(data)
+
+
+def _resume_offset(last_event_id: str | None) -> int | None:
+    """The offset a follow resumes at, from ``Last-Event-ID``; None when none was sent.
+
+    Raises ApiProblem 422 for anything but an offset the stream sent: digits, spaces around.
+    """
+    if last_event_id is None:
+        return None
+    text = last_event_id.strip()
+    if not _digits(text):
+        # An EventSource sends back only an id the stream sent: anything else is a client's
+        # bug, which starting at 0 (or at tail_bytes) would answer with the whole log again.
+        raise ApiProblem(
+            422, VALIDATION_FAILED,
+            "header.Last-Event-ID: must be the id of a chunk this stream sent, a byte offset "
+            "in digits (0-9); send none to start at the log's beginning or at tail_bytes",
+        )  # fmt: skip
+    return int(text)
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int] | None:
