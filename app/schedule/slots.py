@@ -147,6 +147,27 @@ _FIELD_RANGES = {
     "month": "1-12 or jan-dec",
     "day-of-week": "0-7 or sun-sat, 0 and 7 both Sunday",
 }
+# The largest step each field takes: one past its range would match only the range's start
+# (``*/1000`` of the minutes fires once an hour), which is never what was meant.
+_MAX_STEP = {
+    "second": 59, "minute": 59, "hour": 23, "day-of-month": 31, "month": 12, "day-of-week": 7,
+}  # fmt: skip
+
+
+def _step_refusal(fields: list[str]) -> str | None:
+    """What is wrong with the first step (``a/n``) outside 1..its field's largest; None when
+    every step fits. ``fields`` are 5, or 6 with seconds first."""
+    for name, text in zip(list(_MAX_STEP)[-len(fields) :], fields, strict=True):
+        for term in text.split(","):
+            _, slash, step = term.partition("/")
+            top = _MAX_STEP[name]
+            if slash and step.isascii() and step.isdigit() and not 1 <= int(step) <= top:
+                article = "an" if name == "hour" else "a"
+                return (
+                    f"{article} {name} step must be 1 to {top} (a larger one would match only "
+                    "the first value of its range)"
+                )
+    return None
 
 
 def _never_that_day(fields: list[str]) -> bool:
@@ -189,6 +210,8 @@ def _parse(index: int, text: str) -> _Expr:
     try:
         sim = CronSim(expr, dt.datetime(2000, 1, 1))
     except CronSimError as exc:
+        if (step := _step_refusal(fields)) is not None:
+            raise InvalidSchedule(f"cron[{index}]: {step}") from None  # cronsim: "Bad minute"
         # cronsim says "Bad minute"; say what a minute may be, so the fix is in the answer.
         said = str(exc)
         allowed = _FIELD_RANGES.get(said.removeprefix("Bad ").strip())
@@ -221,9 +244,18 @@ def _parse(index: int, text: str) -> _Expr:
 
 
 def validate(spec: SlotSpec) -> None:
-    """Raise InvalidSchedule or InvalidTimezone unless ``spec`` describes a schedule."""
+    """Raise InvalidSchedule or InvalidTimezone unless ``spec`` describes a new schedule.
+
+    Stricter than computing a stored schedule's slots (``_compile``): a zone that is no IANA
+    name and a step past its field's range are refused here, while one stored before those
+    checks keeps its slots.
+    """
     _require_iana(spec.timezone)
     _compile(spec)
+    for index, expr in enumerate(spec.cron or ()):
+        # Each one parsed above: 5 or 6 fields, or an alias (no step).
+        if (step := _step_refusal(expr.split())) is not None:
+            raise InvalidSchedule(f"cron[{index}]: {step}")
 
 
 def _compile(spec: SlotSpec) -> _Cron | int:

@@ -103,6 +103,9 @@ def test_bad_definitions_are_refused_with_their_codes(
     assert_problem(client.put(URL, json=both, headers=admin), 422, "INVALID_SCHEDULE")
     zero = body(every_seconds=0)
     assert_problem(client.put(URL, json=zero, headers=admin), 422, "INVALID_SCHEDULE")
+    huge = body(every_seconds=None, cron=["*/1000 * * * *"])
+    problem = assert_problem(client.put(URL, json=huge, headers=admin), 422, "INVALID_SCHEDULE")
+    assert problem["detail"].startswith("cron[0]: a minute step must be 1 to 59"), problem
     zone = body(timezone="Mars/Olympus")
     assert_problem(client.put(URL, json=zone, headers=admin), 422, "INVALID_TIMEZONE")
     nobody = body(task="nobody")
