@@ -25,10 +25,11 @@ PageOut = TypeVar("PageOut", bound=BaseModel)
 
 
 def _plain_digits(value: object) -> object:
-    """A query's integer as plain ASCII digits, for pydantic's int parsing to convert; any
-    other spelling refused (``int_parsing``, as pydantic names an integer it cannot read)."""
+    """An integer in the query or the path as plain ASCII digits, for pydantic's int parsing
+    to convert; any other spelling refused (``int_parsing``, as pydantic names an integer it
+    cannot read)."""
     # Lax int parsing reads "5.0", "1_0", "+5" and " 5 " as numbers: a client that sends
-    # them has a bug the answer should show. No integer query parameter takes a negative.
+    # them has a bug the answer should show. No integer parameter takes a negative.
     if isinstance(value, str) and not (value.isascii() and value.isdigit()):
         raise PydanticCustomError(
             "int_parsing", "Input should be a whole number in plain decimal digits (0-9 only)"
@@ -36,8 +37,8 @@ def _plain_digits(value: object) -> object:
     return value
 
 
-# Every integer query parameter: ``Annotated[int, Query(<bounds>), PLAIN_DIGITS]``. After the
-# ``Query``: before it, FastAPI's document says ``ge``/``le`` for ``minimum``/``maximum``.
+# Every integer parameter: ``Annotated[int, Query(<bounds>), PLAIN_DIGITS]`` (or ``Path``). After
+# the ``Query``: before it, FastAPI's document says ``ge``/``le`` for ``minimum``/``maximum``.
 PLAIN_DIGITS = BeforeValidator(_plain_digits)
 Limit = Annotated[int, Query(ge=1, le=200, description="page size (1..200)"), PLAIN_DIGITS]
 Cursor = Annotated[
@@ -45,7 +46,9 @@ Cursor = Annotated[
 ]
 TaskName = Annotated[str, Path(pattern=NAME_PATTERN, description="task name")]
 SecretName = Annotated[str, Path(pattern=NAME_PATTERN, description="secret name")]
-RevisionNo = Annotated[int, Path(ge=1, le=2**31 - 1, description="revision number")]
+RevisionNo = Annotated[
+    int, Path(ge=1, le=2**31 - 1, description="revision number"), PLAIN_DIGITS
+]
 DEFAULT_LIMIT = 50
 
 

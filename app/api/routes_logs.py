@@ -88,7 +88,7 @@ _CONTENT = {
 )
 async def get_log(
     run_id: str,
-    number: Annotated[int, Path(ge=1, le=2**31 - 1)],
+    number: Annotated[int, Path(ge=1, le=2**31 - 1), PLAIN_DIGITS],
     request: Request,
     facade: Ctx,
     _: LogsReader,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -232,3 +233,19 @@ def test_an_integer_query_parameter_takes_plain_decimal_digits_only(
     # A number too long for any bound is refused by the bound, never a 500.
     huge = client.get("/api/v1/runs", params={"limit": "9" * 5000}, headers=admin)
     assert_problem(huge, 422, "VALIDATION_FAILED")
+
+
+def test_an_integer_in_the_path_takes_plain_decimal_digits_only(
+    client: Client, admin: dict[str, str], task: str
+) -> None:
+    """`/revisions/1.0` was read as revision 1, `/attempts/1_0/log` as attempt 10."""
+    run = client.post("/api/v1/runs", json={"task": task}, headers=admin).json()["id"]
+    for template, name in (
+        (f"/api/v1/tasks/{task}/revisions/{{}}", "revision"),
+        (f"/api/v1/runs/{run}/attempts/{{}}/log", "number"),
+    ):
+        for spelling in ("1.0", "1_0", "+1", "1e0", "\u0661"):
+            response = client.get(template.format(quote(spelling)), headers=admin)
+            body = assert_problem(response, 422, "VALIDATION_FAILED")
+            assert body["detail"].startswith(f"path.{name}: "), (template, spelling, body)
+    assert client.get(f"/api/v1/tasks/{task}/revisions/1", headers=admin).status_code == 200

@@ -76,7 +76,7 @@ def test_integer_bounds_are_exact_integers() -> None:
     assert retention["anyOf"][0]["maximum"] == 2**62
 
 
-def test_every_integer_query_parameter_takes_plain_digits_only() -> None:
+def test_every_integer_parameter_takes_plain_digits_only() -> None:
     # Each one the document calls an integer refuses "5.0" and "1_0" (docs/api.md §1); the
     # API tests send them to each, this catches a new one added without PLAIN_DIGITS.
     doc = json.loads(COMMITTED.read_text(encoding="utf-8"))
@@ -85,7 +85,7 @@ def test_every_integer_query_parameter_takes_plain_digits_only() -> None:
         for item in doc["paths"].values()
         for op in item.values()
         for param in op.get("parameters", ())
-        if param["in"] == "query" and "integer" in json.dumps(param["schema"])
+        if "integer" in json.dumps(param["schema"])  # the query's and the path's
     }
     settings = Settings.from_env({}, data_dir="/nonexistent-qinglong")
     strict = {
@@ -96,3 +96,4 @@ def test_every_integer_query_parameter_takes_plain_digits_only() -> None:
     }
     assert documented == strict
     assert ("runs-get-log", "tail_bytes") in strict and ("runs-list", "limit") in strict
+    assert ("runs-get-log", "number") in strict and ("tasks-get-revision", "revision") in strict
