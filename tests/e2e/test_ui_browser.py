@@ -1129,6 +1129,18 @@ def _a_read_only_token_is_offered_no_write_and_told_which_scope_it_lacks(site: S
     page.wait_for_selector("main[aria-busy=false] .log-section .scope-note")
     assert "logs:read" in page.inner_text(".log-section .scope-note")
     assert not page.is_visible("#log") and not page.is_visible(".log-section button")
+    # Nor may it read tasks: the task page says so once and asks nothing (its retention form,
+    # left empty, would have saved every value back to the global one).
+    asked.clear()
+    site.visit(page, "tasks/hello")
+    assert "definitions:read" in page.inner_text(".scope-note")
+    assert page.query_selector("#retention-save") is None
+    assert not [a for a in asked if "/api/v1/tasks" in a], asked
+    # A token for secrets alone lands on the secrets, not on a refused runs list.
+    page.click("#signout")
+    site.sign_in(page, _token(site.served, "secrets:write"))
+    page.wait_for_url(re.compile(r"#/secrets$"))
+    page.wait_for_selector("main[aria-busy=false] form.secret-form")
     # A server that does not say (no GET /api/v1/token: an older one) gets the controls, and
     # each refusal names the missing scope, as before.
     page.click("#signout")

@@ -1,6 +1,6 @@
 // Start-up, the hash router and the frame (navigation, language switch, sign-out).
 
-import { learnSelf, onUnauthorized, session } from './api.js';
+import { can, learnSelf, onUnauthorized, session } from './api.js';
 import { h, put } from './dom.js';
 import { LANGUAGES, language, loadLanguage, preferredLanguage, t } from './i18n.js';
 import { runsPage } from './pages/runs.js';
@@ -29,6 +29,14 @@ const ROUTES = [
   [/^system$/, systemPage, 'system'],
 ];
 const NAV = ['runs', 'tasks', 'schedules', 'secrets', 'system'];
+
+/** Where a sign-in with no page asked for lands: the first page the token may read (a token
+ *  for secrets alone landed on a refused runs list). */
+function home() {
+  if (can('runs:read')) return 'runs';
+  if (can('definitions:read')) return 'tasks';
+  return can('secrets:write') ? 'secrets' : 'system';
+}
 
 let stopPage = () => {};
 let signInMessage = null;
@@ -131,7 +139,7 @@ function render() {
     signInPage(view, {
       message,
       onDone: () => {
-        const target = `#/${next || 'runs'}`;
+        const target = `#/${next || home()}`;
         if (location.hash === target) render();
         else location.hash = target;
       },
@@ -183,7 +191,7 @@ function render() {
     rendered = true;
     return;
   }
-  go('runs');
+  go(home());
 }
 
 async function start() {

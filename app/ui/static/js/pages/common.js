@@ -41,8 +41,8 @@ export function scopeNote(scopes, key = 'common.scope_hidden') {
 /** A page whose every action needs scopes the token lacks (a form to save, a write-only
  *  list): its heading and the note say so, and nothing is asked of the server. True when it
  *  drew that; the page is then ready. */
-export function outOfScope(view, heading, scopes, ready) {
-  const note = scopeNote(scopes, 'common.scope_page');
+export function outOfScope(view, heading, scopes, ready, key = 'common.scope_page') {
+  const note = scopeNote(scopes, key);
   if (!note) return false;
   put(view, h('section', { class: 'page' }, h('div', { class: 'page-head' }, h('h1', {}, heading)), note));
   ready();

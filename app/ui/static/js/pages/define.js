@@ -70,7 +70,9 @@ function numberInput(id, value, attrs = {}) {
 export function definePage(view, { args: [task], signal, ready }) {
   const isNew = !task;
   const heading = isNew ? t('define.new_task') : [t('define.new_revision'), ' ', raw(task)];
-  if (outOfScope(view, heading, 'definitions:write', ready)) return;
+  // The form reads the task (a new revision's number and prefill; whether a new task's name
+  // is taken) with definitions:read: without it a save could only fail, or land nowhere.
+  if (outOfScope(view, heading, 'definitions:read definitions:write', ready)) return;
   const result = resultSlot();
   const problem = h('div');
   const name = h('input', { id: 'def-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', pattern: TASK_NAME });

@@ -9,7 +9,7 @@ import { TERMINAL, bytes, duration, eventData, explainEnding, statusBadge, timeE
 import { LogFollower } from '../log.js';
 import { locateGap } from '../loggap.js';
 import { go } from '../main.js';
-import { busy, errorBox, every, facts, loadingRow, missing, onEscape, resultSlot, scopeNote, settle, showProblem } from './common.js';
+import { busy, errorBox, every, facts, loadingRow, missing, onEscape, outOfScope, resultSlot, scopeNote, settle, showProblem } from './common.js';
 
 const POLL_MS = 1000;
 // The page shows at most this much of a log; the download has every byte.
@@ -26,6 +26,8 @@ function waitingWords({ reason, active, limit }) {
 }
 
 export function runPage(view, { args: [runId], signal, ready }) {
+  // A token that may not read runs is told so once, not polled into 403s every second.
+  if (outOfScope(view, [t('run.title'), ' ', raw(runId, 'code')], 'runs:read', ready)) return;
   const state = { run: null, attempts: [], events: [], follower: null, followed: null };
   const head = h('div', { class: 'page-head' });
   // The status is a polite live region that stays in place: a change the poll sees (a run

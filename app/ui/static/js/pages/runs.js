@@ -1,17 +1,18 @@
 // Runs: newest first, filters by task, status, schedule and a window of created time,
 // keyset "load more", live status.
 
-import { api, path, query } from '../api.js';
+import { api, can, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { t } from '../i18n.js';
 import { RUN_STATUSES, TERMINAL, duration, shortId, statusBadge, timeEl } from '../format.js';
 import { go } from '../main.js';
-import { every, loadMore, loadingRow, settle, showProblem } from './common.js';
+import { every, loadMore, loadingRow, outOfScope, settle, showProblem } from './common.js';
 
 const PAGE = 50;
 const POLL_MS = 2000;
 
 export function runsPage(view, { params, signal, ready }) {
+  if (outOfScope(view, t('runs.title'), 'runs:read', ready, 'common.scope_list')) return;
   const task = params.get('task') || '';
   const status = params.get('status') || '';
   const schedule = params.get('schedule') || '';
@@ -84,7 +85,7 @@ export function runsPage(view, { params, signal, ready }) {
   }, body);
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('runs.title')),
-      h('a', { href: '#/tasks', class: 'button' }, t('runs.start_from_task'))),
+      can('runs:write') && can('definitions:read') ? h('a', { href: '#/tasks', class: 'button' }, t('runs.start_from_task')) : null),
     filters, problem, table, empty, more.el));
 
   function fetchPage(cursor) {

@@ -65,8 +65,10 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
   const result = resultSlot();
   const problem = h('div');
   const heading = isNew ? t('schedule_form.new') : [t('schedule_form.edit'), ' ', raw(name)];
-  // Saving a schedule makes runs start: it takes runs:write beside definitions:write.
-  if (outOfScope(view, heading, 'definitions:write runs:write', ready)) return;
+  // Saving a schedule makes runs start: it takes runs:write beside definitions:write; the
+  // form reads the schedule (its version, so a save never overwrites a change it did not
+  // see) and the task names with definitions:read.
+  if (outOfScope(view, heading, 'definitions:read definitions:write runs:write', ready)) return;
   const nameInput = h('input', { id: 'sch-name', name: 'name', required: true, autocomplete: 'off', spellcheck: 'false' });
   const tasks = h('datalist', { id: 'sch-tasks' });
   const task = h('input', { id: 'sch-task', name: 'task', required: true, autocomplete: 'off', spellcheck: 'false', list: 'sch-tasks', value: params.get('task') || '' });
@@ -144,7 +146,9 @@ export function scheduleFormPage(view, { args: [name], params, signal, ready }) 
     cronBox.hidden = !isCron;
     everyBox.hidden = isCron;
     dstBox.hidden = !isCron;
-    zoneBox.querySelector('.help').textContent = t(isCron ? 'schedule_form.timezone_help' : 'schedule_form.timezone_help_every');
+    // "Your browser's zone is filled in" is true of a new schedule only: an edit shows its own.
+    zoneBox.querySelector('.help').textContent = t(isCron ? 'schedule_form.timezone_help' : 'schedule_form.timezone_help_every')
+      + (isNew ? ` ${t('schedule_form.zone_filled')}` : '');
     maxBox.hidden = overlap.value !== 'allow';
     windowBox.hidden = catchup.value !== 'latest';
   }

@@ -7,7 +7,7 @@ import { api, can, path, query } from '../api.js';
 import { h, link, put, raw } from '../dom.js';
 import { has, t } from '../i18n.js';
 import { archivedBadge, isoRaw, localTime, shortId, timeEl, utcTime } from '../format.js';
-import { errorBox, facts, loadMore, loadingRow, missing, onEscape, resultSlot, scopeNote, settle } from './common.js';
+import { errorBox, facts, loadMore, loadingRow, missing, onEscape, outOfScope, resultSlot, scopeNote, settle } from './common.js';
 import { go } from '../main.js';
 
 function cadence(s) {
@@ -50,6 +50,7 @@ async function archivedTasks(signal) {
 }
 
 export function schedulesPage(view, { signal, ready }) {
+  if (outOfScope(view, t('schedules.title'), 'definitions:read', ready, 'common.scope_list')) return;
   const body = h('tbody', {}, loadingRow(5));
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t('schedules.empty'));
@@ -99,6 +100,7 @@ export function schedulesPage(view, { signal, ready }) {
 }
 
 export function schedulePage(view, { args: [name], signal, ready }) {
+  if (outOfScope(view, [t('schedules.schedule'), ' ', raw(name)], 'definitions:read', ready)) return;
   const problem = h('div');
   const result = resultSlot();
   const head = h('div', { class: 'page-head' }, h('h1', {}, t('schedules.schedule'), ' ', raw(name)));
@@ -179,7 +181,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
         : can('definitions:write') && h('button', { type: 'button', id: 'pause', class: 'secondary', on: { click: () => act('pause') } }, t('schedules.pause')),
       both && h('a', { class: 'button secondary', id: 'edit-schedule', href: `#/schedules/${encodeURIComponent(s.name)}/edit` }, t('schedule_form.edit_button')),
       both && removal.start,
-      h('a', { id: 'schedule-runs', href: `#/runs?schedule=${encodeURIComponent(s.name)}` }, t('schedules.see_runs')),
+      can('runs:read') && h('a', { id: 'schedule-runs', href: `#/runs?schedule=${encodeURIComponent(s.name)}` }, t('schedules.see_runs')),
       both && removal.question);
     pausedNote.hidden = !s.paused;
     settle(fires);
@@ -225,7 +227,7 @@ export function schedulePage(view, { args: [name], signal, ready }) {
       result.ok(t(`schedules.done_${what}`));
       // Pause became resume: the keyboard stays here (on the runs link if resume is not
       // offered: a token with definitions:write alone pauses, and cannot resume).
-      actions.querySelector('button, a').focus();
+      actions.querySelector('button, a')?.focus();
     } catch (err) {
       result.fail(err);
     }

@@ -9,11 +9,13 @@ import { t } from '../i18n.js';
 import { archivedBadge, bytes, statusBadge, timeEl } from '../format.js';
 import { recipesShown, revisionLines, sideBySide } from '../diff.js';
 import { go } from '../main.js';
-import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, onEscape, resultSlot, scopeNote, settle } from './common.js';
+import { FormError, busy, errorBox, facts, loadMore, loadingRow, missing, numberOrNull, onEscape, outOfScope, resultSlot, scopeNote, settle } from './common.js';
 
 export function tasksPage(view, { params, signal, ready }) {
   // Archived tasks are left out of the list; this page lists them alone when asked.
   const archived = params.get('archived') === 'only';
+  const title = t(archived ? 'tasks.title_archived' : 'tasks.title');
+  if (outOfScope(view, title, 'definitions:read', ready, 'common.scope_list')) return;
   const body = h('tbody', {}, loadingRow(3));
   const problem = h('div');
   const empty = h('p', { class: 'empty', hidden: true }, t(archived ? 'tasks.empty_archived' : 'tasks.empty'));
@@ -22,7 +24,7 @@ export function tasksPage(view, { params, signal, ready }) {
     ? h('a', { class: 'button secondary', id: 'show-current', href: '#/tasks' }, t('tasks.show_current'))
     : h('a', { class: 'button secondary', id: 'show-archived', href: '#/tasks?archived=only' }, t('tasks.show_archived'));
   put(view, h('section', { class: 'page' },
-    h('div', { class: 'page-head' }, h('h1', {}, t(archived ? 'tasks.title_archived' : 'tasks.title')),
+    h('div', { class: 'page-head' }, h('h1', {}, title),
       h('div', { class: 'actions' }, archived || !can('definitions:write') ? null : h('a', { class: 'button', id: 'new-task', href: '#/new-task' }, t('define.new_task')), other)),
     archived ? h('p', { class: 'help' }, t('tasks.archived_help')) : scopeNote('definitions:write'),
     problem,
@@ -99,6 +101,7 @@ export function tasksPage(view, { params, signal, ready }) {
 }
 
 export function taskPage(view, { args: [task], params, signal, ready }) {
+  if (outOfScope(view, [t('tasks.task'), ' ', raw(task)], 'definitions:read', ready)) return;
   const problem = h('div');
   const result = resultSlot();
   // What the token may not do is not drawn even while the task loads (or if it fails to).
@@ -121,7 +124,7 @@ export function taskPage(view, { args: [task], params, signal, ready }) {
   put(view, h('section', { class: 'page' },
     h('div', { class: 'page-head' }, h('h1', {}, t('tasks.task'), ' ', raw(task), ' ', tag),
       h('div', { class: 'actions' }, start, newRevision, scheduleIt,
-        h('a', { class: 'button secondary', href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs')),
+        can('runs:read') && h('a', { class: 'button secondary', href: `#/runs?task=${encodeURIComponent(task)}` }, t('tasks.see_runs')),
         archiving.start)),
     // What the token may not do is not offered; the note names the scopes it lacks.
     scopeNote('runs:write definitions:write'),
@@ -369,7 +372,9 @@ function retentionForm(task, signal) {
   const result = resultSlot();
   const inputs = {};
   const helps = {};
-  const save = h('button', { type: 'submit', id: 'retention-save', class: 'secondary' }, t('retention.save'));
+  // Offered once the stored policy is shown: a save of fields left empty because it could
+  // not be read would set every value back to the global one.
+  const save = h('button', { type: 'submit', id: 'retention-save', class: 'secondary', hidden: true }, t('retention.save'));
   const fields = RETENTION_FIELDS.map((k) => {
     inputs[k] = h('input', { id: `ret-${k}`, name: k, type: 'number', inputmode: 'numeric', min: '0', 'aria-describedby': `ret-${k}-help` });
     helps[k] = h('p', { class: 'help', id: `ret-${k}-help` });
@@ -388,6 +393,7 @@ function retentionForm(task, signal) {
   result.clearOkOnEdit(form);
 
   function draw(r) {
+    save.hidden = false;
     for (const k of RETENTION_FIELDS) {
       const v = r.override[k];
       inputs[k].value = v === null || v === undefined ? '' : String(v);
@@ -407,7 +413,7 @@ function retentionForm(task, signal) {
 
   async function onSave(ev) {
     ev.preventDefault();
-    if (readOnly) return; // Enter in a field submits a form that has no button
+    if (readOnly || save.hidden) return; // Enter submits a form whose button is not offered
     result.clear();
     const done = busy(save);
     const body = {};
