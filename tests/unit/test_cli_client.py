@@ -428,6 +428,28 @@ def test_an_empty_id_or_name_is_refused_before_anything_is_sent(
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [(["runs", "show", "."], "."), (["runs", "logs", ".."], ".."),
+     (["tasks", "show", "a/b"], "a/b"), (["tasks", "retention", "..", "--keep-runs", "1"], ".."),
+     (["schedules", "show", "a/b"], "a/b"), (["schedules", "delete", "../tasks"], "../tasks"),
+     (["runs", "pin", "a/b"], "a/b")],
+)  # fmt: skip
+def test_a_name_the_url_cannot_carry_is_refused_before_anything_is_sent(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+    value: str,
+) -> None:
+    # `runs show .` asked for /runs/ (the url drops a . segment) and printed "the server's
+    # answer is not what this client expects (KeyError)"; `tasks show a/b` sent %2F, which the
+    # api's router reads as /, and the 404 blamed --url.
+    sent = httpx.Response(500, json={"detail": "a request was sent"})
+    assert _main_against(monkeypatch, sent, *args) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"error: {value} is not a name or run id: none holds a / or is . or ..; nothing was"
+        " sent\n"
+    )
+
+
 class _UnreadStdin(io.StringIO):
     def isatty(self) -> bool:
         return False

@@ -20,7 +20,6 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any, BinaryIO, TextIO
-from urllib.parse import quote
 
 from app.cli.client import bodies, render
 from app.cli.client.api import (
@@ -32,6 +31,7 @@ from app.cli.client.api import (
     Client,
     ClientError,
     LogChunk,
+    path_segment,
     public_url,
 )
 from app.cli.client.config import (
@@ -1456,4 +1456,4 @@ def _seg(value: str) -> str:
             "an empty id or name was given (an unset shell variable?); nothing was sent",
             EXIT_USAGE,
         )
-    return quote(value, safe="")
+    return path_segment(value)

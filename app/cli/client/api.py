@@ -269,7 +269,7 @@ class Client:
 
     def log_bytes(self, run_id: str, number: int) -> bytes:
         """The whole log of one attempt."""
-        path = f"{API}/runs/{_seg(run_id)}/attempts/{number}/log"
+        path = f"{API}/runs/{path_segment(run_id)}/attempts/{number}/log"
         return self.request("GET", path).content
 
     # -- following a log -----------------------------------------------------------------
@@ -281,7 +281,7 @@ class Client:
         ``Last-Event-ID`` (the offset after the last chunk received), with backoff, for up to
         RECONNECT_FOR_S without any answer; then Unreachable.
         """
-        path = f"{API}/runs/{_seg(run_id)}/attempts/{number}/log"
+        path = f"{API}/runs/{path_segment(run_id)}/attempts/{number}/log"
         timeout = httpx.Timeout(FOLLOW_READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         failing_since: float | None = None
         delay = 0.25
@@ -377,6 +377,17 @@ def _json(response: httpx.Response) -> Any:
         ) from None
 
 
-def _seg(value: str) -> str:
-    """One path segment, percent-encoded (a run id or a name typed by the user)."""
+def path_segment(value: str) -> str:
+    """One path segment, percent-encoded (a run id or a name typed by the user).
+
+    A ``/`` reaches the api decoded (``%2F`` is ``/`` to its router) and ``.`` or ``..`` is
+    resolved away by the url, so each would name another resource (``runs show .`` asked for
+    the list of runs); no name or run id holds one, so it is refused before anything is sent.
+    """
+    if value in (".", "..") or "/" in value:
+        raise ClientError(
+            f"{one_line(value, limit=64)} is not a name or run id: none holds a / or is . or"
+            " ..; nothing was sent",
+            EXIT_USAGE,
+        )
     return quote(value, safe="")
