@@ -23,6 +23,7 @@ from app.cli import _is_client_command, main
 from app.cli.client import bodies, render
 from app.cli.client.api import (
     EXIT_API_ERROR,
+    EXIT_OK,
     EXIT_USAGE,
     ApiProblem,
     Client,
@@ -448,6 +449,28 @@ def test_a_name_the_url_cannot_carry_is_refused_before_anything_is_sent(
         f"error: {value} is not a name or run id: none holds a / or is . or ..; nothing was"
         " sent\n"
     )
+
+
+_ENDED = {"name": "once", "task": "t", "every_seconds": 60, "timezone": "UTC", "paused": False,
+          "end_at_ms": 1000, "version": 1, "next_fires": []}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "line"),
+    [(["schedules", "resume", "once"], 200,
+      "schedule once is ended: its end bound, {end}, has passed; it fires no more\n"),
+     (["schedules", "put", "once", "--task", "t", "--every", "60"], 201,
+      "schedule once created (version 1, ended)\n")],
+)  # fmt: skip
+def test_a_schedule_past_its_end_bound_is_never_said_to_be_active(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+    status: int, line: str,
+) -> None:
+    # `schedules resume once` of a schedule whose end_at_ms had passed said "schedule once is
+    # active", while `schedules list` and `show` said ended: no slot of it is left to fire.
+    answer = httpx.Response(status, json=_ENDED)
+    assert _main_against(monkeypatch, answer, *args) == EXIT_OK
+    assert capsys.readouterr().out == line.format(end=render.when(1000))
 
 
 class _UnreadStdin(io.StringIO):

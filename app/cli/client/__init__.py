@@ -1242,9 +1242,18 @@ def cmd_schedule_one(client: Client, args: argparse.Namespace) -> int:
     elif action == "show":
         print(render.schedule_fields(schedule))
     else:
-        state = "paused" if schedule.get("paused") else "active"
-        print(f"schedule {render.safe(schedule['name'])} is {state}")
+        print(f"schedule {render.safe(schedule['name'])} is {_schedule_state_words(schedule)}")
     return EXIT_OK
+
+
+def _schedule_state_words(schedule: dict[str, Any]) -> str:
+    """``paused``, ``active``, or, for one whose ``end_at_ms`` passed, ``ended`` and when: a
+    resumed schedule with no slot left is not active."""
+    state = render.schedule_state(schedule)
+    if state != "ended":
+        return state
+    end = render.when(schedule["end_at_ms"])
+    return f"ended: its end bound, {end}, has passed; it fires no more"
 
 
 def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
@@ -1276,7 +1285,8 @@ def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
     what = "created" if status == 201 else "saved"
     fires = schedule.get("next_fires") or []
     nxt = f"; next {render.when(fires[0]['at_ms'])} ({fires[0]['local']})" if fires else ""
-    state = ", paused" if schedule.get("paused") else ""
+    state = render.schedule_state(schedule)
+    state = "" if state == "active" else f", {state}"
     print(f"schedule {render.safe(schedule['name'])} {what} (version {schedule['version']}"
           f"{state}){render.safe(nxt)}")  # fmt: skip
     return EXIT_OK
