@@ -473,6 +473,22 @@ def test_a_schedule_past_its_end_bound_is_never_said_to_be_active(
     assert capsys.readouterr().out == line.format(end=render.when(1000))
 
 
+def test_pinning_a_run_whose_log_retention_removed_does_not_promise_its_log(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It said "retention keeps its log and rows" of a run whose log was gone (410 LOG_EXPIRED).
+    log = {"bytes": 41, "truncated": False, "expired": True, "expired_at_ms": 1000}
+    run = {"id": "r1", "pinned": True, "latest_attempt": {"number": 1, "log": log}}
+    assert _main_against(monkeypatch, httpx.Response(200, json=run), "runs", "pin", "r1") == 0
+    assert capsys.readouterr().out == (
+        f"run r1 pinned: retention keeps its rows; its log was removed {render.when(1000)},"
+        " before the pin\n"
+    )
+    kept = {**run, "latest_attempt": {"number": 1, "log": {**log, "expired": False}}}
+    assert _main_against(monkeypatch, httpx.Response(200, json=kept), "runs", "pin", "r1") == 0
+    assert capsys.readouterr().out == "run r1 pinned: retention keeps its log and rows\n"
+
+
 class _UnreadStdin(io.StringIO):
     def isatty(self) -> bool:
         return False

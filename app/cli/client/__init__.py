@@ -858,7 +858,13 @@ def cmd_runs_pin(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(run)
     elif run["pinned"]:
-        print(f"run {run['id']} pinned: retention keeps its log and rows")
+        log = (run.get("latest_attempt") or {}).get("log") or {}
+        if log.get("expired"):  # pinned too late for the log: only the rows are kept
+            gone = render.when(log.get("expired_at_ms"))
+            print(f"run {run['id']} pinned: retention keeps its rows; its log was removed "
+                  f"{gone}, before the pin")  # fmt: skip
+        else:
+            print(f"run {run['id']} pinned: retention keeps its log and rows")
     else:
         print(f"run {run['id']} unpinned")
     return EXIT_OK
