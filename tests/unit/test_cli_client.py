@@ -1435,6 +1435,25 @@ def test_an_interval_schedule_in_a_zone_with_summer_time_is_warned_in_winter_too
     assert bodies.every_zone_warning(hourly) is None  # a whole hour: every slot on the hour
 
 
+@pytest.mark.parametrize(
+    ("every", "local", "where"),
+    [(86400, "2026-12-09T05:30:00+05:30", "its slots fall at 05:30:00 there"),
+     (43200, "2026-12-08T17:30:00+05:30", "its slots fall at 05:30:00 and 17:30:00 there"),
+     (7200, "2026-12-08T09:30:00+05:30", "its slots fall at 01:30:00, 03:30:00, ... 23:30:00"),
+     (2147483647, "2038-01-19T08:44:07+05:30", "its next slot falls at 08:44:07 there")],
+)  # fmt: skip
+def test_the_every_warning_says_where_every_slot_falls_not_only_the_next(
+    every: int, local: str, where: str
+) -> None:
+    # `--every 7200 --timezone Europe/Berlin` said "its slots fall at 03:00:00 there", the next
+    # slot's time, as if that were the only one (they fall at 01:00, 03:00, ... 23:00).
+    fires = [{"local": local}]
+    said = bodies.every_zone_warning(
+        {"every_seconds": every, "timezone": "Asia/Kolkata", "next_fires": fires}
+    )
+    assert said is not None and f"Asia/Kolkata: {where}" in said, said
+
+
 @pytest.fixture
 def berlin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process's local zone is Europe/Berlin (CET/CEST) for the test."""

@@ -312,13 +312,30 @@ def every_zone_warning(schedule: Mapping[str, Any]) -> str | None:
         pass
     if not now_off and not seasons:
         return None
-    where = f"its slots fall at {local:%H:%M:%S} there"
+    where = _slot_times(local, every)
     if not now_off:
         where += " now, and elsewhere on the clock while its daylight-saving time holds"
     return (
         f"warning: --every {every} counts from 1970-01-01 00:00 UTC, not from midnight in "
         f"{zone}: {where}; for a fixed local time use --cron (docs/schedules-time.md §1)"
     )
+
+
+def _slot_times(local: datetime, every: int) -> str:
+    """Where the slots of ``every`` seconds fall on the zone's clock, from the next one at
+    ``local``: one time of day for whole days; the day's first, second and last for an
+    interval a day holds a whole number of times; else the next one (they move each day)."""
+    day = 86400
+    if every % day == 0:
+        return f"its slots fall at {local:%H:%M:%S} there"
+    if day % every:
+        return f"its next slot falls at {local:%H:%M:%S} there"
+    first = (local.hour * 3600 + local.minute * 60 + local.second) % every
+    times = [first, first + every, first + (day // every - 1) * every]
+    clock = [f"{t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}" for t in times]
+    if day // every == 2:
+        return f"its slots fall at {clock[0]} and {clock[1]} there"
+    return f"its slots fall at {clock[0]}, {clock[1]}, ... {clock[2]} there"
 
 
 def schedule_body(base: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any]:
