@@ -38,6 +38,7 @@ def _retention_out(r: TaskRetention) -> RetentionOut:
             keep_rows=e.keep_rows,
             task_log_bytes=e.task_log_bytes,
         ),
+        retention_enabled=r.enabled,
     )
 
 

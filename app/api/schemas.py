@@ -661,6 +661,9 @@ class RetentionOut(BaseModel):
     task: str
     override: RetentionIn
     effective: RetentionPolicyOut
+    retention_enabled: bool = Field(
+        description="false under QL_RETENTION=off: no sweep runs, effective is applied to nothing"
+    )
 
 
 class SweepOut(BaseModel):

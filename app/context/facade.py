@@ -154,6 +154,8 @@ class TaskRetention:
     task: str
     override: TaskOverride
     effective: RetentionPolicy
+    # False under QL_RETENTION=off: no sweep runs, so ``effective`` is applied to nothing.
+    enabled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,7 +543,7 @@ class AppFacade:
         self._definitions.latest_revision(task)  # TASK_NOT_FOUND
         repo, config = self._retention_parts()
         override = repo.get_override(task) or TaskOverride()
-        return TaskRetention(task, override, override.in_force(config.policy))
+        return TaskRetention(task, override, override.in_force(config.policy), config.enabled)
 
     def put_task_retention(
         self, *, task: str, override: TaskOverride
@@ -551,7 +553,7 @@ class AppFacade:
         repo, config = self._retention_parts()
         effective = override.over(config.policy)  # VALIDATION_FAILED before any write
         created = repo.put_override(task, override)
-        return TaskRetention(task, override, effective), created
+        return TaskRetention(task, override, effective, config.enabled), created
 
     def pin_run(self, *, run_id: str, pinned: bool) -> Run:
         """Pin (or unpin) a run: a pinned run keeps its logs and rows against every policy."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from app.settings import Settings
+from app.api.main import create_app
+from app.settings import RetentionSettings, Settings
 from tests.api.conftest import Client, MakeToken, assert_problem, at_once
 
 
@@ -59,3 +62,23 @@ def test_concurrent_first_puts_of_a_task_policy_are_one_201_and_no_500(
     ])  # fmt: skip
     statuses = sorted(a.status_code for a in answers)
     assert statuses.count(201) == 1 and set(statuses) == {200, 201}, statuses
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_tasks_retention_says_when_the_service_sweeps_nothing(
+    client: Client, admin: dict[str, str], task: str, settings: Settings
+) -> None:
+    # Under QL_RETENTION=off the answer's "effective" read as the policy in force (the CLI's
+    # IN FORCE column), while no sweep ever applies it; the storage figures alone said so.
+    url = f"/api/v1/tasks/{task}/retention"
+    assert client.get(url, headers=admin).json()["retention_enabled"] is True
+    off = dataclasses.replace(settings, retention=RetentionSettings(enabled=False))
+    off_client = Client(create_app(off, execution=False))
+    try:
+        assert off_client.get(url, headers=admin).json()["retention_enabled"] is False
+        put = off_client.put(url, json={"keep_runs": 3}, headers=admin).json()
+        assert put["retention_enabled"] is False and put["effective"]["keep_runs"] == 3
+        storage = off_client.get("/api/v1/system/storage", headers=admin).json()
+        assert storage["retention_enabled"] is False
+    finally:
+        off_client.close()

@@ -489,6 +489,21 @@ def test_pinning_a_run_whose_log_retention_removed_does_not_promise_its_log(
     assert capsys.readouterr().out == "run r1 pinned: retention keeps its log and rows\n"
 
 
+def test_tasks_retention_says_the_service_sweeps_nothing_under_retention_off() -> None:
+    # Under QL_RETENTION=off the IN FORCE column read as applied while nothing is swept.
+    fields = {"keep_runs": 1, "keep_days": 14, "keep_rows": 1000, "task_log_bytes": None}
+    policy = {"task": "t", "override": {}, "effective": fields, "retention_enabled": False}
+    shown = render.retention_table(policy)
+    assert shown.endswith(
+        "\nretention is off on this service (QL_RETENTION=off): no sweep runs, so nothing is"
+        " deleted whatever is in force"
+    ), shown
+    assert "retention is off" not in render.retention_table(policy | {"retention_enabled": True})
+    assert "retention is off" not in render.retention_table(  # an older server's answer
+        {k: v for k, v in policy.items() if k != "retention_enabled"}
+    )
+
+
 class _UnreadStdin(io.StringIO):
     def isatty(self) -> bool:
         return False

@@ -498,7 +498,13 @@ def retention_table(policy: Mapping[str, Any]) -> str:
         )
         for field in ("keep_runs", "keep_days", "keep_rows", "task_log_bytes")
     ]
-    return f"task {safe(policy['task'])}\n" + table(("FIELD", "TASK'S OWN", "IN FORCE"), rows)
+    shown_table = table(("FIELD", "TASK'S OWN", "IN FORCE"), rows)
+    if policy.get("retention_enabled") is False:  # an older server sends no such field
+        shown_table += (
+            "\nretention is off on this service (QL_RETENTION=off): no sweep runs, so nothing"
+            " is deleted whatever is in force"
+        )
+    return f"task {safe(policy['task'])}\n" + shown_table
 
 
 def size(n: int | None) -> str:
