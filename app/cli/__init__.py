@@ -104,11 +104,21 @@ def _is_client_command(argv: Sequence[str]) -> bool:
     return words[0] in CLIENT_COMMANDS
 
 
+_DATA_DIR_TO_CLIENT = (
+    "--data-dir is for the service's own commands; this one talks to an api: give --url (or QL_URL)"
+)
+
+
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """``parse_args``, but an unknown option is refused by the sub-command it was given to,
     with that command's usage (argparse leaves it to the top parser, whose usage is of no
     help: ``qinglong [-h] [--data-dir DATA_DIR] COMMAND ...``)."""
     args, extras = parser.parse_known_args(argv)
+    if any(word == "--data-dir" or word.startswith("--data-dir=") for word in extras):
+        # Only a client command lacks the option (every service command takes it): given
+        # after the command, as `token bootstrap --data-dir DIR` is, it is refused the same
+        # way as before it (main).
+        _leaf(parser, argv).error(_DATA_DIR_TO_CLIENT)
     if extras:
         _leaf(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")
     return args
@@ -150,10 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         client_args = _parse(parser, head)
         if getattr(client_args, "data_dir", None) is not None:
             # Taken and ignored, it read as "the service of that data dir" (docs/api.md §8).
-            _leaf(parser, head).error(
-                "--data-dir is for the service's own commands; this one talks to an api: "
-                "give --url (or QL_URL)"
-            )
+            _leaf(parser, head).error(_DATA_DIR_TO_CLIENT)
         if rest is not None:
             if not hasattr(client_args, "job_argv"):
                 _leaf(parser, head).error(f"unrecognized arguments: -- {' '.join(rest)}")

@@ -831,6 +831,26 @@ def test_a_client_command_refuses_a_data_dir_it_would_ignore(
     assert err.startswith("usage: qinglong runs list ") and "give --url (or QL_URL)" in err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["schedules", "list", "--data-dir", "/srv/q"], ["runs", "list", "--data-dir=/srv/q"],
+     ["tasks", "put", "t", "--data-dir", "/srv/q", "--", "/bin/true"]],
+)  # fmt: skip
+def test_a_data_dir_after_a_client_command_is_refused_with_the_same_reason(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    # Given after the command, as `qinglong token bootstrap --data-dir DIR` takes it, it was
+    # argparse's "unrecognized arguments: --data-dir /srv/q", with no word of --url.
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: qinglong {argv[0]} {argv[1]} ") and err.endswith(
+        "error: --data-dir is for the service's own commands; this one talks to an api: give "
+        "--url (or QL_URL)\n"
+    ), err
+
+
 def test_a_schedule_revision_that_is_not_a_number_says_latest_is_one_too(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
