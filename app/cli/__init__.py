@@ -187,6 +187,21 @@ def _sqlite_without_room(args: argparse.Namespace, exc: BaseException) -> bool:
     return database is not None and cannot_open_for_room(exc, database)
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer `| head` stopped
+
+
+def _stdout_reader_gone() -> bool:
+    """stdout is a pipe whose reader closed it (poll says POLLERR on its write end)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
 def _service_main(argv: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -207,7 +222,19 @@ def _service_main(argv: list[str]) -> int:
     args = _parse(parser, argv)
     handler: Handler = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        # What print() buffered is written here: at the interpreter's exit a reader gone
+        # (``token list | head``) would be "Exception ignored" and exit 120.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        if not _stdout_reader_gone():  # another pipe of the command's: not ours to hide
+            raise
+        # As the client commands (docs/cli.md §4): the reader stopped early, no traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
     except ApiCannotStart as exc:
         from app.api.start_failure import EXIT_CANNOT_START
 

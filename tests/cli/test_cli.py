@@ -72,6 +72,25 @@ def test_token_lifecycle_shows_the_token_once_and_stores_only_its_digest(tmp_pat
     assert "Traceback" not in again.stderr
 
 
+def test_token_list_into_a_pipe_closed_early_is_exit_141_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    # `qinglong token list | head -0`: a BrokenPipeError traceback and exit 1 before.
+    assert ql("migrate", data_dir=tmp_path).returncode == 0
+    assert ql("token", "create", "--scope", "runs:read", data_dir=tmp_path).returncode == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes a byte
+    try:
+        listed = subprocess.run(
+            [sys.executable, "-m", "app", "token", "list", "--data-dir", str(tmp_path)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, env=env, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (listed.returncode, listed.stderr) == (141, "")
+
+
 def test_token_list_on_a_terminal_has_a_header_line(tmp_path: Path) -> None:
     """A person reads columns by their names; a script (no terminal) reads rows only."""
     assert ql("migrate", data_dir=tmp_path).returncode == 0
