@@ -851,6 +851,23 @@ def test_a_data_dir_after_a_client_command_is_refused_with_the_same_reason(
     ), err
 
 
+def test_schedules_put_help_says_what_each_policy_flag_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # --overlap, --catchup and --catchup-window had no help at all: a crontab user could not
+    # tell that the window bounds --catchup latest only.
+    with pytest.raises(SystemExit):
+        main(["schedules", "put", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for words in (
+        "--overlap {skip,allow,queue_one,replace} a slot while a run of the schedule has not",
+        "--catchup {latest,all,none} slots missed while down or paused:",
+        "--catchup-window SECONDS under --catchup latest: the newest missed slot runs only if",
+        "--max-concurrent N runs at once under --overlap allow (default 1)",
+    ):
+        assert words in shown, words
+
+
 def test_a_schedule_revision_that_is_not_a_number_says_latest_is_one_too(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -298,11 +298,29 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
         help="an IANA zone: --cron's times are read in it; --every's are only shown in it "
         "(default UTC)",
     )  # fmt: skip
-    put.add_argument("--overlap", choices=["skip", "allow", "queue_one", "replace"])
-    put.add_argument("--max-concurrent", type=int, help="runs at once under --overlap allow")
-    put.add_argument("--catchup", choices=["latest", "all", "none"])
-    put.add_argument("--catchup-window", type=int, metavar="SECONDS")
-    put.add_argument("--jitter", type=int, metavar="SECONDS", help="0..86400")
+    put.add_argument(
+        "--overlap", choices=["skip", "allow", "queue_one", "replace"],
+        help="a slot while a run of the schedule has not ended: skip it (default), allow up to "
+        "--max-concurrent runs, queue_one (one waits), replace (cancel the older)",
+    )  # fmt: skip
+    put.add_argument(
+        "--max-concurrent", type=int, metavar="N",
+        help="runs at once under --overlap allow (default 1)",
+    )
+    put.add_argument(
+        "--catchup", choices=["latest", "all", "none"],
+        help="slots missed while down or paused: latest (default) runs the newest one, all "
+        "decides each in order under --overlap (up to 100), none runs none",
+    )  # fmt: skip
+    put.add_argument(
+        "--catchup-window", type=int, metavar="SECONDS",
+        help="under --catchup latest: the newest missed slot runs only if at most this old "
+        "(default 3600)",
+    )  # fmt: skip
+    put.add_argument(
+        "--jitter", type=int, metavar="SECONDS",
+        help="0..86400: each slot waits up to this long, the same delay every time",
+    )  # fmt: skip
     put.add_argument(
         "--paused", action="store_true",
         help="store it paused; without it (and without paused in --file) it is active",
