@@ -20,7 +20,12 @@ _HISTORY_MAX = 1000
 
 
 def _limit(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:  # argparse would say "invalid _limit value", naming this function
+        raise argparse.ArgumentTypeError(
+            f"a whole number 1..{_HISTORY_MAX} is required, not {value!r}"
+        ) from None
     if not 1 <= number <= _HISTORY_MAX:
         raise argparse.ArgumentTypeError(f"must be 1..{_HISTORY_MAX}")
     return number

@@ -868,6 +868,18 @@ def test_schedules_put_help_says_what_each_policy_flag_does(
         assert words in shown, words
 
 
+def test_lease_history_limit_that_is_not_a_number_is_said_without_a_function_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # It read "argument --limit: invalid _limit value: 'abc'".
+    with pytest.raises(SystemExit) as caught:
+        main(["lease", "history", "--limit", "abc"])
+    assert caught.value.code == EXIT_USAGE
+    assert capsys.readouterr().err.endswith(
+        "error: argument --limit: a whole number 1..1000 is required, not 'abc'\n"
+    )
+
+
 def test_a_schedule_revision_that_is_not_a_number_says_latest_is_one_too(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
