@@ -143,7 +143,7 @@ class RetentionRepository:
                 select(task_revisions.c.task).where(task_revisions.c.task == task).limit(1)
             ).first()
             if exists is None:
-                raise NotFound(ErrorCode.TASK_NOT_FOUND, "no such task")
+                raise NotFound(ErrorCode.TASK_NOT_FOUND, f"no task named {task}")
             done = uow.conn.execute(
                 update(task_retention).where(task_retention.c.task == task).values(**values)
             )

@@ -28,8 +28,10 @@ def test_retention_routes_validate_refuse_and_enforce_their_scopes(
     assert_problem(client.put(url, json={"keep_runs": "x"}, headers=admin), 422,
                    "VALIDATION_FAILED")  # fmt: skip
     assert_problem(client.put(url, json={"bogus": 1}, headers=admin), 422, "VALIDATION_FAILED")
-    assert_problem(client.put("/api/v1/tasks/nope/retention", json={}, headers=admin), 404,
-                   "TASK_NOT_FOUND")  # fmt: skip
+    unknown = assert_problem(client.put("/api/v1/tasks/nope/retention", json={}, headers=admin),
+                             404, "TASK_NOT_FOUND")  # fmt: skip
+    # As GET says it (and every other route): it said "no such task".
+    assert unknown["detail"] == "no task named nope"
     assert client.put(url, json={"keep_runs": 3}, headers=admin).status_code == 201
     again = client.put(url, json={"keep_runs": 4}, headers=admin)
     assert again.status_code == 200 and again.json()["effective"]["keep_runs"] == 4
