@@ -293,6 +293,8 @@ def every_zone_warning(schedule: Mapping[str, Any]) -> str | None:
     fires = schedule.get("next_fires") or []
     if not isinstance(every, int) or every <= 0 or not fires or zone in (None, "UTC"):
         return None
+    if every % 86400 and 86400 % every:  # its slots move on any clock from day to day
+        return None
     try:
         local = datetime.fromisoformat(str(fires[0].get("local")))
     except (ValueError, AttributeError):
@@ -324,12 +326,10 @@ def every_zone_warning(schedule: Mapping[str, Any]) -> str | None:
 def _slot_times(local: datetime, every: int) -> str:
     """Where the slots of ``every`` seconds fall on the zone's clock, from the next one at
     ``local``: one time of day for whole days; the day's first, second and last for an
-    interval a day holds a whole number of times; else the next one (they move each day)."""
+    interval a day holds a whole number of times (the only others warned of)."""
     day = 86400
     if every % day == 0:
         return f"its slots fall at {local:%H:%M:%S} there"
-    if day % every:
-        return f"its next slot falls at {local:%H:%M:%S} there"
     first = (local.hour * 3600 + local.minute * 60 + local.second) % every
     times = [first, first + every, first + (day // every - 1) * every]
     clock = [f"{t // 3600:02d}:{t // 60 % 60:02d}:{t % 60:02d}" for t in times]
