@@ -1972,6 +1972,26 @@ def _the_cron_help_names_the_aliases_in_both_languages(site: Site) -> None:
         page.context.close()
 
 
+def _switching_the_language_keeps_what_was_typed(site: Site) -> None:
+    """The page is drawn again in the other language: a half-typed form was blanked."""
+    page = site.page()
+    site.sign_in(page, path="new-task")
+    page.wait_for_selector("main[aria-busy=false] #def-argv")
+    page.fill("#def-task", "typed-then-switched")
+    page.fill("#def-argv", "/bin/echo\nkept")
+    page.select_option("#lang", "zh-CN")
+    page.wait_for_selector("#nav a[href='#/runs']:text-is('运行')")
+    page.wait_for_selector("main[aria-busy=false] #def-argv")
+    assert (page.input_value("#def-task"), page.input_value("#def-argv")) == (
+        "typed-then-switched", "/bin/echo\nkept")  # fmt: skip
+    assert page.inner_text("#notice") == ""  # nothing happened to the typing: nothing said
+    page.select_option("#lang", "en")
+    page.wait_for_selector("#nav a[href='#/runs']:text-is('Runs')")
+    assert page.input_value("#def-task") == "typed-then-switched"
+    assert page.errors == []
+    page.context.close()
+
+
 def _decisions(site: Site) -> list[dict[str, Any]]:
     r = site.api("GET", f"/api/v1/schedules/{site.schedule}/decisions")
     assert r.status_code == 200, r.text
@@ -2004,5 +2024,6 @@ def test_the_ui_in_a_real_browser_against_a_real_serve(site: Site) -> None:
     _a_times_utc_form_is_in_its_text_not_only_a_title(site)
     _nothing_is_wider_than_a_320_px_phone(site)
     _the_cron_help_names_the_aliases_in_both_languages(site)
+    _switching_the_language_keeps_what_was_typed(site)
     _zh_cn_pages_show_no_untranslated_label_and_every_page_is_captured(site)
     _the_keyboard_bad_numbers_unknown_ids_and_a_stopped_service_are_told_truthfully(site)

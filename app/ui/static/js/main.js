@@ -45,15 +45,17 @@ let rendered = false;
 // What the page's forms held when a 401 sent the user to sign in again ({route, fields}: each
 // field's id and value), in this module only (never stored: an environment value may be in
 // it), put back once that page is drawn again: a revoked token must not cost a typed script.
+// The language switch draws the page again too, and keeps what was typed the same way
+// (quiet: it says nothing, as nothing happened to the user's typing).
 let draft = null;
 
-function takeDraft(route) {
+function takeDraft(route, quiet = false) {
   const fields = {};
   // A password field (a secret's value) is never kept, as the page itself never keeps one.
   for (const el of document.querySelectorAll('#view form :is(input, textarea, select)[id]:not([type=password])')) {
     fields[el.id] = el.matches('[type=checkbox], [type=radio]') ? el.checked : el.value;
   }
-  draft = Object.keys(fields).length ? { route, fields } : null;
+  draft = Object.keys(fields).length ? { route, fields, quiet } : null;
 }
 
 /** Put a draft of this route back (then the page's own listeners see each change); true if so. */
@@ -169,7 +171,8 @@ function render() {
       for (const form of held) form.inert = false;
       for (const body of view.querySelectorAll('tbody')) settle(body); // a call that failed too
       for (const item of view.querySelectorAll('li.loading-row')) { item.closest('[aria-busy]')?.setAttribute('aria-busy', 'false'); item.remove(); }
-      if (restoreDraft(view, route)) notify(t('signin.draft_restored'));
+      const quiet = Boolean(draft && draft.quiet);
+      if (restoreDraft(view, route) && !quiet) notify(t('signin.draft_restored'));
     };
     const stop = page(view, { args, params, signal: controller.signal, ready });
     // The page's forms take no typing until its first data is drawn: a value typed meanwhile
@@ -208,6 +211,7 @@ async function start() {
     location.hash = `#/signin${path ? `?next=${encodeURIComponent(here)}` : ''}`;
   });
   document.getElementById('lang').addEventListener('change', async (ev) => {
+    if (session.token && parseHash().path !== 'signin') takeDraft(location.hash.replace(/^#\/?/, ''), true);
     await loadLanguage(ev.target.value, true);
     render();
     // The same page in the other language: no navigation, so the keyboard stays on the switch
