@@ -363,7 +363,8 @@ class QueueFull(DomainError):
     def __init__(self, max_queued: int) -> None:
         super().__init__(
             ErrorCode.QUEUE_FULL,
-            f"{max_queued} runs are queued already (QL_MAX_QUEUED); retry later",
+            ("1 run is" if max_queued == 1 else f"{max_queued} runs are")
+            + " queued already (QL_MAX_QUEUED); retry later",
         )
         self.max_queued = max_queued
 

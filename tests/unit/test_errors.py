@@ -22,6 +22,7 @@ from app.domain.errors import (
     LaunchFailed,
     LaunchOutcomeUnknown,
     NotMigrated,
+    QueueFull,
     ValidationFailed,
 )
 from app.domain.states import AttemptStatus, RunStatus, transition_attempt, transition_run
@@ -167,3 +168,9 @@ def test_a_raises_line_names_only_exceptions_of_the_one_module_or_the_standard_l
                 continue
             cls = getattr(errors, word, None) or getattr(builtins, word, None)
             assert inspect.isclass(cls) and issubclass(cls, Exception), (cls_name, method, word)
+
+
+
+def test_a_queue_full_of_one_run_says_one_run_not_1_runs() -> None:
+    assert QueueFull(1).detail.startswith("1 run is queued already (QL_MAX_QUEUED)")
+    assert QueueFull(3).detail.startswith("3 runs are queued already")

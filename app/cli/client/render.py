@@ -558,7 +558,9 @@ def storage_fields(storage: Mapping[str, Any], *, tz: tzinfo | None = None) -> s
     sweeps = storage.get("sweeps") or ([sweep] if sweep else [])
     for one in sweeps:
         what = f"{when(one['at_ms'], tz=tz)} in {one['duration_ms']} ms: "
-        what += f"{one['expired_logs']} logs expired, {one['deleted_runs']} runs deleted, "
+        logs, runs = one["expired_logs"], one["deleted_runs"]
+        what += f"{logs} log{'' if logs == 1 else 's'} expired, "
+        what += f"{runs} run{'' if runs == 1 else 's'} deleted, "
         what += f"{size(one['freed_bytes'])} freed"
         host = one.get("host") or one.get("instance_id")
         if len(sweeps) == 1:
