@@ -243,9 +243,9 @@ async function start() {
   });
   window.addEventListener('hashchange', render);
   // A tab signed in before the server said what a token may do (or while it could not
-  // answer) learns it once, before the first page is drawn from it.
-  // A 401 here is left to the page's own first call (one sign-in view, with its notice),
-  // and a server that does not answer soon does not hold the page blank.
+  // answer) learns it once, before the first page is drawn from it. A 401 here is left to the
+  // page's own first call (one sign-in view, with its notice), and a server that does not
+  // answer within 3 s does not hold the page blank.
   if (session.token && !session.self) {
     try {
       await learnSelf({ signInCheck: true, signal: AbortSignal.timeout(3000) });
