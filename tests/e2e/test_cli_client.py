@@ -455,9 +455,11 @@ def _definitions_reruns_and_retention(
     code, out, _ = run_main(capsys, served, "tasks", "retention", "greet", "--clear", "--json")
     assert set(json.loads(out)["override"].values()) == {None}
 
-    # system: storage (admin), ready (no token needed).
+    # system: storage (admin), token (any token), ready (no token needed).
     code, out, _ = run_main(capsys, served, "system", "storage")
     assert code == 0 and "runs kept:" in out and "reserve:" in out
+    code, out, _ = run_main(capsys, served, "system", "token")
+    assert code == 0 and "scopes:  admin" in out and "expires: never (until revoked)" in out
     capsys.readouterr()
     assert main(["system", "ready", "--url", served.base_url]) == 0  # no token anywhere
     said = capsys.readouterr().out

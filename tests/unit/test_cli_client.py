@@ -1592,6 +1592,25 @@ def test_a_local_when_is_sent_in_utc_where_the_zones_offset_has_seconds(
 
 
 
+def test_system_token_says_the_tokens_name_scopes_and_expiry(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a token may do, asked of the server (a 403 elsewhere names one scope only)."""
+    body = {"name": "ci\x1b[2J", "scopes": ["logs:read", "runs:read"], "expires_at_ms": 0}
+    answers = {("GET", "/api/v1/token"): httpx.Response(200, json=body)}
+    code, _ = _recording_main(
+        monkeypatch, answers, "system", "token", "--url", "http://t", "--token", "ql_" + "A" * 43
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "scopes:  logs:read runs:read" in out, out
+    assert "\x1b" not in out and "1970-01-01" in out  # a name is shown safe; the expiry a time
+    answers[("GET", "/api/v1/token")] = httpx.Response(200, json=body | {"expires_at_ms": None})
+    code, _ = _recording_main(
+        monkeypatch, answers, "system", "token", "--url", "http://t", "--token", "ql_" + "A" * 43
+    )
+    assert "expires: never (until revoked)" in capsys.readouterr().out
+
+
 def test_system_ready_says_how_the_job_process_limit_holds(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

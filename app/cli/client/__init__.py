@@ -224,6 +224,11 @@ def register(sub: Any, *, with_secrets: bool = False) -> None:
         "storage", parents=[common], help="log bytes, runs kept, free space (admin)"
     )
     storage.set_defaults(handler=_client(cmd_system_storage))
+    me = ysub.add_parser(
+        "token", parents=[common],
+        help="the token this client sends: its name, scopes and expiry (any token)",
+    )  # fmt: skip
+    me.set_defaults(handler=_client(cmd_system_token))
 
     schedules = sub.add_parser(
         "schedules", help="list, show, pause, resume, put and delete schedules; their decisions"
@@ -1237,6 +1242,16 @@ def cmd_system_storage(client: Client, args: argparse.Namespace) -> int:
         _emit_json(storage)
     else:
         print(render.storage_fields(storage))
+    return EXIT_OK
+
+
+def cmd_system_token(client: Client, args: argparse.Namespace) -> int:
+    """``GET /token``: what the token sent may do (a 403 elsewhere names one scope it lacks)."""
+    mine = client.get("/token")
+    if args.json:
+        _emit_json(mine)
+    else:
+        print(render.token_fields(mine))
     return EXIT_OK
 
 

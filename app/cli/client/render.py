@@ -540,6 +540,16 @@ def process_limit_line(limit: Mapping[str, Any] | None) -> str | None:
     return f"process limit: {most} {_HELD_BY[held]}"
 
 
+def token_fields(token: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
+    """The ``system token`` block: the calling token's name, scopes and expiry."""
+    expires = token.get("expires_at_ms")
+    return fields([
+        ("name", safe(token.get("name"))),
+        ("scopes", safe(" ".join(token.get("scopes") or ())) or "-"),
+        ("expires", when(expires, tz=tz) if isinstance(expires, int) else "never (until revoked)"),
+    ])
+
+
 def storage_fields(storage: Mapping[str, Any], *, tz: tzinfo | None = None) -> str:
     """The ``system storage`` block (docs/retention.md)."""
     sweep = storage.get("last_sweep")
