@@ -191,13 +191,15 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer `| head` st
 
 
 def _stdout_reader_gone() -> bool:
-    """stdout is a pipe whose reader closed it (poll says POLLERR on its write end)."""
+    """stdout is a pipe whose reader closed it (poll says POLLERR on its write end on
+    Linux, POLLHUP on the BSDs)."""
     import select
 
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
+        gone = select.POLLERR | select.POLLHUP
+        return any(events & gone for _, events in poller.poll(0))
     except (OSError, ValueError):
         return False
 
@@ -234,6 +236,13 @@ def _service_main(argv: list[str]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+        created = getattr(args, "token_created", None)
+        if created is not None:  # shown once and now lost: an unknown copy must not live on
+            print(
+                f"token {created} was created but its output did not reach a reader: revoke "
+                f"it (qinglong token revoke {created}) and create another",
+                file=sys.stderr,
+            )
         return EXIT_BROKEN_PIPE
     except ApiCannotStart as exc:
         from app.api.start_failure import EXIT_CANNOT_START

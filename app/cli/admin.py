@@ -99,6 +99,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         record = _tokens(engine).create(
             name=name, scopes=frozenset(args.scopes), token=token, expires_in_ms=args.expires_in
         )
+    args.token_created = record.name  # said if the output is lost (app/cli/__init__.py)
     expiry = "" if record.expires_at_ms is None else f"; it expires {_utc(record.expires_at_ms)}"
     print(f"created token {record.name} with scopes {' '.join(sorted(record.scopes))}{expiry}")
     print("store it now: it is shown only once")
@@ -154,6 +155,7 @@ def cmd_token_bootstrap(args: argparse.Namespace) -> int:
             return 0
         token = new_api_token()
         repo.create(name="admin", scopes=frozenset({"admin"}), token=token)
+    args.token_created = "admin"
     print("created the admin token; store it now, it is shown only once:")
     print(token)
     return 0

@@ -91,6 +91,27 @@ def test_token_list_into_a_pipe_closed_early_is_exit_141_without_a_traceback(
     assert (listed.returncode, listed.stderr) == (141, "")
 
 
+def test_a_token_created_into_a_pipe_closed_early_says_to_revoke_it(tmp_path: Path) -> None:
+    """Shown once and lost to a closed pipe: the admin learns a token exists nobody holds."""
+    assert ql("migrate", data_dir=tmp_path).returncode == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QL_")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        made = subprocess.run(
+            [sys.executable, "-m", "app", "token", "create", "--scope", "runs:read",
+             "--name", "lost", "--data-dir", str(tmp_path)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, env=env, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert made.returncode == 141 and "Traceback" not in made.stderr
+    assert made.stderr.strip() == (
+        "token lost was created but its output did not reach a reader: revoke it "
+        "(qinglong token revoke lost) and create another"
+    )
+
+
 def test_token_list_on_a_terminal_has_a_header_line(tmp_path: Path) -> None:
     """A person reads columns by their names; a script (no terminal) reads rows only."""
     assert ql("migrate", data_dir=tmp_path).returncode == 0
