@@ -147,26 +147,41 @@ _FIELD_RANGES = {
     "month": "1-12 or jan-dec",
     "day-of-week": "0-7 or sun-sat, 0 and 7 both Sunday",
 }
-# The largest step each field takes: one past its range would match only the range's start
-# (``*/1000`` of the minutes fires once an hour), which is never what was meant.
-_MAX_STEP = {
-    "second": 59, "minute": 59, "hour": 23, "day-of-month": 31, "month": 12, "day-of-week": 7,
+# Each field's values (the day of week's 7 is 0 again). A step wider than what it steps over
+# matches only the start (``*/1000`` of the minutes fires once an hour, ``*/31`` of the days
+# of month on the 1st only, ``1-5/7`` of the days of week on Mondays only): never what was
+# meant.
+_FIELD_VALUES = {
+    "second": (0, 59), "minute": (0, 59), "hour": (0, 23), "day-of-month": (1, 31),
+    "month": (1, 12), "day-of-week": (0, 6),
 }  # fmt: skip
 
 
 def _step_refusal(fields: list[str]) -> str | None:
-    """What is wrong with the first step (``a/n``) outside 1..its field's largest; None when
-    every step fits. ``fields`` are 5, or 6 with seconds first."""
-    for name, text in zip(list(_MAX_STEP)[-len(fields) :], fields, strict=True):
+    """What is wrong with the first step (``*/n``, ``a-b/n``, ``a/n``) of 0 or wider than the
+    values it steps over; None when every step fits. ``fields`` are 5, or 6 with seconds first.
+    """
+    for name, text in zip(list(_FIELD_VALUES)[-len(fields) :], fields, strict=True):
+        low, high = _FIELD_VALUES[name]
         for term in text.split(","):
-            _, slash, step = term.partition("/")
-            top = _MAX_STEP[name]
-            if slash and step.isascii() and step.isdigit() and not 1 <= int(step) <= top:
-                article = "an" if name == "hour" else "a"
-                return (
-                    f"{article} {name} step must be 1 to {top} (a larger one would match only "
-                    "the first value of its range)"
-                )
+            base, slash, step = term.partition("/")
+            if not (slash and step.isascii() and step.isdigit()):
+                continue  # no step, or one cronsim refuses as it is
+            first, dash, last = base.partition("-")
+            over = ""
+            width = high - low  # ``*``, or names (MON-FRI): the field's own width bounds it
+            numbers = [first, last] if dash else [first]
+            if all(one.isascii() and one.isdigit() for one in numbers):
+                width = (int(last) if dash else high) - int(first)
+                over = f" over {base}"
+            if 1 <= int(step) <= max(width, 1):
+                continue
+            article = "an" if name == "hour" else "a"
+            bound = f"1 to {width}" if width >= 1 else "1"
+            return (
+                f"{article} {name} step{over} must be {bound} (a larger one would match only "
+                "the first value it steps over)"
+            )
     return None
 
 

@@ -352,14 +352,19 @@ def test_a_bad_cron_field_is_refused_with_what_it_may_hold(expr: str, said: str)
         ("*/1000 * * * *", "a minute step must be 1 to 59"),
         ("*/60 * * * *", "a minute step must be 1 to 59"),
         ("0 */24 * * *", "an hour step must be 1 to 23"),
-        ("0 0 */32 * *", "a day-of-month step must be 1 to 31"),
-        ("0 0 * 1-6/13 *", "a month step must be 1 to 12"),
-        ("0 0 * * */8", "a day-of-week step must be 1 to 7"),
+        ("0 0 */32 * *", "a day-of-month step must be 1 to 30"),
+        ("0 0 * 1-6/13 *", "a month step over 1-6 must be 1 to 5"),
+        ("0 0 * * */8", "a day-of-week step must be 1 to 6"),
         ("*/60 * * * * *", "a second step must be 1 to 59"),
-        ("0 1,5/100 * * *", "an hour step must be 1 to 23"),
+        ("0 1,5/100 * * *", "an hour step over 5 must be 1 to 18"),
+        # A step as wide as what it steps over matches its start only, too (a review).
+        ("0 0 */31 * *", "a day-of-month step must be 1 to 30"),
+        ("0 0 1 */12 *", "a month step must be 1 to 11"),
+        ("0 0 * * */7", "a day-of-week step must be 1 to 6"),
+        ("0 0 * * 1-5/7", "a day-of-week step over 1-5 must be 1 to 4"),
         # A step of 0 was refused as a bad field already; now the detail names the step.
         ("*/0 * * * *", "a minute step must be 1 to 59"),
-        ("0 0 * * MON-FRI/0", "a day-of-week step must be 1 to 7"),
+        ("0 0 * * MON-FRI/0", "a day-of-week step must be 1 to 6"),
     ],
 )
 def test_a_step_past_its_fields_range_is_refused_naming_the_field(expr: str, said: str) -> None:
@@ -369,7 +374,8 @@ def test_a_step_past_its_fields_range_is_refused_naming_the_field(expr: str, sai
 
 
 def test_the_largest_step_of_each_field_is_taken() -> None:
-    validate(cron("*/59 */23 */31 */12 */7", "*/59 0 0 1 1 *", "0 0 1-31/31 1-12/12 0-7/7"))
+    # Each matches two values at least: the start and one step on.
+    validate(cron("*/59 */23 */30 */11 */6", "*/59 0 0 1 1 *", "0 0 1-31/30 1-12/11 1-7/6"))
 
 
 def test_a_schedule_stored_with_a_step_past_its_range_still_has_its_slots() -> None:
