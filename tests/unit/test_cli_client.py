@@ -458,7 +458,7 @@ _ENDED = {"name": "once", "task": "t", "every_seconds": 60, "timezone": "UTC", "
 @pytest.mark.parametrize(
     ("args", "status", "line"),
     [(["schedules", "resume", "once"], 200,
-      "schedule once is ended: its end bound, {end}, has passed; it fires no more\n"),
+      "schedule once is ended: its end bound, {end}, has passed; no slot after it fires\n"),
      (["schedules", "put", "once", "--task", "t", "--every", "60"], 201,
       "schedule once created (version 1, ended)\n")],
 )  # fmt: skip

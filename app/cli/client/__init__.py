@@ -324,7 +324,8 @@ def _register_schedules_put(ssub: Any, common: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     put.add_argument(
         "--jitter", type=int, metavar="SECONDS",
-        help="0..86400: each slot waits up to this long, the same delay every time",
+        help="0..86400: each on-time slot waits up to this long, a delay fixed per slot "
+        "(never past the next slot)",
     )  # fmt: skip
     put.add_argument(
         "--paused", action="store_true",
@@ -1292,7 +1293,8 @@ def _schedule_state_words(schedule: dict[str, Any]) -> str:
     if state != "ended":
         return state
     end = render.when(schedule["end_at_ms"])
-    return f"ended: its end bound, {end}, has passed; it fires no more"
+    # Slots it missed while paused before that bound are still caught up (--catchup).
+    return f"ended: its end bound, {end}, has passed; no slot after it fires"
 
 
 def cmd_schedules_put(client: Client, args: argparse.Namespace) -> int:
