@@ -187,9 +187,6 @@ def _sqlite_without_room(args: argparse.Namespace, exc: BaseException) -> bool:
     return database is not None and cannot_open_for_room(exc, database)
 
 
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer `| head` stopped
-
-
 def _stdout_reader_gone() -> bool:
     """stdout is a pipe whose reader closed it (poll says POLLERR on its write end on
     Linux, POLLHUP on the BSDs)."""
@@ -233,9 +230,9 @@ def _service_main(argv: list[str]) -> int:
         if not _stdout_reader_gone():  # another pipe of the command's: not ours to hide
             raise
         # As the client commands (docs/cli.md §4): the reader stopped early, no traceback.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        from app.cli.client import EXIT_BROKEN_PIPE, quiet_stdout  # loaded by build_parser
+
+        quiet_stdout()
         created = getattr(args, "token_created", None)
         if created is not None:  # shown once and now lost: an unknown copy must not live on
             print(

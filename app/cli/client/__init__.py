@@ -517,13 +517,13 @@ def _client(command: Command, *, token_needed: bool = True) -> Callable[[argpars
         except ClientError as exc:
             return _fail(exc)
         except BrokenPipeError:
-            _quiet_stdout()
+            quiet_stdout()
             return EXIT_BROKEN_PIPE
         except OSError as exc:
             # Our output could not be written (`> file` on a full disk): what the client reads
             # itself (the config, --file, stdin, the CA certificates) turns its OSError into a
             # ClientError where it does.
-            _quiet_stdout()
+            quiet_stdout()
             return _fail(
                 ClientError(f"cannot write the output: {exc.strerror or exc}", EXIT_OUTPUT_FAILED)
             )
@@ -579,8 +579,9 @@ def _fail(exc: ClientError) -> int:
     return exc.exit_code
 
 
-def _quiet_stdout() -> None:
-    # The reader went away (``| head``): drop what is buffered instead of failing at exit.
+def quiet_stdout() -> None:
+    """The reader went away (``| head``): drop what is buffered instead of failing at exit
+    (the service commands too, app/cli/__init__.py)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)

@@ -105,11 +105,13 @@ export function taskPage(view, { args: [task], params, signal, ready }) {
   const problem = h('div');
   const result = resultSlot();
   // What the token may not do is not drawn even while the task loads (or if it fails to).
-  const start = h('button', { type: 'button', id: 'start-run', hidden: !can('runs:write'), on: { click: onStart } }, t('tasks.start_run'));
+  const mayRun = can('runs:write');
+  const mayRevise = can('definitions:write');
+  const start = h('button', { type: 'button', id: 'start-run', hidden: !mayRun, on: { click: onStart } }, t('tasks.start_run'));
   const tag = h('span');
   const archivedNote = h('p', { class: 'notice notice-warn', id: 'archived-note', hidden: true }, t('tasks.archived_note'));
-  const newRevision = h('a', { class: 'button secondary', id: 'new-revision', hidden: !can('definitions:write'), href: `#/tasks/${encodeURIComponent(task)}/new-revision` }, t('define.new_revision'));
-  const scheduleIt = h('a', { class: 'button secondary', id: 'schedule-task', hidden: !can('definitions:write runs:write'), href: `#/new-schedule?task=${encodeURIComponent(task)}` }, t('schedule_form.schedule_task'));
+  const newRevision = h('a', { class: 'button secondary', id: 'new-revision', hidden: !mayRevise, href: `#/tasks/${encodeURIComponent(task)}/new-revision` }, t('define.new_revision'));
+  const scheduleIt = h('a', { class: 'button secondary', id: 'schedule-task', hidden: !(mayRevise && mayRun), href: `#/new-schedule?task=${encodeURIComponent(task)}` }, t('schedule_form.schedule_task'));
   const archiving = archiveControls(task, result, (info) => drawState(info));
   const latestBox = h('div', { class: 'card' });
   const recipeBox = h('div', { class: 'card recipe' });
@@ -167,9 +169,8 @@ export function taskPage(view, { args: [task], params, signal, ready }) {
     put(tag, info.archived ? archivedBadge({ id: 'archived-tag' }) : null);
     archivedNote.hidden = !info.archived;
     start.disabled = info.archived;
-    start.hidden = !can('runs:write');
-    newRevision.hidden = info.archived || !can('definitions:write');
-    scheduleIt.hidden = info.archived || !can('definitions:write runs:write');
+    newRevision.hidden = info.archived || !mayRevise;
+    scheduleIt.hidden = info.archived || !(mayRevise && mayRun);
     archiving.draw(info.archived);
   }
 
